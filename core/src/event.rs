@@ -1,0 +1,782 @@
+//! Events, handler registration and dispatch.
+//!
+//! A hooked call becomes an [`Event`]; a [`Dispatcher`] runs the registered
+//! handlers whose mask names the event, in ascending priority: handlers with
+//! priority `< 0` before the original call, `>= 0` after it (UCM's rule).
+//!
+//! # Result rules
+//!
+//! Host events (`mmap`, `munmap`, ...) carry the call's `result`, which starts
+//! *invalid* (`MAP_FAILED` or `-1`). A handler may fill it only while it is
+//! still invalid: a change made to a valid result is undone. If a
+//! pre-handler leaves a valid result, the original call is skipped.
+//!
+//! # Concurrency
+//!
+//! Two immutable handler tables, an atomic index of the live one, and a reader
+//! count per table. Dispatch marks the live table busy and reads it; it never
+//! waits. Registration (serialised by a writer lock that dispatch never takes)
+//! fills the other table, swaps, and waits until the old table has no
+//! readers, so that once [`Dispatcher::unregister`] returns the removed
+//! handler is never called again. Registering from inside a handler would
+//! wait for itself; it fails with [`RegisterError::InsideHandler`] instead.
+//!
+//! The caller owns the per-thread nesting state ([`DispatchDepth`], a
+//! thread-local in the Linux runtime), because `core` has no threads of its
+//! own.
+//!
+//! ```
+//! use memhook_core::event::{Dispatcher, DispatchDepth, Event, FnHandler, MunmapEvent, bits};
+//!
+//! static DISPATCHER: Dispatcher<FnHandler, 8> = Dispatcher::new();
+//! fn count(_event: &mut Event, context: usize) {
+//!     // context is the address of an AtomicUsize here
+//!     let n = unsafe { &*(context as *const core::sync::atomic::AtomicUsize) };
+//!     n.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+//! }
+//! static SEEN: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+//!
+//! let depth = DispatchDepth::new();
+//! let handler = FnHandler { func: count, context: &SEEN as *const _ as usize };
+//! let id = DISPATCHER.register(&depth, bits::MUNMAP, 0, handler).unwrap();
+//! let mut event = Event::Munmap(MunmapEvent { result: -1, address: 0x1000, size: 4096 });
+//! DISPATCHER.dispatch(&depth, &mut event, |e| {
+//!     if let Event::Munmap(m) = e { m.result = 0 } // the "original call"
+//! });
+//! assert_eq!(SEEN.load(core::sync::atomic::Ordering::Relaxed), 1);
+//! DISPATCHER.unregister(&depth, id).unwrap();
+//! ```
+
+use core::fmt;
+
+use crate::sync::{AtomicU64, AtomicUsize, Cell, Mutex, Ordering, spin_wait};
+
+/// Event bits and flags: the stable C ABI values of SPEC.md.
+pub mod bits {
+    /// `mmap` was called.
+    pub const MMAP: u32 = 1 << 0;
+    /// `munmap` was called.
+    pub const MUNMAP: u32 = 1 << 1;
+    /// `mremap` was called.
+    pub const MREMAP: u32 = 1 << 2;
+    /// `shmat` was called.
+    pub const SHMAT: u32 = 1 << 3;
+    /// `shmdt` was called.
+    pub const SHMDT: u32 = 1 << 4;
+    /// `sbrk` was called.
+    pub const SBRK: u32 = 1 << 5;
+    /// `madvise` was called with a discarding advice.
+    pub const MADVISE: u32 = 1 << 6;
+    /// `brk` was called.
+    pub const BRK: u32 = 1 << 7;
+    /// A range of virtual memory became mapped (after the fact).
+    pub const VM_MAPPED: u32 = 1 << 16;
+    /// A range of virtual memory is about to be unmapped.
+    pub const VM_UNMAPPED: u32 = 1 << 17;
+    /// A typed (e.g. CUDA) allocation succeeded.
+    pub const MEM_TYPE_ALLOC: u32 = 1 << 20;
+    /// A typed allocation is about to be freed.
+    pub const MEM_TYPE_FREE: u32 = 1 << 21;
+    /// Flag: register the handler without installing hooks.
+    pub const NO_INSTALL: u32 = 1 << 24;
+    /// Flag: replay allocations that existed before the handler.
+    pub const EXISTING_ALLOC: u32 = 1 << 25;
+
+    /// Every event bit (flags excluded).
+    pub const ALL_EVENTS: u32 = MMAP
+        | MUNMAP
+        | MREMAP
+        | SHMAT
+        | SHMDT
+        | SBRK
+        | MADVISE
+        | BRK
+        | VM_MAPPED
+        | VM_UNMAPPED
+        | MEM_TYPE_ALLOC
+        | MEM_TYPE_FREE;
+    /// Every flag bit.
+    pub const ALL_FLAGS: u32 = NO_INSTALL | EXISTING_ALLOC;
+
+    /// The name of a single event bit, as the C header and the CLI print it.
+    pub const fn name(bit: u32) -> Option<&'static str> {
+        Some(match bit {
+            MMAP => "MMAP",
+            MUNMAP => "MUNMAP",
+            MREMAP => "MREMAP",
+            SHMAT => "SHMAT",
+            SHMDT => "SHMDT",
+            SBRK => "SBRK",
+            MADVISE => "MADVISE",
+            BRK => "BRK",
+            VM_MAPPED => "VM_MAPPED",
+            VM_UNMAPPED => "VM_UNMAPPED",
+            MEM_TYPE_ALLOC => "MEM_TYPE_ALLOC",
+            MEM_TYPE_FREE => "MEM_TYPE_FREE",
+            _ => return None,
+        })
+    }
+}
+
+/// The "failed" pointer result of `mmap`, `mremap`, `shmat` and `sbrk`
+/// (`(void *)-1`).
+pub const INVALID_PTR: usize = usize::MAX;
+
+/// `mmap(addr, length, prot, flags, fd, offset)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmapEvent {
+    /// Mapped address, or [`INVALID_PTR`] while not yet mapped.
+    pub result: usize,
+    /// Requested address.
+    pub address: usize,
+    /// Length in bytes.
+    pub size: usize,
+    /// `PROT_*` bits.
+    pub prot: i32,
+    /// `MAP_*` flags.
+    pub flags: i32,
+    /// File descriptor.
+    pub fd: i32,
+    /// File offset.
+    pub offset: i64,
+}
+
+/// `munmap(addr, length)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MunmapEvent {
+    /// 0 on success, -1 while not yet done.
+    pub result: i32,
+    /// Start of the range.
+    pub address: usize,
+    /// Length in bytes.
+    pub size: usize,
+}
+
+/// `mremap(old_address, old_size, new_size, flags, new_address)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MremapEvent {
+    /// New address, or [`INVALID_PTR`] while not yet done.
+    pub result: usize,
+    /// Old address.
+    pub address: usize,
+    /// Old size.
+    pub old_size: usize,
+    /// New size.
+    pub new_size: usize,
+    /// `MREMAP_*` flags.
+    pub flags: i32,
+    /// Requested new address (with `MREMAP_FIXED`).
+    pub new_address: usize,
+}
+
+/// `shmat(shmid, shmaddr, shmflg)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShmatEvent {
+    /// Attached address, or [`INVALID_PTR`] while not yet attached.
+    pub result: usize,
+    /// Segment id.
+    pub shmid: i32,
+    /// Requested address.
+    pub shmaddr: usize,
+    /// `SHM_*` flags.
+    pub shmflg: i32,
+}
+
+/// `shmdt(shmaddr)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShmdtEvent {
+    /// 0 on success, -1 while not yet done.
+    pub result: i32,
+    /// Attached address.
+    pub shmaddr: usize,
+}
+
+/// `sbrk(increment)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SbrkEvent {
+    /// Previous break, or [`INVALID_PTR`] while not yet done.
+    pub result: usize,
+    /// Increment in bytes.
+    pub increment: isize,
+}
+
+/// `brk(addr)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BrkEvent {
+    /// 0 on success, -1 while not yet done.
+    pub result: i32,
+    /// Requested break.
+    pub addr: usize,
+}
+
+/// `madvise(addr, length, advice)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MadviseEvent {
+    /// 0 on success, -1 while not yet done.
+    pub result: i32,
+    /// Start of the range.
+    pub addr: usize,
+    /// Length in bytes.
+    pub length: usize,
+    /// `MADV_*` advice.
+    pub advice: i32,
+}
+
+/// `VM_MAPPED` / `VM_UNMAPPED`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmEvent {
+    /// Start of the range.
+    pub address: usize,
+    /// Length in bytes.
+    pub size: usize,
+}
+
+/// `MEM_TYPE_ALLOC` / `MEM_TYPE_FREE`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemTypeEvent {
+    /// Start of the allocation.
+    pub address: usize,
+    /// Length in bytes (0 when unknown).
+    pub size: usize,
+    /// A [`crate::memtype::MemType`] value.
+    pub mem_type: u32,
+}
+
+/// One event, as handlers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// [`bits::MMAP`].
+    Mmap(MmapEvent),
+    /// [`bits::MUNMAP`].
+    Munmap(MunmapEvent),
+    /// [`bits::MREMAP`].
+    Mremap(MremapEvent),
+    /// [`bits::SHMAT`].
+    Shmat(ShmatEvent),
+    /// [`bits::SHMDT`].
+    Shmdt(ShmdtEvent),
+    /// [`bits::SBRK`].
+    Sbrk(SbrkEvent),
+    /// [`bits::MADVISE`].
+    Madvise(MadviseEvent),
+    /// [`bits::BRK`].
+    Brk(BrkEvent),
+    /// [`bits::VM_MAPPED`].
+    VmMapped(VmEvent),
+    /// [`bits::VM_UNMAPPED`].
+    VmUnmapped(VmEvent),
+    /// [`bits::MEM_TYPE_ALLOC`].
+    MemTypeAlloc(MemTypeEvent),
+    /// [`bits::MEM_TYPE_FREE`].
+    MemTypeFree(MemTypeEvent),
+}
+
+impl Event {
+    /// The event's bit in [`bits`].
+    pub const fn kind(&self) -> u32 {
+        match self {
+            Event::Mmap(_) => bits::MMAP,
+            Event::Munmap(_) => bits::MUNMAP,
+            Event::Mremap(_) => bits::MREMAP,
+            Event::Shmat(_) => bits::SHMAT,
+            Event::Shmdt(_) => bits::SHMDT,
+            Event::Sbrk(_) => bits::SBRK,
+            Event::Madvise(_) => bits::MADVISE,
+            Event::Brk(_) => bits::BRK,
+            Event::VmMapped(_) => bits::VM_MAPPED,
+            Event::VmUnmapped(_) => bits::VM_UNMAPPED,
+            Event::MemTypeAlloc(_) => bits::MEM_TYPE_ALLOC,
+            Event::MemTypeFree(_) => bits::MEM_TYPE_FREE,
+        }
+    }
+
+    /// The result word of a host event (pointer results as addresses), or
+    /// `None` for events without a result.
+    pub const fn result(&self) -> Option<isize> {
+        Some(match self {
+            Event::Mmap(e) => e.result as isize,
+            Event::Mremap(e) => e.result as isize,
+            Event::Shmat(e) => e.result as isize,
+            Event::Sbrk(e) => e.result as isize,
+            Event::Munmap(e) => e.result as isize,
+            Event::Shmdt(e) => e.result as isize,
+            Event::Madvise(e) => e.result as isize,
+            Event::Brk(e) => e.result as isize,
+            _ => return None,
+        })
+    }
+
+    fn set_result(&mut self, word: isize) {
+        match self {
+            Event::Mmap(e) => e.result = word as usize,
+            Event::Mremap(e) => e.result = word as usize,
+            Event::Shmat(e) => e.result = word as usize,
+            Event::Sbrk(e) => e.result = word as usize,
+            Event::Munmap(e) => e.result = word as i32,
+            Event::Shmdt(e) => e.result = word as i32,
+            Event::Madvise(e) => e.result = word as i32,
+            Event::Brk(e) => e.result = word as i32,
+            _ => {}
+        }
+    }
+
+    /// Whether the event carries a result that is still invalid (the call has
+    /// not been made, or failed). `false` for events without a result.
+    pub const fn result_is_invalid(&self) -> bool {
+        match self.result() {
+            // INVALID_PTR and -1 are the same word.
+            Some(word) => word == -1,
+            None => false,
+        }
+    }
+}
+
+/// A registered handler: anything `Copy` that can be called with an event
+/// and compared (so that C callers can unregister by `(callback, arg)`).
+pub trait Handler: Copy + PartialEq {
+    /// Handles one event. Must not allocate, and must not block on anything a
+    /// hooked call can hold.
+    fn call(&self, event: &mut Event);
+}
+
+/// A plain function and a context word: the simplest [`Handler`].
+#[derive(Clone, Copy, Debug)]
+pub struct FnHandler {
+    /// The function.
+    pub func: fn(&mut Event, usize),
+    /// Passed to `func` unchanged.
+    pub context: usize,
+}
+
+impl PartialEq for FnHandler {
+    fn eq(&self, other: &Self) -> bool {
+        core::ptr::fn_addr_eq(self.func, other.func) && self.context == other.context
+    }
+}
+
+impl Handler for FnHandler {
+    #[inline]
+    fn call(&self, event: &mut Event) {
+        (self.func)(event, self.context)
+    }
+}
+
+/// Deepest nesting of dispatch on one thread; an event raised deeper goes
+/// straight to the original call and is counted in
+/// [`Dispatcher::nested_overflows`].
+pub const MAX_NESTING: u32 = 4;
+
+/// Per-thread dispatch state, owned by the caller (a thread-local in the Linux
+/// runtime). Never shared between threads.
+#[derive(Debug, Default)]
+pub struct DispatchDepth(core::cell::Cell<u32>);
+
+impl DispatchDepth {
+    /// Depth 0: not dispatching.
+    pub const fn new() -> Self {
+        Self(core::cell::Cell::new(0))
+    }
+
+    /// How many dispatches are running on this thread.
+    pub fn get(&self) -> u32 {
+        self.0.get()
+    }
+}
+
+/// Identifies a registration, for [`Dispatcher::unregister`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HandlerId(u32);
+
+impl HandlerId {
+    /// The raw id (unique per dispatcher, never reused before 2^32 registrations).
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+}
+
+/// Why a registration failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegisterError {
+    /// The handler table holds its capacity already.
+    Full {
+        /// The table's capacity.
+        capacity: usize,
+    },
+    /// Called from inside a handler on this thread: waiting for the table to
+    /// drain would wait for ourselves.
+    InsideHandler,
+    /// The event mask names no event.
+    NoEvents,
+    /// No handler has that id.
+    NotFound,
+}
+
+impl fmt::Display for RegisterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegisterError::Full { capacity } => {
+                write!(f, "handler table is full ({capacity} handlers)")
+            }
+            RegisterError::InsideHandler => {
+                f.write_str("cannot change handlers from inside a handler (it would wait for itself)")
+            }
+            RegisterError::NoEvents => f.write_str("event mask names no event"),
+            RegisterError::NotFound => f.write_str("no such handler"),
+        }
+    }
+}
+
+impl core::error::Error for RegisterError {}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry<H> {
+    id: u32,
+    events: u32,
+    priority: i32,
+    handler: H,
+}
+
+type Table<H, const N: usize> = heapless::Vec<Entry<H>, N>;
+
+/// What a dispatch did, for counters and tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dispatched {
+    /// Handlers called.
+    pub handlers: u32,
+    /// Whether the original call was made (it is skipped when a pre-handler
+    /// supplied a valid result).
+    pub called_original: bool,
+    /// The thread was nested [`MAX_NESTING`] deep: handlers were skipped.
+    pub overflowed: bool,
+}
+
+/// The handler table and dispatch. `N` is the capacity.
+pub struct Dispatcher<H, const N: usize> {
+    tables: [Cell<Table<H, N>>; 2],
+    live: AtomicUsize,
+    readers: [AtomicUsize; 2],
+    /// Next id; held while a registration rebuilds the spare table.
+    writer: Mutex<u32>,
+    overflows: AtomicU64,
+}
+
+// SAFETY: the tables are only written by the writer-lock holder, and only the
+// table that is not live and has no readers (the protocol in the module docs);
+// handlers are `Copy` data and are called from any thread, so `H: Send + Sync`
+// is required for that sharing.
+unsafe impl<H: Send + Sync, const N: usize> Sync for Dispatcher<H, N> {}
+// SAFETY: as above; moving the dispatcher moves plain data and atomics.
+unsafe impl<H: Send, const N: usize> Send for Dispatcher<H, N> {}
+
+struct ReadGuard<'a> {
+    readers: &'a AtomicUsize,
+}
+
+impl Drop for ReadGuard<'_> {
+    fn drop(&mut self) {
+        self.readers.fetch_sub(1, Ordering::Release);
+    }
+}
+
+struct DepthGuard<'a>(&'a DispatchDepth);
+
+impl Drop for DepthGuard<'_> {
+    fn drop(&mut self) {
+        self.0.0.set(self.0.0.get() - 1);
+    }
+}
+
+impl<H: Handler, const N: usize> Dispatcher<H, N> {
+    /// An empty dispatcher.
+    #[cfg(not(memhook_loom))]
+    pub const fn new() -> Self {
+        Self {
+            tables: [Cell::new(heapless::Vec::new()), Cell::new(heapless::Vec::new())],
+            live: AtomicUsize::new(0),
+            readers: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            writer: Mutex::new(0),
+            overflows: AtomicU64::new(0),
+        }
+    }
+
+    /// An empty dispatcher (loom model version).
+    #[cfg(memhook_loom)]
+    pub fn new() -> Self {
+        Self {
+            tables: [Cell::new(heapless::Vec::new()), Cell::new(heapless::Vec::new())],
+            live: AtomicUsize::new(0),
+            readers: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            writer: Mutex::new(0),
+            overflows: AtomicU64::new(0),
+        }
+    }
+
+    /// The capacity of the handler table.
+    pub const fn capacity(&self) -> usize {
+        N
+    }
+
+    /// Events delivered straight to the original because the thread was
+    /// already [`MAX_NESTING`] dispatches deep.
+    pub fn nested_overflows(&self) -> u64 {
+        self.overflows.load(Ordering::Relaxed)
+    }
+
+    /// Marks the live table busy and returns its index. Never waits: it
+    /// retries only if a registration swapped tables in between.
+    fn enter(&self) -> (usize, ReadGuard<'_>) {
+        loop {
+            let t = self.live.load(Ordering::SeqCst);
+            self.readers[t].fetch_add(1, Ordering::SeqCst);
+            let guard = ReadGuard { readers: &self.readers[t] };
+            if self.live.load(Ordering::SeqCst) == t {
+                return (t, guard);
+            }
+            drop(guard);
+        }
+    }
+
+    fn entry(&self, t: usize, i: usize) -> Option<Entry<H>> {
+        // SAFETY: table `t` was live when this thread entered it and its
+        // reader count is held (ReadGuard), so no writer mutates it now.
+        self.tables[t].with(|p| unsafe { (&*p).get(i).copied() })
+    }
+
+    /// Calls the handlers of table `t` whose priority lies in `range` and
+    /// whose mask names the event, enforcing the result rule.
+    fn run_handlers(&self, t: usize, event: &mut Event, pre: bool) -> u32 {
+        let kind = event.kind();
+        let mut called = 0;
+        let mut i = 0;
+        while let Some(e) = self.entry(t, i) {
+            i += 1;
+            if (e.priority < 0) != pre {
+                if pre {
+                    break; // sorted: every later entry is >= 0
+                }
+                continue;
+            }
+            if e.events & kind == 0 {
+                continue;
+            }
+            let before = event.result();
+            e.handler.call(event);
+            called += 1;
+            if let Some(word) = before {
+                if word != -1 && event.result() != Some(word) {
+                    // The result was valid: a handler may not change it.
+                    event.set_result(word);
+                }
+            }
+        }
+        called
+    }
+
+    /// Dispatches `event`: pre-handlers, then `original` unless a pre-handler
+    /// supplied a valid result (events without a result always call it), then
+    /// post-handlers. No lock is taken and nothing allocates; the table is not
+    /// held while `original` runs.
+    pub fn dispatch(
+        &self,
+        depth: &DispatchDepth,
+        event: &mut Event,
+        original: impl FnOnce(&mut Event),
+    ) -> Dispatched {
+        let d = depth.0.get();
+        if d >= MAX_NESTING {
+            self.overflows.fetch_add(1, Ordering::Relaxed);
+            original(event);
+            return Dispatched { handlers: 0, called_original: true, overflowed: true };
+        }
+        depth.0.set(d + 1);
+        let _depth = DepthGuard(depth);
+
+        let mut handlers = {
+            let (t, _read) = self.enter();
+            self.run_handlers(t, event, true)
+        };
+        let called_original = event.result().is_none() || event.result_is_invalid();
+        if called_original {
+            original(event);
+        }
+        {
+            let (t, _read) = self.enter();
+            handlers += self.run_handlers(t, event, false);
+        }
+        Dispatched { handlers, called_original, overflowed: false }
+    }
+
+    /// Dispatches an event that has no original call (VM and MEM_TYPE events,
+    /// or events reported by the embedder): every matching handler, in order.
+    pub fn notify(&self, depth: &DispatchDepth, event: &mut Event) -> Dispatched {
+        self.dispatch(depth, event, |_| {})
+    }
+
+    /// Whether any handler is registered for any bit of `events`.
+    pub fn has_handlers(&self, events: u32) -> bool {
+        let (t, _read) = self.enter();
+        let mut i = 0;
+        while let Some(e) = self.entry(t, i) {
+            if e.events & events != 0 {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
+
+    /// Runs `change` on a copy of the live table, publishes it, and waits
+    /// until no thread still reads the old one.
+    fn update<R>(
+        &self,
+        depth: &DispatchDepth,
+        change: impl FnOnce(&mut Table<H, N>, &mut u32) -> Result<R, RegisterError>,
+    ) -> Result<R, RegisterError> {
+        if depth.get() > 0 {
+            return Err(RegisterError::InsideHandler);
+        }
+        let mut next_id = self.writer.lock();
+        let live = self.live.load(Ordering::SeqCst);
+        let spare = 1 - live;
+        // Readers that entered the spare table before the last swap.
+        while self.readers[spare].load(Ordering::SeqCst) != 0 {
+            spin_wait();
+        }
+        let result = self.tables[spare].with_mut(|sp| {
+            self.tables[live].with(|lp| {
+                // SAFETY: we hold the writer lock, so no other thread writes
+                // either table. `spare` is not live and had no readers after
+                // we read `live`; a reader that counts itself into it from
+                // now on re-checks `live` (see `enter`), finds it is not
+                // `spare` until we store it below, and leaves without
+                // reading. The live table is only read, as readers do.
+                let (sp, lp) = unsafe { (&mut *sp, &*lp) };
+                sp.clone_from(lp);
+                change(sp, &mut next_id)
+            })
+        })?;
+        self.live.store(spare, Ordering::SeqCst);
+        while self.readers[live].load(Ordering::SeqCst) != 0 {
+            spin_wait();
+        }
+        Ok(result)
+    }
+
+    /// Registers `handler` for the events in `events` (flag bits are ignored
+    /// here) at `priority`. Equal priorities run in registration order.
+    ///
+    /// # Errors
+    ///
+    /// [`RegisterError::Full`] when the table holds `N` handlers,
+    /// [`RegisterError::InsideHandler`] when called from a handler,
+    /// [`RegisterError::NoEvents`] when `events` names no event.
+    pub fn register(
+        &self,
+        depth: &DispatchDepth,
+        events: u32,
+        priority: i32,
+        handler: H,
+    ) -> Result<HandlerId, RegisterError> {
+        let events = events & bits::ALL_EVENTS;
+        if events == 0 {
+            return Err(RegisterError::NoEvents);
+        }
+        self.update(depth, |table, next_id| {
+            if table.is_full() {
+                return Err(RegisterError::Full { capacity: N });
+            }
+            let id = *next_id;
+            *next_id = next_id.wrapping_add(1);
+            let at = table.iter().position(|e| e.priority > priority).unwrap_or(table.len());
+            let entry = Entry { id, events, priority, handler };
+            table.insert(at, entry).map_err(|_| RegisterError::Full { capacity: N })?;
+            Ok(HandlerId(id))
+        })
+    }
+
+    /// Removes the registration `id`. When this returns, no thread is running
+    /// that handler and none will start it.
+    ///
+    /// # Errors
+    ///
+    /// [`RegisterError::NotFound`] for an unknown id,
+    /// [`RegisterError::InsideHandler`] when called from a handler.
+    pub fn unregister(&self, depth: &DispatchDepth, id: HandlerId) -> Result<(), RegisterError> {
+        self.update(depth, |table, _| {
+            let at = table.iter().position(|e| e.id == id.0).ok_or(RegisterError::NotFound)?;
+            table.remove(at);
+            Ok(())
+        })
+    }
+
+    /// Removes the bits `events` from every registration of `handler` (UCM's
+    /// `unset_event_handler(events, cb, arg)`); registrations left with no
+    /// event are removed. Returns how many registrations were removed.
+    ///
+    /// # Errors
+    ///
+    /// [`RegisterError::InsideHandler`] when called from a handler.
+    pub fn unregister_handler(
+        &self,
+        depth: &DispatchDepth,
+        events: u32,
+        handler: &H,
+    ) -> Result<usize, RegisterError> {
+        self.update(depth, |table, _| {
+            for e in table.iter_mut().filter(|e| e.handler == *handler) {
+                e.events &= !events;
+            }
+            let before = table.len();
+            table.retain(|e| e.events != 0);
+            Ok(before - table.len())
+        })
+    }
+
+    /// Number of registered handlers.
+    pub fn len(&self) -> usize {
+        let (t, _read) = self.enter();
+        // SAFETY: as in `entry`: table `t` is held by the read guard.
+        self.tables[t].with(|p| unsafe { (&*p).len() })
+    }
+
+    /// Whether no handler is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets readers and a registration that were in progress on threads
+    /// that do not exist in this process (call in a `fork` child).
+    ///
+    /// # Safety
+    ///
+    /// Only the calling thread may exist (the child of `fork`, before it
+    /// starts threads), so no count being reset belongs to a live reader.
+    #[cfg(not(memhook_loom))]
+    pub unsafe fn reset_after_fork(&self) {
+        self.readers[0].store(0, Ordering::SeqCst);
+        self.readers[1].store(0, Ordering::SeqCst);
+        if self.writer.try_lock().is_none() {
+            // SAFETY: the holder was a thread of the parent that does not
+            // exist here (the caller's contract); the live table is intact
+            // because a registration only publishes a finished spare table.
+            unsafe { self.writer.force_unlock() };
+        }
+    }
+}
+
+#[cfg(not(memhook_loom))]
+impl<H: Handler, const N: usize> Default for Dispatcher<H, N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}

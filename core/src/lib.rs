@@ -1,0 +1,25 @@
+//! memhook-core: the pure, allocation-free heart of memhook.
+//!
+//! Everything here is `no_std` without `alloc` and makes no system call, so
+//! it can run on a hook path (inside `mmap`, inside a CUDA call, inside an
+//! allocator) and be tested and model-checked on any host:
+//!
+//! - [`event`]: event kinds with their C ABI bit values, payloads, the handler
+//!   table and dispatch;
+//! - [`memtype`]: the interval map from address ranges to memory types, with
+//!   lock-free lookups;
+//! - [`config`]: parsing of hook-mode settings;
+//! - [`sync`]: the atomics and locks all shared state goes through (loom's
+//!   under `--cfg memhook_loom`).
+//!
+//! The Linux runtime (`memhook`) feeds these from its hooks.
+#![cfg_attr(not(test), no_std)]
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+#[allow(unsafe_code)]
+pub mod event;
+pub mod memtype;
+#[allow(unsafe_code)]
+pub mod sync;

@@ -1,0 +1,600 @@
+//! The memory-type map: address ranges to [`MemInfo`], with lock-free lookups.
+//!
+//! [`MemtypeMap`] keeps non-overlapping ranges sorted by start in two
+//! identical tables of fixed capacity `N` (chosen by the caller; storage is
+//! inline, so a large map belongs in a `static`). A writer (serialised by a
+//! lock that readers never take) applies an update to the table readers are
+//! not using, publishes it, then applies the same update to the other. Each
+//! table has a sequence counter, odd while it is written; a lookup reads the
+//! published table and validates the counter afterwards, retrying only in the
+//! rare case that a writer rewrote the very table it was reading (a reader
+//! that started before the previous publication). Readers write no shared
+//! memory, so lookups from many threads do not contend, and an update never
+//! blocks a lookup.
+//!
+//! # The promise: never a wrong type
+//!
+//! - `insert` replaces whatever it overlaps (neighbours are trimmed or split).
+//! - When the map is full, the new range is dropped and counted; the old
+//!   information it overlapped is removed anyway, and the dropped range is
+//!   remembered (as one conservative hull), so that lookups inside it answer
+//!   [`Lookup::Unknown`], not [`Lookup::Absent`].
+//! - A split that needs a slot the full map does not have drops the right-hand
+//!   part the same way.
+//! - `lookup(addr, len)` answers [`Lookup::Found`] only when the whole range
+//!   lies in one entry; a range that straddles an entry's edge is
+//!   [`Lookup::Unknown`].
+//!
+//! ```
+//! use memhook_core::memtype::{Lookup, MemInfo, MemType, MemtypeMap};
+//!
+//! static MAP: MemtypeMap<1024> = MemtypeMap::new();
+//! MAP.insert(0x10000, 0x1000, MemType::Cuda, 0).unwrap();
+//! match MAP.lookup(0x10800, 16) {
+//!     Lookup::Found(MemInfo { mem_type, device, base, len }) => {
+//!         assert_eq!((mem_type, device, base, len), (MemType::Cuda, 0, 0x10000, 0x1000));
+//!     }
+//!     other => panic!("{other:?}"),
+//! }
+//! assert_eq!(MAP.lookup(0x20000, 16), Lookup::Absent);
+//! assert_eq!(MAP.lookup(0x10ff8, 16), Lookup::Unknown); // straddles the end
+//! ```
+
+use core::fmt;
+
+use crate::sync::{AtomicU64, AtomicUsize, Mutex, Ordering, fence, spin_wait};
+
+/// Kinds of memory. The values are the C ABI's `MEMHOOK_MEM_TYPE_*`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemType {
+    /// Ordinary host memory.
+    Host = 0,
+    /// CUDA device memory.
+    Cuda = 1,
+    /// CUDA managed (unified) memory.
+    CudaManaged = 2,
+    /// Page-locked host memory registered with or allocated by CUDA.
+    CudaHost = 3,
+    /// Not known.
+    Unknown = 15,
+}
+
+impl MemType {
+    /// From the C ABI value; anything unknown is [`MemType::Unknown`].
+    pub const fn from_raw(raw: u32) -> Self {
+        match raw {
+            0 => MemType::Host,
+            1 => MemType::Cuda,
+            2 => MemType::CudaManaged,
+            3 => MemType::CudaHost,
+            _ => MemType::Unknown,
+        }
+    }
+
+    /// Lower-case name, as the CLI prints it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            MemType::Host => "host",
+            MemType::Cuda => "cuda",
+            MemType::CudaManaged => "cuda_managed",
+            MemType::CudaHost => "cuda_host",
+            MemType::Unknown => "unknown",
+        }
+    }
+}
+
+/// What the map knows about one range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemInfo {
+    /// Kind of memory.
+    pub mem_type: MemType,
+    /// Device ordinal, -1 for none.
+    pub device: i32,
+    /// Start of the allocation the address belongs to.
+    pub base: usize,
+    /// Length of that allocation.
+    pub len: usize,
+}
+
+/// The answer of [`MemtypeMap::lookup`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The whole range lies in this entry.
+    Found(MemInfo),
+    /// No entry overlaps the range, and no dropped range does.
+    Absent,
+    /// The range straddles an entry's edge, or overlaps a range the map had
+    /// to drop: the caller must ask the driver.
+    Unknown,
+}
+
+impl Lookup {
+    /// The memory type the answer implies, with [`Lookup::Absent`] read as
+    /// `absent` (host, where the caller's hooks see every typed allocation).
+    pub const fn mem_type_or(self, absent: MemType) -> MemType {
+        match self {
+            Lookup::Found(info) => info.mem_type,
+            Lookup::Absent => absent,
+            Lookup::Unknown => MemType::Unknown,
+        }
+    }
+}
+
+/// Why an update was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapError {
+    /// A range of length 0.
+    EmptyRange {
+        /// Its start.
+        start: usize,
+    },
+    /// `start + len` overflows the address space.
+    WrapsAround {
+        /// The start.
+        start: usize,
+        /// The length.
+        len: usize,
+    },
+}
+
+impl fmt::Display for MapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            MapError::EmptyRange { start } => write!(f, "empty range at {start:#x}"),
+            MapError::WrapsAround { start, len } => {
+                write!(f, "range {start:#x}+{len:#x} wraps around the address space")
+            }
+        }
+    }
+}
+
+impl core::error::Error for MapError {}
+
+/// What an insert did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inserted {
+    /// The range is in the map.
+    Stored,
+    /// The map was full: the range was dropped (and counted); lookups in it
+    /// answer Unknown.
+    Dropped,
+}
+
+const fn pack(mem_type: MemType, device: i32) -> u64 {
+    (mem_type as u32 as u64) | ((device as u32 as u64) << 32)
+}
+
+const fn unpack(meta: u64, base: usize, end: usize) -> MemInfo {
+    MemInfo {
+        mem_type: MemType::from_raw(meta as u32),
+        device: (meta >> 32) as u32 as i32,
+        base,
+        len: end - base,
+    }
+}
+
+struct Table<const N: usize> {
+    /// Odd while a writer is changing this table.
+    seq: AtomicU64,
+    len: AtomicUsize,
+    starts: [AtomicUsize; N],
+    ends: [AtomicUsize; N],
+    metas: [AtomicU64; N],
+}
+
+/// Changes made by one table update that happen outside the table.
+#[derive(Default)]
+struct Spill {
+    dropped: u64,
+    hull: Option<(usize, usize)>,
+}
+
+impl Spill {
+    fn drop_range(&mut self, start: usize, end: usize) {
+        self.dropped += 1;
+        self.hull = Some(match self.hull {
+            Some((lo, hi)) => (lo.min(start), hi.max(end)),
+            None => (start, end),
+        });
+    }
+}
+
+impl<const N: usize> Table<N> {
+    #[cfg(not(memhook_loom))]
+    const fn new() -> Self {
+        Self {
+            seq: AtomicU64::new(0),
+            len: AtomicUsize::new(0),
+            starts: [const { AtomicUsize::new(0) }; N],
+            ends: [const { AtomicUsize::new(0) }; N],
+            metas: [const { AtomicU64::new(0) }; N],
+        }
+    }
+
+    #[cfg(memhook_loom)]
+    fn new() -> Self {
+        Self {
+            seq: AtomicU64::new(0),
+            len: AtomicUsize::new(0),
+            starts: core::array::from_fn(|_| AtomicUsize::new(0)),
+            ends: core::array::from_fn(|_| AtomicUsize::new(0)),
+            metas: core::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// Number of entries whose start is `<= addr` (torn data cannot push the
+    /// index out of `0..=n`).
+    #[inline(always)]
+    fn upper_bound(&self, n: usize, addr: usize) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        let mut base = 0;
+        let mut size = n;
+        while size > 1 {
+            let half = size / 2;
+            let mid = base + half;
+            if self.starts[mid].load(Ordering::Relaxed) <= addr {
+                base = mid;
+            }
+            size -= half;
+        }
+        base + (self.starts[base].load(Ordering::Relaxed) <= addr) as usize
+    }
+
+    /// The answer from this table, possibly torn (validated by the caller).
+    #[inline(always)]
+    fn probe(&self, addr: usize, end: usize) -> Lookup {
+        let n = self.len.load(Ordering::Relaxed).min(N);
+        let i = self.upper_bound(n, addr);
+        if i > 0 {
+            let e = self.ends[i - 1].load(Ordering::Relaxed);
+            if end <= e {
+                let s = self.starts[i - 1].load(Ordering::Relaxed);
+                let meta = self.metas[i - 1].load(Ordering::Relaxed);
+                if s > addr || e < s {
+                    return Lookup::Unknown; // torn; the caller retries
+                }
+                return Lookup::Found(unpack(meta, s, e));
+            }
+            if addr < e {
+                return Lookup::Unknown;
+            }
+        }
+        if i < n && self.starts[i].load(Ordering::Relaxed) < end {
+            return Lookup::Unknown;
+        }
+        Lookup::Absent
+    }
+
+    // Writer side: called only with the writer lock held, on a table no
+    // reader will trust (its sequence number is odd).
+
+    fn get(&self, i: usize) -> (usize, usize, u64) {
+        (
+            self.starts[i].load(Ordering::Relaxed),
+            self.ends[i].load(Ordering::Relaxed),
+            self.metas[i].load(Ordering::Relaxed),
+        )
+    }
+
+    fn set(&self, i: usize, (s, e, m): (usize, usize, u64)) {
+        self.starts[i].store(s, Ordering::Relaxed);
+        self.ends[i].store(e, Ordering::Relaxed);
+        self.metas[i].store(m, Ordering::Relaxed);
+    }
+
+    /// Moves entries `from..n` to `from + by` (right, `by > 0`) or left.
+    fn shift(&self, n: usize, from: usize, by: isize) {
+        if by > 0 {
+            for k in (from..n).rev() {
+                self.set(k + by as usize, self.get(k));
+            }
+        } else {
+            let back = (-by) as usize;
+            for k in from..n {
+                self.set(k - back, self.get(k));
+            }
+        }
+    }
+
+    fn begin_write(&self) {
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s + 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+    }
+
+    fn end_write(&self) {
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s + 1, Ordering::Release);
+    }
+
+    /// Removes `[start, end)` from the table, trimming and splitting.
+    fn remove(&self, start: usize, end: usize, spill: &mut Spill) {
+        let mut n = self.len.load(Ordering::Relaxed);
+        // First entry that ends after `start` (ends are sorted too, since
+        // the entries do not overlap).
+        let (mut lo, mut hi) = (0, n);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.ends[mid].load(Ordering::Relaxed) <= start {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let mut i = lo;
+        if i < n {
+            let (s, e, m) = self.get(i);
+            if s < start && e > end {
+                // Split into [s, start) and [end, e).
+                self.ends[i].store(start, Ordering::Relaxed);
+                if n < N {
+                    self.shift(n, i + 1, 1);
+                    self.set(i + 1, (end, e, m));
+                    n += 1;
+                } else {
+                    spill.drop_range(end, e);
+                }
+                self.len.store(n, Ordering::Relaxed);
+                return;
+            }
+            if s < start {
+                self.ends[i].store(start, Ordering::Relaxed);
+                i += 1;
+            }
+        }
+        // Entries wholly inside [start, end) go; one may stick out past end.
+        let mut j = i;
+        while j < n && self.ends[j].load(Ordering::Relaxed) <= end {
+            j += 1;
+        }
+        if j < n && self.starts[j].load(Ordering::Relaxed) < end {
+            self.starts[j].store(end, Ordering::Relaxed);
+        }
+        if j > i {
+            self.shift(n, j, -((j - i) as isize));
+            n -= j - i;
+        }
+        self.len.store(n, Ordering::Relaxed);
+    }
+
+    fn insert(&self, start: usize, end: usize, meta: u64, spill: &mut Spill) -> Inserted {
+        self.remove(start, end, spill);
+        let n = self.len.load(Ordering::Relaxed);
+        if n == N {
+            spill.drop_range(start, end);
+            return Inserted::Dropped;
+        }
+        let at = self.upper_bound(n, start);
+        self.shift(n, at, 1);
+        self.set(at, (start, end, meta));
+        self.len.store(n + 1, Ordering::Relaxed);
+        Inserted::Stored
+    }
+}
+
+/// The interval map. See the module docs.
+pub struct MemtypeMap<const N: usize> {
+    tables: [Table<N>; 2],
+    live: AtomicUsize,
+    writer: Mutex<()>,
+    dropped: AtomicU64,
+    /// Hull of every dropped range: `[lo, hi)`, empty while `lo >= hi`.
+    dropped_lo: AtomicUsize,
+    dropped_hi: AtomicUsize,
+}
+
+fn range_end(start: usize, len: usize) -> Result<usize, MapError> {
+    if len == 0 {
+        return Err(MapError::EmptyRange { start });
+    }
+    start.checked_add(len).ok_or(MapError::WrapsAround { start, len })
+}
+
+impl<const N: usize> MemtypeMap<N> {
+    /// An empty map.
+    #[cfg(not(memhook_loom))]
+    pub const fn new() -> Self {
+        Self {
+            tables: [Table::new(), Table::new()],
+            live: AtomicUsize::new(0),
+            writer: Mutex::new(()),
+            dropped: AtomicU64::new(0),
+            dropped_lo: AtomicUsize::new(usize::MAX),
+            dropped_hi: AtomicUsize::new(0),
+        }
+    }
+
+    /// An empty map (loom model version).
+    #[cfg(memhook_loom)]
+    pub fn new() -> Self {
+        Self {
+            tables: [Table::new(), Table::new()],
+            live: AtomicUsize::new(0),
+            writer: Mutex::new(()),
+            dropped: AtomicU64::new(0),
+            dropped_lo: AtomicUsize::new(usize::MAX),
+            dropped_hi: AtomicUsize::new(0),
+        }
+    }
+
+    /// The capacity.
+    pub const fn capacity(&self) -> usize {
+        N
+    }
+
+    /// Live entries.
+    pub fn len(&self) -> usize {
+        self.tables[self.live.load(Ordering::Acquire)].len.load(Ordering::Acquire)
+    }
+
+    /// Whether the map holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Ranges dropped because the map was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// What the map says about `[addr, addr + len)` (`len` 0 is read as 1).
+    /// Lock-free, allocation-free, never calls anything; safe from any thread
+    /// and from signal handlers.
+    #[inline]
+    pub fn lookup(&self, addr: usize, len: usize) -> Lookup {
+        let Some(end) = addr.checked_add(len.max(1)) else {
+            return Lookup::Unknown;
+        };
+        let answer = loop {
+            let table = &self.tables[self.live.load(Ordering::Acquire)];
+            let s1 = table.seq.load(Ordering::Acquire);
+            if s1 & 1 == 1 {
+                // A writer is rewriting the table we thought live: the other
+                // one has been published meanwhile.
+                spin_wait();
+                continue;
+            }
+            let answer = table.probe(addr, end);
+            fence(Ordering::Acquire);
+            if table.seq.load(Ordering::Relaxed) == s1 {
+                break answer;
+            }
+        };
+        if answer == Lookup::Absent
+            && self.dropped_lo.load(Ordering::Acquire) < end
+            && addr < self.dropped_hi.load(Ordering::Acquire)
+        {
+            return Lookup::Unknown;
+        }
+        answer
+    }
+
+    /// Applies `op` to the spare table, publishes it, then to the other.
+    fn update<R>(&self, op: impl Fn(&Table<N>, &mut Spill) -> R) -> R {
+        let _writer = self.writer.lock();
+        let live = self.live.load(Ordering::Relaxed);
+        let mut spill = Spill::default();
+        let spare = &self.tables[1 - live];
+        spare.begin_write();
+        let result = op(spare, &mut spill);
+        spare.end_write();
+        if let Some((lo, hi)) = spill.hull {
+            // Before publication: a lookup that sees the range gone also
+            // sees it poisoned.
+            self.dropped_lo.fetch_min(lo, Ordering::AcqRel);
+            self.dropped_hi.fetch_max(hi, Ordering::AcqRel);
+            self.dropped.fetch_add(spill.dropped, Ordering::Relaxed);
+        }
+        self.live.store(1 - live, Ordering::Release);
+        let old = &self.tables[live];
+        old.begin_write();
+        op(old, &mut Spill::default());
+        old.end_write();
+        result
+    }
+
+    /// Records `[start, start + len)` as `mem_type` on `device` (-1 for none),
+    /// replacing whatever it overlaps.
+    ///
+    /// # Errors
+    ///
+    /// An empty or wrapping range is refused and changes nothing. A full map
+    /// is not an error: see [`Inserted::Dropped`].
+    pub fn insert(&self, start: usize, len: usize, mem_type: MemType, device: i32) -> Result<Inserted, MapError> {
+        let end = range_end(start, len)?;
+        let meta = pack(mem_type, device);
+        Ok(self.update(|t, spill| t.insert(start, end, meta, spill)))
+    }
+
+    /// Forgets `[start, start + len)`: entries inside go, entries across its
+    /// edges are trimmed or split.
+    ///
+    /// # Errors
+    ///
+    /// An empty or wrapping range is refused and changes nothing.
+    pub fn remove(&self, start: usize, len: usize) -> Result<(), MapError> {
+        let end = range_end(start, len)?;
+        self.update(|t, spill| t.remove(start, end, spill));
+        Ok(())
+    }
+
+    /// Forgets every entry and every dropped range.
+    pub fn clear(&self) {
+        self.update(|t, _| t.len.store(0, Ordering::Relaxed));
+        self.dropped_lo.store(usize::MAX, Ordering::Release);
+        self.dropped_hi.store(0, Ordering::Release);
+    }
+
+    /// Calls `f` with every entry, in address order, from one consistent
+    /// snapshot (taken under the writer lock: not for hook paths).
+    pub fn for_each(&self, mut f: impl FnMut(MemInfo)) {
+        let _writer = self.writer.lock();
+        let t = &self.tables[self.live.load(Ordering::Relaxed)];
+        for i in 0..t.len.load(Ordering::Relaxed) {
+            let (s, e, m) = t.get(i);
+            f(unpack(m, s, e));
+        }
+    }
+}
+
+#[cfg(not(memhook_loom))]
+impl<const N: usize> Default for MemtypeMap<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(all(test, not(memhook_loom)))]
+mod tests {
+    use super::*;
+
+    fn found<const N: usize>(map: &MemtypeMap<N>, addr: usize, len: usize) -> Option<(MemType, usize, usize)> {
+        match map.lookup(addr, len) {
+            Lookup::Found(i) => Some((i.mem_type, i.base, i.len)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn insert_splits_the_entry_it_lands_in() {
+        let map = MemtypeMap::<8>::new();
+        map.insert(0x1000, 0x3000, MemType::Cuda, 0).unwrap();
+        map.insert(0x2000, 0x1000, MemType::CudaHost, -1).unwrap();
+        assert_eq!(found(&map, 0x1000, 1), Some((MemType::Cuda, 0x1000, 0x1000)));
+        assert_eq!(found(&map, 0x2fff, 1), Some((MemType::CudaHost, 0x2000, 0x1000)));
+        assert_eq!(found(&map, 0x3000, 0x1000), Some((MemType::Cuda, 0x3000, 0x1000)));
+        assert_eq!(map.len(), 3);
+    }
+
+    #[test]
+    fn full_map_drops_and_poisons_instead_of_answering_wrong() {
+        let map = MemtypeMap::<2>::new();
+        map.insert(0x1000, 0x1000, MemType::Cuda, 0).unwrap();
+        map.insert(0x3000, 0x1000, MemType::Cuda, 0).unwrap();
+        assert_eq!(map.insert(0x5000, 0x1000, MemType::CudaManaged, 0), Ok(Inserted::Dropped));
+        assert_eq!(map.dropped(), 1);
+        assert_eq!(map.lookup(0x5800, 8), Lookup::Unknown);
+        // Replacing an existing range while full: the old type must go.
+        assert_eq!(map.insert(0x1000, 0x1000, MemType::CudaHost, 0), Ok(Inserted::Stored));
+        assert_eq!(found(&map, 0x1000, 8), Some((MemType::CudaHost, 0x1000, 0x1000)));
+        // A split with no free slot drops the right-hand part.
+        map.remove(0x3400, 0x100).unwrap();
+        assert_eq!(found(&map, 0x3000, 0x400), Some((MemType::Cuda, 0x3000, 0x400)));
+        assert_eq!(map.lookup(0x3800, 8), Lookup::Unknown);
+    }
+
+    #[test]
+    fn bad_ranges_are_errors() {
+        let map = MemtypeMap::<2>::new();
+        assert_eq!(map.insert(5, 0, MemType::Cuda, 0), Err(MapError::EmptyRange { start: 5 }));
+        assert_eq!(
+            map.remove(usize::MAX - 1, 4),
+            Err(MapError::WrapsAround { start: usize::MAX - 1, len: 4 })
+        );
+        assert_eq!(map.lookup(usize::MAX, 2), Lookup::Unknown);
+        assert!(map.is_empty());
+    }
+}

@@ -1,0 +1,3 @@
+//! memhook-tests: cross-crate integration tests, the models they check the
+//! implementation against, and the harnesses shared with the fuzz targets.
+pub mod memtype_model;
