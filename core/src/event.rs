@@ -49,7 +49,7 @@
 
 use core::fmt;
 
-use crate::sync::{AtomicU64, AtomicUsize, Cell, Mutex, Ordering, spin_wait};
+use crate::sync::{AtomicU64, AtomicUsize, Cell, Mutex, Ordering, fence, spin_wait};
 
 /// Event bits and flags: the stable C ABI values of SPEC.md.
 pub mod bits {
@@ -534,15 +534,32 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
 
     /// Marks the live table busy and returns its index. Never waits: it
     /// retries only if a registration swapped tables in between.
+    ///
+    /// This and [`Self::update`] form a Dekker handshake: the reader counts
+    /// itself, then (SeqCst fence) re-reads `live`; the writer stores `live`,
+    /// then (SeqCst fence) reads the count. Whichever fence comes second sees
+    /// the other side's write, so a writer never misses a reader of the table
+    /// it is about to rewrite.
+    #[inline]
     fn enter(&self) -> (usize, ReadGuard<'_>) {
         loop {
-            let t = self.live.load(Ordering::SeqCst);
-            self.readers[t].fetch_add(1, Ordering::SeqCst);
+            let t = self.live.load(Ordering::Acquire);
+            self.readers[t].fetch_add(1, Ordering::Relaxed);
             let guard = ReadGuard { readers: &self.readers[t] };
-            if self.live.load(Ordering::SeqCst) == t {
+            fence(Ordering::SeqCst);
+            if self.live.load(Ordering::Acquire) == t {
                 return (t, guard);
             }
             drop(guard);
+        }
+    }
+
+    /// Waits until table `t` has no readers (the writer's side of the
+    /// handshake in [`Self::enter`]).
+    fn drain(&self, t: usize) {
+        fence(Ordering::SeqCst);
+        while self.readers[t].load(Ordering::Acquire) != 0 {
+            spin_wait();
         }
     }
 
@@ -646,12 +663,10 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             return Err(RegisterError::InsideHandler);
         }
         let mut next_id = self.writer.lock();
-        let live = self.live.load(Ordering::SeqCst);
+        let live = self.live.load(Ordering::Relaxed);
         let spare = 1 - live;
         // Readers that entered the spare table before the last swap.
-        while self.readers[spare].load(Ordering::SeqCst) != 0 {
-            spin_wait();
-        }
+        self.drain(spare);
         let result = self.tables[spare].with_mut(|sp| {
             self.tables[live].with(|lp| {
                 // SAFETY: we hold the writer lock, so no other thread writes
@@ -665,10 +680,8 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
                 change(sp, &mut next_id)
             })
         })?;
-        self.live.store(spare, Ordering::SeqCst);
-        while self.readers[live].load(Ordering::SeqCst) != 0 {
-            spin_wait();
-        }
+        self.live.store(spare, Ordering::Release);
+        self.drain(live);
         Ok(result)
     }
 

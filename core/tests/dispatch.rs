@@ -1,0 +1,268 @@
+//! Dispatch semantics: order, priorities, the result rule, nesting, errors.
+#![cfg(not(memhook_loom))]
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+
+use memhook_core::event::{
+    DispatchDepth, Dispatched, Dispatcher, Event, FnHandler, Handler, INVALID_PTR, MAX_NESTING, MmapEvent,
+    MunmapEvent, RegisterError, VmEvent, bits,
+};
+
+thread_local! {
+    static LOG: RefCell<Vec<(usize, i32)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Records `(context, result word)` in the thread's log.
+fn record(event: &mut Event, context: usize) {
+    let word = event.result().unwrap_or(0) as i32;
+    LOG.with(|l| l.borrow_mut().push((context, word)));
+}
+
+fn take_log() -> Vec<(usize, i32)> {
+    LOG.with(|l| std::mem::take(&mut *l.borrow_mut()))
+}
+
+fn handler(context: usize) -> FnHandler {
+    FnHandler { func: record, context }
+}
+
+fn munmap() -> Event {
+    Event::Munmap(MunmapEvent { result: -1, address: 0x1000, size: 4096 })
+}
+
+fn original_ok(e: &mut Event) {
+    if let Event::Munmap(m) = e {
+        m.result = 0;
+    }
+}
+
+#[test]
+fn handlers_run_in_priority_order_with_ties_in_registration_order() {
+    let d: Dispatcher<FnHandler, 16> = Dispatcher::new();
+    let depth = DispatchDepth::new();
+    // (context, priority): registration order is the context.
+    for (ctx, prio) in [(1, 5), (2, -3), (3, 0), (4, -3), (5, 5), (6, -10), (7, 0)] {
+        d.register(&depth, bits::MUNMAP, prio, handler(ctx)).unwrap();
+    }
+    take_log();
+    let mut ev = munmap();
+    let out = d.dispatch(&depth, &mut ev, original_ok);
+    assert_eq!(out, Dispatched { handlers: 7, called_original: true, overflowed: false });
+    let log = take_log();
+    let order: Vec<usize> = log.iter().map(|(c, _)| *c).collect();
+    assert_eq!(order, [6, 2, 4, 3, 7, 1, 5]);
+    // Pre-handlers (< 0) saw the invalid result, post-handlers the original's.
+    let results: Vec<i32> = log.iter().map(|(_, r)| *r).collect();
+    assert_eq!(results, [-1, -1, -1, 0, 0, 0, 0]);
+}
+
+#[test]
+fn masks_select_handlers() {
+    let d: Dispatcher<FnHandler, 8> = Dispatcher::new();
+    let depth = DispatchDepth::new();
+    d.register(&depth, bits::MMAP, 0, handler(1)).unwrap();
+    d.register(&depth, bits::MUNMAP | bits::VM_UNMAPPED, 0, handler(2)).unwrap();
+    take_log();
+    let mut ev = Event::VmUnmapped(VmEvent { address: 0, size: 1 });
+    let out = d.notify(&depth, &mut ev);
+    assert_eq!(out.handlers, 1);
+    assert_eq!(take_log(), [(2, 0)]);
+    assert!(d.has_handlers(bits::MMAP));
+    assert!(!d.has_handlers(bits::SHMAT));
+}
+
+fn fill_mmap(event: &mut Event, addr: usize) {
+    if let Event::Mmap(m) = event {
+        m.result = addr;
+    }
+}
+
+fn pre_fill(event: &mut Event, context: usize) {
+    fill_mmap(event, context);
+}
+
+fn mmap_event() -> Event {
+    Event::Mmap(MmapEvent { result: INVALID_PTR, address: 0, size: 4096, prot: 3, flags: 0x22, fd: -1, offset: 0 })
+}
+
+#[test]
+fn pre_handler_result_skips_the_original_and_valid_results_are_kept() {
+    let d: Dispatcher<FnHandler, 8> = Dispatcher::new();
+    let depth = DispatchDepth::new();
+    d.register(&depth, bits::MMAP, -2, FnHandler { func: pre_fill, context: 0xa000 }).unwrap();
+    // A second pre-handler and a post-handler try to change the valid result.
+    d.register(&depth, bits::MMAP, -1, FnHandler { func: pre_fill, context: 0xb000 }).unwrap();
+    d.register(&depth, bits::MMAP, 3, FnHandler { func: pre_fill, context: 0xc000 }).unwrap();
+    let mut ev = mmap_event();
+    let mut original_called = false;
+    let out = d.dispatch(&depth, &mut ev, |e| {
+        original_called = true;
+        fill_mmap(e, 0xdead000);
+    });
+    assert!(!original_called);
+    assert!(!out.called_original);
+    assert_eq!(ev.result(), Some(0xa000));
+}
+
+#[test]
+fn post_handler_may_fill_a_result_the_original_left_invalid() {
+    let d: Dispatcher<FnHandler, 8> = Dispatcher::new();
+    let depth = DispatchDepth::new();
+    d.register(&depth, bits::MMAP, 1, FnHandler { func: pre_fill, context: 0xe000 }).unwrap();
+    d.register(&depth, bits::MMAP, 2, FnHandler { func: pre_fill, context: 0xf000 }).unwrap();
+    let mut ev = mmap_event();
+    let out = d.dispatch(&depth, &mut ev, |_| {}); // original failed
+    assert!(out.called_original);
+    assert_eq!(ev.result(), Some(0xe000)); // the first filler wins
+}
+
+static NESTED: Dispatcher<FnHandler, 8> = Dispatcher::new();
+thread_local! {
+    static DEPTH: DispatchDepth = const { DispatchDepth::new() };
+}
+
+/// A handler that raises the same event again, as a registration cache's
+/// cleanup does when its munmap is hooked.
+fn recurse(event: &mut Event, context: usize) {
+    record(event, context);
+    DEPTH.with(|depth| {
+        let mut inner = munmap();
+        NESTED.dispatch(depth, &mut inner, original_ok);
+    });
+}
+
+#[test]
+fn nested_dispatch_is_delivered_up_to_the_bound_then_counted() {
+    DEPTH.with(|depth| {
+        NESTED.register(depth, bits::MUNMAP, 0, FnHandler { func: recurse, context: 9 }).unwrap();
+        take_log();
+        let before = NESTED.nested_overflows();
+        let mut ev = munmap();
+        let out = NESTED.dispatch(depth, &mut ev, original_ok);
+        assert!(!out.overflowed);
+        // One delivery per level, MAX_NESTING levels; the next is counted.
+        assert_eq!(take_log().len(), MAX_NESTING as usize);
+        assert_eq!(NESTED.nested_overflows() - before, 1);
+        assert_eq!(depth.get(), 0);
+    });
+}
+
+fn register_inside(_event: &mut Event, context: usize) {
+    let d = unsafe_ref(context);
+    DEPTH.with(|depth| {
+        let r = d.register(depth, bits::MMAP, 0, handler(1));
+        RESULT.with(|c| *c.borrow_mut() = Some(r.map(|_| ())));
+    });
+}
+
+thread_local! {
+    static RESULT: RefCell<Option<Result<(), RegisterError>>> = const { RefCell::new(None) };
+}
+
+fn unsafe_ref(context: usize) -> &'static Dispatcher<FnHandler, 8> {
+    // SAFETY: the tests pass the address of a `static` dispatcher.
+    unsafe { &*(context as *const Dispatcher<FnHandler, 8>) }
+}
+
+static INSIDE: Dispatcher<FnHandler, 8> = Dispatcher::new();
+
+#[test]
+fn registering_from_a_handler_fails_instead_of_deadlocking() {
+    DEPTH.with(|depth| {
+        let ctx = &INSIDE as *const _ as usize;
+        INSIDE.register(depth, bits::MUNMAP, 0, FnHandler { func: register_inside, context: ctx }).unwrap();
+        let mut ev = munmap();
+        INSIDE.dispatch(depth, &mut ev, original_ok);
+        assert_eq!(RESULT.with(|c| c.borrow_mut().take()), Some(Err(RegisterError::InsideHandler)));
+        assert_eq!(INSIDE.len(), 1);
+    });
+}
+
+#[test]
+fn full_table_and_bad_registrations_are_errors() {
+    let d: Dispatcher<FnHandler, 2> = Dispatcher::new();
+    let depth = DispatchDepth::new();
+    let a = d.register(&depth, bits::MMAP, 0, handler(1)).unwrap();
+    d.register(&depth, bits::MMAP, 0, handler(2)).unwrap();
+    assert_eq!(d.register(&depth, bits::MMAP, 0, handler(3)), Err(RegisterError::Full { capacity: 2 }));
+    assert_eq!(d.register(&depth, bits::NO_INSTALL, 0, handler(3)), Err(RegisterError::NoEvents));
+    d.unregister(&depth, a).unwrap();
+    assert_eq!(d.unregister(&depth, a), Err(RegisterError::NotFound));
+    d.register(&depth, bits::MMAP, 0, handler(3)).unwrap();
+    assert_eq!(d.len(), 2);
+    assert_eq!(RegisterError::Full { capacity: 2 }.to_string(), "handler table is full (2 handlers)");
+}
+
+#[test]
+fn unregister_by_handler_clears_bits_then_removes() {
+    let d: Dispatcher<FnHandler, 4> = Dispatcher::new();
+    let depth = DispatchDepth::new();
+    d.register(&depth, bits::MMAP | bits::MUNMAP, 0, handler(1)).unwrap();
+    d.register(&depth, bits::MMAP, 0, handler(2)).unwrap();
+    assert_eq!(d.unregister_handler(&depth, bits::MMAP, &handler(1)), Ok(0));
+    assert!(d.has_handlers(bits::MUNMAP));
+    assert_eq!(d.unregister_handler(&depth, bits::MUNMAP, &handler(1)), Ok(1));
+    assert!(!d.has_handlers(bits::MUNMAP));
+    assert_eq!(d.len(), 1);
+}
+
+/// A handler that counts calls and fails the test if it runs after its
+/// unregistration returned.
+#[derive(Clone, Copy)]
+struct Watched {
+    calls: &'static AtomicUsize,
+    gone: &'static AtomicBool,
+}
+
+impl PartialEq for Watched {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.gone, other.gone)
+    }
+}
+
+impl Handler for Watched {
+    fn call(&self, _event: &mut Event) {
+        assert!(!self.gone.load(Ordering::SeqCst), "handler called after unregister returned");
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn concurrent_dispatch_never_sees_an_unregistered_handler() {
+    static D: Dispatcher<Watched, 8> = Dispatcher::new();
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    static STOP: AtomicBool = AtomicBool::new(false);
+    let threads = 3;
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let workers: Vec<_> = (0..threads)
+        .map(|_| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let depth = DispatchDepth::new();
+                barrier.wait();
+                let mut n = 0u64;
+                while !STOP.load(Ordering::Relaxed) {
+                    let mut ev = munmap();
+                    D.dispatch(&depth, &mut ev, original_ok);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    barrier.wait();
+    let depth = DispatchDepth::new();
+    for _ in 0..2000 {
+        let gone: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+        let id = D.register(&depth, bits::MUNMAP, 0, Watched { calls: &CALLS, gone }).unwrap();
+        std::thread::yield_now();
+        D.unregister(&depth, id).unwrap();
+        gone.store(true, Ordering::SeqCst);
+    }
+    STOP.store(true, Ordering::Relaxed);
+    let dispatched: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert!(dispatched > 0);
+    assert!(D.is_empty());
+}
