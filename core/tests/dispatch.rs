@@ -234,7 +234,7 @@ fn concurrent_dispatch_never_sees_an_unregistered_handler() {
     static D: Dispatcher<Watched, 8> = Dispatcher::new();
     static CALLS: AtomicUsize = AtomicUsize::new(0);
     static STOP: AtomicBool = AtomicBool::new(false);
-    let threads = 3;
+    let threads = 2;
     let barrier = Arc::new(Barrier::new(threads + 1));
     let workers: Vec<_> = (0..threads)
         .map(|_| {
@@ -254,7 +254,7 @@ fn concurrent_dispatch_never_sees_an_unregistered_handler() {
         .collect();
     barrier.wait();
     let depth = DispatchDepth::new();
-    for _ in 0..2000 {
+    for _ in 0..1000 {
         let gone: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
         let id = D.register(&depth, bits::MUNMAP, 0, Watched { calls: &CALLS, gone }).unwrap();
         std::thread::yield_now();

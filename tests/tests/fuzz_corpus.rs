@@ -1,0 +1,28 @@
+//! Replays every fuzz target's seed corpus (`fuzz/corpus/<target>/`) on
+//! stable, so that what the fuzzers found once stays fixed.
+
+use std::path::PathBuf;
+
+fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus").join(target);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            let data = std::fs::read(&p).unwrap();
+            (p, data)
+        })
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no corpus in {}", dir.display());
+    files
+}
+
+#[test]
+fn memtype_corpus_replays() {
+    for (path, data) in corpus("memtype") {
+        eprintln!("{}", path.display());
+        memhook_tests::memtype_model::fuzz_memtype(&data);
+    }
+}

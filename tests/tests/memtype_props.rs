@@ -1,0 +1,84 @@
+//! The memtype map against its BTreeMap model: random operation sequences
+//! (overlaps, adjacency, splits, a full map, zero-length and wrapping ranges).
+
+use memhook_core::memtype::{MemType, MemtypeMap};
+use memhook_tests::memtype_model::{Op, check_ops, ops_from_bytes};
+use proptest::prelude::*;
+
+fn mem_type() -> impl Strategy<Value = MemType> {
+    prop_oneof![
+        Just(MemType::Host),
+        Just(MemType::Cuda),
+        Just(MemType::CudaManaged),
+        Just(MemType::CudaHost),
+        Just(MemType::Unknown),
+    ]
+}
+
+/// Addresses on a 0x100 grid in a small window, so that ranges overlap,
+/// touch and split; now and then the very top of the address space.
+fn addr() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        20 => (0usize..64).prop_map(|k| 0x10000 + k * 0x100),
+        1 => (0usize..4).prop_map(|k| usize::MAX - k * 0x100),
+    ]
+}
+
+fn len() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        20 => (1usize..24).prop_map(|k| k * 0x100),
+        2 => Just(0usize),
+        1 => Just(usize::MAX / 2),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (addr(), len(), mem_type(), -1i32..4)
+            .prop_map(|(start, len, mem_type, device)| Op::Insert { start, len, mem_type, device }),
+        1 => (addr(), len()).prop_map(|(start, len)| Op::Remove { start, len }),
+        4 => (addr(), prop_oneof![Just(0usize), 1usize..0x400]).prop_map(|(addr, len)| Op::Lookup { addr, len }),
+    ]
+}
+
+static SMALL: MemtypeMap<6> = MemtypeMap::new();
+static LARGE: MemtypeMap<128> = MemtypeMap::new();
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn small_map_matches_model(ops in proptest::collection::vec(op(), 1..80)) {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        check_ops(&SMALL, &ops);
+    }
+
+    #[test]
+    fn large_map_matches_model(ops in proptest::collection::vec(op(), 1..200)) {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        check_ops(&LARGE, &ops);
+    }
+
+    #[test]
+    fn fuzz_decoding_matches_model(data in proptest::collection::vec(any::<u8>(), 0..400)) {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        check_ops(&SMALL, &ops_from_bytes(&data));
+    }
+}
+
+#[test]
+fn adjacent_ranges_stay_separate_and_exact() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let ops = [
+        Op::Insert { start: 0x1000, len: 0x1000, mem_type: MemType::Cuda, device: 0 },
+        Op::Insert { start: 0x2000, len: 0x1000, mem_type: MemType::Cuda, device: 1 },
+        Op::Lookup { addr: 0x1fff, len: 1 },
+        Op::Lookup { addr: 0x2000, len: 0x1000 },
+        Op::Lookup { addr: 0x1ff0, len: 0x20 },
+        Op::Remove { start: 0x1800, len: 0x1000 },
+        Op::Lookup { addr: 0x1800, len: 1 },
+        Op::Lookup { addr: 0x2800, len: 0x800 },
+    ];
+    check_ops(&LARGE, &ops);
+}
