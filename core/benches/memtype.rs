@@ -1,1 +1,229 @@
-fn main() {}
+//! memtype map benchmarks, each next to a `RwLock<BTreeMap>` baseline
+//! measured in the same run.
+//!
+//! `cargo bench -p memhook-core --bench memtype`
+//!
+//! - `lookup_hit/<impl>/<ranges>` and `lookup_miss/...`: one lookup, one
+//!   thread, with 16, 1,024 and 65,536 live ranges.
+//! - `update/<impl>/<ranges>`: one insert plus one remove of a range among
+//!   the live ones (reported per pair).
+//! - `readers/<impl>/<threads>[+writer]`: each of T threads does the same
+//!   number of lookups (65,536 live ranges); the time is per lookup per
+//!   thread, and criterion's element rate is the aggregate lookups/s. With
+//!   `+writer`, one more thread inserts and removes ranges meanwhile.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier, RwLock};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use memhook_core::memtype::{Lookup, MemType, MemtypeMap};
+
+const CAPACITY: usize = 65_536 + 16;
+static MAP: MemtypeMap<CAPACITY> = MemtypeMap::new();
+
+const BASE: usize = 0x7f00_0000_0000;
+const STRIDE: usize = 0x20_0000;
+const LEN: usize = 0x10_0000;
+
+type Baseline = RwLock<BTreeMap<usize, (usize, MemType)>>;
+
+fn baseline_lookup(b: &Baseline, addr: usize, len: usize) -> Lookup {
+    let map = b.read().unwrap();
+    match map.range(..=addr).next_back() {
+        Some((s, (e, t))) if addr + len <= *e => Lookup::Found(memhook_core::memtype::MemInfo {
+            mem_type: *t,
+            device: 0,
+            base: *s,
+            len: e - s,
+        }),
+        Some((_, (e, _))) if addr < *e => Lookup::Unknown,
+        _ => Lookup::Absent,
+    }
+}
+
+fn fill(ranges: usize) -> Baseline {
+    MAP.clear();
+    let mut tree = BTreeMap::new();
+    for i in 0..ranges {
+        let start = BASE + i * STRIDE;
+        MAP.insert(start, LEN, MemType::Cuda, 0).unwrap();
+        tree.insert(start, (start + LEN, MemType::Cuda));
+    }
+    assert_eq!(MAP.len(), ranges);
+    RwLock::new(tree)
+}
+
+/// Pseudo-random probe addresses (xorshift), inside ranges (`hit`) or in the
+/// gaps between them.
+fn probes(ranges: usize, hit: bool) -> Vec<usize> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..4096)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = (x as usize) % ranges;
+            let off = (x >> 32) as usize % (LEN - 64);
+            BASE + i * STRIDE + if hit { off } else { LEN + off }
+        })
+        .collect()
+}
+
+fn single_thread(c: &mut Criterion) {
+    for (group, hit) in [("lookup_hit", true), ("lookup_miss", false)] {
+        let mut g = c.benchmark_group(group);
+        for ranges in [16usize, 1024, 65_536] {
+            let baseline = fill(ranges);
+            let addrs = probes(ranges, hit);
+            let want = if hit { MemType::Cuda } else { MemType::Host };
+            assert_eq!(MAP.lookup(addrs[0], 8).mem_type_or(MemType::Host), want);
+            g.bench_function(BenchmarkId::new("memhook", ranges), |b| {
+                let mut i = 0;
+                b.iter(|| {
+                    i = (i + 1) & 4095;
+                    black_box(MAP.lookup(black_box(addrs[i]), 8))
+                })
+            });
+            g.bench_function(BenchmarkId::new("rwlock_btreemap", ranges), |b| {
+                let mut i = 0;
+                b.iter(|| {
+                    i = (i + 1) & 4095;
+                    black_box(baseline_lookup(&baseline, black_box(addrs[i]), 8))
+                })
+            });
+        }
+        g.finish();
+    }
+
+    let mut g = c.benchmark_group("update");
+    for ranges in [16usize, 1024, 65_536] {
+        let baseline = fill(ranges);
+        let addrs = probes(ranges, false);
+        g.throughput(Throughput::Elements(2));
+        g.bench_function(BenchmarkId::new("memhook", ranges), |b| {
+            let mut i = 0;
+            b.iter(|| {
+                i = (i + 1) & 4095;
+                let a = addrs[i] & !0xfff;
+                MAP.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
+                MAP.remove(a, 0x1000).unwrap();
+            })
+        });
+        g.bench_function(BenchmarkId::new("rwlock_btreemap", ranges), |b| {
+            let mut i = 0;
+            b.iter(|| {
+                i = (i + 1) & 4095;
+                let a = addrs[i] & !0xfff;
+                baseline.write().unwrap().insert(a, (a + 0x1000, MemType::CudaHost));
+                baseline.write().unwrap().remove(&a);
+            })
+        });
+    }
+    g.finish();
+}
+
+/// Runs `threads` readers doing `iters` lookups each (and a writer when
+/// asked); returns the slowest reader's time.
+type LookupFn = Arc<dyn Fn(usize) -> Lookup + Send + Sync>;
+type UpdateFn = Arc<dyn Fn(usize) + Send + Sync>;
+
+fn run_readers(threads: usize, writer: bool, iters: u64, lookup: LookupFn, update: UpdateFn) -> Duration {
+    let addrs = Arc::new(probes(65_536, true));
+    let gaps = Arc::new(probes(65_536, false));
+    let start = Arc::new(Barrier::new(threads + 1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer_thread = writer.then(|| {
+        let (stop, gaps, update) = (stop.clone(), gaps.clone(), update.clone());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                i = (i + 7) & 4095;
+                update(gaps[i] & !0xfff);
+            }
+        })
+    });
+    let readers: Vec<_> = (0..threads)
+        .map(|t| {
+            let (start, addrs, lookup) = (start.clone(), addrs.clone(), lookup.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let t0 = Instant::now();
+                let mut i = t * 997;
+                for _ in 0..iters {
+                    i = (i + 1) & 4095;
+                    black_box(lookup(black_box(addrs[i] + 64)));
+                }
+                t0.elapsed()
+            })
+        })
+        .collect();
+    start.wait();
+    let slowest = readers.into_iter().map(|r| r.join().unwrap()).max().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    if let Some(w) = writer_thread {
+        w.join().unwrap();
+    }
+    slowest
+}
+
+fn threads(c: &mut Criterion) {
+    let baseline = Arc::new(fill(65_536));
+    let n = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
+    let mut counts = vec![1, 2];
+    if n > 2 {
+        counts.push(n);
+    }
+    let mut g = c.benchmark_group("readers");
+    g.sample_size(20);
+    for &t in &counts {
+        for writer in [false, true] {
+            let label = if writer { format!("{t}+writer") } else { format!("{t}") };
+            g.throughput(Throughput::Elements(t as u64));
+            g.bench_function(BenchmarkId::new("memhook", &label), |b| {
+                b.iter_custom(|iters| {
+                    run_readers(
+                        t,
+                        writer,
+                        iters,
+                        Arc::new(|a| MAP.lookup(a, 8)),
+                        Arc::new(|a| {
+                            MAP.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
+                            MAP.remove(a, 0x1000).unwrap();
+                        }),
+                    )
+                })
+            });
+            let (lb, ub) = (baseline.clone(), baseline.clone());
+            g.bench_function(BenchmarkId::new("rwlock_btreemap", &label), |b| {
+                let (lb, ub) = (lb.clone(), ub.clone());
+                b.iter_custom(|iters| {
+                    let (lb, ub) = (lb.clone(), ub.clone());
+                    run_readers(
+                        t,
+                        writer,
+                        iters,
+                        Arc::new(move |a| baseline_lookup(&lb, a, 8)),
+                        Arc::new(move |a| {
+                            ub.write().unwrap().insert(a, (a + 0x1000, MemType::CudaHost));
+                            ub.write().unwrap().remove(&a);
+                        }),
+                    )
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30);
+    targets = single_thread, threads
+}
+criterion_main!(benches);

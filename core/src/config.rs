@@ -262,7 +262,12 @@ impl ConfigError {
                 break;
             }
         }
-        ConfigError { family, kind, token: kept, truncated }
+        ConfigError {
+            family,
+            kind,
+            token: kept,
+            truncated,
+        }
     }
 }
 
@@ -287,7 +292,10 @@ impl fmt::Display for ConfigError {
                     "hook mode `{token}` is not available: memhook was built without the `{token}` feature"
                 ),
                 ConfigErrorKind::NoneWithOthers => {
-                    write!(f, "`none` cannot be combined with other modes (got `{token}{dots}`); valid: {valid}")
+                    write!(
+                        f,
+                        "`none` cannot be combined with other modes (got `{token}{dots}`); valid: {valid}"
+                    )
                 }
                 ConfigErrorKind::EmptyToken => {
                     write!(f, "empty hook mode in `{token}{dots}`; valid: {valid}")
@@ -304,7 +312,10 @@ impl fmt::Display for ConfigError {
             ConfigErrorKind::UnknownKey => {
                 write!(f, "config: unknown key `{token}{dots}`; valid keys: cuda, mmap")
             }
-            _ => write!(f, "config: expected `key=modes` in `{token}{dots}` (e.g. \"cuda=bistro,reloc;mmap=bistro\")"),
+            _ => write!(
+                f,
+                "config: expected `key=modes` in `{token}{dots}` (e.g. \"cuda=bistro,reloc;mmap=bistro\")"
+            ),
         }
     }
 }
@@ -398,8 +409,14 @@ mod tests {
 
     #[test]
     fn mmap_takes_one_mode() {
-        assert_eq!(ModeSet::parse("reloc", Family::Mmap, ModeSet::ALL), Ok(ModeSet::of(&[R])));
-        assert_eq!(ModeSet::parse("bistro,bistro", Family::Mmap, ModeSet::ALL), Ok(ModeSet::of(&[B])));
+        assert_eq!(
+            ModeSet::parse("reloc", Family::Mmap, ModeSet::ALL),
+            Ok(ModeSet::of(&[R]))
+        );
+        assert_eq!(
+            ModeSet::parse("bistro,bistro", Family::Mmap, ModeSet::ALL),
+            Ok(ModeSet::of(&[B]))
+        );
         let e = ModeSet::parse("bistro,reloc", Family::Mmap, ModeSet::ALL).unwrap_err();
         assert_eq!(e.kind, ConfigErrorKind::OneModeOnly);
         let e = ModeSet::parse("procaddr", Family::Mmap, ModeSet::ALL).unwrap_err();
@@ -425,7 +442,10 @@ mod tests {
         }
         let long = "x".repeat(100);
         let e = ModeSet::parse(&long, Family::Cuda, ModeSet::ALL).unwrap_err();
-        assert!(e.to_string().contains(&std::format!("`{}...`", "x".repeat(TOKEN_CAPACITY))));
+        assert!(
+            e.to_string()
+                .contains(&std::format!("`{}...`", "x".repeat(TOKEN_CAPACITY)))
+        );
     }
 
     #[test]
@@ -444,13 +464,19 @@ mod tests {
         assert_eq!((c.cuda, c.mmap), (ModeSet::of(&[B, R]), ModeSet::NONE));
         let c = HookConfig::parse(" mmap = reloc ; ", ModeSet::ALL).unwrap();
         assert_eq!((c.cuda, c.mmap), (ModeSet::ALL, ModeSet::of(&[R])));
-        assert_eq!(HookConfig::parse("", ModeSet::ALL), Ok(HookConfig::defaults(ModeSet::ALL)));
+        assert_eq!(
+            HookConfig::parse("", ModeSet::ALL),
+            Ok(HookConfig::defaults(ModeSet::ALL))
+        );
         let e = HookConfig::parse("gpu=reloc", ModeSet::ALL).unwrap_err();
         assert_eq!(e.to_string(), "config: unknown key `gpu`; valid keys: cuda, mmap");
         let e = HookConfig::parse("cuda", ModeSet::ALL).unwrap_err();
         assert_eq!(e.kind, ConfigErrorKind::MissingEquals);
         let e = HookConfig::parse("cuda=reloc;mmap=bistr0", ModeSet::ALL).unwrap_err();
-        assert_eq!(e.to_string(), "MEMHOOK_MMAP_HOOK_MODE: unknown hook mode `bistr0`; valid: bistro, reloc, none");
+        assert_eq!(
+            e.to_string(),
+            "MEMHOOK_MMAP_HOOK_MODE: unknown hook mode `bistr0`; valid: bistro, reloc, none"
+        );
         assert_eq!(ModeSet::of(&[B, P]).to_string(), "bistro,procaddr");
         assert_eq!(ModeSet::NONE.to_string(), "none");
     }

@@ -545,7 +545,9 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         loop {
             let t = self.live.load(Ordering::Acquire);
             self.readers[t].fetch_add(1, Ordering::Relaxed);
-            let guard = ReadGuard { readers: &self.readers[t] };
+            let guard = ReadGuard {
+                readers: &self.readers[t],
+            };
             fence(Ordering::SeqCst);
             if self.live.load(Ordering::Acquire) == t {
                 return (t, guard);
@@ -589,11 +591,12 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             let before = event.result();
             e.handler.call(event);
             called += 1;
-            if let Some(word) = before {
-                if word != -1 && event.result() != Some(word) {
-                    // The result was valid: a handler may not change it.
-                    event.set_result(word);
-                }
+            if let Some(word) = before
+                && word != -1
+                && event.result() != Some(word)
+            {
+                // The result was valid: a handler may not change it.
+                event.set_result(word);
             }
         }
         called
@@ -603,17 +606,16 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// supplied a valid result (events without a result always call it), then
     /// post-handlers. No lock is taken and nothing allocates; the table is not
     /// held while `original` runs.
-    pub fn dispatch(
-        &self,
-        depth: &DispatchDepth,
-        event: &mut Event,
-        original: impl FnOnce(&mut Event),
-    ) -> Dispatched {
+    pub fn dispatch(&self, depth: &DispatchDepth, event: &mut Event, original: impl FnOnce(&mut Event)) -> Dispatched {
         let d = depth.0.get();
         if d >= MAX_NESTING {
             self.overflows.fetch_add(1, Ordering::Relaxed);
             original(event);
-            return Dispatched { handlers: 0, called_original: true, overflowed: true };
+            return Dispatched {
+                handlers: 0,
+                called_original: true,
+                overflowed: true,
+            };
         }
         depth.0.set(d + 1);
         let _depth = DepthGuard(depth);
@@ -630,7 +632,11 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             let (t, _read) = self.enter();
             handlers += self.run_handlers(t, event, false);
         }
-        Dispatched { handlers, called_original, overflowed: false }
+        Dispatched {
+            handlers,
+            called_original,
+            overflowed: false,
+        }
     }
 
     /// Dispatches an event that has no original call (VM and MEM_TYPE events,
@@ -711,8 +717,15 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             let id = *next_id;
             *next_id = next_id.wrapping_add(1);
             let at = table.iter().position(|e| e.priority > priority).unwrap_or(table.len());
-            let entry = Entry { id, events, priority, handler };
-            table.insert(at, entry).map_err(|_| RegisterError::Full { capacity: N })?;
+            let entry = Entry {
+                id,
+                events,
+                priority,
+                handler,
+            };
+            table
+                .insert(at, entry)
+                .map_err(|_| RegisterError::Full { capacity: N })?;
             Ok(HandlerId(id))
         })
     }
@@ -739,12 +752,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// # Errors
     ///
     /// [`RegisterError::InsideHandler`] when called from a handler.
-    pub fn unregister_handler(
-        &self,
-        depth: &DispatchDepth,
-        events: u32,
-        handler: &H,
-    ) -> Result<usize, RegisterError> {
+    pub fn unregister_handler(&self, depth: &DispatchDepth, events: u32, handler: &H) -> Result<usize, RegisterError> {
         self.update(depth, |table, _| {
             for e in table.iter_mut().filter(|e| e.handler == *handler) {
                 e.events &= !events;

@@ -174,13 +174,56 @@ const fn unpack(meta: u64, base: usize, end: usize) -> MemInfo {
     }
 }
 
+/// Keys per node of the search tree: two cache lines of starts.
+const B: usize = 16;
+/// Most levels above the starts (16^8 keys is far beyond any capacity).
+const MAX_LEVELS: usize = 8;
+
+/// Shape of the implicit search tree over the starts: level `l` (stored in
+/// `index[off[l]..off[l] + size[l]]`) holds every 16th key of the level
+/// below it (level 0's below is `starts`), padded with `usize::MAX` to a
+/// multiple of 16. The top level has at most 16 keys.
+struct Geometry {
+    levels: usize,
+    off: [usize; MAX_LEVELS],
+    size: [usize; MAX_LEVELS],
+    total: usize,
+}
+
+const fn geometry(capacity: usize) -> Geometry {
+    let mut g = Geometry {
+        levels: 0,
+        off: [0; MAX_LEVELS],
+        size: [0; MAX_LEVELS],
+        total: 0,
+    };
+    let mut below = capacity;
+    while below > B && g.levels < MAX_LEVELS {
+        let size = below.div_ceil(B).next_multiple_of(B);
+        g.off[g.levels] = g.total;
+        g.size[g.levels] = size;
+        g.total += size;
+        g.levels += 1;
+        below = size;
+    }
+    g
+}
+
+/// Where a range ends and what it is: read together on a hit.
+struct Slot {
+    end: AtomicUsize,
+    meta: AtomicU64,
+}
+
 struct Table<const N: usize> {
     /// Odd while a writer is changing this table.
     seq: AtomicU64,
     len: AtomicUsize,
+    /// Sorted starts of the entries `0..len`; `usize::MAX` after them.
     starts: [AtomicUsize; N],
-    ends: [AtomicUsize; N],
-    metas: [AtomicU64; N],
+    slots: [Slot; N],
+    /// The upper levels of the search tree (see [`Geometry`]).
+    index: [AtomicUsize; N],
 }
 
 /// Changes made by one table update that happen outside the table.
@@ -200,47 +243,103 @@ impl Spill {
     }
 }
 
+/// How many of `keys[start..end]` are `<= addr` (no branch per key).
+#[inline(always)]
+fn count_le(keys: &[AtomicUsize], start: usize, end: usize, addr: usize) -> usize {
+    let mut c = 0;
+    for k in keys.get(start..end).unwrap_or(&[]) {
+        c += (k.load(Ordering::Relaxed) <= addr) as usize;
+    }
+    c
+}
+
+/// How many keys of the sorted node `keys[start..start + 16]` are `<= addr`.
+/// The sixteen compares are independent (no dependency chain); since the
+/// keys are sorted, the ones form a prefix of the mask and its length is
+/// the trailing zeros of the inverse (`bsf`, which every x86_64 has, where a
+/// popcount would not be in the baseline target).
+#[inline(always)]
+fn node_rank(keys: &[AtomicUsize], start: usize, addr: usize) -> usize {
+    let Some(node) = keys.get(start..start + B) else {
+        return 0;
+    };
+    let mut mask = 0u32;
+    for (j, k) in node.iter().enumerate() {
+        mask |= ((k.load(Ordering::Relaxed) <= addr) as u32) << j;
+    }
+    (!mask).trailing_zeros() as usize
+}
+
 impl<const N: usize> Table<N> {
+    const GEOMETRY: Geometry = geometry(N);
+    const FITS: () = assert!(Self::GEOMETRY.total <= N, "search tree does not fit the index");
+
     #[cfg(not(memhook_loom))]
     const fn new() -> Self {
+        let () = Self::FITS;
         Self {
             seq: AtomicU64::new(0),
             len: AtomicUsize::new(0),
-            starts: [const { AtomicUsize::new(0) }; N],
-            ends: [const { AtomicUsize::new(0) }; N],
-            metas: [const { AtomicU64::new(0) }; N],
+            starts: [const { AtomicUsize::new(usize::MAX) }; N],
+            slots: [const {
+                Slot {
+                    end: AtomicUsize::new(0),
+                    meta: AtomicU64::new(0),
+                }
+            }; N],
+            index: [const { AtomicUsize::new(usize::MAX) }; N],
         }
     }
 
     #[cfg(memhook_loom)]
     fn new() -> Self {
+        let () = Self::FITS;
         Self {
             seq: AtomicU64::new(0),
             len: AtomicUsize::new(0),
-            starts: core::array::from_fn(|_| AtomicUsize::new(0)),
-            ends: core::array::from_fn(|_| AtomicUsize::new(0)),
-            metas: core::array::from_fn(|_| AtomicU64::new(0)),
+            starts: core::array::from_fn(|_| AtomicUsize::new(usize::MAX)),
+            slots: core::array::from_fn(|_| Slot {
+                end: AtomicUsize::new(0),
+                meta: AtomicU64::new(0),
+            }),
+            index: core::array::from_fn(|_| AtomicUsize::new(usize::MAX)),
         }
     }
 
-    /// Number of entries whose start is `<= addr` (torn data cannot push the
-    /// index out of `0..=n`).
+    /// Number of entries whose start is `<= addr`, through the search tree:
+    /// one node (16 keys, counted without branches) per level. Every index
+    /// is clamped, so torn data (validated by the caller) cannot push an
+    /// access out of bounds.
     #[inline(always)]
     fn upper_bound(&self, n: usize, addr: usize) -> usize {
-        if n == 0 {
+        let g = &Self::GEOMETRY;
+        if g.levels == 0 {
+            return count_le(&self.starts, 0, n, addr);
+        }
+        // Start at the lowest level whose keys fit in one node: the levels
+        // above it hold one real key each for this length.
+        let mut l = 0;
+        let mut span = B * B; // keys of `starts` covered by one node of level l
+        while l + 1 < g.levels && n > span {
+            l += 1;
+            span *= B;
+        }
+        let mut p = node_rank(&self.index, g.off[l], addr);
+        while l > 0 {
+            l -= 1;
+            if p == 0 {
+                return 0;
+            }
+            let start = (B * (p - 1)).min(g.size[l] - B);
+            p = start + node_rank(&self.index, g.off[l] + start, addr);
+        }
+        if p == 0 {
             return 0;
         }
-        let mut base = 0;
-        let mut size = n;
-        while size > 1 {
-            let half = size / 2;
-            let mid = base + half;
-            if self.starts[mid].load(Ordering::Relaxed) <= addr {
-                base = mid;
-            }
-            size -= half;
-        }
-        base + (self.starts[base].load(Ordering::Relaxed) <= addr) as usize
+        // Starts past `n` are usize::MAX, so a window moved left to fit the
+        // array still counts exactly.
+        let start = (B * (p - 1)).min(N - B);
+        start + node_rank(&self.starts, start, addr)
     }
 
     /// The answer from this table, possibly torn (validated by the caller).
@@ -249,10 +348,11 @@ impl<const N: usize> Table<N> {
         let n = self.len.load(Ordering::Relaxed).min(N);
         let i = self.upper_bound(n, addr);
         if i > 0 {
-            let e = self.ends[i - 1].load(Ordering::Relaxed);
+            let slot = &self.slots[i - 1];
+            let e = slot.end.load(Ordering::Relaxed);
             if end <= e {
                 let s = self.starts[i - 1].load(Ordering::Relaxed);
-                let meta = self.metas[i - 1].load(Ordering::Relaxed);
+                let meta = slot.meta.load(Ordering::Relaxed);
                 if s > addr || e < s {
                     return Lookup::Unknown; // torn; the caller retries
                 }
@@ -271,18 +371,22 @@ impl<const N: usize> Table<N> {
     // Writer side: called only with the writer lock held, on a table no
     // reader will trust (its sequence number is odd).
 
+    fn end(&self, i: usize) -> usize {
+        self.slots[i].end.load(Ordering::Relaxed)
+    }
+
     fn get(&self, i: usize) -> (usize, usize, u64) {
         (
             self.starts[i].load(Ordering::Relaxed),
-            self.ends[i].load(Ordering::Relaxed),
-            self.metas[i].load(Ordering::Relaxed),
+            self.end(i),
+            self.slots[i].meta.load(Ordering::Relaxed),
         )
     }
 
     fn set(&self, i: usize, (s, e, m): (usize, usize, u64)) {
         self.starts[i].store(s, Ordering::Relaxed);
-        self.ends[i].store(e, Ordering::Relaxed);
-        self.metas[i].store(m, Ordering::Relaxed);
+        self.slots[i].end.store(e, Ordering::Relaxed);
+        self.slots[i].meta.store(m, Ordering::Relaxed);
     }
 
     /// Moves entries `from..n` to `from + by` (right, `by > 0`) or left.
@@ -299,6 +403,47 @@ impl<const N: usize> Table<N> {
         }
     }
 
+    /// First index in `0..n` whose key (by `key`) is greater than `addr`.
+    fn first_above(&self, n: usize, addr: usize, key: impl Fn(usize) -> usize) -> usize {
+        let (mut lo, mut hi) = (0, n);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if key(mid) <= addr {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// Rewrites the search tree after the starts from index `from` on
+    /// changed and the length went from `old_n` to the current one.
+    fn rebuild_index(&self, from: usize, old_n: usize) {
+        let n = self.len.load(Ordering::Relaxed);
+        for i in n..old_n {
+            self.starts[i].store(usize::MAX, Ordering::Relaxed);
+        }
+        let g = &Self::GEOMETRY;
+        let (mut real, mut old_real, mut from) = (self.len.load(Ordering::Relaxed), old_n, from);
+        for l in 0..g.levels {
+            let below = |j: usize| {
+                if l == 0 {
+                    self.starts[j].load(Ordering::Relaxed)
+                } else {
+                    self.index[g.off[l - 1] + j].load(Ordering::Relaxed)
+                }
+            };
+            let (up, old_up) = (real.div_ceil(B), old_real.div_ceil(B));
+            from /= B;
+            for i in from..up.max(old_up).min(g.size[l]) {
+                let key = if i < up { below(B * i) } else { usize::MAX };
+                self.index[g.off[l] + i].store(key, Ordering::Relaxed);
+            }
+            (real, old_real) = (up, old_up);
+        }
+    }
+
     fn begin_write(&self) {
         let s = self.seq.load(Ordering::Relaxed);
         self.seq.store(s + 1, Ordering::Relaxed);
@@ -311,25 +456,18 @@ impl<const N: usize> Table<N> {
     }
 
     /// Removes `[start, end)` from the table, trimming and splitting.
-    fn remove(&self, start: usize, end: usize, spill: &mut Spill) {
+    /// Returns the lowest index whose start may have changed.
+    fn remove(&self, start: usize, end: usize, spill: &mut Spill) -> usize {
         let mut n = self.len.load(Ordering::Relaxed);
         // First entry that ends after `start` (ends are sorted too, since
         // the entries do not overlap).
-        let (mut lo, mut hi) = (0, n);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if self.ends[mid].load(Ordering::Relaxed) <= start {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        let mut i = lo;
+        let first = self.first_above(n, start, |i| self.end(i));
+        let mut i = first;
         if i < n {
             let (s, e, m) = self.get(i);
             if s < start && e > end {
                 // Split into [s, start) and [end, e).
-                self.ends[i].store(start, Ordering::Relaxed);
+                self.slots[i].end.store(start, Ordering::Relaxed);
                 if n < N {
                     self.shift(n, i + 1, 1);
                     self.set(i + 1, (end, e, m));
@@ -338,16 +476,16 @@ impl<const N: usize> Table<N> {
                     spill.drop_range(end, e);
                 }
                 self.len.store(n, Ordering::Relaxed);
-                return;
+                return first;
             }
             if s < start {
-                self.ends[i].store(start, Ordering::Relaxed);
+                self.slots[i].end.store(start, Ordering::Relaxed);
                 i += 1;
             }
         }
         // Entries wholly inside [start, end) go; one may stick out past end.
         let mut j = i;
-        while j < n && self.ends[j].load(Ordering::Relaxed) <= end {
+        while j < n && self.end(j) <= end {
             j += 1;
         }
         if j < n && self.starts[j].load(Ordering::Relaxed) < end {
@@ -358,20 +496,23 @@ impl<const N: usize> Table<N> {
             n -= j - i;
         }
         self.len.store(n, Ordering::Relaxed);
+        first
     }
 
-    fn insert(&self, start: usize, end: usize, meta: u64, spill: &mut Spill) -> Inserted {
-        self.remove(start, end, spill);
+    /// Inserts `[start, end)` after removing what it overlaps. Returns what
+    /// happened and the lowest index whose start may have changed.
+    fn insert(&self, start: usize, end: usize, meta: u64, spill: &mut Spill) -> (Inserted, usize) {
+        let from = self.remove(start, end, spill);
         let n = self.len.load(Ordering::Relaxed);
         if n == N {
             spill.drop_range(start, end);
-            return Inserted::Dropped;
+            return (Inserted::Dropped, from);
         }
-        let at = self.upper_bound(n, start);
+        let at = self.first_above(n, start, |i| self.starts[i].load(Ordering::Relaxed));
         self.shift(n, at, 1);
         self.set(at, (start, end, meta));
         self.len.store(n + 1, Ordering::Relaxed);
-        Inserted::Stored
+        (Inserted::Stored, from.min(at))
     }
 }
 
@@ -427,7 +568,9 @@ impl<const N: usize> MemtypeMap<N> {
 
     /// Live entries.
     pub fn len(&self) -> usize {
-        self.tables[self.live.load(Ordering::Acquire)].len.load(Ordering::Acquire)
+        self.tables[self.live.load(Ordering::Acquire)]
+            .len
+            .load(Ordering::Acquire)
     }
 
     /// Whether the map holds no entry.
@@ -473,14 +616,21 @@ impl<const N: usize> MemtypeMap<N> {
     }
 
     /// Applies `op` to the spare table, publishes it, then to the other.
-    fn update<R>(&self, op: impl Fn(&Table<N>, &mut Spill) -> R) -> R {
+    /// `op` returns its result and the lowest index whose start changed,
+    /// from which the search tree is rebuilt.
+    fn update<R>(&self, op: impl Fn(&Table<N>, &mut Spill) -> (R, usize)) -> R {
         let _writer = self.writer.lock();
+        let apply = |table: &Table<N>, spill: &mut Spill| {
+            table.begin_write();
+            let old_n = table.len.load(Ordering::Relaxed);
+            let (result, from) = op(table, spill);
+            table.rebuild_index(from, old_n);
+            table.end_write();
+            result
+        };
         let live = self.live.load(Ordering::Relaxed);
         let mut spill = Spill::default();
-        let spare = &self.tables[1 - live];
-        spare.begin_write();
-        let result = op(spare, &mut spill);
-        spare.end_write();
+        let result = apply(&self.tables[1 - live], &mut spill);
         if let Some((lo, hi)) = spill.hull {
             // Before publication: a lookup that sees the range gone also
             // sees it poisoned.
@@ -489,10 +639,7 @@ impl<const N: usize> MemtypeMap<N> {
             self.dropped.fetch_add(spill.dropped, Ordering::Relaxed);
         }
         self.live.store(1 - live, Ordering::Release);
-        let old = &self.tables[live];
-        old.begin_write();
-        op(old, &mut Spill::default());
-        old.end_write();
+        apply(&self.tables[live], &mut Spill::default());
         result
     }
 
@@ -517,13 +664,16 @@ impl<const N: usize> MemtypeMap<N> {
     /// An empty or wrapping range is refused and changes nothing.
     pub fn remove(&self, start: usize, len: usize) -> Result<(), MapError> {
         let end = range_end(start, len)?;
-        self.update(|t, spill| t.remove(start, end, spill));
+        self.update(|t, spill| ((), t.remove(start, end, spill)));
         Ok(())
     }
 
     /// Forgets every entry and every dropped range.
     pub fn clear(&self) {
-        self.update(|t, _| t.len.store(0, Ordering::Relaxed));
+        self.update(|t, _| {
+            t.len.store(0, Ordering::Relaxed);
+            ((), 0)
+        });
         self.dropped_lo.store(usize::MAX, Ordering::Release);
         self.dropped_hi.store(0, Ordering::Release);
     }
@@ -574,7 +724,10 @@ mod tests {
         let map = MemtypeMap::<2>::new();
         map.insert(0x1000, 0x1000, MemType::Cuda, 0).unwrap();
         map.insert(0x3000, 0x1000, MemType::Cuda, 0).unwrap();
-        assert_eq!(map.insert(0x5000, 0x1000, MemType::CudaManaged, 0), Ok(Inserted::Dropped));
+        assert_eq!(
+            map.insert(0x5000, 0x1000, MemType::CudaManaged, 0),
+            Ok(Inserted::Dropped)
+        );
         assert_eq!(map.dropped(), 1);
         assert_eq!(map.lookup(0x5800, 8), Lookup::Unknown);
         // Replacing an existing range while full: the old type must go.
@@ -589,10 +742,16 @@ mod tests {
     #[test]
     fn bad_ranges_are_errors() {
         let map = MemtypeMap::<2>::new();
-        assert_eq!(map.insert(5, 0, MemType::Cuda, 0), Err(MapError::EmptyRange { start: 5 }));
+        assert_eq!(
+            map.insert(5, 0, MemType::Cuda, 0),
+            Err(MapError::EmptyRange { start: 5 })
+        );
         assert_eq!(
             map.remove(usize::MAX - 1, 4),
-            Err(MapError::WrapsAround { start: usize::MAX - 1, len: 4 })
+            Err(MapError::WrapsAround {
+                start: usize::MAX - 1,
+                len: 4
+            })
         );
         assert_eq!(map.lookup(usize::MAX, 2), Lookup::Unknown);
         assert!(map.is_empty());

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
 use memhook_core::event::{
-    DispatchDepth, Dispatched, Dispatcher, Event, FnHandler, Handler, INVALID_PTR, MAX_NESTING, MmapEvent,
-    MunmapEvent, RegisterError, VmEvent, bits,
+    DispatchDepth, Dispatched, Dispatcher, Event, FnHandler, Handler, INVALID_PTR, MAX_NESTING, MmapEvent, MunmapEvent,
+    RegisterError, VmEvent, bits,
 };
 
 thread_local! {
@@ -29,7 +29,11 @@ fn handler(context: usize) -> FnHandler {
 }
 
 fn munmap() -> Event {
-    Event::Munmap(MunmapEvent { result: -1, address: 0x1000, size: 4096 })
+    Event::Munmap(MunmapEvent {
+        result: -1,
+        address: 0x1000,
+        size: 4096,
+    })
 }
 
 fn original_ok(e: &mut Event) {
@@ -49,7 +53,14 @@ fn handlers_run_in_priority_order_with_ties_in_registration_order() {
     take_log();
     let mut ev = munmap();
     let out = d.dispatch(&depth, &mut ev, original_ok);
-    assert_eq!(out, Dispatched { handlers: 7, called_original: true, overflowed: false });
+    assert_eq!(
+        out,
+        Dispatched {
+            handlers: 7,
+            called_original: true,
+            overflowed: false
+        }
+    );
     let log = take_log();
     let order: Vec<usize> = log.iter().map(|(c, _)| *c).collect();
     assert_eq!(order, [6, 2, 4, 3, 7, 1, 5]);
@@ -63,7 +74,8 @@ fn masks_select_handlers() {
     let d: Dispatcher<FnHandler, 8> = Dispatcher::new();
     let depth = DispatchDepth::new();
     d.register(&depth, bits::MMAP, 0, handler(1)).unwrap();
-    d.register(&depth, bits::MUNMAP | bits::VM_UNMAPPED, 0, handler(2)).unwrap();
+    d.register(&depth, bits::MUNMAP | bits::VM_UNMAPPED, 0, handler(2))
+        .unwrap();
     take_log();
     let mut ev = Event::VmUnmapped(VmEvent { address: 0, size: 1 });
     let out = d.notify(&depth, &mut ev);
@@ -84,17 +96,52 @@ fn pre_fill(event: &mut Event, context: usize) {
 }
 
 fn mmap_event() -> Event {
-    Event::Mmap(MmapEvent { result: INVALID_PTR, address: 0, size: 4096, prot: 3, flags: 0x22, fd: -1, offset: 0 })
+    Event::Mmap(MmapEvent {
+        result: INVALID_PTR,
+        address: 0,
+        size: 4096,
+        prot: 3,
+        flags: 0x22,
+        fd: -1,
+        offset: 0,
+    })
 }
 
 #[test]
 fn pre_handler_result_skips_the_original_and_valid_results_are_kept() {
     let d: Dispatcher<FnHandler, 8> = Dispatcher::new();
     let depth = DispatchDepth::new();
-    d.register(&depth, bits::MMAP, -2, FnHandler { func: pre_fill, context: 0xa000 }).unwrap();
+    d.register(
+        &depth,
+        bits::MMAP,
+        -2,
+        FnHandler {
+            func: pre_fill,
+            context: 0xa000,
+        },
+    )
+    .unwrap();
     // A second pre-handler and a post-handler try to change the valid result.
-    d.register(&depth, bits::MMAP, -1, FnHandler { func: pre_fill, context: 0xb000 }).unwrap();
-    d.register(&depth, bits::MMAP, 3, FnHandler { func: pre_fill, context: 0xc000 }).unwrap();
+    d.register(
+        &depth,
+        bits::MMAP,
+        -1,
+        FnHandler {
+            func: pre_fill,
+            context: 0xb000,
+        },
+    )
+    .unwrap();
+    d.register(
+        &depth,
+        bits::MMAP,
+        3,
+        FnHandler {
+            func: pre_fill,
+            context: 0xc000,
+        },
+    )
+    .unwrap();
     let mut ev = mmap_event();
     let mut original_called = false;
     let out = d.dispatch(&depth, &mut ev, |e| {
@@ -110,8 +157,26 @@ fn pre_handler_result_skips_the_original_and_valid_results_are_kept() {
 fn post_handler_may_fill_a_result_the_original_left_invalid() {
     let d: Dispatcher<FnHandler, 8> = Dispatcher::new();
     let depth = DispatchDepth::new();
-    d.register(&depth, bits::MMAP, 1, FnHandler { func: pre_fill, context: 0xe000 }).unwrap();
-    d.register(&depth, bits::MMAP, 2, FnHandler { func: pre_fill, context: 0xf000 }).unwrap();
+    d.register(
+        &depth,
+        bits::MMAP,
+        1,
+        FnHandler {
+            func: pre_fill,
+            context: 0xe000,
+        },
+    )
+    .unwrap();
+    d.register(
+        &depth,
+        bits::MMAP,
+        2,
+        FnHandler {
+            func: pre_fill,
+            context: 0xf000,
+        },
+    )
+    .unwrap();
     let mut ev = mmap_event();
     let out = d.dispatch(&depth, &mut ev, |_| {}); // original failed
     assert!(out.called_original);
@@ -136,7 +201,17 @@ fn recurse(event: &mut Event, context: usize) {
 #[test]
 fn nested_dispatch_is_delivered_up_to_the_bound_then_counted() {
     DEPTH.with(|depth| {
-        NESTED.register(depth, bits::MUNMAP, 0, FnHandler { func: recurse, context: 9 }).unwrap();
+        NESTED
+            .register(
+                depth,
+                bits::MUNMAP,
+                0,
+                FnHandler {
+                    func: recurse,
+                    context: 9,
+                },
+            )
+            .unwrap();
         take_log();
         let before = NESTED.nested_overflows();
         let mut ev = munmap();
@@ -172,10 +247,23 @@ static INSIDE: Dispatcher<FnHandler, 8> = Dispatcher::new();
 fn registering_from_a_handler_fails_instead_of_deadlocking() {
     DEPTH.with(|depth| {
         let ctx = &INSIDE as *const _ as usize;
-        INSIDE.register(depth, bits::MUNMAP, 0, FnHandler { func: register_inside, context: ctx }).unwrap();
+        INSIDE
+            .register(
+                depth,
+                bits::MUNMAP,
+                0,
+                FnHandler {
+                    func: register_inside,
+                    context: ctx,
+                },
+            )
+            .unwrap();
         let mut ev = munmap();
         INSIDE.dispatch(depth, &mut ev, original_ok);
-        assert_eq!(RESULT.with(|c| c.borrow_mut().take()), Some(Err(RegisterError::InsideHandler)));
+        assert_eq!(
+            RESULT.with(|c| c.borrow_mut().take()),
+            Some(Err(RegisterError::InsideHandler))
+        );
         assert_eq!(INSIDE.len(), 1);
     });
 }
@@ -186,13 +274,22 @@ fn full_table_and_bad_registrations_are_errors() {
     let depth = DispatchDepth::new();
     let a = d.register(&depth, bits::MMAP, 0, handler(1)).unwrap();
     d.register(&depth, bits::MMAP, 0, handler(2)).unwrap();
-    assert_eq!(d.register(&depth, bits::MMAP, 0, handler(3)), Err(RegisterError::Full { capacity: 2 }));
-    assert_eq!(d.register(&depth, bits::NO_INSTALL, 0, handler(3)), Err(RegisterError::NoEvents));
+    assert_eq!(
+        d.register(&depth, bits::MMAP, 0, handler(3)),
+        Err(RegisterError::Full { capacity: 2 })
+    );
+    assert_eq!(
+        d.register(&depth, bits::NO_INSTALL, 0, handler(3)),
+        Err(RegisterError::NoEvents)
+    );
     d.unregister(&depth, a).unwrap();
     assert_eq!(d.unregister(&depth, a), Err(RegisterError::NotFound));
     d.register(&depth, bits::MMAP, 0, handler(3)).unwrap();
     assert_eq!(d.len(), 2);
-    assert_eq!(RegisterError::Full { capacity: 2 }.to_string(), "handler table is full (2 handlers)");
+    assert_eq!(
+        RegisterError::Full { capacity: 2 }.to_string(),
+        "handler table is full (2 handlers)"
+    );
 }
 
 #[test]
@@ -224,7 +321,10 @@ impl PartialEq for Watched {
 
 impl Handler for Watched {
     fn call(&self, _event: &mut Event) {
-        assert!(!self.gone.load(Ordering::SeqCst), "handler called after unregister returned");
+        assert!(
+            !self.gone.load(Ordering::SeqCst),
+            "handler called after unregister returned"
+        );
         self.calls.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -256,7 +356,9 @@ fn concurrent_dispatch_never_sees_an_unregistered_handler() {
     let depth = DispatchDepth::new();
     for _ in 0..1000 {
         let gone: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-        let id = D.register(&depth, bits::MUNMAP, 0, Watched { calls: &CALLS, gone }).unwrap();
+        let id = D
+            .register(&depth, bits::MUNMAP, 0, Watched { calls: &CALLS, gone })
+            .unwrap();
         std::thread::yield_now();
         D.unregister(&depth, id).unwrap();
         gone.store(true, Ordering::SeqCst);

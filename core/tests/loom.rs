@@ -11,7 +11,11 @@ use memhook_core::event::{DispatchDepth, Dispatcher, Event, FnHandler, MunmapEve
 use memhook_core::memtype::{Lookup, MemInfo, MemType, MemtypeMap};
 
 fn munmap() -> Event {
-    Event::Munmap(MunmapEvent { result: -1, address: 0x1000, size: 4096 })
+    Event::Munmap(MunmapEvent {
+        result: -1,
+        address: 0x1000,
+        size: 4096,
+    })
 }
 
 /// Fails the model if called after its `gone` flag was set (the flag is set
@@ -20,7 +24,10 @@ fn watched(_event: &mut Event, context: usize) {
     // SAFETY: context is the address of a `Watch` kept alive by an Arc until
     // every thread of the model has joined.
     let w = unsafe { &*(context as *const Watch) };
-    assert!(!w.gone.load(Ordering::SeqCst), "handler called after unregister returned");
+    assert!(
+        !w.gone.load(Ordering::SeqCst),
+        "handler called after unregister returned"
+    );
     w.calls.fetch_add(1, Ordering::SeqCst);
 }
 
@@ -33,8 +40,14 @@ struct Watch {
 fn loom_no_handler_runs_after_unregister_returns() {
     loom::model(|| {
         let d = Arc::new(Dispatcher::<FnHandler, 2>::new());
-        let watch = Arc::new(Watch { gone: AtomicBool::new(false), calls: AtomicUsize::new(0) });
-        let handler = FnHandler { func: watched, context: Arc::as_ptr(&watch) as usize };
+        let watch = Arc::new(Watch {
+            gone: AtomicBool::new(false),
+            calls: AtomicUsize::new(0),
+        });
+        let handler = FnHandler {
+            func: watched,
+            context: Arc::as_ptr(&watch) as usize,
+        };
         let depth = DispatchDepth::new();
         let id = d.register(&depth, bits::MUNMAP, 0, handler).unwrap();
 
@@ -74,7 +87,16 @@ fn loom_registration_is_atomic_for_concurrent_dispatch() {
         let calls = Arc::new(AtomicUsize::new(0));
         let ctx = Arc::as_ptr(&calls) as usize;
         let depth = DispatchDepth::new();
-        d.register(&depth, bits::VM_MAPPED, 0, FnHandler { func: count, context: ctx }).unwrap();
+        d.register(
+            &depth,
+            bits::VM_MAPPED,
+            0,
+            FnHandler {
+                func: count,
+                context: ctx,
+            },
+        )
+        .unwrap();
 
         let reader = {
             let d = d.clone();
@@ -86,7 +108,16 @@ fn loom_registration_is_atomic_for_concurrent_dispatch() {
         };
         // A second registration races the dispatch: the reader sees the old
         // table (1 handler) or the new one (2), each handler at most once.
-        d.register(&depth, bits::VM_MAPPED, 1, FnHandler { func: count, context: ctx }).unwrap();
+        d.register(
+            &depth,
+            bits::VM_MAPPED,
+            1,
+            FnHandler {
+                func: count,
+                context: ctx,
+            },
+        )
+        .unwrap();
         let handlers = reader.join().unwrap();
         assert!(handlers == 1 || handlers == 2, "{handlers}");
         assert_eq!(calls.load(Ordering::SeqCst), handlers as usize);
@@ -95,7 +126,12 @@ fn loom_registration_is_atomic_for_concurrent_dispatch() {
 }
 
 fn info(mem_type: MemType, base: usize, len: usize) -> Lookup {
-    Lookup::Found(MemInfo { mem_type, device: 0, base, len })
+    Lookup::Found(MemInfo {
+        mem_type,
+        device: 0,
+        base,
+        len,
+    })
 }
 
 #[test]
@@ -135,7 +171,10 @@ fn loom_map_reader_during_split_sees_whole_or_split() {
             "{left:?}"
         );
         // The removed middle is the old entry or absent: never another type.
-        assert!(middle == info(MemType::Cuda, 0x1000, 0x3000) || middle == Lookup::Absent, "{middle:?}");
+        assert!(
+            middle == info(MemType::Cuda, 0x1000, 0x3000) || middle == Lookup::Absent,
+            "{middle:?}"
+        );
         assert_eq!(map.lookup(0x3000, 8), info(MemType::Cuda, 0x3000, 0x1000));
     });
 }

@@ -44,8 +44,15 @@ fn seen(_e: &mut Event, _c: usize) {
 #[test]
 fn dispatch_lookup_and_map_updates_do_not_allocate() {
     let depth = DispatchDepth::new();
-    D.register(&depth, bits::MUNMAP | bits::VM_UNMAPPED, -1, FnHandler { func: seen, context: 0 }).unwrap();
-    D.register(&depth, bits::MUNMAP, 1, FnHandler { func: seen, context: 1 }).unwrap();
+    D.register(
+        &depth,
+        bits::MUNMAP | bits::VM_UNMAPPED,
+        -1,
+        FnHandler { func: seen, context: 0 },
+    )
+    .unwrap();
+    D.register(&depth, bits::MUNMAP, 1, FnHandler { func: seen, context: 1 })
+        .unwrap();
     for i in 0..1000 {
         MAP.insert(0x100000 + i * 0x2000, 0x1000, MemType::Cuda, 0).unwrap();
     }
@@ -55,7 +62,11 @@ fn dispatch_lookup_and_map_updates_do_not_allocate() {
     for i in 0..10_000usize {
         let mut vm = Event::VmUnmapped(VmEvent { address: i, size: 4096 });
         D.notify(&depth, &mut vm);
-        let mut ev = Event::Munmap(MunmapEvent { result: -1, address: i, size: 4096 });
+        let mut ev = Event::Munmap(MunmapEvent {
+            result: -1,
+            address: i,
+            size: 4096,
+        });
         D.dispatch(&depth, &mut ev, |e| {
             if let Event::Munmap(m) = e {
                 m.result = 0;
@@ -64,7 +75,8 @@ fn dispatch_lookup_and_map_updates_do_not_allocate() {
         if let Lookup::Found(_) = MAP.lookup(0x100000 + (i % 2000) * 0x1000, 8) {
             found += 1;
         }
-        MAP.insert(0x8000_0000 + i * 0x1000, 0x1000, MemType::CudaHost, -1).unwrap();
+        MAP.insert(0x8000_0000 + i * 0x1000, 0x1000, MemType::CudaHost, -1)
+            .unwrap();
         MAP.remove(0x8000_0000 + i * 0x1000, 0x1000).unwrap();
     }
     let after = ALLOCS.load(Ordering::SeqCst);

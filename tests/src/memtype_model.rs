@@ -57,7 +57,12 @@ fn end_of(start: usize, len: usize) -> Result<usize, MapError> {
 impl Model {
     /// An empty model of a map with `capacity` entries.
     pub fn new(capacity: usize) -> Self {
-        Model { capacity, entries: BTreeMap::new(), hull: None, dropped: 0 }
+        Model {
+            capacity,
+            entries: BTreeMap::new(),
+            hull: None,
+            dropped: 0,
+        }
     }
 
     fn drop_range(&mut self, start: usize, end: usize) {
@@ -115,9 +120,12 @@ impl Model {
         };
         let hits = self.overlapping(addr, end);
         match hits.as_slice() {
-            [(s, e, t, d)] if *s <= addr && end <= *e => {
-                Lookup::Found(MemInfo { mem_type: *t, device: *d, base: *s, len: e - s })
-            }
+            [(s, e, t, d)] if *s <= addr && end <= *e => Lookup::Found(MemInfo {
+                mem_type: *t,
+                device: *d,
+                base: *s,
+                len: e - s,
+            }),
             [] => match self.hull {
                 Some((lo, hi)) if lo < end && addr < hi => Lookup::Unknown,
                 _ => Lookup::Absent,
@@ -130,7 +138,12 @@ impl Model {
     pub fn entries(&self) -> Vec<MemInfo> {
         self.entries
             .iter()
-            .map(|(s, (e, t, d))| MemInfo { mem_type: *t, device: *d, base: *s, len: e - s })
+            .map(|(s, (e, t, d))| MemInfo {
+                mem_type: *t,
+                device: *d,
+                base: *s,
+                len: e - s,
+            })
             .collect()
     }
 }
@@ -143,7 +156,12 @@ pub fn check_ops<const N: usize>(map: &MemtypeMap<N>, ops: &[Op]) {
     let dropped_before = map.dropped();
     for (step, op) in ops.iter().enumerate() {
         match *op {
-            Op::Insert { start, len, mem_type, device } => {
+            Op::Insert {
+                start,
+                len,
+                mem_type,
+                device,
+            } => {
                 let got = map.insert(start, len, mem_type, device);
                 let want = model.insert(start, len, mem_type, device);
                 assert_eq!(got, want, "step {step}: {op:?}");
@@ -163,7 +181,13 @@ pub fn check_ops<const N: usize>(map: &MemtypeMap<N>, ops: &[Op]) {
     assert_eq!(map.dropped() - dropped_before, model.dropped);
 }
 
-const TYPES: [MemType; 5] = [MemType::Host, MemType::Cuda, MemType::CudaManaged, MemType::CudaHost, MemType::Unknown];
+const TYPES: [MemType; 5] = [
+    MemType::Host,
+    MemType::Cuda,
+    MemType::CudaManaged,
+    MemType::CudaHost,
+    MemType::Unknown,
+];
 
 /// Addresses: mostly a small window (so ranges overlap and touch), sometimes
 /// the top of the address space (wrap-around).
@@ -192,8 +216,14 @@ pub fn ops_from_bytes(data: &[u8]) -> Vec<Op> {
                 mem_type: TYPES[(c[3] % 5) as usize],
                 device: (c[3] / 5) as i32 % 3 - 1,
             },
-            2 => Op::Remove { start: address(c[1]), len: length(c[2]) },
-            _ => Op::Lookup { addr: address(c[1]), len: length(c[2]) / 4 },
+            2 => Op::Remove {
+                start: address(c[1]),
+                len: length(c[2]),
+            },
+            _ => Op::Lookup {
+                addr: address(c[1]),
+                len: length(c[2]) / 4,
+            },
         })
         .collect()
 }

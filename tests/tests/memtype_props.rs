@@ -71,14 +71,60 @@ proptest! {
 fn adjacent_ranges_stay_separate_and_exact() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let ops = [
-        Op::Insert { start: 0x1000, len: 0x1000, mem_type: MemType::Cuda, device: 0 },
-        Op::Insert { start: 0x2000, len: 0x1000, mem_type: MemType::Cuda, device: 1 },
+        Op::Insert {
+            start: 0x1000,
+            len: 0x1000,
+            mem_type: MemType::Cuda,
+            device: 0,
+        },
+        Op::Insert {
+            start: 0x2000,
+            len: 0x1000,
+            mem_type: MemType::Cuda,
+            device: 1,
+        },
         Op::Lookup { addr: 0x1fff, len: 1 },
-        Op::Lookup { addr: 0x2000, len: 0x1000 },
-        Op::Lookup { addr: 0x1ff0, len: 0x20 },
-        Op::Remove { start: 0x1800, len: 0x1000 },
+        Op::Lookup {
+            addr: 0x2000,
+            len: 0x1000,
+        },
+        Op::Lookup {
+            addr: 0x1ff0,
+            len: 0x20,
+        },
+        Op::Remove {
+            start: 0x1800,
+            len: 0x1000,
+        },
         Op::Lookup { addr: 0x1800, len: 1 },
-        Op::Lookup { addr: 0x2800, len: 0x800 },
+        Op::Lookup {
+            addr: 0x2800,
+            len: 0x800,
+        },
     ];
     check_ops(&LARGE, &ops);
+}
+
+static DEEP: MemtypeMap<1024> = MemtypeMap::new();
+
+/// Ranges spread over a wide window, so that hundreds live at once and the
+/// search tree has several levels (capacity 1,024: two index levels).
+fn wide_op() -> impl Strategy<Value = Op> {
+    let start = (0usize..4096).prop_map(|k| 0x100000 + k * 0x100);
+    prop_oneof![
+        6 => (start.clone(), 1usize..6, mem_type(), -1i32..2)
+            .prop_map(|(start, k, mem_type, device)| Op::Insert { start, len: k * 0x100, mem_type, device }),
+        1 => (start.clone(), 1usize..40).prop_map(|(start, k)| Op::Remove { start, len: k * 0x100 }),
+        3 => (start, 0usize..0x300).prop_map(|(addr, len)| Op::Lookup { addr, len }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn deep_tree_matches_model(ops in proptest::collection::vec(wide_op(), 600..1500)) {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        check_ops(&DEEP, &ops);
+    }
 }
