@@ -1,6 +1,330 @@
 //! memhook-x86_64: x86_64 code generation for memhook's bistro hooks.
 //!
-//! Implements `memhook_core::patch::Arch` for x86_64 (entry jump forms,
-//! prologue relocation on iced-x86's allocation-free decoder, the x86_64 ELF
-//! relocation types). Pure code generation: testable on any host.
+//! [`X86_64`] implements [`memhook_core::patch::Arch`]:
+//!
+//! - entry forms: `jmp rel32` (5 bytes) when the target is within ±2 GiB,
+//!   else `movabs r11, imm64; jmp r11` (13 bytes; r11 is scratch at a call
+//!   boundary and carries no argument, unlike rax, whose low byte is the
+//!   vector-register count of a variadic call);
+//! - `endbr64` at the entry stays in place and the patch goes after it;
+//!   trampolines start with `endbr64`, so indirect calls into them are legal
+//!   under CET;
+//! - relocation on iced-x86's allocation-free decoder: position-independent
+//!   instructions are copied as they are; RIP-relative displacements are
+//!   patched in place (`cmp dword [rip+d], imm` included, which every libcuda
+//!   580 entry has); `jcc`/`jmp`/`call` (rel8 and rel32) are re-emitted to
+//!   reach their old targets with rel32, or, out of range, through an
+//!   absolute `jmp [rip+0]; .quad target` that clobbers no register;
+//! - refusals name the case: the function's flow ends before the patch is
+//!   covered, a branch (in the moved bytes or in the code after them)
+//!   targets the patched bytes, undecodable bytes, a RIP-relative operand
+//!   the trampoline cannot reach, or `loop`/`jrcxz`/`xbegin`.
+//!
+//! ```
+//! use memhook_core::patch::Arch;
+//! use memhook_x86_64::X86_64;
+//!
+//! // glibc 2.39's munmap: endbr64; mov eax, 11; syscall; ...
+//! let code = [0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 0x0b, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff, 0xff, 0x73, 0x01, 0xc3];
+//! let entry = 0x7f00_0012_6010;
+//! let r = X86_64::relocate(&code, entry, 5, entry + 0x1000).unwrap();
+//! assert_eq!((r.skip, r.taken), (4, 5)); // endbr64 stays; `mov eax, 11` moves
+//! assert_eq!(&r.code[..9], &[0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 0x0b, 0, 0, 0]);
+//! assert_eq!(X86_64::entry_jump(entry + 4, entry + 0x1000).len(), 5);
+//! ```
 #![no_std]
+
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction};
+use memhook_core::patch::{Arch, PatchBytes, RelocError, Relocation, TrampolineBytes};
+
+/// The x86_64 code generator.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct X86_64;
+
+/// `endbr64`.
+pub const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+/// `R_X86_64_GLOB_DAT`.
+pub const R_X86_64_GLOB_DAT: u32 = 6;
+/// `R_X86_64_JUMP_SLOT`.
+pub const R_X86_64_JUMP_SLOT: u32 = 7;
+
+/// Displacement from the end of an instruction at `ip` of length `len` to
+/// `target`, if it fits rel32.
+fn rel32(ip: usize, len: usize, target: usize) -> Option<i32> {
+    let d = (target as i64).wrapping_sub((ip as i64).wrapping_add(len as i64));
+    i32::try_from(d).ok()
+}
+
+/// Most branch targets remembered for the branch-into-patch check.
+const MAX_TARGETS: usize = 16;
+
+struct Emitter {
+    code: TrampolineBytes,
+    base: usize,
+}
+
+impl Emitter {
+    fn ip(&self) -> usize {
+        self.base + self.code.len()
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> Result<(), RelocError> {
+        self.code
+            .extend_from_slice(bytes)
+            .map_err(|_| RelocError::TrampolineFull)
+    }
+
+    /// `jmp target`: rel32, or `jmp [rip+0]; .quad target`.
+    fn jmp(&mut self, target: usize) -> Result<(), RelocError> {
+        match rel32(self.ip(), 5, target) {
+            Some(d) => {
+                self.put(&[0xe9])?;
+                self.put(&d.to_le_bytes())
+            }
+            None => {
+                self.put(&[0xff, 0x25, 0, 0, 0, 0])?;
+                self.put(&(target as u64).to_le_bytes())
+            }
+        }
+    }
+
+    /// `jcc target` for condition nibble `cc`: `0f 8x rel32`, or the
+    /// inverted short jcc over an absolute jump.
+    fn jcc(&mut self, cc: u8, target: usize) -> Result<(), RelocError> {
+        match rel32(self.ip(), 6, target) {
+            Some(d) => {
+                self.put(&[0x0f, 0x80 | cc])?;
+                self.put(&d.to_le_bytes())
+            }
+            None => {
+                self.put(&[0x70 | (cc ^ 1), 14])?;
+                self.put(&[0xff, 0x25, 0, 0, 0, 0])?;
+                self.put(&(target as u64).to_le_bytes())
+            }
+        }
+    }
+
+    /// `call target`: rel32, or `call [rip+2]; jmp +8; .quad target`.
+    fn call(&mut self, target: usize) -> Result<(), RelocError> {
+        match rel32(self.ip(), 5, target) {
+            Some(d) => {
+                self.put(&[0xe8])?;
+                self.put(&d.to_le_bytes())
+            }
+            None => {
+                self.put(&[0xff, 0x15, 2, 0, 0, 0, 0xeb, 8])?;
+                self.put(&(target as u64).to_le_bytes())
+            }
+        }
+    }
+
+    /// Copies `bytes` (one instruction), re-aiming its RIP-relative
+    /// displacement (at `disp_at`, 4 bytes) at `target`.
+    fn copy_rip_relative(
+        &mut self,
+        bytes: &[u8],
+        disp_at: usize,
+        target: usize,
+        from: usize,
+    ) -> Result<(), RelocError> {
+        let d = rel32(self.ip(), bytes.len(), target).ok_or(RelocError::OutOfRange { address: from, target })?;
+        let at = self.code.len();
+        self.put(bytes)?;
+        self.code[at + disp_at..at + disp_at + 4].copy_from_slice(&d.to_le_bytes());
+        Ok(())
+    }
+}
+
+/// Condition nibble of a `jcc` (`ConditionCode` is 1-based in iced).
+fn condition(instr: &Instruction) -> u8 {
+    (instr.condition_code() as u8).wrapping_sub(1) & 0xf
+}
+
+/// Whether the instruction ends the function's straight-line flow (nothing
+/// after it is known to belong to the function).
+fn ends_flow(instr: &Instruction) -> bool {
+    match instr.flow_control() {
+        FlowControl::Return
+        | FlowControl::UnconditionalBranch
+        | FlowControl::IndirectBranch
+        | FlowControl::Exception => true,
+        FlowControl::Interrupt => matches!(instr.code(), Code::Int3 | Code::Int1 | Code::Into),
+        _ => false,
+    }
+}
+
+fn direct_target(instr: &Instruction) -> Option<usize> {
+    match instr.flow_control() {
+        FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch | FlowControl::Call
+            if instr.is_jcc_short_or_near()
+                || instr.is_jmp_short_or_near()
+                || instr.is_call_near()
+                || instr.is_loopcc()
+                || instr.is_loop()
+                || instr.is_jcx_short() =>
+        {
+            Some(instr.near_branch_target() as usize)
+        }
+        _ => None,
+    }
+}
+
+impl X86_64 {
+    fn relocate_impl(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
+        let skip = Self::entry_skip(code);
+        let body = &code[skip..];
+        if body.len() < need {
+            return Err(RelocError::NotEnoughBytes {
+                available: body.len(),
+                needed: need,
+            });
+        }
+        let start = entry + skip;
+        let mut out = Emitter {
+            code: TrampolineBytes::new(),
+            base: trampoline,
+        };
+        out.put(&ENDBR64)?;
+
+        let mut decoder = Decoder::with_ip(64, body, start as u64, DecoderOptions::NONE);
+        let mut instr = Instruction::default();
+        let mut taken = 0;
+        let mut targets: heapless::Vec<(usize, usize), MAX_TARGETS> = heapless::Vec::new();
+        while taken < need {
+            if !decoder.can_decode() {
+                return Err(RelocError::NotEnoughBytes {
+                    available: body.len(),
+                    needed: need,
+                });
+            }
+            decoder.decode_out(&mut instr);
+            let ip = instr.ip() as usize;
+            let len = instr.len();
+            if instr.is_invalid() {
+                return Err(RelocError::Undecodable { address: ip });
+            }
+            let bytes = &body[taken..taken + len];
+            if let Some(t) = direct_target(&instr) {
+                targets.push((ip, t)).map_err(|_| RelocError::Unsupported {
+                    address: ip,
+                    what: "many branches",
+                })?;
+            }
+            match instr.flow_control() {
+                FlowControl::ConditionalBranch if instr.is_jcc_short_or_near() => {
+                    out.jcc(condition(&instr), instr.near_branch_target() as usize)?;
+                }
+                FlowControl::ConditionalBranch => {
+                    let what = if instr.is_jcx_short() { "jrcxz" } else { "loop" };
+                    return Err(RelocError::Unsupported { address: ip, what });
+                }
+                FlowControl::UnconditionalBranch if instr.is_jmp_short_or_near() => {
+                    out.jmp(instr.near_branch_target() as usize)?;
+                }
+                FlowControl::Call if instr.is_call_near() => {
+                    out.call(instr.near_branch_target() as usize)?;
+                }
+                FlowControl::XbeginXabortXend => {
+                    return Err(RelocError::Unsupported {
+                        address: ip,
+                        what: "xbegin/xabort/xend",
+                    });
+                }
+                _ if instr.is_ip_rel_memory_operand() => {
+                    let offsets = decoder.get_constant_offsets(&instr);
+                    if !offsets.has_displacement() || offsets.displacement_size() != 4 {
+                        return Err(RelocError::Unsupported {
+                            address: ip,
+                            what: "RIP-relative operand",
+                        });
+                    }
+                    let target = instr.ip_rel_memory_address() as usize;
+                    out.copy_rip_relative(bytes, offsets.displacement_offset(), target, ip)?;
+                }
+                _ if instr.is_call_far() || instr.is_jmp_far() => {
+                    return Err(RelocError::Unsupported {
+                        address: ip,
+                        what: "far branch",
+                    });
+                }
+                _ => out.put(bytes)?,
+            }
+            taken += len;
+            if taken < need && ends_flow(&instr) {
+                return Err(RelocError::FunctionTooShort {
+                    address: ip,
+                    available: taken,
+                    needed: need,
+                });
+            }
+        }
+
+        // Nothing may branch into the bytes the patch replaces: not the moved
+        // instructions, nor (as far as we can see) the code after them.
+        let patched = start..start + taken;
+        for &(address, target) in &targets {
+            if patched.contains(&target) {
+                return Err(RelocError::BranchIntoPatch { address, target });
+            }
+        }
+        while decoder.can_decode() {
+            decoder.decode_out(&mut instr);
+            if instr.is_invalid() {
+                break;
+            }
+            if let Some(target) = direct_target(&instr)
+                && patched.contains(&target)
+            {
+                return Err(RelocError::BranchIntoPatch {
+                    address: instr.ip() as usize,
+                    target,
+                });
+            }
+        }
+
+        out.jmp(start + taken)?;
+        Ok(Relocation {
+            skip,
+            taken,
+            code: out.code,
+        })
+    }
+}
+
+impl Arch for X86_64 {
+    const NAME: &'static str = "x86_64";
+    const NEAR_JUMP_LEN: usize = 5;
+    const FAR_JUMP_LEN: usize = 13;
+    const LOCK: &'static [u8] = &[0xeb, 0xfe];
+    const R_JUMP_SLOT: u32 = R_X86_64_JUMP_SLOT;
+    const R_GLOB_DAT: u32 = R_X86_64_GLOB_DAT;
+
+    fn entry_skip(code: &[u8]) -> usize {
+        if code.starts_with(&ENDBR64) { ENDBR64.len() } else { 0 }
+    }
+
+    fn is_near(from: usize, to: usize) -> bool {
+        rel32(from, 5, to).is_some()
+    }
+
+    fn entry_jump(from: usize, to: usize) -> PatchBytes {
+        let mut p = PatchBytes::new();
+        // The capacity (16) holds either form: the pushes cannot fail.
+        match rel32(from, 5, to) {
+            Some(d) => {
+                let _ = p.push(0xe9);
+                let _ = p.extend_from_slice(&d.to_le_bytes());
+            }
+            None => {
+                let _ = p.extend_from_slice(&[0x49, 0xbb]);
+                let _ = p.extend_from_slice(&(to as u64).to_le_bytes());
+                let _ = p.extend_from_slice(&[0x41, 0xff, 0xe3]);
+            }
+        }
+        p
+    }
+
+    fn relocate(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
+        Self::relocate_impl(code, entry, need, trampoline)
+    }
+}

@@ -9,6 +9,7 @@
 //! - [`memtype`]: the interval map from address ranges to memory types, with
 //!   lock-free lookups;
 //! - [`config`]: parsing of hook-mode settings;
+//! - [`patch`]: the `Arch` and `CodeMemory` traits and the entry patch protocol;
 //! - [`sync`]: the atomics and locks all shared state goes through (loom's
 //!   under `--cfg memhook_loom`).
 //!
@@ -21,5 +22,6 @@ pub mod config;
 #[allow(unsafe_code)]
 pub mod event;
 pub mod memtype;
+pub mod patch;
 #[allow(unsafe_code)]
 pub mod sync;

@@ -122,12 +122,19 @@ pub enum RelocError {
 impl fmt::Display for RelocError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            RelocError::FunctionTooShort { address, available, needed } => write!(
+            RelocError::FunctionTooShort {
+                address,
+                available,
+                needed,
+            } => write!(
                 f,
                 "function shorter than the patch: its flow ends at {address:#x} after {available} bytes, the patch needs {needed}"
             ),
             RelocError::BranchIntoPatch { address, target } => {
-                write!(f, "branch at {address:#x} jumps back into the patched bytes ({target:#x})")
+                write!(
+                    f,
+                    "branch at {address:#x} jumps back into the patched bytes ({target:#x})"
+                )
             }
             RelocError::Undecodable { address } => write!(f, "undecodable instruction at {address:#x}"),
             RelocError::OutOfRange { address, target } => write!(
@@ -135,9 +142,14 @@ impl fmt::Display for RelocError {
                 "cannot fix the PC-relative operand at {address:#x}: {target:#x} is out of reach of the trampoline"
             ),
             RelocError::Unsupported { address, what } => write!(f, "cannot relocate {what} at {address:#x}"),
-            RelocError::TrampolineFull => write!(f, "relocated code does not fit a trampoline ({MAX_TRAMPOLINE} bytes)"),
+            RelocError::TrampolineFull => {
+                write!(f, "relocated code does not fit a trampoline ({MAX_TRAMPOLINE} bytes)")
+            }
             RelocError::NotEnoughBytes { available, needed } => {
-                write!(f, "only {available} bytes readable at the entry, the patch needs {needed}")
+                write!(
+                    f,
+                    "only {available} bytes readable at the entry, the patch needs {needed}"
+                )
             }
         }
     }
@@ -218,10 +230,16 @@ impl fmt::Display for PatchError {
         match *self {
             PatchError::Protection(errno) => write!(f, "cannot change code page protection (errno {errno})"),
             PatchError::EntryChanged { address } => {
-                write!(f, "the code at {address:#x} changed since it was patched (another hooker?)")
+                write!(
+                    f,
+                    "the code at {address:#x} changed since it was patched (another hooker?)"
+                )
             }
             PatchError::LockStraddlesLine { address } => {
-                write!(f, "entry {address:#x} straddles a cache line: the lock cannot be written atomically")
+                write!(
+                    f,
+                    "entry {address:#x} straddles a cache line: the lock cannot be written atomically"
+                )
             }
         }
     }
@@ -292,7 +310,12 @@ fn write_locked<M: CodeMemory>(mem: &mut M, at: usize, bytes: &[u8], lock: &[u8]
 ///
 /// A [`PatchError`]; nothing was written then, or the original bytes were
 /// put back.
-pub fn write_patch<M: CodeMemory>(mem: &mut M, at: usize, patch: &[u8], lock: &[u8]) -> Result<RestorePoint, PatchError> {
+pub fn write_patch<M: CodeMemory>(
+    mem: &mut M,
+    at: usize,
+    patch: &[u8],
+    lock: &[u8],
+) -> Result<RestorePoint, PatchError> {
     let mut original = PatchBytes::new();
     let mut buf = [0u8; MAX_PATCH];
     let n = patch.len().min(MAX_PATCH);

@@ -28,3 +28,12 @@ fn memtype_corpus_replays() {
         memhook_tests::memtype_model::fuzz_memtype(&data);
     }
 }
+
+#[test]
+fn relocate_corpus_replays() {
+    let files = corpus("relocate");
+    for (path, data) in &files {
+        eprintln!("{}", path.display());
+        memhook_tests::reloc_check::fuzz_relocate(data);
+    }
+}

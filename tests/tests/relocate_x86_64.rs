@@ -1,0 +1,196 @@
+//! x86_64 relocation on real function entries (the fixtures read from live
+//! processes: libcuda 580, libcudart 13, glibc 2.36 and 2.39) and on
+//! hand-written prologues for each refusal.
+
+use memhook_core::patch::{Arch, RelocError};
+use memhook_tests::reloc_check::{fuzz_relocate, relocate_checked};
+use memhook_x86_64::X86_64;
+use proptest::prelude::*;
+
+struct Fixture {
+    file: &'static str,
+    library: String,
+    symbol: String,
+    entry: usize,
+    code: Vec<u8>,
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn fixtures() -> Vec<Fixture> {
+    let mut all = Vec::new();
+    for file in [
+        "prologues-debian12-glibc236.tsv",
+        "prologues-h200-driver580-cuda13-glibc239.tsv",
+    ] {
+        let path = format!("{}/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        for (i, line) in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .enumerate()
+        {
+            let cols: Vec<&str> = line.split('\t').collect();
+            assert_eq!(cols.len(), 4, "{file}: {line}");
+            let offset = match cols[2] {
+                "-" => 0x10_0000 + i * 0x1000,
+                o => usize::from_str_radix(o.trim_start_matches("0x"), 16).unwrap(),
+            };
+            all.push(Fixture {
+                file,
+                library: cols[0].to_string(),
+                symbol: cols[1].to_string(),
+                entry: 0x7f3a_1200_0000 + offset,
+                code: hex(cols[3]),
+            });
+        }
+    }
+    assert!(all.len() >= 60, "fixtures missing: {}", all.len());
+    all
+}
+
+#[test]
+fn every_fixture_relocates_to_a_near_trampoline_with_both_entry_forms() {
+    for f in fixtures() {
+        for need in [X86_64::NEAR_JUMP_LEN, X86_64::FAR_JUMP_LEN] {
+            // Near slots sit within ±2 GiB; try below and above the library.
+            for trampoline in [f.entry - 0x7000_0000, f.entry + 0x6ff0_0000] {
+                let r = relocate_checked(&f.code, f.entry, need, trampoline)
+                    .unwrap_or_else(|e| panic!("{} {} {} (need {need}): {e}", f.file, f.library, f.symbol));
+                let cet = f.code.starts_with(&memhook_x86_64::ENDBR64);
+                assert_eq!(r.skip, if cet { 4 } else { 0 }, "{}", f.symbol);
+            }
+        }
+    }
+}
+
+#[test]
+fn far_trampolines_use_absolute_branches_or_refuse_rip_relative_operands() {
+    let mut refused = 0;
+    for f in fixtures() {
+        let trampoline = f.entry + (1 << 34); // 16 GiB away
+        match relocate_checked(&f.code, f.entry, X86_64::FAR_JUMP_LEN, trampoline) {
+            Ok(_) => {}
+            Err(RelocError::OutOfRange { address, target }) => {
+                assert!(
+                    address >= f.entry && target.abs_diff(trampoline) > 1 << 31,
+                    "{}",
+                    f.symbol
+                );
+                refused += 1;
+            }
+            Err(e) => panic!("{} {}: {e}", f.library, f.symbol),
+        }
+    }
+    // libcuda's `cmp dword [rip+d], imm` lies under the 13-byte form.
+    assert!(refused >= 30, "{refused}");
+}
+
+#[test]
+fn libcuda_entries_fix_the_rip_relative_cmp() {
+    let f = fixtures().into_iter().find(|f| f.symbol == "cuMemAlloc_v2").unwrap();
+    let r = relocate_checked(&f.code, f.entry, 13, f.entry - 0x1000_0000).unwrap();
+    // push rbp; mov rbp,rsp; push r12; sub rsp,8; cmp dword [rip+d], imm
+    assert_eq!(r.taken, 20);
+}
+
+const E: usize = 0x5555_0000_1000;
+
+fn refuse(code: &[u8], need: usize) -> RelocError {
+    X86_64::relocate(code, E, need, E + 0x10_0000).unwrap_err()
+}
+
+#[test]
+fn jcc_rel8_and_call_rel32_in_the_prologue_are_rewritten() {
+    // test edi,edi; je +0x20; call +0x100; nop*8
+    let code = [
+        0x85, 0xff, 0x74, 0x20, 0xe8, 0, 1, 0, 0, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90,
+    ];
+    let r = relocate_checked(&code, E, 5, E + 0x10_0000).unwrap();
+    assert_eq!(r.taken, 9);
+    let r = relocate_checked(&code, E, 13, E + (1 << 33)).unwrap();
+    assert_eq!(r.taken, 13);
+}
+
+#[test]
+fn function_shorter_than_the_patch_is_refused() {
+    assert_eq!(
+        refuse(&[0x31, 0xc0, 0xc3, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc], 5),
+        RelocError::FunctionTooShort {
+            address: E + 2,
+            available: 3,
+            needed: 5
+        }
+    );
+    // endbr64 then a 1-byte ret: the patch would land on padding.
+    let e = refuse(&[0xf3, 0x0f, 0x1e, 0xfa, 0xc3, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc], 5);
+    assert!(matches!(e, RelocError::FunctionTooShort { .. }), "{e:?}");
+}
+
+#[test]
+fn loop_back_into_the_patched_bytes_is_refused() {
+    // L: dec ecx; jnz L; ret
+    let code = [0xff, 0xc9, 0x75, 0xfc, 0x90, 0x90, 0xc3, 0xcc];
+    assert_eq!(
+        refuse(&code, 5),
+        RelocError::BranchIntoPatch {
+            address: E + 2,
+            target: E
+        }
+    );
+    // A later jump into the middle of the patched bytes.
+    let code = [0xb8, 1, 0, 0, 0, 0x90, 0xeb, 0xf9, 0xc3];
+    assert_eq!(
+        refuse(&code, 5),
+        RelocError::BranchIntoPatch {
+            address: E + 6,
+            target: E + 1
+        }
+    );
+}
+
+#[test]
+fn undecodable_and_unsupported_bytes_are_refused_with_the_reason() {
+    assert_eq!(
+        refuse(&[0x06, 0x90, 0x90, 0x90, 0x90, 0x90], 5),
+        RelocError::Undecodable { address: E }
+    );
+    let e = refuse(&[0xe2, 0x10, 0x90, 0x90, 0x90, 0x90, 0x90], 5); // loop
+    assert!(matches!(e, RelocError::Unsupported { what: "loop", .. }), "{e:?}");
+    let e = refuse(&[0x90, 0x90], 5);
+    assert_eq!(
+        e,
+        RelocError::NotEnoughBytes {
+            available: 2,
+            needed: 5
+        }
+    );
+    assert!(e.to_string().contains("only 2 bytes"));
+}
+
+#[test]
+fn entry_jump_forms() {
+    assert_eq!(&X86_64::entry_jump(0x1000, 0x2000)[..], &[0xe9, 0xfb, 0x0f, 0, 0]);
+    let far = X86_64::entry_jump(0x1000, 0x7fff_0000_0000);
+    assert_eq!(far.len(), 13);
+    assert_eq!(&far[..2], &[0x49, 0xbb]); // movabs r11
+    assert_eq!(&far[10..], &[0x41, 0xff, 0xe3]); // jmp r11
+    assert!(X86_64::is_near(0x1000, 0x1000 + 0x7fff_0000));
+    assert!(!X86_64::is_near(0x1000, 0x1000 + 0x8000_0005));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// Arbitrary bytes: every success is equivalent, every failure a
+    /// RelocError; nothing panics.
+    #[test]
+    fn arbitrary_prologues_relocate_equivalently_or_refuse(data in proptest::collection::vec(any::<u8>(), 8..72)) {
+        fuzz_relocate(&data);
+    }
+}
