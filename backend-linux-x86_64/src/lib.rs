@@ -74,48 +74,40 @@ impl Emitter {
             .map_err(|_| RelocError::TrampolineFull)
     }
 
-    /// `jmp target`: rel32, or `jmp [rip+0]; .quad target`.
-    fn jmp(&mut self, target: usize) -> Result<(), RelocError> {
-        match rel32(self.ip(), 5, target) {
+    /// A branch to `target`: `rel` followed by a rel32 when that reaches,
+    /// else `abs` followed by the 8-byte address (`abs` ends with an
+    /// indirect branch through the literal that follows it).
+    fn branch(&mut self, rel: &[u8], abs: &[u8], target: usize) -> Result<(), RelocError> {
+        match rel32(self.ip(), rel.len() + 4, target) {
             Some(d) => {
-                self.put(&[0xe9])?;
+                self.put(rel)?;
                 self.put(&d.to_le_bytes())
             }
             None => {
-                self.put(&[0xff, 0x25, 0, 0, 0, 0])?;
+                self.put(abs)?;
                 self.put(&(target as u64).to_le_bytes())
             }
         }
+    }
+
+    /// `jmp target`: rel32, or `jmp [rip+0]; .quad target`.
+    fn jmp(&mut self, target: usize) -> Result<(), RelocError> {
+        self.branch(&[0xe9], &[0xff, 0x25, 0, 0, 0, 0], target)
     }
 
     /// `jcc target` for condition nibble `cc`: `0f 8x rel32`, or the
     /// inverted short jcc over an absolute jump.
     fn jcc(&mut self, cc: u8, target: usize) -> Result<(), RelocError> {
-        match rel32(self.ip(), 6, target) {
-            Some(d) => {
-                self.put(&[0x0f, 0x80 | cc])?;
-                self.put(&d.to_le_bytes())
-            }
-            None => {
-                self.put(&[0x70 | (cc ^ 1), 14])?;
-                self.put(&[0xff, 0x25, 0, 0, 0, 0])?;
-                self.put(&(target as u64).to_le_bytes())
-            }
-        }
+        self.branch(
+            &[0x0f, 0x80 | cc],
+            &[0x70 | (cc ^ 1), 14, 0xff, 0x25, 0, 0, 0, 0],
+            target,
+        )
     }
 
     /// `call target`: rel32, or `call [rip+2]; jmp +8; .quad target`.
     fn call(&mut self, target: usize) -> Result<(), RelocError> {
-        match rel32(self.ip(), 5, target) {
-            Some(d) => {
-                self.put(&[0xe8])?;
-                self.put(&d.to_le_bytes())
-            }
-            None => {
-                self.put(&[0xff, 0x15, 2, 0, 0, 0, 0xeb, 8])?;
-                self.put(&(target as u64).to_le_bytes())
-            }
-        }
+        self.branch(&[0xe8], &[0xff, 0x15, 2, 0, 0, 0, 0xeb, 8], target)
     }
 
     /// Copies `bytes` (one instruction), re-aiming its RIP-relative
