@@ -95,6 +95,14 @@ fn pre_fill(event: &mut Event, context: usize) {
     fill_mmap(event, context);
 }
 
+/// A handler that fills an mmap result with `addr`.
+fn filler(addr: usize) -> FnHandler {
+    FnHandler {
+        func: pre_fill,
+        context: addr,
+    }
+}
+
 fn mmap_event() -> Event {
     Event::Mmap(MmapEvent {
         result: INVALID_PTR,
@@ -111,37 +119,10 @@ fn mmap_event() -> Event {
 fn pre_handler_result_skips_the_original_and_valid_results_are_kept() {
     let d: Dispatcher<FnHandler, 8> = Dispatcher::new();
     let depth = DispatchDepth::new();
-    d.register(
-        &depth,
-        bits::MMAP,
-        -2,
-        FnHandler {
-            func: pre_fill,
-            context: 0xa000,
-        },
-    )
-    .unwrap();
+    d.register(&depth, bits::MMAP, -2, filler(0xa000)).unwrap();
     // A second pre-handler and a post-handler try to change the valid result.
-    d.register(
-        &depth,
-        bits::MMAP,
-        -1,
-        FnHandler {
-            func: pre_fill,
-            context: 0xb000,
-        },
-    )
-    .unwrap();
-    d.register(
-        &depth,
-        bits::MMAP,
-        3,
-        FnHandler {
-            func: pre_fill,
-            context: 0xc000,
-        },
-    )
-    .unwrap();
+    d.register(&depth, bits::MMAP, -1, filler(0xb000)).unwrap();
+    d.register(&depth, bits::MMAP, 3, filler(0xc000)).unwrap();
     let mut ev = mmap_event();
     let mut original_called = false;
     let out = d.dispatch(&depth, &mut ev, |e| {
@@ -157,26 +138,8 @@ fn pre_handler_result_skips_the_original_and_valid_results_are_kept() {
 fn post_handler_may_fill_a_result_the_original_left_invalid() {
     let d: Dispatcher<FnHandler, 8> = Dispatcher::new();
     let depth = DispatchDepth::new();
-    d.register(
-        &depth,
-        bits::MMAP,
-        1,
-        FnHandler {
-            func: pre_fill,
-            context: 0xe000,
-        },
-    )
-    .unwrap();
-    d.register(
-        &depth,
-        bits::MMAP,
-        2,
-        FnHandler {
-            func: pre_fill,
-            context: 0xf000,
-        },
-    )
-    .unwrap();
+    d.register(&depth, bits::MMAP, 1, filler(0xe000)).unwrap();
+    d.register(&depth, bits::MMAP, 2, filler(0xf000)).unwrap();
     let mut ev = mmap_event();
     let out = d.dispatch(&depth, &mut ev, |_| {}); // original failed
     assert!(out.called_original);
