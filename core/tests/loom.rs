@@ -80,6 +80,20 @@ fn count(_event: &mut Event, context: usize) {
     n.fetch_add(1, Ordering::SeqCst);
 }
 
+/// Registers `count` (on the counter at `ctx`) for VM_MAPPED at `priority`.
+fn register_counter(d: &Dispatcher<FnHandler, 2>, depth: &DispatchDepth, priority: i32, ctx: usize) {
+    d.register(
+        depth,
+        bits::VM_MAPPED,
+        priority,
+        FnHandler {
+            func: count,
+            context: ctx,
+        },
+    )
+    .unwrap();
+}
+
 #[test]
 fn loom_registration_is_atomic_for_concurrent_dispatch() {
     loom::model(|| {
@@ -87,16 +101,7 @@ fn loom_registration_is_atomic_for_concurrent_dispatch() {
         let calls = Arc::new(AtomicUsize::new(0));
         let ctx = Arc::as_ptr(&calls) as usize;
         let depth = DispatchDepth::new();
-        d.register(
-            &depth,
-            bits::VM_MAPPED,
-            0,
-            FnHandler {
-                func: count,
-                context: ctx,
-            },
-        )
-        .unwrap();
+        register_counter(&d, &depth, 0, ctx);
 
         let reader = {
             let d = d.clone();
@@ -108,16 +113,7 @@ fn loom_registration_is_atomic_for_concurrent_dispatch() {
         };
         // A second registration races the dispatch: the reader sees the old
         // table (1 handler) or the new one (2), each handler at most once.
-        d.register(
-            &depth,
-            bits::VM_MAPPED,
-            1,
-            FnHandler {
-                func: count,
-                context: ctx,
-            },
-        )
-        .unwrap();
+        register_counter(&d, &depth, 1, ctx);
         let handlers = reader.join().unwrap();
         assert!(handlers == 1 || handlers == 2, "{handlers}");
         assert_eq!(calls.load(Ordering::SeqCst), handlers as usize);
