@@ -316,6 +316,14 @@ impl Arch for X86_64 {
         p
     }
 
+    fn absolute_jump(to: usize) -> PatchBytes {
+        let mut p = PatchBytes::new();
+        // 14 bytes fit the capacity (16).
+        let _ = p.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0]); // jmp [rip+0]
+        let _ = p.extend_from_slice(&(to as u64).to_le_bytes());
+        p
+    }
+
     fn relocate(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
         Self::relocate_impl(code, entry, need, trampoline)
     }

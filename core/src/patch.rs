@@ -196,6 +196,10 @@ pub trait Arch {
     /// The entry jump at `from` to `to`: near when in range, far otherwise.
     fn entry_jump(from: usize, to: usize) -> PatchBytes;
 
+    /// Position-independent code that jumps to `to` from anywhere without
+    /// touching an argument register (a far-jump slot's content).
+    fn absolute_jump(to: usize) -> PatchBytes;
+
     /// Moves the instructions at `entry` (whose bytes start `code`; pass as
     /// many as are readable, 64 is plenty) that a `need`-byte patch after
     /// the landing pad would overwrite, into code for address `trampoline`.

@@ -2,6 +2,28 @@
 //! and CUDA allocations) and answers what kind of memory a pointer is.
 //!
 //! This crate is the Linux runtime: it owns everything that touches the OS
-//! (code-page protection, `/proc/self/maps`, `dl_iterate_phdr`, the hook
+//! (code-page protection, `/proc/self/maps`, near trampoline pages, the hook
 //! functions themselves) and re-exports the allocation-free core.
-pub use memhook_core::{config, event, memtype};
+//!
+//! - [`bistro`] (feature `bistro`, on by default): patch any function entry
+//!   with a hook that can call the original.
+//! - [`maps`]: allocation-free `/proc/self/maps` reading.
+pub use memhook_core::{config, event, memtype, patch};
+
+#[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+pub mod bistro;
+#[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+pub mod code;
+pub mod maps;
+#[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+pub mod trampoline;
+
+use memhook_core::config::{HookMode, ModeSet};
+
+/// The hook modes this build supports: bistro only with the `bistro`
+/// feature (and an architecture whose backend exists).
+pub const AVAILABLE_MODES: ModeSet = if cfg!(all(feature = "bistro", target_arch = "x86_64")) {
+    ModeSet::ALL
+} else {
+    ModeSet::ALL.without(HookMode::Bistro)
+};

@@ -1,0 +1,378 @@
+//! Bistro: patching a function's entry so that every caller reaches a hook,
+//! which can still call the original.
+//!
+//! ```no_run
+//! use memhook::bistro::Hook;
+//!
+//! extern "C" fn my_getpid() -> libc::pid_t {
+//!     let original: extern "C" fn() -> libc::pid_t = unsafe { core::mem::transmute(ORIGINAL.load(core::sync::atomic::Ordering::Acquire)) };
+//!     original() // and see every call
+//! }
+//! static ORIGINAL: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+//!
+//! // SAFETY: my_getpid has getpid's signature and ORIGINAL is set before
+//! // the patch is visible (Hook::patch_with stores it first).
+//! let hook = unsafe { Hook::patch_with(libc::getpid as *const () as usize, my_getpid as *const () as usize, &ORIGINAL) }.unwrap();
+//! println!("{}", unsafe { libc::getpid() });
+//! hook.unpatch().map_err(|(_, e)| e).unwrap();
+//! ```
+//!
+//! How: the instructions the entry jump displaces are relocated into a
+//! trampoline in a page mapped near the function (so the 5-byte `jmp rel32`
+//! and rel32 operands reach), and the jump is written with the lock/tail/
+//! head protocol of [`memhook_core::patch`]. A hook too far for the 5-byte
+//! jump is reached through a far-jump slot near the function; only when no
+//! slot can be mapped near does the entry get the 13-byte absolute form.
+//! An entry another hooker already patched is relocated like any code, so
+//! both hooks run. What cannot be relocated is refused with the reason, the
+//! function's name and library (from `dladdr`) and its first 16 bytes.
+
+use core::ffi::CStr;
+use core::fmt;
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use memhook_core::patch::{Arch, PatchError, RelocError, RestorePoint, write_patch};
+
+use crate::code::LinuxCode;
+use crate::{maps, trampoline};
+
+/// The code generator of the machine memhook runs on.
+#[cfg(target_arch = "x86_64")]
+pub type NativeArch = memhook_x86_64::X86_64;
+
+/// How far a near jump reaches, with a margin for the slot's own size.
+#[cfg(target_arch = "x86_64")]
+const NEAR_REACH: usize = (1 << 31) - (1 << 20);
+
+/// Bytes of the entry read for relocation.
+const READ: usize = 64;
+
+/// Why a function could not be patched (or unpatched).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BistroError {
+    /// The instructions under the patch cannot be relocated.
+    Reloc {
+        /// The function.
+        target: usize,
+        /// Why.
+        error: RelocError,
+        /// Its first bytes.
+        bytes: [u8; 16],
+        /// How many of `bytes` were readable.
+        len: u8,
+    },
+    /// Writing the code failed.
+    Patch {
+        /// The function.
+        target: usize,
+        /// Why.
+        error: PatchError,
+    },
+    /// The address is not in an executable mapping.
+    NotCode {
+        /// The address.
+        target: usize,
+    },
+    /// No trampoline page could be mapped.
+    NoTrampoline {
+        /// The function.
+        target: usize,
+    },
+}
+
+impl BistroError {
+    /// The function the error is about.
+    pub fn target(&self) -> usize {
+        match *self {
+            BistroError::Reloc { target, .. }
+            | BistroError::Patch { target, .. }
+            | BistroError::NotCode { target }
+            | BistroError::NoTrampoline { target } => target,
+        }
+    }
+}
+
+/// Writes `symbol in library` for an address, from `dladdr`.
+struct Where(usize);
+
+impl fmt::Display for Where {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut info = core::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+        // SAFETY: dladdr only writes `info`; the strings it points to live
+        // as long as the object stays loaded, which covers this call.
+        let found = unsafe { libc::dladdr(self.0 as *const libc::c_void, info.as_mut_ptr()) } != 0;
+        // SAFETY: zero-initialised, then possibly filled by dladdr.
+        let info = unsafe { info.assume_init() };
+        let text = |p: *const libc::c_char| {
+            // SAFETY: non-null pointers from dladdr are NUL-terminated.
+            (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy())
+        };
+        let symbol = if found { text(info.dli_sname) } else { None };
+        let library = if found { text(info.dli_fname) } else { None };
+        match symbol {
+            Some(s) if info.dli_saddr as usize == self.0 => write!(f, "{s}")?,
+            Some(s) => write!(f, "{s}+{:#x}", self.0 - info.dli_saddr as usize)?,
+            None => write!(f, "{:#x}", self.0)?,
+        }
+        if let Some(l) = library {
+            write!(f, " in {l}")?;
+        }
+        write!(f, " ({:#x})", self.0)
+    }
+}
+
+impl fmt::Display for BistroError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BistroError::Reloc {
+                target,
+                error,
+                bytes,
+                len,
+            } => {
+                write!(f, "cannot patch {}: {error}; first bytes:", Where(*target))?;
+                for b in &bytes[..*len as usize] {
+                    write!(f, " {b:02x}")?;
+                }
+                Ok(())
+            }
+            BistroError::Patch { target, error } => write!(f, "cannot patch {}: {error}", Where(*target)),
+            BistroError::NotCode { target } => write!(f, "{:#x} is not in an executable mapping", target),
+            BistroError::NoTrampoline { target } => {
+                write!(f, "cannot patch {}: no trampoline page could be mapped", Where(*target))
+            }
+        }
+    }
+}
+
+impl std::error::Error for BistroError {}
+
+/// A relocated prologue kept for re-patching the same entry: its code is a
+/// pure function of the entry bytes, the entry address and the slot, so the
+/// slot is reused when the entry still holds the same bytes.
+#[derive(Clone, Copy)]
+struct Cached {
+    target: usize,
+    bytes: [u8; READ],
+    len: usize,
+    trampoline: usize,
+}
+
+const CACHE: usize = 256;
+
+struct State {
+    trampolines: heapless::Vec<Cached, CACHE>,
+    far_slots: heapless::Vec<(usize, usize), CACHE>, // (hook, slot)
+}
+
+/// Serialises patching: install paths only, never a hook path.
+static STATE: spin::Mutex<State> = spin::Mutex::new(State {
+    trampolines: heapless::Vec::new(),
+    far_slots: heapless::Vec::new(),
+});
+
+/// A patched function entry. Dropping it leaves the patch in place (hooks
+/// are usually for the life of the process); [`Hook::unpatch`] undoes it.
+#[derive(Debug)]
+#[must_use = "dropping a Hook keeps the patch; call unpatch to undo it"]
+pub struct Hook {
+    target: usize,
+    hook: usize,
+    trampoline: usize,
+    taken: usize,
+    restore: RestorePoint,
+}
+
+/// What a dry run found: whether and how a function can be patched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Bytes kept at the entry (`endbr64`).
+    pub skip: usize,
+    /// Bytes of original instructions the patch takes.
+    pub taken: usize,
+}
+
+fn read_entry(target: usize) -> Result<([u8; READ], usize), BistroError> {
+    let m = maps::find(target).ok_or(BistroError::NotCode { target })?;
+    if m.prot & libc::PROT_EXEC == 0 || m.prot & libc::PROT_READ == 0 {
+        return Err(BistroError::NotCode { target });
+    }
+    let len = READ.min(m.end - target);
+    let mut bytes = [0u8; READ];
+    // SAFETY: `[target, target + len)` lies in a readable mapping.
+    unsafe { core::ptr::copy_nonoverlapping(target as *const u8, bytes.as_mut_ptr(), len) };
+    Ok((bytes, len))
+}
+
+fn reloc_error(target: usize, error: RelocError, bytes: &[u8]) -> BistroError {
+    let mut first = [0u8; 16];
+    let len = bytes.len().min(16);
+    first[..len].copy_from_slice(&bytes[..len]);
+    BistroError::Reloc {
+        target,
+        error,
+        bytes: first,
+        len: len as u8,
+    }
+}
+
+/// Whether bistro can patch `target` with the 5-byte (`far == false`) or
+/// 13-byte form, and how many bytes it would take. Writes nothing.
+///
+/// # Errors
+///
+/// The [`BistroError`] a patch would fail with.
+pub fn can_patch(target: usize, far: bool) -> Result<Plan, BistroError> {
+    let (bytes, len) = read_entry(target)?;
+    let code = &bytes[..len];
+    let need = if far {
+        NativeArch::FAR_JUMP_LEN
+    } else {
+        NativeArch::NEAR_JUMP_LEN
+    };
+    // A trampoline right next to the function stands for a near slot.
+    let r = NativeArch::relocate(code, target, need, target + (1 << 20)).map_err(|e| reloc_error(target, e, code))?;
+    Ok(Plan {
+        skip: r.skip,
+        taken: r.taken,
+    })
+}
+
+impl Hook {
+    /// Patches the function at `target` so that it jumps to `hook`; stores
+    /// the address that calls the original into `original` before the patch
+    /// becomes visible, and returns the handle.
+    ///
+    /// # Safety
+    ///
+    /// `target` must be the entry of a function, `hook` a function with the
+    /// same signature and ABI, and the hook must call the original (if at
+    /// all) only through `original`. Code that jumps into the middle of the
+    /// patched bytes from outside the 64 bytes memhook can see is not
+    /// detected.
+    ///
+    /// # Errors
+    ///
+    /// A [`BistroError`]; the function is then unchanged.
+    pub unsafe fn patch_with(target: usize, hook: usize, original: &AtomicUsize) -> Result<Hook, BistroError> {
+        let mut state = STATE.lock();
+        let (bytes, len) = read_entry(target)?;
+        let code = &bytes[..len];
+        let at = target + NativeArch::entry_skip(code);
+
+        // Where the entry jumps: the hook itself, or a near far-jump slot.
+        let dest = if NativeArch::is_near(at, hook) {
+            hook
+        } else {
+            far_slot(&mut state, at, hook).unwrap_or(hook)
+        };
+        let jump = NativeArch::entry_jump(at, dest);
+
+        let cached = state
+            .trampolines
+            .iter()
+            .find(|c| c.target == target && c.len <= len && c.bytes[..c.len] == code[..c.len])
+            .map(|c| c.trampoline);
+        let (trampoline, taken) = match cached {
+            Some(slot) => {
+                // Same bytes, same entry, same slot: the code is already there.
+                let r =
+                    NativeArch::relocate(code, target, jump.len(), slot).map_err(|e| reloc_error(target, e, code))?;
+                (slot, r.taken)
+            }
+            None => {
+                let slot = trampoline::alloc_near(at, NEAR_REACH).ok_or(BistroError::NoTrampoline { target })?;
+                let r =
+                    NativeArch::relocate(code, target, jump.len(), slot).map_err(|e| reloc_error(target, e, code))?;
+                trampoline::write(slot, &r.code).map_err(|error| BistroError::Patch { target, error })?;
+                let used = r.skip + r.taken;
+                let mut c = Cached {
+                    target,
+                    bytes: [0; READ],
+                    len: used,
+                    trampoline: slot,
+                };
+                c.bytes[..used].copy_from_slice(&code[..used]);
+                if state.trampolines.is_full() {
+                    state.trampolines.remove(0);
+                }
+                let _ = state.trampolines.push(c);
+                (slot, r.taken)
+            }
+        };
+        original.store(trampoline, Ordering::Release);
+        let restore = write_patch(&mut LinuxCode::new(), at, &jump, NativeArch::LOCK)
+            .map_err(|error| BistroError::Patch { target, error })?;
+        Ok(Hook {
+            target,
+            hook,
+            trampoline,
+            taken,
+            restore,
+        })
+    }
+
+    /// Undoes the patch, restoring the entry's bytes exactly. The trampoline
+    /// stays mapped (a thread may still be running in it).
+    ///
+    /// # Errors
+    ///
+    /// Returns the hook with the error when the entry no longer holds our
+    /// jump (another hooker patched over it: undo theirs first).
+    // The hook comes back by value so it stays usable without a Box: the
+    // install path does not allocate.
+    #[allow(clippy::result_large_err)]
+    pub fn unpatch(self) -> Result<(), (Hook, BistroError)> {
+        let _state = STATE.lock();
+        match self.restore.undo(&mut LinuxCode::new(), NativeArch::LOCK) {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                let target = self.target;
+                Err((self, BistroError::Patch { target, error }))
+            }
+        }
+    }
+
+    /// The patched function.
+    pub fn target(&self) -> usize {
+        self.target
+    }
+
+    /// The hook.
+    pub fn hook(&self) -> usize {
+        self.hook
+    }
+
+    /// Calls the original function (the trampoline).
+    pub fn original(&self) -> usize {
+        self.trampoline
+    }
+
+    /// Bytes of original instructions moved into the trampoline.
+    pub fn taken(&self) -> usize {
+        self.taken
+    }
+
+    /// Whether the entry uses the long (absolute) jump form.
+    pub fn is_far(&self) -> bool {
+        self.restore.patched.len() > NativeArch::NEAR_JUMP_LEN
+    }
+}
+
+/// A slot near `at` holding an absolute jump to `hook` (shared by every
+/// entry near it that jumps to the same hook).
+fn far_slot(state: &mut State, at: usize, hook: usize) -> Option<usize> {
+    if let Some(&(_, slot)) = state
+        .far_slots
+        .iter()
+        .find(|(h, s)| *h == hook && NativeArch::is_near(at, *s))
+    {
+        return Some(slot);
+    }
+    let slot = trampoline::alloc_near(at, NEAR_REACH)?;
+    trampoline::write(slot, &NativeArch::absolute_jump(hook)).ok()?;
+    if !state.far_slots.is_full() {
+        let _ = state.far_slots.push((hook, slot));
+    }
+    Some(slot)
+}

@@ -1,0 +1,238 @@
+//! Reading `/proc/self/maps` without allocating.
+//!
+//! Each call opens the file itself and parses it through a buffer on its own
+//! stack, so concurrent readers never share state, and an allocator that
+//! embeds memhook can call it.
+
+use core::ops::ControlFlow;
+
+/// Longest path kept per mapping (longer ones are cut).
+pub const PATH_CAPACITY: usize = 256;
+
+/// One line of `/proc/self/maps`.
+#[derive(Clone, Copy)]
+pub struct Mapping {
+    /// First address.
+    pub start: usize,
+    /// One past the last address.
+    pub end: usize,
+    /// `PROT_READ | PROT_WRITE | PROT_EXEC` bits.
+    pub prot: i32,
+    /// Whether the mapping is shared (`s`) rather than private (`p`).
+    pub shared: bool,
+    /// Offset in the file.
+    pub offset: u64,
+    path: [u8; PATH_CAPACITY],
+    path_len: usize,
+}
+
+impl Mapping {
+    /// The path or pseudo-path (`[heap]`, `[vdso]`), possibly empty.
+    pub fn path(&self) -> &[u8] {
+        &self.path[..self.path_len]
+    }
+
+    /// Whether `addr` lies in the mapping.
+    pub fn contains(&self, addr: usize) -> bool {
+        (self.start..self.end).contains(&addr)
+    }
+}
+
+impl core::fmt::Debug for Mapping {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "{:#x}-{:#x} prot {} {}",
+            self.start,
+            self.end,
+            self.prot,
+            String::from_utf8_lossy(self.path())
+        )
+    }
+}
+
+fn hex(field: &[u8]) -> Option<u64> {
+    if field.is_empty() || field.len() > 16 {
+        return None;
+    }
+    let mut v = 0u64;
+    for &c in field {
+        let d = (c as char).to_digit(16)?;
+        v = (v << 4) | d as u64;
+    }
+    Some(v)
+}
+
+/// Parses one line (without its newline).
+pub fn parse_line(line: &[u8]) -> Option<Mapping> {
+    let mut fields = line.split(|&c| c == b' ').filter(|f| !f.is_empty());
+    let range = fields.next()?;
+    let perms = fields.next()?;
+    let offset = hex(fields.next()?)?;
+    let _dev = fields.next()?;
+    let _inode = fields.next()?;
+    let dash = range.iter().position(|&c| c == b'-')?;
+    let start = hex(&range[..dash])? as usize;
+    let end = hex(&range[dash + 1..])? as usize;
+    if perms.len() < 4 || end < start {
+        return None;
+    }
+    let mut prot = 0;
+    if perms[0] == b'r' {
+        prot |= libc::PROT_READ;
+    }
+    if perms[1] == b'w' {
+        prot |= libc::PROT_WRITE;
+    }
+    if perms[2] == b'x' {
+        prot |= libc::PROT_EXEC;
+    }
+    // The path is the rest of the line after the inode, spaces included.
+    let mut m = Mapping {
+        start,
+        end,
+        prot,
+        shared: perms[3] == b's',
+        offset,
+        path: [0; PATH_CAPACITY],
+        path_len: 0,
+    };
+    if let Some(first) = fields.next() {
+        let at = first.as_ptr() as usize - line.as_ptr() as usize;
+        let path = &line[at..];
+        let n = path.len().min(PATH_CAPACITY);
+        m.path[..n].copy_from_slice(&path[..n]);
+        m.path_len = n;
+    }
+    Some(m)
+}
+
+/// Calls `f` with each mapping of this process, in address order, until it
+/// breaks.
+///
+/// # Errors
+///
+/// The errno of a failed `open` or `read`.
+pub fn for_each(mut f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
+    // SAFETY: a NUL-terminated path and plain flags.
+    let fd = unsafe { libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    let mut buf = [0u8; 4096];
+    let mut have = 0;
+    let result = 'read: loop {
+        // SAFETY: the destination is the unused tail of `buf`.
+        let n = unsafe { libc::read(fd, buf[have..].as_mut_ptr().cast(), buf.len() - have) };
+        if n < 0 {
+            let e = errno();
+            if e == libc::EINTR {
+                continue;
+            }
+            break Err(e);
+        }
+        let eof = n == 0;
+        have += n as usize;
+        let mut used = 0;
+        while let Some(nl) = buf[used..have].iter().position(|&c| c == b'\n') {
+            if let Some(m) = parse_line(&buf[used..used + nl])
+                && f(&m).is_break()
+            {
+                break 'read Ok(());
+            }
+            used += nl + 1;
+        }
+        if eof {
+            if used < have
+                && let Some(m) = parse_line(&buf[used..have])
+            {
+                let _ = f(&m);
+            }
+            break Ok(());
+        }
+        if used == 0 && have == buf.len() {
+            // A line longer than the buffer: parse what fits (the path is
+            // cut), then skip to its end.
+            if let Some(m) = parse_line(&buf[..have])
+                && f(&m).is_break()
+            {
+                break Ok(());
+            }
+            have = 0;
+            loop {
+                let mut c = [0u8; 1];
+                // SAFETY: one byte into a local.
+                let r = unsafe { libc::read(fd, c.as_mut_ptr().cast(), 1) };
+                if r <= 0 || c[0] == b'\n' {
+                    break;
+                }
+            }
+            continue;
+        }
+        buf.copy_within(used..have, 0);
+        have -= used;
+    };
+    // SAFETY: `fd` was opened above and is closed once.
+    unsafe { libc::close(fd) };
+    result
+}
+
+/// The mapping that contains `addr`, if any.
+pub fn find(addr: usize) -> Option<Mapping> {
+    let mut found = None;
+    let _ = for_each(|m| {
+        if m.contains(addr) {
+            found = Some(*m);
+            return ControlFlow::Break(());
+        }
+        if m.start > addr {
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    });
+    found
+}
+
+pub(crate) fn errno() -> i32 {
+    // SAFETY: errno is thread-local and always readable.
+    unsafe { *libc::__errno_location() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_lines_with_and_without_paths() {
+        let m = parse_line(b"7f3a12000000-7f3a12021000 r-xp 00002000 08:01 1234   /usr/lib/x86_64-linux-gnu/libc.so.6")
+            .unwrap();
+        assert_eq!((m.start, m.end, m.offset), (0x7f3a12000000, 0x7f3a12021000, 0x2000));
+        assert_eq!(m.prot, libc::PROT_READ | libc::PROT_EXEC);
+        assert_eq!(m.path(), b"/usr/lib/x86_64-linux-gnu/libc.so.6");
+        let m = parse_line(b"7ffd1000-7ffd3000 rw-s 00000000 00:00 0 ").unwrap();
+        assert!(m.shared && m.path().is_empty());
+        let m = parse_line(b"1000-2000 rw-p 00000000 00:00 0 /tmp/a file (deleted)").unwrap();
+        assert_eq!(m.path(), b"/tmp/a file (deleted)");
+        assert!(parse_line(b"garbage").is_none());
+        assert!(parse_line(b"2000-1000 rw-p 0 00:00 0").is_none());
+    }
+
+    #[test]
+    fn finds_this_function_and_a_stack_variable() {
+        let code = find(finds_this_function_and_a_stack_variable as *const () as usize).expect("text mapped");
+        assert!(code.prot & libc::PROT_EXEC != 0, "{code:?}");
+        let local = 5u64;
+        let stack = find(&local as *const u64 as usize).expect("stack mapped");
+        assert!(stack.prot & libc::PROT_WRITE != 0);
+        let mut n = 0;
+        let mut last = 0;
+        for_each(|m| {
+            assert!(m.start >= last, "sorted");
+            last = m.end;
+            n += 1;
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert!(n > 5);
+    }
+}

@@ -1,0 +1,143 @@
+//! Trampoline slots in pages mapped near the code they serve.
+//!
+//! A trampoline holds the instructions a patch displaced and a jump back; a
+//! far-jump slot holds an absolute jump to a hook that is out of reach of
+//! the entry's 5-byte jump. Both must sit within ±2 GiB (aarch64: ±128 MiB)
+//! of the patched code so that rel32 operands and the short entry jump
+//! reach, so memhook maps 64 KiB regions in the free gaps of the address
+//! space closest to the target (`/proc/self/maps`, `MAP_FIXED_NOREPLACE`)
+//! and hands out 256-byte slots from them. Slots are never unmapped: a
+//! thread may still be running in one after its patch is undone.
+
+use core::ops::ControlFlow;
+
+use memhook_core::patch::PatchError;
+
+use crate::code::protect;
+use crate::maps;
+
+/// Bytes per slot (a trampoline is at most `MAX_TRAMPOLINE` = 192 bytes).
+pub const SLOT: usize = 256;
+/// Bytes per mapped region.
+pub const REGION: usize = 64 * 1024;
+const MAX_REGIONS: usize = 128;
+/// Lowest address memhook maps at (above `vm.mmap_min_addr`).
+const LOW: usize = 0x100_0000;
+/// Highest user address on x86_64 and aarch64 (47/48-bit).
+const HIGH: usize = 0x7fff_ffff_0000;
+
+#[derive(Clone, Copy)]
+struct Region {
+    base: usize,
+    next: usize,
+}
+
+static REGIONS: spin::Mutex<heapless::Vec<Region, MAX_REGIONS>> = spin::Mutex::new(heapless::Vec::new());
+
+/// Whether `[slot, slot + SLOT)` lies entirely within `reach` of `near`.
+fn within(slot: usize, near: usize, reach: usize) -> bool {
+    slot.abs_diff(near) < reach && (slot + SLOT).abs_diff(near) < reach
+}
+
+/// Maps a region within `reach` of `near`, trying the free gaps nearest it.
+fn map_near(near: usize, reach: usize) -> Option<usize> {
+    let mut candidates: heapless::Vec<usize, 32> = heapless::Vec::new();
+    let mut prev_end = LOW;
+    let mut consider = |gap_start: usize, gap_end: usize| {
+        let gap_start = gap_start.max(LOW).next_multiple_of(REGION);
+        if gap_end < gap_start + REGION {
+            return;
+        }
+        let last = (gap_end - REGION) & !(REGION - 1);
+        let want = (near & !(REGION - 1)).clamp(gap_start, last);
+        if within(want, near, reach) && within(want + REGION - SLOT, near, reach) {
+            if candidates.is_full() {
+                // Keep the 32 nearest.
+                let (far_i, far) = candidates
+                    .iter()
+                    .enumerate()
+                    .max_by_key(|(_, c)| c.abs_diff(near))
+                    .map(|(i, c)| (i, *c))
+                    .unwrap();
+                if want.abs_diff(near) < far.abs_diff(near) {
+                    candidates[far_i] = want;
+                }
+            } else {
+                let _ = candidates.push(want);
+            }
+        }
+    };
+    let _ = maps::for_each(|m| {
+        if m.start > prev_end {
+            consider(prev_end, m.start);
+        }
+        prev_end = prev_end.max(m.end);
+        ControlFlow::Continue(())
+    });
+    if prev_end < HIGH {
+        consider(prev_end, HIGH);
+    }
+    candidates.sort_unstable_by_key(|c| c.abs_diff(near));
+    for &at in &candidates {
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping;
+        // the result is checked, and a kernel that ignores the flag (before
+        // 4.17) treats the address as a hint, which is checked too.
+        let p = unsafe {
+            libc::mmap(
+                at as *mut libc::c_void,
+                REGION,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            continue;
+        }
+        if p as usize == at {
+            return Some(at);
+        }
+        // SAFETY: unmapping the region the kernel just gave us elsewhere.
+        unsafe { libc::munmap(p, REGION) };
+    }
+    None
+}
+
+/// A slot within `reach` of `near`, from an existing region or a new one.
+pub fn alloc_near(near: usize, reach: usize) -> Option<usize> {
+    let mut regions = REGIONS.lock();
+    for r in regions.iter_mut() {
+        let slot = r.base + r.next;
+        if r.next + SLOT <= REGION && within(slot, near, reach) {
+            r.next += SLOT;
+            return Some(slot);
+        }
+    }
+    if regions.is_full() {
+        return None;
+    }
+    let base = map_near(near, reach)?;
+    let _ = regions.push(Region { base, next: SLOT });
+    Some(base)
+}
+
+/// Writes code into a slot (the page stays executable throughout, so
+/// threads running other slots of it are not disturbed).
+///
+/// # Errors
+///
+/// A protection error from `mprotect`.
+pub fn write(slot: usize, code: &[u8]) -> Result<(), PatchError> {
+    assert!(code.len() <= SLOT, "trampoline of {} bytes", code.len());
+    protect(slot, code.len(), libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC)?;
+    // SAFETY: the slot lies in a region we mapped and just made writable;
+    // nothing executes it yet (it is not published until the entry patch).
+    unsafe { core::ptr::copy_nonoverlapping(code.as_ptr(), slot as *mut u8, code.len()) };
+    protect(slot, code.len(), libc::PROT_READ | libc::PROT_EXEC)
+}
+
+/// Regions mapped so far.
+pub fn regions() -> usize {
+    REGIONS.lock().len()
+}

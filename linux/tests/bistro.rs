@@ -1,0 +1,361 @@
+//! Bistro on real code: hand-written prologues patched and called, a glibc
+//! function with a far hook, stacked hooks, refusals, and a stress test of
+//! patching while eight threads call the function.
+#![cfg(all(feature = "bistro", target_arch = "x86_64"))]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+
+use memhook::bistro::{BistroError, Hook, can_patch};
+use memhook::patch::RelocError;
+
+core::arch::global_asm!(
+    ".text",
+    // endbr64, then RIP-relative lea and cmp, and a jcc out of the patch.
+    ".globl mh_t_rip",
+    ".p2align 4",
+    "mh_t_rip:",
+    "endbr64",
+    "lea rax, [rip + mh_t_data]",
+    "cmp dword ptr [rip + mh_t_data], 7",
+    "jne 2f",
+    "mov eax, dword ptr [rax]",
+    "add eax, edi",
+    "ret",
+    "2:",
+    "mov eax, -1",
+    "ret",
+    "int3",
+    // A call rel32 as the first instruction.
+    ".globl mh_t_call",
+    ".p2align 4",
+    "mh_t_call:",
+    "call mh_t_hundred",
+    "add eax, edi",
+    "ret",
+    "int3",
+    ".p2align 4",
+    "mh_t_hundred:",
+    "mov eax, 100",
+    "ret",
+    "int3",
+    // A jcc rel8 that leaves the patched bytes.
+    ".globl mh_t_jcc",
+    ".p2align 4",
+    "mh_t_jcc:",
+    "test edi, edi",
+    "js 3f",
+    "lea eax, [rdi + rdi]",
+    "ret",
+    "3:",
+    "xor eax, eax",
+    "ret",
+    "int3",
+    // Shorter than the patch.
+    ".globl mh_t_tiny",
+    ".p2align 4",
+    "mh_t_tiny:",
+    "xor eax, eax",
+    "ret",
+    "int3",
+    "int3",
+    "int3",
+    "int3",
+    "int3",
+    "int3",
+    "int3",
+    "int3",
+    // A loop back into the entry.
+    ".globl mh_t_loop",
+    ".p2align 4",
+    "mh_t_loop:",
+    "4:",
+    "dec edi",
+    "jnz 4b",
+    "mov eax, 5",
+    "ret",
+    "int3",
+    // Counts its calls (for the stress test).
+    ".globl mh_t_count",
+    ".p2align 4",
+    "mh_t_count:",
+    "endbr64",
+    "lock inc qword ptr [rip + mh_t_counter]",
+    "mov eax, edi",
+    "ret",
+    "int3",
+    ".data",
+    ".p2align 3",
+    "mh_t_data: .long 7",
+    ".p2align 3",
+    ".globl mh_t_counter",
+    "mh_t_counter: .quad 0",
+    ".text",
+);
+
+unsafe extern "C" {
+    fn mh_t_rip(a: i32) -> i32;
+    fn mh_t_call(a: i32) -> i32;
+    fn mh_t_jcc(a: i32) -> i32;
+    fn mh_t_tiny() -> i32;
+    fn mh_t_loop(a: i32) -> i32;
+    fn mh_t_count(a: i32) -> i32;
+    static mh_t_counter: AtomicU64;
+}
+
+type Fn1 = extern "C" fn(i32) -> i32;
+
+/// Defines a hook that counts its calls and adds 1000 to what the original
+/// returns.
+macro_rules! hook {
+    ($name:ident, $original:ident, $calls:ident) => {
+        static $original: AtomicUsize = AtomicUsize::new(0);
+        static $calls: AtomicUsize = AtomicUsize::new(0);
+        extern "C" fn $name(a: i32) -> i32 {
+            $calls.fetch_add(1, Ordering::SeqCst);
+            // SAFETY: set to the trampoline (same signature) before the patch.
+            let original: Fn1 = unsafe { std::mem::transmute($original.load(Ordering::Acquire)) };
+            original(a) + 1000
+        }
+    };
+}
+
+hook!(hook_rip, ORIG_RIP, CALLS_RIP);
+hook!(hook_call, ORIG_CALL, CALLS_CALL);
+hook!(hook_jcc, ORIG_JCC, CALLS_JCC);
+hook!(hook_a, ORIG_A, CALLS_A);
+hook!(hook_b, ORIG_B, CALLS_B);
+
+fn entry_bytes(f: usize) -> [u8; 16] {
+    // SAFETY: reading the first bytes of a function in our text.
+    unsafe { *(f as *const [u8; 16]) }
+}
+
+/// Patches `f` with `hook`, checks hook and original both run with the
+/// right argument and result, unpatches and checks the bytes are exact.
+fn patch_call_unpatch(
+    f: unsafe extern "C" fn(i32) -> i32,
+    hook: Fn1,
+    original: &AtomicUsize,
+    calls: &AtomicUsize,
+    cases: &[(i32, i32)],
+) {
+    let before = entry_bytes(f as usize);
+    for &(arg, want) in cases {
+        // SAFETY: the test functions take an i32 and return one.
+        assert_eq!(unsafe { f(arg) }, want);
+    }
+    // SAFETY: `hook` has f's signature and calls the original through `original`.
+    let h = unsafe { Hook::patch_with(f as usize, hook as usize, original) }.unwrap();
+    assert!(!h.is_far(), "hook in the same binary is near");
+    let n = calls.load(Ordering::SeqCst);
+    for &(arg, want) in cases {
+        // SAFETY: as above.
+        assert_eq!(unsafe { f(arg) }, want + 1000, "hooked f({arg})");
+        // SAFETY: the trampoline has f's signature.
+        let orig: Fn1 = unsafe { std::mem::transmute(h.original()) };
+        assert_eq!(orig(arg), want, "original({arg})");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst) - n, cases.len());
+    h.unpatch().map_err(|(_, e)| e).unwrap();
+    assert_eq!(entry_bytes(f as usize), before, "unpatch restores the exact bytes");
+    for &(arg, want) in cases {
+        // SAFETY: as above.
+        assert_eq!(unsafe { f(arg) }, want);
+    }
+}
+
+/// Two tests patch mh_t_rip; they take turns.
+static RIP_SERIAL: Mutex<()> = Mutex::new(());
+
+#[test]
+fn endbr64_rip_relative_lea_cmp_and_jcc() {
+    let _s = RIP_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    patch_call_unpatch(mh_t_rip, hook_rip, &ORIG_RIP, &CALLS_RIP, &[(0, 7), (5, 12), (-7, 0)]);
+    let plan = can_patch(mh_t_rip as *const () as usize, false).unwrap();
+    assert_eq!(plan.skip, 4, "endbr64 stays in place");
+}
+
+#[test]
+fn call_rel32_in_the_prologue() {
+    patch_call_unpatch(mh_t_call, hook_call, &ORIG_CALL, &CALLS_CALL, &[(1, 101), (-100, 0)]);
+}
+
+#[test]
+fn jcc_rel8_out_of_the_patch() {
+    patch_call_unpatch(mh_t_jcc, hook_jcc, &ORIG_JCC, &CALLS_JCC, &[(3, 6), (-3, 0), (0, 0)]);
+}
+
+#[test]
+fn tiny_function_and_loop_into_the_entry_are_refused_with_reasons() {
+    static UNUSED: AtomicUsize = AtomicUsize::new(0);
+    let tiny = mh_t_tiny as *const () as usize;
+    let before = entry_bytes(tiny);
+    // SAFETY: the patch is refused, so nothing is written.
+    let e = unsafe { Hook::patch_with(tiny, hook_rip as *const () as usize, &UNUSED) }.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            BistroError::Reloc {
+                error: RelocError::FunctionTooShort { .. },
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("function shorter than the patch") && msg.contains("first bytes: 31 c0 c3 cc"),
+        "{msg}"
+    );
+    assert_eq!(entry_bytes(tiny), before);
+    // SAFETY: as above (mh_t_tiny returns 0).
+    assert_eq!(unsafe { mh_t_tiny() }, 0);
+
+    let looping = mh_t_loop as *const () as usize;
+    // SAFETY: refused, nothing written.
+    let e = unsafe { Hook::patch_with(looping, hook_rip as *const () as usize, &UNUSED) }.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            BistroError::Reloc {
+                error: RelocError::BranchIntoPatch { .. },
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("jumps back into the patched bytes"), "{e}");
+    // SAFETY: as above.
+    assert_eq!(unsafe { mh_t_loop(3) }, 5);
+    assert_eq!(UNUSED.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn stacked_hooks_both_run_and_unpatch_in_order() {
+    let f = mh_t_rip as *const () as usize;
+    let _s = RIP_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let before = entry_bytes(f);
+    // SAFETY: hooks with f's signature, calling through their originals.
+    let a = unsafe { Hook::patch_with(f, hook_a as *const () as usize, &ORIG_A) }.unwrap();
+    // B patches over A's jump: the trampoline of B carries A's jump.
+    // SAFETY: as for A.
+    let b = unsafe { Hook::patch_with(f, hook_b as *const () as usize, &ORIG_B) }.unwrap();
+    let (na, nb) = (CALLS_A.load(Ordering::SeqCst), CALLS_B.load(Ordering::SeqCst));
+    // SAFETY: mh_t_rip takes and returns i32.
+    assert_eq!(unsafe { mh_t_rip(1) }, 8 + 2000, "both hooks add 1000");
+    assert_eq!(
+        (CALLS_A.load(Ordering::SeqCst) - na, CALLS_B.load(Ordering::SeqCst) - nb),
+        (1, 1)
+    );
+    // Undoing A first would drop B's jump: refused.
+    let (a, e) = a.unpatch().unwrap_err();
+    assert!(matches!(e, BistroError::Patch { .. }), "{e:?}");
+    b.unpatch().map_err(|(_, e)| e).unwrap();
+    a.unpatch().map_err(|(_, e)| e).unwrap();
+    assert_eq!(entry_bytes(f), before);
+}
+
+static ORIG_PPID: AtomicUsize = AtomicUsize::new(0);
+static CALLS_PPID: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn hook_getppid() -> libc::pid_t {
+    CALLS_PPID.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: the trampoline has getppid's signature.
+    let original: extern "C" fn() -> libc::pid_t = unsafe { std::mem::transmute(ORIG_PPID.load(Ordering::Acquire)) };
+    original()
+}
+
+#[test]
+fn glibc_function_with_a_hook_beyond_2_gib() {
+    let target = libc::getppid as *const () as usize;
+    // SAFETY: getppid has no preconditions.
+    let want = unsafe { libc::getppid() };
+    let before = entry_bytes(target);
+    // SAFETY: same signature; calls the original through ORIG_PPID.
+    let h = unsafe { Hook::patch_with(target, hook_getppid as *const () as usize, &ORIG_PPID) }.unwrap();
+    // The test binary and libc are far apart; the entry still uses the
+    // 5-byte form, through a far-jump slot near libc.
+    assert!(!h.is_far());
+    let n = CALLS_PPID.load(Ordering::SeqCst);
+    // SAFETY: getppid has no preconditions.
+    assert_eq!(unsafe { libc::getppid() }, want);
+    assert_eq!(CALLS_PPID.load(Ordering::SeqCst), n + 1);
+    h.unpatch().map_err(|(_, e)| e).unwrap();
+    assert_eq!(entry_bytes(target), before);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::getppid() }, want);
+    assert_eq!(CALLS_PPID.load(Ordering::SeqCst), n + 1);
+}
+
+#[test]
+fn not_code_is_an_error() {
+    static DATA: u64 = 0;
+    static UNUSED: AtomicUsize = AtomicUsize::new(0);
+    // SAFETY: refused before anything is written.
+    let e =
+        unsafe { Hook::patch_with(&DATA as *const u64 as usize, hook_a as *const () as usize, &UNUSED) }.unwrap_err();
+    assert!(matches!(e, BistroError::NotCode { .. }), "{e:?}");
+}
+
+static ORIG_COUNT: AtomicUsize = AtomicUsize::new(0);
+static CALLS_COUNT: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn hook_count(a: i32) -> i32 {
+    CALLS_COUNT.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: the trampoline has mh_t_count's signature.
+    let original: Fn1 = unsafe { std::mem::transmute(ORIG_COUNT.load(Ordering::Acquire)) };
+    original(a)
+}
+
+/// Eight threads call the function in a loop while it is patched and
+/// unpatched 10,000 times: no crash, every call returns its argument, and
+/// every call reached the original exactly once (the function's own counter
+/// equals the calls made).
+#[test]
+fn stress_patch_unpatch_while_eight_threads_call() {
+    const THREADS: usize = 8;
+    const CYCLES: usize = 10_000;
+    let f = mh_t_count as *const () as usize;
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(THREADS + 1));
+    // SAFETY: reading the counter the function increments atomically.
+    let base = unsafe { mh_t_counter.load(Ordering::SeqCst) };
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (stop, start) = (stop.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let mut made = 0u64;
+                let mut i = t as i32;
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: mh_t_count returns its argument.
+                    let r = unsafe { mh_t_count(i) };
+                    assert_eq!(r, i, "a call returned garbage");
+                    made += 1;
+                    i = i.wrapping_add(THREADS as i32);
+                }
+                made
+            })
+        })
+        .collect();
+    start.wait();
+    let before = entry_bytes(f);
+    for _ in 0..CYCLES {
+        // SAFETY: hook_count has mh_t_count's signature.
+        let h = unsafe { Hook::patch_with(f, hook_count as *const () as usize, &ORIG_COUNT) }.unwrap();
+        h.unpatch().map_err(|(_, e)| e).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let made: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    // SAFETY: as above.
+    let seen = unsafe { mh_t_counter.load(Ordering::SeqCst) } - base;
+    assert_eq!(entry_bytes(f), before);
+    assert_eq!(seen, made, "calls made vs calls that reached the original");
+    let hooked = CALLS_COUNT.load(Ordering::Relaxed);
+    assert!(hooked <= made);
+    eprintln!(
+        "{made} calls, {hooked} through the hook, {CYCLES} patch/unpatch cycles, serialisation {:?}",
+        memhook::code::serialization()
+    );
+}
