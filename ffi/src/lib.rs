@@ -1,4 +1,281 @@
-//! memhook-ffi: the C ABI of memhook (`libmemhook.so`, `libmemhook.a`,
-//! `include/memhook.h`). The calls of SPEC.md's "Stable interfaces" are added
-//! here as each capability lands.
+//! memhook-ffi: the C ABI of memhook (`libmemhook.so`, `libmemhook.a`).
+//!
+//! Every call returns 0 on success and a negative `MEMHOOK_ERR_*` code on
+//! error, with [`memhook_last_error`] giving the message (per thread, valid
+//! until the thread's next memhook call). No panic crosses the ABI: a panic
+//! inside becomes `MEMHOOK_ERR_INTERNAL`. Nothing here allocates.
+#![allow(unsafe_code)]
+
+use core::ffi::{c_char, c_int, c_void};
+use core::fmt::Write;
+use std::cell::RefCell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
 pub use memhook::event::bits;
+
+/// Success.
+pub const MEMHOOK_OK: c_int = 0;
+/// A null or otherwise invalid argument.
+pub const MEMHOOK_ERR_INVALID: c_int = -1;
+/// The function's first instructions cannot be relocated (the message says
+/// which function, why, and shows its first bytes).
+pub const MEMHOOK_ERR_RELOCATE: c_int = -2;
+/// Code pages could not be written, or the entry changed since it was
+/// patched (another hooker wrote over it).
+pub const MEMHOOK_ERR_PATCH: c_int = -3;
+/// The address is not in an executable mapping.
+pub const MEMHOOK_ERR_NOT_CODE: c_int = -4;
+/// Out of trampoline memory or handle slots.
+pub const MEMHOOK_ERR_NO_SPACE: c_int = -5;
+/// The capability is not built in (e.g. bistro without its feature).
+pub const MEMHOOK_ERR_UNSUPPORTED: c_int = -6;
+/// A bug in memhook (a caught panic).
+pub const MEMHOOK_ERR_INTERNAL: c_int = -7;
+
+/// Patches live at once through the C API.
+pub const MEMHOOK_MAX_PATCHES: usize = 1024;
+
+const MESSAGE: usize = 512;
+
+/// The calling thread's last error message, NUL-terminated.
+struct LastError {
+    buf: [u8; MESSAGE],
+    len: usize,
+}
+
+impl Write for LastError {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        // Keep room for the NUL; cut silently when full.
+        let room = MESSAGE - 1 - self.len;
+        let n = s.len().min(room);
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<LastError> = const { RefCell::new(LastError { buf: [0; MESSAGE], len: 0 }) };
+}
+
+/// Records `message` as this thread's last error and returns `code`.
+fn fail(code: c_int, message: core::fmt::Arguments<'_>) -> c_int {
+    let _ = LAST_ERROR.try_with(|e| {
+        if let Ok(mut e) = e.try_borrow_mut() {
+            e.len = 0;
+            let _ = e.write_fmt(message);
+            let n = e.len;
+            e.buf[n] = 0;
+        }
+    });
+    code
+}
+
+/// Runs `f`, turning a panic into `MEMHOOK_ERR_INTERNAL`.
+fn guard(f: impl FnOnce() -> c_int) -> c_int {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        fail(
+            MEMHOOK_ERR_INTERNAL,
+            format_args!("internal error (a panic was caught)"),
+        )
+    })
+}
+
+/// The calling thread's last error message ("" if none). The pointer stays
+/// valid until the thread's next memhook call.
+#[unsafe(no_mangle)]
+pub extern "C" fn memhook_last_error() -> *const c_char {
+    static EMPTY: [u8; 1] = [0];
+    LAST_ERROR
+        .try_with(|e| match e.try_borrow() {
+            Ok(e) => e.buf.as_ptr().cast(),
+            Err(_) => EMPTY.as_ptr().cast(),
+        })
+        .unwrap_or(EMPTY.as_ptr().cast())
+}
+
+/// A bistro patch made by [`memhook_patch`] (opaque to C).
+#[allow(non_camel_case_types)]
+pub struct memhook_patch_t {
+    _opaque: [u8; 0],
+}
+
+#[cfg(feature = "bistro")]
+mod patching {
+    use super::*;
+    use core::sync::atomic::AtomicUsize;
+    use memhook::bistro::{BistroError, Hook};
+
+    static PATCHES: spin::Mutex<[Option<Hook>; MEMHOOK_MAX_PATCHES]> =
+        spin::Mutex::new([const { None }; MEMHOOK_MAX_PATCHES]);
+
+    fn code_of(e: &BistroError) -> c_int {
+        match e {
+            BistroError::Reloc { .. } => MEMHOOK_ERR_RELOCATE,
+            BistroError::Patch { .. } => MEMHOOK_ERR_PATCH,
+            BistroError::NotCode { .. } => MEMHOOK_ERR_NOT_CODE,
+            BistroError::NoTrampoline { .. } => MEMHOOK_ERR_NO_SPACE,
+        }
+    }
+
+    pub fn patch(
+        target: *mut c_void,
+        hook: *mut c_void,
+        original: *mut *mut c_void,
+        handle: *mut *mut memhook_patch_t,
+    ) -> c_int {
+        if target.is_null() || hook.is_null() || original.is_null() || handle.is_null() {
+            return fail(
+                MEMHOOK_ERR_INVALID,
+                format_args!("memhook_patch: target, hook, original and handle must not be NULL"),
+            );
+        }
+        let mut patches = PATCHES.lock();
+        let Some(slot) = patches.iter().position(Option::is_none) else {
+            return fail(
+                MEMHOOK_ERR_NO_SPACE,
+                format_args!("memhook_patch: {MEMHOOK_MAX_PATCHES} patches are live already"),
+            );
+        };
+        // SAFETY: `original` is a non-null, aligned `void **` the caller
+        // owns; a pointer-sized atomic has the same layout.
+        let original = unsafe { AtomicUsize::from_ptr(original.cast()) };
+        // SAFETY: the caller promises (memhook.h) that target is a function
+        // entry and hook a function of the same signature that calls the
+        // original only through *original.
+        match unsafe { Hook::patch_with(target as usize, hook as usize, original) } {
+            Ok(h) => {
+                patches[slot] = Some(h);
+                // SAFETY: `handle` is non-null and the caller's to write.
+                unsafe { *handle = (slot + 1) as *mut memhook_patch_t };
+                MEMHOOK_OK
+            }
+            Err(e) => fail(code_of(&e), format_args!("{e}")),
+        }
+    }
+
+    pub fn unpatch(handle: *mut memhook_patch_t) -> c_int {
+        let slot = (handle as usize).wrapping_sub(1);
+        let mut patches = PATCHES.lock();
+        let Some(h) = patches.get_mut(slot).and_then(Option::take) else {
+            return fail(
+                MEMHOOK_ERR_INVALID,
+                format_args!("memhook_unpatch: {handle:p} is not a live patch handle"),
+            );
+        };
+        match h.unpatch() {
+            Ok(()) => MEMHOOK_OK,
+            Err((h, e)) => {
+                patches[slot] = Some(h);
+                fail(code_of(&e), format_args!("{e}"))
+            }
+        }
+    }
+}
+
+/// Patches the function at `target` so that every call jumps to `hook`
+/// (bistro). `*original` is set, before the patch is visible, to an address
+/// that calls the original function; `*handle` identifies the patch for
+/// [`memhook_unpatch`].
+///
+/// # Safety
+///
+/// `target` must be a function entry, `hook` a function with the same
+/// signature and calling convention, and `original`/`handle` valid for a
+/// write. The hook must call the original only through `*original`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memhook_patch(
+    target: *mut c_void,
+    hook: *mut c_void,
+    original: *mut *mut c_void,
+    handle: *mut *mut memhook_patch_t,
+) -> c_int {
+    #[cfg(feature = "bistro")]
+    return guard(|| patching::patch(target, hook, original, handle));
+    #[cfg(not(feature = "bistro"))]
+    {
+        let _ = (target, hook, original, handle);
+        guard(|| {
+            fail(
+                MEMHOOK_ERR_UNSUPPORTED,
+                format_args!("memhook_patch: memhook was built without the `bistro` feature"),
+            )
+        })
+    }
+}
+
+/// Undoes a patch, restoring the function's bytes exactly. Fails (and keeps
+/// the handle live) if another hooker patched over it since: undo that one
+/// first.
+///
+/// # Safety
+///
+/// `handle` must come from [`memhook_patch`] (anything else is reported as
+/// invalid, but must not be a pointer the caller still relies on as live).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memhook_unpatch(handle: *mut memhook_patch_t) -> c_int {
+    #[cfg(feature = "bistro")]
+    return guard(|| patching::unpatch(handle));
+    #[cfg(not(feature = "bistro"))]
+    {
+        let _ = handle;
+        guard(|| {
+            fail(
+                MEMHOOK_ERR_UNSUPPORTED,
+                format_args!("memhook_unpatch: memhook was built without the `bistro` feature"),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::ffi::CStr;
+
+    fn last() -> String {
+        // SAFETY: memhook_last_error returns a NUL-terminated buffer.
+        unsafe { CStr::from_ptr(memhook_last_error()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn null_arguments_are_invalid_with_a_message() {
+        let mut h = core::ptr::null_mut();
+        // SAFETY: NULLs are rejected before use.
+        let rc = unsafe {
+            memhook_patch(
+                core::ptr::null_mut(),
+                core::ptr::null_mut(),
+                core::ptr::null_mut(),
+                &mut h,
+            )
+        };
+        if cfg!(feature = "bistro") {
+            assert_eq!(rc, MEMHOOK_ERR_INVALID);
+            assert!(last().contains("must not be NULL"), "{}", last());
+            // SAFETY: an invalid handle is reported, not used.
+            let rc = unsafe { memhook_unpatch(0x999 as *mut memhook_patch_t) };
+            assert_eq!(rc, MEMHOOK_ERR_INVALID);
+            assert!(last().contains("not a live patch handle"));
+        } else {
+            assert_eq!(rc, MEMHOOK_ERR_UNSUPPORTED);
+        }
+    }
+
+    #[test]
+    fn long_messages_are_cut_and_terminated() {
+        fail(-1, format_args!("{}", "x".repeat(2000)));
+        assert_eq!(last().len(), MESSAGE - 1);
+        fail(-1, format_args!("short"));
+        assert_eq!(last(), "short");
+    }
+
+    #[test]
+    fn panics_do_not_cross_the_abi() {
+        let rc = guard(|| panic!("boom"));
+        assert_eq!(rc, MEMHOOK_ERR_INTERNAL);
+        assert!(last().contains("panic"));
+    }
+}

@@ -27,3 +27,21 @@ pub const AVAILABLE_MODES: ModeSet = if cfg!(all(feature = "bistro", target_arch
 } else {
     ModeSet::ALL.without(HookMode::Bistro)
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memhook_core::config::{ConfigErrorKind, Family};
+
+    #[test]
+    fn bistro_in_a_mode_string_matches_the_build() {
+        let parsed = ModeSet::parse("bistro", Family::Mmap, AVAILABLE_MODES);
+        if cfg!(all(feature = "bistro", target_arch = "x86_64")) {
+            assert_eq!(parsed, Ok(ModeSet::of(&[HookMode::Bistro])));
+        } else {
+            let e = parsed.unwrap_err();
+            assert_eq!(e.kind, ConfigErrorKind::NotBuilt);
+            assert!(e.to_string().contains("built without the `bistro` feature"), "{e}");
+        }
+    }
+}
