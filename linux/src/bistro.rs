@@ -180,6 +180,8 @@ pub struct Hook {
     hook: usize,
     trampoline: usize,
     taken: usize,
+    /// Protection of the patched pages, restored after each write.
+    prot: i32,
     restore: RestorePoint,
 }
 
@@ -192,16 +194,71 @@ pub struct Plan {
     pub taken: usize,
 }
 
-fn read_entry(target: usize) -> Result<([u8; READ], usize), BistroError> {
-    let m = maps::find(target).ok_or(BistroError::NotCode { target })?;
-    if m.prot & libc::PROT_EXEC == 0 || m.prot & libc::PROT_READ == 0 {
+/// The protection of the loaded segment holding `addr`, and where the
+/// readable part of it ends: from the program headers (`dl_iterate_phdr`,
+/// no system call), else from `/proc/self/maps` (JIT or anonymous code).
+fn code_mapping(addr: usize) -> Option<(i32, usize)> {
+    struct Search {
+        addr: usize,
+        page: usize,
+        found: Option<(i32, usize)>,
+    }
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: `data` is the Search passed below; `info` and its program
+        // headers are valid for this callback (dl_iterate_phdr's contract).
+        let (search, info) = unsafe { (&mut *(data as *mut Search), &*info) };
+        for i in 0..info.dlpi_phnum as usize {
+            // SAFETY: `dlpi_phdr` points to `dlpi_phnum` headers.
+            let ph = unsafe { &*info.dlpi_phdr.add(i) };
+            if ph.p_type != libc::PT_LOAD {
+                continue;
+            }
+            let start = (info.dlpi_addr as usize).wrapping_add(ph.p_vaddr as usize);
+            let end = (start + ph.p_memsz as usize).next_multiple_of(search.page);
+            if (start..end).contains(&search.addr) {
+                let mut prot = 0;
+                if ph.p_flags & libc::PF_R != 0 {
+                    prot |= libc::PROT_READ;
+                }
+                if ph.p_flags & libc::PF_W != 0 {
+                    prot |= libc::PROT_WRITE;
+                }
+                if ph.p_flags & libc::PF_X != 0 {
+                    prot |= libc::PROT_EXEC;
+                }
+                search.found = Some((prot, end));
+                return 1;
+            }
+        }
+        0
+    }
+    let mut search = Search {
+        addr,
+        page: crate::code::page_size(),
+        found: None,
+    };
+    // SAFETY: `visit` matches dl_iterate_phdr's callback type and only
+    // reads what the loader hands it; `search` outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search).cast()) };
+    search.found.or_else(|| maps::find(addr).map(|m| (m.prot, m.end)))
+}
+
+/// The entry's first bytes (as many as the segment holds, up to 64) and the
+/// protection of its pages.
+fn read_entry(target: usize) -> Result<([u8; READ], usize, i32), BistroError> {
+    let (prot, end) = code_mapping(target).ok_or(BistroError::NotCode { target })?;
+    if prot & libc::PROT_EXEC == 0 || prot & libc::PROT_READ == 0 {
         return Err(BistroError::NotCode { target });
     }
-    let len = READ.min(m.end - target);
+    let len = READ.min(end - target);
     let mut bytes = [0u8; READ];
-    // SAFETY: `[target, target + len)` lies in a readable mapping.
+    // SAFETY: `[target, target + len)` lies in a readable, mapped segment.
     unsafe { core::ptr::copy_nonoverlapping(target as *const u8, bytes.as_mut_ptr(), len) };
-    Ok((bytes, len))
+    Ok((bytes, len, prot))
 }
 
 fn reloc_error(target: usize, error: RelocError, bytes: &[u8]) -> BistroError {
@@ -223,7 +280,7 @@ fn reloc_error(target: usize, error: RelocError, bytes: &[u8]) -> BistroError {
 ///
 /// The [`BistroError`] a patch would fail with.
 pub fn can_patch(target: usize, far: bool) -> Result<Plan, BistroError> {
-    let (bytes, len) = read_entry(target)?;
+    let (bytes, len, _) = read_entry(target)?;
     let code = &bytes[..len];
     let need = if far {
         NativeArch::FAR_JUMP_LEN
@@ -256,7 +313,7 @@ impl Hook {
     /// A [`BistroError`]; the function is then unchanged.
     pub unsafe fn patch_with(target: usize, hook: usize, original: &AtomicUsize) -> Result<Hook, BistroError> {
         let mut state = STATE.lock();
-        let (bytes, len) = read_entry(target)?;
+        let (bytes, len, prot) = read_entry(target)?;
         let code = &bytes[..len];
         let at = target + NativeArch::entry_skip(code);
 
@@ -301,13 +358,14 @@ impl Hook {
             }
         };
         original.store(trampoline, Ordering::Release);
-        let restore = write_patch(&mut LinuxCode::new(), at, &jump, NativeArch::LOCK)
+        let restore = write_patch(&mut LinuxCode::with_protection(prot), at, &jump, NativeArch::LOCK)
             .map_err(|error| BistroError::Patch { target, error })?;
         Ok(Hook {
             target,
             hook,
             trampoline,
             taken,
+            prot,
             restore,
         })
     }
@@ -324,7 +382,10 @@ impl Hook {
     #[allow(clippy::result_large_err)]
     pub fn unpatch(self) -> Result<(), (Hook, BistroError)> {
         let _state = STATE.lock();
-        match self.restore.undo(&mut LinuxCode::new(), NativeArch::LOCK) {
+        match self
+            .restore
+            .undo(&mut LinuxCode::with_protection(self.prot), NativeArch::LOCK)
+        {
             Ok(()) => Ok(()),
             Err(error) => {
                 let target = self.target;

@@ -97,21 +97,31 @@ pub(crate) fn protect(at: usize, len: usize, prot: i32) -> Result<(), PatchError
 /// and restores exactly that.
 #[derive(Debug, Default)]
 pub struct LinuxCode {
+    known_prot: Option<i32>,
     saved_prot: Option<i32>,
 }
 
 impl LinuxCode {
-    /// A new writer.
+    /// A new writer; it looks the protection up in `/proc/self/maps`.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A writer for code whose mapping's protection the caller just read.
+    pub fn with_protection(prot: i32) -> Self {
+        Self {
+            known_prot: Some(prot),
+            saved_prot: None,
+        }
     }
 }
 
 impl CodeMemory for LinuxCode {
     fn make_writable(&mut self, at: usize, len: usize) -> Result<(), PatchError> {
-        let prot = maps::find(at)
-            .map(|m| m.prot)
-            .unwrap_or(libc::PROT_READ | libc::PROT_EXEC);
+        let prot = match self.known_prot {
+            Some(prot) => prot,
+            None => maps::find(at).map_or(libc::PROT_READ | libc::PROT_EXEC, |m| m.prot),
+        };
         protect(at, len, prot | libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC)?;
         self.saved_prot = Some(prot);
         Ok(())
