@@ -174,3 +174,147 @@ fn loom_map_reader_during_split_sees_whole_or_split() {
         assert_eq!(map.lookup(0x3000, 8), info(MemType::Cuda, 0x3000, 0x1000));
     });
 }
+
+mod patch_protocol {
+    use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicU8, AtomicU16, AtomicUsize, Ordering, fence};
+    use loom::thread;
+    use memhook_core::patch::{CodeMemory, PatchError, write_patch};
+
+    const BASE: usize = 0x1000;
+    const LOCK: [u8; 2] = [0xeb, 0xfe];
+
+    /// Five bytes of code: the head (the first two, written by one store,
+    /// as the lock and the head are) and the tail.
+    struct Code {
+        head: AtomicU16,
+        tail: [AtomicU8; 3],
+        /// Threads in the middle of fetching the entry instruction.
+        fetching: AtomicUsize,
+    }
+
+    impl Code {
+        fn new(bytes: [u8; 5]) -> Self {
+            Code {
+                head: AtomicU16::new(u16::from_le_bytes([bytes[0], bytes[1]])),
+                tail: [
+                    AtomicU8::new(bytes[2]),
+                    AtomicU8::new(bytes[3]),
+                    AtomicU8::new(bytes[4]),
+                ],
+                fetching: AtomicUsize::new(0),
+            }
+        }
+
+        /// What a thread arriving at the entry executes: one fetch of the
+        /// instruction there, or `None` when it is the lock (`jmp $`, which
+        /// only sends it to fetch again: a later fetch, which the models
+        /// check separately). A fetch is one unit for serialisation: the
+        /// IPI of a SYNC_CORE membarrier is taken at an instruction boundary.
+        fn fetch(&self) -> Option<[u8; 5]> {
+            self.fetching.fetch_add(1, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            let head = self.head.load(Ordering::Acquire).to_le_bytes();
+            let seen = (head != LOCK).then(|| {
+                let t: Vec<u8> = self.tail.iter().map(|b| b.load(Ordering::Relaxed)).collect();
+                [head[0], head[1], t[0], t[1], t[2]]
+            });
+            self.fetching.fetch_sub(1, Ordering::Release);
+            seen
+        }
+    }
+
+    /// CodeMemory over the model: stores as the Linux one does them;
+    /// serialisation (membarrier SYNC_CORE) returns once every fetch that
+    /// began before it has finished.
+    struct Writer(Arc<Code>);
+
+    impl CodeMemory for Writer {
+        fn make_writable(&mut self, _at: usize, _len: usize) -> Result<(), PatchError> {
+            Ok(())
+        }
+        fn restore_protection(&mut self, _at: usize, _len: usize) -> Result<(), PatchError> {
+            Ok(())
+        }
+        fn read(&self, at: usize, buf: &mut [u8]) {
+            let head = self.0.head.load(Ordering::Relaxed).to_le_bytes();
+            for (i, b) in buf.iter_mut().enumerate() {
+                let k = at - BASE + i;
+                *b = if k < 2 {
+                    head[k]
+                } else {
+                    self.0.tail[k - 2].load(Ordering::Relaxed)
+                };
+            }
+        }
+        fn write_atomic(&mut self, at: usize, bytes: &[u8]) {
+            assert_eq!((at, bytes.len()), (BASE, 2), "one store covers the head");
+            self.0
+                .head
+                .store(u16::from_le_bytes([bytes[0], bytes[1]]), Ordering::Release);
+        }
+        fn write(&mut self, at: usize, bytes: &[u8]) {
+            for (i, b) in bytes.iter().enumerate() {
+                self.0.tail[at - BASE - 2 + i].store(*b, Ordering::Relaxed);
+            }
+        }
+        fn serialize(&mut self) {
+            fence(Ordering::SeqCst);
+            while self.0.fetching.load(Ordering::Acquire) != 0 {
+                thread::yield_now();
+            }
+        }
+    }
+
+    const OLD: [u8; 5] = [0x55, 0x48, 0x89, 0xe5, 0x41]; // push rbp; mov rbp, rsp; ...
+    const NEW: [u8; 5] = [0xe9, 0x10, 0x20, 0x30, 0x40]; // jmp rel32
+
+    /// Runs `f` under loom with room for the two spin loops of the model
+    /// (the executor on the lock, the serialisation on in-flight fetches).
+    fn model(f: impl Fn() + Sync + Send + 'static) {
+        let mut builder = loom::model::Builder::new();
+        builder.max_branches = 100_000;
+        builder.check(f);
+    }
+
+    /// A thread fetching the entry instruction while it is patched gets the
+    /// whole original instruction bytes or the whole new jump, never a mix.
+    /// (A thread part-way through the old prologue's later instructions is
+    /// outside what any entry-patching protocol can promise.)
+    #[test]
+    fn loom_patch_never_exposes_a_mix() {
+        model(|| {
+            let code = Arc::new(Code::new(OLD));
+            let executor = {
+                let code = code.clone();
+                thread::spawn(move || code.fetch())
+            };
+            let restore = write_patch(&mut Writer(code.clone()), BASE, &NEW, &LOCK).unwrap();
+            if let Some(seen) = executor.join().unwrap() {
+                assert!(seen == NEW || seen == OLD, "mixed bytes: {seen:02x?}");
+            }
+            assert_eq!(code.fetch(), Some(NEW));
+            assert_eq!(&restore.original[..], &OLD);
+        });
+    }
+
+    /// Undo, raced by a thread fetching the entry: it runs the whole jump
+    /// or the whole original first instruction, never a mix.
+    #[test]
+    fn loom_undo_never_exposes_a_mix() {
+        model(|| {
+            let code = Arc::new(Code::new(OLD));
+            let mut w = Writer(code.clone());
+            let restore = write_patch(&mut w, BASE, &NEW, &LOCK).unwrap();
+            let executor = {
+                let code = code.clone();
+                thread::spawn(move || code.fetch())
+            };
+            restore.undo(&mut w, &LOCK).unwrap();
+            if let Some(seen) = executor.join().unwrap() {
+                assert!(seen == NEW || seen == OLD, "mixed bytes: {seen:02x?}");
+            }
+            assert_eq!(code.fetch(), Some(OLD));
+        });
+    }
+}
