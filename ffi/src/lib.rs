@@ -115,6 +115,7 @@ mod patching {
             BistroError::Patch { .. } => MEMHOOK_ERR_PATCH,
             BistroError::NotCode { .. } => MEMHOOK_ERR_NOT_CODE,
             BistroError::NoTrampoline { .. } => MEMHOOK_ERR_NO_SPACE,
+            BistroError::NoSymbol => MEMHOOK_ERR_INVALID,
         }
     }
 

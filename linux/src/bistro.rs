@@ -78,6 +78,8 @@ pub enum BistroError {
         /// The function.
         target: usize,
     },
+    /// `dlsym` found no such symbol.
+    NoSymbol,
 }
 
 impl BistroError {
@@ -88,6 +90,7 @@ impl BistroError {
             | BistroError::Patch { target, .. }
             | BistroError::NotCode { target }
             | BistroError::NoTrampoline { target } => target,
+            BistroError::NoSymbol => 0,
         }
     }
 }
@@ -141,6 +144,7 @@ impl fmt::Display for BistroError {
             BistroError::NoTrampoline { target } => {
                 write!(f, "cannot patch {}: no trampoline page could be mapped", Where(*target))
             }
+            BistroError::NoSymbol => f.write_str("no such symbol in the loaded objects"),
         }
     }
 }
@@ -368,6 +372,27 @@ impl Hook {
             prot,
             restore,
         })
+    }
+
+    /// [`Hook::patch_with`] on the function `symbol` resolves to in the
+    /// global scope (`dlsym(RTLD_DEFAULT, symbol)`).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Hook::patch_with`], with `symbol` naming a function.
+    ///
+    /// # Errors
+    ///
+    /// [`BistroError::NoSymbol`] when nothing is found, else as
+    /// [`Hook::patch_with`].
+    pub unsafe fn patch_symbol(symbol: &CStr, hook: usize, original: &AtomicUsize) -> Result<Hook, BistroError> {
+        // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
+        let target = unsafe { libc::dlsym(libc::RTLD_DEFAULT, symbol.as_ptr()) } as usize;
+        if target == 0 {
+            return Err(BistroError::NoSymbol);
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { Hook::patch_with(target, hook, original) }
     }
 
     /// Undoes the patch, restoring the entry's bytes exactly. The trampoline

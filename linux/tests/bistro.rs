@@ -273,7 +273,8 @@ fn glibc_function_with_a_hook_beyond_2_gib() {
     let want = unsafe { libc::getppid() };
     let before = entry_bytes(target);
     // SAFETY: same signature; calls the original through ORIG_PPID.
-    let h = unsafe { Hook::patch_with(target, hook_getppid as *const () as usize, &ORIG_PPID) }.unwrap();
+    let h = unsafe { Hook::patch_symbol(c"getppid", hook_getppid as *const () as usize, &ORIG_PPID) }.unwrap();
+    assert_eq!(h.target(), target, "dlsym finds libc's getppid");
     // The test binary and libc are far apart; the entry still uses the
     // 5-byte form, through a far-jump slot near libc.
     assert!(!h.is_far());
@@ -286,6 +287,15 @@ fn glibc_function_with_a_hook_beyond_2_gib() {
     // SAFETY: as above.
     assert_eq!(unsafe { libc::getppid() }, want);
     assert_eq!(CALLS_PPID.load(Ordering::SeqCst), n + 1);
+}
+
+#[test]
+fn unknown_symbol_is_an_error() {
+    static UNUSED: AtomicUsize = AtomicUsize::new(0);
+    // SAFETY: nothing is found, so nothing is patched.
+    let e =
+        unsafe { Hook::patch_symbol(c"memhook_no_such_function", hook_a as *const () as usize, &UNUSED) }.unwrap_err();
+    assert_eq!(e, BistroError::NoSymbol);
 }
 
 #[test]
