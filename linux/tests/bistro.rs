@@ -1,106 +1,67 @@
-//! Bistro on real code: hand-written prologues patched and called, a glibc
-//! function with a far hook, stacked hooks, refusals, and a stress test of
-//! patching while eight threads call the function.
+//! Bistro on real code: hand-written prologues in a test shared library
+//! (`tests/asm/prologues.S`) patched and called, a glibc function by name,
+//! stacked hooks, refusals, and a stress test of patching while eight
+//! threads call the function.
 #![cfg(all(feature = "bistro", target_arch = "x86_64"))]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier, Mutex, OnceLock};
 
 use memhook::bistro::{BistroError, Hook, can_patch};
 use memhook::patch::RelocError;
 
-core::arch::global_asm!(
-    ".text",
-    // endbr64, then RIP-relative lea and cmp, and a jcc out of the patch.
-    ".globl mh_t_rip",
-    ".p2align 4",
-    "mh_t_rip:",
-    "endbr64",
-    "lea rax, [rip + mh_t_data]",
-    "cmp dword ptr [rip + mh_t_data], 7",
-    "jne 2f",
-    "mov eax, dword ptr [rax]",
-    "add eax, edi",
-    "ret",
-    "2:",
-    "mov eax, -1",
-    "ret",
-    "int3",
-    // A call rel32 as the first instruction.
-    ".globl mh_t_call",
-    ".p2align 4",
-    "mh_t_call:",
-    "call mh_t_hundred",
-    "add eax, edi",
-    "ret",
-    "int3",
-    ".p2align 4",
-    "mh_t_hundred:",
-    "mov eax, 100",
-    "ret",
-    "int3",
-    // A jcc rel8 that leaves the patched bytes.
-    ".globl mh_t_jcc",
-    ".p2align 4",
-    "mh_t_jcc:",
-    "test edi, edi",
-    "js 3f",
-    "lea eax, [rdi + rdi]",
-    "ret",
-    "3:",
-    "xor eax, eax",
-    "ret",
-    "int3",
-    // Shorter than the patch.
-    ".globl mh_t_tiny",
-    ".p2align 4",
-    "mh_t_tiny:",
-    "xor eax, eax",
-    "ret",
-    "int3",
-    "int3",
-    "int3",
-    "int3",
-    "int3",
-    "int3",
-    "int3",
-    "int3",
-    // A loop back into the entry.
-    ".globl mh_t_loop",
-    ".p2align 4",
-    "mh_t_loop:",
-    "4:",
-    "dec edi",
-    "jnz 4b",
-    "mov eax, 5",
-    "ret",
-    "int3",
-    // Counts its calls (for the stress test).
-    ".globl mh_t_count",
-    ".p2align 4",
-    "mh_t_count:",
-    "endbr64",
-    "lock inc qword ptr [rip + mh_t_counter]",
-    "mov eax, edi",
-    "ret",
-    "int3",
-    ".data",
-    ".p2align 3",
-    "mh_t_data: .long 7",
-    ".p2align 3",
-    ".globl mh_t_counter",
-    "mh_t_counter: .quad 0",
-    ".text",
-);
+/// The test library: `tests/asm/prologues.S` built into a shared object
+/// with the system C compiler and dlopen'ed once. Its functions are far
+/// (more than 2 GiB) from this executable's hooks, so every patch here also
+/// goes through a far-jump slot near the library.
+struct Prologues {
+    rip: unsafe extern "C" fn(i32) -> i32,
+    call: unsafe extern "C" fn(i32) -> i32,
+    jcc: unsafe extern "C" fn(i32) -> i32,
+    tiny: unsafe extern "C" fn() -> i32,
+    looping: unsafe extern "C" fn(i32) -> i32,
+    count: unsafe extern "C" fn(i32) -> i32,
+    counter: &'static AtomicU64,
+}
 
-unsafe extern "C" {
-    fn mh_t_rip(a: i32) -> i32;
-    fn mh_t_call(a: i32) -> i32;
-    fn mh_t_jcc(a: i32) -> i32;
-    fn mh_t_tiny() -> i32;
-    fn mh_t_loop(a: i32) -> i32;
-    fn mh_t_count(a: i32) -> i32;
-    static mh_t_counter: AtomicU64;
+fn lib() -> &'static Prologues {
+    static LIB: OnceLock<Prologues> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/asm/prologues.S");
+        let out = std::env::temp_dir().join(format!("memhook-prologues-{}.so", std::process::id()));
+        let status = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&out)
+            .arg(src)
+            .status()
+            .expect("a C compiler (cc) builds the test library");
+        assert!(status.success(), "building {src}");
+        let path = std::ffi::CString::new(out.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path to the library just built.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!handle.is_null(), "dlopen {}", out.display());
+        let _ = std::fs::remove_file(&out);
+        let sym = |name: &std::ffi::CStr| {
+            // SAFETY: a live handle and a NUL-terminated name.
+            let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
+            assert!(!p.is_null(), "{name:?}");
+            p as usize
+        };
+        // SAFETY: each symbol is a function of the stated signature in
+        // prologues.S (or, for the counter, an 8-byte aligned quad), and the
+        // library is never closed.
+        unsafe {
+            Prologues {
+                rip: std::mem::transmute(sym(c"mh_t_rip")),
+                call: std::mem::transmute(sym(c"mh_t_call")),
+                jcc: std::mem::transmute(sym(c"mh_t_jcc")),
+                tiny: std::mem::transmute(sym(c"mh_t_tiny")),
+                looping: std::mem::transmute(sym(c"mh_t_loop")),
+                count: std::mem::transmute(sym(c"mh_t_count")),
+                counter: &*(sym(c"mh_t_counter") as *const AtomicU64),
+            }
+        }
+    })
 }
 
 type Fn1 = extern "C" fn(i32) -> i32;
@@ -147,7 +108,10 @@ fn patch_call_unpatch(
     }
     // SAFETY: `hook` has f's signature and calls the original through `original`.
     let h = unsafe { Hook::patch_with(f as usize, hook as usize, original) }.unwrap();
-    assert!(!h.is_far(), "hook in the same binary is near");
+    assert!(
+        !h.is_far(),
+        "a far hook is reached through a near slot: the entry keeps the 5-byte form"
+    );
     let n = calls.load(Ordering::SeqCst);
     for &(arg, want) in cases {
         // SAFETY: as above.
@@ -171,25 +135,25 @@ static RIP_SERIAL: Mutex<()> = Mutex::new(());
 #[test]
 fn endbr64_rip_relative_lea_cmp_and_jcc() {
     let _s = RIP_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    patch_call_unpatch(mh_t_rip, hook_rip, &ORIG_RIP, &CALLS_RIP, &[(0, 7), (5, 12), (-7, 0)]);
-    let plan = can_patch(mh_t_rip as *const () as usize, false).unwrap();
+    patch_call_unpatch(lib().rip, hook_rip, &ORIG_RIP, &CALLS_RIP, &[(0, 7), (5, 12), (-7, 0)]);
+    let plan = can_patch(lib().rip as usize, false).unwrap();
     assert_eq!(plan.skip, 4, "endbr64 stays in place");
 }
 
 #[test]
 fn call_rel32_in_the_prologue() {
-    patch_call_unpatch(mh_t_call, hook_call, &ORIG_CALL, &CALLS_CALL, &[(1, 101), (-100, 0)]);
+    patch_call_unpatch(lib().call, hook_call, &ORIG_CALL, &CALLS_CALL, &[(1, 101), (-100, 0)]);
 }
 
 #[test]
 fn jcc_rel8_out_of_the_patch() {
-    patch_call_unpatch(mh_t_jcc, hook_jcc, &ORIG_JCC, &CALLS_JCC, &[(3, 6), (-3, 0), (0, 0)]);
+    patch_call_unpatch(lib().jcc, hook_jcc, &ORIG_JCC, &CALLS_JCC, &[(3, 6), (-3, 0), (0, 0)]);
 }
 
 #[test]
 fn tiny_function_and_loop_into_the_entry_are_refused_with_reasons() {
     static UNUSED: AtomicUsize = AtomicUsize::new(0);
-    let tiny = mh_t_tiny as *const () as usize;
+    let tiny = lib().tiny as usize;
     let before = entry_bytes(tiny);
     // SAFETY: the patch is refused, so nothing is written.
     let e = unsafe { Hook::patch_with(tiny, hook_rip as *const () as usize, &UNUSED) }.unwrap_err();
@@ -210,9 +174,9 @@ fn tiny_function_and_loop_into_the_entry_are_refused_with_reasons() {
     );
     assert_eq!(entry_bytes(tiny), before);
     // SAFETY: as above (mh_t_tiny returns 0).
-    assert_eq!(unsafe { mh_t_tiny() }, 0);
+    assert_eq!(unsafe { (lib().tiny)() }, 0);
 
-    let looping = mh_t_loop as *const () as usize;
+    let looping = lib().looping as usize;
     // SAFETY: refused, nothing written.
     let e = unsafe { Hook::patch_with(looping, hook_rip as *const () as usize, &UNUSED) }.unwrap_err();
     assert!(
@@ -227,13 +191,13 @@ fn tiny_function_and_loop_into_the_entry_are_refused_with_reasons() {
     );
     assert!(e.to_string().contains("jumps back into the patched bytes"), "{e}");
     // SAFETY: as above.
-    assert_eq!(unsafe { mh_t_loop(3) }, 5);
+    assert_eq!(unsafe { (lib().looping)(3) }, 5);
     assert_eq!(UNUSED.load(Ordering::SeqCst), 0);
 }
 
 #[test]
 fn stacked_hooks_both_run_and_unpatch_in_order() {
-    let f = mh_t_rip as *const () as usize;
+    let f = lib().rip as usize;
     let _s = RIP_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let before = entry_bytes(f);
     // SAFETY: hooks with f's signature, calling through their originals.
@@ -243,7 +207,7 @@ fn stacked_hooks_both_run_and_unpatch_in_order() {
     let b = unsafe { Hook::patch_with(f, hook_b as *const () as usize, &ORIG_B) }.unwrap();
     let (na, nb) = (CALLS_A.load(Ordering::SeqCst), CALLS_B.load(Ordering::SeqCst));
     // SAFETY: mh_t_rip takes and returns i32.
-    assert_eq!(unsafe { mh_t_rip(1) }, 8 + 2000, "both hooks add 1000");
+    assert_eq!(unsafe { (lib().rip)(1) }, 8 + 2000, "both hooks add 1000");
     assert_eq!(
         (CALLS_A.load(Ordering::SeqCst) - na, CALLS_B.load(Ordering::SeqCst) - nb),
         (1, 1)
@@ -326,11 +290,11 @@ extern "C" fn hook_count(a: i32) -> i32 {
 fn stress_patch_unpatch_while_eight_threads_call() {
     const THREADS: usize = 8;
     const CYCLES: usize = 10_000;
-    let f = mh_t_count as *const () as usize;
+    let f = lib().count as usize;
     let stop = Arc::new(AtomicBool::new(false));
     let start = Arc::new(Barrier::new(THREADS + 1));
     // SAFETY: reading the counter the function increments atomically.
-    let base = unsafe { mh_t_counter.load(Ordering::SeqCst) };
+    let base = lib().counter.load(Ordering::SeqCst);
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
             let (stop, start) = (stop.clone(), start.clone());
@@ -340,7 +304,7 @@ fn stress_patch_unpatch_while_eight_threads_call() {
                 let mut i = t as i32;
                 while !stop.load(Ordering::Relaxed) {
                     // SAFETY: mh_t_count returns its argument.
-                    let r = unsafe { mh_t_count(i) };
+                    let r = unsafe { (lib().count)(i) };
                     assert_eq!(r, i, "a call returned garbage");
                     made += 1;
                     i = i.wrapping_add(THREADS as i32);
@@ -359,7 +323,7 @@ fn stress_patch_unpatch_while_eight_threads_call() {
     stop.store(true, Ordering::Relaxed);
     let made: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
     // SAFETY: as above.
-    let seen = unsafe { mh_t_counter.load(Ordering::SeqCst) } - base;
+    let seen = lib().counter.load(Ordering::SeqCst) - base;
     assert_eq!(entry_bytes(f), before);
     assert_eq!(seen, made, "calls made vs calls that reached the original");
     let hooked = CALLS_COUNT.load(Ordering::Relaxed);

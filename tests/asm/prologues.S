@@ -1,0 +1,99 @@
+/* Hand-written prologues for the bistro tests, built into a shared object
+ * (cc -shared) and dlopen'ed by linux/tests/bistro.rs. */
+        .intel_syntax noprefix
+        .text
+
+/* endbr64, then RIP-relative lea and cmp, and a jcc out of the patch. */
+        .globl mh_t_rip
+        .type mh_t_rip, @function
+        .p2align 4
+mh_t_rip:
+        endbr64
+        lea rax, [rip + data_local]
+        cmp dword ptr [rip + data_local], 7
+        jne 2f
+        mov eax, dword ptr [rax]
+        add eax, edi
+        ret
+2:      mov eax, -1
+        ret
+        int3
+
+/* A call rel32 as the first instruction. */
+        .globl mh_t_call
+        .type mh_t_call, @function
+        .p2align 4
+mh_t_call:
+        call hundred_local
+        add eax, edi
+        ret
+        int3
+        .p2align 4
+hundred_local:
+        mov eax, 100
+        ret
+        int3
+
+/* A jcc rel8 that leaves the patched bytes. */
+        .globl mh_t_jcc
+        .type mh_t_jcc, @function
+        .p2align 4
+mh_t_jcc:
+        test edi, edi
+        js 3f
+        lea eax, [rdi + rdi]
+        ret
+3:      xor eax, eax
+        ret
+        int3
+
+/* Shorter than the patch. */
+        .globl mh_t_tiny
+        .type mh_t_tiny, @function
+        .p2align 4
+mh_t_tiny:
+        xor eax, eax
+        ret
+        int3
+        int3
+        int3
+        int3
+        int3
+        int3
+        int3
+        int3
+
+/* A loop back into the entry. */
+        .globl mh_t_loop
+        .type mh_t_loop, @function
+        .p2align 4
+mh_t_loop:
+4:      dec edi
+        jnz 4b
+        mov eax, 5
+        ret
+        int3
+
+/* Counts its calls (for the stress test). */
+        .globl mh_t_count
+        .type mh_t_count, @function
+        .p2align 4
+mh_t_count:
+        endbr64
+        lock inc qword ptr [rip + counter_local]
+        mov eax, edi
+        ret
+        int3
+
+        .data
+        .p2align 3
+data_local:
+        .long 7
+        .p2align 3
+        .globl mh_t_counter
+        .type mh_t_counter, @object
+counter_local:
+mh_t_counter:
+        .quad 0
+
+        .section .note.GNU-stack,"",@progbits
