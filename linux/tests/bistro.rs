@@ -47,19 +47,23 @@ fn lib() -> &'static Prologues {
             assert!(!p.is_null(), "{name:?}");
             p as usize
         };
-        // SAFETY: each symbol is a function of the stated signature in
-        // prologues.S (or, for the counter, an 8-byte aligned quad), and the
-        // library is never closed.
-        unsafe {
-            Prologues {
-                rip: std::mem::transmute(sym(c"mh_t_rip")),
-                call: std::mem::transmute(sym(c"mh_t_call")),
-                jcc: std::mem::transmute(sym(c"mh_t_jcc")),
-                tiny: std::mem::transmute(sym(c"mh_t_tiny")),
-                looping: std::mem::transmute(sym(c"mh_t_loop")),
-                count: std::mem::transmute(sym(c"mh_t_count")),
-                counter: &*(sym(c"mh_t_counter") as *const AtomicU64),
-            }
+        type F1 = unsafe extern "C" fn(i32) -> i32;
+        type F0 = unsafe extern "C" fn() -> i32;
+        // Each symbol is a function of the stated signature in prologues.S
+        // (the counter an 8-byte aligned quad); the library is never closed.
+        // SAFETY: as just said, for the one-argument functions.
+        let f1 = |name: &std::ffi::CStr| unsafe { std::mem::transmute::<usize, F1>(sym(name)) };
+        // SAFETY: as above.
+        let f0 = |name: &std::ffi::CStr| unsafe { std::mem::transmute::<usize, F0>(sym(name)) };
+        Prologues {
+            rip: f1(c"mh_t_rip"),
+            call: f1(c"mh_t_call"),
+            jcc: f1(c"mh_t_jcc"),
+            tiny: f0(c"mh_t_tiny"),
+            looping: f1(c"mh_t_loop"),
+            count: f1(c"mh_t_count"),
+            // SAFETY: as above.
+            counter: unsafe { &*(sym(c"mh_t_counter") as *const AtomicU64) },
         }
     })
 }
