@@ -9,6 +9,7 @@
 //! - [`memtype`]: the interval map from address ranges to memory types, with
 //!   lock-free lookups;
 //! - [`config`]: parsing of hook-mode settings;
+//! - [`elf`]: bounded walking of an in-memory object's dynamic section;
 //! - [`patch`]: the `Arch` and `CodeMemory` traits and the entry patch protocol;
 //! - [`sync`]: the atomics and locks all shared state goes through (loom's
 //!   under `--cfg memhook_loom`).
@@ -19,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod elf;
 #[allow(unsafe_code)]
 pub mod event;
 pub mod memtype;

@@ -1,4 +1,5 @@
 //! memhook-tests: cross-crate integration tests, the models they check the
 //! implementation against, and the harnesses shared with the fuzz targets.
+pub mod elf_fuzz;
 pub mod memtype_model;
 pub mod reloc_check;

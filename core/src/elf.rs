@@ -1,0 +1,426 @@
+//! Bounded, allocation-free walking of an ELF object in memory: its dynamic
+//! section, relocation tables and dynamic symbols, as reloc hooking needs
+//! them.
+//!
+//! Memory is read through [`Memory`], which refuses any range outside the
+//! object, so a malformed object is an [`ElfError`] naming the table and the
+//! value, never a wild read. Every walk stops at its table's size: the
+//! dynamic section at its segment's size (not only at `DT_NULL`), the
+//! relocation tables at `DT_PLTRELSZ`/`DT_RELASZ`, symbols at the count that
+//! `DT_GNU_HASH` (or `DT_HASH`) implies, names at `DT_STRSZ`.
+//!
+//! ```
+//! use memhook_core::elf::{ElfError, Memory, SliceMemory, read_dynamic};
+//!
+//! // A dynamic section of one entry, DT_NULL, at address 0x1000.
+//! let bytes = [0u8; 16];
+//! let mem = SliceMemory { base: 0x1000, bytes: &bytes };
+//! let d = read_dynamic(&mem, 0x1000, 0x1000, 16).unwrap();
+//! assert_eq!(d.jmprel, None);
+//! // Past the end of the object: an error, not a read.
+//! assert!(read_dynamic(&mem, 0x1000, 0x1008, 16).is_err());
+//! ```
+
+use core::fmt;
+use core::ops::ControlFlow;
+
+use goblin::elf::dynamic::{
+    DT_GNU_HASH, DT_HASH, DT_JMPREL, DT_NULL, DT_PLTREL, DT_PLTRELSZ, DT_RELA, DT_RELAENT, DT_RELASZ, DT_STRSZ,
+    DT_STRTAB, DT_SYMENT, DT_SYMTAB,
+};
+use goblin::elf64::dynamic::SIZEOF_DYN;
+use goblin::elf64::reloc::SIZEOF_RELA;
+use goblin::elf64::sym::SIZEOF_SYM;
+
+/// A malformed or unsupported object: what was wrong and the value involved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ElfError {
+    /// What was wrong, naming the table or tag.
+    pub what: &'static str,
+    /// The offending value (an address, index, size or tag).
+    pub value: u64,
+}
+
+impl ElfError {
+    /// An error about `what`, with `value`.
+    pub const fn new(what: &'static str, value: u64) -> Self {
+        ElfError { what, value }
+    }
+}
+
+impl fmt::Display for ElfError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "malformed ELF object: {} ({:#x})", self.what, self.value)
+    }
+}
+
+impl core::error::Error for ElfError {}
+
+/// Read access to an object's memory.
+pub trait Memory {
+    /// Fills `buf` from `addr`.
+    ///
+    /// # Errors
+    ///
+    /// When any byte of the range is outside the object.
+    fn read(&self, addr: usize, buf: &mut [u8]) -> Result<(), ElfError>;
+}
+
+/// [`Memory`] over a byte slice placed at `base` (tests, fuzzing).
+#[derive(Clone, Copy, Debug)]
+pub struct SliceMemory<'a> {
+    /// Address of `bytes[0]`.
+    pub base: usize,
+    /// The object's bytes.
+    pub bytes: &'a [u8],
+}
+
+impl Memory for SliceMemory<'_> {
+    fn read(&self, addr: usize, buf: &mut [u8]) -> Result<(), ElfError> {
+        let start = addr
+            .checked_sub(self.base)
+            .ok_or(ElfError::new("read below the object", addr as u64))?;
+        let src = start
+            .checked_add(buf.len())
+            .and_then(|end| self.bytes.get(start..end))
+            .ok_or(ElfError::new("read past the object", addr as u64))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+/// `base + offset`, or an error naming `what` when it overflows (a
+/// malformed pointer near the top of the address space).
+fn addr(base: usize, offset: usize, what: &'static str) -> Result<usize, ElfError> {
+    base.checked_add(offset).ok_or(ElfError::new(what, base as u64))
+}
+
+fn read_u32<M: Memory>(mem: &M, addr: usize) -> Result<u32, ElfError> {
+    let mut b = [0u8; 4];
+    mem.read(addr, &mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn read_u64<M: Memory>(mem: &M, addr: usize) -> Result<u64, ElfError> {
+    let mut b = [0u8; 8];
+    mem.read(addr, &mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+/// What the dynamic section says (addresses are absolute).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Dynamic {
+    /// `DT_SYMTAB`.
+    pub symtab: Option<usize>,
+    /// `DT_STRTAB`.
+    pub strtab: Option<usize>,
+    /// `DT_STRSZ`.
+    pub strsz: usize,
+    /// `DT_JMPREL` with `DT_PLTRELSZ`.
+    pub jmprel: Option<(usize, usize)>,
+    /// `DT_RELA` with `DT_RELASZ`.
+    pub rela: Option<(usize, usize)>,
+    /// Dynamic symbols, from `DT_GNU_HASH` or `DT_HASH` (`None`: neither).
+    pub nsyms: Option<usize>,
+}
+
+/// Most `DT_GNU_HASH` chain entries followed to count symbols.
+const MAX_SYMBOLS: usize = 1 << 24;
+
+/// The object's symbol count from its GNU hash table: one past the highest
+/// symbol any bucket's chain reaches.
+fn gnu_hash_symbols<M: Memory>(mem: &M, table: usize) -> Result<usize, ElfError> {
+    let nbuckets = read_u32(mem, table)? as usize;
+    let symoffset = read_u32(mem, addr(table, 4, "DT_GNU_HASH address")?)? as usize;
+    let bloom = read_u32(mem, addr(table, 8, "DT_GNU_HASH address")?)? as usize;
+    if nbuckets > MAX_SYMBOLS || bloom > MAX_SYMBOLS {
+        return Err(ElfError::new("DT_GNU_HASH table too large", nbuckets.max(bloom) as u64));
+    }
+    let buckets = addr(table, 16 + bloom * 8, "DT_GNU_HASH buckets")?;
+    let mut last = 0usize;
+    for i in 0..nbuckets {
+        last = last.max(read_u32(mem, addr(buckets, i * 4, "DT_GNU_HASH buckets")?)? as usize);
+    }
+    if last < symoffset {
+        return Ok(symoffset);
+    }
+    let chains = addr(buckets, nbuckets * 4, "DT_GNU_HASH chains")?;
+    let mut index = last;
+    loop {
+        if index - symoffset > MAX_SYMBOLS {
+            return Err(ElfError::new("DT_GNU_HASH chain does not end", index as u64));
+        }
+        let h = read_u32(mem, addr(chains, (index - symoffset) * 4, "DT_GNU_HASH chains")?)?;
+        index += 1;
+        if h & 1 == 1 {
+            return Ok(index);
+        }
+    }
+}
+
+/// Reads the dynamic section at `dynamic` (`size` bytes, the PT_DYNAMIC
+/// segment's size) of an object loaded at `base`. Pointers smaller than
+/// `base` are taken as relative (the vDSO's, or a loader that leaves the
+/// section unrelocated); others as already relocated (glibc).
+///
+/// # Errors
+///
+/// An [`ElfError`] for an unreadable entry, a table size that is not a
+/// multiple of its entry size, REL (not RELA) relocations, or a symbol table
+/// without a string table.
+pub fn read_dynamic<M: Memory>(mem: &M, base: usize, dynamic: usize, size: usize) -> Result<Dynamic, ElfError> {
+    let fix = |v: u64| -> Result<usize, ElfError> {
+        let v = v as usize;
+        if v < base {
+            base.checked_add(v)
+                .ok_or(ElfError::new("dynamic pointer overflows", v as u64))
+        } else {
+            Ok(v)
+        }
+    };
+    let mut d = Dynamic::default();
+    let (mut jmprel, mut pltrelsz, mut rela, mut relasz) = (None, None, None, None);
+    let (mut gnu_hash, mut hash) = (None, None);
+    for i in 0..size / SIZEOF_DYN {
+        let at = addr(dynamic, i * SIZEOF_DYN, "PT_DYNAMIC address")?;
+        let tag = read_u64(mem, at)?;
+        let val = read_u64(mem, addr(at, 8, "PT_DYNAMIC address")?)?;
+        match tag {
+            DT_NULL => break,
+            DT_SYMTAB => d.symtab = Some(fix(val)?),
+            DT_STRTAB => d.strtab = Some(fix(val)?),
+            DT_STRSZ => d.strsz = val as usize,
+            DT_JMPREL => jmprel = Some(fix(val)?),
+            DT_PLTRELSZ => pltrelsz = Some(val as usize),
+            DT_RELA => rela = Some(fix(val)?),
+            DT_RELASZ => relasz = Some(val as usize),
+            DT_GNU_HASH => gnu_hash = Some(fix(val)?),
+            DT_HASH => hash = Some(fix(val)?),
+            DT_PLTREL if val != DT_RELA => return Err(ElfError::new("DT_PLTREL is not DT_RELA", val)),
+            DT_RELAENT if val as usize != SIZEOF_RELA => return Err(ElfError::new("DT_RELAENT", val)),
+            DT_SYMENT if val as usize != SIZEOF_SYM => return Err(ElfError::new("DT_SYMENT", val)),
+            _ => {}
+        }
+    }
+    let table = |start: Option<usize>, len: Option<usize>, name: &'static str| match (start, len) {
+        (Some(s), Some(n)) if n % SIZEOF_RELA == 0 => Ok(Some((s, n))),
+        (Some(_), Some(n)) => Err(ElfError::new(name, n as u64)),
+        (Some(s), None) => Err(ElfError::new(name, s as u64)),
+        (None, _) => Ok(None),
+    };
+    d.jmprel = table(jmprel, pltrelsz, "DT_JMPREL without a valid DT_PLTRELSZ")?;
+    d.rela = table(rela, relasz, "DT_RELA without a valid DT_RELASZ")?;
+    if d.symtab.is_some() && d.strtab.is_none() {
+        return Err(ElfError::new("DT_SYMTAB without DT_STRTAB", 0));
+    }
+    d.nsyms = match (gnu_hash, hash) {
+        (Some(t), _) => Some(gnu_hash_symbols(mem, t)?),
+        (None, Some(t)) => Some(read_u32(mem, addr(t, 4, "DT_HASH address")?)? as usize),
+        (None, None) => None,
+    };
+    Ok(d)
+}
+
+/// One RELA relocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reloc {
+    /// The slot it writes (load base + `r_offset`).
+    pub slot: usize,
+    /// `ELF64_R_TYPE`.
+    pub r_type: u32,
+    /// `ELF64_R_SYM`.
+    pub sym: u32,
+    /// `r_addend`.
+    pub addend: i64,
+}
+
+/// Calls `f` with every relocation of the PLT table, then of the RELA
+/// table, until it breaks.
+///
+/// # Errors
+///
+/// An [`ElfError`] for an unreadable entry.
+pub fn for_each_reloc<M: Memory>(
+    mem: &M,
+    base: usize,
+    d: &Dynamic,
+    mut f: impl FnMut(Reloc) -> ControlFlow<()>,
+) -> Result<(), ElfError> {
+    for (start, size) in [d.jmprel, d.rela].into_iter().flatten() {
+        for i in 0..size / SIZEOF_RELA {
+            let at = addr(start, i * SIZEOF_RELA, "relocation table address")?;
+            let offset = read_u64(mem, at)?;
+            let info = read_u64(mem, addr(at, 8, "relocation table address")?)?;
+            let addend = read_u64(mem, addr(at, 16, "relocation table address")?)? as i64;
+            let slot = base.wrapping_add(offset as usize);
+            let r = Reloc {
+                slot,
+                r_type: info as u32,
+                sym: (info >> 32) as u32,
+                addend,
+            };
+            if f(r).is_break() {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The name of dynamic symbol `index`, copied into `buf`.
+///
+/// # Errors
+///
+/// An [`ElfError`] when the index is past the symbol count, the name's
+/// offset past `DT_STRSZ`, or the name has no NUL within the string table or
+/// `buf`.
+pub fn symbol_name<'b, M: Memory>(mem: &M, d: &Dynamic, index: u32, buf: &'b mut [u8]) -> Result<&'b [u8], ElfError> {
+    let (Some(symtab), Some(strtab)) = (d.symtab, d.strtab) else {
+        return Err(ElfError::new("symbol without DT_SYMTAB/DT_STRTAB", index as u64));
+    };
+    if let Some(n) = d.nsyms
+        && index as usize >= n
+    {
+        return Err(ElfError::new("symbol index past the symbol table", index as u64));
+    }
+    let st_name = read_u32(mem, addr(symtab, index as usize * SIZEOF_SYM, "DT_SYMTAB address")?)? as usize;
+    if st_name >= d.strsz {
+        return Err(ElfError::new("st_name past DT_STRSZ", st_name as u64));
+    }
+    let max = buf.len().min(d.strsz - st_name);
+    let mut len = 0;
+    // Read in small chunks so that a short name near the end of the
+    // object does not fail on bytes after it.
+    while len < max {
+        let n = (max - len).min(16);
+        mem.read(
+            addr(strtab, st_name + len, "DT_STRTAB address")?,
+            &mut buf[len..len + n],
+        )?;
+        if let Some(nul) = buf[len..len + n].iter().position(|&c| c == 0) {
+            return Ok(&buf[..len + nul]);
+        }
+        len += n;
+    }
+    Err(ElfError::new("symbol name unterminated or too long", st_name as u64))
+}
+
+#[cfg(all(test, not(memhook_loom)))]
+mod tests {
+    extern crate std;
+    use std::vec::Vec;
+
+    use super::*;
+
+    /// Builds a small object: dynamic section, a GNU hash table, symbols,
+    /// strings and one PLT relocation per name.
+    pub(crate) fn object(names: &[&str]) -> (Vec<u8>, usize) {
+        const BASE: usize = 0x40_0000;
+        let mut strtab = std::vec![0u8];
+        let mut offsets = Vec::new();
+        for n in names {
+            offsets.push(strtab.len() as u32);
+            strtab.extend_from_slice(n.as_bytes());
+            strtab.push(0);
+        }
+        let nsyms = names.len() + 1;
+        // Layout: [dynamic 10 entries][gnu hash][symtab][strtab][jmprel]
+        let dyn_at = 0;
+        let hash_at = 160;
+        // 1 bucket, symoffset 1, bloom 1 word: 16 + 8 + 4 + chains.
+        let sym_at = hash_at + 16 + 8 + 4 + 4 * names.len();
+        let sym_at = sym_at.next_multiple_of(8);
+        let str_at = sym_at + nsyms * SIZEOF_SYM;
+        let rel_at = (str_at + strtab.len()).next_multiple_of(8);
+        let mut b = std::vec![0u8; rel_at + names.len() * SIZEOF_RELA];
+        let mut put = |at: usize, v: &[u8]| b[at..at + v.len()].copy_from_slice(v);
+        let dyns: [(u64, u64); 8] = [
+            (DT_SYMTAB, (BASE + sym_at) as u64),
+            (DT_STRTAB, (BASE + str_at) as u64),
+            (DT_STRSZ, strtab.len() as u64),
+            (DT_GNU_HASH, (BASE + hash_at) as u64),
+            (DT_JMPREL, (BASE + rel_at) as u64),
+            (DT_PLTRELSZ, (names.len() * SIZEOF_RELA) as u64),
+            (DT_PLTREL, DT_RELA),
+            (DT_NULL, 0),
+        ];
+        for (i, (t, v)) in dyns.iter().enumerate() {
+            put(dyn_at + i * 16, &t.to_le_bytes());
+            put(dyn_at + i * 16 + 8, &v.to_le_bytes());
+        }
+        put(str_at, &strtab);
+        put(hash_at, &1u32.to_le_bytes()); // nbuckets
+        put(hash_at + 4, &1u32.to_le_bytes()); // symoffset
+        put(hash_at + 8, &1u32.to_le_bytes()); // bloom words
+        put(hash_at + 24, &1u32.to_le_bytes()); // bucket 0 -> symbol 1
+        for i in 0..names.len() {
+            let last = i + 1 == names.len();
+            put(hash_at + 28 + 4 * i, &(if last { 1u32 } else { 0 }).to_le_bytes());
+        }
+        for (i, off) in offsets.iter().enumerate() {
+            put(sym_at + (i + 1) * SIZEOF_SYM, &off.to_le_bytes());
+            let r = rel_at + i * SIZEOF_RELA;
+            put(r, &(0x2000u64 + 8 * i as u64).to_le_bytes());
+            put(r + 8, &((((i + 1) as u64) << 32) | 7).to_le_bytes());
+        }
+        (b, BASE)
+    }
+
+    #[test]
+    fn walks_dynamic_relocations_and_names() {
+        let (bytes, base) = object(&["mmap", "munmap", "cuMemAlloc_v2"]);
+        let mem = SliceMemory { base, bytes: &bytes };
+        let d = read_dynamic(&mem, base, base, 160).unwrap();
+        assert_eq!(d.nsyms, Some(4));
+        let mut seen = Vec::new();
+        for_each_reloc(&mem, base, &d, |r| {
+            let mut buf = [0u8; 64];
+            let name = symbol_name(&mem, &d, r.sym, &mut buf).unwrap();
+            seen.push((
+                r.slot - base,
+                r.r_type,
+                std::string::String::from_utf8(name.to_vec()).unwrap(),
+            ));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(
+            seen,
+            [
+                (0x2000, 7, "mmap".into()),
+                (0x2008, 7, "munmap".into()),
+                (0x2010, 7, "cuMemAlloc_v2".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_tables_are_errors_naming_the_table() {
+        let (mut bytes, base) = object(&["mmap"]);
+        let mem = SliceMemory { base, bytes: &bytes };
+        let d = read_dynamic(&mem, base, base, 160).unwrap();
+        // Symbol past the count.
+        let e = symbol_name(&mem, &d, 9, &mut [0u8; 16]).unwrap_err();
+        assert_eq!(e.what, "symbol index past the symbol table");
+        // A name that does not fit the caller's buffer.
+        let e = symbol_name(&mem, &d, 1, &mut [0u8; 2]).unwrap_err();
+        assert_eq!(e.what, "symbol name unterminated or too long");
+        // DT_PLTRELSZ not a multiple of the entry size.
+        bytes[5 * 16 + 8] = 7;
+        let mem = SliceMemory { base, bytes: &bytes };
+        let e = read_dynamic(&mem, base, base, 160).unwrap_err();
+        assert!(e.what.starts_with("DT_JMPREL"), "{e}");
+        // A dynamic section running off the object, without DT_NULL.
+        let e = read_dynamic(&mem, base, base + bytes.len() - 8, 160).unwrap_err();
+        assert_eq!(e.what, "read past the object");
+    }
+
+    #[test]
+    fn stops_at_the_segment_size_without_dt_null() {
+        let (bytes, base) = object(&["mmap"]);
+        let mem = SliceMemory { base, bytes: &bytes };
+        // Only the first two entries (symtab, strtab) are inside "the segment".
+        let d = read_dynamic(&mem, base, base, 32).unwrap();
+        assert!(d.symtab.is_some() && d.strtab.is_some() && d.jmprel.is_none() && d.nsyms.is_none());
+    }
+}
