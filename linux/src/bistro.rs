@@ -242,7 +242,7 @@ fn code_mapping(addr: usize) -> Option<(i32, usize)> {
     }
     let mut search = Search {
         addr,
-        page: crate::code::page_size(),
+        page: crate::maps::page_size(),
         found: None,
     };
     // SAFETY: `visit` matches dl_iterate_phdr's callback type and only

@@ -74,11 +74,7 @@ pub fn serialize_all_cores() {
     unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
 }
 
-/// The system page size.
-pub fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
-}
+pub use crate::maps::page_size;
 
 /// Changes the protection of the pages covering `[at, at + len)`.
 pub(crate) fn protect(at: usize, len: usize, prot: i32) -> Result<(), PatchError> {

@@ -7,6 +7,8 @@
 //!
 //! - [`bistro`] (feature `bistro`, on by default): patch any function entry
 //!   with a hook that can call the original.
+//! - [`reloc`]: hook symbols through the GOT slots of every loaded object,
+//!   including objects loaded later.
 //! - [`maps`]: allocation-free `/proc/self/maps` reading.
 pub use memhook_core::{config, event, memtype, patch};
 
@@ -15,6 +17,8 @@ pub mod bistro;
 #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
 pub mod code;
 pub mod maps;
+#[cfg(target_arch = "x86_64")]
+pub mod reloc;
 #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
 pub mod trampoline;
 

@@ -193,6 +193,12 @@ pub fn find(addr: usize) -> Option<Mapping> {
     found
 }
 
+/// The system page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
 pub(crate) fn errno() -> i32 {
     // SAFETY: errno is thread-local and always readable.
     unsafe { *libc::__errno_location() }

@@ -1,0 +1,453 @@
+//! Reloc: hooking by rewriting the GOT slots (`JUMP_SLOT`, `GLOB_DAT`)
+//! through which loaded objects reach a symbol. No code page is written.
+//!
+//! [`install`] adds (symbol → hook) pairs and applies them to every loaded
+//! object in one pass over each object's relocations; objects are
+//! remembered, so a later `dlopen` (interposed through reloc itself) scans
+//! only the new ones, and a `dlclose` makes memhook forget the objects that
+//! went away (they are never touched again). [`uninstall`] restores every
+//! slot it wrote. memhook's own object, the vDSO and the dynamic loader are
+//! skipped. A slot inside the object's RELRO region is written between two
+//! `mprotect` calls. The original of a symbol is what the global scope
+//! resolves it to (`dlsym(RTLD_DEFAULT)`), so a lazily bound slot never
+//! sends the hook into the PLT resolver.
+//!
+//! Reloc misses callers that do not go through a relocation slot (code that
+//! looked the function up itself, or a statically linked copy); bistro and
+//! procaddr cover those.
+
+use core::ffi::{CStr, c_char, c_int, c_void};
+use core::ops::ControlFlow;
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use memhook_core::elf::{ElfError, Memory, Reloc, for_each_reloc, read_dynamic, symbol_name};
+
+use crate::maps::page_size;
+
+/// Most symbols hooked through reloc.
+pub const MAX_SYMBOLS: usize = 64;
+/// Most slots patched at once.
+pub const MAX_SLOTS: usize = 16384;
+/// Most loaded objects remembered.
+pub const MAX_OBJECTS: usize = 2048;
+/// Most PT_LOAD segments per object memhook reads through.
+const MAX_SEGMENTS: usize = 16;
+
+#[cfg(target_arch = "x86_64")]
+const R_JUMP_SLOT: u32 = memhook_x86_64::R_X86_64_JUMP_SLOT;
+#[cfg(target_arch = "x86_64")]
+const R_GLOB_DAT: u32 = memhook_x86_64::R_X86_64_GLOB_DAT;
+
+/// Why reloc could not do what was asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RelocError {
+    /// More than [`MAX_SYMBOLS`] symbols.
+    TooManySymbols,
+    /// More than [`MAX_SLOTS`] slots to patch: the rest were left alone.
+    TooManySlots,
+    /// A symbol name was hooked twice with different hooks.
+    Conflict,
+    /// No definition of the symbol exists in the global scope.
+    NoDefinition,
+}
+
+impl core::fmt::Display for RelocError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            RelocError::TooManySymbols => "too many symbols hooked through reloc",
+            RelocError::TooManySlots => "too many relocation slots to patch; some were left unhooked",
+            RelocError::Conflict => "symbol already hooked through reloc with another hook",
+            RelocError::NoDefinition => "symbol has no definition in the loaded objects",
+        })
+    }
+}
+
+impl std::error::Error for RelocError {}
+
+#[derive(Clone, Copy)]
+struct Symbol {
+    name: &'static CStr,
+    hook: usize,
+    original: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct ObjectId {
+    base: usize,
+    phdr: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    object: ObjectId,
+    slot: usize,
+    old: usize,
+    symbol: u8,
+}
+
+struct State {
+    symbols: heapless::Vec<Symbol, MAX_SYMBOLS>,
+    objects: heapless::Vec<ObjectId, MAX_OBJECTS>,
+    slots: heapless::Vec<Slot, MAX_SLOTS>,
+    overflow: bool,
+    /// Objects skipped because their dynamic section was malformed.
+    malformed: usize,
+}
+
+static STATE: spin::Mutex<State> = spin::Mutex::new(State {
+    symbols: heapless::Vec::new(),
+    objects: heapless::Vec::new(),
+    slots: heapless::Vec::new(),
+    overflow: false,
+    malformed: 0,
+});
+
+/// One loaded object, as `dl_iterate_phdr` shows it.
+struct Object<'a> {
+    id: ObjectId,
+    name: &'a [u8],
+    segments: heapless::Vec<(usize, usize), MAX_SEGMENTS>,
+    dynamic: Option<(usize, usize)>,
+    relro: Option<(usize, usize)>,
+}
+
+impl Memory for Object<'_> {
+    fn read(&self, addr: usize, buf: &mut [u8]) -> Result<(), ElfError> {
+        let end = addr
+            .checked_add(buf.len())
+            .ok_or(ElfError::new("read wraps", addr as u64))?;
+        if !self.segments.iter().any(|&(s, e)| s <= addr && end <= e) {
+            return Err(ElfError::new("read outside the object's segments", addr as u64));
+        }
+        // SAFETY: the range lies inside one of the object's loaded PT_LOAD
+        // segments, which stay mapped while the loader lock is held (we are
+        // inside dl_iterate_phdr) or the state lock serialises us with
+        // dlclose.
+        unsafe { core::ptr::copy_nonoverlapping(addr as *const u8, buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+}
+
+/// Calls `f` with every loaded object (under the loader's lock).
+fn for_each_object(mut f: impl FnMut(&Object<'_>)) {
+    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut c_void) -> c_int {
+        // SAFETY: `data` is the closure passed below; `info` is valid for
+        // this call (dl_iterate_phdr's contract).
+        let (f, info) = unsafe { (&mut *(data as *mut &mut dyn FnMut(&Object<'_>)), &*info) };
+        let name = if info.dlpi_name.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: a non-null dlpi_name is NUL-terminated.
+            unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes()
+        };
+        let base = info.dlpi_addr as usize;
+        let mut o = Object {
+            id: ObjectId {
+                base,
+                phdr: info.dlpi_phdr as usize,
+            },
+            name,
+            segments: heapless::Vec::new(),
+            dynamic: None,
+            relro: None,
+        };
+        for i in 0..info.dlpi_phnum as usize {
+            // SAFETY: dlpi_phdr points to dlpi_phnum headers.
+            let ph = unsafe { &*info.dlpi_phdr.add(i) };
+            let start = base.wrapping_add(ph.p_vaddr as usize);
+            let end = start.wrapping_add(ph.p_memsz as usize);
+            match ph.p_type {
+                libc::PT_LOAD => {
+                    let _ = o.segments.push((start, end));
+                }
+                libc::PT_DYNAMIC => o.dynamic = Some((start, ph.p_memsz as usize)),
+                libc::PT_GNU_RELRO => o.relro = Some((start, end)),
+                _ => {}
+            }
+        }
+        f(&o);
+        0
+    }
+    let mut f: &mut dyn FnMut(&Object<'_>) = &mut f;
+    // SAFETY: `visit` has the callback type and `f` outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut f as *mut &mut dyn FnMut(&Object<'_>)).cast()) };
+}
+
+/// Whether memhook must leave `o` alone: itself, the vDSO, the loader.
+fn skipped(o: &Object<'_>) -> bool {
+    let me = uninstall as *const () as usize;
+    if o.segments.iter().any(|&(s, e)| (s..e).contains(&me)) {
+        return true;
+    }
+    let name = o.name;
+    let contains = |needle: &[u8]| name.windows(needle.len()).any(|w| w == needle);
+    name.starts_with(b"linux-vdso")
+        || name.starts_with(b"linux-gate")
+        || contains(b"/ld-linux")
+        || contains(b"ld-linux-")
+}
+
+/// Writes `value` into a GOT slot, around RELRO protection if needed.
+fn write_slot(o_relro: Option<(usize, usize)>, slot: usize, value: usize) {
+    let in_relro = o_relro.is_some_and(|(s, e)| (s..e).contains(&slot));
+    let page = slot & !(page_size() - 1);
+    if in_relro {
+        // SAFETY: the page holds the object's GOT; making it writable for
+        // one store changes nothing else.
+        unsafe { libc::mprotect(page as *mut c_void, page_size(), libc::PROT_READ | libc::PROT_WRITE) };
+    }
+    // SAFETY: a GOT slot is an aligned pointer-sized word of the object's
+    // data; callers through it load it atomically (one instruction).
+    unsafe { (*(slot as *const AtomicUsize)).store(value, Ordering::Release) };
+    if in_relro {
+        // SAFETY: as above: back to the loader's protection.
+        unsafe { libc::mprotect(page as *mut c_void, page_size(), libc::PROT_READ) };
+    }
+}
+
+fn read_slot(slot: usize) -> usize {
+    // SAFETY: an aligned word of the object's data (see write_slot).
+    unsafe { (*(slot as *const AtomicUsize)).load(Ordering::Acquire) }
+}
+
+/// One pass over `o`'s relocations: patches every slot that names one of
+/// `symbols[from..]`.
+fn patch_object(state: &mut State, o: &Object<'_>, from: usize) {
+    let Some((dynamic, size)) = o.dynamic else {
+        return;
+    };
+    let d = match read_dynamic(o, o.id.base, dynamic, size) {
+        Ok(d) => d,
+        Err(_) => {
+            state.malformed += 1;
+            return;
+        }
+    };
+    let symbols = &state.symbols[from..];
+    let mut found: heapless::Vec<(usize, u8), 256> = heapless::Vec::new();
+    let mut pending_overflow = false;
+    let walk = for_each_reloc(o, o.id.base, &d, |r: Reloc| {
+        if r.r_type != R_JUMP_SLOT && r.r_type != R_GLOB_DAT || r.sym == 0 {
+            return ControlFlow::Continue(());
+        }
+        let mut buf = [0u8; 256];
+        let Ok(name) = symbol_name(o, &d, r.sym, &mut buf) else {
+            return ControlFlow::Continue(());
+        };
+        if let Some(i) = symbols.iter().position(|s| s.name.to_bytes() == name)
+            && found.push((r.slot, (from + i) as u8)).is_err()
+        {
+            pending_overflow = true;
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    });
+    if walk.is_err() {
+        state.malformed += 1;
+    }
+    for &(slot, symbol) in &found {
+        if !o.segments.iter().any(|&(s, e)| s <= slot && slot + 8 <= e) {
+            continue;
+        }
+        let hook = state.symbols[symbol as usize].hook;
+        let old = read_slot(slot);
+        if old == hook {
+            continue;
+        }
+        if state
+            .slots
+            .push(Slot {
+                object: o.id,
+                slot,
+                old,
+                symbol,
+            })
+            .is_err()
+        {
+            state.overflow = true;
+            break;
+        }
+        write_slot(o.relro, slot, hook);
+    }
+    state.overflow |= pending_overflow;
+}
+
+/// Patches the objects not seen yet (all symbols) and, when `from` is below
+/// the symbol count, the known objects for the symbols from `from` on.
+fn scan(state: &mut State, from: usize) {
+    let mut seen: heapless::Vec<ObjectId, MAX_OBJECTS> = heapless::Vec::new();
+    for_each_object(|o| {
+        let _ = seen.push(o.id);
+        if skipped(o) {
+            return;
+        }
+        let known = state.objects.contains(&o.id);
+        if !known {
+            if state.objects.push(o.id).is_err() {
+                state.overflow = true;
+                return;
+            }
+            patch_object(state, o, 0);
+        } else if from < state.symbols.len() {
+            patch_object(state, o, from);
+        }
+    });
+    // Objects that are gone (dlclose): forget them and their slots.
+    state.objects.retain(|id| seen.contains(id));
+    let alive = state.objects.clone();
+    state.slots.retain(|s| alive.contains(&s.object));
+}
+
+/// Hooks each `(symbol, hook)` in every loaded object and in objects loaded
+/// later. Returns the originals (what the global scope resolves each symbol
+/// to), in the order given.
+///
+/// # Safety
+///
+/// Each hook must have its symbol's signature and ABI, and call the
+/// original (if at all) through the returned address.
+///
+/// # Errors
+///
+/// A [`RelocError`]; symbols before the failing one stay installed.
+pub unsafe fn install<const N: usize>(hooks: &[(&'static CStr, usize); N]) -> Result<[usize; N], RelocError> {
+    let mut state = STATE.lock();
+    let from = state.symbols.len();
+    let mut originals = [0usize; N];
+    for (i, &(name, hook)) in hooks.iter().enumerate() {
+        if let Some(s) = state.symbols.iter().find(|s| s.name == name) {
+            if s.hook != hook {
+                return Err(RelocError::Conflict);
+            }
+            originals[i] = s.original;
+            continue;
+        }
+        // SAFETY: a NUL-terminated name and the RTLD_DEFAULT pseudo-handle.
+        let original = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+        if original == 0 {
+            return Err(RelocError::NoDefinition);
+        }
+        state
+            .symbols
+            .push(Symbol { name, hook, original })
+            .map_err(|_| RelocError::TooManySymbols)?;
+        originals[i] = original;
+    }
+    ensure_dl_hooks(&mut state)?;
+    scan(&mut state, from);
+    if state.overflow {
+        Err(RelocError::TooManySlots)
+    } else {
+        Ok(originals)
+    }
+}
+
+/// Restores every slot memhook wrote, in every object still loaded, and
+/// forgets every symbol (the dlopen/dlclose hooks included).
+pub fn uninstall() {
+    let mut state = STATE.lock();
+    // Objects still loaded, with their RELRO ranges, in one pass.
+    let mut loaded: heapless::Vec<(ObjectId, Option<(usize, usize)>), MAX_OBJECTS> = heapless::Vec::new();
+    for_each_object(|o| {
+        let _ = loaded.push((o.id, o.relro));
+    });
+    // Newest first, so a slot patched twice ends with its first value.
+    while let Some(s) = state.slots.pop() {
+        let Some(&(_, relro)) = loaded.iter().find(|(id, _)| *id == s.object) else {
+            continue; // unloaded: never touched again
+        };
+        let hook = state.symbols[s.symbol as usize].hook;
+        if read_slot(s.slot) == hook {
+            write_slot(relro, s.slot, s.old);
+        }
+    }
+    state.symbols.clear();
+    state.objects.clear();
+    state.overflow = false;
+}
+
+/// How reloc stands: symbols hooked, slots patched, objects known, objects
+/// skipped as malformed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RelocStatus {
+    /// Symbols hooked (dlopen and dlclose included).
+    pub symbols: usize,
+    /// Slots currently patched.
+    pub slots: usize,
+    /// Loaded objects known.
+    pub objects: usize,
+    /// Objects whose dynamic section could not be read.
+    pub malformed: usize,
+}
+
+/// The current [`RelocStatus`].
+pub fn status() -> RelocStatus {
+    let s = STATE.lock();
+    RelocStatus {
+        symbols: s.symbols.len(),
+        slots: s.slots.len(),
+        objects: s.objects.len(),
+        malformed: s.malformed,
+    }
+}
+
+/// Slots currently patched for `symbol`.
+pub fn slots_of(symbol: &CStr) -> usize {
+    let s = STATE.lock();
+    let Some(i) = s.symbols.iter().position(|x| x.name == symbol) else {
+        return 0;
+    };
+    s.slots.iter().filter(|x| x.symbol as usize == i).count()
+}
+
+// dlopen and dlclose, interposed through reloc so that objects loaded later
+// are patched as they appear, and unloaded ones forgotten.
+
+static REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
+static REAL_DLCLOSE: AtomicUsize = AtomicUsize::new(0);
+
+type DlopenFn = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;
+type DlcloseFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+
+unsafe extern "C" fn memhook_dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
+    // SAFETY: REAL_DLOPEN holds dlopen's original (set before this hook is
+    // installed) and the arguments are the caller's.
+    let handle = unsafe { core::mem::transmute::<usize, DlopenFn>(REAL_DLOPEN.load(Ordering::Acquire))(file, mode) };
+    if !handle.is_null() {
+        let mut state = STATE.lock();
+        let n = state.symbols.len();
+        scan(&mut state, n);
+    }
+    handle
+}
+
+unsafe extern "C" fn memhook_dlclose(handle: *mut c_void) -> c_int {
+    // SAFETY: as for dlopen.
+    let rc = unsafe { core::mem::transmute::<usize, DlcloseFn>(REAL_DLCLOSE.load(Ordering::Acquire))(handle) };
+    let mut state = STATE.lock();
+    let n = state.symbols.len();
+    scan(&mut state, n);
+    rc
+}
+
+fn ensure_dl_hooks(state: &mut State) -> Result<(), RelocError> {
+    if state.symbols.iter().any(|s| s.name == c"dlopen") {
+        return Ok(());
+    }
+    for (name, hook, real) in [
+        (c"dlopen", memhook_dlopen as *const () as usize, &REAL_DLOPEN),
+        (c"dlclose", memhook_dlclose as *const () as usize, &REAL_DLCLOSE),
+    ] {
+        // SAFETY: as in install.
+        let original = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+        if original == 0 {
+            return Err(RelocError::NoDefinition);
+        }
+        real.store(original, Ordering::Release);
+        state
+            .symbols
+            .push(Symbol { name, hook, original })
+            .map_err(|_| RelocError::TooManySymbols)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,153 @@
+//! Reloc on real shared objects built for the test: a caller through the
+//! PLT, one through a GLOB_DAT pointer (-fno-plt), one with full RELRO, and
+//! one loaded with dlopen after install together with its dependency; undo
+//! restores every slot, and a dlclose'd object is forgotten.
+#![cfg(target_arch = "x86_64")]
+
+use std::ffi::{CStr, CString};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use memhook::reloc;
+
+fn cc(dir: &Path, name: &str, source: &str, extra: &[&str]) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let out = dir.join(format!("lib{name}.so"));
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg(format!("-L{}", dir.display()))
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .args(extra)
+        .status()
+        .expect("a C compiler (cc) builds the test libraries");
+    assert!(status.success(), "building {name}");
+    out
+}
+
+fn open(path: &Path) -> *mut libc::c_void {
+    let p = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    let h = unsafe { libc::dlopen(p.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    assert!(!h.is_null(), "dlopen {}", path.display());
+    h
+}
+
+fn sym<T>(handle: *mut libc::c_void, name: &CStr) -> T {
+    // SAFETY: a live handle and a NUL-terminated name.
+    let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
+    assert!(!p.is_null(), "{name:?}");
+    assert_eq!(size_of::<T>(), size_of::<usize>());
+    // SAFETY: the callers name T as the symbol's function type.
+    unsafe { std::mem::transmute_copy(&p) }
+}
+
+type Fn1 = unsafe extern "C" fn(i32) -> i32;
+
+static ORIGINAL: AtomicUsize = AtomicUsize::new(0);
+static HOOKED: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn hook_target(a: i32) -> i32 {
+    HOOKED.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: ORIGINAL holds mhr_target (same signature).
+    let f: Fn1 = unsafe { std::mem::transmute(ORIGINAL.load(Ordering::Acquire)) };
+    // SAFETY: mhr_target takes and returns an int.
+    (unsafe { f(a) }) + 1000
+}
+
+#[test]
+fn reloc_hooks_plt_glob_dat_relro_and_late_loads_and_undoes_them() {
+    let dir = std::env::temp_dir().join(format!("memhook-reloc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    cc(&dir, "mhr_target", "int mhr_target(int a) { return a + 1; }", &[]);
+    let caller = |name: &str| format!("int mhr_target(int);\nint mhr_call_{name}(int a) {{ return mhr_target(a); }}\n");
+    let plt = cc(&dir, "mhr_plt", &caller("plt"), &["-lmhr_target", "-Wl,-z,lazy"]);
+    let noplt = cc(&dir, "mhr_noplt", &caller("noplt"), &["-fno-plt", "-lmhr_target"]);
+    let relro = cc(
+        &dir,
+        "mhr_relro",
+        &caller("relro"),
+        &["-lmhr_target", "-Wl,-z,now", "-Wl,-z,relro"],
+    );
+    let loader = cc(
+        &dir,
+        "mhr_loader",
+        "#include <dlfcn.h>\nvoid *mhr_load(const char *p) { return dlopen(p, RTLD_NOW); }\n\
+         int mhr_unload(void *h) { return dlclose(h); }\n",
+        &[],
+    );
+    cc(&dir, "mhr_latedep", &caller("latedep"), &["-lmhr_target"]);
+    let late = cc(
+        &dir,
+        "mhr_late",
+        "int mhr_call_latedep(int);\nint mhr_call_late(int a) { return mhr_call_latedep(a); }\n",
+        &["-lmhr_latedep"],
+    );
+
+    let (h_plt, h_noplt, h_relro, h_loader) = (open(&plt), open(&noplt), open(&relro), open(&loader));
+    let call_plt: Fn1 = sym(h_plt, c"mhr_call_plt");
+    let call_noplt: Fn1 = sym(h_noplt, c"mhr_call_noplt");
+    let call_relro: Fn1 = sym(h_relro, c"mhr_call_relro");
+    let load: unsafe extern "C" fn(*const libc::c_char) -> *mut libc::c_void = sym(h_loader, c"mhr_load");
+    let unload: unsafe extern "C" fn(*mut libc::c_void) -> libc::c_int = sym(h_loader, c"mhr_unload");
+    let calls = [call_plt, call_noplt, call_relro];
+    for f in calls {
+        // SAFETY: the test functions take and return an int.
+        assert_eq!(unsafe { f(1) }, 2);
+    }
+
+    // SAFETY: hook_target has mhr_target's signature and calls the original
+    // through ORIGINAL, set right below before any call can reach it... the
+    // hook only runs on calls this test makes after install returns.
+    let originals = unsafe { reloc::install(&[(c"mhr_target", hook_target as *const () as usize)]) }.unwrap();
+    ORIGINAL.store(originals[0], Ordering::Release);
+    // SAFETY: looking up the global definition.
+    let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"mhr_target".as_ptr()) } as usize;
+    assert_eq!(originals[0], global, "the original is the global definition");
+    let slots = reloc::slots_of(c"mhr_target");
+    assert!(slots >= 3, "PLT, GLOB_DAT and RELRO slots: {slots}");
+
+    let before = HOOKED.load(Ordering::SeqCst);
+    for f in calls {
+        // SAFETY: as above.
+        assert_eq!(unsafe { f(1) }, 1002, "through the hook");
+    }
+    assert_eq!(HOOKED.load(Ordering::SeqCst) - before, 3);
+
+    // Loaded after install (with its dependency): patched as it appears.
+    let late_path = CString::new(late.to_str().unwrap()).unwrap();
+    // SAFETY: the loader library's dlopen wrapper, with a valid path.
+    let h_late = unsafe { load(late_path.as_ptr()) };
+    assert!(!h_late.is_null());
+    let call_late: Fn1 = sym(h_late, c"mhr_call_late");
+    // SAFETY: as above.
+    assert_eq!(unsafe { call_late(5) }, 1006, "late object's call is hooked");
+    assert!(
+        reloc::slots_of(c"mhr_target") > slots,
+        "the dependency's slot was patched"
+    );
+    let objects = reloc::status().objects;
+
+    // dlclose: the objects go, and memhook forgets them and their slots.
+    // SAFETY: the handle from mhr_load.
+    assert_eq!(unsafe { unload(h_late) }, 0);
+    assert!(reloc::status().objects < objects, "unloaded objects forgotten");
+    assert_eq!(
+        reloc::slots_of(c"mhr_target"),
+        slots,
+        "their slots are not touched again"
+    );
+
+    reloc::uninstall();
+    let before = HOOKED.load(Ordering::SeqCst);
+    for f in calls {
+        // SAFETY: as above.
+        assert_eq!(unsafe { f(1) }, 2, "restored");
+    }
+    assert_eq!(HOOKED.load(Ordering::SeqCst), before);
+    assert_eq!(reloc::status().slots, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
