@@ -10,7 +10,11 @@
 //! skipped. A slot inside the object's RELRO region is written between two
 //! `mprotect` calls. The original of a symbol is what the global scope
 //! resolves it to (`dlsym(RTLD_DEFAULT)`), so a lazily bound slot never
-//! sends the hook into the PLT resolver.
+//! sends the hook into the PLT resolver; a symbol defined only in objects
+//! loaded `RTLD_LOCAL` (libcuda, as libcudart loads it) takes its original
+//! from the first slot already bound to a definition in another object. The
+//! original is stored before any slot is written, so a hook never runs
+//! without it.
 //!
 //! Reloc misses callers that do not go through a relocation slot (code that
 //! looked the function up itself, or a statically linked copy); bistro and
@@ -47,7 +51,7 @@ pub enum RelocError {
     TooManySlots,
     /// A symbol name was hooked twice with different hooks.
     Conflict,
-    /// No definition of the symbol exists in the global scope.
+    /// `dlopen` or `dlclose` has no definition (no dynamic loader).
     NoDefinition,
 }
 
@@ -57,7 +61,7 @@ impl core::fmt::Display for RelocError {
             RelocError::TooManySymbols => "too many symbols hooked through reloc",
             RelocError::TooManySlots => "too many relocation slots to patch; some were left unhooked",
             RelocError::Conflict => "symbol already hooked through reloc with another hook",
-            RelocError::NoDefinition => "symbol has no definition in the loaded objects",
+            RelocError::NoDefinition => "dlopen/dlclose not found: cannot follow objects loaded later",
         })
     }
 }
@@ -68,7 +72,8 @@ impl std::error::Error for RelocError {}
 struct Symbol {
     name: &'static CStr,
     hook: usize,
-    original: usize,
+    /// Where the caller reads the original; 0 inside until known.
+    original: &'static AtomicUsize,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -249,11 +254,21 @@ fn patch_object(state: &mut State, o: &Object<'_>, from: usize) {
         if !o.segments.iter().any(|&(s, e)| s <= slot && slot + 8 <= e) {
             continue;
         }
-        let hook = state.symbols[symbol as usize].hook;
+        let sym = state.symbols[symbol as usize];
         let old = read_slot(slot);
-        if old == hook {
+        if old == sym.hook {
             continue;
         }
+        if sym.original.load(Ordering::Acquire) == 0 {
+            // Not in the global scope: a slot bound to another object's
+            // definition gives it. A value inside this object is its own
+            // PLT stub (lazy binding): leave the slot for now.
+            if o.segments.iter().any(|&(s, e)| (s..e).contains(&old)) {
+                continue;
+            }
+            sym.original.store(old, Ordering::Release);
+        }
+        let hook = sym.hook;
         if state
             .slots
             .push(Slot {
@@ -298,47 +313,45 @@ fn scan(state: &mut State, from: usize) {
     state.slots.retain(|s| alive.contains(&s.object));
 }
 
-/// Hooks each `(symbol, hook)` in every loaded object and in objects loaded
-/// later. Returns the originals (what the global scope resolves each symbol
-/// to), in the order given.
+/// Hooks each `(symbol, hook, original)` in every loaded object and in
+/// objects loaded later. `original` receives, before any slot points to the
+/// hook, the address of the function the symbol resolves to (0 until known
+/// for a symbol that only `RTLD_LOCAL` objects define and no slot has bound
+/// yet; such slots are patched once a bound one shows the definition).
 ///
 /// # Safety
 ///
 /// Each hook must have its symbol's signature and ABI, and call the
-/// original (if at all) through the returned address.
+/// original (if at all) through its `original`.
 ///
 /// # Errors
 ///
 /// A [`RelocError`]; symbols before the failing one stay installed.
-pub unsafe fn install<const N: usize>(hooks: &[(&'static CStr, usize); N]) -> Result<[usize; N], RelocError> {
+pub unsafe fn install(hooks: &[(&'static CStr, usize, &'static AtomicUsize)]) -> Result<(), RelocError> {
     let mut state = STATE.lock();
     let from = state.symbols.len();
-    let mut originals = [0usize; N];
-    for (i, &(name, hook)) in hooks.iter().enumerate() {
+    for &(name, hook, original) in hooks {
         if let Some(s) = state.symbols.iter().find(|s| s.name == name) {
             if s.hook != hook {
                 return Err(RelocError::Conflict);
             }
-            originals[i] = s.original;
+            original.store(s.original.load(Ordering::Acquire), Ordering::Release);
             continue;
         }
         // SAFETY: a NUL-terminated name and the RTLD_DEFAULT pseudo-handle.
-        let original = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
-        if original == 0 {
-            return Err(RelocError::NoDefinition);
-        }
+        let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+        original.store(global, Ordering::Release);
         state
             .symbols
             .push(Symbol { name, hook, original })
             .map_err(|_| RelocError::TooManySymbols)?;
-        originals[i] = original;
     }
     ensure_dl_hooks(&mut state)?;
     scan(&mut state, from);
     if state.overflow {
         Err(RelocError::TooManySlots)
     } else {
-        Ok(originals)
+        Ok(())
     }
 }
 
@@ -446,7 +459,11 @@ fn ensure_dl_hooks(state: &mut State) -> Result<(), RelocError> {
         real.store(original, Ordering::Release);
         state
             .symbols
-            .push(Symbol { name, hook, original })
+            .push(Symbol {
+                name,
+                hook,
+                original: real,
+            })
             .map_err(|_| RelocError::TooManySymbols)?;
     }
     Ok(())

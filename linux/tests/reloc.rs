@@ -100,13 +100,15 @@ fn reloc_hooks_plt_glob_dat_relro_and_late_loads_and_undoes_them() {
     }
 
     // SAFETY: hook_target has mhr_target's signature and calls the original
-    // through ORIGINAL, set right below before any call can reach it... the
-    // hook only runs on calls this test makes after install returns.
-    let originals = unsafe { reloc::install(&[(c"mhr_target", hook_target as *const () as usize)]) }.unwrap();
-    ORIGINAL.store(originals[0], Ordering::Release);
+    // through ORIGINAL, which install sets before any slot points to it.
+    unsafe { reloc::install(&[(c"mhr_target", hook_target as *const () as usize, &ORIGINAL)]) }.unwrap();
     // SAFETY: looking up the global definition.
     let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"mhr_target".as_ptr()) } as usize;
-    assert_eq!(originals[0], global, "the original is the global definition");
+    assert_eq!(
+        ORIGINAL.load(Ordering::SeqCst),
+        global,
+        "the original is the global definition"
+    );
     let slots = reloc::slots_of(c"mhr_target");
     assert!(slots >= 3, "PLT, GLOB_DAT and RELRO slots: {slots}");
 
@@ -149,5 +151,45 @@ fn reloc_hooks_plt_glob_dat_relro_and_late_loads_and_undoes_them() {
     }
     assert_eq!(HOOKED.load(Ordering::SeqCst), before);
     assert_eq!(reloc::status().slots, 0);
+
+    // A symbol defined only in an RTLD_LOCAL object (as libcuda is, loaded
+    // by libcudart): dlsym(RTLD_DEFAULT) cannot see it, so the original
+    // comes from a slot already bound to it.
+    cc(&dir, "mhr_local", "int mhr_local_target(int a) { return a * 2; }", &[]);
+    let local_caller = cc(
+        &dir,
+        "mhr_local_caller",
+        "int mhr_local_target(int);\nint mhr_call_local(int a) { return mhr_local_target(a); }\n",
+        &["-lmhr_local", "-Wl,-z,now"],
+    );
+    let p = CString::new(local_caller.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path to a library just built.
+    let h = unsafe { libc::dlopen(p.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!h.is_null());
+    let call_local: Fn1 = sym(h, c"mhr_call_local");
+    let definition: usize = sym(h, c"mhr_local_target");
+    // SAFETY: as above; the global scope does not have it.
+    assert!(unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"mhr_local_target".as_ptr()) }.is_null());
+    // SAFETY: hook_local doubles through LOCAL_ORIGINAL, set before patching.
+    unsafe { reloc::install(&[(c"mhr_local_target", hook_local as *const () as usize, &LOCAL_ORIGINAL)]) }.unwrap();
+    assert_eq!(
+        LOCAL_ORIGINAL.load(Ordering::SeqCst),
+        definition,
+        "original from the bound slot"
+    );
+    // SAFETY: as above.
+    assert_eq!(unsafe { call_local(4) }, 8 + 1000);
+    reloc::uninstall();
+    // SAFETY: as above.
+    assert_eq!(unsafe { call_local(4) }, 8);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+static LOCAL_ORIGINAL: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn hook_local(a: i32) -> i32 {
+    // SAFETY: LOCAL_ORIGINAL holds mhr_local_target (same signature).
+    let f: Fn1 = unsafe { std::mem::transmute(LOCAL_ORIGINAL.load(Ordering::Acquire)) };
+    // SAFETY: it takes and returns an int.
+    (unsafe { f(a) }) + 1000
 }
