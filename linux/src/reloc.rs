@@ -22,7 +22,7 @@
 
 use core::ffi::{CStr, c_char, c_int, c_void};
 use core::ops::ControlFlow;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use memhook_core::elf::{ElfError, Memory, Reloc, for_each_reloc, read_dynamic, symbol_name};
 
@@ -347,7 +347,9 @@ pub unsafe fn install(hooks: &[(&'static CStr, usize, &'static AtomicUsize)]) ->
             .map_err(|_| RelocError::TooManySymbols)?;
     }
     ensure_dl_hooks(&mut state)?;
+    publish(&state);
     scan(&mut state, from);
+    rescan_pending(&mut state);
     if state.overflow {
         Err(RelocError::TooManySlots)
     } else {
@@ -377,6 +379,7 @@ pub fn uninstall() {
     state.symbols.clear();
     state.objects.clear();
     state.overflow = false;
+    publish(&state);
 }
 
 /// How reloc stands: symbols hooked, slots patched, objects known, objects
@@ -427,9 +430,7 @@ unsafe extern "C" fn memhook_dlopen(file: *const c_char, mode: c_int) -> *mut c_
     // installed) and the arguments are the caller's.
     let handle = unsafe { core::mem::transmute::<usize, DlopenFn>(REAL_DLOPEN.load(Ordering::Acquire))(file, mode) };
     if !handle.is_null() {
-        let mut state = STATE.lock();
-        let n = state.symbols.len();
-        scan(&mut state, n);
+        rescan();
     }
     handle
 }
@@ -437,19 +438,44 @@ unsafe extern "C" fn memhook_dlopen(file: *const c_char, mode: c_int) -> *mut c_
 unsafe extern "C" fn memhook_dlclose(handle: *mut c_void) -> c_int {
     // SAFETY: as for dlopen.
     let rc = unsafe { core::mem::transmute::<usize, DlcloseFn>(REAL_DLCLOSE.load(Ordering::Acquire))(handle) };
-    let mut state = STATE.lock();
-    let n = state.symbols.len();
-    scan(&mut state, n);
+    rescan();
     rc
+}
+
+/// Set when a dlopen or dlclose could not take the state (an install in
+/// progress, possibly waiting for the loader lock this thread holds inside a
+/// constructor): the holder rescans before it lets go.
+static RESCAN: AtomicBool = AtomicBool::new(false);
+
+/// Scans for new and vanished objects, without ever waiting for the state.
+fn rescan() {
+    RESCAN.store(true, Ordering::SeqCst);
+    if let Some(mut state) = STATE.try_lock() {
+        rescan_pending(&mut state);
+    }
+}
+
+/// Runs the scans that dlopen/dlclose asked for while the state was held.
+fn rescan_pending(state: &mut State) {
+    while RESCAN.swap(false, Ordering::SeqCst) {
+        let n = state.symbols.len();
+        scan(state, n);
+    }
 }
 
 fn ensure_dl_hooks(state: &mut State) -> Result<(), RelocError> {
     if state.symbols.iter().any(|s| s.name == c"dlopen") {
         return Ok(());
     }
+    unsafe extern "C" {
+        fn memhook_dlsym_entry();
+        fn memhook_dlvsym_entry();
+    }
     for (name, hook, real) in [
         (c"dlopen", memhook_dlopen as *const () as usize, &REAL_DLOPEN),
         (c"dlclose", memhook_dlclose as *const () as usize, &REAL_DLCLOSE),
+        (c"dlsym", memhook_dlsym_entry as *const () as usize, &REAL_DLSYM),
+        (c"dlvsym", memhook_dlvsym_entry as *const () as usize, &REAL_DLVSYM),
     ] {
         // SAFETY: as in install.
         let original = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
@@ -467,4 +493,203 @@ fn ensure_dl_hooks(state: &mut State) -> Result<(), RelocError> {
             .map_err(|_| RelocError::TooManySymbols)?;
     }
     Ok(())
+}
+
+// dlsym and dlvsym, interposed through reloc, so that a lookup of a hooked
+// symbol returns the hook (what the procaddr mode builds on).
+//
+// glibc resolves RTLD_NEXT and RTLD_DEFAULT relative to the caller's object,
+// found from the return address. So the entries are a few instructions of
+// assembly: they ask `dl_decide` with the caller's return address, and for
+// a name that is not hooked (nearly every lookup) they tail-jump into the
+// real function, which then sees the caller's return address and answers
+// exactly as without memhook. For a hooked name, the real answer is found
+// (RTLD_NEXT by walking the objects after the caller's), and the hook is
+// returned only when that answer is the very function hooked: an
+// interposer that asks for the next `mmap` past itself still gets libc's,
+// so no call loops back through memhook.
+
+static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+static REAL_DLVSYM: AtomicUsize = AtomicUsize::new(0);
+
+/// `dl_decide`'s answer meaning "let the real function answer".
+const PASS: usize = 1;
+const RTLD_NEXT: usize = usize::MAX;
+
+core::arch::global_asm!(
+    ".text",
+    ".globl memhook_dlsym_entry",
+    ".hidden memhook_dlsym_entry",
+    ".type memhook_dlsym_entry, @function",
+    ".p2align 4",
+    "memhook_dlsym_entry:",
+    "endbr64",
+    "push rdi",
+    "push rsi",
+    "sub rsp, 8",
+    "mov rdx, [rsp + 24]", // the caller's return address
+    "xor ecx, ecx",        // no version
+    "call {decide}",
+    "add rsp, 8",
+    "pop rsi",
+    "pop rdi",
+    "cmp rax, 1",
+    "je 2f",
+    "ret",
+    "2:",
+    "jmp qword ptr [rip + {real_dlsym}]",
+    ".globl memhook_dlvsym_entry",
+    ".hidden memhook_dlvsym_entry",
+    ".type memhook_dlvsym_entry, @function",
+    ".p2align 4",
+    "memhook_dlvsym_entry:",
+    "endbr64",
+    "push rdi",
+    "push rsi",
+    "push rdx",
+    "mov rcx, rdx",        // the version
+    "mov rdx, [rsp + 24]", // the caller's return address
+    "call {decide}",
+    "pop rdx",
+    "pop rsi",
+    "pop rdi",
+    "cmp rax, 1",
+    "je 3f",
+    "ret",
+    "3:",
+    "jmp qword ptr [rip + {real_dlvsym}]",
+    decide = sym dl_decide,
+    real_dlsym = sym REAL_DLSYM,
+    real_dlvsym = sym REAL_DLVSYM,
+);
+
+/// The published, lock-free view of the hooked symbols (dlsym must not wait
+/// for the state: a constructor may call it while an install waits for the
+/// loader lock the constructor's thread holds).
+struct Published {
+    name: AtomicUsize,
+    hook: AtomicUsize,
+    original: AtomicUsize,
+}
+
+static PUBLISHED: [Published; MAX_SYMBOLS] = [const {
+    Published {
+        name: AtomicUsize::new(0),
+        hook: AtomicUsize::new(0),
+        original: AtomicUsize::new(0),
+    }
+}; MAX_SYMBOLS];
+static PUBLISHED_LEN: AtomicUsize = AtomicUsize::new(0);
+
+fn publish(state: &State) {
+    // Entries only ever grow (or all go): rewriting a live entry writes the
+    // same values, and the length is stored last.
+    for (p, s) in PUBLISHED.iter().zip(state.symbols.iter()) {
+        p.name.store(s.name.as_ptr() as usize, Ordering::Relaxed);
+        p.hook.store(s.hook, Ordering::Relaxed);
+        p.original
+            .store(s.original as *const AtomicUsize as usize, Ordering::Relaxed);
+    }
+    PUBLISHED_LEN.store(state.symbols.len(), Ordering::Release);
+}
+
+/// The hook and the original of a hooked `name`.
+fn hooked(name: &CStr) -> Option<(usize, usize)> {
+    let n = PUBLISHED_LEN.load(Ordering::Acquire).min(MAX_SYMBOLS);
+    PUBLISHED[..n].iter().find_map(|p| {
+        // SAFETY: published names are &'static CStr.
+        let candidate = unsafe { CStr::from_ptr(p.name.load(Ordering::Relaxed) as *const c_char) };
+        (candidate == name).then(|| {
+            // SAFETY: published originals are &'static AtomicUsize.
+            let original = unsafe { &*(p.original.load(Ordering::Relaxed) as *const AtomicUsize) };
+            (p.hook.load(Ordering::Relaxed), original.load(Ordering::Acquire))
+        })
+    })
+}
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
+
+/// The real lookup of `name` (`version` for dlvsym) in `handle`.
+fn real_lookup(handle: *mut c_void, name: *const c_char, version: *const c_char) -> usize {
+    // SAFETY: the REAL_* pointers hold dlsym/dlvsym (set before their slots
+    // were patched); the arguments are the caller's.
+    unsafe {
+        if version.is_null() {
+            core::mem::transmute::<usize, DlsymFn>(REAL_DLSYM.load(Ordering::Acquire))(handle, name) as usize
+        } else {
+            core::mem::transmute::<usize, DlvsymFn>(REAL_DLVSYM.load(Ordering::Acquire))(handle, name, version) as usize
+        }
+    }
+}
+
+/// What RTLD_NEXT from `caller` finds: the first definition of `name` in an
+/// object after the caller's, in load order.
+fn next_definition(name: *const c_char, version: *const c_char, caller: usize) -> usize {
+    #[derive(Clone, Copy)]
+    struct Entry {
+        name: *const c_char,
+        segments: [(usize, usize); 4],
+        n: usize,
+    }
+    let mut objects: heapless::Vec<Entry, MAX_OBJECTS> = heapless::Vec::new();
+    let mut after = None;
+    for_each_object(|o| {
+        let mut e = Entry {
+            name: o.name.as_ptr().cast(),
+            segments: [(0, 0); 4],
+            n: 0,
+        };
+        for &seg in o.segments.iter().take(4) {
+            e.segments[e.n] = seg;
+            e.n += 1;
+        }
+        if o.segments.iter().any(|&(s, end)| (s..end).contains(&caller)) {
+            after = Some(objects.len() + 1);
+        }
+        if o.name.is_empty() {
+            e.name = core::ptr::null(); // the main program: dlopen(NULL)
+        }
+        let _ = objects.push(e);
+    });
+    let Some(first) = after else {
+        return 0;
+    };
+    for e in &objects[first..] {
+        // SAFETY: RTLD_NOLOAD only finds an object already loaded (name from
+        // its link map entry, or NULL for the main program).
+        let h = unsafe { libc::dlopen(e.name, libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        if h.is_null() {
+            continue;
+        }
+        let p = real_lookup(h, name, version);
+        // SAFETY: the handle dlopen just returned.
+        unsafe { libc::dlclose(h) };
+        if p != 0 && e.segments[..e.n].iter().any(|&(s, end)| (s..end).contains(&p)) {
+            return p;
+        }
+    }
+    0
+}
+
+/// Called by the dlsym/dlvsym entries: the answer, or [`PASS`] to let the
+/// real function answer (with the caller's return address intact).
+extern "C" fn dl_decide(handle: *mut c_void, name: *const c_char, caller: usize, version: *const c_char) -> usize {
+    if name.is_null() {
+        return PASS;
+    }
+    // SAFETY: dlsym's contract: `name` is a NUL-terminated string.
+    let Some((hook, original)) = hooked(unsafe { CStr::from_ptr(name) }) else {
+        return PASS;
+    };
+    let real = if handle as usize == RTLD_NEXT {
+        next_definition(name, version, caller)
+    } else {
+        // RTLD_DEFAULT resolves from memhook's scope here (the global scope
+        // plus memhook's dependencies): it differs from the caller's only
+        // for a definition in the caller's private (RTLD_LOCAL) scope.
+        real_lookup(handle, name, version)
+    };
+    // (An answer of 1 cannot be a symbol; PASS would only repeat it.)
+    if real != 0 && real == original { hook } else { real }
 }

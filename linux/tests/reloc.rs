@@ -62,6 +62,14 @@ extern "C" fn hook_target(a: i32) -> i32 {
 fn reloc_hooks_plt_glob_dat_relro_and_late_loads_and_undoes_them() {
     let dir = std::env::temp_dir().join(format!("memhook-reloc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    // Loaded before everything else: RTLD_NEXT from it sees the target.
+    let early = cc(
+        &dir,
+        "mhr_early",
+        "#define _GNU_SOURCE\n#include <dlfcn.h>\nvoid *mhr_early_next(const char *n) { return dlsym(RTLD_NEXT, n); }\n",
+        &[],
+    );
+    let h_early = open(&early);
     cc(&dir, "mhr_target", "int mhr_target(int a) { return a + 1; }", &[]);
     let caller = |name: &str| format!("int mhr_target(int);\nint mhr_call_{name}(int a) {{ return mhr_target(a); }}\n");
     let plt = cc(&dir, "mhr_plt", &caller("plt"), &["-lmhr_target", "-Wl,-z,lazy"]);
@@ -75,8 +83,11 @@ fn reloc_hooks_plt_glob_dat_relro_and_late_loads_and_undoes_them() {
     let loader = cc(
         &dir,
         "mhr_loader",
-        "#include <dlfcn.h>\nvoid *mhr_load(const char *p) { return dlopen(p, RTLD_NOW); }\n\
-         int mhr_unload(void *h) { return dlclose(h); }\n",
+        "#define _GNU_SOURCE\n#include <dlfcn.h>\nvoid *mhr_load(const char *p) { return dlopen(p, RTLD_NOW); }\n\
+         int mhr_unload(void *h) { return dlclose(h); }\n\
+         void *mhr_lookup(void *h, const char *n) { return dlsym(h, n); }\n\
+         void *mhr_lookup_next(const char *n) { return dlsym(RTLD_NEXT, n); }\n\
+         void *mhr_lookup_v(void *h, const char *n, const char *v) { return dlvsym(h, n, v); }\n",
         &[],
     );
     cc(&dir, "mhr_latedep", &caller("latedep"), &["-lmhr_target"]);
@@ -93,6 +104,35 @@ fn reloc_hooks_plt_glob_dat_relro_and_late_loads_and_undoes_them() {
     let call_relro: Fn1 = sym(h_relro, c"mhr_call_relro");
     let load: unsafe extern "C" fn(*const libc::c_char) -> *mut libc::c_void = sym(h_loader, c"mhr_load");
     let unload: unsafe extern "C" fn(*mut libc::c_void) -> libc::c_int = sym(h_loader, c"mhr_unload");
+    type Lookup = unsafe extern "C" fn(*mut libc::c_void, *const libc::c_char) -> *mut libc::c_void;
+    type LookupNext = unsafe extern "C" fn(*const libc::c_char) -> *mut libc::c_void;
+    type LookupV =
+        unsafe extern "C" fn(*mut libc::c_void, *const libc::c_char, *const libc::c_char) -> *mut libc::c_void;
+    let lookup: Lookup = sym(h_loader, c"mhr_lookup");
+    let lookup_next: LookupNext = sym(h_loader, c"mhr_lookup_next");
+    let lookup_v: LookupV = sym(h_loader, c"mhr_lookup_v");
+    let h_target = open(&dir.join("libmhr_target.so"));
+    // The helpers pass live handles or pseudo-handles, and NUL-terminated
+    // names, as dlsym wants.
+    // SAFETY: as just said.
+    let by_handle = |h: *mut libc::c_void, n: &CStr| unsafe { lookup(h, n.as_ptr()) } as usize;
+    // SAFETY: as just said.
+    let by_next = |n: &CStr| unsafe { lookup_next(n.as_ptr()) } as usize;
+    // What dlsym answers without memhook, from the loader library.
+    let names = [c"mhr_target", c"mhr_call_plt"];
+    let before_default = names.map(|n| by_handle(core::ptr::null_mut(), n));
+    let before_handle = names.map(|n| by_handle(h_target, n));
+    let before_next = names.map(by_next);
+    let early_next: LookupNext = sym(h_early, c"mhr_early_next");
+    // SAFETY: a NUL-terminated name.
+    let by_early = |n: &CStr| unsafe { early_next(n.as_ptr()) } as usize;
+    let before_early = names.map(by_early);
+    assert!(
+        before_early[0] != 0 && before_early[1] != 0,
+        "RTLD_NEXT from the early library finds both"
+    );
+    // SAFETY: as above.
+    let before_v = unsafe { lookup_v(core::ptr::null_mut(), c"getppid".as_ptr(), c"GLIBC_2.2.5".as_ptr()) } as usize;
     let calls = [call_plt, call_noplt, call_relro];
     for f in calls {
         // SAFETY: the test functions take and return an int.
@@ -118,6 +158,41 @@ fn reloc_hooks_plt_glob_dat_relro_and_late_loads_and_undoes_them() {
         assert_eq!(unsafe { f(1) }, 1002, "through the hook");
     }
     assert_eq!(HOOKED.load(Ordering::SeqCst) - before, 3);
+
+    assert!(reloc::slots_of(c"dlsym") >= 1 && reloc::slots_of(c"dlopen") >= 1);
+    // dlsym from a library: a hooked name found as the hooked function
+    // answers the hook; anything else answers as before.
+    let hook = hook_target as *const () as usize;
+    let original = ORIGINAL.load(Ordering::SeqCst);
+    let expect = |before: usize| if before == original { hook } else { before };
+    let now_default = names.map(|n| by_handle(core::ptr::null_mut(), n));
+    assert_eq!(now_default, [hook, before_default[1]], "RTLD_DEFAULT");
+    // SAFETY: the answer is hook_target, which has mhr_target's signature.
+    let found: Fn1 = unsafe { std::mem::transmute(now_default[0]) };
+    let n = HOOKED.load(Ordering::SeqCst);
+    // SAFETY: as above.
+    let result = unsafe { found(7) };
+    assert_eq!(result, 1008, "a function found through dlsym reaches the hook");
+    assert_eq!(HOOKED.load(Ordering::SeqCst), n + 1);
+    let now_handle = names.map(|n| by_handle(h_target, n));
+    assert_eq!(now_handle, [hook, before_handle[1]], "explicit handle");
+    let now_next = names.map(by_next);
+    assert_eq!(
+        now_next,
+        [expect(before_next[0]), before_next[1]],
+        "RTLD_NEXT keeps glibc's answer"
+    );
+    let now_early = names.map(by_early);
+    assert_eq!(before_early[0], original, "the next mhr_target is the hooked one");
+    assert_eq!(
+        now_early,
+        [hook, before_early[1]],
+        "RTLD_NEXT to the hooked function answers the hook"
+    );
+    // SAFETY: as above.
+    let now_v = unsafe { lookup_v(core::ptr::null_mut(), c"getppid".as_ptr(), c"GLIBC_2.2.5".as_ptr()) } as usize;
+    assert_eq!(now_v, before_v, "dlvsym of an unhooked name");
+    assert_ne!(before_v, 0);
 
     // Loaded after install (with its dependency): patched as it appears.
     let late_path = CString::new(late.to_str().unwrap()).unwrap();
