@@ -16,6 +16,9 @@ pub use memhook_core::{config, event, memtype, patch};
 pub mod bistro;
 #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
 pub mod code;
+pub mod dispatch;
+mod host;
+mod install;
 pub mod maps;
 #[cfg(target_arch = "x86_64")]
 pub mod reloc;
@@ -23,6 +26,11 @@ pub mod reloc;
 pub mod trampoline;
 
 use memhook_core::config::{HookMode, ModeSet};
+
+pub use dispatch::{
+    HandlerFn, MAX_HANDLERS, nested_overflows, report_event, set_handler, unset_handler, unset_handler_fn,
+};
+pub use install::{Config, FunctionStatus, Status, install, installed, status, uninstall};
 
 /// The hook modes this build supports: bistro only with the `bistro`
 /// feature (and an architecture whose backend exists).

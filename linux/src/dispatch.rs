@@ -1,0 +1,188 @@
+//! The process's handler table and dispatch, with the per-thread nesting
+//! state the core leaves to its caller.
+//!
+//! The nesting state is a `const` thread-local without a destructor: no
+//! allocation, valid in threads created before memhook was installed and in
+//! signal handlers. Hooks ask [`wants`] first (one relaxed load) and skip
+//! everything when no handler wants their events.
+
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::ops::ControlFlow;
+
+use memhook_core::event::{DispatchDepth, Dispatcher, Event, Handler, HandlerId, RegisterError, VmEvent, bits};
+
+/// Most handlers registered at once.
+pub const MAX_HANDLERS: usize = 64;
+
+/// A registered handler: a Rust function or closure, or a raw function with
+/// two context words (how the C ABI registers `(callback, arg)`).
+#[derive(Clone, Copy)]
+pub enum HandlerFn {
+    /// A Rust handler.
+    Rust(&'static (dyn Fn(&mut Event) + Send + Sync)),
+    /// A raw handler: `func(a, b, event)`.
+    Raw {
+        /// Called with `a`, `b` and the event.
+        func: unsafe fn(usize, usize, &mut Event),
+        /// First context word.
+        a: usize,
+        /// Second context word.
+        b: usize,
+    },
+}
+
+impl PartialEq for HandlerFn {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (HandlerFn::Rust(x), HandlerFn::Rust(y)) => core::ptr::addr_eq(*x as *const _, *y as *const _),
+            (HandlerFn::Raw { func: f, a, b }, HandlerFn::Raw { func: g, a: c, b: d }) => {
+                core::ptr::fn_addr_eq(*f, *g) && a == c && b == d
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Handler for HandlerFn {
+    fn call(&self, event: &mut Event) {
+        match *self {
+            HandlerFn::Rust(f) => f(event),
+            // SAFETY: whoever registered a raw handler promised that
+            // `func(a, b, event)` is sound (the C ABI's contract).
+            HandlerFn::Raw { func, a, b } => unsafe { func(a, b, event) },
+        }
+    }
+}
+
+static DISPATCHER: Dispatcher<HandlerFn, MAX_HANDLERS> = Dispatcher::new();
+
+/// Events some handler wants (the union of the registered masks).
+static WANTED: AtomicU32 = AtomicU32::new(0);
+
+/// Registration bookkeeping for [`WANTED`] (registration paths only).
+static MASKS: spin::Mutex<heapless::Vec<(HandlerId, HandlerFn, u32), MAX_HANDLERS>> =
+    spin::Mutex::new(heapless::Vec::new());
+
+thread_local! {
+    static DEPTH: DispatchDepth = const { DispatchDepth::new() };
+}
+
+/// Whether any handler wants any of `events`.
+#[inline]
+pub(crate) fn wants(events: u32) -> bool {
+    WANTED.load(Ordering::Relaxed) & events != 0
+}
+
+/// Dispatches `event` around `original` (called exactly once, unless a
+/// pre-handler supplied a valid result).
+pub(crate) fn dispatch(event: &mut Event, original: impl FnOnce(&mut Event)) {
+    let mut original = Some(original);
+    let done = DEPTH.try_with(|depth| {
+        DISPATCHER.dispatch(depth, event, |e| {
+            if let Some(f) = original.take() {
+                f(e)
+            }
+        });
+    });
+    if done.is_err()
+        && let Some(f) = original.take()
+    {
+        f(event); // thread-local gone (thread exit): just the call
+    }
+}
+
+/// Delivers an event that has no original call.
+pub(crate) fn notify(event: &mut Event) {
+    let _ = DEPTH.try_with(|depth| DISPATCHER.notify(depth, event));
+}
+
+fn recompute(masks: &heapless::Vec<(HandlerId, HandlerFn, u32), MAX_HANDLERS>) {
+    WANTED.store(masks.iter().fold(0, |m, e| m | e.2), Ordering::Release);
+}
+
+static FORK_HOOK: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn after_fork_in_child() {
+    // SAFETY: only the forking thread exists in the child.
+    unsafe { DISPATCHER.reset_after_fork() };
+    // SAFETY: as above: a holder of the bookkeeping lock is gone.
+    unsafe { MASKS.force_unlock() };
+}
+
+fn ensure_fork_hook() {
+    if !FORK_HOOK.swap(true, Ordering::AcqRel) {
+        // SAFETY: registers a child handler that only resets memhook state.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    }
+}
+
+/// Registers `handler` for `events` at `priority` (< 0 before the original
+/// call, >= 0 after; ties in registration order). With
+/// [`bits::EXISTING_ALLOC`] and `VM_MAPPED`, the handler is first called
+/// with a `VM_MAPPED` event for every mapping that exists now.
+///
+/// # Errors
+///
+/// A [`RegisterError`]: the table is full, the mask names no event, or the
+/// call comes from inside a handler.
+pub fn set_handler(events: u32, priority: i32, handler: HandlerFn) -> Result<HandlerId, RegisterError> {
+    ensure_fork_hook();
+    let id = DEPTH.with(|d| DISPATCHER.register(d, events, priority, handler))?;
+    let mut masks = MASKS.lock();
+    let _ = masks.push((id, handler, events & bits::ALL_EVENTS));
+    recompute(&masks);
+    drop(masks);
+    if events & bits::EXISTING_ALLOC != 0 && events & bits::VM_MAPPED != 0 {
+        let _ = crate::maps::for_each(|m| {
+            handler.call(&mut Event::VmMapped(VmEvent {
+                address: m.start,
+                size: m.end - m.start,
+            }));
+            ControlFlow::Continue(())
+        });
+    }
+    Ok(id)
+}
+
+/// Removes registration `id`; once this returns its handler is not running
+/// and will not run.
+///
+/// # Errors
+///
+/// [`RegisterError::NotFound`] or [`RegisterError::InsideHandler`].
+pub fn unset_handler(id: HandlerId) -> Result<(), RegisterError> {
+    DEPTH.with(|d| DISPATCHER.unregister(d, id))?;
+    let mut masks = MASKS.lock();
+    masks.retain(|e| e.0 != id);
+    recompute(&masks);
+    Ok(())
+}
+
+/// Removes the bits `events` from every registration of `handler` (the C
+/// ABI's unset by callback and argument); returns how many went entirely.
+///
+/// # Errors
+///
+/// [`RegisterError::InsideHandler`].
+pub fn unset_handler_fn(events: u32, handler: &HandlerFn) -> Result<usize, RegisterError> {
+    let removed = DEPTH.with(|d| DISPATCHER.unregister_handler(d, events, handler))?;
+    let mut masks = MASKS.lock();
+    for e in masks.iter_mut().filter(|e| e.1 == *handler) {
+        e.2 &= !events;
+    }
+    masks.retain(|e| e.2 != 0);
+    recompute(&masks);
+    Ok(removed)
+}
+
+/// Delivers an event the embedder observed itself (for `NO_INSTALL` users,
+/// e.g. an allocator reporting its own mappings) to every handler.
+pub fn report_event(event: &mut Event) {
+    notify(event);
+}
+
+/// Events delivered straight to the original because a thread was already
+/// nested too deep.
+pub fn nested_overflows() -> u64 {
+    DISPATCHER.nested_overflows()
+}

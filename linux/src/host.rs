@@ -1,0 +1,394 @@
+//! Host memory events: hooks for mmap, munmap, mremap, shmat, shmdt, brk,
+//! sbrk and madvise, each emitting its own event and the aggregate
+//! `VM_MAPPED` (after the mapping exists) / `VM_UNMAPPED` (before it goes).
+//!
+//! Every hook calls the function's original (the bistro trampoline or the
+//! pointer reloc found), never a raw system call: so glibc's own state (the
+//! current break of brk/sbrk) stays right, and a hooker that patched the
+//! function before memhook still sees every call. `errno` as the original
+//! left it is what the caller sees, whatever the handlers did. When no
+//! handler wants any of a hook's events, the hook is a load, a test and the
+//! original call.
+
+use core::ffi::{c_int, c_void};
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use memhook_core::event::{
+    BrkEvent, Event, INVALID_PTR, MadviseEvent, MmapEvent, MremapEvent, MunmapEvent, SbrkEvent, ShmatEvent, ShmdtEvent,
+    VmEvent, bits,
+};
+
+use crate::dispatch::{dispatch, notify, wants};
+
+/// The functions hooked, in install order, with their hooks.
+pub(crate) fn functions() -> [(&'static core::ffi::CStr, usize, &'static AtomicUsize); 8] {
+    [
+        (c"mmap", mmap_hook as *const () as usize, &ORIG_MMAP),
+        (c"munmap", munmap_hook as *const () as usize, &ORIG_MUNMAP),
+        (c"mremap", mremap_hook as *const () as usize, &ORIG_MREMAP),
+        (c"shmat", shmat_hook as *const () as usize, &ORIG_SHMAT),
+        (c"shmdt", shmdt_hook as *const () as usize, &ORIG_SHMDT),
+        (c"brk", brk_hook as *const () as usize, &ORIG_BRK),
+        (c"sbrk", sbrk_hook as *const () as usize, &ORIG_SBRK),
+        (c"madvise", madvise_hook as *const () as usize, &ORIG_MADVISE),
+    ]
+}
+
+pub(crate) static ORIG_MMAP: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_MUNMAP: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_MREMAP: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_SHMAT: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_SHMDT: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_BRK: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_SBRK: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_MADVISE: AtomicUsize = AtomicUsize::new(0);
+/// Reloc's record of `mmap64` (the same function as mmap in glibc).
+pub(crate) static ORIG_MMAP64: AtomicUsize = AtomicUsize::new(0);
+
+type MmapFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, libc::off_t) -> *mut c_void;
+type MunmapFn = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
+type MremapFn = unsafe extern "C" fn(*mut c_void, usize, usize, c_int, ...) -> *mut c_void;
+type ShmatFn = unsafe extern "C" fn(c_int, *const c_void, c_int) -> *mut c_void;
+type ShmdtFn = unsafe extern "C" fn(*const c_void) -> c_int;
+type BrkFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+type SbrkFn = unsafe extern "C" fn(libc::intptr_t) -> *mut c_void;
+type MadviseFn = unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int;
+
+/// Loads an original. The hooks are only reachable once it is set (install
+/// stores it before any patch points to the hook).
+macro_rules! original {
+    ($orig:expr, $ty:ty) => {{
+        let p = $orig.load(Ordering::Acquire);
+        // SAFETY: the original has the function's signature; it was stored
+        // before the hook became reachable.
+        unsafe { core::mem::transmute::<usize, $ty>(p) }
+    }};
+}
+
+/// Runs `f`, then puts back the errno it found on return from `f`'s
+/// original call (handlers must not change what the caller sees).
+struct Errno(c_int);
+
+impl Errno {
+    fn save() -> Self {
+        // SAFETY: errno is thread-local and always accessible.
+        Errno(unsafe { *libc::__errno_location() })
+    }
+
+    fn restore(self) {
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = self.0 };
+    }
+}
+
+fn vm_mapped(address: usize, size: usize) {
+    if size != 0 && wants(bits::VM_MAPPED) {
+        notify(&mut Event::VmMapped(VmEvent { address, size }));
+    }
+}
+
+fn vm_unmapped(address: usize, size: usize) {
+    if size != 0 && wants(bits::VM_UNMAPPED) {
+        notify(&mut Event::VmUnmapped(VmEvent { address, size }));
+    }
+}
+
+/// The `mmap` hook.
+pub(crate) unsafe extern "C" fn mmap_hook(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> *mut c_void {
+    let orig = original!(ORIG_MMAP, MmapFn);
+    if !wants(bits::MMAP | bits::VM_MAPPED) {
+        // SAFETY: the caller's arguments, forwarded.
+        return unsafe { orig(addr, len, prot, flags, fd, off) };
+    }
+    let mut ev = Event::Mmap(MmapEvent {
+        result: INVALID_PTR,
+        address: addr as usize,
+        size: len,
+        prot,
+        flags,
+        fd,
+        offset: off,
+    });
+    let mut errno = None;
+    dispatch(&mut ev, |e| {
+        if let Event::Mmap(m) = e {
+            // SAFETY: as above (a pre-handler cannot change the arguments
+            // the original gets: they are copies).
+            m.result = unsafe { orig(addr, len, prot, flags, fd, off) } as usize;
+            errno = Some(Errno::save());
+        }
+    });
+    let result = ev.result().unwrap_or(-1) as usize;
+    if result != INVALID_PTR {
+        vm_mapped(result, len);
+    }
+    if let Some(e) = errno {
+        e.restore();
+    }
+    result as *mut c_void
+}
+
+/// The `munmap` hook.
+pub(crate) unsafe extern "C" fn munmap_hook(addr: *mut c_void, len: usize) -> c_int {
+    let orig = original!(ORIG_MUNMAP, MunmapFn);
+    if !wants(bits::MUNMAP | bits::VM_UNMAPPED) {
+        // SAFETY: forwarded.
+        return unsafe { orig(addr, len) };
+    }
+    vm_unmapped(addr as usize, len);
+    let mut ev = Event::Munmap(MunmapEvent {
+        result: -1,
+        address: addr as usize,
+        size: len,
+    });
+    let mut errno = None;
+    dispatch(&mut ev, |e| {
+        if let Event::Munmap(m) = e {
+            // SAFETY: forwarded.
+            m.result = unsafe { orig(addr, len) };
+            errno = Some(Errno::save());
+        }
+    });
+    if let Some(e) = errno {
+        e.restore();
+    }
+    ev.result().unwrap_or(-1) as c_int
+}
+
+/// The `mremap` hook (glibc's is variadic: the fifth argument, the new
+/// address, is read only with `MREMAP_FIXED`, and forwarded as it came).
+pub(crate) unsafe extern "C" fn mremap_hook(
+    old: *mut c_void,
+    old_size: usize,
+    new_size: usize,
+    flags: c_int,
+    new_address: *mut c_void,
+) -> *mut c_void {
+    let orig = original!(ORIG_MREMAP, MremapFn);
+    if !wants(bits::MREMAP | bits::VM_MAPPED | bits::VM_UNMAPPED) {
+        // SAFETY: forwarded; the variadic call sets the vector count to 0.
+        return unsafe { orig(old, old_size, new_size, flags, new_address) };
+    }
+    vm_unmapped(old as usize, old_size);
+    let mut ev = Event::Mremap(MremapEvent {
+        result: INVALID_PTR,
+        address: old as usize,
+        old_size,
+        new_size,
+        flags,
+        new_address: new_address as usize,
+    });
+    let mut errno = None;
+    dispatch(&mut ev, |e| {
+        if let Event::Mremap(m) = e {
+            // SAFETY: forwarded.
+            m.result = unsafe { orig(old, old_size, new_size, flags, new_address) } as usize;
+            errno = Some(Errno::save());
+        }
+    });
+    let result = ev.result().unwrap_or(-1) as usize;
+    if result != INVALID_PTR {
+        vm_mapped(result, new_size);
+    }
+    if let Some(e) = errno {
+        e.restore();
+    }
+    result as *mut c_void
+}
+
+/// Size of the shared memory segment `shmid` (0 when unknown).
+fn shm_size(shmid: c_int) -> usize {
+    let mut ds = core::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
+    // SAFETY: IPC_STAT fills `ds`; on failure it is left zeroed.
+    if unsafe { libc::shmctl(shmid, libc::IPC_STAT, ds.as_mut_ptr()) } != 0 {
+        return 0;
+    }
+    // SAFETY: zero-initialised and possibly filled by shmctl.
+    unsafe { ds.assume_init() }.shm_segsz
+}
+
+/// The `shmat` hook.
+pub(crate) unsafe extern "C" fn shmat_hook(shmid: c_int, shmaddr: *const c_void, shmflg: c_int) -> *mut c_void {
+    let orig = original!(ORIG_SHMAT, ShmatFn);
+    if !wants(bits::SHMAT | bits::VM_MAPPED) {
+        // SAFETY: forwarded.
+        return unsafe { orig(shmid, shmaddr, shmflg) };
+    }
+    let mut ev = Event::Shmat(ShmatEvent {
+        result: INVALID_PTR,
+        shmid,
+        shmaddr: shmaddr as usize,
+        shmflg,
+    });
+    let mut errno = None;
+    dispatch(&mut ev, |e| {
+        if let Event::Shmat(m) = e {
+            // SAFETY: forwarded.
+            m.result = unsafe { orig(shmid, shmaddr, shmflg) } as usize;
+            errno = Some(Errno::save());
+        }
+    });
+    let result = ev.result().unwrap_or(-1) as usize;
+    if result != INVALID_PTR {
+        vm_mapped(result, shm_size(shmid));
+    }
+    if let Some(e) = errno {
+        e.restore();
+    }
+    result as *mut c_void
+}
+
+/// The `shmdt` hook (the size comes from the mapping at the address).
+pub(crate) unsafe extern "C" fn shmdt_hook(shmaddr: *const c_void) -> c_int {
+    let orig = original!(ORIG_SHMDT, ShmdtFn);
+    if !wants(bits::SHMDT | bits::VM_UNMAPPED) {
+        // SAFETY: forwarded.
+        return unsafe { orig(shmaddr) };
+    }
+    if wants(bits::VM_UNMAPPED) {
+        let size = crate::maps::find(shmaddr as usize)
+            .filter(|m| m.start == shmaddr as usize)
+            .map_or(0, |m| m.end - m.start);
+        vm_unmapped(shmaddr as usize, size);
+    }
+    let mut ev = Event::Shmdt(ShmdtEvent {
+        result: -1,
+        shmaddr: shmaddr as usize,
+    });
+    let mut errno = None;
+    dispatch(&mut ev, |e| {
+        if let Event::Shmdt(m) = e {
+            // SAFETY: forwarded.
+            m.result = unsafe { orig(shmaddr) };
+            errno = Some(Errno::save());
+        }
+    });
+    if let Some(e) = errno {
+        e.restore();
+    }
+    ev.result().unwrap_or(-1) as c_int
+}
+
+/// The current program break, without going through the hooks.
+fn current_break() -> usize {
+    let sbrk = ORIG_SBRK.load(Ordering::Acquire);
+    if sbrk != 0 {
+        // SAFETY: glibc's sbrk (or what a prior hooker put before it);
+        // sbrk(0) only reads the break.
+        return unsafe { core::mem::transmute::<usize, SbrkFn>(sbrk)(0) } as usize;
+    }
+    // SAFETY: brk(0) returns the current break and changes nothing.
+    unsafe { libc::syscall(libc::SYS_brk, 0) as usize }
+}
+
+thread_local! {
+    /// Set while this thread runs sbrk's original: glibc's sbrk moves the
+    /// break with brk, and that inner call is sbrk's, already reported.
+    static IN_SBRK: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+}
+
+/// The `sbrk` hook.
+pub(crate) unsafe extern "C" fn sbrk_hook(increment: libc::intptr_t) -> *mut c_void {
+    let orig = original!(ORIG_SBRK, SbrkFn);
+    if increment == 0 || !wants(bits::SBRK | bits::VM_MAPPED | bits::VM_UNMAPPED) {
+        // SAFETY: forwarded.
+        return unsafe { orig(increment) };
+    }
+    if increment < 0 {
+        let top = current_break();
+        vm_unmapped(top.wrapping_sub(increment.unsigned_abs()), increment.unsigned_abs());
+    }
+    let mut ev = Event::Sbrk(SbrkEvent {
+        result: INVALID_PTR,
+        increment,
+    });
+    let mut errno = None;
+    dispatch(&mut ev, |e| {
+        if let Event::Sbrk(m) = e {
+            let _ = IN_SBRK.try_with(|f| f.set(true));
+            // SAFETY: forwarded.
+            m.result = unsafe { orig(increment) } as usize;
+            errno = Some(Errno::save());
+            let _ = IN_SBRK.try_with(|f| f.set(false));
+        }
+    });
+    let result = ev.result().unwrap_or(-1) as usize;
+    if increment > 0 && result != INVALID_PTR {
+        vm_mapped(result, increment as usize);
+    }
+    if let Some(e) = errno {
+        e.restore();
+    }
+    result as *mut c_void
+}
+
+/// The `brk` hook.
+pub(crate) unsafe extern "C" fn brk_hook(addr: *mut c_void) -> c_int {
+    let orig = original!(ORIG_BRK, BrkFn);
+    if !wants(bits::BRK | bits::VM_MAPPED | bits::VM_UNMAPPED) || IN_SBRK.try_with(|f| f.get()).unwrap_or(false) {
+        // SAFETY: forwarded.
+        return unsafe { orig(addr) };
+    }
+    let before = current_break();
+    let new = addr as usize;
+    if new < before {
+        vm_unmapped(new, before - new);
+    }
+    let mut ev = Event::Brk(BrkEvent { result: -1, addr: new });
+    let mut errno = None;
+    dispatch(&mut ev, |e| {
+        if let Event::Brk(m) = e {
+            // SAFETY: forwarded.
+            m.result = unsafe { orig(addr) };
+            errno = Some(Errno::save());
+        }
+    });
+    let result = ev.result().unwrap_or(-1) as c_int;
+    if result == 0 && new > before {
+        vm_mapped(before, new - before);
+    }
+    if let Some(e) = errno {
+        e.restore();
+    }
+    result
+}
+
+/// Whether `advice` discards the pages' contents (so caches of them must go).
+fn discards(advice: c_int) -> bool {
+    matches!(advice, libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE)
+}
+
+/// The `madvise` hook: events only for the discarding advices.
+pub(crate) unsafe extern "C" fn madvise_hook(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    let orig = original!(ORIG_MADVISE, MadviseFn);
+    if !discards(advice) || !wants(bits::MADVISE | bits::VM_UNMAPPED) {
+        // SAFETY: forwarded.
+        return unsafe { orig(addr, len, advice) };
+    }
+    vm_unmapped(addr as usize, len);
+    let mut ev = Event::Madvise(MadviseEvent {
+        result: -1,
+        addr: addr as usize,
+        length: len,
+        advice,
+    });
+    let mut errno = None;
+    dispatch(&mut ev, |e| {
+        if let Event::Madvise(m) = e {
+            // SAFETY: forwarded.
+            m.result = unsafe { orig(addr, len, advice) };
+            errno = Some(Errno::save());
+        }
+    });
+    if let Some(e) = errno {
+        e.restore();
+    }
+    ev.result().unwrap_or(-1) as c_int
+}

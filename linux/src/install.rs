@@ -1,0 +1,205 @@
+//! Installing the hooks a [`Config`] asks for, and what took.
+
+use core::fmt;
+
+use memhook_core::config::{ConfigError, Family, HookConfig, HookMode, ModeSet};
+
+use crate::AVAILABLE_MODES;
+use crate::host::functions;
+
+/// What to install.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Hook modes per family.
+    pub hooks: HookConfig,
+}
+
+impl Config {
+    /// The defaults (host memory: bistro; CUDA: bistro, reloc, procaddr),
+    /// limited to what this build has.
+    pub const fn defaults() -> Config {
+        Config {
+            hooks: HookConfig::defaults(AVAILABLE_MODES),
+        }
+    }
+
+    /// From `MEMHOOK_MMAP_HOOK_MODE` and `MEMHOOK_CUDA_HOOK_MODE` (unset
+    /// means the default).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the variable and the bad token.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        let mut config = Config::defaults();
+        for family in [Family::Mmap, Family::Cuda] {
+            if let Some(value) = std::env::var_os(family.env_var()) {
+                let value = value.to_string_lossy();
+                let set = ModeSet::parse(&value, family, AVAILABLE_MODES)?;
+                match family {
+                    Family::Mmap => config.hooks.mmap = set,
+                    Family::Cuda => config.hooks.cuda = set,
+                }
+            }
+        }
+        Ok(config)
+    }
+
+    /// From a config string such as `"cuda=bistro,reloc;mmap=bistro"`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the bad part or token.
+    pub fn parse(value: &str) -> Result<Config, ConfigError> {
+        Ok(Config {
+            hooks: HookConfig::parse(value, AVAILABLE_MODES)?,
+        })
+    }
+}
+
+/// Longest reason kept per function.
+pub const REASON: usize = 200;
+
+/// How one hooked function stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionStatus {
+    /// The function.
+    pub function: &'static str,
+    /// The mode tried.
+    pub mode: HookMode,
+    /// Whether it took.
+    pub installed: bool,
+    /// Why not (empty when it took).
+    pub reason: heapless::String<REASON>,
+}
+
+/// What [`install`] did, per function and mode.
+pub type Status = heapless::Vec<FunctionStatus, 64>;
+
+#[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+type BistroHooks = heapless::Vec<crate::bistro::Hook, 16>;
+
+struct Installed {
+    config: Option<Config>,
+    status: Status,
+    #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+    hooks: BistroHooks,
+    reloc: bool,
+}
+
+static INSTALLED: spin::Mutex<Installed> = spin::Mutex::new(Installed {
+    config: None,
+    status: heapless::Vec::new(),
+    #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+    hooks: heapless::Vec::new(),
+    reloc: false,
+});
+
+fn note(status: &mut Status, function: &'static str, mode: HookMode, why: Option<&dyn fmt::Display>) {
+    let mut reason = heapless::String::new();
+    if let Some(why) = why {
+        let _ = fmt::Write::write_fmt(&mut reason, format_args!("{why}"));
+    }
+    let _ = status.push(FunctionStatus {
+        function,
+        mode,
+        installed: why.is_none(),
+        reason,
+    });
+}
+
+/// Installs the hooks `config` asks for. Idempotent: installing the same
+/// config again does nothing; a different one replaces the first. Thread
+/// safe. A function a mode cannot hook is reported in [`status`] with the
+/// reason, and the others are installed.
+pub fn install(config: &Config) {
+    let mut state = INSTALLED.lock();
+    if state.config == Some(*config) {
+        return;
+    }
+    if state.config.is_some() {
+        remove(&mut state);
+    }
+    let mmap = config.hooks.mmap;
+    #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+    if mmap.contains(HookMode::Bistro) {
+        for (name, hook, original) in functions() {
+            let function = name.to_str().unwrap_or("?");
+            // SAFETY: each hook has its function's signature and calls the
+            // original through `original`, which patch_with sets first.
+            match unsafe { crate::bistro::Hook::patch_symbol(name, hook, original) } {
+                Ok(h) => {
+                    if state.hooks.push(h).is_err() {
+                        note(
+                            &mut state.status,
+                            function,
+                            HookMode::Bistro,
+                            Some(&"too many bistro hooks"),
+                        );
+                        continue;
+                    }
+                    note(&mut state.status, function, HookMode::Bistro, None);
+                }
+                Err(e) => note(&mut state.status, function, HookMode::Bistro, Some(&e)),
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if mmap.contains(HookMode::Reloc) {
+        let mut hooks: heapless::Vec<
+            (
+                &'static core::ffi::CStr,
+                usize,
+                &'static core::sync::atomic::AtomicUsize,
+            ),
+            9,
+        > = functions().into_iter().collect();
+        // glibc's mmap64 is mmap under another name.
+        let _ = hooks.push((c"mmap64", functions()[0].1, &crate::host::ORIG_MMAP64));
+        // SAFETY: as for bistro.
+        let result = unsafe { crate::reloc::install(&hooks) };
+        for (name, _, _) in functions() {
+            let function = name.to_str().unwrap_or("?");
+            match result {
+                Ok(()) => note(&mut state.status, function, HookMode::Reloc, None),
+                Err(e) => note(&mut state.status, function, HookMode::Reloc, Some(&e)),
+            }
+        }
+        state.reloc = true;
+    }
+    state.config = Some(*config);
+}
+
+fn remove(state: &mut Installed) {
+    #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+    while let Some(h) = state.hooks.pop() {
+        if let Err((h, _)) = h.unpatch() {
+            // Someone patched over it: leave ours in place, still working.
+            let _ = state.hooks.push(h);
+            break;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if state.reloc {
+        crate::reloc::uninstall();
+        state.reloc = false;
+    }
+    // The originals stay set: a thread may still be inside a hook.
+    state.status.clear();
+    state.config = None;
+}
+
+/// Undoes every patch (bistro entries restored exactly, reloc slots put
+/// back). Handlers stay registered.
+pub fn uninstall() {
+    remove(&mut INSTALLED.lock());
+}
+
+/// Per hooked function: the mode tried, whether it took, and why not.
+pub fn status() -> Status {
+    INSTALLED.lock().status.clone()
+}
+
+/// The config installed, if any.
+pub fn installed() -> Option<Config> {
+    INSTALLED.lock().config
+}

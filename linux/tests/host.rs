@@ -1,0 +1,564 @@
+//! Host memory events in bistro and reloc modes. The calls come from a
+//! helper shared library built for the test (`cc`), as an application's
+//! libraries make them; in reloc mode the test executable itself (which
+//! contains memhook) is skipped like memhook's own object.
+#![cfg(all(feature = "bistro", target_arch = "x86_64"))]
+
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use memhook::config::{HookConfig, HookMode, ModeSet};
+use memhook::event::{Event, bits};
+use memhook::{Config, HandlerFn};
+
+const HELPER: &str = r#"
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/shm.h>
+#include <unistd.h>
+void *mhh_mmap(size_t len) { return mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0); }
+int mhh_munmap(void *p, size_t len) { return munmap(p, len); }
+void *mhh_mremap(void *p, size_t o, size_t n) { return mremap(p, o, n, MREMAP_MAYMOVE); }
+int mhh_madvise(void *p, size_t len, int advice) { return madvise(p, len, advice); }
+void *mhh_shmat(int id) { return shmat(id, NULL, 0); }
+int mhh_shmdt(void *p) { return shmdt(p); }
+void *mhh_sbrk(long increment) { return sbrk(increment); }
+int mhh_brk(void *p) { return brk(p); }
+void *mhh_malloc(size_t n) { return malloc(n); }
+void mhh_free(void *p) { free(p); }
+"#;
+
+struct Helper {
+    mmap: unsafe extern "C" fn(usize) -> usize,
+    munmap: unsafe extern "C" fn(usize, usize) -> i32,
+    mremap: unsafe extern "C" fn(usize, usize, usize) -> usize,
+    madvise: unsafe extern "C" fn(usize, usize, i32) -> i32,
+    shmat: unsafe extern "C" fn(i32) -> usize,
+    shmdt: unsafe extern "C" fn(usize) -> i32,
+    sbrk: unsafe extern "C" fn(isize) -> usize,
+    brk: unsafe extern "C" fn(usize) -> i32,
+    malloc: unsafe extern "C" fn(usize) -> usize,
+    free: unsafe extern "C" fn(usize),
+}
+
+/// A function pointer from an address.
+///
+/// # Safety
+///
+/// `p` must be a function of type `T` (a pointer-sized function pointer).
+unsafe fn cast<T>(p: usize) -> T {
+    assert_eq!(size_of::<T>(), size_of::<usize>());
+    // SAFETY: the caller's contract.
+    unsafe { std::mem::transmute_copy(&p) }
+}
+
+fn helper() -> &'static Helper {
+    static H: OnceLock<Helper> = OnceLock::new();
+    H.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("memhook-host-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("mhh.c");
+        std::fs::write(&src, HELPER).unwrap();
+        let out = dir.join("libmhh.so");
+        let ok = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("a C compiler (cc) builds the helper library")
+            .success();
+        assert!(ok);
+        let path = CString::new(out.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path to the library just built.
+        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+        assert!(!h.is_null());
+        let _ = std::fs::remove_dir_all(&dir);
+        let sym = |name: &std::ffi::CStr| {
+            // SAFETY: a live handle and a NUL-terminated name.
+            let p = unsafe { libc::dlsym(h, name.as_ptr()) } as usize;
+            assert_ne!(p, 0, "{name:?}");
+            p
+        };
+        // SAFETY: each symbol is the helper function of the stated
+        // signature; the library is never closed.
+        unsafe {
+            Helper {
+                mmap: cast(sym(c"mhh_mmap")),
+                munmap: cast(sym(c"mhh_munmap")),
+                mremap: cast(sym(c"mhh_mremap")),
+                madvise: cast(sym(c"mhh_madvise")),
+                shmat: cast(sym(c"mhh_shmat")),
+                shmdt: cast(sym(c"mhh_shmdt")),
+                sbrk: cast(sym(c"mhh_sbrk")),
+                brk: cast(sym(c"mhh_brk")),
+                malloc: cast(sym(c"mhh_malloc")),
+                free: cast(sym(c"mhh_free")),
+            }
+        }
+    })
+}
+
+/// One recorded event: kind, address, size, result.
+type Rec = (u32, usize, usize, isize);
+
+const LOG: usize = 1 << 14;
+static LOG_KIND: [AtomicU32; LOG] = [const { AtomicU32::new(0) }; LOG];
+static LOG_ADDR: [AtomicUsize; LOG] = [const { AtomicUsize::new(0) }; LOG];
+static LOG_SIZE: [AtomicUsize; LOG] = [const { AtomicUsize::new(0) }; LOG];
+static LOG_RESULT: [AtomicUsize; LOG] = [const { AtomicUsize::new(0) }; LOG];
+static LOG_N: AtomicUsize = AtomicUsize::new(0);
+static RECORDING: AtomicBool = AtomicBool::new(false);
+
+/// Records every event while RECORDING (no allocation: fixed arrays).
+fn record(e: &mut Event) {
+    if !RECORDING.load(Ordering::Acquire) {
+        return;
+    }
+    let (addr, size) = match *e {
+        Event::Mmap(m) => (m.address, m.size),
+        Event::Munmap(m) => (m.address, m.size),
+        Event::Mremap(m) => (m.address, m.new_size),
+        Event::Shmat(m) => (m.shmaddr, m.shmid as usize),
+        Event::Shmdt(m) => (m.shmaddr, 0),
+        Event::Sbrk(m) => (0, m.increment as usize),
+        Event::Brk(m) => (m.addr, 0),
+        Event::Madvise(m) => (m.addr, m.length),
+        Event::VmMapped(v) | Event::VmUnmapped(v) => (v.address, v.size),
+        Event::MemTypeAlloc(m) | Event::MemTypeFree(m) => (m.address, m.size),
+    };
+    let i = LOG_N.fetch_add(1, Ordering::AcqRel);
+    if i < LOG {
+        LOG_KIND[i].store(e.kind(), Ordering::Relaxed);
+        LOG_ADDR[i].store(addr, Ordering::Relaxed);
+        LOG_SIZE[i].store(size, Ordering::Relaxed);
+        LOG_RESULT[i].store(e.result().unwrap_or(0) as usize, Ordering::Relaxed);
+    }
+}
+
+/// Runs `f` with recording on; returns what was recorded.
+fn recorded(f: impl FnOnce()) -> Vec<Rec> {
+    LOG_N.store(0, Ordering::SeqCst);
+    RECORDING.store(true, Ordering::SeqCst);
+    f();
+    RECORDING.store(false, Ordering::SeqCst);
+    let n = LOG_N.load(Ordering::SeqCst).min(LOG);
+    (0..n)
+        .map(|i| {
+            (
+                LOG_KIND[i].load(Ordering::Relaxed),
+                LOG_ADDR[i].load(Ordering::Relaxed),
+                LOG_SIZE[i].load(Ordering::Relaxed),
+                LOG_RESULT[i].load(Ordering::Relaxed) as isize,
+            )
+        })
+        .collect()
+}
+
+/// The events about `[addr, addr + len)`.
+fn about(log: &[Rec], addr: usize, len: usize) -> Vec<Rec> {
+    log.iter()
+        .copied()
+        .filter(|r| r.1 < addr + len && addr <= r.1 || r.3 as usize == addr)
+        .collect()
+}
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A test's registrations and install, undone when it ends (also when it
+/// fails, so one failure does not leave handlers behind for the next).
+struct Session(Vec<memhook::event::HandlerId>);
+
+impl Session {
+    fn new(mode: HookMode) -> Session {
+        memhook::install(&config(mode));
+        Session(Vec::new())
+    }
+
+    fn handler(&mut self, events: u32, priority: i32, f: &'static (dyn Fn(&mut Event) + Send + Sync)) {
+        self.0
+            .push(memhook::set_handler(events, priority, HandlerFn::Rust(f)).unwrap());
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        for id in self.0.drain(..) {
+            let _ = memhook::unset_handler(id);
+        }
+        memhook::uninstall();
+    }
+}
+
+fn config(mmap: HookMode) -> Config {
+    Config {
+        hooks: HookConfig {
+            mmap: ModeSet::of(&[mmap]),
+            cuda: ModeSet::NONE,
+        },
+    }
+}
+
+const K64: usize = 64 * 1024;
+
+fn check_mode(mode: HookMode) {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    let mut session = Session::new(mode);
+    let status = memhook::status();
+    assert_eq!(status.len(), 8, "{status:?}");
+    assert!(status.iter().all(|s| s.installed && s.mode == mode), "{status:?}");
+    session.handler(bits::ALL_EVENTS, 0, &record);
+
+    // mmap: MMAP with its result, then VM_MAPPED.
+    let mut p = 0;
+    // The helper functions wrap libc's; each call below passes what libc
+    // expects.
+    // SAFETY: as just said.
+    let log = recorded(|| p = unsafe { (h.mmap)(K64) });
+    assert_ne!(p as isize, -1);
+    assert_eq!(
+        about(&log, p, K64),
+        [(bits::MMAP, 0, K64, p as isize), (bits::VM_MAPPED, p, K64, 0)]
+    );
+
+    // mremap grow (may move): VM_UNMAPPED of the old range before, then
+    // MREMAP with its result, then VM_MAPPED of the new range.
+    let mut q = 0;
+    // SAFETY: as above.
+    let log = recorded(|| q = unsafe { (h.mremap)(p, K64, 2 * K64) });
+    assert_ne!(q as isize, -1);
+    let kinds: Vec<u32> = log.iter().map(|r| r.0).collect();
+    assert_eq!(kinds, [bits::VM_UNMAPPED, bits::MREMAP, bits::VM_MAPPED], "{log:x?}");
+    assert_eq!((log[0].1, log[0].2), (p, K64));
+    assert_eq!(log[1].3 as usize, q);
+    assert_eq!((log[2].1, log[2].2), (q, 2 * K64));
+
+    // madvise: a discarding advice is an unmap of the contents; others are
+    // not reported.
+    // SAFETY: as above.
+    let log = recorded(|| assert_eq!(unsafe { (h.madvise)(q, 4096, libc::MADV_DONTNEED) }, 0));
+    assert_eq!(log, [(bits::VM_UNMAPPED, q, 4096, 0), (bits::MADVISE, q, 4096, 0)]);
+    // SAFETY: as above.
+    let log = recorded(|| assert_eq!(unsafe { (h.madvise)(q, 4096, libc::MADV_WILLNEED) }, 0));
+    assert!(log.is_empty(), "{log:x?}");
+
+    // munmap: VM_UNMAPPED before, MUNMAP with result 0.
+    // SAFETY: as above.
+    let log = recorded(|| assert_eq!(unsafe { (h.munmap)(q, 2 * K64) }, 0));
+    assert_eq!(log, [(bits::VM_UNMAPPED, q, 2 * K64, 0), (bits::MUNMAP, q, 2 * K64, 0)]);
+
+    // A failing call: result -1, errno as the original left it.
+    let mut errno = 0;
+    let log = recorded(|| {
+        // SAFETY: as above (an unaligned address fails with EINVAL).
+        assert_eq!(unsafe { (h.munmap)(1, 4096) }, -1);
+        // SAFETY: errno is thread-local.
+        errno = unsafe { *libc::__errno_location() };
+    });
+    assert_eq!(errno, libc::EINVAL, "errno survives the handlers");
+    assert_eq!(log.last().map(|r| (r.0, r.3)), Some((bits::MUNMAP, -1)));
+
+    // shmat/shmdt: sizes from the segment and the mapping.
+    // SAFETY: a private segment, removed below.
+    let id_shm = unsafe { libc::shmget(libc::IPC_PRIVATE, K64, libc::IPC_CREAT | 0o600) };
+    assert!(id_shm >= 0);
+    let mut a = 0;
+    // SAFETY: as above.
+    let log = recorded(|| a = unsafe { (h.shmat)(id_shm) });
+    assert_eq!(
+        log,
+        [
+            (bits::SHMAT, 0, id_shm as usize, a as isize),
+            (bits::VM_MAPPED, a, K64, 0)
+        ]
+    );
+    // SAFETY: as above.
+    let log = recorded(|| assert_eq!(unsafe { (h.shmdt)(a) }, 0));
+    assert_eq!(log, [(bits::VM_UNMAPPED, a, K64, 0), (bits::SHMDT, a, 0, 0)]);
+    // SAFETY: removing the segment created above.
+    unsafe { libc::shmctl(id_shm, libc::IPC_RMID, std::ptr::null_mut()) };
+
+    // sbrk and brk grow and shrink (glibc's break stays right: sbrk(0)
+    // agrees after each step).
+    // SAFETY: as above; the break is restored.
+    let top = unsafe { (h.sbrk)(0) };
+    // SAFETY: as above.
+    let log = recorded(|| assert_eq!(unsafe { (h.sbrk)(K64 as isize) }, top));
+    assert_eq!(
+        log,
+        [(bits::SBRK, 0, K64, top as isize), (bits::VM_MAPPED, top, K64, 0)]
+    );
+    // SAFETY: as above.
+    let log = recorded(|| assert_eq!(unsafe { (h.sbrk)(-(K64 as isize)) }, top + K64));
+    assert_eq!(
+        log,
+        [
+            (bits::VM_UNMAPPED, top, K64, 0),
+            (bits::SBRK, 0, -(K64 as isize) as usize, (top + K64) as isize)
+        ]
+    );
+    // SAFETY: as above.
+    let log = recorded(|| assert_eq!(unsafe { (h.brk)(top + K64) }, 0));
+    assert_eq!(log, [(bits::BRK, top + K64, 0, 0), (bits::VM_MAPPED, top, K64, 0)]);
+    // SAFETY: as above.
+    assert_eq!(unsafe { (h.sbrk)(0) }, top + K64, "glibc's break follows brk");
+    // SAFETY: as above.
+    let log = recorded(|| assert_eq!(unsafe { (h.brk)(top) }, 0));
+    assert_eq!(log, [(bits::VM_UNMAPPED, top, K64, 0), (bits::BRK, top, 0, 0)]);
+
+    // glibc malloc of a large block maps it inside libc: bistro patches the
+    // entry and sees it, reloc (no slot for a call inside libc) does not.
+    let mut m = 0;
+    // SAFETY: as above.
+    let log = recorded(|| m = unsafe { (h.malloc)(8 << 20) });
+    let covering = log.iter().any(|r| r.0 == bits::VM_MAPPED && r.1 <= m && m < r.1 + r.2);
+    // SAFETY: as above.
+    let freed = recorded(|| unsafe { (h.free)(m) });
+    let unmapped = freed
+        .iter()
+        .any(|r| r.0 == bits::VM_UNMAPPED && r.1 <= m && m < r.1 + r.2);
+    match mode {
+        HookMode::Bistro => assert!(covering && unmapped, "bistro sees glibc's internal mmap/munmap"),
+        _ => assert!(!covering && !unmapped, "reloc cannot see calls inside libc"),
+    }
+
+    drop(session);
+    assert!(memhook::status().is_empty());
+}
+
+#[test]
+fn every_function_in_bistro_mode() {
+    check_mode(HookMode::Bistro);
+}
+
+#[test]
+fn every_function_in_reloc_mode() {
+    check_mode(HookMode::Reloc);
+}
+
+/// A pre-handler that supplies the result for one marker length.
+const MARKER: usize = 0x7e57_0000;
+fn fake_mmap(e: &mut Event) {
+    if let Event::Mmap(m) = e
+        && m.size == 12345 * 4096
+    {
+        m.result = MARKER;
+    }
+}
+
+#[test]
+fn priorities_and_result_override() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(bits::MMAP, -5, &fake_mmap);
+    session.handler(bits::MMAP | bits::VM_MAPPED, 3, &record);
+    let mut p = 0;
+    // SAFETY: the helper wraps mmap; the original is skipped here.
+    let log = recorded(|| p = unsafe { (h.mmap)(12345 * 4096) });
+    assert_eq!(p, MARKER, "a pre-handler's valid result skips the original");
+    assert_eq!(
+        log,
+        [
+            (bits::MMAP, 0, 12345 * 4096, MARKER as isize),
+            (bits::VM_MAPPED, MARKER, 12345 * 4096, 0)
+        ]
+    );
+}
+
+static NESTED_TARGET: AtomicUsize = AtomicUsize::new(0);
+
+/// On the unmap of one range, unmaps another (as a registration cache's
+/// cleanup does): the nested munmap must be delivered too.
+fn cleanup(e: &mut Event) {
+    record(e);
+    if let Event::VmUnmapped(v) = e
+        && v.size == 7 * 4096
+    {
+        let other = NESTED_TARGET.swap(0, Ordering::SeqCst);
+        if other != 0 {
+            // SAFETY: `other` is a mapping this test made for this purpose.
+            unsafe { libc::munmap(other as *mut libc::c_void, 4096) };
+        }
+    }
+}
+
+#[test]
+fn a_handler_that_unmaps_gets_its_own_events() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(bits::VM_UNMAPPED | bits::MUNMAP, 0, &cleanup);
+    // SAFETY: the helper wraps mmap.
+    let (a, b) = unsafe { ((h.mmap)(7 * 4096), (h.mmap)(4096)) };
+    NESTED_TARGET.store(b, Ordering::SeqCst);
+    // SAFETY: unmapping what was mapped above.
+    let log = recorded(|| assert_eq!(unsafe { (h.munmap)(a, 7 * 4096) }, 0));
+    let kinds: Vec<(u32, usize)> = log.iter().map(|r| (r.0, r.1)).collect();
+    assert_eq!(
+        kinds,
+        [
+            (bits::VM_UNMAPPED, a),
+            (bits::VM_UNMAPPED, b),
+            (bits::MUNMAP, b),
+            (bits::MUNMAP, a)
+        ]
+    );
+}
+
+static MARK_MAPS: AtomicUsize = AtomicUsize::new(0);
+static MARK_UNMAPS: AtomicUsize = AtomicUsize::new(0);
+const MARK_SIZE: usize = 5 * 4096;
+
+fn count_marked(e: &mut Event) {
+    match *e {
+        Event::Mmap(m) if m.size == MARK_SIZE && m.result != usize::MAX => {
+            MARK_MAPS.fetch_add(1, Ordering::Relaxed);
+        }
+        Event::Munmap(m) if m.size == MARK_SIZE && m.result == 0 => {
+            MARK_UNMAPS.fetch_add(1, Ordering::Relaxed);
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn eight_threads_mapping_are_counted_exactly() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(bits::MMAP | bits::MUNMAP, 0, &count_marked);
+    let (m0, u0) = (MARK_MAPS.load(Ordering::SeqCst), MARK_UNMAPS.load(Ordering::SeqCst));
+    const EACH: usize = 2000;
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(|| {
+                let h = helper();
+                for _ in 0..EACH {
+                    // SAFETY: map and unmap a private region.
+                    unsafe {
+                        let p = (h.mmap)(MARK_SIZE);
+                        assert_ne!(p as isize, -1);
+                        assert_eq!((h.munmap)(p, MARK_SIZE), 0);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(MARK_MAPS.load(Ordering::SeqCst) - m0, 8 * EACH);
+    assert_eq!(MARK_UNMAPS.load(Ordering::SeqCst) - u0, 8 * EACH);
+}
+
+#[test]
+fn fork_while_another_thread_dispatches() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(bits::MMAP | bits::MUNMAP, 0, &count_marked);
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let busy = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let h = helper();
+            while !stop.load(Ordering::Relaxed) {
+                // SAFETY: map and unmap a private region.
+                unsafe {
+                    let p = (h.mmap)(MARK_SIZE);
+                    (h.munmap)(p, MARK_SIZE);
+                }
+            }
+        })
+    };
+    for _ in 0..20 {
+        // SAFETY: the child only calls async-signal-safe-enough code that
+        // memhook makes safe after fork (its reset), then _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let before = MARK_MAPS.load(Ordering::SeqCst);
+            let h = helper();
+            // SAFETY: as above.
+            let ok = unsafe {
+                let p = (h.mmap)(MARK_SIZE);
+                (h.munmap)(p, MARK_SIZE) == 0
+            };
+            // Registration must not wait for the parent's readers.
+            let registered = memhook::set_handler(bits::MUNMAP, 1, HandlerFn::Rust(&record)).is_ok();
+            let seen = MARK_MAPS.load(Ordering::SeqCst) == before + 1;
+            // SAFETY: leaving the child without running the parent's atexit.
+            unsafe { libc::_exit(if ok && registered && seen { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for the child just forked.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child status {status}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    busy.join().unwrap();
+}
+
+fn entry_bytes(name: &std::ffi::CStr) -> [u8; 16] {
+    // SAFETY: looking up and reading the first bytes of a libc function.
+    unsafe { *(libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as *const [u8; 16]) }
+}
+
+#[test]
+fn install_uninstall_cycles_restore_the_bytes() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let names = [
+        c"mmap", c"munmap", c"mremap", c"shmat", c"shmdt", c"brk", c"sbrk", c"madvise",
+    ];
+    let before: Vec<_> = names.iter().map(|n| entry_bytes(n)).collect();
+    for _ in 0..5 {
+        memhook::install(&config(HookMode::Bistro));
+        memhook::install(&config(HookMode::Bistro)); // idempotent
+        assert_eq!(memhook::status().len(), 8);
+        assert!(names.iter().zip(&before).any(|(n, b)| entry_bytes(n) != *b), "patched");
+        memhook::uninstall();
+        let after: Vec<_> = names.iter().map(|n| entry_bytes(n)).collect();
+        assert_eq!(after, before);
+    }
+}
+
+static OTHER_ORIGINAL: AtomicUsize = AtomicUsize::new(0);
+static OTHER_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Another hooker's mmap hook (patched before memhook installs).
+extern "C" fn other_mmap(a: usize, l: usize, p: i32, f: i32, fd: i32, o: i64) -> usize {
+    OTHER_CALLS.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: the trampoline has mmap's signature.
+    let orig: extern "C" fn(usize, usize, i32, i32, i32, i64) -> usize =
+        unsafe { std::mem::transmute(OTHER_ORIGINAL.load(Ordering::Acquire)) };
+    orig(a, l, p, f, fd, o)
+}
+
+#[test]
+fn coexists_with_a_hooker_that_patched_mmap_first() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    // SAFETY: other_mmap has mmap's signature and calls its original.
+    let other =
+        unsafe { memhook::bistro::Hook::patch_symbol(c"mmap", other_mmap as *const () as usize, &OTHER_ORIGINAL) }
+            .unwrap();
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(bits::MMAP, 0, &record);
+    let n = OTHER_CALLS.load(Ordering::SeqCst);
+    let mut p = 0;
+    // SAFETY: the helper wraps mmap.
+    let log = recorded(|| p = unsafe { (h.mmap)(K64) });
+    assert_eq!(OTHER_CALLS.load(Ordering::SeqCst), n + 1, "the first hooker still runs");
+    assert_eq!(
+        about(&log, p, K64),
+        [(bits::MMAP, 0, K64, p as isize)],
+        "memhook sees it once"
+    );
+    // SAFETY: unmapping what was mapped.
+    unsafe { (h.munmap)(p, K64) };
+    drop(session);
+    other.unpatch().map_err(|(_, e)| e).unwrap();
+}
