@@ -49,7 +49,9 @@
 
 use core::fmt;
 
-use crate::sync::{AtomicU64, AtomicUsize, Cell, Mutex, Ordering, fence, spin_wait};
+#[cfg(memhook_loom)]
+use crate::sync::fence;
+use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Cell, Mutex, Ordering, spin_wait};
 
 /// Event bits and flags: the stable C ABI values of SPEC.md.
 pub mod bits {
@@ -468,6 +470,9 @@ pub struct Dispatcher<H, const N: usize> {
     /// Next id; held while a registration rebuilds the spare table.
     writer: Mutex<u32>,
     overflows: AtomicU64,
+    /// Events that have a handler with priority < 0 (resp. >= 0).
+    pre_mask: AtomicU32,
+    post_mask: AtomicU32,
 }
 
 // SAFETY: the tables are only written by the writer-lock holder, and only the
@@ -506,6 +511,8 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             readers: [AtomicUsize::new(0), AtomicUsize::new(0)],
             writer: Mutex::new(0),
             overflows: AtomicU64::new(0),
+            pre_mask: AtomicU32::new(0),
+            post_mask: AtomicU32::new(0),
         }
     }
 
@@ -518,6 +525,8 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             readers: [AtomicUsize::new(0), AtomicUsize::new(0)],
             writer: Mutex::new(0),
             overflows: AtomicU64::new(0),
+            pre_mask: AtomicU32::new(0),
+            post_mask: AtomicU32::new(0),
         }
     }
 
@@ -544,12 +553,21 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     fn enter(&self) -> (usize, ReadGuard<'_>) {
         loop {
             let t = self.live.load(Ordering::Acquire);
+            // Production: a SeqCst RMW then a SeqCst load, ordered with the
+            // writer's SeqCst store and load in the single total order of
+            // SeqCst operations (and a locked RMW is a full barrier on
+            // x86). loom models SeqCst loads and stores as AcqRel, so the
+            // model checks the equivalent fence form.
+            #[cfg(not(memhook_loom))]
+            self.readers[t].fetch_add(1, Ordering::SeqCst);
+            #[cfg(memhook_loom)]
             self.readers[t].fetch_add(1, Ordering::Relaxed);
             let guard = ReadGuard {
                 readers: &self.readers[t],
             };
+            #[cfg(memhook_loom)]
             fence(Ordering::SeqCst);
-            if self.live.load(Ordering::Acquire) == t {
+            if self.live.load(Ordering::SeqCst) == t {
                 return (t, guard);
             }
             drop(guard);
@@ -559,8 +577,9 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// Waits until table `t` has no readers (the writer's side of the
     /// handshake in [`Self::enter`]).
     fn drain(&self, t: usize) {
+        #[cfg(memhook_loom)]
         fence(Ordering::SeqCst);
-        while self.readers[t].load(Ordering::Acquire) != 0 {
+        while self.readers[t].load(Ordering::SeqCst) != 0 {
             spin_wait();
         }
     }
@@ -620,15 +639,17 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         depth.0.set(d + 1);
         let _depth = DepthGuard(depth);
 
-        let mut handlers = {
+        let kind = event.kind();
+        let mut handlers = 0;
+        if self.pre_mask.load(Ordering::Acquire) & kind != 0 {
             let (t, _read) = self.enter();
-            self.run_handlers(t, event, true)
-        };
+            handlers += self.run_handlers(t, event, true);
+        }
         let called_original = event.result().is_none() || event.result_is_invalid();
         if called_original {
             original(event);
         }
-        {
+        if self.post_mask.load(Ordering::Acquire) & kind != 0 {
             let (t, _read) = self.enter();
             handlers += self.run_handlers(t, event, false);
         }
@@ -686,7 +707,22 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
                 change(sp, &mut next_id)
             })
         })?;
-        self.live.store(spare, Ordering::Release);
+        self.live.store(spare, Ordering::SeqCst);
+        // Which events have pre- and post-handlers now, so that dispatch
+        // skips a pass no handler needs.
+        let (pre, post) = self.tables[spare].with(|sp| {
+            // SAFETY: `spare` is now live and only read; we hold the
+            // writer lock, so nobody changes it.
+            unsafe { &*sp }.iter().fold((0, 0), |(pre, post), e| {
+                if e.priority < 0 {
+                    (pre | e.events, post)
+                } else {
+                    (pre, post | e.events)
+                }
+            })
+        });
+        self.pre_mask.store(pre, Ordering::Release);
+        self.post_mask.store(post, Ordering::Release);
         self.drain(live);
         Ok(result)
     }

@@ -1,0 +1,81 @@
+//! Host hook costs, each beside a baseline from the same run.
+//!
+//! `cargo bench -p memhook --bench host`
+//!
+//! - `mmap_munmap/unhooked` vs `mmap_munmap/hooked`: a 4 KiB anonymous
+//!   mmap + munmap pair, plain, then with every bistro hook installed and
+//!   one empty handler for all events (the added cost is the difference).
+//! - `install/bistro_all_eight`: installing the eight host hooks in bistro
+//!   mode (the uninstall between samples is not timed).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use memhook::config::{HookConfig, HookMode, ModeSet};
+use memhook::event::{Event, bits};
+use memhook::{Config, HandlerFn};
+
+fn config() -> Config {
+    Config {
+        hooks: HookConfig {
+            mmap: ModeSet::of(&[HookMode::Bistro]),
+            cuda: ModeSet::NONE,
+        },
+    }
+}
+
+fn pair() {
+    // SAFETY: an anonymous private mapping, unmapped right away.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        libc::munmap(black_box(p), 4096);
+    }
+}
+
+fn empty(_: &mut Event) {}
+
+fn mmap_munmap(c: &mut Criterion) {
+    let mut g = c.benchmark_group("mmap_munmap");
+    g.bench_function("unhooked", |b| b.iter(pair));
+    memhook::install(&config());
+    assert!(memhook::status().iter().all(|s| s.installed));
+    let id = memhook::set_handler(bits::ALL_EVENTS, 0, HandlerFn::Rust(&empty)).unwrap();
+    g.bench_function("hooked", |b| b.iter(pair));
+    memhook::unset_handler(id).unwrap();
+    memhook::uninstall();
+    g.finish();
+}
+
+fn install(c: &mut Criterion) {
+    let mut g = c.benchmark_group("install");
+    g.sample_size(30);
+    g.bench_function("bistro_all_eight", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let t = Instant::now();
+                memhook::install(&config());
+                total += t.elapsed();
+                memhook::uninstall();
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    targets = mmap_munmap, install
+}
+criterion_main!(benches);
