@@ -56,9 +56,389 @@
 #define MEMHOOK_MAX_PATCHES 1024
 
 /*
+ A bad configuration string or environment variable.
+ */
+#define MEMHOOK_ERR_CONFIG -8
+
+/*
+ A handler could not be registered (table full, or called from inside a
+ handler, or no event named).
+ */
+#define MEMHOOK_ERR_HANDLER -9
+
+/*
+ Memory types (`memhook_mem_info_t::mem_type`).
+ */
+#define MEMHOOK_MEM_TYPE_HOST 0
+
+/*
+ CUDA device memory.
+ */
+#define MEMHOOK_MEM_TYPE_CUDA 1
+
+/*
+ CUDA managed memory.
+ */
+#define MEMHOOK_MEM_TYPE_CUDA_MANAGED 2
+
+/*
+ Page-locked host memory (CUDA pinned).
+ */
+#define MEMHOOK_MEM_TYPE_CUDA_HOST 3
+
+/*
+ Not known: ask the driver (`memhook_memtype_classify`).
+ */
+#define MEMHOOK_MEM_TYPE_UNKNOWN 15
+
+/*
+ Event bits and flags (the stable values of SPEC.md).
+ */
+#define MEMHOOK_EVENT_MMAP (1 << 0)
+
+/*
+ munmap.
+ */
+#define MEMHOOK_EVENT_MUNMAP (1 << 1)
+
+/*
+ mremap.
+ */
+#define MEMHOOK_EVENT_MREMAP (1 << 2)
+
+/*
+ shmat.
+ */
+#define MEMHOOK_EVENT_SHMAT (1 << 3)
+
+/*
+ shmdt.
+ */
+#define MEMHOOK_EVENT_SHMDT (1 << 4)
+
+/*
+ sbrk.
+ */
+#define MEMHOOK_EVENT_SBRK (1 << 5)
+
+/*
+ madvise (discarding advices).
+ */
+#define MEMHOOK_EVENT_MADVISE (1 << 6)
+
+/*
+ brk.
+ */
+#define MEMHOOK_EVENT_BRK (1 << 7)
+
+/*
+ A range became mapped.
+ */
+#define MEMHOOK_EVENT_VM_MAPPED (1 << 16)
+
+/*
+ A range is about to be unmapped.
+ */
+#define MEMHOOK_EVENT_VM_UNMAPPED (1 << 17)
+
+/*
+ A typed allocation succeeded.
+ */
+#define MEMHOOK_EVENT_MEM_TYPE_ALLOC (1 << 20)
+
+/*
+ A typed allocation is about to be freed.
+ */
+#define MEMHOOK_EVENT_MEM_TYPE_FREE (1 << 21)
+
+/*
+ Flag: register without installing hooks.
+ */
+#define MEMHOOK_EVENT_FLAG_NO_INSTALL (1 << 24)
+
+/*
+ Flag: replay what exists already.
+ */
+#define MEMHOOK_EVENT_FLAG_EXISTING_ALLOC (1 << 25)
+
+/*
  A bistro patch made by [`memhook_patch`] (opaque to C).
  */
 typedef struct memhook_patch_t memhook_patch_t;
+
+/*
+ `mmap(addr, length, prot, flags, fd, offset)`.
+ */
+typedef struct memhook_mmap_event_t {
+  /*
+   The mapping, or `MAP_FAILED` while not done.
+   */
+  void *result;
+  /*
+   Requested address.
+   */
+  void *address;
+  /*
+   Length.
+   */
+  size_t size;
+  /*
+   `PROT_*`.
+   */
+  int prot;
+  /*
+   `MAP_*`.
+   */
+  int flags;
+  /*
+   File descriptor.
+   */
+  int fd;
+  /*
+   Offset.
+   */
+  int64_t offset;
+} memhook_mmap_event_t;
+
+/*
+ `munmap(addr, length)`.
+ */
+typedef struct memhook_munmap_event_t {
+  /*
+   0, or -1 while not done.
+   */
+  int result;
+  /*
+   Start.
+   */
+  void *address;
+  /*
+   Length.
+   */
+  size_t size;
+} memhook_munmap_event_t;
+
+/*
+ `mremap(old_address, old_size, new_size, flags, new_address)`.
+ */
+typedef struct memhook_mremap_event_t {
+  /*
+   New address, or `MAP_FAILED` while not done.
+   */
+  void *result;
+  /*
+   Old address.
+   */
+  void *address;
+  /*
+   Old size.
+   */
+  size_t old_size;
+  /*
+   New size.
+   */
+  size_t new_size;
+  /*
+   `MREMAP_*`.
+   */
+  int flags;
+  /*
+   Requested new address.
+   */
+  void *new_address;
+} memhook_mremap_event_t;
+
+/*
+ `shmat(shmid, shmaddr, shmflg)`.
+ */
+typedef struct memhook_shmat_event_t {
+  /*
+   Attached address, or `(void *)-1` while not done.
+   */
+  void *result;
+  /*
+   Segment.
+   */
+  int shmid;
+  /*
+   Requested address.
+   */
+  const void *shmaddr;
+  /*
+   `SHM_*`.
+   */
+  int shmflg;
+} memhook_shmat_event_t;
+
+/*
+ `shmdt(shmaddr)`.
+ */
+typedef struct memhook_shmdt_event_t {
+  /*
+   0, or -1 while not done.
+   */
+  int result;
+  /*
+   Attached address.
+   */
+  const void *shmaddr;
+} memhook_shmdt_event_t;
+
+/*
+ `sbrk(increment)`.
+ */
+typedef struct memhook_sbrk_event_t {
+  /*
+   Previous break, or `(void *)-1` while not done.
+   */
+  void *result;
+  /*
+   Increment.
+   */
+  ptrdiff_t increment;
+} memhook_sbrk_event_t;
+
+/*
+ `brk(addr)`.
+ */
+typedef struct memhook_brk_event_t {
+  /*
+   0, or -1 while not done.
+   */
+  int result;
+  /*
+   Requested break.
+   */
+  void *addr;
+} memhook_brk_event_t;
+
+/*
+ `madvise(addr, length, advice)`.
+ */
+typedef struct memhook_madvise_event_t {
+  /*
+   0, or -1 while not done.
+   */
+  int result;
+  /*
+   Start.
+   */
+  void *addr;
+  /*
+   Length.
+   */
+  size_t length;
+  /*
+   `MADV_*`.
+   */
+  int advice;
+} memhook_madvise_event_t;
+
+/*
+ `VM_MAPPED` / `VM_UNMAPPED`.
+ */
+typedef struct memhook_vm_event_t {
+  /*
+   Start.
+   */
+  void *address;
+  /*
+   Length.
+   */
+  size_t size;
+} memhook_vm_event_t;
+
+/*
+ `MEM_TYPE_ALLOC` / `MEM_TYPE_FREE`.
+ */
+typedef struct memhook_mem_type_event_t {
+  /*
+   Start.
+   */
+  void *address;
+  /*
+   Length (0 when unknown).
+   */
+  size_t size;
+  /*
+   `MEMHOOK_MEM_TYPE_*`.
+   */
+  uint32_t mem_type;
+} memhook_mem_type_event_t;
+
+/*
+ One event; the member is chosen by the event type.
+ */
+typedef union memhook_event_t {
+  /*
+   `MEMHOOK_EVENT_MMAP`.
+   */
+  struct memhook_mmap_event_t mmap;
+  /*
+   `MEMHOOK_EVENT_MUNMAP`.
+   */
+  struct memhook_munmap_event_t munmap;
+  /*
+   `MEMHOOK_EVENT_MREMAP`.
+   */
+  struct memhook_mremap_event_t mremap;
+  /*
+   `MEMHOOK_EVENT_SHMAT`.
+   */
+  struct memhook_shmat_event_t shmat;
+  /*
+   `MEMHOOK_EVENT_SHMDT`.
+   */
+  struct memhook_shmdt_event_t shmdt;
+  /*
+   `MEMHOOK_EVENT_SBRK`.
+   */
+  struct memhook_sbrk_event_t sbrk;
+  /*
+   `MEMHOOK_EVENT_BRK`.
+   */
+  struct memhook_brk_event_t brk;
+  /*
+   `MEMHOOK_EVENT_MADVISE`.
+   */
+  struct memhook_madvise_event_t madvise;
+  /*
+   `MEMHOOK_EVENT_VM_MAPPED` and `MEMHOOK_EVENT_VM_UNMAPPED`.
+   */
+  struct memhook_vm_event_t vm;
+  /*
+   `MEMHOOK_EVENT_MEM_TYPE_ALLOC` and `MEMHOOK_EVENT_MEM_TYPE_FREE`.
+   */
+  struct memhook_mem_type_event_t mem_type;
+} memhook_event_t;
+
+/*
+ An event handler: called with the event's type, the event, and the
+ `arg` given at registration.
+ */
+typedef void (*memhook_event_cb)(uint32_t event_type, union memhook_event_t *event, void *arg);
+
+/*
+ What `memhook_memtype_lookup` answers.
+ */
+typedef struct memhook_mem_info_t {
+  /*
+   `MEMHOOK_MEM_TYPE_*`.
+   */
+  uint32_t mem_type;
+  /*
+   Device ordinal, -1 for none.
+   */
+  int32_t device;
+  /*
+   Start of the allocation.
+   */
+  void *base;
+  /*
+   Its length.
+   */
+  size_t len;
+} memhook_mem_info_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -95,6 +475,69 @@ int memhook_patch(void *target, void *hook, void **original, struct memhook_patc
  invalid, but must not be a pointer the caller still relies on as live).
  */
 int memhook_unpatch(struct memhook_patch_t *handle);
+
+/*
+ Installs the hooks `config` names (`"cuda=bistro,reloc;mmap=bistro"`;
+ NULL: from `MEMHOOK_MMAP_HOOK_MODE` and `MEMHOOK_CUDA_HOOK_MODE`).
+ Installing the same configuration again does nothing.
+
+ # Safety
+
+ `config` is NULL or a NUL-terminated string.
+ */
+int memhook_install(const char *config);
+
+/*
+ Undoes every patch; handlers stay registered.
+ */
+int memhook_uninstall(void);
+
+/*
+ Registers `cb(event_type, event, arg)` for `events` at `priority` (< 0
+ before the original call, >= 0 after). Unless `events` has
+ `MEMHOOK_EVENT_FLAG_NO_INSTALL`, hooks are installed from the environment
+ first if none are.
+
+ # Safety
+
+ `cb` must be safe to call from any thread with any `arg` given here,
+ must not allocate and must not block on anything a hooked call can hold.
+ */
+int memhook_set_event_handler(uint32_t events, int priority, memhook_event_cb cb, void *arg);
+
+/*
+ Removes `events` from the registrations of `(cb, arg)`; a registration
+ left with no event goes. When it returns, a removed handler is not
+ running and will not run.
+
+ # Safety
+
+ None beyond passing what was registered.
+ */
+void memhook_unset_event_handler(uint32_t events, memhook_event_cb cb, void *arg);
+
+/*
+ Delivers an event the caller observed itself (e.g. an allocator's own
+ mappings, with `MEMHOOK_EVENT_FLAG_NO_INSTALL`) to every handler;
+ `MEM_TYPE` events also update the memory-type map.
+
+ # Safety
+
+ `event` points to an event whose member for `event_type` is set.
+ */
+int memhook_report_event(uint32_t event_type, union memhook_event_t *event);
+
+/*
+ What the memory-type map says about `[addr, addr + len)`, without calling
+ any driver: the recorded type, `MEMHOOK_MEM_TYPE_HOST` for an address in
+ no recorded range, `MEMHOOK_MEM_TYPE_UNKNOWN` when the range straddles
+ an edge or the map had to drop ranges there. Safe from any thread.
+
+ # Safety
+
+ `info` is valid for a write.
+ */
+int memhook_memtype_lookup(const void *addr, size_t len, struct memhook_mem_info_t *info);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -5,6 +5,8 @@
 //! until the thread's next memhook call). No panic crosses the ABI: a panic
 //! inside becomes `MEMHOOK_ERR_INTERNAL`. Nothing here allocates.
 #![allow(unsafe_code)]
+// The C ABI's names (SPEC.md's stable interfaces) are snake_case types.
+#![allow(non_camel_case_types)]
 
 use core::ffi::{c_char, c_int, c_void};
 use core::fmt::Write;
@@ -94,8 +96,230 @@ pub extern "C" fn memhook_last_error() -> *const c_char {
         .unwrap_or(EMPTY.as_ptr().cast())
 }
 
+/// A bad configuration string or environment variable.
+pub const MEMHOOK_ERR_CONFIG: c_int = -8;
+/// A handler could not be registered (table full, or called from inside a
+/// handler, or no event named).
+pub const MEMHOOK_ERR_HANDLER: c_int = -9;
+
+/// Memory types (`memhook_mem_info_t::mem_type`).
+pub const MEMHOOK_MEM_TYPE_HOST: u32 = 0;
+/// CUDA device memory.
+pub const MEMHOOK_MEM_TYPE_CUDA: u32 = 1;
+/// CUDA managed memory.
+pub const MEMHOOK_MEM_TYPE_CUDA_MANAGED: u32 = 2;
+/// Page-locked host memory (CUDA pinned).
+pub const MEMHOOK_MEM_TYPE_CUDA_HOST: u32 = 3;
+/// Not known: ask the driver (`memhook_memtype_classify`).
+pub const MEMHOOK_MEM_TYPE_UNKNOWN: u32 = 15;
+
+/// Event bits and flags (the stable values of SPEC.md).
+pub const MEMHOOK_EVENT_MMAP: u32 = 1 << 0;
+/// munmap.
+pub const MEMHOOK_EVENT_MUNMAP: u32 = 1 << 1;
+/// mremap.
+pub const MEMHOOK_EVENT_MREMAP: u32 = 1 << 2;
+/// shmat.
+pub const MEMHOOK_EVENT_SHMAT: u32 = 1 << 3;
+/// shmdt.
+pub const MEMHOOK_EVENT_SHMDT: u32 = 1 << 4;
+/// sbrk.
+pub const MEMHOOK_EVENT_SBRK: u32 = 1 << 5;
+/// madvise (discarding advices).
+pub const MEMHOOK_EVENT_MADVISE: u32 = 1 << 6;
+/// brk.
+pub const MEMHOOK_EVENT_BRK: u32 = 1 << 7;
+/// A range became mapped.
+pub const MEMHOOK_EVENT_VM_MAPPED: u32 = 1 << 16;
+/// A range is about to be unmapped.
+pub const MEMHOOK_EVENT_VM_UNMAPPED: u32 = 1 << 17;
+/// A typed allocation succeeded.
+pub const MEMHOOK_EVENT_MEM_TYPE_ALLOC: u32 = 1 << 20;
+/// A typed allocation is about to be freed.
+pub const MEMHOOK_EVENT_MEM_TYPE_FREE: u32 = 1 << 21;
+/// Flag: register without installing hooks.
+pub const MEMHOOK_EVENT_FLAG_NO_INSTALL: u32 = 1 << 24;
+/// Flag: replay what exists already.
+pub const MEMHOOK_EVENT_FLAG_EXISTING_ALLOC: u32 = 1 << 25;
+
+/// `mmap(addr, length, prot, flags, fd, offset)`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct memhook_mmap_event_t {
+    /// The mapping, or `MAP_FAILED` while not done.
+    pub result: *mut c_void,
+    /// Requested address.
+    pub address: *mut c_void,
+    /// Length.
+    pub size: usize,
+    /// `PROT_*`.
+    pub prot: c_int,
+    /// `MAP_*`.
+    pub flags: c_int,
+    /// File descriptor.
+    pub fd: c_int,
+    /// Offset.
+    pub offset: i64,
+}
+
+/// `munmap(addr, length)`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct memhook_munmap_event_t {
+    /// 0, or -1 while not done.
+    pub result: c_int,
+    /// Start.
+    pub address: *mut c_void,
+    /// Length.
+    pub size: usize,
+}
+
+/// `mremap(old_address, old_size, new_size, flags, new_address)`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct memhook_mremap_event_t {
+    /// New address, or `MAP_FAILED` while not done.
+    pub result: *mut c_void,
+    /// Old address.
+    pub address: *mut c_void,
+    /// Old size.
+    pub old_size: usize,
+    /// New size.
+    pub new_size: usize,
+    /// `MREMAP_*`.
+    pub flags: c_int,
+    /// Requested new address.
+    pub new_address: *mut c_void,
+}
+
+/// `shmat(shmid, shmaddr, shmflg)`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct memhook_shmat_event_t {
+    /// Attached address, or `(void *)-1` while not done.
+    pub result: *mut c_void,
+    /// Segment.
+    pub shmid: c_int,
+    /// Requested address.
+    pub shmaddr: *const c_void,
+    /// `SHM_*`.
+    pub shmflg: c_int,
+}
+
+/// `shmdt(shmaddr)`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct memhook_shmdt_event_t {
+    /// 0, or -1 while not done.
+    pub result: c_int,
+    /// Attached address.
+    pub shmaddr: *const c_void,
+}
+
+/// `sbrk(increment)`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct memhook_sbrk_event_t {
+    /// Previous break, or `(void *)-1` while not done.
+    pub result: *mut c_void,
+    /// Increment.
+    pub increment: isize,
+}
+
+/// `brk(addr)`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct memhook_brk_event_t {
+    /// 0, or -1 while not done.
+    pub result: c_int,
+    /// Requested break.
+    pub addr: *mut c_void,
+}
+
+/// `madvise(addr, length, advice)`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct memhook_madvise_event_t {
+    /// 0, or -1 while not done.
+    pub result: c_int,
+    /// Start.
+    pub addr: *mut c_void,
+    /// Length.
+    pub length: usize,
+    /// `MADV_*`.
+    pub advice: c_int,
+}
+
+/// `VM_MAPPED` / `VM_UNMAPPED`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct memhook_vm_event_t {
+    /// Start.
+    pub address: *mut c_void,
+    /// Length.
+    pub size: usize,
+}
+
+/// `MEM_TYPE_ALLOC` / `MEM_TYPE_FREE`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct memhook_mem_type_event_t {
+    /// Start.
+    pub address: *mut c_void,
+    /// Length (0 when unknown).
+    pub size: usize,
+    /// `MEMHOOK_MEM_TYPE_*`.
+    pub mem_type: u32,
+}
+
+/// One event; the member is chosen by the event type.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union memhook_event_t {
+    /// `MEMHOOK_EVENT_MMAP`.
+    pub mmap: memhook_mmap_event_t,
+    /// `MEMHOOK_EVENT_MUNMAP`.
+    pub munmap: memhook_munmap_event_t,
+    /// `MEMHOOK_EVENT_MREMAP`.
+    pub mremap: memhook_mremap_event_t,
+    /// `MEMHOOK_EVENT_SHMAT`.
+    pub shmat: memhook_shmat_event_t,
+    /// `MEMHOOK_EVENT_SHMDT`.
+    pub shmdt: memhook_shmdt_event_t,
+    /// `MEMHOOK_EVENT_SBRK`.
+    pub sbrk: memhook_sbrk_event_t,
+    /// `MEMHOOK_EVENT_BRK`.
+    pub brk: memhook_brk_event_t,
+    /// `MEMHOOK_EVENT_MADVISE`.
+    pub madvise: memhook_madvise_event_t,
+    /// `MEMHOOK_EVENT_VM_MAPPED` and `MEMHOOK_EVENT_VM_UNMAPPED`.
+    pub vm: memhook_vm_event_t,
+    /// `MEMHOOK_EVENT_MEM_TYPE_ALLOC` and `MEMHOOK_EVENT_MEM_TYPE_FREE`.
+    pub mem_type: memhook_mem_type_event_t,
+}
+
+/// What `memhook_memtype_lookup` answers.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct memhook_mem_info_t {
+    /// `MEMHOOK_MEM_TYPE_*`.
+    pub mem_type: u32,
+    /// Device ordinal, -1 for none.
+    pub device: i32,
+    /// Start of the allocation.
+    pub base: *mut c_void,
+    /// Its length.
+    pub len: usize,
+}
+
+/// An event handler: called with the event's type, the event, and the
+/// `arg` given at registration.
+pub type memhook_event_cb =
+    Option<unsafe extern "C" fn(event_type: u32, event: *mut memhook_event_t, arg: *mut c_void)>;
+
+mod events;
+
 /// A bistro patch made by [`memhook_patch`] (opaque to C).
-#[allow(non_camel_case_types)]
 pub struct memhook_patch_t {
     _opaque: [u8; 0],
 }
@@ -263,6 +487,35 @@ mod tests {
         } else {
             assert_eq!(rc, MEMHOOK_ERR_UNSUPPORTED);
         }
+    }
+
+    #[test]
+    fn c_values_are_the_cores() {
+        let pairs = [
+            (MEMHOOK_EVENT_MMAP, bits::MMAP),
+            (MEMHOOK_EVENT_MUNMAP, bits::MUNMAP),
+            (MEMHOOK_EVENT_MREMAP, bits::MREMAP),
+            (MEMHOOK_EVENT_SHMAT, bits::SHMAT),
+            (MEMHOOK_EVENT_SHMDT, bits::SHMDT),
+            (MEMHOOK_EVENT_SBRK, bits::SBRK),
+            (MEMHOOK_EVENT_MADVISE, bits::MADVISE),
+            (MEMHOOK_EVENT_BRK, bits::BRK),
+            (MEMHOOK_EVENT_VM_MAPPED, bits::VM_MAPPED),
+            (MEMHOOK_EVENT_VM_UNMAPPED, bits::VM_UNMAPPED),
+            (MEMHOOK_EVENT_MEM_TYPE_ALLOC, bits::MEM_TYPE_ALLOC),
+            (MEMHOOK_EVENT_MEM_TYPE_FREE, bits::MEM_TYPE_FREE),
+            (MEMHOOK_EVENT_FLAG_NO_INSTALL, bits::NO_INSTALL),
+            (MEMHOOK_EVENT_FLAG_EXISTING_ALLOC, bits::EXISTING_ALLOC),
+        ];
+        for (c, core) in pairs {
+            assert_eq!(c, core);
+        }
+        use memhook::memtype::MemType;
+        assert_eq!(MEMHOOK_MEM_TYPE_HOST, MemType::Host as u32);
+        assert_eq!(MEMHOOK_MEM_TYPE_CUDA, MemType::Cuda as u32);
+        assert_eq!(MEMHOOK_MEM_TYPE_CUDA_MANAGED, MemType::CudaManaged as u32);
+        assert_eq!(MEMHOOK_MEM_TYPE_CUDA_HOST, MemType::CudaHost as u32);
+        assert_eq!(MEMHOOK_MEM_TYPE_UNKNOWN, MemType::Unknown as u32);
     }
 
     #[test]

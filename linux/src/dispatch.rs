@@ -178,6 +178,7 @@ pub fn unset_handler_fn(events: u32, handler: &HandlerFn) -> Result<usize, Regis
 /// Delivers an event the embedder observed itself (for `NO_INSTALL` users,
 /// e.g. an allocator reporting its own mappings) to every handler.
 pub fn report_event(event: &mut Event) {
+    crate::memtype::record(event);
     notify(event);
 }
 

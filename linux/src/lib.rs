@@ -10,7 +10,7 @@
 //! - [`reloc`]: hook symbols through the GOT slots of every loaded object,
 //!   including objects loaded later.
 //! - [`maps`]: allocation-free `/proc/self/maps` reading.
-pub use memhook_core::{config, event, memtype, patch};
+pub use memhook_core::{config, event, patch};
 
 #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
 pub mod bistro;
@@ -20,6 +20,7 @@ pub mod dispatch;
 mod host;
 mod install;
 pub mod maps;
+pub mod memtype;
 #[cfg(target_arch = "x86_64")]
 pub mod reloc;
 #[cfg(all(feature = "bistro", target_arch = "x86_64"))]

@@ -1,0 +1,395 @@
+//! Conversion between the core's events and the C union, and the calls of
+//! SPEC.md's "Stable interfaces" that take them.
+
+use core::ffi::{CStr, c_char, c_int, c_void};
+
+use memhook::event::{
+    BrkEvent, Event, MadviseEvent, MemTypeEvent, MmapEvent, MremapEvent, MunmapEvent, SbrkEvent, ShmatEvent,
+    ShmdtEvent, VmEvent, bits,
+};
+use memhook::memtype::{Lookup, MemType};
+use memhook::{Config, HandlerFn};
+
+use super::*;
+
+fn p(v: usize) -> *mut c_void {
+    v as *mut c_void
+}
+
+/// The C form of `e`.
+pub(crate) fn to_c(e: &Event) -> memhook_event_t {
+    match *e {
+        Event::Mmap(m) => memhook_event_t {
+            mmap: memhook_mmap_event_t {
+                result: p(m.result),
+                address: p(m.address),
+                size: m.size,
+                prot: m.prot,
+                flags: m.flags,
+                fd: m.fd,
+                offset: m.offset,
+            },
+        },
+        Event::Munmap(m) => memhook_event_t {
+            munmap: memhook_munmap_event_t {
+                result: m.result,
+                address: p(m.address),
+                size: m.size,
+            },
+        },
+        Event::Mremap(m) => memhook_event_t {
+            mremap: memhook_mremap_event_t {
+                result: p(m.result),
+                address: p(m.address),
+                old_size: m.old_size,
+                new_size: m.new_size,
+                flags: m.flags,
+                new_address: p(m.new_address),
+            },
+        },
+        Event::Shmat(m) => memhook_event_t {
+            shmat: memhook_shmat_event_t {
+                result: p(m.result),
+                shmid: m.shmid,
+                shmaddr: m.shmaddr as *const c_void,
+                shmflg: m.shmflg,
+            },
+        },
+        Event::Shmdt(m) => memhook_event_t {
+            shmdt: memhook_shmdt_event_t {
+                result: m.result,
+                shmaddr: m.shmaddr as *const c_void,
+            },
+        },
+        Event::Sbrk(m) => memhook_event_t {
+            sbrk: memhook_sbrk_event_t {
+                result: p(m.result),
+                increment: m.increment,
+            },
+        },
+        Event::Brk(m) => memhook_event_t {
+            brk: memhook_brk_event_t {
+                result: m.result,
+                addr: p(m.addr),
+            },
+        },
+        Event::Madvise(m) => memhook_event_t {
+            madvise: memhook_madvise_event_t {
+                result: m.result,
+                addr: p(m.addr),
+                length: m.length,
+                advice: m.advice,
+            },
+        },
+        Event::VmMapped(v) | Event::VmUnmapped(v) => memhook_event_t {
+            vm: memhook_vm_event_t {
+                address: p(v.address),
+                size: v.size,
+            },
+        },
+        Event::MemTypeAlloc(m) | Event::MemTypeFree(m) => memhook_event_t {
+            mem_type: memhook_mem_type_event_t {
+                address: p(m.address),
+                size: m.size,
+                mem_type: m.mem_type,
+            },
+        },
+    }
+}
+
+/// The core form of a C event of type `kind` (a single event bit).
+///
+/// # Safety
+///
+/// `c`'s member for `kind` must be initialised.
+pub(crate) unsafe fn from_c(kind: u32, c: &memhook_event_t) -> Option<Event> {
+    // SAFETY: every arm reads the member `kind` names, which the caller
+    // initialised.
+    unsafe {
+        Some(match kind {
+            bits::MMAP => {
+                let m = c.mmap;
+                Event::Mmap(MmapEvent {
+                    result: m.result as usize,
+                    address: m.address as usize,
+                    size: m.size,
+                    prot: m.prot,
+                    flags: m.flags,
+                    fd: m.fd,
+                    offset: m.offset,
+                })
+            }
+            bits::MUNMAP => {
+                let m = c.munmap;
+                Event::Munmap(MunmapEvent {
+                    result: m.result,
+                    address: m.address as usize,
+                    size: m.size,
+                })
+            }
+            bits::MREMAP => {
+                let m = c.mremap;
+                Event::Mremap(MremapEvent {
+                    result: m.result as usize,
+                    address: m.address as usize,
+                    old_size: m.old_size,
+                    new_size: m.new_size,
+                    flags: m.flags,
+                    new_address: m.new_address as usize,
+                })
+            }
+            bits::SHMAT => {
+                let m = c.shmat;
+                Event::Shmat(ShmatEvent {
+                    result: m.result as usize,
+                    shmid: m.shmid,
+                    shmaddr: m.shmaddr as usize,
+                    shmflg: m.shmflg,
+                })
+            }
+            bits::SHMDT => {
+                let m = c.shmdt;
+                Event::Shmdt(ShmdtEvent {
+                    result: m.result,
+                    shmaddr: m.shmaddr as usize,
+                })
+            }
+            bits::SBRK => {
+                let m = c.sbrk;
+                Event::Sbrk(SbrkEvent {
+                    result: m.result as usize,
+                    increment: m.increment,
+                })
+            }
+            bits::BRK => {
+                let m = c.brk;
+                Event::Brk(BrkEvent {
+                    result: m.result,
+                    addr: m.addr as usize,
+                })
+            }
+            bits::MADVISE => {
+                let m = c.madvise;
+                Event::Madvise(MadviseEvent {
+                    result: m.result,
+                    addr: m.addr as usize,
+                    length: m.length,
+                    advice: m.advice,
+                })
+            }
+            bits::VM_MAPPED => Event::VmMapped(VmEvent {
+                address: c.vm.address as usize,
+                size: c.vm.size,
+            }),
+            bits::VM_UNMAPPED => Event::VmUnmapped(VmEvent {
+                address: c.vm.address as usize,
+                size: c.vm.size,
+            }),
+            bits::MEM_TYPE_ALLOC | bits::MEM_TYPE_FREE => {
+                let m = c.mem_type;
+                let e = MemTypeEvent {
+                    address: m.address as usize,
+                    size: m.size,
+                    mem_type: m.mem_type,
+                };
+                if kind == bits::MEM_TYPE_ALLOC {
+                    Event::MemTypeAlloc(e)
+                } else {
+                    Event::MemTypeFree(e)
+                }
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// Calls a C handler (`a` is the callback, `b` its argument) with the C
+/// form of the event, and takes back what it changed.
+///
+/// # Safety
+///
+/// `a` is a `memhook_event_cb` that was non-null at registration.
+unsafe fn call_c(a: usize, b: usize, event: &mut Event) {
+    // SAFETY: the caller's contract: `a` is the registered callback.
+    let cb: unsafe extern "C" fn(u32, *mut memhook_event_t, *mut c_void) = unsafe { core::mem::transmute(a) };
+    let kind = event.kind();
+    let mut c = to_c(event);
+    // SAFETY: the callback's contract (memhook.h): it gets the event and
+    // the argument it registered.
+    unsafe { cb(kind, &mut c, b as *mut c_void) };
+    // SAFETY: `c` was built for `kind` above.
+    if let Some(back) = unsafe { from_c(kind, &c) } {
+        *event = back;
+    }
+}
+
+fn handler(cb: memhook_event_cb, arg: *mut c_void) -> Option<HandlerFn> {
+    cb.map(|f| HandlerFn::Raw {
+        func: call_c,
+        a: f as usize,
+        b: arg as usize,
+    })
+}
+
+/// Installs the hooks `config` names (`"cuda=bistro,reloc;mmap=bistro"`;
+/// NULL: from `MEMHOOK_MMAP_HOOK_MODE` and `MEMHOOK_CUDA_HOOK_MODE`).
+/// Installing the same configuration again does nothing.
+///
+/// # Safety
+///
+/// `config` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memhook_install(config: *const c_char) -> c_int {
+    guard(|| {
+        let parsed = if config.is_null() {
+            Config::from_env()
+        } else {
+            // SAFETY: the caller passes a NUL-terminated string.
+            match unsafe { CStr::from_ptr(config) }.to_str() {
+                Ok(s) => Config::parse(s),
+                Err(_) => return fail(MEMHOOK_ERR_CONFIG, format_args!("memhook_install: config is not UTF-8")),
+            }
+        };
+        match parsed {
+            Ok(c) => {
+                memhook::install(&c);
+                MEMHOOK_OK
+            }
+            Err(e) => fail(MEMHOOK_ERR_CONFIG, format_args!("{e}")),
+        }
+    })
+}
+
+/// Undoes every patch; handlers stay registered.
+#[unsafe(no_mangle)]
+pub extern "C" fn memhook_uninstall() -> c_int {
+    guard(|| {
+        memhook::uninstall();
+        MEMHOOK_OK
+    })
+}
+
+/// Registers `cb(event_type, event, arg)` for `events` at `priority` (< 0
+/// before the original call, >= 0 after). Unless `events` has
+/// `MEMHOOK_EVENT_FLAG_NO_INSTALL`, hooks are installed from the environment
+/// first if none are.
+///
+/// # Safety
+///
+/// `cb` must be safe to call from any thread with any `arg` given here,
+/// must not allocate and must not block on anything a hooked call can hold.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memhook_set_event_handler(
+    events: u32,
+    priority: c_int,
+    cb: memhook_event_cb,
+    arg: *mut c_void,
+) -> c_int {
+    guard(|| {
+        let Some(h) = handler(cb, arg) else {
+            return fail(
+                MEMHOOK_ERR_INVALID,
+                format_args!("memhook_set_event_handler: callback is NULL"),
+            );
+        };
+        if events & bits::NO_INSTALL == 0 && memhook::installed().is_none() {
+            match Config::from_env() {
+                Ok(c) => memhook::install(&c),
+                Err(e) => return fail(MEMHOOK_ERR_CONFIG, format_args!("{e}")),
+            }
+        }
+        match memhook::set_handler(events, priority, h) {
+            Ok(_) => MEMHOOK_OK,
+            Err(e) => fail(MEMHOOK_ERR_HANDLER, format_args!("memhook_set_event_handler: {e}")),
+        }
+    })
+}
+
+/// Removes `events` from the registrations of `(cb, arg)`; a registration
+/// left with no event goes. When it returns, a removed handler is not
+/// running and will not run.
+///
+/// # Safety
+///
+/// None beyond passing what was registered.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memhook_unset_event_handler(events: u32, cb: memhook_event_cb, arg: *mut c_void) {
+    let _ = guard(|| {
+        if let Some(h) = handler(cb, arg) {
+            let _ = memhook::unset_handler_fn(events, &h);
+        }
+        MEMHOOK_OK
+    });
+}
+
+/// Delivers an event the caller observed itself (e.g. an allocator's own
+/// mappings, with `MEMHOOK_EVENT_FLAG_NO_INSTALL`) to every handler;
+/// `MEM_TYPE` events also update the memory-type map.
+///
+/// # Safety
+///
+/// `event` points to an event whose member for `event_type` is set.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memhook_report_event(event_type: u32, event: *mut memhook_event_t) -> c_int {
+    guard(|| {
+        if event.is_null() {
+            return fail(MEMHOOK_ERR_INVALID, format_args!("memhook_report_event: event is NULL"));
+        }
+        // SAFETY: the caller set the member for `event_type`.
+        let Some(mut e) = (unsafe { from_c(event_type, &*event) }) else {
+            return fail(
+                MEMHOOK_ERR_INVALID,
+                format_args!("memhook_report_event: {event_type:#x} is not one event type"),
+            );
+        };
+        memhook::report_event(&mut e);
+        // SAFETY: `event` is non-null and the caller's to write.
+        unsafe { *event = to_c(&e) };
+        MEMHOOK_OK
+    })
+}
+
+/// What the memory-type map says about `[addr, addr + len)`, without calling
+/// any driver: the recorded type, `MEMHOOK_MEM_TYPE_HOST` for an address in
+/// no recorded range, `MEMHOOK_MEM_TYPE_UNKNOWN` when the range straddles
+/// an edge or the map had to drop ranges there. Safe from any thread.
+///
+/// # Safety
+///
+/// `info` is valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memhook_memtype_lookup(
+    addr: *const c_void,
+    len: usize,
+    info: *mut memhook_mem_info_t,
+) -> c_int {
+    if info.is_null() {
+        return fail(
+            MEMHOOK_ERR_INVALID,
+            format_args!("memhook_memtype_lookup: info is NULL"),
+        );
+    }
+    let out = match memhook::memtype::lookup(addr as usize, len) {
+        Lookup::Found(i) => memhook_mem_info_t {
+            mem_type: i.mem_type as u32,
+            device: i.device,
+            base: p(i.base),
+            len: i.len,
+        },
+        Lookup::Absent => memhook_mem_info_t {
+            mem_type: MemType::Host as u32,
+            device: -1,
+            base: p(addr as usize),
+            len,
+        },
+        Lookup::Unknown => memhook_mem_info_t {
+            mem_type: MemType::Unknown as u32,
+            device: -1,
+            base: p(addr as usize),
+            len,
+        },
+    };
+    // SAFETY: non-null and the caller's to write.
+    unsafe { *info = out };
+    MEMHOOK_OK
+}

@@ -1,0 +1,72 @@
+/* memhook's C ABI for events and memory types, used as a C library would:
+ * install from a config string, count events with a handler, report an
+ * allocator's own typed allocation, look it up, and see a bad config
+ * refused with the token named. */
+#include <assert.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "memhook.h"
+
+#define MARK (9 * 4096)
+
+static int mapped, unmapped, vm_mapped, vm_unmapped;
+
+static void count(uint32_t type, memhook_event_t *e, void *arg) {
+    assert(arg == (void *)&mapped);
+    switch (type) {
+    case MEMHOOK_EVENT_MMAP:
+        if (e->mmap.size == MARK && e->mmap.result != MAP_FAILED) mapped++;
+        break;
+    case MEMHOOK_EVENT_MUNMAP:
+        if (e->munmap.size == MARK && e->munmap.result == 0) unmapped++;
+        break;
+    case MEMHOOK_EVENT_VM_MAPPED:
+        if (e->vm.size == MARK) vm_mapped++;
+        break;
+    case MEMHOOK_EVENT_VM_UNMAPPED:
+        if (e->vm.size == MARK) vm_unmapped++;
+        break;
+    }
+}
+
+int main(void) {
+    int rc = memhook_install("cuda=none;mmap=bistr");
+    assert(rc == MEMHOOK_ERR_CONFIG);
+    assert(strstr(memhook_last_error(), "`bistr`") != NULL);
+
+    assert(memhook_install("cuda=none;mmap=bistro") == MEMHOOK_OK);
+    uint32_t events = MEMHOOK_EVENT_MMAP | MEMHOOK_EVENT_MUNMAP | MEMHOOK_EVENT_VM_MAPPED | MEMHOOK_EVENT_VM_UNMAPPED;
+    assert(memhook_set_event_handler(events, 0, count, &mapped) == MEMHOOK_OK);
+    for (int i = 0; i < 10; i++) {
+        void *p = mmap(NULL, MARK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        assert(p != MAP_FAILED);
+        assert(munmap(p, MARK) == 0);
+    }
+    assert(mapped == 10 && unmapped == 10 && vm_mapped == 10 && vm_unmapped == 10);
+
+    /* An allocator reporting its own device allocation (NO_INSTALL users). */
+    memhook_event_t ev;
+    ev.mem_type.address = (void *)0x7f0000100000;
+    ev.mem_type.size = 1 << 20;
+    ev.mem_type.mem_type = MEMHOOK_MEM_TYPE_CUDA;
+    assert(memhook_report_event(MEMHOOK_EVENT_MEM_TYPE_ALLOC, &ev) == MEMHOOK_OK);
+    memhook_mem_info_t info;
+    assert(memhook_memtype_lookup((void *)0x7f0000100400, 64, &info) == MEMHOOK_OK);
+    assert(info.mem_type == MEMHOOK_MEM_TYPE_CUDA && info.base == (void *)0x7f0000100000 && info.len == (1 << 20));
+    assert(memhook_memtype_lookup((void *)0x7f00001ffff0, 64, &info) == MEMHOOK_OK);
+    assert(info.mem_type == MEMHOOK_MEM_TYPE_UNKNOWN); /* straddles the end */
+    assert(memhook_report_event(MEMHOOK_EVENT_MEM_TYPE_FREE, &ev) == MEMHOOK_OK);
+    assert(memhook_memtype_lookup((void *)0x7f0000100400, 64, &info) == MEMHOOK_OK);
+    assert(info.mem_type == MEMHOOK_MEM_TYPE_HOST);
+
+    memhook_unset_event_handler(events, count, &mapped);
+    void *p = mmap(NULL, MARK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    munmap(p, MARK);
+    assert(mapped == 10); /* no longer called */
+    assert(memhook_uninstall() == MEMHOOK_OK);
+    printf("C ABI events test passed\n");
+    return 0;
+}
