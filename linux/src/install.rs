@@ -112,6 +112,10 @@ fn note(status: &mut Status, function: &'static str, mode: HookMode, why: Option
 /// safe. A function a mode cannot hook is reported in [`status`] with the
 /// reason, and the others are installed.
 pub fn install(config: &Config) {
+    #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+    if warm_up::defer(config) {
+        return;
+    }
     let mut state = INSTALLED.lock();
     if state.config == Some(*config) {
         return;
@@ -202,4 +206,56 @@ pub fn status() -> Status {
 /// The config installed, if any.
 pub fn installed() -> Option<Config> {
     INSTALLED.lock().config
+}
+
+/// The x86_64 decoder (iced-x86) builds its tables on first use, with a few
+/// thousand allocations. memhook does that once, in an ELF constructor,
+/// before `main`, so that install and hook paths never allocate. An
+/// embedder whose allocator installs memhook from its first allocation may
+/// be called from inside that build: such an install is deferred to the end
+/// of it (re-entering the decoder there would wait for itself).
+#[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+mod warm_up {
+    use core::sync::atomic::{AtomicBool, Ordering};
+
+    use memhook_core::patch::Arch;
+
+    use super::Config;
+
+    static WARMING: AtomicBool = AtomicBool::new(false);
+    static DONE: AtomicBool = AtomicBool::new(false);
+    static PENDING: spin::Mutex<Option<Config>> = spin::Mutex::new(None);
+
+    /// Records `config` for after the warm-up if one is running now.
+    pub(super) fn defer(config: &Config) -> bool {
+        if !WARMING.load(Ordering::Acquire) {
+            return false;
+        }
+        *PENDING.lock() = Some(*config);
+        true
+    }
+
+    /// Builds the decoder's tables (idempotent), then runs a deferred install.
+    pub fn warm_up() {
+        if DONE.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        WARMING.store(true, Ordering::Release);
+        // One decode builds every table.
+        let _ = memhook_x86_64::X86_64::relocate(&[0x90; 16], 0x10000, 5, 0x20000);
+        WARMING.store(false, Ordering::Release);
+        let pending = PENDING.lock().take();
+        if let Some(config) = pending {
+            super::install(&config);
+        }
+    }
+
+    extern "C" fn at_load() {
+        warm_up();
+    }
+
+    /// Runs at load, before `main` (or when the library is dlopen'ed).
+    #[used]
+    #[unsafe(link_section = ".init_array")]
+    static AT_LOAD: extern "C" fn() = at_load;
 }

@@ -1,0 +1,153 @@
+//! Embedding memhook the way an allocator does: this test binary's global
+//! allocator serves every allocation with its own mmap/munmap and installs
+//! memhook (bistro) from inside its first allocation, which may be memhook's
+//! own load-time warm-up of the decoder tables: no recursion, no deadlock,
+//! the hooks end up installed and report the allocator's own mappings. A
+//! full reinstall made later from inside an allocation must not allocate.
+#![cfg(all(feature = "bistro", target_arch = "x86_64"))]
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use memhook::config::{HookConfig, HookMode, ModeSet};
+use memhook::event::{Event, bits};
+use memhook::{Config, HandlerFn};
+
+struct MmapAllocator;
+
+static STARTED: AtomicBool = AtomicBool::new(false);
+static READY: AtomicBool = AtomicBool::new(false);
+static INSIDE_INSTALL: AtomicBool = AtomicBool::new(false);
+/// Set by the test: the next allocation reinstalls memhook.
+static REINSTALL: AtomicBool = AtomicBool::new(false);
+/// Allocations made while memhook was installing (must stay 0).
+static ALLOCS_DURING_INSTALL: AtomicUsize = AtomicUsize::new(0);
+/// The largest mapping reported to the handler, and unmaps reported.
+static LARGEST_MAPPED: AtomicUsize = AtomicUsize::new(0);
+static UNMAPPED: AtomicUsize = AtomicUsize::new(0);
+/// Allocations while the handler ran (must stay 0).
+static ALLOCS_IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
+static IN_HANDLER: AtomicBool = AtomicBool::new(false);
+
+fn handler(e: &mut Event) {
+    IN_HANDLER.store(true, Ordering::SeqCst);
+    match *e {
+        Event::VmMapped(v) => {
+            LARGEST_MAPPED.fetch_max(v.size, Ordering::SeqCst);
+        }
+        Event::VmUnmapped(_) => {
+            UNMAPPED.fetch_add(1, Ordering::SeqCst);
+        }
+        _ => {}
+    }
+    IN_HANDLER.store(false, Ordering::SeqCst);
+}
+
+fn page_round(n: usize) -> usize {
+    n.max(1).next_multiple_of(4096)
+}
+
+// SAFETY: every block is its own private anonymous mapping, page aligned
+// (alignments above a page are refused with null).
+unsafe impl GlobalAlloc for MmapAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if INSIDE_INSTALL.load(Ordering::SeqCst) {
+            ALLOCS_DURING_INSTALL.fetch_add(1, Ordering::SeqCst);
+        }
+        if IN_HANDLER.load(Ordering::SeqCst) {
+            ALLOCS_IN_HANDLER.fetch_add(1, Ordering::SeqCst);
+        }
+        if !STARTED.swap(true, Ordering::SeqCst) {
+            // The first allocation of the process: install from here.
+            INSIDE_INSTALL.store(true, Ordering::SeqCst);
+            let config = Config {
+                hooks: HookConfig {
+                    mmap: ModeSet::of(&[HookMode::Bistro]),
+                    cuda: ModeSet::NONE,
+                },
+            };
+            memhook::install(&config);
+            memhook::set_handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, HandlerFn::Rust(&handler)).unwrap();
+            INSIDE_INSTALL.store(false, Ordering::SeqCst);
+            READY.store(true, Ordering::SeqCst);
+        }
+        if REINSTALL.swap(false, Ordering::SeqCst) {
+            INSIDE_INSTALL.store(true, Ordering::SeqCst);
+            let reloc = Config {
+                hooks: HookConfig {
+                    mmap: ModeSet::of(&[HookMode::Reloc]),
+                    cuda: ModeSet::NONE,
+                },
+            };
+            memhook::install(&reloc);
+            let bistro = Config {
+                hooks: HookConfig {
+                    mmap: ModeSet::of(&[HookMode::Bistro]),
+                    cuda: ModeSet::NONE,
+                },
+            };
+            memhook::install(&bistro);
+            INSIDE_INSTALL.store(false, Ordering::SeqCst);
+        }
+        if layout.align() > 4096 {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: an anonymous private mapping of the rounded size.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page_round(layout.size()),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            std::ptr::null_mut()
+        } else {
+            p.cast()
+        }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` is a block this allocator mapped with this size.
+        unsafe { libc::munmap(ptr.cast(), page_round(layout.size())) };
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: MmapAllocator = MmapAllocator;
+
+#[test]
+fn an_allocator_installs_memhook_from_its_first_allocation() {
+    assert!(READY.load(Ordering::SeqCst), "installed during the first allocation");
+    assert!(memhook::status().iter().all(|s| s.installed), "{:?}", memhook::status());
+
+    // A full reinstall (another mode, then back) from inside an allocation:
+    // counted allocations must stay zero.
+    REINSTALL.store(true, Ordering::SeqCst);
+    let v = vec![1u8; 10];
+    assert!(!REINSTALL.load(Ordering::SeqCst), "the reinstall ran");
+    assert_eq!(
+        ALLOCS_DURING_INSTALL.load(Ordering::SeqCst),
+        0,
+        "memhook allocated while reinstalling"
+    );
+    assert!(
+        memhook::status()
+            .iter()
+            .all(|s| s.installed && s.mode == HookMode::Bistro)
+    );
+    drop(v);
+
+    let before = UNMAPPED.load(Ordering::SeqCst);
+    let big = vec![7u8; 3 << 20];
+    assert!(
+        LARGEST_MAPPED.load(Ordering::SeqCst) >= 3 << 20,
+        "the allocator's own mmap was reported"
+    );
+    drop(big);
+    assert!(UNMAPPED.load(Ordering::SeqCst) > before, "and its munmap");
+    assert_eq!(ALLOCS_IN_HANDLER.load(Ordering::SeqCst), 0);
+}
