@@ -626,6 +626,23 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// post-handlers. No lock is taken and nothing allocates; the table is not
     /// held while `original` runs.
     pub fn dispatch(&self, depth: &DispatchDepth, event: &mut Event, original: impl FnOnce(&mut Event)) -> Dispatched {
+        self.dispatch_around(depth, None, event, original, |_| None)
+    }
+
+    /// [`Self::dispatch`] with companion events in the same table visits: a
+    /// host hook's `VM_UNMAPPED` (`before`, delivered to all its handlers
+    /// just before `event`'s pre-handlers) and `VM_MAPPED` (made by `after`
+    /// from the finished event, delivered to all its handlers just after
+    /// `event`'s post-handlers). One table visit before the original call
+    /// and one after, instead of one per pass and event.
+    pub fn dispatch_around(
+        &self,
+        depth: &DispatchDepth,
+        mut before: Option<Event>,
+        event: &mut Event,
+        original: impl FnOnce(&mut Event),
+        after: impl FnOnce(&Event) -> Option<Event>,
+    ) -> Dispatched {
         let d = depth.0.get();
         if d >= MAX_NESTING {
             self.overflows.fetch_add(1, Ordering::Relaxed);
@@ -640,18 +657,31 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         let _depth = DepthGuard(depth);
 
         let kind = event.kind();
+        let (pre_mask, post_mask) = (
+            self.pre_mask.load(Ordering::Acquire),
+            self.post_mask.load(Ordering::Acquire),
+        );
+        let any = pre_mask | post_mask;
         let mut handlers = 0;
-        if self.pre_mask.load(Ordering::Acquire) & kind != 0 {
+        let before_wanted = before.as_ref().is_some_and(|b| any & b.kind() != 0);
+        if before_wanted || pre_mask & kind != 0 {
             let (t, _read) = self.enter();
+            if let Some(b) = before.as_mut().filter(|_| before_wanted) {
+                handlers += self.run_handlers(t, b, true) + self.run_handlers(t, b, false);
+            }
             handlers += self.run_handlers(t, event, true);
         }
         let called_original = event.result().is_none() || event.result_is_invalid();
         if called_original {
             original(event);
         }
-        if self.post_mask.load(Ordering::Acquire) & kind != 0 {
+        let mut follow = after(event).filter(|f| any & f.kind() != 0);
+        if follow.is_some() || post_mask & kind != 0 {
             let (t, _read) = self.enter();
             handlers += self.run_handlers(t, event, false);
+            if let Some(f) = follow.as_mut() {
+                handlers += self.run_handlers(t, f, true) + self.run_handlers(t, f, false);
+            }
         }
         Dispatched {
             handlers,

@@ -331,3 +331,44 @@ fn concurrent_dispatch_never_sees_an_unregistered_handler() {
     assert!(dispatched > 0);
     assert!(D.is_empty());
 }
+
+#[test]
+fn companion_events_come_before_pre_and_after_post_handlers() {
+    let d: Dispatcher<FnHandler, 8> = Dispatcher::new();
+    let depth = DispatchDepth::new();
+    d.register(&depth, bits::VM_UNMAPPED | bits::VM_MAPPED, 0, handler(1))
+        .unwrap();
+    d.register(&depth, bits::MUNMAP, -1, handler(2)).unwrap();
+    d.register(&depth, bits::MUNMAP, 1, handler(3)).unwrap();
+    d.register(&depth, bits::VM_UNMAPPED, -7, handler(4)).unwrap();
+    take_log();
+    let mut ev = munmap();
+    let before = Some(Event::VmUnmapped(VmEvent {
+        address: 0x1000,
+        size: 4096,
+    }));
+    let out = d.dispatch_around(&depth, before, &mut ev, original_ok, |e| {
+        // Made from the finished event: the original has run.
+        assert_eq!(e.result(), Some(0));
+        Some(Event::VmMapped(VmEvent {
+            address: 0x1000,
+            size: 4096,
+        }))
+    });
+    let order: Vec<usize> = take_log().iter().map(|(c, _)| *c).collect();
+    // VM_UNMAPPED's handlers (by priority), MUNMAP's pre, [original],
+    // MUNMAP's post, then VM_MAPPED's.
+    assert_eq!(order, [4, 1, 2, 3, 1]);
+    assert_eq!(out.handlers, 5);
+    // A companion nobody wants is not delivered, and costs no table visit.
+    let quiet: Dispatcher<FnHandler, 8> = Dispatcher::new();
+    let mut ev = munmap();
+    let out = quiet.dispatch_around(
+        &depth,
+        Some(Event::VmUnmapped(VmEvent { address: 1, size: 1 })),
+        &mut ev,
+        original_ok,
+        |_| None,
+    );
+    assert_eq!((out.handlers, out.called_original), (0, true));
+}

@@ -74,15 +74,27 @@ pub(crate) fn wants(events: u32) -> bool {
 }
 
 /// Dispatches `event` around `original` (called exactly once, unless a
-/// pre-handler supplied a valid result).
-pub(crate) fn dispatch(event: &mut Event, original: impl FnOnce(&mut Event)) {
+/// pre-handler supplied a valid result), with companion VM events
+/// delivered in the same table visits (see `Dispatcher::dispatch_around`).
+pub(crate) fn dispatch_around(
+    before: Option<Event>,
+    event: &mut Event,
+    original: impl FnOnce(&mut Event),
+    after: impl FnOnce(&Event) -> Option<Event>,
+) {
     let mut original = Some(original);
     let done = DEPTH.try_with(|depth| {
-        DISPATCHER.dispatch(depth, event, |e| {
-            if let Some(f) = original.take() {
-                f(e)
-            }
-        });
+        DISPATCHER.dispatch_around(
+            depth,
+            before,
+            event,
+            |e| {
+                if let Some(f) = original.take() {
+                    f(e)
+                }
+            },
+            after,
+        );
     });
     if done.is_err()
         && let Some(f) = original.take()

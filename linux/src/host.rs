@@ -18,7 +18,7 @@ use memhook_core::event::{
     VmEvent, bits,
 };
 
-use crate::dispatch::{dispatch, notify, wants};
+use crate::dispatch::{dispatch_around, wants};
 
 /// The functions hooked, in install order, with their hooks.
 pub(crate) fn functions() -> [(&'static core::ffi::CStr, usize, &'static AtomicUsize); 8] {
@@ -81,16 +81,19 @@ impl Errno {
     }
 }
 
-fn vm_mapped(address: usize, size: usize) {
-    if size != 0 && wants(bits::VM_MAPPED) {
-        notify(&mut Event::VmMapped(VmEvent { address, size }));
-    }
+/// `VM_MAPPED` for a range, if it is not empty.
+fn mapped(address: usize, size: usize) -> Option<Event> {
+    (size != 0).then_some(Event::VmMapped(VmEvent { address, size }))
 }
 
-fn vm_unmapped(address: usize, size: usize) {
-    if size != 0 && wants(bits::VM_UNMAPPED) {
-        notify(&mut Event::VmUnmapped(VmEvent { address, size }));
-    }
+/// `VM_UNMAPPED` for a range, if it is not empty.
+fn unmapped(address: usize, size: usize) -> Option<Event> {
+    (size != 0).then_some(Event::VmUnmapped(VmEvent { address, size }))
+}
+
+/// The pointer result of a finished event, if the call succeeded.
+fn succeeded(e: &Event) -> Option<usize> {
+    e.result().map(|r| r as usize).filter(|&r| r != INVALID_PTR)
 }
 
 /// The `mmap` hook.
@@ -117,18 +120,20 @@ pub(crate) unsafe extern "C" fn mmap_hook(
         offset: off,
     });
     let mut errno = None;
-    dispatch(&mut ev, |e| {
-        if let Event::Mmap(m) = e {
-            // SAFETY: as above (a pre-handler cannot change the arguments
-            // the original gets: they are copies).
-            m.result = unsafe { orig(addr, len, prot, flags, fd, off) } as usize;
-            errno = Some(Errno::save());
-        }
-    });
+    dispatch_around(
+        None,
+        &mut ev,
+        |e| {
+            if let Event::Mmap(m) = e {
+                // SAFETY: as above (a pre-handler cannot change the
+                // arguments the original gets: they are copies).
+                m.result = unsafe { orig(addr, len, prot, flags, fd, off) } as usize;
+                errno = Some(Errno::save());
+            }
+        },
+        |e| succeeded(e).and_then(|r| mapped(r, len)),
+    );
     let result = ev.result().unwrap_or(-1) as usize;
-    if result != INVALID_PTR {
-        vm_mapped(result, len);
-    }
     if let Some(e) = errno {
         e.restore();
     }
@@ -142,20 +147,24 @@ pub(crate) unsafe extern "C" fn munmap_hook(addr: *mut c_void, len: usize) -> c_
         // SAFETY: forwarded.
         return unsafe { orig(addr, len) };
     }
-    vm_unmapped(addr as usize, len);
     let mut ev = Event::Munmap(MunmapEvent {
         result: -1,
         address: addr as usize,
         size: len,
     });
     let mut errno = None;
-    dispatch(&mut ev, |e| {
-        if let Event::Munmap(m) = e {
-            // SAFETY: forwarded.
-            m.result = unsafe { orig(addr, len) };
-            errno = Some(Errno::save());
-        }
-    });
+    dispatch_around(
+        unmapped(addr as usize, len),
+        &mut ev,
+        |e| {
+            if let Event::Munmap(m) = e {
+                // SAFETY: forwarded.
+                m.result = unsafe { orig(addr, len) };
+                errno = Some(Errno::save());
+            }
+        },
+        |_| None,
+    );
     if let Some(e) = errno {
         e.restore();
     }
@@ -176,7 +185,6 @@ pub(crate) unsafe extern "C" fn mremap_hook(
         // SAFETY: forwarded; the variadic call sets the vector count to 0.
         return unsafe { orig(old, old_size, new_size, flags, new_address) };
     }
-    vm_unmapped(old as usize, old_size);
     let mut ev = Event::Mremap(MremapEvent {
         result: INVALID_PTR,
         address: old as usize,
@@ -186,17 +194,19 @@ pub(crate) unsafe extern "C" fn mremap_hook(
         new_address: new_address as usize,
     });
     let mut errno = None;
-    dispatch(&mut ev, |e| {
-        if let Event::Mremap(m) = e {
-            // SAFETY: forwarded.
-            m.result = unsafe { orig(old, old_size, new_size, flags, new_address) } as usize;
-            errno = Some(Errno::save());
-        }
-    });
+    dispatch_around(
+        unmapped(old as usize, old_size),
+        &mut ev,
+        |e| {
+            if let Event::Mremap(m) = e {
+                // SAFETY: forwarded.
+                m.result = unsafe { orig(old, old_size, new_size, flags, new_address) } as usize;
+                errno = Some(Errno::save());
+            }
+        },
+        |e| succeeded(e).and_then(|r| mapped(r, new_size)),
+    );
     let result = ev.result().unwrap_or(-1) as usize;
-    if result != INVALID_PTR {
-        vm_mapped(result, new_size);
-    }
     if let Some(e) = errno {
         e.restore();
     }
@@ -228,17 +238,23 @@ pub(crate) unsafe extern "C" fn shmat_hook(shmid: c_int, shmaddr: *const c_void,
         shmflg,
     });
     let mut errno = None;
-    dispatch(&mut ev, |e| {
-        if let Event::Shmat(m) = e {
-            // SAFETY: forwarded.
-            m.result = unsafe { orig(shmid, shmaddr, shmflg) } as usize;
-            errno = Some(Errno::save());
-        }
-    });
+    dispatch_around(
+        None,
+        &mut ev,
+        |e| {
+            if let Event::Shmat(m) = e {
+                // SAFETY: forwarded.
+                m.result = unsafe { orig(shmid, shmaddr, shmflg) } as usize;
+                errno = Some(Errno::save());
+            }
+        },
+        |e| {
+            succeeded(e)
+                .filter(|_| wants(bits::VM_MAPPED))
+                .and_then(|r| mapped(r, shm_size(shmid)))
+        },
+    );
     let result = ev.result().unwrap_or(-1) as usize;
-    if result != INVALID_PTR {
-        vm_mapped(result, shm_size(shmid));
-    }
     if let Some(e) = errno {
         e.restore();
     }
@@ -252,24 +268,32 @@ pub(crate) unsafe extern "C" fn shmdt_hook(shmaddr: *const c_void) -> c_int {
         // SAFETY: forwarded.
         return unsafe { orig(shmaddr) };
     }
-    if wants(bits::VM_UNMAPPED) {
-        let size = crate::maps::find(shmaddr as usize)
-            .filter(|m| m.start == shmaddr as usize)
+    let before = if wants(bits::VM_UNMAPPED) {
+        let at = shmaddr as usize;
+        let size = crate::maps::find(at)
+            .filter(|m| m.start == at)
             .map_or(0, |m| m.end - m.start);
-        vm_unmapped(shmaddr as usize, size);
-    }
+        unmapped(at, size)
+    } else {
+        None
+    };
     let mut ev = Event::Shmdt(ShmdtEvent {
         result: -1,
         shmaddr: shmaddr as usize,
     });
     let mut errno = None;
-    dispatch(&mut ev, |e| {
-        if let Event::Shmdt(m) = e {
-            // SAFETY: forwarded.
-            m.result = unsafe { orig(shmaddr) };
-            errno = Some(Errno::save());
-        }
-    });
+    dispatch_around(
+        before,
+        &mut ev,
+        |e| {
+            if let Event::Shmdt(m) = e {
+                // SAFETY: forwarded.
+                m.result = unsafe { orig(shmaddr) };
+                errno = Some(Errno::save());
+            }
+        },
+        |_| None,
+    );
     if let Some(e) = errno {
         e.restore();
     }
@@ -301,28 +325,36 @@ pub(crate) unsafe extern "C" fn sbrk_hook(increment: libc::intptr_t) -> *mut c_v
         // SAFETY: forwarded.
         return unsafe { orig(increment) };
     }
-    if increment < 0 {
-        let top = current_break();
-        vm_unmapped(top.wrapping_sub(increment.unsigned_abs()), increment.unsigned_abs());
-    }
+    let before = if increment < 0 && wants(bits::VM_UNMAPPED) {
+        let shrink = increment.unsigned_abs();
+        unmapped(current_break().wrapping_sub(shrink), shrink)
+    } else {
+        None
+    };
     let mut ev = Event::Sbrk(SbrkEvent {
         result: INVALID_PTR,
         increment,
     });
     let mut errno = None;
-    dispatch(&mut ev, |e| {
-        if let Event::Sbrk(m) = e {
-            let _ = IN_SBRK.try_with(|f| f.set(true));
-            // SAFETY: forwarded.
-            m.result = unsafe { orig(increment) } as usize;
-            errno = Some(Errno::save());
-            let _ = IN_SBRK.try_with(|f| f.set(false));
-        }
-    });
+    dispatch_around(
+        before,
+        &mut ev,
+        |e| {
+            if let Event::Sbrk(m) = e {
+                let _ = IN_SBRK.try_with(|f| f.set(true));
+                // SAFETY: forwarded.
+                m.result = unsafe { orig(increment) } as usize;
+                errno = Some(Errno::save());
+                let _ = IN_SBRK.try_with(|f| f.set(false));
+            }
+        },
+        |e| {
+            succeeded(e)
+                .filter(|_| increment > 0)
+                .and_then(|r| mapped(r, increment as usize))
+        },
+    );
     let result = ev.result().unwrap_or(-1) as usize;
-    if increment > 0 && result != INVALID_PTR {
-        vm_mapped(result, increment as usize);
-    }
     if let Some(e) = errno {
         e.restore();
     }
@@ -336,24 +368,30 @@ pub(crate) unsafe extern "C" fn brk_hook(addr: *mut c_void) -> c_int {
         // SAFETY: forwarded.
         return unsafe { orig(addr) };
     }
-    let before = current_break();
+    let top = current_break();
     let new = addr as usize;
-    if new < before {
-        vm_unmapped(new, before - new);
-    }
+    let before = if new < top { unmapped(new, top - new) } else { None };
     let mut ev = Event::Brk(BrkEvent { result: -1, addr: new });
     let mut errno = None;
-    dispatch(&mut ev, |e| {
-        if let Event::Brk(m) = e {
-            // SAFETY: forwarded.
-            m.result = unsafe { orig(addr) };
-            errno = Some(Errno::save());
-        }
-    });
+    dispatch_around(
+        before,
+        &mut ev,
+        |e| {
+            if let Event::Brk(m) = e {
+                // SAFETY: forwarded.
+                m.result = unsafe { orig(addr) };
+                errno = Some(Errno::save());
+            }
+        },
+        |e| {
+            if e.result() == Some(0) && new > top {
+                mapped(top, new - top)
+            } else {
+                None
+            }
+        },
+    );
     let result = ev.result().unwrap_or(-1) as c_int;
-    if result == 0 && new > before {
-        vm_mapped(before, new - before);
-    }
     if let Some(e) = errno {
         e.restore();
     }
@@ -372,7 +410,6 @@ pub(crate) unsafe extern "C" fn madvise_hook(addr: *mut c_void, len: usize, advi
         // SAFETY: forwarded.
         return unsafe { orig(addr, len, advice) };
     }
-    vm_unmapped(addr as usize, len);
     let mut ev = Event::Madvise(MadviseEvent {
         result: -1,
         addr: addr as usize,
@@ -380,13 +417,18 @@ pub(crate) unsafe extern "C" fn madvise_hook(addr: *mut c_void, len: usize, advi
         advice,
     });
     let mut errno = None;
-    dispatch(&mut ev, |e| {
-        if let Event::Madvise(m) = e {
-            // SAFETY: forwarded.
-            m.result = unsafe { orig(addr, len, advice) };
-            errno = Some(Errno::save());
-        }
-    });
+    dispatch_around(
+        unmapped(addr as usize, len),
+        &mut ev,
+        |e| {
+            if let Event::Madvise(m) = e {
+                // SAFETY: forwarded.
+                m.result = unsafe { orig(addr, len, advice) };
+                errno = Some(Errno::save());
+            }
+        },
+        |_| None,
+    );
     if let Some(e) = errno {
         e.restore();
     }
