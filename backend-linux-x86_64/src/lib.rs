@@ -251,8 +251,13 @@ impl X86_64 {
             }
         }
 
-        // Nothing may branch into the bytes the patch replaces: not the moved
-        // instructions, nor (as far as we can see) the code after them.
+        // Nothing may branch into the bytes the patch replaces. The moved
+        // instructions may not branch to any of them (a loop in the
+        // prologue, even back to the entry, would run the patch). The code
+        // after them, as far as we can see, may not branch into their middle;
+        // a call or jump to the entry itself, from another function or a
+        // later part of this one, is a call of the function like any other
+        // and goes through the patch.
         let patched = start..start + taken;
         for &(address, target) in &targets {
             if patched.contains(&target) {
@@ -265,6 +270,7 @@ impl X86_64 {
                 break;
             }
             if let Some(target) = direct_target(&instr)
+                && target != start
                 && patched.contains(&target)
             {
                 return Err(RelocError::BranchIntoPatch {

@@ -155,6 +155,25 @@ fn loop_back_into_the_patched_bytes_is_refused() {
 }
 
 #[test]
+fn a_later_call_of_the_entry_is_a_call_like_any_other() {
+    // mov eax, 1; ret; then another function that calls this one's entry
+    // (as glibc's compat aliases do): accepted, the call goes through the
+    // patch.
+    let code = [0xb8, 1, 0, 0, 0, 0xc3, 0xe8, 0xf5, 0xff, 0xff, 0xff, 0xc3];
+    let r = relocate_checked(&code, E, 5, E + 0x10_0000).unwrap();
+    assert_eq!(r.taken, 5);
+    // The same place jumped to one byte further in is the middle: refused.
+    let code = [0xb8, 1, 0, 0, 0, 0xc3, 0xe9, 0xf6, 0xff, 0xff, 0xff, 0xc3];
+    assert_eq!(
+        refuse(&code, 5),
+        RelocError::BranchIntoPatch {
+            address: E + 6,
+            target: E + 1
+        }
+    );
+}
+
+#[test]
 fn undecodable_and_unsupported_bytes_are_refused_with_the_reason() {
     assert_eq!(
         refuse(&[0x06, 0x90, 0x90, 0x90, 0x90, 0x90], 5),
