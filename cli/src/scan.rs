@@ -190,6 +190,21 @@ mod tests {
         assert!(s.json().starts_with("{\"library\": \""));
     }
 
+    /// SPEC.md's coverage bars for the 5-byte form on Debian 12's
+    /// libraries (the machines this project is built and tested on).
+    #[test]
+    fn coverage_meets_the_bars_on_debian_12() {
+        for (lib, bar) in [
+            ("/lib/x86_64-linux-gnu/libc.so.6", 98.5),
+            ("/usr/lib/x86_64-linux-gnu/libstdc++.so.6", 96.5),
+            ("/lib/x86_64-linux-gnu/libm.so.6", 99.5),
+        ] {
+            let s = scan(lib).unwrap_or_else(|e| panic!("{e}"));
+            let pct = 100.0 * s.near as f64 / s.total as f64;
+            assert!(pct >= bar, "{lib}: {pct:.1}% < {bar}%\n{}", s.table());
+        }
+    }
+
     #[test]
     fn bad_input_is_a_message() {
         assert!(scan("/nonexistent/lib.so").unwrap_err().contains("/nonexistent/lib.so"));
