@@ -81,6 +81,30 @@ impl Errno {
     }
 }
 
+/// Dispatches a hooked call: `original` makes the call and sets the
+/// event's result; the errno it left is what the caller sees, whatever the
+/// handlers after it did.
+fn call_original(
+    before: Option<Event>,
+    event: &mut Event,
+    original: impl FnOnce(&mut Event),
+    after: impl FnOnce(&Event) -> Option<Event>,
+) {
+    let mut errno = None;
+    dispatch_around(
+        before,
+        event,
+        |e| {
+            original(e);
+            errno = Some(Errno::save());
+        },
+        after,
+    );
+    if let Some(e) = errno {
+        e.restore();
+    }
+}
+
 /// `VM_MAPPED` for a range, if it is not empty.
 fn mapped(address: usize, size: usize) -> Option<Event> {
     (size != 0).then_some(Event::VmMapped(VmEvent { address, size }))
@@ -119,8 +143,7 @@ pub(crate) unsafe extern "C" fn mmap_hook(
         fd,
         offset: off,
     });
-    let mut errno = None;
-    dispatch_around(
+    call_original(
         None,
         &mut ev,
         |e| {
@@ -128,15 +151,11 @@ pub(crate) unsafe extern "C" fn mmap_hook(
                 // SAFETY: as above (a pre-handler cannot change the
                 // arguments the original gets: they are copies).
                 m.result = unsafe { orig(addr, len, prot, flags, fd, off) } as usize;
-                errno = Some(Errno::save());
             }
         },
         |e| succeeded(e).and_then(|r| mapped(r, len)),
     );
     let result = ev.result().unwrap_or(-1) as usize;
-    if let Some(e) = errno {
-        e.restore();
-    }
     result as *mut c_void
 }
 
@@ -152,22 +171,17 @@ pub(crate) unsafe extern "C" fn munmap_hook(addr: *mut c_void, len: usize) -> c_
         address: addr as usize,
         size: len,
     });
-    let mut errno = None;
-    dispatch_around(
+    call_original(
         unmapped(addr as usize, len),
         &mut ev,
         |e| {
             if let Event::Munmap(m) = e {
                 // SAFETY: forwarded.
                 m.result = unsafe { orig(addr, len) };
-                errno = Some(Errno::save());
             }
         },
         |_| None,
     );
-    if let Some(e) = errno {
-        e.restore();
-    }
     ev.result().unwrap_or(-1) as c_int
 }
 
@@ -193,23 +207,18 @@ pub(crate) unsafe extern "C" fn mremap_hook(
         flags,
         new_address: new_address as usize,
     });
-    let mut errno = None;
-    dispatch_around(
+    call_original(
         unmapped(old as usize, old_size),
         &mut ev,
         |e| {
             if let Event::Mremap(m) = e {
                 // SAFETY: forwarded.
                 m.result = unsafe { orig(old, old_size, new_size, flags, new_address) } as usize;
-                errno = Some(Errno::save());
             }
         },
         |e| succeeded(e).and_then(|r| mapped(r, new_size)),
     );
     let result = ev.result().unwrap_or(-1) as usize;
-    if let Some(e) = errno {
-        e.restore();
-    }
     result as *mut c_void
 }
 
@@ -237,15 +246,13 @@ pub(crate) unsafe extern "C" fn shmat_hook(shmid: c_int, shmaddr: *const c_void,
         shmaddr: shmaddr as usize,
         shmflg,
     });
-    let mut errno = None;
-    dispatch_around(
+    call_original(
         None,
         &mut ev,
         |e| {
             if let Event::Shmat(m) = e {
                 // SAFETY: forwarded.
                 m.result = unsafe { orig(shmid, shmaddr, shmflg) } as usize;
-                errno = Some(Errno::save());
             }
         },
         |e| {
@@ -255,9 +262,6 @@ pub(crate) unsafe extern "C" fn shmat_hook(shmid: c_int, shmaddr: *const c_void,
         },
     );
     let result = ev.result().unwrap_or(-1) as usize;
-    if let Some(e) = errno {
-        e.restore();
-    }
     result as *mut c_void
 }
 
@@ -281,22 +285,17 @@ pub(crate) unsafe extern "C" fn shmdt_hook(shmaddr: *const c_void) -> c_int {
         result: -1,
         shmaddr: shmaddr as usize,
     });
-    let mut errno = None;
-    dispatch_around(
+    call_original(
         before,
         &mut ev,
         |e| {
             if let Event::Shmdt(m) = e {
                 // SAFETY: forwarded.
                 m.result = unsafe { orig(shmaddr) };
-                errno = Some(Errno::save());
             }
         },
         |_| None,
     );
-    if let Some(e) = errno {
-        e.restore();
-    }
     ev.result().unwrap_or(-1) as c_int
 }
 
@@ -335,8 +334,7 @@ pub(crate) unsafe extern "C" fn sbrk_hook(increment: libc::intptr_t) -> *mut c_v
         result: INVALID_PTR,
         increment,
     });
-    let mut errno = None;
-    dispatch_around(
+    call_original(
         before,
         &mut ev,
         |e| {
@@ -344,7 +342,6 @@ pub(crate) unsafe extern "C" fn sbrk_hook(increment: libc::intptr_t) -> *mut c_v
                 let _ = IN_SBRK.try_with(|f| f.set(true));
                 // SAFETY: forwarded.
                 m.result = unsafe { orig(increment) } as usize;
-                errno = Some(Errno::save());
                 let _ = IN_SBRK.try_with(|f| f.set(false));
             }
         },
@@ -355,9 +352,6 @@ pub(crate) unsafe extern "C" fn sbrk_hook(increment: libc::intptr_t) -> *mut c_v
         },
     );
     let result = ev.result().unwrap_or(-1) as usize;
-    if let Some(e) = errno {
-        e.restore();
-    }
     result as *mut c_void
 }
 
@@ -372,15 +366,13 @@ pub(crate) unsafe extern "C" fn brk_hook(addr: *mut c_void) -> c_int {
     let new = addr as usize;
     let before = if new < top { unmapped(new, top - new) } else { None };
     let mut ev = Event::Brk(BrkEvent { result: -1, addr: new });
-    let mut errno = None;
-    dispatch_around(
+    call_original(
         before,
         &mut ev,
         |e| {
             if let Event::Brk(m) = e {
                 // SAFETY: forwarded.
                 m.result = unsafe { orig(addr) };
-                errno = Some(Errno::save());
             }
         },
         |e| {
@@ -392,9 +384,6 @@ pub(crate) unsafe extern "C" fn brk_hook(addr: *mut c_void) -> c_int {
         },
     );
     let result = ev.result().unwrap_or(-1) as c_int;
-    if let Some(e) = errno {
-        e.restore();
-    }
     result
 }
 
@@ -416,21 +405,16 @@ pub(crate) unsafe extern "C" fn madvise_hook(addr: *mut c_void, len: usize, advi
         length: len,
         advice,
     });
-    let mut errno = None;
-    dispatch_around(
+    call_original(
         unmapped(addr as usize, len),
         &mut ev,
         |e| {
             if let Event::Madvise(m) = e {
                 // SAFETY: forwarded.
                 m.result = unsafe { orig(addr, len, advice) };
-                errno = Some(Errno::save());
             }
         },
         |_| None,
     );
-    if let Some(e) = errno {
-        e.restore();
-    }
     ev.result().unwrap_or(-1) as c_int
 }
