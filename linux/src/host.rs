@@ -155,8 +155,7 @@ pub(crate) unsafe extern "C" fn mmap_hook(
         },
         |e| succeeded(e).and_then(|r| mapped(r, len)),
     );
-    let result = ev.result().unwrap_or(-1) as usize;
-    result as *mut c_void
+    ev.result().unwrap_or(-1) as usize as *mut c_void
 }
 
 /// The `munmap` hook.
@@ -218,8 +217,7 @@ pub(crate) unsafe extern "C" fn mremap_hook(
         },
         |e| succeeded(e).and_then(|r| mapped(r, new_size)),
     );
-    let result = ev.result().unwrap_or(-1) as usize;
-    result as *mut c_void
+    ev.result().unwrap_or(-1) as usize as *mut c_void
 }
 
 /// Size of the shared memory segment `shmid` (0 when unknown).
@@ -261,8 +259,7 @@ pub(crate) unsafe extern "C" fn shmat_hook(shmid: c_int, shmaddr: *const c_void,
                 .and_then(|r| mapped(r, shm_size(shmid)))
         },
     );
-    let result = ev.result().unwrap_or(-1) as usize;
-    result as *mut c_void
+    ev.result().unwrap_or(-1) as usize as *mut c_void
 }
 
 /// The `shmdt` hook (the size comes from the mapping at the address).
@@ -351,8 +348,7 @@ pub(crate) unsafe extern "C" fn sbrk_hook(increment: libc::intptr_t) -> *mut c_v
                 .and_then(|r| mapped(r, increment as usize))
         },
     );
-    let result = ev.result().unwrap_or(-1) as usize;
-    result as *mut c_void
+    ev.result().unwrap_or(-1) as usize as *mut c_void
 }
 
 /// The `brk` hook.
@@ -383,8 +379,7 @@ pub(crate) unsafe extern "C" fn brk_hook(addr: *mut c_void) -> c_int {
             }
         },
     );
-    let result = ev.result().unwrap_or(-1) as c_int;
-    result
+    ev.result().unwrap_or(-1) as c_int
 }
 
 /// Whether `advice` discards the pages' contents (so caches of them must go).
