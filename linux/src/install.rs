@@ -208,6 +208,16 @@ pub fn installed() -> Option<Config> {
     INSTALLED.lock().config
 }
 
+/// Whether memhook's load-time preparation (building the x86_64 decoder's
+/// tables, so that install never allocates) has run. It runs from an ELF
+/// constructor before `main`.
+pub fn prepared() -> bool {
+    #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+    return warm_up::done();
+    #[cfg(not(all(feature = "bistro", target_arch = "x86_64")))]
+    true
+}
+
 /// The x86_64 decoder (iced-x86) builds its tables on first use, with a few
 /// thousand allocations. memhook does that once, in an ELF constructor,
 /// before `main`, so that install and hook paths never allocate. An
@@ -233,6 +243,11 @@ mod warm_up {
         }
         *PENDING.lock() = Some(*config);
         true
+    }
+
+    /// Whether the load-time warm-up has run.
+    pub fn done() -> bool {
+        DONE.load(Ordering::Acquire)
     }
 
     /// Builds the decoder's tables (idempotent), then runs a deferred install.

@@ -31,7 +31,7 @@ use memhook_core::config::{HookMode, ModeSet};
 pub use dispatch::{
     HandlerFn, MAX_HANDLERS, nested_overflows, report_event, set_handler, unset_handler, unset_handler_fn,
 };
-pub use install::{Config, FunctionStatus, Status, install, installed, status, uninstall};
+pub use install::{Config, FunctionStatus, Status, install, installed, prepared, status, uninstall};
 
 /// The hook modes this build supports: bistro only with the `bistro`
 /// feature (and an architecture whose backend exists).

@@ -121,6 +121,7 @@ static ALLOCATOR: MmapAllocator = MmapAllocator;
 
 #[test]
 fn an_allocator_installs_memhook_from_its_first_allocation() {
+    assert!(memhook::prepared(), "the decoder tables were built at load");
     assert!(READY.load(Ordering::SeqCst), "installed during the first allocation");
     assert!(memhook::status().iter().all(|s| s.installed), "{:?}", memhook::status());
 
