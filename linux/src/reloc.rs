@@ -19,6 +19,14 @@
 //! Reloc misses callers that do not go through a relocation slot (code that
 //! looked the function up itself, or a statically linked copy); bistro and
 //! procaddr cover those.
+//!
+//! The object that contains memhook's own code is skipped, so that
+//! memhook's calls (its trampoline mmap, its own dlsym) are never routed
+//! through its hooks. When memhook is a Rust crate linked into a program,
+//! that object is the program itself: reloc then hooks every library the
+//! program loads but not the program's own PLT calls. Bistro (the default
+//! mode for host memory) covers them, and so does loading memhook as
+//! `libmemhook.so`.
 
 use core::ffi::{CStr, c_char, c_int, c_void};
 use core::ops::ControlFlow;
