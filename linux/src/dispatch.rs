@@ -3,7 +3,7 @@
 //!
 //! The nesting state is a `const` thread-local without a destructor: no
 //! allocation, valid in threads created before memhook was installed and in
-//! signal handlers. Hooks ask [`wants`] first (one relaxed load) and skip
+//! signal handlers. Hooks ask `wants` first (one relaxed load) and skip
 //! everything when no handler wants their events.
 
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
