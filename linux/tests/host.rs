@@ -590,3 +590,69 @@ fn coexists_with_a_hooker_that_patched_mmap_first() {
     drop(session);
     other.unpatch().map_err(|(_, e)| e).unwrap();
 }
+
+static SIG_MAPS: AtomicUsize = AtomicUsize::new(0);
+const SIG_SIZE: usize = 11 * 4096;
+
+fn count_sig(e: &mut Event) {
+    if let Event::Munmap(m) = *e
+        && m.size == SIG_SIZE
+        && m.result == 0
+    {
+        SIG_MAPS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A pre-handler that raises the signal while its thread is inside the
+/// dispatch of a (trigger-sized) mmap.
+fn raise_inside(e: &mut Event) {
+    if let Event::Mmap(m) = *e
+        && m.size == 2 * SIG_SIZE
+    {
+        // SAFETY: raising a signal whose handler only maps and unmaps.
+        unsafe { libc::raise(libc::SIGUSR1) };
+    }
+}
+
+/// Maps and unmaps from inside a signal handler that interrupted a thread
+/// in the middle of a dispatch.
+extern "C" fn on_signal(_: libc::c_int) {
+    let h = helper();
+    // SAFETY: map and unmap a private region (async-signal-safe calls).
+    unsafe {
+        let p = (h.mmap)(SIG_SIZE);
+        (h.munmap)(p, SIG_SIZE);
+    }
+}
+
+#[test]
+fn dispatch_works_inside_signal_handlers() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(bits::MUNMAP, 0, &count_sig);
+    session.handler(bits::MMAP, -1, &raise_inside);
+    // SAFETY: installing a handler that only maps and unmaps.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+    }
+    let before = SIG_MAPS.load(Ordering::SeqCst);
+    const SIGNALS: usize = 500;
+    for _ in 0..SIGNALS {
+        // SAFETY: map and unmap; the signal arrives inside the mmap's
+        // dispatch (from the pre-handler).
+        unsafe {
+            let p = (h.mmap)(2 * SIG_SIZE);
+            assert_ne!(p as isize, -1);
+            (h.munmap)(p, 2 * SIG_SIZE);
+        }
+    }
+    // Each signal handler's munmap was delivered, nested in the dispatch it
+    // interrupted.
+    assert_eq!(SIG_MAPS.load(Ordering::SeqCst) - before, SIGNALS);
+    // SAFETY: restoring the default disposition.
+    unsafe { libc::signal(libc::SIGUSR1, libc::SIG_DFL) };
+}
