@@ -318,6 +318,7 @@ pub type memhook_event_cb =
     Option<unsafe extern "C" fn(event_type: u32, event: *mut memhook_event_t, arg: *mut c_void)>;
 
 mod events;
+mod preload;
 
 /// A bistro patch made by [`memhook_patch`] (opaque to C).
 pub struct memhook_patch_t {
