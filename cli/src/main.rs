@@ -4,7 +4,9 @@ mod scan;
 
 const USAGE: &str = "\
 usage:
-  memhook scan [--json] LIB...   whether bistro can relocate each exported function's prologue
+  memhook scan [--json] [--list] LIB...
+      whether bistro can relocate each exported function's prologue
+      (--list: also name every refused function and why)
   memhook --version";
 
 fn main() {
@@ -13,7 +15,8 @@ fn main() {
         Some("--version") | Some("-V") => println!("memhook {}", env!("CARGO_PKG_VERSION")),
         Some("scan") => {
             let json = args.iter().any(|a| a == "--json");
-            let libs: Vec<&String> = args[1..].iter().filter(|a| *a != "--json").collect();
+            let list = args.iter().any(|a| a == "--list");
+            let libs: Vec<&String> = args[1..].iter().filter(|a| !a.starts_with("--")).collect();
             if libs.is_empty() {
                 eprintln!("{USAGE}");
                 std::process::exit(2);
@@ -24,7 +27,7 @@ fn main() {
                     Ok(s) if json => println!("{}", s.json()),
                     Ok(s) => {
                         print!("{}", s.table());
-                        if std::env::var_os("MEMHOOK_SCAN_LIST").is_some() {
+                        if list {
                             for (name, why) in &s.refused_names {
                                 println!("    refused {name}: {why}");
                             }
