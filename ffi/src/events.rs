@@ -369,7 +369,15 @@ pub unsafe extern "C" fn memhook_memtype_lookup(
             format_args!("memhook_memtype_lookup: info is NULL"),
         );
     }
-    let out = match memhook::memtype::lookup(addr as usize, len) {
+    let out = info_of(memhook::memtype::lookup(addr as usize, len), addr as usize, len);
+    // SAFETY: non-null and the caller's to write.
+    unsafe { *info = out };
+    MEMHOOK_OK
+}
+
+/// The C form of a lookup's answer (Absent reads as host).
+fn info_of(answer: Lookup, addr: usize, len: usize) -> memhook_mem_info_t {
+    match answer {
         Lookup::Found(i) => memhook_mem_info_t {
             mem_type: i.mem_type as u32,
             device: i.device,
@@ -379,17 +387,43 @@ pub unsafe extern "C" fn memhook_memtype_lookup(
         Lookup::Absent => memhook_mem_info_t {
             mem_type: MemType::Host as u32,
             device: -1,
-            base: p(addr as usize),
+            base: p(addr),
             len,
         },
         Lookup::Unknown => memhook_mem_info_t {
             mem_type: MemType::Unknown as u32,
             device: -1,
-            base: p(addr as usize),
+            base: p(addr),
             len,
         },
-    };
-    // SAFETY: non-null and the caller's to write.
-    unsafe { *info = out };
-    MEMHOOK_OK
+    }
+}
+
+/// What the driver says about `[addr, addr + len)`
+/// (`cuPointerGetAttributes`, loading libcuda if the process has not):
+/// the answer is recorded in the map for later lookups. `MEM_TYPE_UNKNOWN`
+/// when there is no driver, it refuses, or the range spans allocations.
+/// Calls the driver: use [`memhook_memtype_lookup`] first.
+///
+/// # Safety
+///
+/// `info` is valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memhook_memtype_classify(
+    addr: *const c_void,
+    len: usize,
+    info: *mut memhook_mem_info_t,
+) -> c_int {
+    if info.is_null() {
+        return fail(
+            MEMHOOK_ERR_INVALID,
+            format_args!("memhook_memtype_classify: info is NULL"),
+        );
+    }
+    guard(|| {
+        let out = info_of(memhook::memtype::classify(addr as usize, len), addr as usize, len);
+        // SAFETY: non-null and the caller's to write.
+        unsafe { *info = out };
+        MEMHOOK_OK
+    })
 }

@@ -64,6 +64,8 @@ pub const REASON: usize = 200;
 pub struct FunctionStatus {
     /// The function.
     pub function: &'static str,
+    /// The library that defines it.
+    pub library: &'static str,
     /// The mode tried.
     pub mode: HookMode,
     /// Whether it took.
@@ -72,15 +74,26 @@ pub struct FunctionStatus {
     pub reason: heapless::String<REASON>,
 }
 
+/// Status entries of the host hooks (eight functions, two modes).
+const HOST_STATUS: usize = 16;
+
+/// Most entries [`status`] returns: every host and CUDA function in every
+/// mode that applies to it.
+#[cfg(target_arch = "x86_64")]
+pub const MAX_STATUS: usize = HOST_STATUS + crate::cuda::STATUS;
+/// Most entries [`status`] returns.
+#[cfg(not(target_arch = "x86_64"))]
+pub const MAX_STATUS: usize = HOST_STATUS;
+
 /// What [`install`] did, per function and mode.
-pub type Status = heapless::Vec<FunctionStatus, 64>;
+pub type Status = heapless::Vec<FunctionStatus, MAX_STATUS>;
 
 #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
 type BistroHooks = heapless::Vec<crate::bistro::Hook, 16>;
 
 struct Installed {
     config: Option<Config>,
-    status: Status,
+    status: heapless::Vec<FunctionStatus, HOST_STATUS>,
     #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
     hooks: BistroHooks,
     reloc: bool,
@@ -94,13 +107,14 @@ static INSTALLED: spin::Mutex<Installed> = spin::Mutex::new(Installed {
     reloc: false,
 });
 
-fn note(status: &mut Status, function: &'static str, mode: HookMode, why: Option<&dyn fmt::Display>) {
+fn note(status: &mut heapless::Vec<FunctionStatus, HOST_STATUS>, function: &'static str, mode: HookMode, why: Option<&dyn fmt::Display>) {
     let mut reason = heapless::String::new();
     if let Some(why) = why {
         let _ = fmt::Write::write_fmt(&mut reason, format_args!("{why}"));
     }
     let _ = status.push(FunctionStatus {
         function,
+        library: "libc.so.6",
         mode,
         installed: why.is_none(),
         reason,
@@ -170,6 +184,8 @@ pub fn install(config: &Config) {
         }
         state.reloc = true;
     }
+    #[cfg(target_arch = "x86_64")]
+    crate::cuda::install(config.hooks.cuda);
     state.config = Some(*config);
 }
 
@@ -183,7 +199,9 @@ fn remove(state: &mut Installed) {
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if state.reloc {
+    crate::cuda::uninstall();
+    #[cfg(target_arch = "x86_64")]
+    if state.reloc || state.config.is_some_and(|c| !c.hooks.cuda.is_empty()) {
         crate::reloc::uninstall();
         state.reloc = false;
     }
@@ -200,7 +218,19 @@ pub fn uninstall() {
 
 /// Per hooked function: the mode tried, whether it took, and why not.
 pub fn status() -> Status {
-    INSTALLED.lock().status.clone()
+    let mut all: Status = INSTALLED.lock().status.iter().cloned().collect();
+    #[cfg(target_arch = "x86_64")]
+    all.extend(crate::cuda::status());
+    all
+}
+
+/// Hooks libraries that were loaded by calls memhook could not see: a
+/// `dlopen` made from memhook's own object (the program itself, when
+/// memhook is linked into it as a Rust crate, since reloc leaves that
+/// object alone). Loads through any other object are seen as they happen.
+pub fn refresh() {
+    #[cfg(target_arch = "x86_64")]
+    crate::reloc::refresh();
 }
 
 /// The config installed, if any.

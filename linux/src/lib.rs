@@ -16,6 +16,8 @@ pub use memhook_core::{config, event, patch};
 pub mod bistro;
 #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
 pub mod code;
+#[cfg(target_arch = "x86_64")]
+pub mod cuda;
 pub mod dispatch;
 mod host;
 mod install;
@@ -31,7 +33,9 @@ use memhook_core::config::{HookMode, ModeSet};
 pub use dispatch::{
     HandlerFn, MAX_HANDLERS, nested_overflows, report_event, set_handler, unset_handler, unset_handler_fn,
 };
-pub use install::{Config, FunctionStatus, Status, install, installed, prepared, status, uninstall};
+pub use install::{
+    Config, FunctionStatus, MAX_STATUS, Status, install, installed, prepared, refresh, status, uninstall,
+};
 
 /// The hook modes this build supports: bistro only with the `bistro`
 /// feature (and an architecture whose backend exists).

@@ -22,6 +22,48 @@ pub fn lookup(addr: usize, len: usize) -> Lookup {
     MAP.lookup(addr, len)
 }
 
+/// What the driver says about `[addr, addr + len)`: asks
+/// `cuPointerGetAttributes` (loading libcuda through cudarc when no hooked
+/// libcuda is loaded yet), records a CUDA answer in the map, and returns
+/// it. Plain host memory is `Found` with [`MemType::Host`] (not recorded:
+/// absence means host). [`Lookup::Unknown`] when there is no driver, it
+/// refuses, or the range does not lie in one allocation.
+///
+/// This calls the driver (about 0.1 to 1.2 µs on an H200 host) and may
+/// load it: [`lookup`] first, `classify` when it says Unknown.
+pub fn classify(addr: usize, len: usize) -> Lookup {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !crate::cuda::load_driver() {
+            return Lookup::Unknown;
+        }
+        let Some(info) = crate::cuda::classify(addr) else {
+            return Lookup::Unknown;
+        };
+        if info.mem_type == MemType::Host {
+            return Lookup::Found(MemInfo {
+                base: addr,
+                len,
+                ..info
+            });
+        }
+        let inside = addr
+            .checked_add(len)
+            .zip(info.base.checked_add(info.len))
+            .is_some_and(|(end, limit)| info.base <= addr && end <= limit);
+        if !inside || info.len == 0 {
+            return Lookup::Unknown;
+        }
+        let _ = MAP.insert(info.base, info.len, info.mem_type, info.device);
+        Lookup::Found(info)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (addr, len);
+        Lookup::Unknown
+    }
+}
+
 /// Records `[start, start + len)` as `mem_type` on `device` (-1: none).
 ///
 /// # Errors

@@ -37,13 +37,13 @@ use memhook_core::elf::{ElfError, Memory, Reloc, for_each_reloc, read_dynamic, s
 use crate::maps::page_size;
 
 /// Most symbols hooked through reloc.
-pub const MAX_SYMBOLS: usize = 64;
+pub const MAX_SYMBOLS: usize = 96;
 /// Most slots patched at once.
 pub const MAX_SLOTS: usize = 16384;
 /// Most loaded objects remembered.
 pub const MAX_OBJECTS: usize = 2048;
 /// Most PT_LOAD segments per object memhook reads through.
-const MAX_SEGMENTS: usize = 16;
+pub(crate) const MAX_SEGMENTS: usize = 16;
 
 #[cfg(target_arch = "x86_64")]
 const R_JUMP_SLOT: u32 = memhook_x86_64::R_X86_64_JUMP_SLOT;
@@ -82,10 +82,33 @@ struct Symbol {
     hook: usize,
     /// Where the caller reads the original; 0 inside until known.
     original: &'static AtomicUsize,
+    /// Whether GOT slots naming the symbol are rewritten.
+    slots: bool,
+    /// Where `dlsym` of the symbol answers `hook`: when the real answer is
+    /// the value this holds.
+    answer: Option<&'static AtomicUsize>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct ObjectId {
+/// One symbol for [`install_with`].
+#[derive(Clone, Copy, Debug)]
+pub struct Entry {
+    /// The symbol.
+    pub name: &'static CStr,
+    /// Its hook.
+    pub hook: usize,
+    /// Receives the original (see [`install`]).
+    pub original: &'static AtomicUsize,
+    /// Rewrite the GOT slots that name the symbol.
+    pub slots: bool,
+    /// Answer `dlsym`/`dlvsym` of the symbol with `hook` when the real
+    /// answer equals the value this holds (the definition being hooked);
+    /// any other definition is answered as it is.
+    pub answer: Option<&'static AtomicUsize>,
+}
+
+/// A loaded object's identity (load base and program headers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ObjectId {
     base: usize,
     phdr: usize,
 }
@@ -116,10 +139,10 @@ static STATE: spin::Mutex<State> = spin::Mutex::new(State {
 });
 
 /// One loaded object, as `dl_iterate_phdr` shows it.
-struct Object<'a> {
-    id: ObjectId,
-    name: &'a [u8],
-    segments: heapless::Vec<(usize, usize), MAX_SEGMENTS>,
+pub(crate) struct Object<'a> {
+    pub(crate) id: ObjectId,
+    pub(crate) name: &'a [u8],
+    pub(crate) segments: heapless::Vec<(usize, usize), MAX_SEGMENTS>,
     dynamic: Option<(usize, usize)>,
     relro: Option<(usize, usize)>,
 }
@@ -142,7 +165,7 @@ impl Memory for Object<'_> {
 }
 
 /// Calls `f` with every loaded object (under the loader's lock).
-fn for_each_object(mut f: impl FnMut(&Object<'_>)) {
+pub(crate) fn for_each_object(mut f: impl FnMut(&Object<'_>)) {
     unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut c_void) -> c_int {
         // SAFETY: `data` is the closure passed below; `info` is valid for
         // this call (dl_iterate_phdr's contract).
@@ -247,7 +270,7 @@ fn patch_object(state: &mut State, o: &Object<'_>, from: usize) {
         let Ok(name) = symbol_name(o, &d, r.sym, &mut buf) else {
             return ControlFlow::Continue(());
         };
-        if let Some(i) = symbols.iter().position(|s| s.name.to_bytes() == name)
+        if let Some(i) = symbols.iter().position(|s| s.slots && s.name.to_bytes() == name)
             && found.push((r.slot, (from + i) as u8)).is_err()
         {
             pending_overflow = true;
@@ -336,22 +359,56 @@ fn scan(state: &mut State, from: usize) {
 ///
 /// A [`RelocError`]; symbols before the failing one stay installed.
 pub unsafe fn install(hooks: &[(&'static CStr, usize, &'static AtomicUsize)]) -> Result<(), RelocError> {
+    let mut entries: heapless::Vec<Entry, MAX_SYMBOLS> = heapless::Vec::new();
+    for &(name, hook, original) in hooks {
+        entries
+            .push(Entry {
+                name,
+                hook,
+                original,
+                slots: true,
+                answer: Some(original),
+            })
+            .map_err(|_| RelocError::TooManySymbols)?;
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { install_with(&entries) }
+}
+
+/// [`install`] with a choice per symbol: rewrite its slots, answer `dlsym`
+/// of it, or both. With neither it only makes sure that `dlopen`, `dlclose`
+/// and `dlsym` are interposed (see [`on_objects_changed`]).
+///
+/// # Safety
+///
+/// As for [`install`].
+///
+/// # Errors
+///
+/// As for [`install`].
+pub unsafe fn install_with(entries: &[Entry]) -> Result<(), RelocError> {
     let mut state = STATE.lock();
     let from = state.symbols.len();
-    for &(name, hook, original) in hooks {
-        if let Some(s) = state.symbols.iter().find(|s| s.name == name) {
-            if s.hook != hook {
+    for e in entries {
+        if let Some(s) = state.symbols.iter().find(|s| s.name == e.name) {
+            if s.hook != e.hook {
                 return Err(RelocError::Conflict);
             }
-            original.store(s.original.load(Ordering::Acquire), Ordering::Release);
+            e.original.store(s.original.load(Ordering::Acquire), Ordering::Release);
             continue;
         }
         // SAFETY: a NUL-terminated name and the RTLD_DEFAULT pseudo-handle.
-        let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
-        original.store(global, Ordering::Release);
+        let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, e.name.as_ptr()) } as usize;
+        e.original.store(global, Ordering::Release);
         state
             .symbols
-            .push(Symbol { name, hook, original })
+            .push(Symbol {
+                name: e.name,
+                hook: e.hook,
+                original: e.original,
+                slots: e.slots,
+                answer: e.answer,
+            })
             .map_err(|_| RelocError::TooManySymbols)?;
     }
     ensure_dl_hooks(&mut state)?;
@@ -439,6 +496,7 @@ unsafe extern "C" fn memhook_dlopen(file: *const c_char, mode: c_int) -> *mut c_
     let handle = unsafe { core::mem::transmute::<usize, DlopenFn>(REAL_DLOPEN.load(Ordering::Acquire))(file, mode) };
     if !handle.is_null() {
         rescan();
+        changed();
     }
     handle
 }
@@ -447,7 +505,38 @@ unsafe extern "C" fn memhook_dlclose(handle: *mut c_void) -> c_int {
     // SAFETY: as for dlopen.
     let rc = unsafe { core::mem::transmute::<usize, DlcloseFn>(REAL_DLCLOSE.load(Ordering::Acquire))(handle) };
     rescan();
+    changed();
     rc
+}
+
+/// Called after every interposed `dlopen` and `dlclose`.
+static ON_CHANGE: AtomicUsize = AtomicUsize::new(0);
+
+/// Has `f` called after every `dlopen` and `dlclose` that went through a
+/// slot memhook rewrote (once reloc is installed), after reloc has patched
+/// the new objects. `f` runs on the caller's thread, outside memhook's
+/// locks, possibly inside a library constructor that holds the loader's
+/// lock: it must not wait for a lock that a thread calling into the loader
+/// may hold.
+pub fn on_objects_changed(f: fn()) {
+    ON_CHANGE.store(f as usize, Ordering::Release);
+}
+
+fn changed() {
+    let f = ON_CHANGE.load(Ordering::Acquire);
+    if f != 0 {
+        // SAFETY: only `on_objects_changed` stores here, a `fn()`.
+        unsafe { core::mem::transmute::<usize, fn()>(f)() };
+    }
+}
+
+/// Scans for objects loaded or unloaded by calls memhook did not see (a
+/// `dlopen` from memhook's own object: the program itself when memhook is
+/// linked in as a Rust crate), then runs the [`on_objects_changed`]
+/// callback.
+pub fn refresh() {
+    rescan();
+    changed();
 }
 
 /// Set when a dlopen or dlclose could not take the state (an install in
@@ -497,6 +586,8 @@ fn ensure_dl_hooks(state: &mut State) -> Result<(), RelocError> {
                 name,
                 hook,
                 original: real,
+                slots: true,
+                answer: Some(real),
             })
             .map_err(|_| RelocError::TooManySymbols)?;
     }
@@ -596,7 +687,7 @@ fn publish(state: &State) {
         p.name.store(s.name.as_ptr() as usize, Ordering::Relaxed);
         p.hook.store(s.hook, Ordering::Relaxed);
         p.original
-            .store(s.original as *const AtomicUsize as usize, Ordering::Relaxed);
+            .store(s.answer.map_or(0, |a| a as *const AtomicUsize as usize), Ordering::Relaxed);
     }
     PUBLISHED_LEN.store(state.symbols.len(), Ordering::Release);
 }
@@ -605,6 +696,9 @@ fn publish(state: &State) {
 fn hooked(name: &CStr) -> Option<(usize, usize)> {
     let n = PUBLISHED_LEN.load(Ordering::Acquire).min(MAX_SYMBOLS);
     PUBLISHED[..n].iter().find_map(|p| {
+        if p.original.load(Ordering::Relaxed) == 0 {
+            return None; // slots only: dlsym answers as it would
+        }
         // SAFETY: published names are &'static CStr.
         let candidate = unsafe { CStr::from_ptr(p.name.load(Ordering::Relaxed) as *const c_char) };
         (candidate == name).then(|| {

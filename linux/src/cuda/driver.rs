@@ -1,0 +1,197 @@
+//! The few driver calls memhook makes itself: the device of the calling
+//! thread's context, the range of an allocation, and classification of a
+//! pointer (`cuPointerGetAttributes`); and the PCI bus id of a device,
+//! through NVML (nvml-wrapper).
+//!
+//! The driver functions are resolved once, off every hook path: from the
+//! libcuda object memhook hooks, when it appears, or else through cudarc's
+//! dynamic loader (which finds libcuda the way a CUDA program does) the
+//! first time a caller asks to classify. A machine without libcuda answers
+//! "unknown" and runs everything else.
+
+use core::ffi::{CStr, c_int, c_uint, c_void};
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use cudarc::driver::sys::{CUdevice, CUdevice_attribute, CUdeviceptr, CUpointer_attribute};
+use memhook_core::memtype::{MemInfo, MemType};
+
+use super::hooks::{SUCCESS, Status};
+
+type GetAttributesFn = unsafe extern "C" fn(c_uint, *mut CUpointer_attribute, *mut *mut c_void, CUdeviceptr) -> Status;
+type AddressRangeFn = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> Status;
+type CtxGetDeviceFn = unsafe extern "C" fn(*mut CUdevice) -> Status;
+type DeviceGetAttributeFn = unsafe extern "C" fn(*mut c_int, CUdevice_attribute, CUdevice) -> Status;
+
+static GET_ATTRIBUTES: AtomicUsize = AtomicUsize::new(0);
+static ADDRESS_RANGE: AtomicUsize = AtomicUsize::new(0);
+static CTX_GET_DEVICE: AtomicUsize = AtomicUsize::new(0);
+static DEVICE_GET_ATTRIBUTE: AtomicUsize = AtomicUsize::new(0);
+
+const FUNCTIONS: [(&CStr, &AtomicUsize); 4] = [
+    (c"cuPointerGetAttributes", &GET_ATTRIBUTES),
+    (c"cuMemGetAddressRange_v2", &ADDRESS_RANGE),
+    (c"cuCtxGetDevice", &CTX_GET_DEVICE),
+    (c"cuDeviceGetAttribute", &DEVICE_GET_ATTRIBUTE),
+];
+
+/// Resolves the driver functions from `handle` (a libcuda handle) with
+/// `lookup` (the real `dlsym`).
+pub(super) fn resolve(mut lookup: impl FnMut(&CStr) -> usize) {
+    for (name, slot) in FUNCTIONS {
+        let p = lookup(name);
+        if p != 0 {
+            slot.store(p, Ordering::Release);
+        }
+    }
+}
+
+/// Forgets the driver functions (libcuda was unloaded).
+pub(super) fn forget() {
+    for (_, slot) in FUNCTIONS {
+        slot.store(0, Ordering::Release);
+    }
+}
+
+/// Resolves the driver functions through cudarc's loader when no hooked
+/// libcuda gave them. Allocates (it loads a library): never on a hook path.
+pub(crate) fn load() -> bool {
+    if GET_ATTRIBUTES.load(Ordering::Acquire) != 0 {
+        return true;
+    }
+    // SAFETY: cudarc's loader only dlopens the candidate names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return false;
+    }
+    // SAFETY: as above; present, so culib() does not panic.
+    let lib = unsafe { cudarc::driver::sys::culib() };
+    resolve(|name| {
+        // SAFETY: the symbol is looked up, not called, here; a `usize`
+        // receives its address.
+        unsafe { lib.get::<*const c_void>(name.to_bytes_with_nul()) }.map_or(0, |s| *s as usize)
+    });
+    GET_ATTRIBUTES.load(Ordering::Acquire) != 0
+}
+
+/// `f` as its function type, when resolved.
+fn function<F: Copy>(slot: &AtomicUsize) -> Option<F> {
+    const { assert!(size_of::<F>() == size_of::<usize>()) };
+    let p = slot.load(Ordering::Acquire);
+    // SAFETY: each slot holds the driver function of the matching type.
+    (p != 0).then(|| unsafe { core::mem::transmute_copy::<usize, F>(&p) })
+}
+
+/// The device of the calling thread's current context, or -1.
+pub(crate) fn current_device() -> i32 {
+    let Some(f) = function::<CtxGetDeviceFn>(&CTX_GET_DEVICE) else {
+        return -1;
+    };
+    let mut device: CUdevice = -1;
+    // SAFETY: a valid out-parameter.
+    if unsafe { f(&mut device) } == SUCCESS { device } else { -1 }
+}
+
+/// The allocation `addr` lies in, as the driver sees it: (base, size).
+pub(crate) fn range(addr: usize) -> Option<(usize, usize)> {
+    if let Some(f) = function::<AddressRangeFn>(&ADDRESS_RANGE) {
+        let (mut base, mut size): (CUdeviceptr, usize) = (0, 0);
+        // SAFETY: valid out-parameters; the driver checks the pointer.
+        if unsafe { f(&mut base, &mut size, addr as CUdeviceptr) } == SUCCESS && size != 0 {
+            return Some((base as usize, size));
+        }
+    }
+    // Pinned host memory: the range attributes know it.
+    classify(addr).filter(|i| i.len != 0).map(|i| (i.base, i.len))
+}
+
+/// What the driver says `addr` is: type, device, and the allocation's
+/// range. `None` when the driver is not loaded or refuses.
+pub(crate) fn classify(addr: usize) -> Option<MemInfo> {
+    let f = function::<GetAttributesFn>(&GET_ATTRIBUTES)?;
+    let mut memory_type: c_uint = 0;
+    let mut managed: c_uint = 0;
+    let mut ordinal: c_int = -1;
+    let mut start: CUdeviceptr = 0;
+    let mut size: usize = 0;
+    let mut attributes = [
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
+    let mut data: [*mut c_void; 5] = [
+        (&raw mut memory_type).cast(),
+        (&raw mut managed).cast(),
+        (&raw mut ordinal).cast(),
+        (&raw mut start).cast(),
+        (&raw mut size).cast(),
+    ];
+    // SAFETY: five attributes, each with storage of its documented type
+    // (the boolean in a zeroed 4-byte word).
+    let status = unsafe { f(5, attributes.as_mut_ptr(), data.as_mut_ptr(), addr as CUdeviceptr) };
+    if status != SUCCESS {
+        return None;
+    }
+    // CU_MEMORYTYPE_HOST 1, DEVICE 2, ARRAY 3, UNIFIED 4; 0: not CUDA's.
+    let mem_type = match (memory_type, managed != 0) {
+        (_, true) | (4, _) => MemType::CudaManaged,
+        (2 | 3, false) => MemType::Cuda,
+        (1, false) => MemType::CudaHost,
+        _ => MemType::Host,
+    };
+    let device = match mem_type {
+        MemType::Cuda | MemType::CudaManaged => ordinal,
+        _ => -1,
+    };
+    let (base, len) = if mem_type == MemType::Host {
+        (addr, 0)
+    } else {
+        (start as usize, size)
+    };
+    Some(MemInfo {
+        mem_type,
+        device,
+        base,
+        len,
+    })
+}
+
+/// An integer attribute of `device`.
+fn device_attribute(device: i32, attribute: CUdevice_attribute) -> Option<i32> {
+    let f = function::<DeviceGetAttributeFn>(&DEVICE_GET_ATTRIBUTE)?;
+    let mut value = 0;
+    // SAFETY: a valid out-parameter; the driver checks the device.
+    (unsafe { f(&mut value, attribute, device) } == SUCCESS).then_some(value)
+}
+
+/// A PCI bus id, as NVML writes it ("00000000:19:00.0").
+pub type PciBusId = heapless::String<32>;
+
+/// The PCI bus id of CUDA device `device`: its PCI address from the
+/// driver, confirmed and written in NVML's form by NVML. `None` without a
+/// driver, without NVML, or for an unknown device. Cached per device; the
+/// first call loads NVML (it allocates: not for hook paths).
+pub fn pci_bus_id(device: i32) -> Option<PciBusId> {
+    const DEVICES: usize = 64;
+    static CACHE: spin::Mutex<[Option<PciBusId>; DEVICES]> = spin::Mutex::new([const { None }; DEVICES]);
+    let slot = usize::try_from(device).ok().filter(|&d| d < DEVICES)?;
+    if let Some(id) = CACHE.lock()[slot].clone() {
+        return Some(id);
+    }
+    load();
+    let domain = device_attribute(device, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?;
+    let bus = device_attribute(device, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?;
+    let dev = device_attribute(device, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?;
+    let nvml = nvml()?;
+    let query = format!("{domain:08x}:{bus:02x}:{dev:02x}.0");
+    let info = nvml.device_by_pci_bus_id(query).ok()?.pci_info().ok()?;
+    let id = PciBusId::try_from(info.bus_id.as_str()).ok()?;
+    CACHE.lock()[slot] = Some(id.clone());
+    Some(id)
+}
+
+/// NVML, initialised once (None where it is missing).
+fn nvml() -> Option<&'static nvml_wrapper::Nvml> {
+    static NVML: std::sync::OnceLock<Option<nvml_wrapper::Nvml>> = std::sync::OnceLock::new();
+    NVML.get_or_init(|| nvml_wrapper::Nvml::init().ok()).as_ref()
+}

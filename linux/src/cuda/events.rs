@@ -1,0 +1,66 @@
+//! What a CUDA hook reports: the memtype map first (so that a handler's
+//! lookup already agrees), then `MEM_TYPE_ALLOC` / `MEM_TYPE_FREE` to the
+//! handlers. Nothing here allocates or waits for a registration.
+
+use core::sync::atomic::Ordering;
+
+use memhook_core::event::{Event, MemTypeEvent, bits};
+use memhook_core::memtype::{Lookup, MemType};
+
+use super::driver;
+use super::hooks::{EVENTS, Id};
+use crate::dispatch::{notify, wants};
+use crate::memtype;
+
+/// A successful allocation of `[address, address + size)` (size 0: ask the
+/// driver) of `mem_type` (Unknown: ask the driver).
+pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) {
+    EVENTS[id as usize].fetch_add(1, Ordering::Relaxed);
+    let (mem_type, device, size) = match mem_type {
+        MemType::Cuda | MemType::CudaManaged => (mem_type, driver::current_device(), size),
+        MemType::Unknown => match driver::classify(address) {
+            Some(info) => {
+                let size = if size != 0 { size } else { info.len };
+                (info.mem_type, info.device, size)
+            }
+            None => (MemType::Unknown, -1, size),
+        },
+        _ => (mem_type, -1, size),
+    };
+    if size != 0 && mem_type != MemType::Host {
+        // A full map drops the range and answers Unknown inside it.
+        let _ = memtype::insert(address, size, mem_type, device);
+    }
+    if wants(bits::MEM_TYPE_ALLOC) {
+        notify(&mut Event::MemTypeAlloc(MemTypeEvent {
+            address,
+            size,
+            mem_type: mem_type as u32,
+        }));
+    }
+}
+
+/// A free of the allocation at `address` (its size when the call carries
+/// it; else what the map recorded; else the driver's range; else 0).
+pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
+    EVENTS[id as usize].fetch_add(1, Ordering::Relaxed);
+    let recorded = match memtype::lookup(address, 1) {
+        Lookup::Found(info) if info.base == address => Some(info),
+        _ => None,
+    };
+    let size = size
+        .or(recorded.map(|i| i.len))
+        .or_else(|| driver::range(address).filter(|&(base, _)| base == address).map(|(_, n)| n))
+        .unwrap_or(0);
+    let mem_type = recorded.map_or(MemType::Unknown, |i| i.mem_type);
+    if wants(bits::MEM_TYPE_FREE) {
+        notify(&mut Event::MemTypeFree(MemTypeEvent {
+            address,
+            size,
+            mem_type: mem_type as u32,
+        }));
+    }
+    if size != 0 {
+        let _ = memtype::remove(address, size);
+    }
+}

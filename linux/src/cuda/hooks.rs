@@ -1,0 +1,414 @@
+//! The CUDA hook functions: one `extern "C"` function per hooked driver or
+//! runtime function, with its exact signature (argument types from cudarc's
+//! sys bindings).
+//!
+//! The return type is a plain `u32` (`CUresult` / `cudaError_t` values)
+//! rather than cudarc's enums: a driver newer than the bindings may return
+//! a code the enum lacks, and receiving that as a Rust enum would be
+//! undefined behaviour. The two are the same in the C ABI.
+//!
+//! Each hook calls its original (the bistro trampoline, or the library's
+//! own entry: see [`original`]) with a thread-local guard set, so that the
+//! hooked calls a hooked call makes (`cudaMalloc` calling `cuMemAlloc_v2`)
+//! report nothing: one allocation, one event. Allocations report after a
+//! successful call; frees report before the call.
+#![allow(non_snake_case)]
+
+use core::cell::Cell;
+use core::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use cudarc::driver::sys::{
+    CUdeviceptr, CUdriverProcAddressQueryResult, CUlibrary, CUmemGenericAllocationHandle, CUmemoryPool, CUmodule,
+    CUstream, cuuint64_t,
+};
+use cudarc::runtime::sys::{cudaMemPool_t, cudaStream_t};
+use memhook_core::memtype::MemType;
+
+use super::events::{allocated, freeing};
+
+/// A `CUresult` or `cudaError_t` value.
+pub(crate) type Status = u32;
+/// `CUDA_SUCCESS` / `cudaSuccess`.
+pub(crate) const SUCCESS: Status = 0;
+/// Returned when the function's library is gone (`CUDA_ERROR_DEINITIALIZED`,
+/// `cudaErrorCudartUnloading`: both 4).
+const UNAVAILABLE: Status = 4;
+/// A legacy (`_v1`) 32-bit device pointer.
+#[allow(non_camel_case_types)]
+type CUdeviceptr_v1 = c_uint;
+
+/// Which library defines a function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lib {
+    /// `libcuda.so.1`, the driver.
+    Driver,
+    /// `libcudart.so.*`, the runtime (when it is a shared object).
+    Runtime,
+}
+
+/// What a function does, for the modes that apply to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Allocates or maps memory: `MEM_TYPE_ALLOC`.
+    Alloc,
+    /// Frees or unmaps memory: `MEM_TYPE_FREE`.
+    Free,
+    /// `cuGetProcAddress{,_v2}`: hooked by procaddr only.
+    ProcAddr,
+}
+
+macro_rules! functions {
+    ($($lib:ident $kind:ident $name:ident,)*) => {
+        /// One hooked function.
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        pub(crate) enum Id { $($name,)* }
+
+        impl Id {
+            /// Every function, in table order.
+            pub(crate) const ALL: [Id; COUNT] = [$(Id::$name,)*];
+
+            /// The symbol.
+            pub(crate) const fn name(self) -> &'static core::ffi::CStr {
+                match self {
+                    $(Id::$name => match core::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                        Ok(c) => c,
+                        Err(_) => panic!("symbol names have no NUL"),
+                    },)*
+                }
+            }
+
+            /// The library that defines it.
+            pub(crate) const fn lib(self) -> Lib {
+                match self { $(Id::$name => Lib::$lib,)* }
+            }
+
+            /// What it does.
+            pub(crate) const fn kind(self) -> Kind {
+                match self { $(Id::$name => Kind::$kind,)* }
+            }
+
+            /// Its hook.
+            pub(crate) fn hook(self) -> usize {
+                match self { $(Id::$name => $name as *const () as usize,)* }
+            }
+        }
+
+        /// How many functions are hooked.
+        pub(crate) const COUNT: usize = [$(stringify!($name),)*].len();
+    };
+}
+
+functions! {
+    Driver Alloc cuMemAlloc,
+    Driver Alloc cuMemAlloc_v2,
+    Driver Alloc cuMemAllocManaged,
+    Driver Alloc cuMemAllocPitch,
+    Driver Alloc cuMemAllocPitch_v2,
+    Driver Alloc cuMemAllocAsync,
+    Driver Alloc cuMemAllocAsync_ptsz,
+    Driver Alloc cuMemAllocFromPoolAsync,
+    Driver Alloc cuMemAllocFromPoolAsync_ptsz,
+    Driver Alloc cuMemMap,
+    Driver Alloc cuModuleGetGlobal_v2,
+    Driver Alloc cuLibraryGetGlobal,
+    Driver Alloc cuMemAllocHost_v2,
+    Driver Alloc cuMemHostAlloc,
+    Driver Alloc cuMemHostRegister_v2,
+    Driver Free cuMemFree,
+    Driver Free cuMemFree_v2,
+    Driver Free cuMemFreeAsync,
+    Driver Free cuMemFreeAsync_ptsz,
+    Driver Free cuMemFreeHost,
+    Driver Free cuMemUnmap,
+    Driver Free cuMemHostUnregister,
+    Driver ProcAddr cuGetProcAddress,
+    Driver ProcAddr cuGetProcAddress_v2,
+    Runtime Alloc cudaMalloc,
+    Runtime Alloc cudaMallocManaged,
+    Runtime Alloc cudaMallocPitch,
+    Runtime Alloc cudaMallocAsync,
+    Runtime Alloc cudaMallocAsync_ptsz,
+    Runtime Alloc cudaMallocFromPoolAsync,
+    Runtime Alloc cudaMallocFromPoolAsync_ptsz,
+    Runtime Alloc cudaGetSymbolAddress,
+    Runtime Alloc cudaMallocHost,
+    Runtime Alloc cudaHostAlloc,
+    Runtime Alloc cudaHostRegister,
+    Runtime Free cudaFree,
+    Runtime Free cudaFreeAsync,
+    Runtime Free cudaFreeAsync_ptsz,
+    Runtime Free cudaFreeHost,
+    Runtime Free cudaHostUnregister,
+}
+
+/// What each hook calls: the bistro trampoline, or the library's entry.
+pub(crate) static ORIG: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
+/// The function's definition in its library (0 until the library is seen).
+pub(crate) static ENTRY: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
+/// Reloc's record of the original (used until [`ORIG`] is set).
+pub(crate) static RELOC: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
+/// Events each function emitted.
+pub(crate) static EVENTS: [AtomicU64; COUNT] = [const { AtomicU64::new(0) }; COUNT];
+
+/// The original of `id` as a function pointer of type `F`, if known.
+#[inline(always)]
+fn original<F: Copy>(id: Id) -> Option<F> {
+    const { assert!(size_of::<F>() == size_of::<usize>()) };
+    let p = match ORIG[id as usize].load(Ordering::Acquire) {
+        0 => RELOC[id as usize].load(Ordering::Acquire),
+        p => p,
+    };
+    // SAFETY: every value stored for `id` is the address of a function with
+    // `id`'s signature (its definition, a trampoline that behaves as it, or
+    // what reloc found its symbol bound to), and F is that signature.
+    (p != 0).then(|| unsafe { core::mem::transmute_copy::<usize, F>(&p) })
+}
+
+thread_local! {
+    /// Set while this thread runs the original of a hooked CUDA call.
+    static IN_CUDA: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is inside a hooked call's original (whose hook
+/// reports for it).
+#[inline(always)]
+fn nested() -> bool {
+    IN_CUDA.try_with(Cell::get).unwrap_or(false)
+}
+
+/// Runs `call` with the guard set.
+#[inline(always)]
+fn guarded(call: impl FnOnce() -> Status) -> Status {
+    let _ = IN_CUDA.try_with(|c| c.set(true));
+    let status = call();
+    let _ = IN_CUDA.try_with(|c| c.set(false));
+    status
+}
+
+/// An allocating call: the original, then `MEM_TYPE_ALLOC` for the range
+/// `result` reads when it succeeded.
+#[inline(always)]
+fn on_alloc(
+    id: Id,
+    mem_type: MemType,
+    call: impl FnOnce() -> Status,
+    result: impl FnOnce() -> (usize, usize),
+) -> Status {
+    if nested() {
+        return call();
+    }
+    let status = guarded(call);
+    if status == SUCCESS {
+        let (address, size) = result();
+        if address != 0 {
+            allocated(id, address, size, mem_type);
+        }
+    }
+    status
+}
+
+/// A freeing call: `MEM_TYPE_FREE` for `address` (size when the call
+/// carries it), then the original.
+#[inline(always)]
+fn on_free(id: Id, address: usize, size: Option<usize>, call: impl FnOnce() -> Status) -> Status {
+    if address == 0 || nested() {
+        return call();
+    }
+    freeing(id, address, size);
+    guarded(call)
+}
+
+/// Reads an out-parameter the original filled (0 for a null pointer).
+///
+/// # Safety
+///
+/// `p` is null or points to a `T` (the caller's out-parameter, written by
+/// a successful call).
+#[inline(always)]
+unsafe fn out<T: Copy + Default>(p: *const T) -> T {
+    if p.is_null() {
+        T::default()
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { p.read_unaligned() }
+    }
+}
+
+/// A host pointer out-parameter as an address.
+///
+/// # Safety
+///
+/// As for [`out`].
+#[inline(always)]
+unsafe fn out_ptr(p: *const *mut c_void) -> usize {
+    if p.is_null() {
+        0
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { p.read_unaligned() as usize }
+    }
+}
+
+/// Defines a hook: `alloc TYPE => (address, size)` or `free => (address,
+/// size or None)`, both expressions over the arguments (and, for alloc,
+/// the out-parameters the successful original filled).
+macro_rules! hook {
+    ($name:ident($($a:ident: $t:ty),*) alloc $mt:ident => ($addr:expr, $size:expr)) => {
+        #[allow(unused_unsafe)]
+        pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
+            type F = unsafe extern "C" fn($($t),*) -> Status;
+            let Some(f) = original::<F>(Id::$name) else { return UNAVAILABLE };
+            on_alloc(
+                Id::$name,
+                MemType::$mt,
+                // SAFETY: the caller's arguments, to the function they called.
+                || unsafe { f($($a),*) },
+                // SAFETY: the out-parameters a successful call filled.
+                || unsafe { ($addr, $size) },
+            )
+        }
+    };
+    ($name:ident($($a:ident: $t:ty),*) free => ($addr:expr, $size:expr)) => {
+        pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
+            type F = unsafe extern "C" fn($($t),*) -> Status;
+            let Some(f) = original::<F>(Id::$name) else { return UNAVAILABLE };
+            // SAFETY: the caller's arguments, to the function they called.
+            on_free(Id::$name, $addr, $size, || unsafe { f($($a),*) })
+        }
+    };
+}
+
+// The driver.
+hook!(cuMemAlloc(dptr: *mut CUdeviceptr_v1, bytesize: c_uint) alloc Cuda => (out(dptr) as usize, bytesize as usize));
+hook!(cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) alloc Cuda => (out(dptr) as usize, bytesize));
+hook!(cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint)
+    alloc CudaManaged => (out(dptr) as usize, bytesize));
+hook!(cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint)
+    alloc Cuda => (out(dptr) as usize, out(pitch) as usize * height as usize));
+hook!(cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint)
+    alloc Cuda => (out(dptr) as usize, out(pitch).saturating_mul(height)));
+// Stream-ordered allocations come from a pool that may hold device or
+// host memory: the type is asked of the driver.
+hook!(cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
+    alloc Unknown => (out(dptr) as usize, bytesize));
+hook!(cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
+    alloc Unknown => (out(dptr) as usize, bytesize));
+hook!(cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
+    alloc Unknown => (out(dptr) as usize, bytesize));
+hook!(cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream)
+    alloc Unknown => (out(dptr) as usize, bytesize));
+// Physical memory from cuMemCreate may be on a device or on the host.
+hook!(cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: c_ulonglong)
+    alloc Unknown => (ptr as usize, size));
+hook!(cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) alloc CudaHost => (out_ptr(pp), bytesize));
+hook!(cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) alloc CudaHost => (out_ptr(pp), bytesize));
+hook!(cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c_uint) alloc CudaHost => (p as usize, bytesize));
+hook!(cuMemFree(dptr: CUdeviceptr_v1) free => (dptr as usize, None));
+hook!(cuMemFree_v2(dptr: CUdeviceptr) free => (dptr as usize, None));
+hook!(cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) free => (dptr as usize, None));
+hook!(cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) free => (dptr as usize, None));
+hook!(cuMemFreeHost(p: *mut c_void) free => (p as usize, None));
+hook!(cuMemUnmap(ptr: CUdeviceptr, size: usize) free => (ptr as usize, Some(size)));
+hook!(cuMemHostUnregister(p: *mut c_void) free => (p as usize, None));
+
+/// A module or library global: `bytes` may be null, and the size is
+/// wanted, so the hook passes its own out-parameter then.
+macro_rules! global_hook {
+    ($name:ident, $handle:ty) => {
+        pub(crate) unsafe extern "C" fn $name(
+            dptr: *mut CUdeviceptr,
+            bytes: *mut usize,
+            handle: $handle,
+            name: *const c_char,
+        ) -> Status {
+            type F = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, $handle, *const c_char) -> Status;
+            let Some(f) = original::<F>(Id::$name) else {
+                return UNAVAILABLE;
+            };
+            let mut size = 0usize;
+            let bytes_out = if bytes.is_null() { &raw mut size } else { bytes };
+            // A `__managed__` global is managed memory: the driver says.
+            on_alloc(
+                Id::$name,
+                MemType::Unknown,
+                // SAFETY: the caller's arguments (a valid out-parameter for
+                // the size in place of a null one).
+                || unsafe { f(dptr, bytes_out, handle, name) },
+                // SAFETY: out-parameters the successful call filled.
+                || unsafe { (out(dptr) as usize, out(bytes_out)) },
+            )
+        }
+    };
+}
+
+global_hook!(cuModuleGetGlobal_v2, CUmodule);
+global_hook!(cuLibraryGetGlobal, CUlibrary);
+
+// The runtime.
+type CudaStream = cudaStream_t;
+hook!(cudaMalloc(p: *mut *mut c_void, size: usize) alloc Cuda => (out_ptr(p), size));
+hook!(cudaMallocManaged(p: *mut *mut c_void, size: usize, flags: c_uint) alloc CudaManaged => (out_ptr(p), size));
+hook!(cudaMallocPitch(p: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize)
+    alloc Cuda => (out_ptr(p), out(pitch).saturating_mul(height)));
+hook!(cudaMallocAsync(p: *mut *mut c_void, size: usize, stream: CudaStream) alloc Unknown => (out_ptr(p), size));
+hook!(cudaMallocAsync_ptsz(p: *mut *mut c_void, size: usize, stream: CudaStream) alloc Unknown => (out_ptr(p), size));
+hook!(cudaMallocFromPoolAsync(p: *mut *mut c_void, size: usize, pool: cudaMemPool_t, stream: CudaStream)
+    alloc Unknown => (out_ptr(p), size));
+hook!(cudaMallocFromPoolAsync_ptsz(p: *mut *mut c_void, size: usize, pool: cudaMemPool_t, stream: CudaStream)
+    alloc Unknown => (out_ptr(p), size));
+// The size of a symbol is the driver's range at the address.
+hook!(cudaGetSymbolAddress(p: *mut *mut c_void, symbol: *const c_void) alloc Unknown => (out_ptr(p), 0));
+hook!(cudaMallocHost(p: *mut *mut c_void, size: usize) alloc CudaHost => (out_ptr(p), size));
+hook!(cudaHostAlloc(p: *mut *mut c_void, size: usize, flags: c_uint) alloc CudaHost => (out_ptr(p), size));
+hook!(cudaHostRegister(p: *mut c_void, size: usize, flags: c_uint) alloc CudaHost => (p as usize, size));
+hook!(cudaFree(p: *mut c_void) free => (p as usize, None));
+hook!(cudaFreeAsync(p: *mut c_void, stream: CudaStream) free => (p as usize, None));
+hook!(cudaFreeAsync_ptsz(p: *mut c_void, stream: CudaStream) free => (p as usize, None));
+hook!(cudaFreeHost(p: *mut c_void) free => (p as usize, None));
+hook!(cudaHostUnregister(p: *mut c_void) free => (p as usize, None));
+
+/// `cuGetProcAddress` (CUDA 11.3's, without the status out-parameter).
+pub(crate) unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: cuuint64_t,
+) -> Status {
+    type F = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, cuuint64_t) -> Status;
+    let Some(f) = original::<F>(Id::cuGetProcAddress) else {
+        return UNAVAILABLE;
+    };
+    // SAFETY: the caller's arguments.
+    let status = unsafe { f(symbol, pfn, version, flags) };
+    if status == SUCCESS {
+        // SAFETY: a successful call filled `*pfn`.
+        unsafe { super::procaddr::answer(pfn) };
+    }
+    status
+}
+
+/// `cuGetProcAddress_v2` (CUDA 12+, what `cuGetProcAddress` means in
+/// today's headers).
+pub(crate) unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: cuuint64_t,
+    symbol_status: *mut CUdriverProcAddressQueryResult,
+) -> Status {
+    type F =
+        unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, cuuint64_t, *mut CUdriverProcAddressQueryResult) -> Status;
+    let Some(f) = original::<F>(Id::cuGetProcAddress_v2) else {
+        return UNAVAILABLE;
+    };
+    // SAFETY: the caller's arguments.
+    let status = unsafe { f(symbol, pfn, version, flags, symbol_status) };
+    if status == SUCCESS {
+        // SAFETY: a successful call filled `*pfn`.
+        unsafe { super::procaddr::answer(pfn) };
+    }
+    status
+}

@@ -1,0 +1,352 @@
+//! CUDA memory-type hooks: the driver's and the runtime's allocation and
+//! free functions, hooked by the modes of `MEMHOOK_CUDA_HOOK_MODE`, each
+//! reporting `MEM_TYPE_ALLOC` after a successful allocation and
+//! `MEM_TYPE_FREE` before a free, and feeding the [`crate::memtype`] map.
+//!
+//! - **bistro** patches the entries of libcuda (and of a shared libcudart)
+//!   the moment the library is loaded, at install or later (memhook
+//!   follows `dlopen` and `dlclose`).
+//! - **reloc** rewrites every object's GOT slots that name a hooked
+//!   function.
+//! - **procaddr** answers `dlsym` of a hooked driver function, and every
+//!   `cuGetProcAddress` lookup, with the hook (see [`procaddr`]).
+//!
+//! A function hooked by several modes reports once: every mode's hook is
+//! the same function, and its original is the bistro trampoline when the
+//! entry is patched (else the library's entry). A hooked call made inside
+//! another hooked call's original (`cudaMalloc` calling `cuMemAlloc_v2`)
+//! reports nothing: the outer one reports.
+//!
+//! Which modes took, per function and why the others did not, is in
+//! [`crate::status`].
+
+mod driver;
+mod events;
+mod hooks;
+mod procaddr;
+
+use core::ffi::{CStr, c_char};
+use core::fmt::Write;
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use memhook_core::config::{HookMode, ModeSet};
+
+pub use driver::{PciBusId, pci_bus_id};
+pub(crate) use driver::{classify, load as load_driver};
+use hooks::{COUNT, ENTRY, EVENTS, Id, Kind, Lib, ORIG, RELOC};
+
+use crate::install::{FunctionStatus, REASON};
+use crate::reloc;
+
+/// Status entries the CUDA hooks can hold (every function in three modes).
+pub(crate) const STATUS: usize = 3 * COUNT;
+
+/// A hooked library as loaded.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Attached {
+    id: reloc::ObjectId,
+}
+
+struct State {
+    modes: ModeSet,
+    /// Driver, runtime.
+    attached: [Option<Attached>; 2],
+    #[cfg(feature = "bistro")]
+    bistro: heapless::Vec<(Id, crate::bistro::Hook), COUNT>,
+    status: heapless::Vec<FunctionStatus, STATUS>,
+}
+
+static STATE: spin::Mutex<State> = spin::Mutex::new(State {
+    modes: ModeSet::of(&[]),
+    attached: [None, None],
+    #[cfg(feature = "bistro")]
+    bistro: heapless::Vec::new(),
+    status: heapless::Vec::new(),
+});
+
+/// Set when a load or unload was seen while the state was held.
+static PENDING: AtomicBool = AtomicBool::new(false);
+
+impl Lib {
+    const fn index(self) -> usize {
+        match self {
+            Lib::Driver => 0,
+            Lib::Runtime => 1,
+        }
+    }
+
+    /// The library's name as status shows it.
+    pub(crate) const fn soname(self) -> &'static str {
+        match self {
+            Lib::Driver => "libcuda.so.1",
+            Lib::Runtime => "libcudart.so",
+        }
+    }
+
+    /// Which hooked library a loaded object's path names.
+    fn of_path(path: &[u8]) -> Option<Lib> {
+        let base = path.rsplit(|&b| b == b'/').next()?;
+        if base == b"libcuda.so" || base.starts_with(b"libcuda.so.") {
+            Some(Lib::Driver)
+        } else if base.starts_with(b"libcudart.so") {
+            Some(Lib::Runtime)
+        } else {
+            None
+        }
+    }
+}
+
+fn note(state: &mut State, id: Id, mode: HookMode, why: Option<&dyn core::fmt::Display>) {
+    let function = id.name().to_str().unwrap_or("?");
+    let mut reason = heapless::String::<REASON>::new();
+    if let Some(why) = why {
+        let _ = write!(reason, "{why}");
+    }
+    let entry = FunctionStatus {
+        function,
+        library: id.lib().soname(),
+        mode,
+        installed: why.is_none(),
+        reason,
+    };
+    match state
+        .status
+        .iter_mut()
+        .find(|s| s.function == function && s.mode == mode)
+    {
+        Some(s) => *s = entry,
+        None => {
+            let _ = state.status.push(entry);
+        }
+    }
+}
+
+/// Installs the CUDA hooks of `modes` (the caller has removed any earlier
+/// install). Libraries not loaded yet are hooked when they load.
+pub(crate) fn install(modes: ModeSet) {
+    if modes.is_empty() {
+        return;
+    }
+    let mut state = STATE.lock();
+    state.modes = modes;
+    let procaddr = modes.contains(HookMode::Procaddr);
+    let mut entries: heapless::Vec<reloc::Entry, COUNT> = heapless::Vec::new();
+    for id in Id::ALL {
+        let slots = match id.kind() {
+            Kind::ProcAddr => procaddr,
+            Kind::Alloc | Kind::Free => modes.contains(HookMode::Reloc),
+        };
+        let answer = (procaddr && id.lib() == Lib::Driver).then_some(&ENTRY[id as usize]);
+        if slots || answer.is_some() {
+            let _ = entries.push(reloc::Entry {
+                name: id.name(),
+                hook: id.hook(),
+                original: &RELOC[id as usize],
+                slots,
+                answer,
+            });
+        }
+    }
+    reloc::on_objects_changed(objects_changed);
+    // Also interposes dlopen/dlclose (late loads) for bistro alone.
+    // SAFETY: each hook has its symbol's signature and calls the original
+    // through ORIG, else the RELOC record reloc fills before any slot.
+    let result = unsafe { reloc::install_with(&entries) };
+    for e in &entries {
+        let Some(id) = Id::ALL.into_iter().find(|id| id.name() == e.name) else {
+            continue;
+        };
+        let err = result.err();
+        let why = err.as_ref().map(|e| e as &dyn core::fmt::Display);
+        if e.slots && id.kind() != Kind::ProcAddr {
+            note(&mut state, id, HookMode::Reloc, why);
+        }
+        if procaddr {
+            note(&mut state, id, HookMode::Procaddr, why);
+        }
+    }
+    procaddr::ANSWERING.store(procaddr, Ordering::Release);
+    sync(&mut state);
+    drop(state);
+    drain();
+}
+
+/// Undoes the bistro patches and stops answering lookups (reloc's slots
+/// are restored by `reloc::uninstall`). Hooks handed out earlier keep
+/// working: they call the library's entry.
+pub(crate) fn uninstall() {
+    let mut state = STATE.lock();
+    procaddr::ANSWERING.store(false, Ordering::Release);
+    #[cfg(feature = "bistro")]
+    while let Some((id, h)) = state.bistro.pop() {
+        match h.unpatch() {
+            Ok(()) => ORIG[id as usize].store(ENTRY[id as usize].load(Ordering::Acquire), Ordering::Release),
+            Err((h, _)) => {
+                // Another hooker patched over ours: ours stays, working.
+                let _ = state.bistro.push((id, h));
+                break;
+            }
+        }
+    }
+    state.attached = [None, None];
+    state.modes = ModeSet::of(&[]);
+    state.status.clear();
+}
+
+/// Per function and mode: installed, or why not.
+pub(crate) fn status() -> heapless::Vec<FunctionStatus, STATUS> {
+    STATE.lock().status.clone()
+}
+
+/// Called by reloc after every `dlopen` and `dlclose`: hooks libraries
+/// that appeared, forgets those that went. Never waits for the state.
+fn objects_changed() {
+    PENDING.store(true, Ordering::SeqCst);
+    drain();
+}
+
+/// Syncs while a sync was asked for and the state is free.
+fn drain() {
+    while PENDING.load(Ordering::SeqCst) {
+        let Some(mut state) = STATE.try_lock() else {
+            return; // the holder drains after it lets go
+        };
+        PENDING.store(false, Ordering::SeqCst);
+        sync(&mut state);
+    }
+}
+
+/// Attaches to the hooked libraries loaded now, detaches from those gone.
+fn sync(state: &mut State) {
+    if state.modes.is_empty() {
+        return;
+    }
+    let mut found: [Option<(reloc::ObjectId, *const c_char, heapless::Vec<(usize, usize), { reloc::MAX_SEGMENTS }>)>; 2] = [None, None];
+    reloc::for_each_object(|o| {
+        if let Some(lib) = Lib::of_path(o.name)
+            && found[lib.index()].is_none()
+        {
+            found[lib.index()] = Some((o.id, o.name.as_ptr().cast(), o.segments.clone()));
+        }
+    });
+    for lib in [Lib::Driver, Lib::Runtime] {
+        let now = found[lib.index()].as_ref().map(|f| f.0);
+        let before = state.attached[lib.index()].map(|a| a.id);
+        if before.is_some() && before != now {
+            detach(state, lib);
+        }
+        match &found[lib.index()] {
+            Some((id, name, segments)) if before != now => attach(state, lib, *id, *name, segments),
+            None if before.is_none() => {
+                #[cfg(feature = "bistro")]
+                if state.modes.contains(HookMode::Bistro) {
+                    for f in Id::ALL.into_iter().filter(|f| f.lib() == lib && f.kind() != Kind::ProcAddr) {
+                        note(
+                            state,
+                            f,
+                            HookMode::Bistro,
+                            Some(&format_args!("{} not loaded yet: patched when it loads", lib.soname())),
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Resolves `lib`'s hooked functions in the object just found, patches
+/// them (bistro) and makes the hooks' originals the definitions.
+fn attach(state: &mut State, lib: Lib, object: reloc::ObjectId, name: *const c_char, segments: &[(usize, usize)]) {
+    // SAFETY: `name` is the loaded object's NUL-terminated path (or "" for
+    // the program); RTLD_NOLOAD only finds an object already loaded.
+    let handle = unsafe { libc::dlopen(name, libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if handle.is_null() {
+        return;
+    }
+    let inside = |p: usize| segments.iter().any(|&(s, e)| (s..e).contains(&p));
+    let lookup = |symbol: &CStr| {
+        // SAFETY: a live handle and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(handle, symbol.as_ptr()) } as usize;
+        if inside(p) { p } else { 0 }
+    };
+    if lib == Lib::Driver {
+        driver::resolve(lookup);
+    }
+    for id in Id::ALL.into_iter().filter(|id| id.lib() == lib) {
+        let entry = lookup(id.name());
+        ENTRY[id as usize].store(entry, Ordering::Release);
+        if entry == 0 {
+            if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
+                note(state, id, HookMode::Bistro, Some(&format_args!("not exported by {}", lib.soname())));
+            }
+            if state.modes.contains(HookMode::Procaddr) && lib == Lib::Driver {
+                note(state, id, HookMode::Procaddr, Some(&format_args!("not exported by {}", lib.soname())));
+            }
+            continue;
+        }
+        let mut patched = false;
+        #[cfg(feature = "bistro")]
+        if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
+            // SAFETY: the entry of the function `id` names, and its hook,
+            // which calls the original through ORIG (set by patch_with
+            // before the patch is visible).
+            match unsafe { crate::bistro::Hook::patch_with(entry, id.hook(), &ORIG[id as usize]) } {
+                Ok(h) => {
+                    let _ = state.bistro.push((id, h));
+                    note(state, id, HookMode::Bistro, None);
+                    patched = true;
+                }
+                Err(e) => note(state, id, HookMode::Bistro, Some(&e)),
+            }
+        }
+        if !patched {
+            ORIG[id as usize].store(entry, Ordering::Release);
+        }
+    }
+    // SAFETY: the handle dlopen returned above.
+    unsafe { libc::dlclose(handle) };
+    state.attached[lib.index()] = Some(Attached { id: object });
+}
+
+/// `lib` was unloaded: its code is gone, so nothing is unpatched; the hooks
+/// answer "unavailable" until it is loaded again.
+fn detach(state: &mut State, lib: Lib) {
+    #[cfg(feature = "bistro")]
+    state.bistro.retain(|(id, _)| id.lib() != lib);
+    for id in Id::ALL.into_iter().filter(|id| id.lib() == lib) {
+        ORIG[id as usize].store(0, Ordering::Release);
+        RELOC[id as usize].store(0, Ordering::Release);
+        ENTRY[id as usize].store(0, Ordering::Release);
+        if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
+            note(state, id, HookMode::Bistro, Some(&format_args!("{} was unloaded", lib.soname())));
+        }
+    }
+    if lib == Lib::Driver {
+        driver::forget();
+    }
+    state.attached[lib.index()] = None;
+}
+
+/// Events each hooked CUDA function emitted, by name (functions that
+/// emitted none are left out).
+pub fn events_by_function() -> heapless::Vec<(&'static str, u64), COUNT> {
+    Id::ALL
+        .into_iter()
+        .filter_map(|id| {
+            let n = EVENTS[id as usize].load(Ordering::Relaxed);
+            (n != 0).then(|| (id.name().to_str().unwrap_or("?"), n))
+        })
+        .collect()
+}
+
+/// `cuGetProcAddress` and `dlsym` lookups procaddr answered with a hook.
+pub fn procaddr_answers() -> u64 {
+    procaddr::ANSWERED.load(Ordering::Relaxed)
+}
+
+/// Whether libcuda (`Lib::Driver`) or libcudart is hooked now.
+pub fn attached() -> (bool, bool) {
+    let s = STATE.lock();
+    (s.attached[0].is_some(), s.attached[1].is_some())
+}

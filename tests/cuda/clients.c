@@ -1,0 +1,98 @@
+/* Clients of the fake driver, built by the tests into separate shared
+ * objects (one -DCLIENT_* each), as an application's libraries reach the
+ * driver:
+ *   CLIENT_PLT     links against libcuda.so.1 and calls through its PLT;
+ *   CLIENT_DLSYM   dlopens libcuda and resolves functions with dlsym;
+ *   CLIENT_RUNTIME behaves as CUDA 13's runtime: dlsym of
+ *                  cuGetProcAddress_v2, then cuGetProcAddress for
+ *                  cuGetProcAddress itself, then for everything else
+ *                  through the pointer it got;
+ *   CLIENT_LOADER  only dlopens (so that the test's loads go through a
+ *                  library whose dlopen memhook follows).
+ * Each run function makes `n` allocations of `size` bytes and frees them,
+ * returning the number of calls that failed (or -1 when a function could
+ * not be found). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stddef.h>
+
+typedef unsigned long long CUdeviceptr;
+typedef int CUresult;
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, void *);
+typedef CUresult (*free_async_fn)(CUdeviceptr, void *);
+typedef CUresult (*gpa_fn)(const char *, void **, int, unsigned long long, int *);
+
+__attribute__((unused)) static int pairs(alloc_fn a, free_fn f, int n, size_t size) {
+    int failed = 0;
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr p = 0;
+        if (a(&p, size) != 0) {
+            failed++;
+            continue;
+        }
+        failed += f(p) != 0;
+    }
+    return failed;
+}
+
+#ifdef CLIENT_PLT
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+int plt_run(int n, size_t size) { return pairs(cuMemAlloc_v2, cuMemFree_v2, n, size); }
+/* One allocation left alive, for lookups. */
+CUdeviceptr plt_alloc(size_t size) {
+    CUdeviceptr p = 0;
+    return cuMemAlloc_v2(&p, size) == 0 ? p : 0;
+}
+int plt_free(CUdeviceptr p) { return cuMemFree_v2(p); }
+#endif
+
+#ifdef CLIENT_DLSYM
+int dlsym_run(const char *libcuda, int n, size_t size) {
+    void *h = dlopen(libcuda, RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return -1;
+    alloc_fn a = (alloc_fn)dlsym(h, "cuMemAlloc_v2");
+    free_fn f = (free_fn)dlsym(h, "cuMemFree_v2");
+    int r = a && f ? pairs(a, f, n, size) : -1;
+    dlclose(h);
+    return r;
+}
+#endif
+
+#ifdef CLIENT_RUNTIME
+int runtime_run(const char *libcuda, int n, size_t size) {
+    void *h = dlopen(libcuda, RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return -1;
+    gpa_fn first = (gpa_fn)dlsym(h, "cuGetProcAddress_v2");
+    gpa_fn gpa = NULL;
+    int r = -1;
+    if (first && first("cuGetProcAddress", (void **)&gpa, 13000, 0, NULL) == 0 && gpa) {
+        alloc_fn a = NULL;
+        free_fn f = NULL;
+        alloc_async_fn aa = NULL;
+        free_async_fn fa = NULL;
+        gpa("cuMemAlloc", (void **)&a, 13000, 0, NULL);
+        gpa("cuMemFree", (void **)&f, 13000, 0, NULL);
+        /* --default-stream per-thread: the _ptsz definitions. */
+        gpa("cuMemAllocAsync", (void **)&aa, 13000, 2, NULL);
+        gpa("cuMemFreeAsync", (void **)&fa, 13000, 2, NULL);
+        if (a && f && aa && fa) {
+            r = pairs(a, f, n, size);
+            CUdeviceptr p = 0;
+            if (aa(&p, size, NULL) != 0 || fa(p, NULL) != 0)
+                r++;
+        }
+    }
+    dlclose(h);
+    return r;
+}
+#endif
+
+#ifdef CLIENT_LOADER
+void *loader_open(const char *path) { return dlopen(path, RTLD_NOW | RTLD_GLOBAL); }
+int loader_close(void *h) { return dlclose(h); }
+#endif

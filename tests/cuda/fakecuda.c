@@ -1,0 +1,523 @@
+/* A fake CUDA driver, built by the tests as libcuda.so.1 (CI has no GPU).
+ *
+ * Every exported driver function starts with the real entry bytes of
+ * driver 580's libcuda (tests/fixtures/prologues-h200-*.tsv):
+ *
+ *   55                    push rbp
+ *   48 89 e5              mov rbp, rsp
+ *   41 54                 push r12
+ *   48 83 ec 08           sub rsp, 8
+ *   81 3d d32 00ba1c32    cmp dword [rip + d32], 0x321cba00   (driver torn down?)
+ *   0f 84 r32             je  <error path>
+ *
+ * (only the two displacements differ: they point into this library), then
+ * unwinds and tail-calls the fake implementation. So bistro relocates the
+ * same instructions here as on the real driver, including the
+ * RIP-relative compare when an entry takes the long form.
+ *
+ * The fake work keeps a table of allocations in reserved address space
+ * ("device" memory, PROT_NONE), so that cuMemGetAddressRange and
+ * cuPointerGetAttributes answer like the driver. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+
+typedef unsigned long long CUdeviceptr;
+typedef int CUresult;
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_DEINITIALIZED = 4,
+    CUDA_ERROR_NOT_FOUND = 500,
+};
+enum { T_NONE = 0, T_HOST = 1, T_DEVICE = 2, T_MANAGED = 4 };
+
+/* The word the entries compare: 0x321cba00 means "torn down". */
+__attribute__((used, visibility("hidden"))) uint32_t fake_state;
+
+#define ENTRY(name)                                                          \
+    __asm__(".text\n"                                                        \
+            ".globl " #name "\n"                                             \
+            ".type " #name ", @function\n"                                   \
+            ".p2align 4\n" #name ":\n"                                       \
+            "push %rbp\n"                                                    \
+            "mov %rsp, %rbp\n"                                               \
+            "push %r12\n"                                                    \
+            "sub $8, %rsp\n"                                                 \
+            "cmpl $0x321cba00, fake_state(%rip)\n"                           \
+            ".byte 0x0f, 0x84\n"                                             \
+            ".long 1f - . - 4\n"                                             \
+            "add $8, %rsp\n"                                                 \
+            "pop %r12\n"                                                     \
+            "pop %rbp\n"                                                     \
+            "jmp impl_" #name "\n"                                           \
+            "1:\n"                                                           \
+            "add $8, %rsp\n"                                                 \
+            "pop %r12\n"                                                     \
+            "pop %rbp\n"                                                     \
+            "mov $4, %eax\n"                                                 \
+            "ret\n"                                                          \
+            ".size " #name ", . - " #name "\n");
+
+#define IMPL __attribute__((used, visibility("hidden")))
+
+static atomic_ulong calls;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread int current_device;
+
+struct alloc {
+    uintptr_t base;
+    size_t size;
+    int type;
+    int device;
+};
+#define MAX_ALLOCS 65536
+static struct alloc allocs[MAX_ALLOCS];
+static int nallocs;
+
+/* Reserved address space: 64 GiB of "device" memory, and 64 MiB below
+ * 4 GiB for the legacy 32-bit calls. */
+struct arena {
+    uintptr_t base, top, end;
+};
+static struct arena device_arena, low_arena;
+
+static int arena_init(struct arena *a, size_t size, int extra) {
+    if (a->base)
+        return 0;
+    void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | extra, -1, 0);
+    if (p == MAP_FAILED)
+        return -1;
+    a->base = a->top = (uintptr_t)p;
+    a->end = a->base + size;
+    return 0;
+}
+
+static uintptr_t arena_alloc(struct arena *a, size_t size) {
+    size_t rounded = (size + 255) & ~(size_t)255;
+    if (rounded == 0 || a->top + rounded > a->end)
+        return 0;
+    uintptr_t p = a->top;
+    a->top += rounded;
+    return p;
+}
+
+static void arena_free(struct arena *a, uintptr_t p, size_t size) {
+    size_t rounded = (size + 255) & ~(size_t)255;
+    if (p + rounded == a->top) /* the last one: give it back (alloc/free loops reuse) */
+        a->top = p;
+}
+
+static struct alloc *find(uintptr_t p) {
+    for (int i = nallocs - 1; i >= 0; i--)
+        if (p >= allocs[i].base && p < allocs[i].base + allocs[i].size)
+            return &allocs[i];
+    return NULL;
+}
+
+static int record(uintptr_t base, size_t size, int type) {
+    if (nallocs == MAX_ALLOCS)
+        return -1;
+    allocs[nallocs++] = (struct alloc){base, size, type, type == T_HOST ? -1 : current_device};
+    return 0;
+}
+
+static void forget(struct alloc *a) { *a = allocs[--nallocs]; }
+
+/* Device-side allocation of `size` in `arena`, recorded with `type`. */
+static CUresult alloc_in(struct arena *a, size_t arena_size, int extra, uintptr_t *out, size_t size, int type) {
+    atomic_fetch_add(&calls, 1);
+    if (!out || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (arena_init(a, arena_size, extra) == 0) {
+        uintptr_t p = arena_alloc(a, size);
+        if (p && record(p, size, type) == 0) {
+            *out = p;
+            rc = CUDA_SUCCESS;
+        } else if (p) {
+            arena_free(a, p, size);
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+static CUresult dev_alloc(CUdeviceptr *dptr, size_t size, int type) {
+    uintptr_t p = 0;
+    CUresult rc = alloc_in(&device_arena, (size_t)64 << 30, 0, &p, size, type);
+    if (rc == CUDA_SUCCESS)
+        *dptr = p;
+    return rc;
+}
+
+static CUresult low_alloc(unsigned int *dptr, size_t size) {
+    uintptr_t p = 0;
+    CUresult rc = alloc_in(&low_arena, (size_t)64 << 20, MAP_32BIT, &p, size, T_DEVICE);
+    if (rc == CUDA_SUCCESS)
+        *dptr = (unsigned int)p;
+    return rc;
+}
+
+/* Frees the allocation starting at p (of `type` when type != 0). */
+static CUresult free_at(uintptr_t p, int type) {
+    atomic_fetch_add(&calls, 1);
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find(p);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (a && a->base == p && (type == 0 || a->type == type)) {
+        uintptr_t base = a->base;
+        size_t size = a->size;
+        int t = a->type;
+        forget(a);
+        if (t == T_HOST)
+            munmap((void *)base, (size + 4095) & ~(size_t)4095);
+        else if (base >= low_arena.base && base < low_arena.end)
+            arena_free(&low_arena, base, size);
+        else
+            arena_free(&device_arena, base, size);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+static CUresult host_alloc(void **pp, size_t size) {
+    atomic_fetch_add(&calls, 1);
+    if (!pp || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    void *p = mmap(NULL, (size + 4095) & ~(size_t)4095, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    int ok = record((uintptr_t)p, size, T_HOST) == 0;
+    pthread_mutex_unlock(&lock);
+    if (!ok) {
+        munmap(p, (size + 4095) & ~(size_t)4095);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+/* ---- The hooked allocation functions. ---- */
+ENTRY(cuMemAlloc)
+IMPL CUresult impl_cuMemAlloc(unsigned int *dptr, unsigned int size) { return low_alloc(dptr, size); }
+ENTRY(cuMemAlloc_v2)
+IMPL CUresult impl_cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) { return dev_alloc(dptr, size, T_DEVICE); }
+ENTRY(cuMemAllocManaged)
+IMPL CUresult impl_cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned flags) {
+    (void)flags;
+    return dev_alloc(dptr, size, T_MANAGED);
+}
+ENTRY(cuMemAllocPitch)
+IMPL CUresult impl_cuMemAllocPitch(unsigned *dptr, unsigned *pitch, unsigned w, unsigned h, unsigned elem) {
+    (void)elem;
+    if (!pitch)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned p = (w + 511) & ~511u;
+    CUresult rc = low_alloc(dptr, (size_t)p * h);
+    if (rc == CUDA_SUCCESS)
+        *pitch = p;
+    return rc;
+}
+ENTRY(cuMemAllocPitch_v2)
+IMPL CUresult impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned elem) {
+    (void)elem;
+    if (!pitch)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t p = (w + 511) & ~(size_t)511;
+    CUresult rc = dev_alloc(dptr, p * h, T_DEVICE);
+    if (rc == CUDA_SUCCESS)
+        *pitch = p;
+    return rc;
+}
+ENTRY(cuMemAllocAsync)
+IMPL CUresult impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t size, void *stream) {
+    (void)stream;
+    return dev_alloc(dptr, size, T_DEVICE);
+}
+ENTRY(cuMemAllocAsync_ptsz)
+IMPL CUresult impl_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, void *stream) {
+    (void)stream;
+    return dev_alloc(dptr, size, T_DEVICE);
+}
+ENTRY(cuMemAllocFromPoolAsync)
+IMPL CUresult impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, void *pool, void *stream) {
+    (void)stream;
+    /* A pool handle with bit 0 set is a pool of host memory. */
+    return dev_alloc(dptr, size, ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
+}
+ENTRY(cuMemAllocFromPoolAsync_ptsz)
+IMPL CUresult impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, void *pool, void *stream) {
+    (void)stream;
+    return dev_alloc(dptr, size, ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
+}
+ENTRY(cuMemMap)
+IMPL CUresult impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, unsigned long long handle,
+                            unsigned long long flags) {
+    (void)offset;
+    (void)flags;
+    atomic_fetch_add(&calls, 1);
+    if (!ptr || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* A handle with bit 0 set is host memory (CU_MEM_LOCATION_TYPE_HOST). */
+    pthread_mutex_lock(&lock);
+    int ok = record(ptr, size, (handle & 1) ? T_HOST : T_DEVICE) == 0;
+    pthread_mutex_unlock(&lock);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+ENTRY(cuMemUnmap)
+IMPL CUresult impl_cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    (void)size;
+    atomic_fetch_add(&calls, 1);
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find(ptr);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (a && a->base == ptr) {
+        forget(a);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* Globals: "managed_*" names are __managed__ variables. */
+static CUresult global(CUdeviceptr *dptr, size_t *bytes, const char *name) {
+    static CUdeviceptr plain, managed;
+    CUdeviceptr *slot = (name && strncmp(name, "managed_", 8) == 0) ? &managed : &plain;
+    if (!*slot) {
+        CUresult rc = dev_alloc(slot, 256, slot == &managed ? T_MANAGED : T_DEVICE);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    } else {
+        atomic_fetch_add(&calls, 1);
+    }
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dptr = *slot;
+    if (bytes)
+        *bytes = 256;
+    return CUDA_SUCCESS;
+}
+ENTRY(cuModuleGetGlobal_v2)
+IMPL CUresult impl_cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, void *mod, const char *name) {
+    (void)mod;
+    return global(dptr, bytes, name);
+}
+ENTRY(cuLibraryGetGlobal)
+IMPL CUresult impl_cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, void *lib, const char *name) {
+    (void)lib;
+    return global(dptr, bytes, name);
+}
+ENTRY(cuMemAllocHost_v2)
+IMPL CUresult impl_cuMemAllocHost_v2(void **pp, size_t size) { return host_alloc(pp, size); }
+ENTRY(cuMemHostAlloc)
+IMPL CUresult impl_cuMemHostAlloc(void **pp, size_t size, unsigned flags) {
+    (void)flags;
+    return host_alloc(pp, size);
+}
+ENTRY(cuMemHostRegister_v2)
+IMPL CUresult impl_cuMemHostRegister_v2(void *p, size_t size, unsigned flags) {
+    (void)flags;
+    atomic_fetch_add(&calls, 1);
+    if (!p || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    /* Registered, not allocated: T_HOST, but munmap'ed by nobody here. */
+    int ok = record((uintptr_t)p, size, T_HOST + 16) == 0;
+    pthread_mutex_unlock(&lock);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* ---- The hooked free functions. ---- */
+ENTRY(cuMemFree)
+IMPL CUresult impl_cuMemFree(unsigned int p) { return free_at(p, 0); }
+ENTRY(cuMemFree_v2)
+IMPL CUresult impl_cuMemFree_v2(CUdeviceptr p) { return free_at(p, 0); }
+ENTRY(cuMemFreeAsync)
+IMPL CUresult impl_cuMemFreeAsync(CUdeviceptr p, void *stream) {
+    (void)stream;
+    return free_at(p, 0);
+}
+ENTRY(cuMemFreeAsync_ptsz)
+IMPL CUresult impl_cuMemFreeAsync_ptsz(CUdeviceptr p, void *stream) {
+    (void)stream;
+    return free_at(p, 0);
+}
+ENTRY(cuMemFreeHost)
+IMPL CUresult impl_cuMemFreeHost(void *p) { return free_at((uintptr_t)p, T_HOST); }
+ENTRY(cuMemHostUnregister)
+IMPL CUresult impl_cuMemHostUnregister(void *p) {
+    atomic_fetch_add(&calls, 1);
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find((uintptr_t)p);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (a && a->base == (uintptr_t)p && a->type == T_HOST + 16) {
+        forget(a);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* ---- What memhook asks the driver. ---- */
+ENTRY(cuInit)
+IMPL CUresult impl_cuInit(unsigned flags) {
+    (void)flags;
+    return CUDA_SUCCESS;
+}
+ENTRY(cuCtxGetDevice)
+IMPL CUresult impl_cuCtxGetDevice(int *device) {
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    *device = current_device;
+    return CUDA_SUCCESS;
+}
+ENTRY(cuMemGetAddressRange_v2)
+IMPL CUresult impl_cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find(p);
+    CUresult rc = CUDA_ERROR_NOT_FOUND;
+    if (a && a->type != T_HOST && a->type != T_HOST + 16) {
+        if (base)
+            *base = a->base;
+        if (size)
+            *size = a->size;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+ENTRY(cuPointerGetAttributes)
+IMPL CUresult impl_cuPointerGetAttributes(unsigned n, int *attributes, void **data, CUdeviceptr p) {
+    if (!attributes || !data)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find(p);
+    struct alloc none = {0, 0, T_NONE, -2};
+    if (!a)
+        a = &none;
+    int type = a->type == T_HOST + 16 ? T_HOST : a->type;
+    for (unsigned i = 0; i < n; i++) {
+        switch (attributes[i]) {
+        case 2: /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE */
+            *(unsigned *)data[i] = type == T_MANAGED ? T_DEVICE : (unsigned)type;
+            break;
+        case 8: /* CU_POINTER_ATTRIBUTE_IS_MANAGED: a C bool */
+            *(_Bool *)data[i] = type == T_MANAGED;
+            break;
+        case 9: /* CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL */
+            *(int *)data[i] = a->device;
+            break;
+        case 11: /* CU_POINTER_ATTRIBUTE_RANGE_START_ADDR */
+            *(CUdeviceptr *)data[i] = a->base;
+            break;
+        case 12: /* CU_POINTER_ATTRIBUTE_RANGE_SIZE */
+            *(size_t *)data[i] = a->size;
+            break;
+        default:
+            break;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+ENTRY(cuDeviceGetAttribute)
+IMPL CUresult impl_cuDeviceGetAttribute(int *value, int attribute, int device) {
+    if (!value || device < 0 || device > 7)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (attribute) {
+    case 33: /* PCI bus */
+        *value = 0x19 + device;
+        return CUDA_SUCCESS;
+    case 34: /* PCI device */
+    case 50: /* PCI domain */
+        *value = 0;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/* ---- cuGetProcAddress: the driver picks the definition by version and
+ * flags; so does the fake: NAME_v2 from version 3020, NAME_ptsz with
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (2). ---- */
+extern char cuMemAlloc[], cuMemAlloc_v2[], cuMemAllocManaged[], cuMemAllocPitch[], cuMemAllocPitch_v2[],
+    cuMemAllocAsync[], cuMemAllocAsync_ptsz[], cuMemAllocFromPoolAsync[], cuMemAllocFromPoolAsync_ptsz[], cuMemMap[],
+    cuMemUnmap[], cuModuleGetGlobal_v2[], cuLibraryGetGlobal[], cuMemAllocHost_v2[], cuMemHostAlloc[],
+    cuMemHostRegister_v2[], cuMemFree[], cuMemFree_v2[], cuMemFreeAsync[], cuMemFreeAsync_ptsz[], cuMemFreeHost[],
+    cuMemHostUnregister[], cuInit[], cuCtxGetDevice[], cuMemGetAddressRange_v2[], cuPointerGetAttributes[],
+    cuDeviceGetAttribute[], cuGetProcAddress[], cuGetProcAddress_v2[];
+
+static const struct {
+    const char *name;
+    void *fn;
+} procs[] = {
+#define P(x) {#x, x}
+    P(cuMemAlloc), P(cuMemAlloc_v2), P(cuMemAllocManaged), P(cuMemAllocPitch), P(cuMemAllocPitch_v2),
+    P(cuMemAllocAsync), P(cuMemAllocAsync_ptsz), P(cuMemAllocFromPoolAsync), P(cuMemAllocFromPoolAsync_ptsz),
+    P(cuMemMap), P(cuMemUnmap), P(cuModuleGetGlobal_v2), P(cuLibraryGetGlobal), P(cuMemAllocHost_v2),
+    P(cuMemHostAlloc), P(cuMemHostRegister_v2), P(cuMemFree), P(cuMemFree_v2), P(cuMemFreeAsync),
+    P(cuMemFreeAsync_ptsz), P(cuMemFreeHost), P(cuMemHostUnregister), P(cuInit), P(cuCtxGetDevice),
+    P(cuMemGetAddressRange_v2), P(cuPointerGetAttributes), P(cuDeviceGetAttribute), P(cuGetProcAddress),
+    P(cuGetProcAddress_v2),
+#undef P
+};
+
+static void *proc(const char *name) {
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++)
+        if (strcmp(procs[i].name, name) == 0)
+            return procs[i].fn;
+    return NULL;
+}
+
+static CUresult get_proc(const char *symbol, void **pfn, int version, unsigned long long flags, int *status) {
+    atomic_fetch_add(&calls, 1);
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    char name[128];
+    size_t n = strlen(symbol);
+    if (n > 100)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(name, symbol, n + 1);
+    if (version >= 3020) {
+        memcpy(name + n, "_v2", 4);
+        if (!proc(name))
+            name[n] = 0;
+    }
+    if (flags & 2) {
+        size_t m = strlen(name);
+        memcpy(name + m, "_ptsz", 6);
+        if (!proc(name))
+            name[m] = 0;
+    }
+    *pfn = proc(name);
+    if (status)
+        *status = *pfn ? 0 : 1;
+    return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+ENTRY(cuGetProcAddress)
+IMPL CUresult impl_cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags) {
+    return get_proc(symbol, pfn, version, flags, NULL);
+}
+ENTRY(cuGetProcAddress_v2)
+IMPL CUresult impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags,
+                                       int *status) {
+    return get_proc(symbol, pfn, version, flags, status);
+}
+
+/* ---- For the tests. ---- */
+unsigned long fake_calls(void) { return atomic_load(&calls); }
+int fake_live(void) {
+    pthread_mutex_lock(&lock);
+    int n = nallocs;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+void fake_set_device(int device) { current_device = device; }

@@ -1,0 +1,71 @@
+//! The fake CUDA driver and its clients (`tests/cuda/*.c`), built with the
+//! system C compiler for the tests that exercise the CUDA hook modes
+//! without a GPU. See `tests/cuda/fakecuda.c` for what the fake does.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The built libraries.
+#[derive(Clone, Debug)]
+pub struct FakeCuda {
+    /// The folder that holds them.
+    pub dir: PathBuf,
+    /// The fake driver, `libcuda.so.1` (soname `libcuda.so.1`).
+    pub libcuda: PathBuf,
+    /// Calls the driver through its PLT (links against it).
+    pub plt: PathBuf,
+    /// Resolves the driver's functions with `dlsym`.
+    pub dlsym: PathBuf,
+    /// Behaves as the CUDA runtime (`cuGetProcAddress`).
+    pub runtime: PathBuf,
+    /// Only `dlopen`s (so that loads go through a library memhook follows).
+    pub loader: PathBuf,
+}
+
+fn source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda").join(name)
+}
+
+fn cc(args: &[&str], out: &Path, src: &Path, extra: &[&str]) {
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-shared", "-fPIC", "-O2", "-Wall"])
+        .args(args)
+        .arg("-o")
+        .arg(out)
+        .arg(src)
+        .args(extra)
+        .status()
+        .expect("a C compiler (cc) builds the fake CUDA driver");
+    assert!(status.success(), "building {}", out.display());
+}
+
+/// Builds the fake driver and its clients into `dir` (created if needed).
+/// The clients find `libcuda.so.1` next to themselves (`$ORIGIN`).
+pub fn build(dir: &Path) -> FakeCuda {
+    std::fs::create_dir_all(dir).expect("create the build folder");
+    let libcuda = dir.join("libcuda.so.1");
+    cc(&["-Wl,-soname,libcuda.so.1"], &libcuda, &source("fakecuda.c"), &["-lpthread"]);
+    let clients = source("clients.c");
+    let plt = dir.join("libmh_client_plt.so");
+    let libcuda_arg = libcuda.to_str().expect("a UTF-8 path");
+    cc(
+        &["-DCLIENT_PLT", "-Wl,-rpath,$ORIGIN", "-Wl,-z,lazy"],
+        &plt,
+        &clients,
+        &[libcuda_arg],
+    );
+    let dlsym = dir.join("libmh_client_dlsym.so");
+    cc(&["-DCLIENT_DLSYM"], &dlsym, &clients, &["-ldl"]);
+    let runtime = dir.join("libmh_client_runtime.so");
+    cc(&["-DCLIENT_RUNTIME"], &runtime, &clients, &["-ldl"]);
+    let loader = dir.join("libmh_client_loader.so");
+    cc(&["-DCLIENT_LOADER"], &loader, &clients, &["-ldl"]);
+    FakeCuda {
+        dir: dir.to_path_buf(),
+        libcuda,
+        plt,
+        dlsym,
+        runtime,
+        loader,
+    }
+}

@@ -1,0 +1,155 @@
+//! Shared by the CUDA tests: the fake driver built once per process, loads
+//! that memhook follows, and an allocation-free log of memory-type events.
+#![allow(dead_code)]
+
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::path::Path;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+use memhook::HandlerFn;
+use memhook::event::{Event, bits};
+use memhook_tests::fakecuda::{self, FakeCuda};
+
+/// The fake driver and clients, built once per test process.
+pub fn fake() -> &'static FakeCuda {
+    static FAKE: OnceLock<FakeCuda> = OnceLock::new();
+    FAKE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("memhook-fakecuda-{}", std::process::id()));
+        fakecuda::build(&dir)
+    })
+}
+
+/// A C string of a path.
+pub fn cpath(p: &Path) -> CString {
+    CString::new(p.to_str().expect("UTF-8 path")).expect("no NUL")
+}
+
+/// A function pointer from an address.
+///
+/// # Safety
+///
+/// `p` must be a function of type `T` (a pointer-sized function pointer).
+pub unsafe fn cast<T>(p: usize) -> T {
+    assert_eq!(size_of::<T>(), size_of::<usize>());
+    // SAFETY: the caller's contract.
+    unsafe { std::mem::transmute_copy(&p) }
+}
+
+/// `name` in `handle` (panics when missing).
+pub fn sym(handle: *mut c_void, name: &CStr) -> usize {
+    // SAFETY: a live handle and a NUL-terminated name.
+    let p = unsafe { libc::dlsym(handle, name.as_ptr()) } as usize;
+    assert_ne!(p, 0, "{name:?} not found");
+    p
+}
+
+type OpenFn = unsafe extern "C" fn(*const c_char) -> *mut c_void;
+
+/// The loader library, opened by the test itself (memhook does not follow
+/// the test executable's own dlopen calls: memhook is linked into it).
+fn loader() -> OpenFn {
+    static OPEN: OnceLock<usize> = OnceLock::new();
+    let p = *OPEN.get_or_init(|| {
+        let path = cpath(&fake().loader);
+        // SAFETY: a NUL-terminated path to the library just built.
+        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+        assert!(!h.is_null(), "dlopen loader");
+        sym(h, c"loader_open")
+    });
+    // SAFETY: loader_open has this signature.
+    unsafe { cast(p) }
+}
+
+/// Opens `path` through the loader library (a load memhook sees).
+pub fn open(path: &Path) -> *mut c_void {
+    let c = cpath(path);
+    // SAFETY: the loader's dlopen wrapper, with a valid path.
+    let h = unsafe { loader()(c.as_ptr()) };
+    assert!(!h.is_null(), "dlopen {}", path.display());
+    h
+}
+
+/// Makes sure the loader is loaded (before install, so that install
+/// patches its dlopen slot).
+pub fn prepare() {
+    let _ = loader();
+}
+
+/// One logged event: kind, address, size, memory type.
+pub type Rec = (u32, usize, usize, u32);
+
+const LOG: usize = 1 << 16;
+static KIND: [AtomicU32; LOG] = [const { AtomicU32::new(0) }; LOG];
+static ADDR: [AtomicUsize; LOG] = [const { AtomicUsize::new(0) }; LOG];
+static SIZE: [AtomicUsize; LOG] = [const { AtomicUsize::new(0) }; LOG];
+static TYPE: [AtomicU32; LOG] = [const { AtomicU32::new(0) }; LOG];
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+fn log(e: &mut Event) {
+    let (kind, m) = match e {
+        Event::MemTypeAlloc(m) => (bits::MEM_TYPE_ALLOC, *m),
+        Event::MemTypeFree(m) => (bits::MEM_TYPE_FREE, *m),
+        _ => return,
+    };
+    let i = NEXT.fetch_add(1, Ordering::AcqRel);
+    if i < LOG {
+        ADDR[i].store(m.address, Ordering::Relaxed);
+        SIZE[i].store(m.size, Ordering::Relaxed);
+        TYPE[i].store(m.mem_type, Ordering::Relaxed);
+        KIND[i].store(kind, Ordering::Release);
+    }
+}
+
+/// Registers the logging handler for both memory-type events (once).
+pub fn log_events() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        memhook::set_handler(
+            bits::MEM_TYPE_ALLOC | bits::MEM_TYPE_FREE,
+            0,
+            HandlerFn::Rust(&|e: &mut Event| log(e)),
+        )
+        .expect("register the log handler");
+    });
+}
+
+/// The events logged since the last call, oldest first.
+pub fn take() -> Vec<Rec> {
+    let n = NEXT.swap(0, Ordering::AcqRel).min(LOG);
+    (0..n)
+        .map(|i| {
+            (
+                KIND[i].load(Ordering::Acquire),
+                ADDR[i].load(Ordering::Relaxed),
+                SIZE[i].load(Ordering::Relaxed),
+                TYPE[i].load(Ordering::Relaxed),
+            )
+        })
+        .collect()
+}
+
+/// (allocations, frees) among `recs`.
+pub fn counts(recs: &[Rec]) -> (usize, usize) {
+    (
+        recs.iter().filter(|r| r.0 == bits::MEM_TYPE_ALLOC).count(),
+        recs.iter().filter(|r| r.0 == bits::MEM_TYPE_FREE).count(),
+    )
+}
+
+/// The fake driver's call counter.
+pub fn fake_calls(libcuda: *mut c_void) -> u64 {
+    // SAFETY: fake_calls has this signature.
+    let f: unsafe extern "C" fn() -> u64 = unsafe { cast(sym(libcuda, c"fake_calls")) };
+    // SAFETY: no arguments.
+    unsafe { f() }
+}
+
+/// A handle on the fake driver, which must be loaded already.
+pub fn libcuda() -> *mut c_void {
+    let c = cpath(&fake().libcuda);
+    // SAFETY: RTLD_NOLOAD finds the loaded object only.
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    assert!(!h.is_null(), "the fake driver is loaded");
+    h
+}

@@ -1,0 +1,116 @@
+//! The user's question, answered on the fake driver: which hook mode
+//! catches which kind of caller. Three clients make the same calls: one
+//! through its PLT, one through pointers from `dlsym`, one as CUDA 13's
+//! runtime does (through `cuGetProcAddress`, which it first looks up with
+//! `cuGetProcAddress` itself). Reloc alone catches only the first, bistro
+//! all three, procaddr the second and third; the default catches all three
+//! with each event reported once, and `none` catches nothing. Every call
+//! reaches the fake driver exactly once in every mode.
+#![cfg(target_arch = "x86_64")]
+
+mod common;
+
+use std::ffi::{CStr, c_char, c_void};
+
+use common::*;
+use memhook::Config;
+use memhook::config::HookMode;
+
+const PAIRS: i32 = 3;
+const SIZE: usize = 1 << 20;
+
+type PltRun = unsafe extern "C" fn(i32, usize) -> i32;
+type PathRun = unsafe extern "C" fn(*const c_char, i32, usize) -> i32;
+
+struct Clients {
+    plt: PltRun,
+    dlsym: PathRun,
+    runtime: PathRun,
+}
+
+fn clients() -> Clients {
+    let f = fake();
+    let (plt, dlsym, runtime) = (open(&f.plt), open(&f.dlsym), open(&f.runtime));
+    // SAFETY: each symbol is the client function of the stated signature.
+    unsafe {
+        Clients {
+            plt: cast(sym(plt, c"plt_run")),
+            dlsym: cast(sym(dlsym, c"dlsym_run")),
+            runtime: cast(sym(runtime, c"runtime_run")),
+        }
+    }
+}
+
+/// Runs each client; per client: (allocations, frees) reported, and the
+/// driver calls it made.
+fn run(c: &Clients, libcuda: &CStr) -> [((usize, usize), u64); 3] {
+    let mut out = [((0, 0), 0); 3];
+    for (i, slot) in out.iter_mut().enumerate() {
+        let h = libcuda_handle();
+        let before = fake_calls(h);
+        let _ = take();
+        // SAFETY: the clients' functions with valid arguments.
+        let failed = unsafe {
+            match i {
+                0 => (c.plt)(PAIRS, SIZE),
+                1 => (c.dlsym)(libcuda.as_ptr(), PAIRS, SIZE),
+                _ => (c.runtime)(libcuda.as_ptr(), PAIRS, SIZE),
+            }
+        };
+        assert_eq!(failed, 0, "client {i} failed calls");
+        let recs = take();
+        for r in &recs {
+            assert!(r.2 == SIZE, "every event carries the allocation's size: {r:?}");
+        }
+        *slot = (counts(&recs), fake_calls(h) - before);
+    }
+    out
+}
+
+fn libcuda_handle() -> *mut c_void {
+    libcuda()
+}
+
+#[test]
+fn each_mode_catches_its_callers_and_each_event_once() {
+    prepare();
+    log_events();
+    let libcuda = cpath(&fake().libcuda);
+    let mut clients_loaded = None;
+    // (mode, caught by: plt, dlsym, runtime)
+    let matrix: [(&str, [bool; 3]); 6] = [
+        ("reloc", [true, false, false]),
+        ("bistro", [true, true, true]),
+        ("procaddr", [false, true, true]),
+        ("bistro,reloc,procaddr", [true, true, true]),
+        ("reloc,procaddr", [true, true, true]),
+        ("none", [false, false, false]),
+    ];
+    for (mode, expect) in matrix {
+        let config = Config::parse(&format!("cuda={mode};mmap=none")).expect("a valid config");
+        memhook::install(&config);
+        // Loaded after the first install: that is also a late load.
+        let c = clients_loaded.get_or_insert_with(clients);
+        let got = run(c, &libcuda);
+        for (i, caught) in expect.into_iter().enumerate() {
+            let ((allocs, frees), calls) = got[i];
+            // The runtime-like client adds one per-thread-stream pair.
+            let pairs = PAIRS as usize + usize::from(i == 2);
+            let want = if caught { (pairs, pairs) } else { (0, 0) };
+            assert_eq!((allocs, frees), want, "mode {mode}, client {i}: events");
+            // The runtime-like client also makes five cuGetProcAddress calls.
+            let driver_calls = 2 * pairs as u64 + if i == 2 { 5 } else { 0 };
+            assert_eq!(calls, driver_calls, "mode {mode}, client {i}: driver calls");
+        }
+        if mode.contains("bistro") {
+            let status = memhook::status();
+            let s = status
+                .iter()
+                .find(|s| s.function == "cuMemAlloc_v2" && s.mode == HookMode::Bistro)
+                .expect("a bistro status for cuMemAlloc_v2");
+            assert!(s.installed, "{s:?}");
+            assert_eq!(s.library, "libcuda.so.1");
+        }
+        memhook::uninstall();
+    }
+}
