@@ -539,6 +539,19 @@ int memhook_report_event(uint32_t event_type, union memhook_event_t *event);
  */
 int memhook_memtype_lookup(const void *addr, size_t len, struct memhook_mem_info_t *info);
 
+/*
+ What the driver says about `[addr, addr + len)`
+ (`cuPointerGetAttributes`, loading libcuda if the process has not):
+ the answer is recorded in the map for later lookups. `MEM_TYPE_UNKNOWN`
+ when there is no driver, it refuses, or the range spans allocations.
+ Calls the driver: use [`memhook_memtype_lookup`] first.
+
+ # Safety
+
+ `info` is valid for a write.
+ */
+int memhook_memtype_classify(const void *addr, size_t len, struct memhook_mem_info_t *info);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -107,7 +107,12 @@ static INSTALLED: spin::Mutex<Installed> = spin::Mutex::new(Installed {
     reloc: false,
 });
 
-fn note(status: &mut heapless::Vec<FunctionStatus, HOST_STATUS>, function: &'static str, mode: HookMode, why: Option<&dyn fmt::Display>) {
+fn note(
+    status: &mut heapless::Vec<FunctionStatus, HOST_STATUS>,
+    function: &'static str,
+    mode: HookMode,
+    why: Option<&dyn fmt::Display>,
+) {
     let mut reason = heapless::String::new();
     if let Some(why) = why {
         let _ = fmt::Write::write_fmt(&mut reason, format_args!("{why}"));

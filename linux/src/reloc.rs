@@ -686,8 +686,10 @@ fn publish(state: &State) {
     for (p, s) in PUBLISHED.iter().zip(state.symbols.iter()) {
         p.name.store(s.name.as_ptr() as usize, Ordering::Relaxed);
         p.hook.store(s.hook, Ordering::Relaxed);
-        p.original
-            .store(s.answer.map_or(0, |a| a as *const AtomicUsize as usize), Ordering::Relaxed);
+        p.original.store(
+            s.answer.map_or(0, |a| a as *const AtomicUsize as usize),
+            Ordering::Relaxed,
+        );
     }
     PUBLISHED_LEN.store(state.symbols.len(), Ordering::Release);
 }

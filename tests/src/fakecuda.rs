@@ -22,8 +22,12 @@ pub struct FakeCuda {
     pub loader: PathBuf,
 }
 
+/// The C sources: `tests/cuda`, or `$MEMHOOK_FAKECUDA_SRC` (for test
+/// binaries carried to another machine).
 fn source(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda").join(name)
+    std::env::var_os("MEMHOOK_FAKECUDA_SRC")
+        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda"), PathBuf::from)
+        .join(name)
 }
 
 fn cc(args: &[&str], out: &Path, src: &Path, extra: &[&str]) {
@@ -44,7 +48,12 @@ fn cc(args: &[&str], out: &Path, src: &Path, extra: &[&str]) {
 pub fn build(dir: &Path) -> FakeCuda {
     std::fs::create_dir_all(dir).expect("create the build folder");
     let libcuda = dir.join("libcuda.so.1");
-    cc(&["-Wl,-soname,libcuda.so.1"], &libcuda, &source("fakecuda.c"), &["-lpthread"]);
+    cc(
+        &["-Wl,-soname,libcuda.so.1"],
+        &libcuda,
+        &source("fakecuda.c"),
+        &["-lpthread"],
+    );
     let clients = source("clients.c");
     let plt = dir.join("libmh_client_plt.so");
     let libcuda_arg = libcuda.to_str().expect("a UTF-8 path");

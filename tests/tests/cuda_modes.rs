@@ -73,6 +73,7 @@ fn libcuda_handle() -> *mut c_void {
 
 #[test]
 fn each_mode_catches_its_callers_and_each_event_once() {
+    let _serial = serial();
     prepare();
     log_events();
     let libcuda = cpath(&fake().libcuda);
@@ -113,4 +114,38 @@ fn each_mode_catches_its_callers_and_each_event_once() {
         }
         memhook::uninstall();
     }
+}
+
+/// The fake's entries are driver 580's: each hooked function's first 26
+/// bytes equal the fixture read from the real libcuda, except the two
+/// displacements (which point into each library).
+#[test]
+fn fake_driver_entries_are_the_real_prologue() {
+    let _serial = serial();
+    prepare();
+    let h = {
+        let _ = open(&fake().libcuda);
+        libcuda()
+    };
+    let fixtures = include_str!("../fixtures/prologues-h200-driver580-cuda13-glibc239.tsv");
+    let mut checked = 0;
+    for line in fixtures.lines().filter(|l| l.starts_with("libcuda.so.1\t")) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let name = std::ffi::CString::new(cols[1]).unwrap();
+        // SAFETY: a live handle and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(h, name.as_ptr()) } as usize;
+        if p == 0 {
+            continue; // not a function the fake needs
+        }
+        let want: Vec<u8> = (0..26)
+            .map(|i| u8::from_str_radix(&cols[3][2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        // SAFETY: the function's code is mapped and at least 26 bytes long.
+        let got = unsafe { std::slice::from_raw_parts(p as *const u8, 26) };
+        for i in (0..26).filter(|i| !(12..16).contains(i) && !(22..26).contains(i)) {
+            assert_eq!(got[i], want[i], "{}: byte {i}", cols[1]);
+        }
+        checked += 1;
+    }
+    assert!(checked >= 24, "only {checked} fake entries checked");
 }

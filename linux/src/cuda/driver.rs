@@ -87,7 +87,11 @@ pub(crate) fn current_device() -> i32 {
     };
     let mut device: CUdevice = -1;
     // SAFETY: a valid out-parameter.
-    if unsafe { f(&mut device) } == SUCCESS { device } else { -1 }
+    if unsafe { f(&mut device) } == SUCCESS {
+        device
+    } else {
+        -1
+    }
 }
 
 /// The allocation `addr` lies in, as the driver sees it: (base, size).

@@ -50,7 +50,11 @@ pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
     };
     let size = size
         .or(recorded.map(|i| i.len))
-        .or_else(|| driver::range(address).filter(|&(base, _)| base == address).map(|(_, n)| n))
+        .or_else(|| {
+            driver::range(address)
+                .filter(|&(base, _)| base == address)
+                .map(|(_, n)| n)
+        })
         .unwrap_or(0);
     let mem_type = recorded.map_or(MemType::Unknown, |i| i.mem_type);
     if wants(bits::MEM_TYPE_FREE) {

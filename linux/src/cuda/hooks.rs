@@ -399,8 +399,13 @@ pub(crate) unsafe extern "C" fn cuGetProcAddress_v2(
     flags: cuuint64_t,
     symbol_status: *mut CUdriverProcAddressQueryResult,
 ) -> Status {
-    type F =
-        unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, cuuint64_t, *mut CUdriverProcAddressQueryResult) -> Status;
+    type F = unsafe extern "C" fn(
+        *const c_char,
+        *mut *mut c_void,
+        c_int,
+        cuuint64_t,
+        *mut CUdriverProcAddressQueryResult,
+    ) -> Status;
     let Some(f) = original::<F>(Id::cuGetProcAddress_v2) else {
         return UNAVAILABLE;
     };

@@ -25,7 +25,7 @@ mod events;
 mod hooks;
 mod procaddr;
 
-use core::ffi::{CStr, c_char};
+use core::ffi::CStr;
 use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, Ordering};
 
@@ -221,33 +221,41 @@ fn sync(state: &mut State) {
     if state.modes.is_empty() {
         return;
     }
-    let mut found: [Option<(reloc::ObjectId, *const c_char, heapless::Vec<(usize, usize), { reloc::MAX_SEGMENTS }>)>; 2] = [None, None];
+    let mut found: [Option<Found>; 2] = [None, None];
     reloc::for_each_object(|o| {
         if let Some(lib) = Lib::of_path(o.name)
             && found[lib.index()].is_none()
+            && o.name.len() < PATH
         {
-            found[lib.index()] = Some((o.id, o.name.as_ptr().cast(), o.segments.clone()));
+            let mut name = [0u8; PATH];
+            name[..o.name.len()].copy_from_slice(o.name);
+            found[lib.index()] = Some(Found {
+                id: o.id,
+                name,
+                segments: o.segments.clone(),
+            });
         }
     });
     for lib in [Lib::Driver, Lib::Runtime] {
-        let now = found[lib.index()].as_ref().map(|f| f.0);
+        let now = found[lib.index()].as_ref().map(|f| f.id);
         let before = state.attached[lib.index()].map(|a| a.id);
         if before.is_some() && before != now {
             detach(state, lib);
         }
         match &found[lib.index()] {
-            Some((id, name, segments)) if before != now => attach(state, lib, *id, *name, segments),
-            None if before.is_none() => {
-                #[cfg(feature = "bistro")]
-                if state.modes.contains(HookMode::Bistro) {
-                    for f in Id::ALL.into_iter().filter(|f| f.lib() == lib && f.kind() != Kind::ProcAddr) {
-                        note(
-                            state,
-                            f,
-                            HookMode::Bistro,
-                            Some(&format_args!("{} not loaded yet: patched when it loads", lib.soname())),
-                        );
-                    }
+            Some(f) if before != now => attach(state, lib, f),
+            #[cfg(feature = "bistro")]
+            None if before.is_none() && state.modes.contains(HookMode::Bistro) => {
+                for f in Id::ALL
+                    .into_iter()
+                    .filter(|f| f.lib() == lib && f.kind() != Kind::ProcAddr)
+                {
+                    note(
+                        state,
+                        f,
+                        HookMode::Bistro,
+                        Some(&format_args!("{} not loaded yet: patched when it loads", lib.soname())),
+                    );
                 }
             }
             _ => {}
@@ -255,15 +263,26 @@ fn sync(state: &mut State) {
     }
 }
 
+/// Longest library path memhook attaches to.
+const PATH: usize = 512;
+
+/// A hooked library found loaded: identity, NUL-terminated path, segments.
+struct Found {
+    id: reloc::ObjectId,
+    name: [u8; PATH],
+    segments: heapless::Vec<(usize, usize), { reloc::MAX_SEGMENTS }>,
+}
+
 /// Resolves `lib`'s hooked functions in the object just found, patches
 /// them (bistro) and makes the hooks' originals the definitions.
-fn attach(state: &mut State, lib: Lib, object: reloc::ObjectId, name: *const c_char, segments: &[(usize, usize)]) {
-    // SAFETY: `name` is the loaded object's NUL-terminated path (or "" for
-    // the program); RTLD_NOLOAD only finds an object already loaded.
-    let handle = unsafe { libc::dlopen(name, libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+fn attach(state: &mut State, lib: Lib, found: &Found) {
+    // SAFETY: a NUL-terminated copy of the object's path; RTLD_NOLOAD only
+    // finds an object already loaded.
+    let handle = unsafe { libc::dlopen(found.name.as_ptr().cast(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
     if handle.is_null() {
         return;
     }
+    let segments = &found.segments;
     let inside = |p: usize| segments.iter().any(|&(s, e)| (s..e).contains(&p));
     let lookup = |symbol: &CStr| {
         // SAFETY: a live handle and a NUL-terminated name.
@@ -278,10 +297,20 @@ fn attach(state: &mut State, lib: Lib, object: reloc::ObjectId, name: *const c_c
         ENTRY[id as usize].store(entry, Ordering::Release);
         if entry == 0 {
             if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
-                note(state, id, HookMode::Bistro, Some(&format_args!("not exported by {}", lib.soname())));
+                note(
+                    state,
+                    id,
+                    HookMode::Bistro,
+                    Some(&format_args!("not exported by {}", lib.soname())),
+                );
             }
             if state.modes.contains(HookMode::Procaddr) && lib == Lib::Driver {
-                note(state, id, HookMode::Procaddr, Some(&format_args!("not exported by {}", lib.soname())));
+                note(
+                    state,
+                    id,
+                    HookMode::Procaddr,
+                    Some(&format_args!("not exported by {}", lib.soname())),
+                );
             }
             continue;
         }
@@ -306,7 +335,7 @@ fn attach(state: &mut State, lib: Lib, object: reloc::ObjectId, name: *const c_c
     }
     // SAFETY: the handle dlopen returned above.
     unsafe { libc::dlclose(handle) };
-    state.attached[lib.index()] = Some(Attached { id: object });
+    state.attached[lib.index()] = Some(Attached { id: found.id });
 }
 
 /// `lib` was unloaded: its code is gone, so nothing is unpatched; the hooks
@@ -319,7 +348,12 @@ fn detach(state: &mut State, lib: Lib) {
         RELOC[id as usize].store(0, Ordering::Release);
         ENTRY[id as usize].store(0, Ordering::Release);
         if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
-            note(state, id, HookMode::Bistro, Some(&format_args!("{} was unloaded", lib.soname())));
+            note(
+                state,
+                id,
+                HookMode::Bistro,
+                Some(&format_args!("{} was unloaded", lib.soname())),
+            );
         }
     }
     if lib == Lib::Driver {

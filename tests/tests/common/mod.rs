@@ -70,6 +70,28 @@ pub fn open(path: &Path) -> *mut c_void {
     h
 }
 
+/// Closes `h` through the loader library (an unload memhook sees).
+pub fn close(h: *mut c_void) {
+    static CLOSE: OnceLock<usize> = OnceLock::new();
+    let p = *CLOSE.get_or_init(|| {
+        let _ = loader();
+        let path = cpath(&fake().loader);
+        // SAFETY: RTLD_NOLOAD finds the loaded loader library.
+        let l = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        sym(l, c"loader_close")
+    });
+    // SAFETY: loader_close has this signature; `h` came from `open`.
+    let f: unsafe extern "C" fn(*mut c_void) -> i32 = unsafe { cast(p) };
+    // SAFETY: as above.
+    assert_eq!(unsafe { f(h) }, 0);
+}
+
+/// Serialises the tests of one process that install or patch.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Makes sure the loader is loaded (before install, so that install
 /// patches its dlopen slot).
 pub fn prepare() {

@@ -1,0 +1,71 @@
+//! Added latency of a hooked CUDA allocation: a fake `cuMemAlloc_v2` +
+//! `cuMemFree_v2` pair of 4 KiB (the fake driver of `tests/cuda`, whose
+//! entries are driver 580's), called through the driver's own entry
+//! points: first unhooked, then with the entries patched (bistro) and the
+//! memory-type map fed, then with one (empty) handler for both events.
+//! All three in the same run; the SPEC goal is <= 50 ns added.
+#![cfg(target_arch = "x86_64")]
+
+use std::ffi::c_void;
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use memhook::event::{Event, bits};
+use memhook::{Config, HandlerFn};
+
+type Alloc = unsafe extern "C" fn(*mut u64, usize) -> u32;
+type Free = unsafe extern "C" fn(u64) -> u32;
+
+fn pair(alloc: Alloc, free: Free) {
+    let mut p = 0u64;
+    // SAFETY: the fake driver's functions with valid arguments.
+    unsafe {
+        assert_eq!(alloc(&mut p, 4096), 0);
+        assert_eq!(free(black_box(p)), 0);
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let dir = std::env::temp_dir().join(format!("memhook-bench-cuda-{}", std::process::id()));
+    let fake = memhook_tests::fakecuda::build(&dir);
+    let path = std::ffi::CString::new(fake.libcuda.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path to the library just built.
+    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+    assert!(!h.is_null());
+    let sym = |name: &std::ffi::CStr| {
+        // SAFETY: a live handle and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(h, name.as_ptr()) };
+        assert!(!p.is_null());
+        p
+    };
+    // SAFETY: the two functions have these signatures.
+    let (alloc, free) = unsafe {
+        (
+            std::mem::transmute::<*mut c_void, Alloc>(sym(c"cuMemAlloc_v2")),
+            std::mem::transmute::<*mut c_void, Free>(sym(c"cuMemFree_v2")),
+        )
+    };
+    let mut g = c.benchmark_group("cuMemAlloc_v2+cuMemFree_v2 4KiB");
+    g.bench_function("unhooked", |b| b.iter(|| pair(alloc, free)));
+    memhook::install(&Config::parse("cuda=bistro;mmap=none").unwrap());
+    // The process loaded the fake itself: tell memhook.
+    memhook::refresh();
+    assert!(memhook::cuda::attached().0, "the fake driver is hooked");
+    g.bench_function("hooked, map fed", |b| b.iter(|| pair(alloc, free)));
+    let id = memhook::set_handler(
+        bits::MEM_TYPE_ALLOC | bits::MEM_TYPE_FREE,
+        0,
+        HandlerFn::Rust(&|e: &mut Event| {
+            black_box(e);
+        }),
+    )
+    .unwrap();
+    g.bench_function("hooked, map fed, one handler", |b| b.iter(|| pair(alloc, free)));
+    memhook::unset_handler(id).unwrap();
+    g.finish();
+    memhook::uninstall();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,302 @@
+//! The memory-type map as the CUDA hooks feed it, on the fake driver in
+//! bistro mode: every hooked driver function's event (type, size, device),
+//! lookups after allocation and free sequences, sub-ranges, frees of
+//! unknown pointers, failed calls, classification through the driver, and
+//! lookups that stay right while threads allocate and free.
+#![cfg(target_arch = "x86_64")]
+
+mod common;
+
+use std::ffi::{CStr, c_char, c_uint, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+
+use common::*;
+use memhook::Config;
+use memhook::event::bits;
+use memhook::memtype::{self, Lookup, MemInfo, MemType};
+
+type Dptr = u64;
+
+/// The fake driver, loaded and hooked (bistro), with the log handler.
+fn driver() -> *mut c_void {
+    prepare();
+    log_events();
+    memhook::install(&Config::parse("cuda=bistro;mmap=none").unwrap());
+    let _ = open(&fake().plt);
+    assert!(memhook::cuda::attached().0);
+    libcuda()
+}
+
+fn f<T>(h: *mut c_void, name: &CStr) -> T {
+    // SAFETY: each test names the driver function of type T.
+    unsafe { cast(sym(h, name)) }
+}
+
+fn found(addr: usize, len: usize) -> MemInfo {
+    match memtype::lookup(addr, len) {
+        Lookup::Found(i) => i,
+        other => panic!("lookup({addr:#x}, {len}) = {other:?}"),
+    }
+}
+
+#[test]
+fn every_driver_function_reports_its_type_size_and_device() {
+    let _serial = serial();
+    let h = driver();
+    let alloc: unsafe extern "C" fn(*mut Dptr, usize) -> u32 = f(h, c"cuMemAlloc_v2");
+    let free: unsafe extern "C" fn(Dptr) -> u32 = f(h, c"cuMemFree_v2");
+    let managed: unsafe extern "C" fn(*mut Dptr, usize, c_uint) -> u32 = f(h, c"cuMemAllocManaged");
+    let pitch: unsafe extern "C" fn(*mut Dptr, *mut usize, usize, usize, c_uint) -> u32 = f(h, c"cuMemAllocPitch_v2");
+    let alloc_async: unsafe extern "C" fn(*mut Dptr, usize, *mut c_void) -> u32 = f(h, c"cuMemAllocAsync_ptsz");
+    let free_async: unsafe extern "C" fn(Dptr, *mut c_void) -> u32 = f(h, c"cuMemFreeAsync_ptsz");
+    let from_pool: unsafe extern "C" fn(*mut Dptr, usize, *mut c_void, *mut c_void) -> u32 =
+        f(h, c"cuMemAllocFromPoolAsync");
+    let map: unsafe extern "C" fn(Dptr, usize, usize, u64, u64) -> u32 = f(h, c"cuMemMap");
+    let unmap: unsafe extern "C" fn(Dptr, usize) -> u32 = f(h, c"cuMemUnmap");
+    let global: unsafe extern "C" fn(*mut Dptr, *mut usize, *mut c_void, *const c_char) -> u32 =
+        f(h, c"cuModuleGetGlobal_v2");
+    let lib_global: unsafe extern "C" fn(*mut Dptr, *mut usize, *mut c_void, *const c_char) -> u32 =
+        f(h, c"cuLibraryGetGlobal");
+    let alloc_host: unsafe extern "C" fn(*mut *mut c_void, usize) -> u32 = f(h, c"cuMemAllocHost_v2");
+    let host_alloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> u32 = f(h, c"cuMemHostAlloc");
+    let free_host: unsafe extern "C" fn(*mut c_void) -> u32 = f(h, c"cuMemFreeHost");
+    let register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> u32 = f(h, c"cuMemHostRegister_v2");
+    let unregister: unsafe extern "C" fn(*mut c_void) -> u32 = f(h, c"cuMemHostUnregister");
+    let alloc_v1: unsafe extern "C" fn(*mut u32, u32) -> u32 = f(h, c"cuMemAlloc");
+    let free_v1: unsafe extern "C" fn(u32) -> u32 = f(h, c"cuMemFree");
+    let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
+    let ev = |kind: u32, addr: usize, size: usize, t: MemType| (kind, addr, size, t as u32);
+    const A: u32 = bits::MEM_TYPE_ALLOC;
+    const F: u32 = bits::MEM_TYPE_FREE;
+    let _ = take();
+
+    // SAFETY: (every call below) the fake driver's functions with valid
+    // arguments.
+    unsafe {
+        // Device memory on device 2: the event, the map, the free.
+        set_device(2);
+        let mut p: Dptr = 0;
+        assert_eq!(alloc(&mut p, 1 << 20), 0);
+        let p = p as usize;
+        assert_eq!(take(), [ev(A, p, 1 << 20, MemType::Cuda)]);
+        let info = found(p + 4096, 4096);
+        assert_eq!(
+            (info.mem_type, info.device, info.base, info.len),
+            (MemType::Cuda, 2, p, 1 << 20)
+        );
+        assert_eq!(found(p + (1 << 20) - 1, 1).mem_type, MemType::Cuda, "last byte");
+        assert_eq!(
+            memtype::lookup(p + (1 << 20) - 8, 16),
+            Lookup::Unknown,
+            "straddles the end"
+        );
+        assert_eq!(free(p as Dptr), 0);
+        assert_eq!(take(), [ev(F, p, 1 << 20, MemType::Cuda)], "size from the map");
+        assert_eq!(memtype::lookup(p, 1), Lookup::Absent);
+        set_device(0);
+
+        // Managed memory.
+        let mut m: Dptr = 0;
+        assert_eq!(managed(&mut m, 8192, 1), 0);
+        let m = m as usize;
+        assert_eq!(take(), [ev(A, m, 8192, MemType::CudaManaged)]);
+        assert_eq!(found(m, 8192).mem_type, MemType::CudaManaged);
+
+        // Pitch: the size is pitch times height.
+        let (mut q, mut pitch_out): (Dptr, usize) = (0, 0);
+        assert_eq!(pitch(&mut q, &mut pitch_out, 1000, 3, 4), 0);
+        assert_eq!(pitch_out, 1024);
+        assert_eq!(take(), [ev(A, q as usize, 3072, MemType::Cuda)]);
+
+        // Stream-ordered, per-thread stream: classified through the driver.
+        let mut s: Dptr = 0;
+        assert_eq!(alloc_async(&mut s, 4096, std::ptr::null_mut()), 0);
+        assert_eq!(take(), [ev(A, s as usize, 4096, MemType::Cuda)]);
+        assert_eq!(free_async(s, std::ptr::null_mut()), 0);
+        assert_eq!(take(), [ev(F, s as usize, 4096, MemType::Cuda)]);
+
+        // A pool of host memory: the driver says pinned host.
+        let mut hp: Dptr = 0;
+        assert_eq!(
+            from_pool(&mut hp, 4096, std::ptr::without_provenance_mut(1), std::ptr::null_mut()),
+            0
+        );
+        // (A pool handle with bit 0 set is, to the fake, a pool of host memory.)
+        assert_eq!(take(), [ev(A, hp as usize, 4096, MemType::CudaHost)]);
+        assert_eq!(found(hp as usize, 1).device, -1, "host memory has no device");
+
+        // Virtual memory management: map a range, unmap it.
+        let va = 0x7000_0000_0000usize;
+        assert_eq!(map(va as Dptr, 1 << 21, 0, 0, 0), 0);
+        assert_eq!(take(), [ev(A, va, 1 << 21, MemType::Cuda)]);
+        assert_eq!(unmap(va as Dptr, 1 << 21), 0);
+        assert_eq!(take(), [ev(F, va, 1 << 21, MemType::Cuda)]);
+        assert_eq!(memtype::lookup(va, 1), Lookup::Absent);
+
+        // Module and library globals, with no size out-parameter; a
+        // __managed__ global is classified managed.
+        let mut g: Dptr = 0;
+        assert_eq!(
+            global(&mut g, std::ptr::null_mut(), std::ptr::null_mut(), c"x".as_ptr()),
+            0
+        );
+        assert_eq!(take(), [ev(A, g as usize, 256, MemType::Cuda)]);
+        let mut mg: Dptr = 0;
+        let mut n = 0usize;
+        assert_eq!(
+            lib_global(&mut mg, &mut n, std::ptr::null_mut(), c"managed_y".as_ptr()),
+            0
+        );
+        assert_eq!(n, 256);
+        assert_eq!(take(), [ev(A, mg as usize, 256, MemType::CudaManaged)]);
+
+        // Pinned host memory.
+        let mut hb: *mut c_void = std::ptr::null_mut();
+        assert_eq!(alloc_host(&mut hb, 10_000), 0);
+        assert_eq!(take(), [ev(A, hb as usize, 10_000, MemType::CudaHost)]);
+        let mut hb2: *mut c_void = std::ptr::null_mut();
+        assert_eq!(host_alloc(&mut hb2, 4096, 0), 0);
+        assert_eq!(take(), [ev(A, hb2 as usize, 4096, MemType::CudaHost)]);
+        assert_eq!(free_host(hb), 0);
+        assert_eq!(take(), [ev(F, hb as usize, 10_000, MemType::CudaHost)]);
+        assert_eq!(free_host(hb2), 0);
+        assert_eq!(take(), [ev(F, hb2 as usize, 4096, MemType::CudaHost)]);
+
+        // Registered host memory.
+        let mut buf = vec![0u8; 3 * 4096];
+        let b = buf.as_mut_ptr() as usize;
+        assert_eq!(register(b as *mut c_void, buf.len(), 0), 0);
+        assert_eq!(take(), [ev(A, b, 3 * 4096, MemType::CudaHost)]);
+        assert_eq!(found(b + 100, 10).mem_type, MemType::CudaHost);
+        assert_eq!(unregister(b as *mut c_void), 0);
+        assert_eq!(take(), [ev(F, b, 3 * 4096, MemType::CudaHost)]);
+        assert_eq!(memtype::lookup(b, 1), Lookup::Absent);
+
+        // The legacy 32-bit calls.
+        let mut l: u32 = 0;
+        assert_eq!(alloc_v1(&mut l, 4096), 0);
+        assert_eq!(take(), [ev(A, l as usize, 4096, MemType::Cuda)]);
+        assert_eq!(free_v1(l), 0);
+        assert_eq!(take(), [ev(F, l as usize, 4096, MemType::Cuda)]);
+
+        // Failed calls report nothing; a free of a pointer nobody knows
+        // reports size 0 and leaves the map alone.
+        let mut z: Dptr = 0;
+        assert_ne!(alloc(&mut z, 0), 0);
+        assert_eq!(take(), []);
+        let live = memtype::len();
+        assert_ne!(free(0xdead_0000), 0);
+        assert_eq!(take(), [ev(F, 0xdead_0000, 0, MemType::Unknown)]);
+        assert_eq!(memtype::len(), live);
+        // A null pointer reports nothing.
+        assert_eq!(free(0), 1);
+        assert_eq!(take(), []);
+
+        // The driver-only view: an entry the map lost is classified and
+        // recorded again.
+        memtype::remove(m, 8192).unwrap();
+        assert_eq!(memtype::lookup(m, 8192), Lookup::Absent);
+        let c = memtype::classify(m + 16, 64);
+        assert!(
+            matches!(c, Lookup::Found(i) if i.mem_type == MemType::CudaManaged && i.base == m && i.len == 8192),
+            "{c:?}"
+        );
+        assert_eq!(found(m, 8192).mem_type, MemType::CudaManaged, "recorded");
+        let host = 0u64;
+        let c = memtype::classify(&host as *const u64 as usize, 8);
+        assert!(matches!(c, Lookup::Found(i) if i.mem_type == MemType::Host), "{c:?}");
+        assert_eq!(memtype::classify(m + 8000, 400), Lookup::Unknown, "spans the end");
+    }
+    memhook::uninstall();
+}
+
+#[test]
+fn lookups_stay_right_while_threads_allocate_and_free() {
+    let _serial = serial();
+    let h = driver();
+    let alloc: unsafe extern "C" fn(*mut Dptr, usize) -> u32 = f(h, c"cuMemAlloc_v2");
+    let managed: unsafe extern "C" fn(*mut Dptr, usize, c_uint) -> u32 = f(h, c"cuMemAllocManaged");
+    let free: unsafe extern "C" fn(Dptr) -> u32 = f(h, c"cuMemFree_v2");
+    let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
+    // Writers: device memory on device 1 and managed memory on device 3.
+    // Readers: any address of the fake's arena; whatever they find must be
+    // one whole entry (type and device from the same allocation).
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(5));
+    let (lo, hi) = {
+        let mut p: Dptr = 0;
+        // SAFETY: the fake's allocation, freed at once.
+        unsafe {
+            assert_eq!(alloc(&mut p, 4096), 0);
+            assert_eq!(free(p), 0);
+        }
+        (p as usize, p as usize + (64 << 20))
+    };
+    let mut writers = Vec::new();
+    for w in 0..3 {
+        let start = start.clone();
+        writers.push(std::thread::spawn(move || {
+            start.wait();
+            let (device, t) = if w == 2 {
+                (3, MemType::CudaManaged)
+            } else {
+                (1, MemType::Cuda)
+            };
+            // SAFETY: the fake's functions with valid arguments.
+            unsafe { set_device(device) };
+            for i in 0..3000usize {
+                let size = 4096 * (1 + i % 7);
+                let mut p: Dptr = 0;
+                // SAFETY: as above.
+                let rc = unsafe {
+                    if w == 2 {
+                        managed(&mut p, size, 1)
+                    } else {
+                        alloc(&mut p, size)
+                    }
+                };
+                assert_eq!(rc, 0);
+                let info = found(p as usize + size / 2, 8);
+                assert_eq!((info.mem_type, info.device), (t, device), "own live allocation");
+                assert_eq!((info.base, info.len), (p as usize, size));
+                // SAFETY: as above.
+                assert_eq!(unsafe { free(p) }, 0);
+            }
+        }));
+    }
+    let mut readers = Vec::new();
+    for r in 0..2u64 {
+        let (stop, start) = (stop.clone(), start.clone());
+        readers.push(std::thread::spawn(move || {
+            start.wait();
+            let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ r;
+            let mut seen = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let addr = lo + (x as usize % (hi - lo));
+                if let Lookup::Found(i) = memtype::lookup(addr, 1) {
+                    seen += 1;
+                    let pair = (i.mem_type, i.device);
+                    assert!(
+                        pair == (MemType::Cuda, 1) || pair == (MemType::CudaManaged, 3),
+                        "a torn entry: {i:?}"
+                    );
+                    assert!(i.base <= addr && addr < i.base + i.len, "{addr:#x} outside {i:?}");
+                }
+            }
+            seen
+        }));
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        r.join().unwrap();
+    }
+    let _ = take();
+    memhook::uninstall();
+}
