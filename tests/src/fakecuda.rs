@@ -58,7 +58,12 @@ pub fn build(dir: &Path) -> FakeCuda {
     let plt = dir.join("libmh_client_plt.so");
     let libcuda_arg = libcuda.to_str().expect("a UTF-8 path");
     cc(
-        &["-DCLIENT_PLT", "-Wl,-rpath,$ORIGIN", "-Wl,-z,lazy"],
+        &[
+            "-DCLIENT_PLT",
+            "-Wl,-rpath,$ORIGIN",
+            "-Wl,--disable-new-dtags",
+            "-Wl,-z,lazy",
+        ],
         &plt,
         &clients,
         &[libcuda_arg],
