@@ -67,6 +67,11 @@
 #define MEMHOOK_ERR_HANDLER -9
 
 /*
+ No such entry (`memhook_status` past the last one).
+ */
+#define MEMHOOK_ERR_NOT_FOUND -10
+
+/*
  Memory types (`memhook_mem_info_t::mem_type`).
  */
 #define MEMHOOK_MEM_TYPE_HOST 0
@@ -160,6 +165,16 @@
  Flag: replay what exists already.
  */
 #define MEMHOOK_EVENT_FLAG_EXISTING_ALLOC (1 << 25)
+
+/*
+ A record of `MEMHOOK_REPORT_FD`: an event.
+ */
+#define MEMHOOK_RECORD_EVENT 1
+
+/*
+ A record of `MEMHOOK_REPORT_FD`: one [`memhook_hook_status_t`] entry.
+ */
+#define MEMHOOK_RECORD_STATUS 2
 
 /*
  A bistro patch made by [`memhook_patch`] (opaque to C).
@@ -440,6 +455,38 @@ typedef struct memhook_mem_info_t {
   size_t len;
 } memhook_mem_info_t;
 
+/*
+ One hooked function in one mode, as [`memhook_status`] reports it.
+ Strings are NUL-terminated (and cut to fit).
+ */
+typedef struct memhook_hook_status_t {
+  /*
+   The function (`"mmap"`, `"cuMemAlloc_v2"`).
+   */
+  char function[48];
+  /*
+   The library that defines it (`"libc.so.6"`, `"libcuda.so.1"`).
+   */
+  char library[24];
+  /*
+   `"bistro"`, `"reloc"` or `"procaddr"`.
+   */
+  char mode[16];
+  /*
+   1 when the mode took, 0 when not.
+   */
+  int32_t installed;
+  /*
+   1 when it has not taken only because the library is not loaded yet
+   (it takes when the library loads).
+   */
+  int32_t pending;
+  /*
+   Why not (empty when it took).
+   */
+  char reason[200];
+} memhook_hook_status_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -551,6 +598,22 @@ int memhook_memtype_lookup(const void *addr, size_t len, struct memhook_mem_info
  `info` is valid for a write.
  */
 int memhook_memtype_classify(const void *addr, size_t len, struct memhook_mem_info_t *info);
+
+/*
+ The `index`-th entry of what the installed hooks are: per function and
+ mode, whether it took and why not. Iterate from 0 until
+ `MEMHOOK_ERR_NOT_FOUND`.
+
+ # Safety
+
+ `status` is valid for a write.
+ */
+int memhook_status(size_t index, struct memhook_hook_status_t *status);
+
+/*
+ memhook's version, `"MAJOR.MINOR.PATCH"` (a static string).
+ */
+const char *memhook_version(void);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,25 +1,120 @@
 //! The `memhook` command.
 
+mod demo;
+mod doctor;
+mod run;
 mod scan;
+
+pub(crate) use scan::json_string;
+
+use memhook::config::{Family, ModeSet};
 
 const USAGE: &str = "\
 usage:
+  memhook run [--cuda-mode M] [--mmap-mode M] [--trace] [--json] [--] CMD [ARGS...]
+      run CMD with the hooks preloaded; summarise its memory events
+  memhook doctor
+      which hook modes work on this machine, and why not
   memhook scan [--json] [--list] LIB...
       whether bistro can relocate each exported function's prologue
       (--list: also name every refused function and why)
+  memhook demo
+      a built-in workload: host mappings, and CUDA memory with a GPU
   memhook --version";
+
+/// A usage error: one line, then exit status 2.
+fn usage_error(msg: &str) -> ! {
+    eprintln!("memhook: {msg} (memhook --help for usage)");
+    std::process::exit(2);
+}
+
+fn parse_run(args: &[String]) -> run::Options {
+    let mut opts = run::Options {
+        cuda_mode: None,
+        mmap_mode: None,
+        trace: false,
+        json: false,
+        command: Vec::new(),
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        match a {
+            "--" => {
+                opts.command = args[i + 1..].to_vec();
+                break;
+            }
+            "--trace" => opts.trace = true,
+            "--json" => opts.json = true,
+            "--cuda-mode" | "--mmap-mode" => {
+                let Some(v) = args.get(i + 1) else {
+                    usage_error(&format!("run: {a} needs a value"));
+                };
+                let family = if a == "--cuda-mode" { Family::Cuda } else { Family::Mmap };
+                if let Err(e) = ModeSet::parse(v, family, memhook::AVAILABLE_MODES) {
+                    usage_error(&format!("run: {a}: {e}"));
+                }
+                if family == Family::Cuda {
+                    opts.cuda_mode = Some(v.clone());
+                } else {
+                    opts.mmap_mode = Some(v.clone());
+                }
+                i += 1;
+            }
+            _ if a.starts_with('-') => usage_error(&format!("run: unknown option `{a}`")),
+            _ => {
+                opts.command = args[i..].to_vec();
+                break;
+            }
+        }
+        i += 1;
+    }
+    if opts.command.is_empty() {
+        usage_error("run: no command given");
+    }
+    opts
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let rest = args.get(1..).unwrap_or_default();
     match args.first().map(String::as_str) {
         Some("--version") | Some("-V") => println!("memhook {}", env!("CARGO_PKG_VERSION")),
+        Some("--help") | Some("-h") | Some("help") => println!("{USAGE}"),
+        Some("run") => {
+            let opts = parse_run(rest);
+            match run::run(opts) {
+                Ok(code) => std::process::exit(code),
+                Err(e) => {
+                    eprintln!("memhook run: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        Some("doctor") => {
+            if let Some(a) = rest.first() {
+                usage_error(&format!("doctor takes no arguments (got `{a}`)"));
+            }
+            std::process::exit(doctor::doctor());
+        }
+        Some("demo") => {
+            if let Some(a) = rest.first() {
+                usage_error(&format!("demo takes no arguments (got `{a}`)"));
+            }
+            std::process::exit(demo::demo());
+        }
         Some("scan") => {
-            let json = args.iter().any(|a| a == "--json");
-            let list = args.iter().any(|a| a == "--list");
-            let libs: Vec<&String> = args[1..].iter().filter(|a| !a.starts_with("--")).collect();
+            if let Some(bad) = rest
+                .iter()
+                .find(|a| a.starts_with('-') && !["--json", "--list"].contains(&a.as_str()))
+            {
+                usage_error(&format!("scan: unknown option `{bad}`"));
+            }
+            let json = rest.iter().any(|a| a == "--json");
+            let list = rest.iter().any(|a| a == "--list");
+            let libs: Vec<&String> = rest.iter().filter(|a| !a.starts_with("--")).collect();
             if libs.is_empty() {
-                eprintln!("{USAGE}");
-                std::process::exit(2);
+                usage_error("scan: no library given");
             }
             let mut failed = false;
             for lib in libs {
@@ -41,7 +136,8 @@ fn main() {
             }
             std::process::exit(i32::from(failed));
         }
-        _ => {
+        Some(other) => usage_error(&format!("unknown command `{other}`")),
+        None => {
             eprintln!("{USAGE}");
             std::process::exit(2);
         }

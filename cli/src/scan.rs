@@ -109,7 +109,7 @@ pub fn scan(path: &str) -> Result<Scan, String> {
     Ok(out)
 }
 
-fn json_string(s: &str) -> String {
+pub(crate) fn json_string(s: &str) -> String {
     let mut o = String::from("\"");
     for c in s.chars() {
         match c {

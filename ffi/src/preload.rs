@@ -79,7 +79,8 @@ fn preloaded() -> bool {
 
 extern "C" fn at_load() {
     let trace_on = env_is("MEMHOOK_TRACE", "1");
-    if !preloaded() && !trace_on {
+    let report_on = std::env::var_os("MEMHOOK_REPORT_FD").is_some();
+    if !preloaded() && !trace_on && !report_on {
         return;
     }
     match Config::from_env() {
@@ -89,13 +90,16 @@ extern "C" fn at_load() {
             return;
         }
     }
-    for s in memhook::status().iter().filter(|s| !s.installed) {
+    for s in memhook::status().iter().filter(|s| !s.installed && !s.pending) {
         emit(format_args!(
             "memhook: {} ({}) not hooked: {}",
             s.function,
             s.mode.name(),
             s.reason
         ));
+    }
+    if let Err(e) = crate::report::start_from_env() {
+        emit(format_args!("memhook: {e}"));
     }
     if trace_on {
         let h = HandlerFn::Raw {

@@ -70,6 +70,9 @@ pub struct FunctionStatus {
     pub mode: HookMode,
     /// Whether it took.
     pub installed: bool,
+    /// Not installed only because the function's library is not loaded
+    /// yet: the mode installs the moment it loads.
+    pub pending: bool,
     /// Why not (empty when it took).
     pub reason: heapless::String<REASON>,
 }
@@ -122,6 +125,7 @@ fn note(
         library: "libc.so.6",
         mode,
         installed: why.is_none(),
+        pending: false,
         reason,
     });
 }

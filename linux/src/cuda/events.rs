@@ -2,6 +2,7 @@
 //! lookup already agrees), then `MEM_TYPE_ALLOC` / `MEM_TYPE_FREE` to the
 //! handlers. Nothing here allocates or waits for a registration.
 
+use core::cell::Cell;
 use core::sync::atomic::Ordering;
 
 use memhook_core::event::{Event, MemTypeEvent, bits};
@@ -11,6 +12,26 @@ use super::driver;
 use super::hooks::{EVENTS, Id};
 use crate::dispatch::{notify, wants};
 use crate::memtype;
+
+thread_local! {
+    /// The hooked function whose event is being delivered on this thread
+    /// (its index + 1; 0: none).
+    static REPORTING: Cell<u8> = const { Cell::new(0) };
+}
+
+/// The hooked CUDA function whose event this thread is delivering now
+/// (for handlers that report by function).
+pub(crate) fn reporting() -> Option<Id> {
+    let i = REPORTING.try_with(Cell::get).unwrap_or(0);
+    (i != 0).then(|| Id::ALL[usize::from(i) - 1])
+}
+
+/// Delivers `event` as `id`'s.
+fn deliver(id: Id, mut event: Event) {
+    let _ = REPORTING.try_with(|c| c.set(id as u8 + 1));
+    notify(&mut event);
+    let _ = REPORTING.try_with(|c| c.set(0));
+}
 
 /// A successful allocation of `[address, address + size)` (size 0: ask the
 /// driver) of `mem_type` (Unknown: ask the driver).
@@ -32,11 +53,14 @@ pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) 
         let _ = memtype::insert(address, size, mem_type, device);
     }
     if wants(bits::MEM_TYPE_ALLOC) {
-        notify(&mut Event::MemTypeAlloc(MemTypeEvent {
-            address,
-            size,
-            mem_type: mem_type as u32,
-        }));
+        deliver(
+            id,
+            Event::MemTypeAlloc(MemTypeEvent {
+                address,
+                size,
+                mem_type: mem_type as u32,
+            }),
+        );
     }
 }
 
@@ -58,11 +82,14 @@ pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
         .unwrap_or(0);
     let mem_type = recorded.map_or(MemType::Unknown, |i| i.mem_type);
     if wants(bits::MEM_TYPE_FREE) {
-        notify(&mut Event::MemTypeFree(MemTypeEvent {
-            address,
-            size,
-            mem_type: mem_type as u32,
-        }));
+        deliver(
+            id,
+            Event::MemTypeFree(MemTypeEvent {
+                address,
+                size,
+                mem_type: mem_type as u32,
+            }),
+        );
     }
     if size != 0 {
         let _ = memtype::remove(address, size);

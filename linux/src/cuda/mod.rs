@@ -97,6 +97,10 @@ impl Lib {
 }
 
 fn note(state: &mut State, id: Id, mode: HookMode, why: Option<&dyn core::fmt::Display>) {
+    note_as(state, id, mode, why, false);
+}
+
+fn note_as(state: &mut State, id: Id, mode: HookMode, why: Option<&dyn core::fmt::Display>, pending: bool) {
     let function = id.name().to_str().unwrap_or("?");
     let mut reason = heapless::String::<REASON>::new();
     if let Some(why) = why {
@@ -107,6 +111,7 @@ fn note(state: &mut State, id: Id, mode: HookMode, why: Option<&dyn core::fmt::D
         library: id.lib().soname(),
         mode,
         installed: why.is_none(),
+        pending,
         reason,
     };
     match state
@@ -161,7 +166,7 @@ pub(crate) fn install(modes: ModeSet) {
         if e.slots && id.kind() != Kind::ProcAddr {
             note(&mut state, id, HookMode::Reloc, why);
         }
-        if procaddr {
+        if e.answer.is_some() {
             note(&mut state, id, HookMode::Procaddr, why);
         }
     }
@@ -250,11 +255,12 @@ fn sync(state: &mut State) {
                     .into_iter()
                     .filter(|f| f.lib() == lib && f.kind() != Kind::ProcAddr)
                 {
-                    note(
+                    note_as(
                         state,
                         f,
                         HookMode::Bistro,
                         Some(&format_args!("{} not loaded yet: patched when it loads", lib.soname())),
+                        true,
                     );
                 }
             }
@@ -348,11 +354,15 @@ fn detach(state: &mut State, lib: Lib) {
         RELOC[id as usize].store(0, Ordering::Release);
         ENTRY[id as usize].store(0, Ordering::Release);
         if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
-            note(
+            note_as(
                 state,
                 id,
                 HookMode::Bistro,
-                Some(&format_args!("{} was unloaded", lib.soname())),
+                Some(&format_args!(
+                    "{} was unloaded: patched again when it loads",
+                    lib.soname()
+                )),
+                true,
             );
         }
     }
@@ -383,4 +393,17 @@ pub fn procaddr_answers() -> u64 {
 pub fn attached() -> (bool, bool) {
     let s = STATE.lock();
     (s.attached[0].is_some(), s.attached[1].is_some())
+}
+
+/// The hooked CUDA function whose `MEM_TYPE_*` event the calling thread is
+/// delivering (for a handler that reports by function); `None` outside
+/// such a delivery (an event from `report_event`, or a host event).
+pub fn reporting_function() -> Option<&'static str> {
+    events::reporting().and_then(|id| id.name().to_str().ok())
+}
+
+/// Every hooked CUDA function: symbol and the library that defines it
+/// (`cuGetProcAddress{,_v2}` are hooked by procaddr only).
+pub fn functions() -> impl Iterator<Item = (&'static CStr, &'static str)> {
+    Id::ALL.into_iter().map(|id| (id.name(), id.lib().soname()))
 }

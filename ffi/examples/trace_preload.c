@@ -1,5 +1,5 @@
 /* Run with LD_PRELOAD=libmemhook.so MEMHOOK_TRACE=1: maps and unmaps a
- * marker-sized region; .ci/run checks the trace lines on stderr. */
+ * marker-sized region; ffi/tests/examples.rs checks the trace lines on stderr. */
 #include <sys/mman.h>
 
 int main(void) {

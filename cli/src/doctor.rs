@@ -1,0 +1,214 @@
+//! `memhook doctor`: which hook modes work on this machine, and why not.
+
+use std::ffi::CString;
+
+use cudarc::driver::sys;
+use memhook::code::{Serialization, serialization};
+
+/// Prints one check's line.
+fn line(check: &str, verdict: &str) {
+    println!("{check:<22} {verdict}");
+}
+
+fn page_of(addr: usize) -> usize {
+    addr & !(memhook::maps::page_size() - 1)
+}
+
+/// Whether this process may make code writable (bistro's need): a fresh
+/// page made executable (SELinux `execmem`), and a page of libc's code
+/// made writable and back (`execmod`, PaX MPROTECT).
+fn code_pages() -> Result<(), String> {
+    let ps = memhook::maps::page_size();
+    // SAFETY: a fresh private anonymous page, unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            ps,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!("mmap: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: our own page.
+    let rx = unsafe { libc::mprotect(p, ps, libc::PROT_READ | libc::PROT_EXEC) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: our own page.
+    unsafe { libc::munmap(p, ps) };
+    if rx != 0 {
+        return Err(format!(
+            "a new page cannot be made executable ({err}): trampolines are refused"
+        ));
+    }
+    let code = page_of(libc::getpid as *const () as usize);
+    let Some(m) = memhook::maps::find(code) else {
+        return Err("libc's code is not in /proc/self/maps".into());
+    };
+    let prot = m.prot;
+    // SAFETY: adds write permission to one page of libc's code and puts
+    // the protection found back; nothing is written.
+    let rwx = unsafe { libc::mprotect(code as *mut libc::c_void, ps, prot | libc::PROT_WRITE) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: as above.
+    unsafe { libc::mprotect(code as *mut libc::c_void, ps, prot) };
+    if rwx != 0 {
+        return Err(format!(
+            "library code cannot be made writable ({err}): entries cannot be patched"
+        ));
+    }
+    Ok(())
+}
+
+/// SELinux, PaX and container facts that explain a refusal.
+fn environment() -> String {
+    let mut facts = Vec::new();
+    if let Ok(e) = std::fs::read_to_string("/sys/fs/selinux/enforce") {
+        facts.push(format!(
+            "SELinux {}",
+            if e.trim() == "1" { "enforcing" } else { "permissive" }
+        ));
+    }
+    if let Ok(s) = std::fs::read_to_string("/proc/self/status")
+        && let Some(pax) = s.lines().find(|l| l.starts_with("PaX:"))
+    {
+        facts.push(pax.to_string());
+    }
+    let cgroup = std::fs::read_to_string("/proc/1/cgroup").unwrap_or_default();
+    if std::path::Path::new("/.dockerenv").exists()
+        || std::path::Path::new("/run/.containerenv").exists()
+        || ["docker", "kubepods", "containerd", "lxc"]
+            .iter()
+            .any(|k| cgroup.contains(k))
+    {
+        facts.push("in a container".into());
+    }
+    if facts.is_empty() {
+        "no SELinux, no PaX, not in a known container".into()
+    } else {
+        facts.join(", ")
+    }
+}
+
+/// The driver's version, when libcuda is present.
+fn driver_version() -> Option<i32> {
+    // SAFETY: only probes for the library.
+    if !unsafe { sys::is_culib_present() } {
+        return None;
+    }
+    let mut v = 0;
+    // SAFETY: present (so cudarc resolves it); a valid out-parameter.
+    (unsafe { sys::cuDriverGetVersion(&mut v) } == sys::CUresult::CUDA_SUCCESS).then_some(v)
+}
+
+fn gpus() -> Result<Vec<String>, String> {
+    let nvml = nvml_wrapper::Nvml::init().map_err(|e| format!("NVML: {e}"))?;
+    let n = nvml.device_count().map_err(|e| format!("NVML: {e}"))?;
+    let driver = nvml.sys_driver_version().unwrap_or_default();
+    (0..n)
+        .map(|i| {
+            let d = nvml.device_by_index(i).map_err(|e| format!("NVML device {i}: {e}"))?;
+            let name = d.name().unwrap_or_default();
+            let bus = d.pci_info().map(|p| p.bus_id).unwrap_or_default();
+            Ok(format!("{i}: {name} at {bus} (driver {driver})"))
+        })
+        .collect()
+}
+
+/// Bistro's dry run over every hooked function of `lib` (a soname to
+/// dlopen), counting near, far and refused.
+fn dry_run(lib: &str, library_label: &str) -> Option<(usize, usize, Vec<String>)> {
+    let c = CString::new(lib).ok()?;
+    // SAFETY: loads a library by name (its constructors run, as in any CUDA
+    // program).
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if h.is_null() {
+        return None;
+    }
+    let (mut near, mut far, mut refused) = (0, 0, Vec::new());
+    for (name, l) in memhook::cuda::functions() {
+        if l != library_label {
+            continue;
+        }
+        // SAFETY: a live handle and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(h, name.as_ptr()) } as usize;
+        let name = name.to_string_lossy();
+        if p == 0 {
+            refused.push(format!("{name}: not exported"));
+        } else if memhook::bistro::can_patch(p, false).is_ok() {
+            near += 1;
+        } else {
+            match memhook::bistro::can_patch(p, true) {
+                Ok(_) => far += 1,
+                Err(e) => refused.push(format!("{name}: {e}")),
+            }
+        }
+    }
+    Some((near, far, refused))
+}
+
+pub fn doctor() -> i32 {
+    println!("memhook {} doctor", env!("CARGO_PKG_VERSION"));
+    match code_pages() {
+        Ok(()) => line("code pages:", "writable: bistro can patch entries and map trampolines"),
+        Err(e) => line("code pages:", &format!("NOT writable: {e}; use reloc,procaddr")),
+    }
+    line("environment:", &environment());
+    line(
+        "membarrier:",
+        match serialization() {
+            Serialization::MembarrierSyncCore => "PRIVATE_EXPEDITED_SYNC_CORE: patches serialise every core at once",
+            _ => "not available: patches wait a 2 ms grace period instead",
+        },
+    );
+    match driver_version() {
+        Some(v) => line(
+            "libcuda:",
+            &format!("present, driver API {}.{}", v / 1000, v % 1000 / 10),
+        ),
+        None => line(
+            "libcuda:",
+            "not found: the CUDA hooks wait for it (they install when it loads)",
+        ),
+    }
+    match gpus() {
+        Ok(g) if g.is_empty() => line("GPUs:", "none (NVML sees no device)"),
+        Ok(g) => {
+            line("GPUs:", &format!("{} (NVML)", g.len()));
+            for d in g {
+                println!("{:<22} {d}", "");
+            }
+        }
+        Err(e) => line("GPUs:", &format!("none found ({e})")),
+    }
+    for (soname, label) in [("libcuda.so.1", "libcuda.so.1"), ("libcudart.so", "libcudart.so")] {
+        match dry_run(soname, label) {
+            Some((near, far, refused)) => {
+                line(
+                    "bistro dry run:",
+                    &format!(
+                        "{soname}: {near} near, {far} far, {} refused of the hooked functions",
+                        refused.len()
+                    ),
+                );
+                for r in refused {
+                    println!("{:<22}   {r}", "");
+                }
+            }
+            None => line(
+                "bistro dry run:",
+                &format!("{soname}: not loadable here, nothing to check"),
+            ),
+        }
+    }
+    line(
+        "verdict:",
+        "reloc alone cannot catch a statically linked CUDA runtime: it reaches the driver \
+         through dlsym(cuGetProcAddress_v2) and the pointers cuGetProcAddress returns, never through \
+         a GOT slot. Use the default (bistro,reloc,procaddr); where code pages are not writable, \
+         reloc,procaddr still catches it.",
+    );
+    0
+}

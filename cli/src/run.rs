@@ -1,0 +1,363 @@
+//! `memhook run`: runs a command with libmemhook preloaded and
+//! `MEMHOOK_REPORT_FD` pointing at a pipe, reads the records, shows a live
+//! line on a terminal, and summarises.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Read};
+use std::os::fd::FromRawFd;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use memhook::event::bits;
+
+use crate::json_string;
+
+/// What `run` was asked.
+pub struct Options {
+    pub cuda_mode: Option<String>,
+    pub mmap_mode: Option<String>,
+    pub trace: bool,
+    pub json: bool,
+    pub command: Vec<String>,
+}
+
+/// The record layout of `memhook_record_t` (ffi/src/report.rs).
+const RECORD: usize = 256;
+const KIND_EVENT: u32 = 1;
+const KIND_STATUS: u32 = 2;
+
+struct Record {
+    kind: u32,
+    event_type: u32,
+    value: u32,
+    address: u64,
+    size: u64,
+    function: String,
+    library: String,
+    mode: String,
+    reason: String,
+}
+
+fn cstr(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+fn parse(b: &[u8; RECORD]) -> Record {
+    let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+    Record {
+        kind: u32_at(0),
+        event_type: u32_at(4),
+        value: u32_at(12),
+        address: u64_at(16),
+        size: u64_at(24),
+        function: cstr(&b[40..88]),
+        library: cstr(&b[88..112]),
+        mode: cstr(&b[112..128]),
+        reason: cstr(&b[128..256]),
+    }
+}
+
+/// Ranges alive, per memory type, with the peak.
+#[derive(Default)]
+struct Alive {
+    /// start -> (end, type name)
+    ranges: BTreeMap<u64, (u64, &'static str)>,
+    bytes: HashMap<&'static str, u64>,
+    peak: HashMap<&'static str, u64>,
+}
+
+impl Alive {
+    fn remove(&mut self, start: u64, end: u64) {
+        let overlapping: Vec<(u64, (u64, &'static str))> = self
+            .ranges
+            .range(..end)
+            .rev()
+            .take_while(|(_, (e, _))| *e > start)
+            .map(|(s, v)| (*s, *v))
+            .collect();
+        for (s, (e, t)) in overlapping {
+            if e <= start {
+                continue;
+            }
+            self.ranges.remove(&s);
+            *self.bytes.entry(t).or_default() -= e - s;
+            if s < start {
+                self.add_raw(s, start, t);
+            }
+            if e > end {
+                self.add_raw(end, e, t);
+            }
+        }
+    }
+
+    fn add_raw(&mut self, start: u64, end: u64, t: &'static str) {
+        self.ranges.insert(start, (end, t));
+        let b = self.bytes.entry(t).or_default();
+        *b += end - start;
+        let p = self.peak.entry(t).or_default();
+        *p = (*p).max(*b);
+    }
+
+    fn add(&mut self, start: u64, size: u64, t: &'static str) {
+        if size == 0 {
+            return;
+        }
+        let end = start.saturating_add(size);
+        self.remove(start, end);
+        self.add_raw(start, end, t);
+    }
+}
+
+#[derive(Default)]
+struct Summary {
+    events: BTreeMap<String, u64>,
+    functions: BTreeMap<String, u64>,
+    host: Alive,
+    typed: Alive,
+    /// (function, mode) -> (library, state: 1 installed, 2 pending, 0 failed, reason)
+    hooks: BTreeMap<(String, String), (String, u32, String)>,
+    total: u64,
+}
+
+fn type_name(t: u32) -> &'static str {
+    match t {
+        0 => "host",
+        1 => "cuda",
+        2 => "cuda_managed",
+        3 => "cuda_host",
+        _ => "unknown",
+    }
+}
+
+impl Summary {
+    fn add(&mut self, r: Record) {
+        match r.kind {
+            KIND_EVENT => {
+                self.total += 1;
+                let name = bits::name(r.event_type).unwrap_or("?").to_string();
+                *self.events.entry(name).or_default() += 1;
+                if !r.function.is_empty() {
+                    *self.functions.entry(r.function.clone()).or_default() += 1;
+                }
+                match r.event_type {
+                    bits::VM_MAPPED => self.host.add(r.address, r.size, "host"),
+                    bits::VM_UNMAPPED => self.host.remove(r.address, r.address.saturating_add(r.size)),
+                    bits::MEM_TYPE_ALLOC => self.typed.add(r.address, r.size, type_name(r.value)),
+                    bits::MEM_TYPE_FREE => {
+                        let end = if r.size == 0 {
+                            // Size unknown: the allocation that starts here.
+                            self.typed.ranges.get(&r.address).map_or(r.address, |v| v.0)
+                        } else {
+                            r.address.saturating_add(r.size)
+                        };
+                        self.typed.remove(r.address, end);
+                    }
+                    _ => {}
+                }
+            }
+            KIND_STATUS => {
+                self.hooks.insert((r.function, r.mode), (r.library, r.value, r.reason));
+            }
+            _ => {}
+        }
+    }
+
+    fn bytes(&self, t: &'static str) -> (u64, u64) {
+        let a = if t == "host" { &self.host } else { &self.typed };
+        (
+            a.bytes.get(t).copied().unwrap_or(0),
+            a.peak.get(t).copied().unwrap_or(0),
+        )
+    }
+
+    fn json(&self, exit_status: i32) -> String {
+        let map = |m: &BTreeMap<String, u64>| {
+            m.iter()
+                .map(|(k, v)| format!("{}: {v}", json_string(k)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let alive = ["host", "cuda", "cuda_managed", "cuda_host"]
+            .iter()
+            .map(|t| format!("\"{t}\": {}", self.bytes(t).0))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let hooks = self
+            .hooks
+            .iter()
+            .map(|((f, m), (l, state, why))| {
+                format!(
+                    "{{\"function\": {}, \"library\": {}, \"mode\": {}, \"installed\": {}, \"reason\": {}}}",
+                    json_string(f),
+                    json_string(l),
+                    json_string(m),
+                    *state == 1,
+                    json_string(why)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "{{\"exit_status\": {exit_status}, \"events\": {{{}}}, \"functions\": {{{}}}, \"bytes_alive\": {{{alive}}}, \"hooks\": [{hooks}]}}",
+            map(&self.events),
+            map(&self.functions)
+        )
+    }
+
+    fn table(&self, command: &str, exit_status: i32) -> String {
+        let mut o = String::new();
+        let _ = writeln!(o, "memhook run: `{command}` exited with status {exit_status}");
+        let _ = writeln!(o, "events by kind ({} in all):", self.total);
+        for (k, v) in &self.events {
+            let _ = writeln!(o, "  {k:<16} {v:>10}");
+        }
+        let _ = writeln!(o, "events by function:");
+        for (k, v) in &self.functions {
+            let _ = writeln!(o, "  {k:<32} {v:>10}");
+        }
+        let _ = writeln!(o, "bytes alive at exit (peak):");
+        for t in ["host", "cuda", "cuda_managed", "cuda_host", "unknown"] {
+            let (now, peak) = self.bytes(t);
+            let _ = writeln!(o, "  {t:<13} {now:>16} ({peak})");
+        }
+        let mut per_mode: BTreeMap<&str, [usize; 3]> = BTreeMap::new();
+        for ((_, m), (_, state, _)) in &self.hooks {
+            per_mode.entry(m).or_default()[(*state as usize).min(2)] += 1;
+        }
+        let _ = writeln!(o, "hooks:");
+        if per_mode.is_empty() {
+            let _ = writeln!(o, "  none reported (was the program dynamically linked?)");
+        }
+        for (m, [failed, ok, pending]) in &per_mode {
+            let _ = writeln!(
+                o,
+                "  {m:<9} {ok} installed, {failed} failed, {pending} waiting for a library never loaded"
+            );
+        }
+        for ((f, m), (l, state, why)) in &self.hooks {
+            if *state == 0 {
+                let _ = writeln!(o, "  not hooked: {f} ({l}, {m}): {why}");
+            }
+        }
+        o
+    }
+}
+
+/// Where libmemhook.so is: `$MEMHOOK_LIB`, or next to this executable (or
+/// in `../lib`).
+fn library() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("MEMHOOK_LIB") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("MEMHOOK_LIB={} is not a file", p.display()))
+        };
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let dir = exe.parent().unwrap_or(std::path::Path::new("."));
+    for candidate in [dir.join("libmemhook.so"), dir.join("../lib/libmemhook.so")] {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    Err(format!(
+        "libmemhook.so not found next to {} (set MEMHOOK_LIB)",
+        exe.display()
+    ))
+}
+
+/// Runs the command; returns the exit status to leave with.
+pub fn run(opts: Options) -> Result<i32, String> {
+    let lib = library()?;
+    let mut fds = [0; 2];
+    // SAFETY: a two-element array for the pipe's ends.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    let (read_fd, write_fd) = (fds[0], fds[1]);
+    // The read end stays in this process only.
+    // SAFETY: sets a flag on a descriptor this function owns.
+    unsafe { libc::fcntl(read_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let mut preload = lib.display().to_string();
+    if let Some(old) = std::env::var_os("LD_PRELOAD") {
+        preload = format!("{preload}:{}", old.to_string_lossy());
+    }
+    let mut cmd = Command::new(&opts.command[0]);
+    cmd.args(&opts.command[1..])
+        .env("LD_PRELOAD", preload)
+        .env("MEMHOOK_REPORT_FD", write_fd.to_string());
+    if let Some(m) = &opts.cuda_mode {
+        cmd.env("MEMHOOK_CUDA_HOOK_MODE", m);
+    }
+    if let Some(m) = &opts.mmap_mode {
+        cmd.env("MEMHOOK_MMAP_HOOK_MODE", m);
+    }
+    if opts.trace {
+        cmd.env("MEMHOOK_TRACE", "1");
+    }
+    let spawned = cmd.spawn();
+    // SAFETY: the write end belongs to the child now.
+    unsafe { libc::close(write_fd) };
+    let mut child = spawned.map_err(|e| format!("cannot run {}: {e}", opts.command[0]))?;
+
+    let summary = Arc::new(Mutex::new(Summary::default()));
+    let reader = {
+        let summary = summary.clone();
+        std::thread::spawn(move || {
+            // SAFETY: the read end, owned by this thread from now on.
+            let mut pipe = unsafe { std::fs::File::from_raw_fd(read_fd) };
+            let mut buf = [0u8; RECORD];
+            while pipe.read_exact(&mut buf).is_ok() {
+                summary.lock().unwrap().add(parse(&buf));
+            }
+        })
+    };
+    let done = Arc::new(AtomicBool::new(false));
+    let live = std::io::stderr().is_terminal().then(|| {
+        let (summary, done) = (summary.clone(), done.clone());
+        std::thread::spawn(move || {
+            let (mut last, mut t) = (0, Instant::now());
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(500));
+                let s = summary.lock().unwrap();
+                let rate = (s.total - last) as f64 / t.elapsed().as_secs_f64();
+                (last, t) = (s.total, Instant::now());
+                let mib = |ty| s.bytes(ty).0 as f64 / (1 << 20) as f64;
+                eprint!(
+                    "\r\x1b[K[memhook] {rate:.0} events/s  host {:.1} MiB  cuda {:.1} MiB  managed {:.1} MiB  pinned {:.1} MiB",
+                    mib("host"),
+                    mib("cuda"),
+                    mib("cuda_managed"),
+                    mib("cuda_host")
+                );
+            }
+            eprint!("\r\x1b[K");
+        })
+    });
+    let status = child.wait().map_err(|e| format!("waiting for the command: {e}"))?;
+    // Grandchildren may hold the pipe: give them a moment, then summarise.
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while !reader.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    done.store(true, Ordering::Relaxed);
+    if let Some(l) = live {
+        let _ = l.join();
+    }
+    let exit = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    let s = summary.lock().unwrap();
+    if opts.json {
+        println!("{}", s.json(exit));
+    } else {
+        eprint!("{}", s.table(&opts.command.join(" "), exit));
+    }
+    Ok(exit)
+}

@@ -1,0 +1,224 @@
+//! The `memhook` command, run as a user runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn memhook() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_memhook"))
+}
+
+/// Makes sure libmemhook.so sits next to the binary (`run` preloads it).
+fn with_library() {
+    let dir = Path::new(env!("CARGO_BIN_EXE_memhook")).parent().unwrap().to_path_buf();
+    if !dir.join("libmemhook.so").is_file() {
+        let ok = Command::new(option_env!("CARGO").unwrap_or("cargo"))
+            .args(["build", "-p", "memhook-ffi"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok && dir.join("libmemhook.so").is_file(), "libmemhook.so built");
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn work() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("memhook-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A program that uses the fake CUDA driver: five allocations of 1 MiB,
+/// three freed; and four mappings of 1 MiB, three unmapped.
+const PROGRAM: &str = r#"
+#include <sys/mman.h>
+typedef unsigned long long CUdeviceptr;
+int cuMemAlloc_v2(CUdeviceptr *, unsigned long);
+int cuMemFree_v2(CUdeviceptr);
+int main(void) {
+    CUdeviceptr p[5];
+    for (int i = 0; i < 5; i++)
+        if (cuMemAlloc_v2(&p[i], 1 << 20) != 0) return 10;
+    for (int i = 0; i < 3; i++)
+        if (cuMemFree_v2(p[i]) != 0) return 11;
+    void *m[4];
+    for (int i = 0; i < 4; i++)
+        m[i] = mmap(0, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    for (int i = 0; i < 3; i++)
+        munmap(m[i], 1 << 20);
+    return 0;
+}
+"#;
+
+fn program() -> PathBuf {
+    let dir = work();
+    let fake = memhook_tests::fakecuda::build(&dir.join("fakecuda"));
+    let src = dir.join("prog.c");
+    std::fs::write(&src, PROGRAM).unwrap();
+    let out = dir.join("prog");
+    let ok = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .arg("-O1")
+        .arg(&src)
+        .arg(&fake.libcuda)
+        .arg(format!("-Wl,-rpath,{},--disable-new-dtags", fake.dir.display()))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    out
+}
+
+/// `"key": value` somewhere in the JSON.
+fn field(json: &str, key: &str) -> Option<u64> {
+    let at = json.find(&format!("\"{key}\": "))? + key.len() + 4;
+    json[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+#[test]
+fn run_counts_events_by_kind_and_function() {
+    with_library();
+    let prog = program();
+    let o = memhook().args(["run", "--json", "--"]).arg(&prog).output().unwrap();
+    let json = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(field(&json, "exit_status"), Some(0), "{json}");
+    assert_eq!(field(&json, "MEM_TYPE_ALLOC"), Some(5), "{json}");
+    assert_eq!(field(&json, "MEM_TYPE_FREE"), Some(3), "{json}");
+    assert_eq!(field(&json, "cuMemAlloc_v2"), Some(5), "{json}");
+    assert_eq!(field(&json, "cuMemFree_v2"), Some(3), "{json}");
+    assert_eq!(field(&json, "cuda"), Some(2 << 20), "two allocations alive: {json}");
+    assert!(field(&json, "mmap").unwrap() >= 4, "{json}");
+    assert!(field(&json, "munmap").unwrap() >= 3, "{json}");
+    assert!(field(&json, "host").unwrap() >= 1 << 20, "one mapping alive: {json}");
+    assert!(
+        json.contains(
+            r#"{"function": "cuMemAlloc_v2", "library": "libcuda.so.1", "mode": "bistro", "installed": true"#
+        ),
+        "{json}"
+    );
+    // The text summary, with a mode chosen on the command line.
+    let o = memhook()
+        .args(["run", "--cuda-mode", "reloc", "--"])
+        .arg(&prog)
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("events by function:") && t.contains("cuMemAlloc_v2"), "{t}");
+    assert!(t.contains("reloc"), "{t}");
+}
+
+#[test]
+fn run_keeps_the_exit_status() {
+    with_library();
+    let o = memhook().args(["run", "--", "sh", "-c", "exit 3"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let o = memhook()
+        .args(["run", "--json", "sh", "-c", "kill -9 $$"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(128 + 9), "{}", text(&o));
+    assert_eq!(field(&String::from_utf8_lossy(&o.stdout), "exit_status"), Some(137));
+}
+
+#[test]
+fn doctor_names_each_check() {
+    let o = memhook().arg("doctor").output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for check in [
+        "code pages:",
+        "environment:",
+        "membarrier:",
+        "libcuda:",
+        "GPUs:",
+        "bistro dry run:",
+        "verdict:",
+    ] {
+        assert!(t.lines().any(|l| l.starts_with(check)), "no `{check}` line:\n{t}");
+    }
+    assert!(
+        t.contains("reloc alone cannot catch a statically linked CUDA runtime"),
+        "{t}"
+    );
+}
+
+#[test]
+fn scan_meets_the_coverage_bars_on_this_machine() {
+    for (lib, bar) in [("libc.so.6", 98.5), ("libstdc++.so.6", 96.5), ("libm.so.6", 99.5)] {
+        let path = [
+            "/lib/x86_64-linux-gnu",
+            "/usr/lib/x86_64-linux-gnu",
+            "/lib64",
+            "/usr/lib64",
+        ]
+        .iter()
+        .map(|d| Path::new(d).join(lib))
+        .find(|p| p.is_file());
+        let Some(path) = path else {
+            eprintln!("{lib} not found on this machine: skipped");
+            continue;
+        };
+        let o = memhook().args(["scan", "--json"]).arg(&path).output().unwrap();
+        let json = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(o.status.success(), "{}", text(&o));
+        let (total, near) = (field(&json, "total").unwrap(), field(&json, "near").unwrap());
+        let pct = 100.0 * near as f64 / total as f64;
+        assert!(pct >= bar, "{lib}: {pct:.1}% near < {bar}%: {json}");
+        let o = memhook().args(["scan", "--list"]).arg(&path).output().unwrap();
+        let t = text(&o);
+        assert!(t.contains('%'), "{t}");
+        if field(&json, "refused").unwrap() > 0 {
+            assert!(t.contains("refused "), "refusals are listed with reasons: {t}");
+        }
+    }
+}
+
+#[test]
+fn demo_shows_events() {
+    let o = memhook().arg("demo").output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for want in [
+        "MMAP",
+        "VM_MAPPED",
+        "VM_UNMAPPED",
+        "MUNMAP",
+        "memtype says host",
+        "CUDA:",
+    ] {
+        assert!(t.contains(want), "no `{want}` in:\n{t}");
+    }
+}
+
+#[test]
+fn errors_are_one_line_and_non_zero() {
+    let not_elf = work().join("not-elf.so");
+    std::fs::write(&not_elf, b"hello").unwrap();
+    let cases: [&[&str]; 8] = [
+        &["bogus"],
+        &["run", "--frobnicate", "--", "true"],
+        &["run"],
+        &["run", "--cuda-mode", "bistr", "--", "true"],
+        &["scan", "--nope", "/bin/true"],
+        &["scan", "/nonexistent/libfoo.so"],
+        &["scan", not_elf.to_str().unwrap()],
+        &["run", "--", "/nonexistent/program"],
+    ];
+    for args in cases {
+        let o = memhook().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: one line, got:\n{err}");
+    }
+}

@@ -1,0 +1,249 @@
+//! What is installed (`memhook_status`), the version, and the binary event
+//! records of `MEMHOOK_REPORT_FD` (what `memhook run` reads).
+
+use core::ffi::{c_char, c_int, c_void};
+
+use memhook::event::{Event, bits};
+use memhook::{FunctionStatus, HandlerFn};
+
+use super::*;
+
+/// One hooked function in one mode, as [`memhook_status`] reports it.
+/// Strings are NUL-terminated (and cut to fit).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct memhook_hook_status_t {
+    /// The function (`"mmap"`, `"cuMemAlloc_v2"`).
+    pub function: [c_char; 48],
+    /// The library that defines it (`"libc.so.6"`, `"libcuda.so.1"`).
+    pub library: [c_char; 24],
+    /// `"bistro"`, `"reloc"` or `"procaddr"`.
+    pub mode: [c_char; 16],
+    /// 1 when the mode took, 0 when not.
+    pub installed: i32,
+    /// 1 when it has not taken only because the library is not loaded yet
+    /// (it takes when the library loads).
+    pub pending: i32,
+    /// Why not (empty when it took).
+    pub reason: [c_char; 200],
+}
+
+/// Copies `s` into `dst` as a NUL-terminated string, cut to fit.
+fn copy<const N: usize>(dst: &mut [c_char; N], s: &str) {
+    let n = s.len().min(N - 1);
+    for (d, &b) in dst.iter_mut().zip(&s.as_bytes()[..n]) {
+        *d = b as c_char;
+    }
+    dst[n] = 0;
+}
+
+fn to_c_status(s: &FunctionStatus) -> memhook_hook_status_t {
+    let mut out = memhook_hook_status_t {
+        function: [0; 48],
+        library: [0; 24],
+        mode: [0; 16],
+        installed: i32::from(s.installed),
+        pending: i32::from(s.pending),
+        reason: [0; 200],
+    };
+    copy(&mut out.function, s.function);
+    copy(&mut out.library, s.library);
+    copy(&mut out.mode, s.mode.name());
+    copy(&mut out.reason, &s.reason);
+    out
+}
+
+/// The `index`-th entry of what the installed hooks are: per function and
+/// mode, whether it took and why not. Iterate from 0 until
+/// `MEMHOOK_ERR_NOT_FOUND`.
+///
+/// # Safety
+///
+/// `status` is valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memhook_status(index: usize, status: *mut memhook_hook_status_t) -> c_int {
+    if status.is_null() {
+        return fail(MEMHOOK_ERR_INVALID, format_args!("memhook_status: status is NULL"));
+    }
+    guard(|| {
+        let all = memhook::status();
+        let Some(s) = all.get(index) else {
+            return fail(
+                MEMHOOK_ERR_NOT_FOUND,
+                format_args!("memhook_status: no entry {index} ({} in all)", all.len()),
+            );
+        };
+        // SAFETY: non-null and the caller's to write.
+        unsafe { *status = to_c_status(s) };
+        MEMHOOK_OK
+    })
+}
+
+/// memhook's version, `"MAJOR.MINOR.PATCH"` (a static string).
+#[unsafe(no_mangle)]
+pub extern "C" fn memhook_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// A record of `MEMHOOK_REPORT_FD`: an event.
+pub const MEMHOOK_RECORD_EVENT: u32 = 1;
+/// A record of `MEMHOOK_REPORT_FD`: one [`memhook_hook_status_t`] entry.
+pub const MEMHOOK_RECORD_STATUS: u32 = 2;
+
+/// One fixed-size (256-byte) record written to the file descriptor named
+/// by `MEMHOOK_REPORT_FD` with a single `write` (so records of several
+/// threads never interleave on a pipe).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct memhook_record_t {
+    /// `MEMHOOK_RECORD_EVENT` or `MEMHOOK_RECORD_STATUS`.
+    pub kind: u32,
+    /// The event's `MEMHOOK_EVENT_*` bit (events).
+    pub event_type: u32,
+    /// The process that wrote it.
+    pub pid: u32,
+    /// The memory type (`MEM_TYPE_*` events); for status: 1 when the hook
+    /// took, 2 when it waits for its library to load, 0 when it failed.
+    pub value: u32,
+    /// The range's start (events).
+    pub address: u64,
+    /// The range's length (events; 0 when unknown).
+    pub size: u64,
+    /// The call's result (events that have one).
+    pub result: i64,
+    /// The function that raised the event (empty for `VM_*`), or the hooked
+    /// function (status).
+    pub function: [c_char; 48],
+    /// The library (status).
+    pub library: [c_char; 24],
+    /// The mode (status).
+    pub mode: [c_char; 16],
+    /// Why the mode did not take (status).
+    pub reason: [c_char; 128],
+}
+
+const _: () = assert!(size_of::<memhook_record_t>() == 256);
+
+fn empty_record(kind: u32) -> memhook_record_t {
+    memhook_record_t {
+        kind,
+        event_type: 0,
+        // SAFETY: getpid cannot fail.
+        pid: unsafe { libc::getpid() } as u32,
+        value: 0,
+        address: 0,
+        size: 0,
+        result: 0,
+        function: [0; 48],
+        library: [0; 24],
+        mode: [0; 16],
+        reason: [0; 128],
+    }
+}
+
+fn write_record(fd: c_int, r: &memhook_record_t) {
+    // SAFETY: writes the record's bytes; a failed write is dropped (the
+    // reader went away: the program must keep running).
+    unsafe {
+        libc::write(
+            fd,
+            (r as *const memhook_record_t).cast::<c_void>(),
+            size_of::<memhook_record_t>(),
+        )
+    };
+}
+
+/// The record of one event.
+fn event_record(e: &Event) -> memhook_record_t {
+    let mut r = empty_record(MEMHOOK_RECORD_EVENT);
+    r.event_type = e.kind();
+    r.result = e.result().unwrap_or(0) as i64;
+    let (function, address, size) = match *e {
+        Event::Mmap(m) => ("mmap", m.result, m.size),
+        Event::Munmap(m) => ("munmap", m.address, m.size),
+        Event::Mremap(m) => ("mremap", m.result, m.new_size),
+        Event::Shmat(m) => ("shmat", m.result, 0),
+        Event::Shmdt(m) => ("shmdt", m.shmaddr, 0),
+        Event::Sbrk(m) => ("sbrk", m.result, m.increment.unsigned_abs()),
+        Event::Brk(m) => ("brk", m.addr, 0),
+        Event::Madvise(m) => ("madvise", m.addr, m.length),
+        Event::VmMapped(v) | Event::VmUnmapped(v) => ("", v.address, v.size),
+        Event::MemTypeAlloc(m) | Event::MemTypeFree(m) => {
+            r.value = m.mem_type;
+            (
+                memhook::cuda::reporting_function().unwrap_or("memhook_report_event"),
+                m.address,
+                m.size,
+            )
+        }
+    };
+    copy(&mut r.function, function);
+    r.address = address as u64;
+    r.size = size as u64;
+    r
+}
+
+/// The `MEMHOOK_REPORT_FD` handler (context word `a`: the descriptor).
+unsafe fn report(fd: usize, _: usize, e: &mut Event) {
+    write_record(fd as c_int, &event_record(e));
+}
+
+/// The descriptor of `MEMHOOK_REPORT_FD`, once read.
+static REPORT_FD: core::sync::atomic::AtomicI32 = core::sync::atomic::AtomicI32::new(-1);
+
+/// Writes every status entry as a record.
+fn write_status(fd: c_int) {
+    for s in memhook::status().iter() {
+        let c = to_c_status(s);
+        let mut r = empty_record(MEMHOOK_RECORD_STATUS);
+        r.function = c.function;
+        r.library = c.library;
+        r.mode = c.mode;
+        r.value = if s.installed {
+            1
+        } else if s.pending {
+            2
+        } else {
+            0
+        };
+        copy(&mut r.reason, &s.reason);
+        write_record(fd, &r);
+    }
+}
+
+extern "C" fn status_at_exit() {
+    let fd = REPORT_FD.load(core::sync::atomic::Ordering::Acquire);
+    if fd >= 0 {
+        write_status(fd);
+    }
+}
+
+/// Starts `MEMHOOK_REPORT_FD=n` reporting if the variable names a
+/// descriptor: every event as a record (priority 1000: after every other
+/// handler, with the final result), the status now and at exit. Returns
+/// an error message for a bad value.
+pub(crate) fn start_from_env() -> Result<(), &'static str> {
+    let Some(v) = std::env::var_os("MEMHOOK_REPORT_FD") else {
+        return Ok(());
+    };
+    let fd: c_int = v
+        .to_str()
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|&fd| fd >= 0)
+        .ok_or("MEMHOOK_REPORT_FD is not a file descriptor number")?;
+    // SAFETY: F_GETFD only asks whether the descriptor is open.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err("MEMHOOK_REPORT_FD names a descriptor that is not open");
+    }
+    REPORT_FD.store(fd, core::sync::atomic::Ordering::Release);
+    let h = HandlerFn::Raw {
+        func: report,
+        a: fd as usize,
+        b: 0,
+    };
+    memhook::set_handler(bits::ALL_EVENTS, 1000, h).map_err(|_| "MEMHOOK_REPORT_FD: cannot register the handler")?;
+    write_status(fd);
+    // SAFETY: registers a function with no arguments that only writes.
+    unsafe { libc::atexit(status_at_exit) };
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! The C programs of `ffi/examples/`, built with the system C compiler
+//! against `include/memhook.h` and `libmemhook.so`, and run: a handler
+//! counting events, the CUDA hooks on the fake driver, and an unmodified
+//! program under `LD_PRELOAD=libmemhook.so MEMHOOK_TRACE=1`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The folder with libmemhook.so (this test's target folder).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    assert!(
+        dir.join("libmemhook.so").is_file(),
+        "libmemhook.so is built next to the tests ({})",
+        dir.display()
+    );
+    dir
+}
+
+fn out_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("memhook-ffi-examples-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn cc(src: &str, out: &Path, link_memhook: bool) {
+    let mut c = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
+    c.args(["-O2", "-Wall", "-Werror", "-I"])
+        .arg(root().join("include"))
+        .arg(root().join("ffi/examples").join(src))
+        .arg("-o")
+        .arg(out);
+    if link_memhook {
+        let lib = lib_dir();
+        c.arg("-L").arg(&lib).arg("-lmemhook").arg("-ldl");
+        c.arg(format!("-Wl,-rpath,{}", lib.display()));
+    }
+    assert!(c.status().expect("a C compiler (cc)").success(), "building {src}");
+}
+
+#[test]
+fn count_events() {
+    let out = out_dir().join("count_events");
+    cc("count_events.c", &out, true);
+    let o = Command::new(&out).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn cuda_events_on_the_fake_driver() {
+    let dir = out_dir();
+    let fake = memhook_tests::fakecuda::build(&dir.join("fakecuda"));
+    let out = dir.join("cuda_events");
+    cc("cuda_events.c", &out, true);
+    let o = Command::new(&out).arg(&fake.libcuda).output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("4 allocations, 4 frees"), "{stdout}");
+    assert!(
+        stdout.contains(concat!("memhook ", env!("CARGO_PKG_VERSION"))),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn trace_of_an_unmodified_program_under_ld_preload() {
+    let out = out_dir().join("trace_preload");
+    cc("trace_preload.c", &out, false);
+    let o = Command::new(&out)
+        .env("LD_PRELOAD", lib_dir().join("libmemhook.so"))
+        .env("MEMHOOK_TRACE", "1")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    for line in [
+        "MMAP addr=0x0 size=0x13000",
+        "VM_MAPPED addr=",
+        "VM_UNMAPPED addr=",
+        "MUNMAP addr=",
+    ] {
+        assert!(
+            err.lines().any(|l| l.contains(line) && l.contains("0x13000")),
+            "no `{line}` line in the trace:\n{err}"
+        );
+    }
+    // A bad mode is reported, and the program still runs.
+    let o = Command::new(&out)
+        .env("LD_PRELOAD", lib_dir().join("libmemhook.so"))
+        .env("MEMHOOK_MMAP_HOOK_MODE", "bistr")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("unknown hook mode `bistr`"), "{err}");
+}
