@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the folder scripts/gpu-test.sh filled:
+# builds the CUDA programs with nvcc, runs every GPU test, check and
+# benchmark, and writes the results to $OUT/results.txt (stdout if unset).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here"
+results=${OUT:-/tmp}/results.txt
+: >"$results"
+export MEMHOOK_FAKECUDA_SRC=$here/src
+export MEMHOOK_LIB=$here/libmemhook.so
+say() { echo "$*" | tee -a "$results"; }
+check() { # name, command...
+    local name=$1; shift
+    if out=$("$@" 2>&1); then say "PASS $name"; else say "FAIL $name"; fi
+    echo "$out" | tail -25 | sed 's/^/    /' >>"$results"
+}
+say "== $(nvidia-smi -L | head -2 | tr '\n' ' ')"
+say "== $(nvcc --version | tail -2 | head -1)"
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+"$NVCC" -O2 -o runtime_static src/runtime_prog.cu
+"$NVCC" -O2 -cudart shared -o runtime_shared src/runtime_prog.cu
+"$NVCC" -O2 --default-stream per-thread -o runtime_ptsz src/runtime_prog.cu
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$(dirname "$NVCC")/../lib64
+
+for t in gpu_driver cuda_modes cuda_memtype cuda_late_load; do
+    check "$t" ./"$t" --test-threads=1
+done
+
+# The mode matrix: what each mode sees of one run of each program (the
+# program makes 5 allocations and 4 frees). Reloc alone cannot see the
+# static runtime (it reaches the driver only through cuGetProcAddress);
+# every other cell must see each event exactly once.
+matrix() { # program mode -> the JSON line (the program's own output dropped)
+    ./memhook run --json --cuda-mode "$2" --mmap-mode none -- ./"$1" 2>/dev/null | tail -1
+}
+for prog in runtime_static runtime_shared runtime_ptsz; do
+    for mode in reloc bistro procaddr bistro,reloc,procaddr; do
+        want="5 4"
+        [ "$prog $mode" = "runtime_static reloc" ] && want="0 0"
+        say "$(matrix "$prog" "$mode" | python3 -c '
+import json, sys
+prog, mode, want = sys.argv[1], sys.argv[2], sys.argv[3]
+try:
+    j = json.loads(sys.stdin.read())
+except ValueError:
+    print(f"FAIL matrix {prog} {mode}: no JSON"); sys.exit()
+e, f = j["events"], j["functions"]
+a, b = e.get("MEM_TYPE_ALLOC", 0), e.get("MEM_TYPE_FREE", 0)
+got = f"{a} {b}"
+verdict = "PASS" if got == want and j["exit_status"] == 0 else "FAIL"
+print(f"{verdict} matrix {prog} {mode}: alloc/free {got} (want {want}), by function {json.dumps(f, sort_keys=True)}")
+' "$prog" "$mode" "$want")"
+    done
+done
+
+# PyTorch, under memhook run, with a lookup from inside Python.
+if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    check torch env MEMHOOK_LIB_PATH="$here/libmemhook.so" ./memhook run -- python3 src/torch_check.py
+    j=$(./memhook run --json --mmap-mode none -- python3 -c "import torch; x = torch.empty(1 << 26, device='cuda'); torch.cuda.synchronize()" 2>/dev/null)
+    say "TORCH $(echo "$j" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("exit", j["exit_status"], "events", j["events"], "functions", j["functions"], "bytes_alive", j["bytes_alive"])')"
+else
+    say "SKIP torch (no PyTorch with CUDA)"
+fi
+
+say "== cuda_smoke (real driver)"
+./cuda_smoke 2>&1 | tee -a "$results"
+say "== bench: fake driver, hooked vs unhooked"
+./bench_cuda --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^cuMem|time:" | tee -a "$results"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds here everything the GPU validation needs into dist/gpu (ignored),
+# for the device machine (which has no Rust toolchain):
+#   scripts/gpu-test.sh
+# then, through the device tool, with carry ["dist"]:
+#   bash dist/gpu/run.sh            (writes $OUT/results.txt)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=dist/gpu
+rm -rf "$out" && mkdir -p "$out/src"
+cargo build --release -p memhook-ffi -p memhook-cli
+cargo build --release -p memhook --example cuda_smoke
+cargo bench -p memhook-tests --bench cuda --no-run 2>/dev/null
+exes=$(cargo test --release -p memhook-tests --test gpu_driver --test cuda_modes --test cuda_memtype \
+    --test cuda_late_load --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])')
+while read -r name exe; do cp "$exe" "$out/$name"; done <<<"$exes"
+cp target/release/libmemhook.so target/release/memhook target/release/examples/cuda_smoke "$out/"
+cp "$(ls -t target/release/deps/cuda-* | grep -v '\.d$' | head -1)" "$out/bench_cuda"
+strip "$out"/* 2>/dev/null || true
+cp tests/cuda/*.c tests/gpu/* "$out/src/"
+cp scripts/gpu-run.sh "$out/run.sh"
+du -sh "$out"

@@ -1,0 +1,233 @@
+//! On a GPU: every hooked driver allocation and free function, for real.
+//! Each emits its event once with the right size, and the memory-type
+//! map's answer agrees with the driver's own (cuPointerGetAttributes):
+//! type and device. Skipped, with a message, where there is no GPU.
+#![cfg(target_arch = "x86_64")]
+
+mod common;
+
+use std::ffi::c_void;
+
+use common::{Rec, log_events, serial, take};
+use cudarc::driver::sys::{self, CUresult};
+use memhook::Config;
+use memhook::event::bits;
+use memhook::memtype::{self, Lookup, MemType};
+
+const A: u32 = bits::MEM_TYPE_ALLOC;
+const F: u32 = bits::MEM_TYPE_FREE;
+
+/// A current context on device 0, or None (no driver, no GPU).
+fn gpu() -> Option<sys::CUcontext> {
+    // SAFETY: only probes for the library.
+    if !unsafe { sys::is_culib_present() } {
+        return None;
+    }
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: valid out-parameters; the primary context of device 0.
+    unsafe {
+        if sys::cuInit(0) != CUresult::CUDA_SUCCESS {
+            return None;
+        }
+        if sys::cuDevicePrimaryCtxRetain(&mut ctx, 0) != CUresult::CUDA_SUCCESS {
+            return None;
+        }
+        assert_eq!(sys::cuCtxSetCurrent(ctx), CUresult::CUDA_SUCCESS);
+    }
+    Some(ctx)
+}
+
+#[track_caller]
+fn ok(r: CUresult) {
+    assert_eq!(r, CUresult::CUDA_SUCCESS);
+}
+
+/// The map's answer at `addr` agrees with the driver's: type and device.
+#[track_caller]
+fn agrees(addr: usize, want: MemType) {
+    let Lookup::Found(mine) = memtype::lookup(addr, 1) else {
+        panic!("lookup({addr:#x}) = {:?}", memtype::lookup(addr, 1));
+    };
+    let Lookup::Found(driver) = memtype::classify(addr, 1) else {
+        panic!("classify({addr:#x}) failed");
+    };
+    assert_eq!(
+        (mine.mem_type, mine.device),
+        (driver.mem_type, driver.device),
+        "{addr:#x}"
+    );
+    assert_eq!(mine.mem_type, want, "{addr:#x}");
+}
+
+#[track_caller]
+fn one(recs: Vec<Rec>, kind: u32, addr: usize, size: usize) {
+    let ours: Vec<Rec> = recs.into_iter().filter(|r| r.1 == addr).collect();
+    assert_eq!(ours.len(), 1, "one event at {addr:#x}: {ours:?}");
+    assert_eq!((ours[0].0, ours[0].2), (kind, size), "{ours:?}");
+}
+
+/// A PTX module with a device global and a managed global of 256 bytes.
+const PTX: &str = "
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .global .align 8 .b8 memhook_global[256];
+.visible .global .attribute(.managed) .align 8 .b8 memhook_managed[256];
+\0";
+
+#[test]
+fn every_hooked_driver_function_on_the_gpu() {
+    let _serial = serial();
+    let Some(_ctx) = gpu() else {
+        eprintln!("gpu_driver: no GPU (or no driver): skipped");
+        return;
+    };
+    log_events();
+    memhook::install(&Config::parse("cuda=bistro,reloc,procaddr;mmap=none").unwrap());
+    memhook::refresh();
+    assert!(memhook::cuda::attached().0, "libcuda hooked");
+    let _ = take();
+    // SAFETY: (every call below) driver calls with valid arguments and a
+    // current context.
+    unsafe {
+        let mut p = 0;
+        ok(sys::cuMemAlloc_v2(&mut p, 1 << 20));
+        one(take(), A, p as usize, 1 << 20);
+        agrees(p as usize + 4096, MemType::Cuda);
+        ok(sys::cuMemFree_v2(p));
+        one(take(), F, p as usize, 1 << 20);
+        assert_eq!(memtype::lookup(p as usize, 1), Lookup::Absent);
+
+        ok(sys::cuMemAllocManaged(&mut p, 1 << 20, 1));
+        one(take(), A, p as usize, 1 << 20);
+        agrees(p as usize, MemType::CudaManaged);
+        ok(sys::cuMemFree_v2(p));
+        one(take(), F, p as usize, 1 << 20);
+
+        let mut pitch = 0;
+        ok(sys::cuMemAllocPitch_v2(&mut p, &mut pitch, 1000, 3, 4));
+        one(take(), A, p as usize, pitch * 3);
+        agrees(p as usize, MemType::Cuda);
+        ok(sys::cuMemFree_v2(p));
+        one(take(), F, p as usize, pitch * 3);
+
+        let stream = std::ptr::null_mut();
+        ok(sys::cuMemAllocAsync(&mut p, 1 << 20, stream));
+        one(take(), A, p as usize, 1 << 20);
+        agrees(p as usize, MemType::Cuda);
+        ok(sys::cuMemFreeAsync(p, stream));
+        one(take(), F, p as usize, 1 << 20);
+        ok(sys::cuStreamSynchronize(stream));
+
+        let mut pool = std::ptr::null_mut();
+        ok(sys::cuDeviceGetDefaultMemPool(&mut pool, 0));
+        ok(sys::cuMemAllocFromPoolAsync(&mut p, 1 << 20, pool, stream));
+        one(take(), A, p as usize, 1 << 20);
+        agrees(p as usize, MemType::Cuda);
+        ok(sys::cuMemFreeAsync(p, stream));
+        one(take(), F, p as usize, 1 << 20);
+        ok(sys::cuStreamSynchronize(stream));
+
+        // Virtual memory management: create, reserve, map, unmap.
+        let mut prop: sys::CUmemAllocationProp = std::mem::zeroed();
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = 0;
+        let mut gran = 0;
+        ok(sys::cuMemGetAllocationGranularity(
+            &mut gran,
+            &prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        ));
+        let mut handle = 0;
+        ok(sys::cuMemCreate(&mut handle, gran, &prop, 0));
+        let mut va = 0;
+        ok(sys::cuMemAddressReserve(&mut va, gran, 0, 0, 0));
+        ok(sys::cuMemMap(va, gran, 0, handle, 0));
+        one(take(), A, va as usize, gran);
+        let access = sys::CUmemAccessDesc {
+            location: prop.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        ok(sys::cuMemSetAccess(va, gran, &access, 1));
+        agrees(va as usize, MemType::Cuda);
+        ok(sys::cuMemUnmap(va, gran));
+        one(take(), F, va as usize, gran);
+        ok(sys::cuMemRelease(handle));
+        ok(sys::cuMemAddressFree(va, gran));
+
+        // Pinned host memory.
+        let mut h: *mut c_void = std::ptr::null_mut();
+        ok(sys::cuMemAllocHost_v2(&mut h, 1 << 20));
+        one(take(), A, h as usize, 1 << 20);
+        agrees(h as usize, MemType::CudaHost);
+        ok(sys::cuMemFreeHost(h));
+        one(take(), F, h as usize, 1 << 20);
+        ok(sys::cuMemHostAlloc(&mut h, 1 << 20, 0));
+        one(take(), A, h as usize, 1 << 20);
+        agrees(h as usize, MemType::CudaHost);
+        ok(sys::cuMemFreeHost(h));
+        one(take(), F, h as usize, 1 << 20);
+
+        // Registered host memory (page-aligned).
+        let size = 4 << 20;
+        let mem = libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        ok(sys::cuMemHostRegister_v2(mem, size, 0));
+        one(take(), A, mem as usize, size);
+        agrees(mem as usize + 4096, MemType::CudaHost);
+        ok(sys::cuMemHostUnregister(mem));
+        one(take(), F, mem as usize, size);
+        libc::munmap(mem, size);
+
+        // Module and library globals, a __managed__ one among them.
+        let mut module = std::ptr::null_mut();
+        ok(sys::cuModuleLoadData(&mut module, PTX.as_ptr().cast()));
+        let mut bytes = 0;
+        ok(sys::cuModuleGetGlobal_v2(
+            &mut p,
+            &mut bytes,
+            module,
+            c"memhook_global".as_ptr(),
+        ));
+        assert_eq!(bytes, 256);
+        one(take(), A, p as usize, 256);
+        agrees(p as usize, MemType::Cuda);
+        ok(sys::cuModuleGetGlobal_v2(
+            &mut p,
+            std::ptr::null_mut(),
+            module,
+            c"memhook_managed".as_ptr(),
+        ));
+        one(take(), A, p as usize, 256);
+        agrees(p as usize, MemType::CudaManaged);
+        let mut library = std::ptr::null_mut();
+        ok(sys::cuLibraryLoadData(
+            &mut library,
+            PTX.as_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        ));
+        ok(sys::cuLibraryGetGlobal(
+            &mut p,
+            &mut bytes,
+            library,
+            c"memhook_global".as_ptr(),
+        ));
+        one(take(), A, p as usize, 256);
+        agrees(p as usize, MemType::Cuda);
+    }
+    let by_function = memhook::cuda::events_by_function();
+    eprintln!("gpu_driver: events by function: {by_function:?}");
+    memhook::uninstall();
+}
