@@ -143,10 +143,8 @@ fn lookup_scaling() {
     for _ in 0..64 {
         let mut p = 0;
         // SAFETY: a driver allocation with a current context.
-        assert_eq!(
-            unsafe { sys::cuMemAlloc_v2(&mut p, 1 << 16) },
-            sys::CUresult::CUDA_SUCCESS
-        );
+        let r = unsafe { sys::cuMemAlloc_v2(&mut p, 1 << 16) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
         live.push(p as usize);
     }
     // Filler ranges far from any real allocation, up to 65,536 in all.
