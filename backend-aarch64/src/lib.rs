@@ -1,6 +1,454 @@
 //! memhook-aarch64: aarch64 code generation for memhook's bistro hooks.
 //!
-//! Implements `memhook_core::patch::Arch` for aarch64 (`b imm26` and
-//! `ldr x16; br x16` entry forms, relocation of PC-relative instructions, the
-//! aarch64 ELF relocation types). Pure code generation: testable on any host.
+//! Implements `memhook_core::patch::Arch` for aarch64. Pure code
+//! generation (instruction words in, instruction words out): testable on
+//! any host.
+//!
+//! - Entry forms: `b imm26` when the destination is within ±128 MiB (one
+//!   aligned 4-byte store: no torn state at all), else `ldr x16, #8;
+//!   br x16; .quad dest` (16 bytes; x16 is the ABI's intra-procedure-call
+//!   scratch register, free at a function's entry). A `bti c`/`bti jc`,
+//!   `paciasp` or `pacibsp` at the entry stays in place and the patch goes
+//!   after it; every trampoline starts with `bti c`, so an indirect call
+//!   into it stays legal under BTI.
+//! - Relocation copies every instruction that does not read the PC and
+//!   rewrites the PC-relative ones so they behave the same from the
+//!   trampoline: ADR and ADRP (re-encoded when in reach, else a 64-bit
+//!   constant load), LDR/LDRSW/PRFM literal and the SIMD literal loads
+//!   (re-encoded, else the address into x16 and a load through it), B and
+//!   BL (direct when in reach, else through x16; BL's x30 is the point
+//!   after it in the trampoline, where the relocated code continues),
+//!   B.cond, CBZ, CBNZ, TBZ, TBNZ (re-encoded, else the inverted condition
+//!   over an absolute jump).
+//! - Refusals, each a `RelocError` naming the case: a branch (from the taken
+//!   words or the rest of the entry that was read) into the patched words,
+//!   a function whose flow ends before the patch is covered, and x16/x17
+//!   used by the taken instructions when a rewrite needs them.
 #![no_std]
+
+use memhook_core::patch::{Arch, PatchBytes, RelocError, Relocation, TrampolineBytes};
+
+/// `R_AARCH64_GLOB_DAT`.
+pub const R_AARCH64_GLOB_DAT: u32 = 1025;
+/// `R_AARCH64_JUMP_SLOT`.
+pub const R_AARCH64_JUMP_SLOT: u32 = 1026;
+
+/// `bti c`.
+pub const BTI_C: u32 = 0xd503_245f;
+const BTI_JC: u32 = 0xd503_24df;
+const PACIASP: u32 = 0xd503_233f;
+const PACIBSP: u32 = 0xd503_237f;
+/// `b .` (the lock: a thread arriving at the entry spins there).
+pub const B_SELF: u32 = 0x1400_0000;
+/// `ldr x16, #8`.
+const LDR_X16_LIT8: u32 = 0x5800_0050;
+/// `br x16`.
+const BR_X16: u32 = 0xd61f_0200;
+/// `b #12` (over an 8-byte literal).
+const B_OVER_LITERAL: u32 = 0x1400_0003;
+/// The scratch register rewrites use.
+const SCRATCH: u32 = 16;
+
+/// The aarch64 backend.
+pub struct Aarch64;
+
+/// A signed field of `bits` bits at `shift`, as i64.
+const fn sext(word: u32, shift: u32, bits: u32) -> i64 {
+    let v = (word >> shift) & ((1u32 << bits) - 1);
+    ((v as i64) << (64 - bits)) >> (64 - bits)
+}
+
+/// `offset` as a signed field of `bits` bits after dropping `scale` low
+/// bits, if it fits exactly.
+fn field(offset: i64, scale: u32, bits: u32) -> Option<u32> {
+    if offset & ((1 << scale) - 1) != 0 {
+        return None;
+    }
+    let v = offset >> scale;
+    let lim = 1i64 << (bits - 1);
+    (-lim..lim).contains(&v).then_some((v as u32) & ((1u32 << bits) - 1))
+}
+
+fn diff(from: usize, to: usize) -> i64 {
+    (to as i64).wrapping_sub(from as i64)
+}
+
+/// What a word is, for relocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Insn {
+    /// `b` (`link`: `bl`) to `target`.
+    Branch { target: usize, link: bool },
+    /// `b.cond`, `cbz/cbnz`, `tbz/tbnz` to `target`; `invert` is the word
+    /// with the condition inverted and the offset field cleared; `shift`
+    /// and `bits` place the offset field.
+    CondBranch {
+        target: usize,
+        invert: u32,
+        shift: u32,
+        bits: u32,
+    },
+    /// `adr` (`page`: `adrp`) of `target` into `rd`.
+    Adr { target: usize, rd: u32, page: bool },
+    /// A literal load of `target` into `rt`; `via` is the load through
+    /// `[x16]` that replaces it out of reach.
+    Literal { target: usize, via: u32 },
+    /// `ret`, `br`, or an unconditional `b`: the flow does not continue.
+    End,
+    /// Anything else: position-independent, copied.
+    Other,
+}
+
+fn decode(word: u32, pc: usize) -> Insn {
+    let at = |off: i64| pc.wrapping_add(off as usize);
+    // B / BL
+    if word & 0x7c00_0000 == 0x1400_0000 {
+        return Insn::Branch {
+            target: at(sext(word, 0, 26) * 4),
+            link: word & 0x8000_0000 != 0,
+        };
+    }
+    // B.cond (and BC.cond): AL and NV always branch.
+    if word & 0xff00_0000 == 0x5400_0000 {
+        let cond = word & 0xf;
+        let target = at(sext(word, 5, 19) * 4);
+        if cond >= 0xe {
+            return Insn::Branch { target, link: false };
+        }
+        return Insn::CondBranch {
+            target,
+            invert: (word & !(0x7ffff << 5)) ^ 1,
+            shift: 5,
+            bits: 19,
+        };
+    }
+    // CBZ / CBNZ
+    if word & 0x7e00_0000 == 0x3400_0000 {
+        return Insn::CondBranch {
+            target: at(sext(word, 5, 19) * 4),
+            invert: (word & !(0x7ffff << 5)) ^ (1 << 24),
+            shift: 5,
+            bits: 19,
+        };
+    }
+    // TBZ / TBNZ
+    if word & 0x7e00_0000 == 0x3600_0000 {
+        return Insn::CondBranch {
+            target: at(sext(word, 5, 14) * 4),
+            invert: (word & !(0x3fff << 5)) ^ (1 << 24),
+            shift: 5,
+            bits: 14,
+        };
+    }
+    // ADR / ADRP
+    if word & 0x1f00_0000 == 0x1000_0000 {
+        let imm = (sext(word, 5, 19) << 2) | i64::from((word >> 29) & 3);
+        let page = word & 0x8000_0000 != 0;
+        let target = if page {
+            (pc & !0xfff).wrapping_add((imm << 12) as usize)
+        } else {
+            at(imm)
+        };
+        return Insn::Adr {
+            target,
+            rd: word & 0x1f,
+            page,
+        };
+    }
+    // Literal loads: opc(2) 011 V 00 imm19 Rt.
+    if word & 0x3b00_0000 == 0x1800_0000 {
+        let rt = word & 0x1f;
+        let base = SCRATCH << 5;
+        let via = match (word >> 30, word & (1 << 26) != 0) {
+            (0, false) => 0xb940_0000 | base | rt, // ldr wt, [x16]
+            (1, false) => 0xf940_0000 | base | rt, // ldr xt, [x16]
+            (2, false) => 0xb980_0000 | base | rt, // ldrsw xt, [x16]
+            (3, false) => 0xf980_0000 | base | rt, // prfm op, [x16]
+            (0, true) => 0xbd40_0000 | base | rt,  // ldr st, [x16]
+            (1, true) => 0xfd40_0000 | base | rt,  // ldr dt, [x16]
+            (2, true) => 0x3dc0_0000 | base | rt,  // ldr qt, [x16]
+            _ => return Insn::Other,               // unallocated: copied as is
+        };
+        return Insn::Literal {
+            target: at(sext(word, 5, 19) * 4),
+            via,
+        };
+    }
+    // Branches to a register: BR, RET, ERET, BRAA/BRAB (and their Z forms,
+    // RETAA/RETAB) leave; BLR and BLRAA return here.
+    if word >> 25 == 0x6b && matches!((word >> 21) & 0xf, 0 | 2 | 4 | 8) {
+        return Insn::End;
+    }
+    Insn::Other
+}
+
+/// Whether the word at `pc` may read or write x16 or x17: exact for the
+/// PC-relative forms (whose only register is the destination or the
+/// tested one), conservative for the rest (any register field naming
+/// them; some immediates look like register numbers).
+fn may_use_scratch(word: u32, pc: usize) -> bool {
+    let scratch = |r: u32| matches!(r & 0x1f, 16 | 17);
+    match decode(word, pc) {
+        Insn::Branch { .. } => false,
+        Insn::CondBranch { .. } => word >> 24 != 0x54 && scratch(word),
+        Insn::Adr { rd, .. } => scratch(rd),
+        Insn::Literal { .. } => scratch(word),
+        Insn::End | Insn::Other => [0, 5, 10, 16].iter().any(|&s| scratch(word >> s)),
+    }
+}
+
+/// Appends words to the trampoline.
+struct Out {
+    code: TrampolineBytes,
+    base: usize,
+}
+
+impl Out {
+    fn pc(&self) -> usize {
+        self.base + self.code.len()
+    }
+
+    fn word(&mut self, w: u32) -> Result<(), RelocError> {
+        self.code
+            .extend_from_slice(&w.to_le_bytes())
+            .map_err(|_| RelocError::TrampolineFull)
+    }
+
+    fn quad(&mut self, q: u64) -> Result<(), RelocError> {
+        self.code
+            .extend_from_slice(&q.to_le_bytes())
+            .map_err(|_| RelocError::TrampolineFull)
+    }
+
+    /// Jumps to `target`: `b` when in reach, else through x16. Returns
+    /// whether x16 was used.
+    fn jump(&mut self, target: usize) -> Result<bool, RelocError> {
+        if let Some(imm) = field(diff(self.pc(), target), 2, 26) {
+            self.word(0x1400_0000 | imm)?;
+            return Ok(false);
+        }
+        self.word(LDR_X16_LIT8)?;
+        self.word(BR_X16)?;
+        self.quad(target as u64)?;
+        Ok(true)
+    }
+}
+
+impl Aarch64 {
+    /// The length of the landing pad at the start of `code` (`bti c` /
+    /// `bti jc`, then possibly `paciasp` / `pacibsp`, or one of those).
+    fn pad(code: &[u8]) -> usize {
+        let mut n = 0;
+        while n < 8 {
+            let Some(w) = code.get(n..n + 4) else { break };
+            let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+            if matches!(w, BTI_C | BTI_JC | PACIASP | PACIBSP) {
+                n += 4;
+            } else {
+                break;
+            }
+        }
+        n
+    }
+
+    fn relocate_impl(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
+        let skip = Self::pad(code);
+        let start = entry + skip;
+        let words: heapless::Vec<u32, 64> = code[skip..]
+            .chunks_exact(4)
+            .take(64)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let count = need.div_ceil(4);
+        if words.len() < count {
+            return Err(RelocError::NotEnoughBytes {
+                available: words.len() * 4,
+                needed: need,
+            });
+        }
+        let taken = count * 4;
+        let inside = |t: usize| t > start && t < start + taken;
+        // The flow must cover the patch, and nothing may branch into it.
+        for (i, &w) in words.iter().enumerate() {
+            let pc = start + 4 * i;
+            let target = match decode(w, pc) {
+                Insn::Branch { target, .. } | Insn::CondBranch { target, .. } => Some(target),
+                Insn::End if i + 1 < count => {
+                    return Err(RelocError::FunctionTooShort {
+                        address: pc,
+                        available: 4 * (i + 1),
+                        needed: need,
+                    });
+                }
+                _ => None,
+            };
+            if let Some(t) = target
+                && inside(t)
+            {
+                return Err(RelocError::BranchIntoPatch { address: pc, target: t });
+            }
+            if i + 1 < count
+                && let Insn::Branch { link: false, .. } = decode(w, pc)
+            {
+                return Err(RelocError::FunctionTooShort {
+                    address: pc,
+                    available: 4 * (i + 1),
+                    needed: need,
+                });
+            }
+        }
+        let mut out = Out {
+            code: TrampolineBytes::new(),
+            base: trampoline,
+        };
+        out.word(BTI_C)?;
+        let mut scratch = false;
+        let mut ends = false;
+        for (i, &w) in words[..count].iter().enumerate() {
+            let pc = start + 4 * i;
+            match decode(w, pc) {
+                Insn::Other => out.word(w)?,
+                Insn::End => {
+                    out.word(w)?;
+                    ends = true;
+                }
+                Insn::Branch { target, link: false } => {
+                    scratch |= out.jump(target)?;
+                    ends = true;
+                }
+                Insn::Branch { target, link: true } => {
+                    if let Some(imm) = field(diff(out.pc(), target), 2, 26) {
+                        out.word(0x9400_0000 | imm)?;
+                    } else {
+                        // adr x30, #20; ldr x16, #8; br x16; .quad target
+                        out.word(0x1000_0000 | (5 << 5) | 30)?;
+                        out.word(LDR_X16_LIT8)?;
+                        out.word(BR_X16)?;
+                        out.quad(target as u64)?;
+                        scratch = true;
+                    }
+                }
+                Insn::CondBranch {
+                    target,
+                    invert,
+                    shift,
+                    bits,
+                } => {
+                    if let Some(imm) = field(diff(out.pc(), target), 2, bits) {
+                        out.word((invert ^ inverse_bit(invert)) | (imm << shift))?;
+                    } else {
+                        // The inverted condition skips the absolute jump.
+                        let skip_imm = field(20, 2, bits).unwrap_or(5);
+                        out.word(invert | (skip_imm << shift))?;
+                        out.word(LDR_X16_LIT8)?;
+                        out.word(BR_X16)?;
+                        out.quad(target as u64)?;
+                        scratch = true;
+                    }
+                }
+                Insn::Adr { target, rd, page } => {
+                    let re = if page {
+                        field(diff(out.pc() & !0xfff, target), 12, 21)
+                    } else {
+                        field(diff(out.pc(), target), 0, 21)
+                    };
+                    match re {
+                        Some(imm) => {
+                            let op = if page { 0x9000_0000 } else { 0x1000_0000 };
+                            out.word(op | ((imm & 3) << 29) | ((imm >> 2) << 5) | rd)?;
+                        }
+                        None => {
+                            // ldr xd, #8; b #12; .quad target
+                            out.word(0x5800_0040 | rd)?;
+                            out.word(B_OVER_LITERAL)?;
+                            out.quad(target as u64)?;
+                        }
+                    }
+                }
+                Insn::Literal { target, via } => {
+                    if let Some(imm) = field(diff(out.pc(), target), 2, 19) {
+                        out.word((w & !(0x7ffff << 5)) | (imm << 5))?;
+                    } else {
+                        // ldr x16, #8; b #12; .quad target; <load> [x16]
+                        out.word(LDR_X16_LIT8)?;
+                        out.word(B_OVER_LITERAL)?;
+                        out.quad(target as u64)?;
+                        out.word(via)?;
+                        scratch = true;
+                    }
+                }
+            }
+        }
+        if !ends {
+            scratch |= out.jump(start + taken)?;
+        }
+        if scratch && let Some(i) = (0..count).find(|&i| may_use_scratch(words[i], start + 4 * i)) {
+            return Err(RelocError::Unsupported {
+                address: start + 4 * i,
+                what: "an instruction using x16/x17 where the rewrite needs x16 as scratch",
+            });
+        }
+        Ok(Relocation {
+            skip,
+            taken,
+            code: out.code,
+        })
+    }
+}
+
+/// The bit that [`Insn::CondBranch::invert`] flipped (bit 0 for b.cond,
+/// bit 24 for cbz/cbnz and tbz/tbnz): flipping it again gives the original.
+fn inverse_bit(invert: u32) -> u32 {
+    if invert & 0xff00_0000 == 0x5400_0000 {
+        1
+    } else {
+        1 << 24
+    }
+}
+
+impl Arch for Aarch64 {
+    const NAME: &'static str = "aarch64";
+    const NEAR_JUMP_LEN: usize = 4;
+    const FAR_JUMP_LEN: usize = 16;
+    const LOCK: &'static [u8] = &B_SELF.to_le_bytes();
+    const R_JUMP_SLOT: u32 = R_AARCH64_JUMP_SLOT;
+    const R_GLOB_DAT: u32 = R_AARCH64_GLOB_DAT;
+
+    fn entry_skip(code: &[u8]) -> usize {
+        Self::pad(code)
+    }
+
+    fn is_near(from: usize, to: usize) -> bool {
+        field(diff(from, to), 2, 26).is_some()
+    }
+
+    fn entry_jump(from: usize, to: usize) -> PatchBytes {
+        let mut p = PatchBytes::new();
+        // Either form fits the capacity (16): the pushes cannot fail.
+        match field(diff(from, to), 2, 26) {
+            Some(imm) => {
+                let _ = p.extend_from_slice(&(0x1400_0000 | imm).to_le_bytes());
+            }
+            None => {
+                let _ = p.extend_from_slice(&LDR_X16_LIT8.to_le_bytes());
+                let _ = p.extend_from_slice(&BR_X16.to_le_bytes());
+                let _ = p.extend_from_slice(&(to as u64).to_le_bytes());
+            }
+        }
+        p
+    }
+
+    fn absolute_jump(to: usize) -> PatchBytes {
+        let mut p = PatchBytes::new();
+        let _ = p.extend_from_slice(&LDR_X16_LIT8.to_le_bytes());
+        let _ = p.extend_from_slice(&BR_X16.to_le_bytes());
+        let _ = p.extend_from_slice(&(to as u64).to_le_bytes());
+        p
+    }
+
+    fn relocate(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
+        Self::relocate_impl(code, entry, need, trampoline)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,244 @@
+//! Encoding and relocation of every form, checked by decoding the result:
+//! each rewritten instruction reaches the same target from the trampoline.
+
+use super::*;
+
+const ENTRY: usize = 0x40_0000;
+const NEAR: usize = 0x40_0000 + 0x10_0000; // 1 MiB away: b/bl reach, literals do not
+const FAR: usize = 0x7f00_0000_0000; // out of every reach
+
+fn bytes(words: &[u32]) -> heapless::Vec<u8, 256> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+fn words(code: &[u8]) -> heapless::Vec<u32, 64> {
+    code.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn reloc(code: &[u32], need: usize, tramp: usize) -> Result<Relocation, RelocError> {
+    Aarch64::relocate(&bytes(code), ENTRY, need, tramp)
+}
+
+/// A `b` from `from` to `to`.
+fn b(from: usize, to: usize) -> u32 {
+    0x1400_0000 | field(diff(from, to), 2, 26).unwrap()
+}
+
+#[test]
+fn entry_forms() {
+    let near = Aarch64::entry_jump(ENTRY, ENTRY + 0x100);
+    assert_eq!(words(&near).as_slice(), [0x1400_0040]);
+    let back = Aarch64::entry_jump(ENTRY + 0x100, ENTRY);
+    assert_eq!(words(&back).as_slice(), [0x17ff_ffc0]);
+    assert!(Aarch64::is_near(ENTRY, ENTRY + (128 << 20) - 4));
+    assert!(!Aarch64::is_near(ENTRY, ENTRY + (128 << 20)));
+    let far = Aarch64::entry_jump(ENTRY, FAR);
+    assert_eq!(far.len(), Aarch64::FAR_JUMP_LEN);
+    assert_eq!(&words(&far)[..2], [LDR_X16_LIT8, BR_X16]);
+    assert_eq!(u64::from_le_bytes(far[8..16].try_into().unwrap()), FAR as u64);
+    assert_eq!(Aarch64::LOCK, &[0, 0, 0, 0x14]);
+    assert_eq!(Aarch64::absolute_jump(FAR).as_slice(), far.as_slice());
+}
+
+#[test]
+fn landing_pads_stay_at_the_entry() {
+    for pad in [&[BTI_C][..], &[PACIASP], &[BTI_C, PACIASP], &[BTI_JC]] {
+        let mut code: heapless::Vec<u32, 8> = pad.iter().copied().collect();
+        let _ = code.push(0xd10043ff); // sub sp, sp, #16
+        let _ = code.push(0xd65f03c0); // ret
+        let r = reloc(&code, 4, NEAR).unwrap();
+        assert_eq!(r.skip, 4 * pad.len());
+        assert_eq!(r.taken, 4);
+        let w = words(&r.code);
+        assert_eq!(w[0], BTI_C, "trampolines start with bti c");
+        assert_eq!(w[1], 0xd10043ff);
+        assert_eq!(w[2], b(NEAR + 8, ENTRY + r.skip + 4), "jump back after the taken word");
+    }
+}
+
+#[test]
+fn copies_what_does_not_read_the_pc() {
+    // stp x29, x30, [sp, #-16]!; mov x29, sp; then more
+    let code = [0xa9bf7bfd, 0x910003fd, 0xd10083ff, 0xd65f03c0];
+    // A 16-byte patch takes all four words, the ret last: fine.
+    let r = reloc(&code, 16, FAR).unwrap();
+    assert_eq!(&words(&r.code)[1..], &code, "copied, and no jump back after a ret");
+    // With the ret third, the flow ends before the patch is covered.
+    let short = [0xa9bf7bfd, 0x910003fd, 0xd65f03c0, 0xd10083ff];
+    let r = reloc(&short, 16, FAR).unwrap_err();
+    assert!(
+        matches!(r, RelocError::FunctionTooShort { address, .. } if address == ENTRY + 8),
+        "{r:?}"
+    );
+    let r = reloc(&code, 8, NEAR).unwrap();
+    let w = words(&r.code);
+    assert_eq!(&w[1..3], &code[..2]);
+    assert_eq!(w[3], b(NEAR + 12, ENTRY + 8));
+    // Far from the function, the jump back goes through x16.
+    let r = reloc(&code, 8, FAR).unwrap();
+    let w = words(&r.code);
+    assert_eq!(&w[3..5], [LDR_X16_LIT8, BR_X16]);
+}
+
+#[test]
+fn branches_are_reaimed() {
+    let target = ENTRY + 0x2000;
+    // b target (the only word under a 4-byte patch)
+    let r = reloc(&[b(ENTRY, target), 0xd503201f], 4, NEAR).unwrap();
+    assert_eq!(words(&r.code)[1], b(NEAR + 4, target));
+    assert_eq!(r.code.len(), 8, "a taken b needs no jump back");
+    let r = reloc(&[b(ENTRY, target), 0xd503201f], 4, FAR).unwrap();
+    let w = words(&r.code);
+    assert_eq!(&w[1..3], [LDR_X16_LIT8, BR_X16]);
+    assert_eq!(u64::from(w[3]) | (u64::from(w[4]) << 32), target as u64);
+    // bl: direct in reach; else x30 set to the point after it, then x16.
+    let bl = 0x9400_0000 | field(diff(ENTRY, target), 2, 26).unwrap();
+    let r = reloc(&[bl, 0xd503201f], 4, NEAR).unwrap();
+    assert_eq!(
+        words(&r.code)[1],
+        0x9400_0000 | field(diff(NEAR + 4, target), 2, 26).unwrap()
+    );
+    let r = reloc(&[bl, 0xd503201f], 4, FAR).unwrap();
+    let w = words(&r.code);
+    assert_eq!(w[1], 0x1000_00be, "adr x30, #20");
+    assert_eq!(&w[2..4], [LDR_X16_LIT8, BR_X16]);
+    assert_eq!(u64::from(w[4]) | (u64::from(w[5]) << 32), target as u64);
+}
+
+#[test]
+fn conditional_branches_invert_over_an_absolute_jump() {
+    let target = ENTRY + 0x400;
+    let cases = [
+        (0x5400_0000 | (0x100 << 5) | 0x1, 0x5400_0000 | 0x0, 19), // b.ne +0x400 (cond 1 -> 0)
+        (0xb400_0000 | (0x100 << 5) | 3, 0xb500_0000 | 3, 19),     // cbz x3 -> cbnz
+        (0x3500_0000 | (0x100 << 5) | 4, 0x3400_0000 | 4, 19),     // cbnz w4 -> cbz
+        (0x3628_0000 | (0x100 << 5) | 2, 0x3728_0000 | 2, 14),     // tbz w2, #5 -> tbnz
+    ];
+    for (word, inverted, bits) in cases {
+        let target_of = |w: u32, pc: usize| pc.wrapping_add((sext(w, 5, bits) * 4) as usize);
+        assert_eq!(target_of(word, ENTRY), target);
+        // In reach (tbz reaches 32 KiB only): re-encoded.
+        let close = ENTRY + 0x1000;
+        let r = reloc(&[word, 0xd503201f], 4, close).unwrap();
+        let w = words(&r.code)[1];
+        assert_eq!(w & !(((1 << bits) - 1) << 5), word & !(((1 << bits) - 1) << 5));
+        assert_eq!(target_of(w, close + 4), target);
+        // Out of reach: the inverted condition skips 20 bytes.
+        let r = reloc(&[word, 0xd503201f], 4, FAR).unwrap();
+        let w = words(&r.code);
+        assert_eq!(w[1], inverted | (5 << 5), "{word:#x}");
+        assert_eq!(&w[2..4], [LDR_X16_LIT8, BR_X16]);
+        assert_eq!(u64::from(w[4]) | (u64::from(w[5]) << 32), target as u64);
+    }
+}
+
+#[test]
+fn adr_and_adrp_keep_their_values() {
+    // adrp x0, #+2 pages; adr x1, #+0x40
+    let adrp: u32 = 0x9000_0000 | (2 << 29); // immlo 2: +2 pages, into x0
+    let adr = 0x1000_0000 | (0x10 << 5) | 1;
+    let r = reloc(&[adrp, adr], 8, NEAR).unwrap();
+    let w = words(&r.code);
+    match decode(w[1], NEAR + 4) {
+        Insn::Adr {
+            target,
+            rd: 0,
+            page: true,
+        } => assert_eq!(target, (ENTRY & !0xfff) + 2 * 4096),
+        other => panic!("{other:?}"),
+    }
+    match decode(w[2], NEAR + 8) {
+        Insn::Adr {
+            target,
+            rd: 1,
+            page: false,
+        } => assert_eq!(target, ENTRY + 4 + 0x40),
+        other => panic!("{other:?}"),
+    }
+    // Out of reach: a constant load.
+    let r = reloc(&[adrp, adr], 8, FAR).unwrap();
+    let w = words(&r.code);
+    assert_eq!(w[1], 0x5800_0040, "ldr x0, #8");
+    assert_eq!(w[2], B_OVER_LITERAL);
+    assert_eq!(
+        u64::from(w[3]) | (u64::from(w[4]) << 32),
+        ((ENTRY & !0xfff) + 8192) as u64
+    );
+    assert_eq!(w[5], 0x5800_0041, "ldr x1, #8");
+}
+
+#[test]
+fn literal_loads_go_through_x16_out_of_reach() {
+    let lit = |opc_v: u32, rt: u32| opc_v | (0x20 << 5) | rt; // +0x80
+    let cases = [
+        (lit(0x1800_0000, 1), 0xb940_0201), // ldr w1
+        (lit(0x5800_0000, 2), 0xf940_0202), // ldr x2
+        (lit(0x9800_0000, 3), 0xb980_0203), // ldrsw x3
+        (lit(0xd800_0000, 0), 0xf980_0200), // prfm pldl1keep
+        (lit(0x1c00_0000, 4), 0xbd40_0204), // ldr s4
+        (lit(0x5c00_0000, 5), 0xfd40_0205), // ldr d5
+        (lit(0x9c00_0000, 6), 0x3dc0_0206), // ldr q6
+    ];
+    for (word, via) in cases {
+        let r = reloc(&[word, 0xd503201f], 4, FAR).unwrap();
+        let w = words(&r.code);
+        assert_eq!(&w[1..3], [LDR_X16_LIT8, B_OVER_LITERAL], "{word:#x}");
+        assert_eq!(u64::from(w[3]) | (u64::from(w[4]) << 32), (ENTRY + 0x80) as u64);
+        assert_eq!(w[5], via, "{word:#x}");
+        // In reach (1 MiB): re-encoded in place.
+        let close = ENTRY + 0x800;
+        let r = reloc(&[word, 0xd503201f], 4, close).unwrap();
+        let w = words(&r.code)[1];
+        match decode(w, close + 4) {
+            Insn::Literal { target, .. } => assert_eq!(target, ENTRY + 0x80),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn refusals_name_the_case() {
+    // A branch back into the patched words (from later code).
+    let code = [0xd10043ff, 0xd10043ff, 0xd10043ff, 0xd10043ff, b(ENTRY + 16, ENTRY + 8)];
+    assert!(matches!(
+        reloc(&code, 16, FAR),
+        Err(RelocError::BranchIntoPatch { address, target }) if address == ENTRY + 16 && target == ENTRY + 8
+    ));
+    // To the entry itself is allowed (a loop to the function's start).
+    let code = [0xd10043ff, b(ENTRY + 4, ENTRY), 0xd65f03c0];
+    assert!(reloc(&code, 4, NEAR).is_ok());
+    // Shorter than the patch: ret in the second word of a 16-byte patch.
+    let code = [0xd10043ff, 0xd65f03c0, 0, 0];
+    assert!(matches!(reloc(&code, 16, FAR), Err(RelocError::FunctionTooShort { address, .. }) if address == ENTRY + 4));
+    // x16 in use where a rewrite needs it: mov x16, #1; then b far.
+    let code = [0xd2800030, b(ENTRY + 4, ENTRY + 0x10_0000), 0, 0];
+    assert!(matches!(reloc(&code, 8, FAR), Err(RelocError::Unsupported { address, .. }) if address == ENTRY));
+    // The same without a rewrite needing x16 (trampoline near): fine.
+    assert!(reloc(&code, 8, NEAR).is_ok());
+    // Too few bytes.
+    assert!(matches!(
+        reloc(&[0xd10043ff], 8, NEAR),
+        Err(RelocError::NotEnoughBytes { .. })
+    ));
+}
+
+#[test]
+fn arbitrary_words_never_panic() {
+    let mut x = 0x1234_5678_9abc_def0u64;
+    for _ in 0..20_000 {
+        let mut code = [0u32; 8];
+        for w in &mut code {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *w = x as u32;
+        }
+        for (need, tramp) in [(4, NEAR), (16, FAR), (16, NEAR)] {
+            if let Ok(r) = reloc(&code, need, tramp) {
+                assert!(r.taken >= need && r.code.len() % 4 == 0);
+            }
+        }
+    }
+}
