@@ -111,7 +111,7 @@ fn branches_are_reaimed() {
 fn conditional_branches_invert_over_an_absolute_jump() {
     let target = ENTRY + 0x400;
     let cases = [
-        (0x5400_0000 | (0x100 << 5) | 0x1, 0x5400_0000 | 0x0, 19), // b.ne +0x400 (cond 1 -> 0)
+        (0x5400_0000 | (0x100 << 5) | 0x1, 0x5400_0000, 19), // b.ne +0x400 -> b.eq
         (0xb400_0000 | (0x100 << 5) | 3, 0xb500_0000 | 3, 19),     // cbz x3 -> cbnz
         (0x3500_0000 | (0x100 << 5) | 4, 0x3400_0000 | 4, 19),     // cbnz w4 -> cbz
         (0x3628_0000 | (0x100 << 5) | 2, 0x3728_0000 | 2, 14),     // tbz w2, #5 -> tbnz
