@@ -112,9 +112,9 @@ fn conditional_branches_invert_over_an_absolute_jump() {
     let target = ENTRY + 0x400;
     let cases = [
         (0x5400_0000 | (0x100 << 5) | 0x1, 0x5400_0000, 19), // b.ne +0x400 -> b.eq
-        (0xb400_0000 | (0x100 << 5) | 3, 0xb500_0000 | 3, 19),     // cbz x3 -> cbnz
-        (0x3500_0000 | (0x100 << 5) | 4, 0x3400_0000 | 4, 19),     // cbnz w4 -> cbz
-        (0x3628_0000 | (0x100 << 5) | 2, 0x3728_0000 | 2, 14),     // tbz w2, #5 -> tbnz
+        (0xb400_0000 | (0x100 << 5) | 3, 0xb500_0000 | 3, 19), // cbz x3 -> cbnz
+        (0x3500_0000 | (0x100 << 5) | 4, 0x3400_0000 | 4, 19), // cbnz w4 -> cbz
+        (0x3628_0000 | (0x100 << 5) | 2, 0x3728_0000 | 2, 14), // tbz w2, #5 -> tbnz
     ];
     for (word, inverted, bits) in cases {
         let target_of = |w: u32, pc: usize| pc.wrapping_add((sext(w, 5, bits) * 4) as usize);

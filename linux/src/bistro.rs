@@ -40,9 +40,16 @@ use crate::{maps, trampoline};
 #[cfg(target_arch = "x86_64")]
 pub type NativeArch = memhook_x86_64::X86_64;
 
+/// The code generator of the machine memhook runs on.
+#[cfg(target_arch = "aarch64")]
+pub type NativeArch = memhook_aarch64::Aarch64;
+
 /// How far a near jump reaches, with a margin for the slot's own size.
 #[cfg(target_arch = "x86_64")]
 const NEAR_REACH: usize = (1 << 31) - (1 << 20);
+/// How far a near jump (`b imm26`, ±128 MiB) reaches, with a margin.
+#[cfg(target_arch = "aarch64")]
+const NEAR_REACH: usize = (128 << 20) - (1 << 20);
 
 /// Bytes of the entry read for relocation.
 const READ: usize = 64;

@@ -76,6 +76,34 @@ pub fn serialize_all_cores() {
 
 pub use crate::maps::page_size;
 
+/// Instruction-cache flushes done (aarch64; x86_64 keeps its caches
+/// coherent and needs none).
+static FLUSHES: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// How many times written code was flushed to the instruction cache (0 on
+/// x86_64, where no flush is needed): tests check that every code write
+/// is flushed, which qemu, not modelling the caches, cannot show.
+pub fn icache_flushes() -> u64 {
+    FLUSHES.load(Ordering::Relaxed)
+}
+
+/// Makes `[at, at + len)`, just written, visible to instruction fetch on
+/// this core (the serialisation then covers the others).
+pub(crate) fn flush_icache(at: usize, len: usize) {
+    #[cfg(target_arch = "aarch64")]
+    {
+        unsafe extern "C" {
+            fn __clear_cache(start: *mut core::ffi::c_char, end: *mut core::ffi::c_char);
+        }
+        // SAFETY: cleans and invalidates the caches over a range of our own
+        // mapped code; it changes no memory.
+        unsafe { __clear_cache(at as *mut _, (at + len) as *mut _) };
+        FLUSHES.fetch_add(1, Ordering::Relaxed);
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    let _ = (at, len);
+}
+
 /// Changes the protection of the pages covering `[at, at + len)`.
 pub(crate) fn protect(at: usize, len: usize, prot: i32) -> Result<(), PatchError> {
     let page = page_size();
@@ -138,6 +166,7 @@ impl CodeMemory for LinuxCode {
 
     fn write_atomic(&mut self, at: usize, bytes: &[u8]) {
         write_one_store(at, bytes);
+        flush_icache(at, bytes.len());
     }
 
     fn write(&mut self, at: usize, bytes: &[u8]) {
@@ -146,6 +175,7 @@ impl CodeMemory for LinuxCode {
             // thread executes these bytes now (the entry is locked).
             unsafe { core::ptr::write_volatile((at + i) as *mut u8, *b) };
         }
+        flush_icache(at, bytes.len());
     }
 
     fn serialize(&mut self) {

@@ -82,22 +82,22 @@ const HOST_STATUS: usize = 16;
 
 /// Most entries [`status`] returns: every host and CUDA function in every
 /// mode that applies to it.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub const MAX_STATUS: usize = HOST_STATUS + crate::cuda::STATUS;
 /// Most entries [`status`] returns.
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub const MAX_STATUS: usize = HOST_STATUS;
 
 /// What [`install`] did, per function and mode.
 pub type Status = heapless::Vec<FunctionStatus, MAX_STATUS>;
 
-#[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 type BistroHooks = heapless::Vec<crate::bistro::Hook, 16>;
 
 struct Installed {
     config: Option<Config>,
     status: heapless::Vec<FunctionStatus, HOST_STATUS>,
-    #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     hooks: BistroHooks,
     reloc: bool,
 }
@@ -105,7 +105,7 @@ struct Installed {
 static INSTALLED: spin::Mutex<Installed> = spin::Mutex::new(Installed {
     config: None,
     status: heapless::Vec::new(),
-    #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     hooks: heapless::Vec::new(),
     reloc: false,
 });
@@ -147,7 +147,7 @@ pub fn install(config: &Config) {
         remove(&mut state);
     }
     let mmap = config.hooks.mmap;
-    #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     if mmap.contains(HookMode::Bistro) {
         for (name, hook, original) in functions() {
             let function = name.to_str().unwrap_or("?");
@@ -170,7 +170,7 @@ pub fn install(config: &Config) {
             }
         }
     }
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if mmap.contains(HookMode::Reloc) {
         let mut hooks: heapless::Vec<
             (
@@ -193,13 +193,13 @@ pub fn install(config: &Config) {
         }
         state.reloc = true;
     }
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::cuda::install(config.hooks.cuda);
     state.config = Some(*config);
 }
 
 fn remove(state: &mut Installed) {
-    #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     while let Some(h) = state.hooks.pop() {
         if let Err((h, _)) = h.unpatch() {
             // Someone patched over it: leave ours in place, still working.
@@ -207,9 +207,9 @@ fn remove(state: &mut Installed) {
             break;
         }
     }
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::cuda::uninstall();
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if state.reloc || state.config.is_some_and(|c| !c.hooks.cuda.is_empty()) {
         crate::reloc::uninstall();
         state.reloc = false;
@@ -228,7 +228,7 @@ pub fn uninstall() {
 /// Per hooked function: the mode tried, whether it took, and why not.
 pub fn status() -> Status {
     let mut all: Status = INSTALLED.lock().status.iter().cloned().collect();
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     all.extend(crate::cuda::status());
     all
 }
@@ -238,7 +238,7 @@ pub fn status() -> Status {
 /// memhook is linked into it as a Rust crate, since reloc leaves that
 /// object alone). Loads through any other object are seen as they happen.
 pub fn refresh() {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::reloc::refresh();
 }
 

@@ -12,20 +12,20 @@
 //! - [`maps`]: allocation-free `/proc/self/maps` reading.
 pub use memhook_core::{config, event, patch};
 
-#[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub mod bistro;
-#[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub mod code;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub mod cuda;
 pub mod dispatch;
 mod host;
 mod install;
 pub mod maps;
 pub mod memtype;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub mod reloc;
-#[cfg(all(feature = "bistro", target_arch = "x86_64"))]
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub mod trampoline;
 
 use memhook_core::config::{HookMode, ModeSet};
@@ -39,7 +39,10 @@ pub use install::{
 
 /// The hook modes this build supports: bistro only with the `bistro`
 /// feature (and an architecture whose backend exists).
-pub const AVAILABLE_MODES: ModeSet = if cfg!(all(feature = "bistro", target_arch = "x86_64")) {
+pub const AVAILABLE_MODES: ModeSet = if cfg!(all(
+    feature = "bistro",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)) {
     ModeSet::ALL
 } else {
     ModeSet::ALL.without(HookMode::Bistro)
@@ -53,7 +56,10 @@ mod tests {
     #[test]
     fn bistro_in_a_mode_string_matches_the_build() {
         let parsed = ModeSet::parse("bistro", Family::Mmap, AVAILABLE_MODES);
-        if cfg!(all(feature = "bistro", target_arch = "x86_64")) {
+        if cfg!(all(
+            feature = "bistro",
+            any(target_arch = "x86_64", target_arch = "aarch64")
+        )) {
             assert_eq!(parsed, Ok(ModeSet::of(&[HookMode::Bistro])));
         } else {
             let e = parsed.unwrap_err();

@@ -32,7 +32,7 @@ pub fn lookup(addr: usize, len: usize) -> Lookup {
 /// This calls the driver (about 0.1 to 1.2 µs on an H200 host) and may
 /// load it: [`lookup`] first, `classify` when it says Unknown.
 pub fn classify(addr: usize, len: usize) -> Lookup {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     {
         if !crate::cuda::load_driver() {
             return Lookup::Unknown;
@@ -57,7 +57,7 @@ pub fn classify(addr: usize, len: usize) -> Lookup {
         let _ = MAP.insert(info.base, info.len, info.mem_type, info.device);
         Lookup::Found(info)
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = (addr, len);
         Lookup::Unknown

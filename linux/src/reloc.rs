@@ -49,6 +49,10 @@ pub(crate) const MAX_SEGMENTS: usize = 16;
 const R_JUMP_SLOT: u32 = memhook_x86_64::R_X86_64_JUMP_SLOT;
 #[cfg(target_arch = "x86_64")]
 const R_GLOB_DAT: u32 = memhook_x86_64::R_X86_64_GLOB_DAT;
+#[cfg(target_arch = "aarch64")]
+const R_JUMP_SLOT: u32 = memhook_aarch64::R_AARCH64_JUMP_SLOT;
+#[cfg(target_arch = "aarch64")]
+const R_GLOB_DAT: u32 = memhook_aarch64::R_AARCH64_GLOB_DAT;
 
 /// Why reloc could not do what was asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -615,6 +619,7 @@ static REAL_DLVSYM: AtomicUsize = AtomicUsize::new(0);
 const PASS: usize = 1;
 const RTLD_NEXT: usize = usize::MAX;
 
+#[cfg(target_arch = "x86_64")]
 core::arch::global_asm!(
     ".text",
     ".globl memhook_dlsym_entry",
@@ -657,6 +662,63 @@ core::arch::global_asm!(
     "ret",
     "3:",
     "jmp qword ptr [rip + {real_dlvsym}]",
+    decide = sym dl_decide,
+    real_dlsym = sym REAL_DLSYM,
+    real_dlvsym = sym REAL_DLVSYM,
+);
+
+// The same on aarch64: the caller's return address is x30, which the real
+// function must see unchanged, so the entries restore it before the tail
+// jump.
+#[cfg(target_arch = "aarch64")]
+core::arch::global_asm!(
+    ".text",
+    ".globl memhook_dlsym_entry",
+    ".hidden memhook_dlsym_entry",
+    ".type memhook_dlsym_entry, %function",
+    ".p2align 4",
+    "memhook_dlsym_entry:",
+    "bti c",
+    "stp x29, x30, [sp, #-32]!",
+    "mov x29, sp",
+    "stp x0, x1, [sp, #16]",
+    "mov x2, x30", // the caller's return address
+    "mov x3, xzr", // no version
+    "bl {decide}",
+    "cmp x0, #1",
+    "b.eq 2f",
+    "ldp x29, x30, [sp], #32",
+    "ret",
+    "2:",
+    "ldp x0, x1, [sp, #16]",
+    "ldp x29, x30, [sp], #32",
+    "adrp x16, {real_dlsym}",
+    "ldr x16, [x16, :lo12:{real_dlsym}]",
+    "br x16",
+    ".globl memhook_dlvsym_entry",
+    ".hidden memhook_dlvsym_entry",
+    ".type memhook_dlvsym_entry, %function",
+    ".p2align 4",
+    "memhook_dlvsym_entry:",
+    "bti c",
+    "stp x29, x30, [sp, #-48]!",
+    "mov x29, sp",
+    "stp x0, x1, [sp, #16]",
+    "str x2, [sp, #32]",
+    "mov x3, x2",  // the version
+    "mov x2, x30", // the caller's return address
+    "bl {decide}",
+    "cmp x0, #1",
+    "b.eq 3f",
+    "ldp x29, x30, [sp], #48",
+    "ret",
+    "3:",
+    "ldp x0, x1, [sp, #16]",
+    "ldr x2, [sp, #32]",
+    "ldp x29, x30, [sp], #48",
+    "adrp x16, {real_dlvsym}",
+    "ldr x16, [x16, :lo12:{real_dlvsym}]",
+    "br x16",
     decide = sym dl_decide,
     real_dlsym = sym REAL_DLSYM,
     real_dlvsym = sym REAL_DLVSYM,

@@ -134,6 +134,7 @@ pub fn write(slot: usize, code: &[u8]) -> Result<(), PatchError> {
     // SAFETY: the slot lies in a region we mapped and just made writable;
     // nothing executes it yet (it is not published until the entry patch).
     unsafe { core::ptr::copy_nonoverlapping(code.as_ptr(), slot as *mut u8, code.len()) };
+    crate::code::flush_icache(slot, code.len());
     protect(slot, code.len(), libc::PROT_READ | libc::PROT_EXEC)
 }
 

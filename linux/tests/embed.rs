@@ -4,7 +4,7 @@
 //! own load-time warm-up of the decoder tables: no recursion, no deadlock,
 //! the hooks end up installed and report the allocator's own mappings. A
 //! full reinstall made later from inside an allocation must not allocate.
-#![cfg(all(feature = "bistro", target_arch = "x86_64"))]
+#![cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

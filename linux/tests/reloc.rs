@@ -2,12 +2,19 @@
 //! PLT, one through a GLOB_DAT pointer (-fno-plt), one with full RELRO, and
 //! one loaded with dlopen after install together with its dependency; undo
 //! restores every slot, and a dlclose'd object is forgotten.
-#![cfg(target_arch = "x86_64")]
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// glibc's base symbol version on this architecture.
+const GLIBC_BASE: &std::ffi::CStr = if cfg!(target_arch = "aarch64") {
+    c"GLIBC_2.17"
+} else {
+    c"GLIBC_2.2.5"
+};
 
 use memhook::reloc;
 
@@ -132,7 +139,7 @@ fn reloc_hooks_plt_glob_dat_relro_and_late_loads_and_undoes_them() {
         "RTLD_NEXT from the early library finds both"
     );
     // SAFETY: as above.
-    let before_v = unsafe { lookup_v(core::ptr::null_mut(), c"getppid".as_ptr(), c"GLIBC_2.2.5".as_ptr()) } as usize;
+    let before_v = unsafe { lookup_v(core::ptr::null_mut(), c"getppid".as_ptr(), GLIBC_BASE.as_ptr()) } as usize;
     let calls = [call_plt, call_noplt, call_relro];
     for f in calls {
         // SAFETY: the test functions take and return an int.
@@ -190,7 +197,7 @@ fn reloc_hooks_plt_glob_dat_relro_and_late_loads_and_undoes_them() {
         "RTLD_NEXT to the hooked function answers the hook"
     );
     // SAFETY: as above.
-    let now_v = unsafe { lookup_v(core::ptr::null_mut(), c"getppid".as_ptr(), c"GLIBC_2.2.5".as_ptr()) } as usize;
+    let now_v = unsafe { lookup_v(core::ptr::null_mut(), c"getppid".as_ptr(), GLIBC_BASE.as_ptr()) } as usize;
     assert_eq!(now_v, before_v, "dlvsym of an unhooked name");
     assert_ne!(before_v, 0);
 
