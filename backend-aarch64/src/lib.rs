@@ -192,7 +192,12 @@ fn may_use_scratch(word: u32, pc: usize) -> bool {
         Insn::CondBranch { .. } => word >> 24 != 0x54 && scratch(word),
         Insn::Adr { rd, .. } => scratch(rd),
         Insn::Literal { .. } => scratch(word),
-        Insn::End | Insn::Other => [0, 5, 10, 16].iter().any(|&s| scratch(word >> s)),
+        Insn::End | Insn::Other => {
+            // Data processing with an immediate (op0 100x) names only Rd
+            // and Rn; other classes may name a register in any field.
+            let fields: &[u32] = if (word >> 26) & 0b111 == 0b100 { &[0, 5] } else { &[0, 5, 10, 16] };
+            fields.iter().any(|&s| scratch(word >> s))
+        }
     }
 }
 
