@@ -181,6 +181,19 @@ fn decode(word: u32, pc: usize) -> Insn {
     Insn::Other
 }
 
+/// The address a PC-relative instruction at `pc` refers to (branch
+/// target, ADR/ADRP value, literal address), or `None` for an instruction
+/// that does not read the PC. For checkers and tools.
+pub fn pc_relative_target(word: u32, pc: usize) -> Option<usize> {
+    match decode(word, pc) {
+        Insn::Branch { target, .. }
+        | Insn::CondBranch { target, .. }
+        | Insn::Adr { target, .. }
+        | Insn::Literal { target, .. } => Some(target),
+        Insn::End | Insn::Other => None,
+    }
+}
+
 /// Whether the word at `pc` may read or write x16 or x17: exact for the
 /// PC-relative forms (whose only register is the destination or the
 /// tested one), conservative for the rest (any register field naming
@@ -195,7 +208,11 @@ fn may_use_scratch(word: u32, pc: usize) -> bool {
         Insn::End | Insn::Other => {
             // Data processing with an immediate (op0 100x) names only Rd
             // and Rn; other classes may name a register in any field.
-            let fields: &[u32] = if (word >> 26) & 0b111 == 0b100 { &[0, 5] } else { &[0, 5, 10, 16] };
+            let fields: &[u32] = if (word >> 26) & 0b111 == 0b100 {
+                &[0, 5]
+            } else {
+                &[0, 5, 10, 16]
+            };
             fields.iter().any(|&s| scratch(word >> s))
         }
     }

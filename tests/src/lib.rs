@@ -4,3 +4,4 @@ pub mod elf_fuzz;
 pub mod fakecuda;
 pub mod memtype_model;
 pub mod reloc_check;
+pub mod reloc_check_aarch64;

@@ -48,3 +48,11 @@ fn elf_corpus_replays() {
     // The unmutated seeds are valid objects whose names all resolve.
     assert!(named >= 3 + 1 + 40, "{named}");
 }
+
+#[test]
+fn relocate_aarch64_corpus_replays() {
+    for (path, data) in corpus("relocate_aarch64") {
+        eprintln!("{}", path.display());
+        memhook_tests::reloc_check_aarch64::fuzz_relocate_aarch64(&data);
+    }
+}
