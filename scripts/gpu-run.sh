@@ -17,13 +17,14 @@ check() { # name, command...
 }
 say "== $(nvidia-smi -L | head -2 | tr '\n' ' ')"
 say "== $(nvcc --version | tail -2 | head -1)"
+say "== $(lscpu | grep -E '^(Model name|CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\))' | tr -s ' ' | tr '\n' ';')"
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 "$NVCC" -O2 -o runtime_static src/runtime_prog.cu
 "$NVCC" -O2 -cudart shared -o runtime_shared src/runtime_prog.cu
 "$NVCC" -O2 --default-stream per-thread -o runtime_ptsz src/runtime_prog.cu
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$(dirname "$NVCC")/../lib64
 
-for t in gpu_driver cuda_modes cuda_memtype cuda_late_load; do
+for t in gpu_driver gpu_runtime cuda_modes cuda_memtype cuda_late_load; do
     check "$t" ./"$t" --test-threads=1
 done
 
@@ -63,7 +64,12 @@ else
     say "SKIP torch (no PyTorch with CUDA)"
 fi
 
+check "memhook demo (GPU part)" ./memhook demo
+check "memhook doctor" ./memhook doctor
+
 say "== cuda_smoke (real driver)"
 ./cuda_smoke 2>&1 | tee -a "$results"
 say "== bench: fake driver, hooked vs unhooked"
 ./bench_cuda --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^cuMem|time:" | tee -a "$results"
+say "== bench: memtype map (65,536 ranges), lookups and readers"
+./bench_memtype --bench "lookup_hit/memhook|readers" --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(lookup|readers)|time:|thrpt:" | tee -a "$results"

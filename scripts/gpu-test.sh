@@ -11,7 +11,8 @@ rm -rf "$out" && mkdir -p "$out/src"
 cargo build --release -p memhook-ffi -p memhook-cli
 cargo build --release -p memhook --example cuda_smoke
 cargo bench -p memhook-tests --bench cuda --no-run 2>/dev/null
-exes=$(cargo test --release -p memhook-tests --test gpu_driver --test cuda_modes --test cuda_memtype \
+cargo bench -p memhook-core --bench memtype --no-run 2>/dev/null
+exes=$(cargo test --release -p memhook-tests --test gpu_driver --test gpu_runtime --test cuda_modes --test cuda_memtype \
     --test cuda_late_load --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for l in sys.stdin:
@@ -21,6 +22,7 @@ for l in sys.stdin:
 while read -r name exe; do cp "$exe" "$out/$name"; done <<<"$exes"
 cp target/release/libmemhook.so target/release/memhook target/release/examples/cuda_smoke "$out/"
 cp "$(ls -t target/release/deps/cuda-* | grep -v '\.d$' | head -1)" "$out/bench_cuda"
+cp "$(ls -t target/release/deps/memtype-* | grep -v '\.d$' | head -1)" "$out/bench_memtype"
 strip "$out"/* 2>/dev/null || true
 cp tests/cuda/*.c tests/gpu/* "$out/src/"
 cp scripts/gpu-run.sh "$out/run.sh"

@@ -25,5 +25,8 @@ pub mod elf;
 pub mod event;
 pub mod memtype;
 pub mod patch;
+#[cfg(all(target_arch = "x86_64", not(memhook_loom)))]
+#[allow(unsafe_code)]
+mod simd;
 #[allow(unsafe_code)]
 pub mod sync;

@@ -263,6 +263,19 @@ fn node_rank(keys: &[AtomicUsize], start: usize, addr: usize) -> usize {
     let Some(node) = keys.get(start..start + B) else {
         return 0;
     };
+    #[cfg(all(target_arch = "x86_64", not(memhook_loom)))]
+    if crate::simd::avx2() {
+        #[allow(unsafe_code)]
+        // SAFETY: AVX2 is usable, and `node` is 16 aligned words (an
+        // AtomicUsize has usize's size and alignment).
+        return unsafe { crate::simd::node_rank(node.as_ptr().cast(), addr) };
+    }
+    node_rank_portable(node, addr)
+}
+
+/// [`node_rank`] without SIMD.
+#[inline(always)]
+fn node_rank_portable(node: &[AtomicUsize], addr: usize) -> usize {
     let mut mask = 0u32;
     for (j, k) in node.iter().enumerate() {
         mask |= ((k.load(Ordering::Relaxed) <= addr) as u32) << j;
@@ -699,6 +712,47 @@ impl<const N: usize> Default for MemtypeMap<N> {
 
 #[cfg(all(test, not(memhook_loom)))]
 mod tests {
+
+    #[cfg(all(target_arch = "x86_64", not(memhook_loom)))]
+    #[test]
+    fn the_avx2_node_search_agrees_with_the_portable_one() {
+        if !crate::simd::avx2() {
+            return; // nothing to compare on this CPU
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as usize
+        };
+        for round in 0..20_000 {
+            let mut keys = [0usize; B];
+            for k in &mut keys {
+                // Small, large (top bit set) and extreme values.
+                *k = match round % 4 {
+                    0 => next() % 64,
+                    1 => next(),
+                    2 => usize::MAX - next() % 8,
+                    _ => next() | (1 << 63),
+                };
+            }
+            keys.sort_unstable();
+            let node: [AtomicUsize; B] = core::array::from_fn(|i| AtomicUsize::new(keys[i]));
+            for addr in [
+                0,
+                usize::MAX,
+                keys[next() % B],
+                keys[next() % B].wrapping_sub(1),
+                next(),
+            ] {
+                #[allow(unsafe_code)]
+                // SAFETY: AVX2 is usable; 16 aligned words.
+                let fast = unsafe { crate::simd::node_rank(node.as_ptr().cast(), addr) };
+                assert_eq!(fast, node_rank_portable(&node, addr), "{keys:x?} {addr:#x}");
+            }
+        }
+    }
     use super::*;
 
     fn found<const N: usize>(map: &MemtypeMap<N>, addr: usize, len: usize) -> Option<(MemType, usize, usize)> {
