@@ -352,6 +352,13 @@ impl<const N: usize> Table<N> {
         // Starts past `n` are usize::MAX, so a window moved left to fit the
         // array still counts exactly.
         let start = (B * (p - 1)).min(N - B);
+        // The slot the answer reads is one of this leaf's: fetch them while
+        // the leaf's starts are compared (two misses overlap instead of
+        // following each other).
+        #[cfg(all(target_arch = "x86_64", not(memhook_loom)))]
+        if let Some(slots) = self.slots.get(start..start + B) {
+            crate::simd::prefetch(slots.as_ptr().cast(), size_of_val(slots));
+        }
         start + node_rank(&self.starts, start, addr)
     }
 

@@ -110,3 +110,16 @@ pub(crate) unsafe fn node_rank(keys: *const usize, addr: usize) -> usize {
     }
     mask.trailing_zeros() as usize
 }
+
+/// Asks the cache for the lines of `[p, p + len)` (a hint: it reads
+/// nothing the program sees and cannot fault).
+#[inline(always)]
+pub(crate) fn prefetch(p: *const u8, len: usize) {
+    let mut off = 0;
+    while off < len {
+        // SAFETY: prefetch never faults and has no visible effect, whatever
+        // the address.
+        unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.wrapping_add(off).cast()) };
+        off += 64;
+    }
+}
