@@ -243,6 +243,38 @@ impl Spill {
     }
 }
 
+/// An update, as the writer replays it on the second table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    /// Record `[start, end)` with `meta`; `pure` when it overlapped no
+    /// entry and was stored (so removing exactly it undoes it).
+    Insert {
+        start: usize,
+        end: usize,
+        meta: u64,
+        pure: bool,
+    },
+    /// Forget `[start, end)`.
+    Remove { start: usize, end: usize },
+    /// Forget everything.
+    Clear,
+}
+
+impl Op {
+    /// Applies the operation to `t`; returns the insert's outcome and the
+    /// lowest index whose start may have changed.
+    fn run<const N: usize>(self, t: &Table<N>, spill: &mut Spill) -> (Inserted, usize) {
+        match self {
+            Op::Insert { start, end, meta, .. } => t.insert(start, end, meta, spill),
+            Op::Remove { start, end } => (Inserted::Stored, t.remove(start, end, spill)),
+            Op::Clear => {
+                t.len.store(0, Ordering::Relaxed);
+                (Inserted::Stored, 0)
+            }
+        }
+    }
+}
+
 /// How many of `keys[start..end]` are `<= addr` (no branch per key).
 #[inline(always)]
 fn count_le(keys: &[AtomicUsize], start: usize, end: usize, addr: usize) -> usize {
@@ -540,7 +572,10 @@ impl<const N: usize> Table<N> {
 pub struct MemtypeMap<const N: usize> {
     tables: [Table<N>; 2],
     live: AtomicUsize,
-    writer: Mutex<()>,
+    /// The writers' lock, and the operation the spare table still lacks
+    /// (the live one has it): the spare is always exactly one operation
+    /// behind, and catches up at the next update.
+    writer: Mutex<Option<Op>>,
     dropped: AtomicU64,
     /// Hull of every dropped range: `[lo, hi)`, empty while `lo >= hi`.
     dropped_lo: AtomicUsize,
@@ -561,7 +596,7 @@ impl<const N: usize> MemtypeMap<N> {
         Self {
             tables: [Table::new(), Table::new()],
             live: AtomicUsize::new(0),
-            writer: Mutex::new(()),
+            writer: Mutex::new(None),
             dropped: AtomicU64::new(0),
             dropped_lo: AtomicUsize::new(usize::MAX),
             dropped_hi: AtomicUsize::new(0),
@@ -574,7 +609,7 @@ impl<const N: usize> MemtypeMap<N> {
         Self {
             tables: [Table::new(), Table::new()],
             live: AtomicUsize::new(0),
-            writer: Mutex::new(()),
+            writer: Mutex::new(None),
             dropped: AtomicU64::new(0),
             dropped_lo: AtomicUsize::new(usize::MAX),
             dropped_hi: AtomicUsize::new(0),
@@ -635,22 +670,52 @@ impl<const N: usize> MemtypeMap<N> {
         answer
     }
 
-    /// Applies `op` to the spare table, publishes it, then to the other.
-    /// `op` returns its result and the lowest index whose start changed,
-    /// from which the search tree is rebuilt.
-    fn update<R>(&self, op: impl Fn(&Table<N>, &mut Spill) -> (R, usize)) -> R {
-        let _writer = self.writer.lock();
-        let apply = |table: &Table<N>, spill: &mut Spill| {
+    /// Brings the spare table up to date (the operation it lacks), applies
+    /// `op` to it, and publishes it; the old live table becomes the spare,
+    /// lacking `op`. One application per update in the common case, and
+    /// none for the free of an allocation just recorded (an insert that
+    /// overlapped nothing, then the removal of exactly that range: the
+    /// spare already is the state after both).
+    fn update(&self, mut op: Op) -> Inserted {
+        let mut pending = self.writer.lock();
+        let apply = |table: &Table<N>, op: Op, spill: &mut Spill| {
             table.begin_write();
             let old_n = table.len.load(Ordering::Relaxed);
-            let (result, from) = op(table, spill);
+            let (result, from) = op.run(table, spill);
             table.rebuild_index(from, old_n);
             table.end_write();
             result
         };
         let live = self.live.load(Ordering::Relaxed);
+        let spare = &self.tables[1 - live];
+        if let (
+            Some(Op::Insert {
+                start, end, pure: true, ..
+            }),
+            Op::Remove { start: s, end: e },
+        ) = (*pending, op)
+            && (start, end) == (s, e)
+        {
+            self.live.store(1 - live, Ordering::Release);
+            *pending = Some(op);
+            return Inserted::Stored;
+        }
+        if let Some(behind) = pending.take() {
+            apply(spare, behind, &mut Spill::default());
+        }
+        if let Op::Insert {
+            start,
+            end,
+            ref mut pure,
+            ..
+        } = op
+        {
+            // The live table is what the spare now is: does the new range
+            // touch anything?
+            *pure = self.tables[live].probe(start, end) == Lookup::Absent;
+        }
         let mut spill = Spill::default();
-        let result = apply(&self.tables[1 - live], &mut spill);
+        let result = apply(spare, op, &mut spill);
         if let Some((lo, hi)) = spill.hull {
             // Before publication: a lookup that sees the range gone also
             // sees it poisoned.
@@ -658,8 +723,13 @@ impl<const N: usize> MemtypeMap<N> {
             self.dropped_hi.fetch_max(hi, Ordering::AcqRel);
             self.dropped.fetch_add(spill.dropped, Ordering::Relaxed);
         }
+        if let Op::Insert { ref mut pure, .. } = op
+            && result == Inserted::Dropped
+        {
+            *pure = false;
+        }
         self.live.store(1 - live, Ordering::Release);
-        apply(&self.tables[live], &mut Spill::default());
+        *pending = Some(op);
         result
     }
 
@@ -673,7 +743,12 @@ impl<const N: usize> MemtypeMap<N> {
     pub fn insert(&self, start: usize, len: usize, mem_type: MemType, device: i32) -> Result<Inserted, MapError> {
         let end = range_end(start, len)?;
         let meta = pack(mem_type, device);
-        Ok(self.update(|t, spill| t.insert(start, end, meta, spill)))
+        Ok(self.update(Op::Insert {
+            start,
+            end,
+            meta,
+            pure: false,
+        }))
     }
 
     /// Forgets `[start, start + len)`: entries inside go, entries across its
@@ -684,16 +759,13 @@ impl<const N: usize> MemtypeMap<N> {
     /// An empty or wrapping range is refused and changes nothing.
     pub fn remove(&self, start: usize, len: usize) -> Result<(), MapError> {
         let end = range_end(start, len)?;
-        self.update(|t, spill| ((), t.remove(start, end, spill)));
+        self.update(Op::Remove { start, end });
         Ok(())
     }
 
     /// Forgets every entry and every dropped range.
     pub fn clear(&self) {
-        self.update(|t, _| {
-            t.len.store(0, Ordering::Relaxed);
-            ((), 0)
-        });
+        self.update(Op::Clear);
         self.dropped_lo.store(usize::MAX, Ordering::Release);
         self.dropped_hi.store(0, Ordering::Release);
     }
@@ -719,6 +791,44 @@ impl<const N: usize> Default for MemtypeMap<N> {
 
 #[cfg(all(test, not(memhook_loom)))]
 mod tests {
+
+    #[test]
+    fn a_free_right_after_its_allocation_leaves_both_tables_right() {
+        let m: MemtypeMap<64> = MemtypeMap::new();
+        m.insert(0x1000, 0x1000, MemType::Cuda, 1).unwrap();
+        for round in 0..4 {
+            // Allocate and free a range that touches nothing (the writer
+            // skips the second table's work), then check both tables by
+            // publishing each in turn with further updates.
+            m.insert(0x10_0000, 0x2000, MemType::CudaManaged, 0).unwrap();
+            assert!(matches!(m.lookup(0x10_0800, 8), Lookup::Found(i) if i.mem_type == MemType::CudaManaged));
+            m.remove(0x10_0000, 0x2000).unwrap();
+            assert_eq!(m.lookup(0x10_0800, 8), Lookup::Absent, "round {round}");
+            assert_eq!(m.len(), 1 + round);
+            m.insert(0x20_0000 + round * 0x1_0000, 0x100, MemType::CudaHost, -1)
+                .unwrap();
+            assert_eq!(
+                m.lookup(0x10_0800, 8),
+                Lookup::Absent,
+                "round {round}: the caught-up table"
+            );
+            assert_eq!(m.len(), 2 + round);
+            assert!(matches!(m.lookup(0x1800, 8), Lookup::Found(i) if i.device == 1));
+        }
+        // An insert that overlaps an entry is not undone by a removal of its
+        // own range: the entry it trimmed stays trimmed.
+        m.insert(0x1800, 0x100, MemType::CudaHost, -1).unwrap();
+        m.remove(0x1800, 0x100).unwrap();
+        assert_eq!(m.lookup(0x1800, 8), Lookup::Absent);
+        assert!(matches!(m.lookup(0x1000, 8), Lookup::Found(i) if i.len == 0x800));
+        assert!(matches!(m.lookup(0x1900, 8), Lookup::Found(i) if i.base == 0x1900));
+        m.insert(0x9000_0000, 0x10, MemType::Cuda, 0).unwrap();
+        assert!(
+            matches!(m.lookup(0x1900, 8), Lookup::Found(i) if i.base == 0x1900),
+            "the other table agrees"
+        );
+        assert_eq!(m.lookup(0x1800, 8), Lookup::Absent);
+    }
 
     #[cfg(all(target_arch = "x86_64", not(memhook_loom)))]
     #[test]
