@@ -24,8 +24,8 @@ NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 "$NVCC" -O2 --default-stream per-thread -o runtime_ptsz src/runtime_prog.cu
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$(dirname "$NVCC")/../lib64
 
-for t in gpu_driver gpu_runtime cuda_modes cuda_memtype cuda_late_load; do
-    check "$t" ./"$t" --test-threads=1
+for t in gpu_driver gpu_runtime gpu_multi cuda_modes cuda_memtype cuda_late_load; do
+    check "$t" ./"$t" --test-threads=1 --nocapture
 done
 
 # The mode matrix: what each mode sees of one run of each program (the

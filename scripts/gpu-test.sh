@@ -12,7 +12,7 @@ cargo build --release -p memhook-ffi -p memhook-cli
 cargo build --release -p memhook --example cuda_smoke
 cargo bench -p memhook-tests --bench cuda --no-run 2>/dev/null
 cargo bench -p memhook-core --bench memtype --no-run 2>/dev/null
-exes=$(cargo test --release -p memhook-tests --test gpu_driver --test gpu_runtime --test cuda_modes --test cuda_memtype \
+exes=$(cargo test --release -p memhook-tests --test gpu_driver --test gpu_runtime --test gpu_multi --test cuda_modes --test cuda_memtype \
     --test cuda_late_load --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for l in sys.stdin:
