@@ -59,6 +59,18 @@ pub fn serialization() -> Serialization {
     }
 }
 
+/// Registers for membarrier at load, before `main`, while the process is
+/// (usually) single-threaded: the kernel then skips the RCU grace period
+/// (milliseconds on a large machine) that a registration from a threaded
+/// process waits for, e.g. the first install in a CUDA program.
+extern "C" fn register_at_load() {
+    let _ = serialization();
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static REGISTER_AT_LOAD: extern "C" fn() = register_at_load;
+
 /// Makes every core of the process see the code written so far.
 pub fn serialize_all_cores() {
     if serialization() == Serialization::MembarrierSyncCore

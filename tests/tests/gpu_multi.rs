@@ -229,18 +229,31 @@ fn concurrent_devices_and_a_reader_never_disagree() {
                 // SAFETY: device d's primary context.
                 ok(unsafe { sys::cuCtxSetCurrent(ctx as sys::CUcontext) });
                 start.wait();
-                for i in 0..2000 {
-                    let slot = &published[(i * n + d) % SLOTS];
+                // A ring of live allocations per device: each lives while
+                // the device's next RING - 1 are made, published from its
+                // allocation's return to just before its free.
+                const RING: usize = 8;
+                let mine: Vec<usize> = (0..SLOTS).filter(|s| s % n == d).take(RING).collect();
+                let mut held = [0u64; RING];
+                for i in 0..4000 {
+                    let k = i % RING;
+                    let slot = &published[mine[k]];
+                    if held[k] != 0 {
+                        slot.1.store(0, Ordering::Release);
+                        slot.0.store(0, Ordering::Release);
+                        // SAFETY: the allocation made RING iterations ago.
+                        ok(unsafe { sys::cuMemFree_v2(held[k]) });
+                    }
                     let mut p = 0;
                     // SAFETY: driver calls with valid arguments.
                     ok(unsafe { sys::cuMemAlloc_v2(&mut p, 1 << 16) });
-                    slot.1.store(0, Ordering::Release);
+                    held[k] = p;
                     slot.0.store(p as usize, Ordering::Release);
                     slot.1.store(d + 1, Ordering::Release);
-                    std::hint::spin_loop();
-                    slot.1.store(0, Ordering::Release);
-                    slot.0.store(0, Ordering::Release);
-                    // SAFETY: as above.
+                }
+                for (k, &p) in held.iter().enumerate() {
+                    published[mine[k]].1.store(0, Ordering::Release);
+                    // SAFETY: the ring's last allocations.
                     ok(unsafe { sys::cuMemFree_v2(p) });
                 }
             })
@@ -251,10 +264,9 @@ fn concurrent_devices_and_a_reader_never_disagree() {
     }
     stop.store(true, Ordering::Release);
     reader.join().unwrap();
-    eprintln!(
-        "gpu_multi: {} concurrent lookups checked on {n} device(s)",
-        checked.load(Ordering::Relaxed)
-    );
+    let checked = checked.load(Ordering::Relaxed);
+    eprintln!("gpu_multi: {checked} concurrent lookups checked on {n} device(s)");
+    assert!(checked > 1000, "the reader saw live allocations ({checked})");
     let _ = take();
 }
 
