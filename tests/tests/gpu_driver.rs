@@ -8,7 +8,7 @@ mod common;
 
 use std::ffi::c_void;
 
-use common::{Rec, log_events, serial, take};
+use common::{Rec, agrees, log_events, serial, take};
 use cudarc::driver::sys::{self, CUresult};
 use memhook::Config;
 use memhook::event::bits;
@@ -40,23 +40,6 @@ fn gpu() -> Option<sys::CUcontext> {
 #[track_caller]
 fn ok(r: CUresult) {
     assert_eq!(r, CUresult::CUDA_SUCCESS);
-}
-
-/// The map's answer at `addr` agrees with the driver's: type and device.
-#[track_caller]
-fn agrees(addr: usize, want: MemType) {
-    let Lookup::Found(mine) = memtype::lookup(addr, 1) else {
-        panic!("lookup({addr:#x}) = {:?}", memtype::lookup(addr, 1));
-    };
-    let Lookup::Found(driver) = memtype::classify(addr, 1) else {
-        panic!("classify({addr:#x}) failed");
-    };
-    assert_eq!(
-        (mine.mem_type, mine.device),
-        (driver.mem_type, driver.device),
-        "{addr:#x}"
-    );
-    assert_eq!(mine.mem_type, want, "{addr:#x}");
 }
 
 #[track_caller]

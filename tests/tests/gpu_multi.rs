@@ -51,6 +51,15 @@ fn contexts() -> Option<Vec<sys::CUcontext>> {
     (!ctxs.is_empty()).then_some(ctxs)
 }
 
+/// Every device's context, with the hooks installed (None without a GPU).
+fn setup() -> Option<Vec<sys::CUcontext>> {
+    let ctxs = contexts()?;
+    memhook::install(&Config::parse("cuda=bistro,reloc,procaddr;mmap=none").unwrap());
+    // cudarc loaded libcuda from this program: hook it.
+    memhook::refresh();
+    Some(ctxs)
+}
+
 fn found(addr: usize) -> memhook::memtype::MemInfo {
     match memtype::lookup(addr, 1) {
         Lookup::Found(i) => i,
@@ -67,15 +76,13 @@ fn alloc_events(recs: &[Rec], addr: usize) -> usize {
 #[test]
 fn every_device_keeps_its_own_allocations() {
     let _serial = serial();
-    let Some(ctxs) = contexts() else {
+    let Some(ctxs) = setup() else {
         eprintln!("gpu_multi: no GPU: skipped");
         return;
     };
     let n = ctxs.len();
     eprintln!("gpu_multi: {n} GPU(s)");
     log_events();
-    memhook::install(&Config::parse("cuda=bistro,reloc,procaddr;mmap=none").unwrap());
-    memhook::refresh();
     let _ = take();
     // PCI bus ids: one per device, all different.
     let ids: Vec<String> = (0..n as i32)
@@ -178,12 +185,10 @@ fn every_device_keeps_its_own_allocations() {
 #[test]
 fn concurrent_devices_and_a_reader_never_disagree() {
     let _serial = serial();
-    let Some(ctxs) = contexts() else {
+    let Some(ctxs) = setup() else {
         eprintln!("gpu_multi: no GPU: skipped");
         return;
     };
-    memhook::install(&Config::parse("cuda=bistro,reloc,procaddr;mmap=none").unwrap());
-    memhook::refresh();
     // Published (address, device + 1) pairs: set after the allocation
     // returned (so it is reported), cleared before the free.
     const SLOTS: usize = 64;
@@ -273,12 +278,10 @@ fn concurrent_devices_and_a_reader_never_disagree() {
 #[test]
 fn lookup_scaling_across_devices() {
     let _serial = serial();
-    let Some(ctxs) = contexts() else {
+    let Some(ctxs) = setup() else {
         eprintln!("gpu_multi: no GPU: skipped");
         return;
     };
-    memhook::install(&Config::parse("cuda=bistro,reloc,procaddr;mmap=none").unwrap());
-    memhook::refresh();
     let mut live = Vec::new();
     for &ctx in &ctxs {
         // SAFETY: driver calls with valid arguments.

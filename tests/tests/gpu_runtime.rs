@@ -9,11 +9,11 @@ mod common;
 
 use std::ffi::c_void;
 
-use common::{Rec, log_events, serial, take};
+use common::{Rec, agrees, log_events, serial, take};
 use cudarc::runtime::sys::{self as rt, cudaError};
 use memhook::Config;
 use memhook::event::bits;
-use memhook::memtype::{self, Lookup, MemType};
+use memhook::memtype::MemType;
 
 #[track_caller]
 fn ok(e: rt::cudaError_t) {
@@ -25,18 +25,6 @@ fn one(recs: Vec<Rec>, kind: u32, addr: usize, size: usize, t: MemType) {
     let ours: Vec<Rec> = recs.into_iter().filter(|r| r.1 == addr).collect();
     assert_eq!(ours.len(), 1, "one event at {addr:#x}: {ours:?}");
     assert_eq!((ours[0].0, ours[0].2, ours[0].3), (kind, size, t as u32), "{ours:?}");
-}
-
-#[track_caller]
-fn agrees(addr: usize, want: MemType) {
-    let Lookup::Found(mine) = memtype::lookup(addr, 1) else {
-        panic!("lookup({addr:#x}) = {:?}", memtype::lookup(addr, 1));
-    };
-    let Lookup::Found(driver) = memtype::classify(addr, 1) else {
-        panic!("classify({addr:#x}) failed");
-    };
-    assert_eq!((mine.mem_type, mine.device), (driver.mem_type, driver.device));
-    assert_eq!(mine.mem_type, want);
 }
 
 #[test]

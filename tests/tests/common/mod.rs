@@ -175,3 +175,22 @@ pub fn libcuda() -> *mut c_void {
     assert!(!h.is_null(), "the fake driver is loaded");
     h
 }
+
+/// The memtype map's answer at `addr` agrees with the driver's
+/// (`memtype::classify`): type and device; and the type is `want`.
+#[track_caller]
+pub fn agrees(addr: usize, want: memhook::memtype::MemType) {
+    use memhook::memtype::{self, Lookup};
+    let Lookup::Found(mine) = memtype::lookup(addr, 1) else {
+        panic!("lookup({addr:#x}) = {:?}", memtype::lookup(addr, 1));
+    };
+    let Lookup::Found(driver) = memtype::classify(addr, 1) else {
+        panic!("classify({addr:#x}) failed");
+    };
+    assert_eq!(
+        (mine.mem_type, mine.device),
+        (driver.mem_type, driver.device),
+        "{addr:#x}"
+    );
+    assert_eq!(mine.mem_type, want, "{addr:#x}");
+}
