@@ -111,6 +111,12 @@ fn every_device_keeps_its_own_allocations() {
             };
             ok(sys::cuMemPrefetchAsync_v2(m, 1 << 20, loc, 0, std::ptr::null_mut()));
             ok(sys::cuCtxSynchronize());
+            // The event's device: what a handler sees while it runs.
+            assert_eq!(
+                common::device_at_delivery(p as usize),
+                Some(d as i32),
+                "device at delivery, {d}"
+            );
             let recs = take();
             assert_eq!(alloc_events(&recs, p as usize), 1);
             assert_eq!(alloc_events(&recs, m as usize), 1);

@@ -106,6 +106,9 @@ static KIND: [AtomicU32; LOG] = [const { AtomicU32::new(0) }; LOG];
 static ADDR: [AtomicUsize; LOG] = [const { AtomicUsize::new(0) }; LOG];
 static SIZE: [AtomicUsize; LOG] = [const { AtomicUsize::new(0) }; LOG];
 static TYPE: [AtomicU32; LOG] = [const { AtomicU32::new(0) }; LOG];
+/// The device the memtype map gave for the address while the event was
+/// being delivered (-2: not found).
+static DEVICE: [std::sync::atomic::AtomicI32; LOG] = [const { std::sync::atomic::AtomicI32::new(-2) }; LOG];
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 fn log(e: &mut Event) {
@@ -119,6 +122,11 @@ fn log(e: &mut Event) {
         ADDR[i].store(m.address, Ordering::Relaxed);
         SIZE[i].store(m.size, Ordering::Relaxed);
         TYPE[i].store(m.mem_type, Ordering::Relaxed);
+        let device = match memhook::memtype::lookup(m.address, 1) {
+            memhook::memtype::Lookup::Found(info) => info.device,
+            _ => -2,
+        };
+        DEVICE[i].store(device, Ordering::Relaxed);
         KIND[i].store(kind, Ordering::Release);
     }
 }
@@ -193,4 +201,14 @@ pub fn agrees(addr: usize, want: memhook::memtype::MemType) {
         "{addr:#x}"
     );
     assert_eq!(mine.mem_type, want, "{addr:#x}");
+}
+
+/// The device a handler's lookup gave during the delivery of the logged
+/// `MEM_TYPE_ALLOC` of `addr` (the map is fed before handlers run), if it
+/// is in the log.
+pub fn device_at_delivery(addr: usize) -> Option<i32> {
+    let n = NEXT.load(Ordering::Acquire).min(LOG);
+    (0..n)
+        .find(|&i| KIND[i].load(Ordering::Acquire) == bits::MEM_TYPE_ALLOC && ADDR[i].load(Ordering::Relaxed) == addr)
+        .map(|i| DEVICE[i].load(Ordering::Relaxed))
 }
