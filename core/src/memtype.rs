@@ -261,15 +261,16 @@ enum Op {
 }
 
 impl Op {
-    /// Applies the operation to `t`; returns the insert's outcome and the
-    /// lowest index whose start may have changed.
-    fn run<const N: usize>(self, t: &Table<N>, spill: &mut Spill) -> (Inserted, usize) {
+    /// Applies the operation to `t`; returns the insert's outcome, the
+    /// lowest index whose start may have changed, and whether an insert
+    /// overlapped an entry.
+    fn run<const N: usize>(self, t: &Table<N>, spill: &mut Spill) -> (Inserted, usize, bool) {
         match self {
             Op::Insert { start, end, meta, .. } => t.insert(start, end, meta, spill),
-            Op::Remove { start, end } => (Inserted::Stored, t.remove(start, end, spill)),
+            Op::Remove { start, end } => (Inserted::Stored, t.remove(start, end, spill), true),
             Op::Clear => {
                 t.len.store(0, Ordering::Relaxed);
-                (Inserted::Stored, 0)
+                (Inserted::Stored, 0, true)
             }
         }
     }
@@ -510,10 +511,18 @@ impl<const N: usize> Table<N> {
     /// Removes `[start, end)` from the table, trimming and splitting.
     /// Returns the lowest index whose start may have changed.
     fn remove(&self, start: usize, end: usize, spill: &mut Spill) -> usize {
+        self.remove_touching(start, end, spill).0
+    }
+
+    /// [`Self::remove`], also saying whether any entry overlapped the range.
+    fn remove_touching(&self, start: usize, end: usize, spill: &mut Spill) -> (usize, bool) {
         let mut n = self.len.load(Ordering::Relaxed);
         // First entry that ends after `start` (ends are sorted too, since
         // the entries do not overlap).
         let first = self.first_above(n, start, |i| self.end(i));
+        if first >= n || self.starts[first].load(Ordering::Relaxed) >= end {
+            return (first, false);
+        }
         let mut i = first;
         if i < n {
             let (s, e, m) = self.get(i);
@@ -528,7 +537,7 @@ impl<const N: usize> Table<N> {
                     spill.drop_range(end, e);
                 }
                 self.len.store(n, Ordering::Relaxed);
-                return first;
+                return (first, true);
             }
             if s < start {
                 self.slots[i].end.store(start, Ordering::Relaxed);
@@ -548,23 +557,24 @@ impl<const N: usize> Table<N> {
             n -= j - i;
         }
         self.len.store(n, Ordering::Relaxed);
-        first
+        (first, true)
     }
 
     /// Inserts `[start, end)` after removing what it overlaps. Returns what
-    /// happened and the lowest index whose start may have changed.
-    fn insert(&self, start: usize, end: usize, meta: u64, spill: &mut Spill) -> (Inserted, usize) {
-        let from = self.remove(start, end, spill);
+    /// happened, the lowest index whose start may have changed, and whether
+    /// it overlapped an entry.
+    fn insert(&self, start: usize, end: usize, meta: u64, spill: &mut Spill) -> (Inserted, usize, bool) {
+        let (from, touched) = self.remove_touching(start, end, spill);
         let n = self.len.load(Ordering::Relaxed);
         if n == N {
             spill.drop_range(start, end);
-            return (Inserted::Dropped, from);
+            return (Inserted::Dropped, from, touched);
         }
         let at = self.first_above(n, start, |i| self.starts[i].load(Ordering::Relaxed));
         self.shift(n, at, 1);
         self.set(at, (start, end, meta));
         self.len.store(n + 1, Ordering::Relaxed);
-        (Inserted::Stored, from.min(at))
+        (Inserted::Stored, from.min(at), touched)
     }
 }
 
@@ -681,10 +691,10 @@ impl<const N: usize> MemtypeMap<N> {
         let apply = |table: &Table<N>, op: Op, spill: &mut Spill| {
             table.begin_write();
             let old_n = table.len.load(Ordering::Relaxed);
-            let (result, from) = op.run(table, spill);
+            let (result, from, touched) = op.run(table, spill);
             table.rebuild_index(from, old_n);
             table.end_write();
-            result
+            (result, touched)
         };
         let live = self.live.load(Ordering::Relaxed);
         let spare = &self.tables[1 - live];
@@ -701,21 +711,10 @@ impl<const N: usize> MemtypeMap<N> {
             return Inserted::Stored;
         }
         if let Some(behind) = pending.take() {
-            apply(spare, behind, &mut Spill::default());
-        }
-        if let Op::Insert {
-            start,
-            end,
-            ref mut pure,
-            ..
-        } = op
-        {
-            // The live table is what the spare now is: does the new range
-            // touch anything?
-            *pure = self.tables[live].probe(start, end) == Lookup::Absent;
+            let _ = apply(spare, behind, &mut Spill::default());
         }
         let mut spill = Spill::default();
-        let result = apply(spare, op, &mut spill);
+        let (result, touched) = apply(spare, op, &mut spill);
         if let Some((lo, hi)) = spill.hull {
             // Before publication: a lookup that sees the range gone also
             // sees it poisoned.
@@ -723,10 +722,10 @@ impl<const N: usize> MemtypeMap<N> {
             self.dropped_hi.fetch_max(hi, Ordering::AcqRel);
             self.dropped.fetch_add(spill.dropped, Ordering::Relaxed);
         }
-        if let Op::Insert { ref mut pure, .. } = op
-            && result == Inserted::Dropped
-        {
-            *pure = false;
+        if let Op::Insert { ref mut pure, .. } = op {
+            // Undone exactly by removing its range: it overlapped nothing
+            // and was stored.
+            *pure = !touched && result == Inserted::Stored;
         }
         self.live.store(1 - live, Ordering::Release);
         *pending = Some(op);

@@ -79,7 +79,11 @@ fn every_driver_function_reports_its_type_size_and_device() {
         let mut p: Dptr = 0;
         assert_eq!(alloc(&mut p, 1 << 20), 0);
         let p = p as usize;
-        assert_eq!(device_at_delivery(p), Some(2), "a handler sees the device while the event runs");
+        assert_eq!(
+            device_at_delivery(p),
+            Some(2),
+            "a handler sees the device while the event runs"
+        );
         assert_eq!(take(), [ev(A, p, 1 << 20, MemType::Cuda)]);
         let info = found(p + 4096, 4096);
         assert_eq!(

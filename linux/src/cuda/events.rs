@@ -26,8 +26,9 @@ pub(crate) fn reporting() -> Option<Id> {
     (i != 0).then(|| Id::ALL[usize::from(i) - 1])
 }
 
-/// Delivers `event` as `id`'s.
+/// Delivers `event` as `id`'s (and counts it).
 fn deliver(id: Id, mut event: Event) {
+    EVENTS[id as usize].fetch_add(1, Ordering::Relaxed);
     let _ = REPORTING.try_with(|c| c.set(id as u8 + 1));
     notify(&mut event);
     let _ = REPORTING.try_with(|c| c.set(0));
@@ -36,7 +37,6 @@ fn deliver(id: Id, mut event: Event) {
 /// A successful allocation of `[address, address + size)` (size 0: ask the
 /// driver) of `mem_type` (Unknown: ask the driver).
 pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) {
-    EVENTS[id as usize].fetch_add(1, Ordering::Relaxed);
     let (mem_type, device, size) = match mem_type {
         MemType::Cuda | MemType::CudaManaged => (mem_type, driver::current_device(), size),
         MemType::Unknown => match driver::classify(address) {
@@ -67,7 +67,6 @@ pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) 
 /// A free of the allocation at `address` (its size when the call carries
 /// it; else what the map recorded; else the driver's range; else 0).
 pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
-    EVENTS[id as usize].fetch_add(1, Ordering::Relaxed);
     let recorded = match memtype::lookup(address, 1) {
         Lookup::Found(info) if info.base == address => Some(info),
         _ => None,

@@ -372,8 +372,8 @@ fn detach(state: &mut State, lib: Lib) {
     state.attached[lib.index()] = None;
 }
 
-/// Events each hooked CUDA function emitted, by name (functions that
-/// emitted none are left out).
+/// Events each hooked CUDA function delivered to handlers, by name
+/// (functions that delivered none are left out).
 pub fn events_by_function() -> heapless::Vec<(&'static str, u64), COUNT> {
     Id::ALL
         .into_iter()
