@@ -110,10 +110,24 @@ static LOG_SIZE: [AtomicUsize; LOG] = [const { AtomicUsize::new(0) }; LOG];
 static LOG_RESULT: [AtomicUsize; LOG] = [const { AtomicUsize::new(0) }; LOG];
 static LOG_N: AtomicUsize = AtomicUsize::new(0);
 static RECORDING: AtomicBool = AtomicBool::new(false);
+/// The thread whose events are recorded: the test harness's other threads
+/// (starting, mapping their signal stacks) may map into the very range a
+/// step looks at.
+static RECORDER: AtomicUsize = AtomicUsize::new(0);
 
-/// Records every event while RECORDING (no allocation: fixed arrays).
+thread_local! {
+    static THREAD_MARK: u8 = const { 0 };
+}
+
+/// An id of the calling thread (the address of its thread-local marker).
+fn thread_id() -> usize {
+    THREAD_MARK.with(|m| m as *const u8 as usize)
+}
+
+/// Records every event of the recording thread while RECORDING (no
+/// allocation: fixed arrays).
 fn record(e: &mut Event) {
-    if !RECORDING.load(Ordering::Acquire) {
+    if !RECORDING.load(Ordering::Acquire) || RECORDER.load(Ordering::Acquire) != thread_id() {
         return;
     }
     let (addr, size) = match *e {
@@ -140,6 +154,7 @@ fn record(e: &mut Event) {
 /// Runs `f` with recording on; returns what was recorded.
 fn recorded(f: impl FnOnce()) -> Vec<Rec> {
     LOG_N.store(0, Ordering::SeqCst);
+    RECORDER.store(thread_id(), Ordering::SeqCst);
     RECORDING.store(true, Ordering::SeqCst);
     f();
     RECORDING.store(false, Ordering::SeqCst);
