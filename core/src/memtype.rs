@@ -256,6 +256,10 @@ enum Op {
     },
     /// Forget `[start, end)`.
     Remove { start: usize, end: usize },
+    /// Forget `[start, end)`, which the table it is pending for holds as
+    /// one entry with `meta` that a pure insert made: recording the same
+    /// range with the same `meta` again cancels it.
+    Undo { start: usize, end: usize, meta: u64 },
     /// Forget everything.
     Clear,
 }
@@ -267,7 +271,9 @@ impl Op {
     fn run<const N: usize>(self, t: &Table<N>, spill: &mut Spill) -> (Inserted, usize, bool) {
         match self {
             Op::Insert { start, end, meta, .. } => t.insert(start, end, meta, spill),
-            Op::Remove { start, end } => (Inserted::Stored, t.remove(start, end, spill), true),
+            Op::Remove { start, end } | Op::Undo { start, end, .. } => {
+                (Inserted::Stored, t.remove(start, end, spill), true)
+            }
             Op::Clear => {
                 t.len.store(0, Ordering::Relaxed);
                 (Inserted::Stored, 0, true)
@@ -698,17 +704,42 @@ impl<const N: usize> MemtypeMap<N> {
         };
         let live = self.live.load(Ordering::Relaxed);
         let spare = &self.tables[1 - live];
-        if let (
-            Some(Op::Insert {
-                start, end, pure: true, ..
-            }),
-            Op::Remove { start: s, end: e },
-        ) = (*pending, op)
-            && (start, end) == (s, e)
-        {
-            self.live.store(1 - live, Ordering::Release);
-            *pending = Some(op);
-            return Inserted::Stored;
+        match (*pending, op) {
+            // Freed right after it was recorded: the spare never had it.
+            (
+                Some(Op::Insert {
+                    start,
+                    end,
+                    meta,
+                    pure: true,
+                }),
+                Op::Remove { start: s, end: e },
+            ) if (start, end) == (s, e) => {
+                self.live.store(1 - live, Ordering::Release);
+                *pending = Some(Op::Undo { start, end, meta });
+                return Inserted::Stored;
+            }
+            // Recorded again as it was (an address reused for the same
+            // kind of memory): the spare still has it.
+            (
+                Some(Op::Undo { start, end, meta }),
+                Op::Insert {
+                    start: s,
+                    end: e,
+                    meta: m,
+                    ..
+                },
+            ) if (start, end, meta) == (s, e, m) => {
+                self.live.store(1 - live, Ordering::Release);
+                *pending = Some(Op::Insert {
+                    start,
+                    end,
+                    meta,
+                    pure: true,
+                });
+                return Inserted::Stored;
+            }
+            _ => {}
         }
         if let Some(behind) = pending.take() {
             let _ = apply(spare, behind, &mut Spill::default());
@@ -790,6 +821,34 @@ impl<const N: usize> Default for MemtypeMap<N> {
 
 #[cfg(all(test, not(memhook_loom)))]
 mod tests {
+
+    #[test]
+    fn an_address_reused_for_the_same_memory_stays_right_on_both_tables() {
+        let m: MemtypeMap<64> = MemtypeMap::new();
+        let found = |m: &MemtypeMap<64>, a| match m.lookup(a, 8) {
+            Lookup::Found(i) => Some((i.mem_type, i.device)),
+            _ => None,
+        };
+        for round in 0..3 {
+            m.insert(0x10_0000, 0x2000, MemType::Cuda, 0).unwrap();
+            assert_eq!(found(&m, 0x10_0100), Some((MemType::Cuda, 0)), "round {round}");
+            m.remove(0x10_0000, 0x2000).unwrap();
+            assert_eq!(found(&m, 0x10_0100), None, "round {round}");
+        }
+        // Reused again, then other updates publish each table in turn.
+        m.insert(0x10_0000, 0x2000, MemType::Cuda, 0).unwrap();
+        m.insert(0x20_0000, 0x100, MemType::CudaHost, -1).unwrap();
+        assert_eq!(found(&m, 0x10_0100), Some((MemType::Cuda, 0)));
+        m.insert(0x30_0000, 0x100, MemType::CudaHost, -1).unwrap();
+        assert_eq!(found(&m, 0x10_0100), Some((MemType::Cuda, 0)));
+        // Freed, then reused as another kind: no shortcut, both tables move.
+        m.remove(0x10_0000, 0x2000).unwrap();
+        m.insert(0x10_0000, 0x2000, MemType::CudaManaged, 1).unwrap();
+        assert_eq!(found(&m, 0x10_0100), Some((MemType::CudaManaged, 1)));
+        m.insert(0x40_0000, 0x100, MemType::CudaHost, -1).unwrap();
+        assert_eq!(found(&m, 0x10_0100), Some((MemType::CudaManaged, 1)));
+        assert_eq!(m.len(), 4);
+    }
 
     #[test]
     fn a_free_right_after_its_allocation_leaves_both_tables_right() {

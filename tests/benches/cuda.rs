@@ -52,6 +52,30 @@ fn bench(c: &mut Criterion) {
     memhook::refresh();
     assert!(memhook::cuda::attached().0, "the fake driver is hooked");
     g.bench_function("hooked, map fed", |b| b.iter(|| pair(alloc, free)));
+    // The same address comes back after each free above (the fake's bump
+    // allocator), which the map's writer handles without touching its
+    // second table. Here every allocation gets a new address: eight stay
+    // alive, and each step frees the oldest and allocates anew.
+    let mut ring = [0u64; 8];
+    let mut k = 0;
+    for p in &mut ring {
+        // SAFETY: the fake driver's allocation.
+        assert_eq!(unsafe { alloc(p, 256) }, 0);
+    }
+    g.bench_function("hooked, map fed, new addresses", |b| {
+        b.iter(|| {
+            // SAFETY: frees the ring's oldest allocation, allocates anew.
+            unsafe {
+                assert_eq!(free(ring[k]), 0);
+                assert_eq!(alloc(&mut ring[k], 256), 0);
+            }
+            k = (k + 1) % ring.len();
+        })
+    });
+    for p in ring {
+        // SAFETY: the ring's allocations.
+        assert_eq!(unsafe { free(p) }, 0);
+    }
     let id = memhook::set_handler(
         bits::MEM_TYPE_ALLOC | bits::MEM_TYPE_FREE,
         0,

@@ -128,3 +128,36 @@ proptest! {
         check_ops(&DEEP, &ops);
     }
 }
+
+/// Allocation-like traffic: a few fixed ranges recorded, freed exactly and
+/// recorded again (often as the same kind of memory, sometimes not), with
+/// now and then an overlapping record: what the writer's shortcuts for a
+/// free right after its allocation, and for a reused address, must get
+/// right on both tables.
+fn churn_op() -> impl Strategy<Value = Op> {
+    let range = (0usize..4).prop_map(|k| (0x40000 + k * 0x1000, 0x1000));
+    prop_oneof![
+        4 => (range.clone(), prop_oneof![Just(MemType::Cuda), Just(MemType::CudaHost)], 0i32..2)
+            .prop_map(|((start, len), mem_type, device)| Op::Insert { start, len, mem_type, device }),
+        4 => range.clone().prop_map(|(start, len)| Op::Remove { start, len }),
+        1 => (0usize..8).prop_map(|k| Op::Insert {
+            start: 0x40800 + k * 0x800,
+            len: 0x1000,
+            mem_type: MemType::CudaManaged,
+            device: 1,
+        }),
+        3 => (0usize..0x4000).prop_map(|off| Op::Lookup { addr: 0x40000 + off, len: 8 }),
+    ]
+}
+
+static CHURN: MemtypeMap<16> = MemtypeMap::new();
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    #[test]
+    fn allocation_churn_matches_model(ops in proptest::collection::vec(churn_op(), 1..120)) {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        check_ops(&CHURN, &ops);
+    }
+}
