@@ -130,6 +130,10 @@ pub fn alloc_near(near: usize, reach: usize) -> Option<usize> {
 /// A protection error from `mprotect`.
 pub fn write(slot: usize, code: &[u8]) -> Result<(), PatchError> {
     assert!(code.len() <= SLOT, "trampoline of {} bytes", code.len());
+    // Two writers of slots on one page would race on its protection (one
+    // making it read-only again while the other still writes).
+    static WRITING: spin::Mutex<()> = spin::Mutex::new(());
+    let _writing = WRITING.lock();
     protect(slot, code.len(), libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC)?;
     // SAFETY: the slot lies in a region we mapped and just made writable;
     // nothing executes it yet (it is not published until the entry patch).

@@ -214,7 +214,7 @@ fn real_patches_call_hook_and_original_and_undo_exactly() {
         ("cbz out of the patch", mh_r_cbz, mh_r_cbz, &[0, 3]),
     ];
     for (what, target, call, inputs) in cases {
-        let at = target as usize;
+        let at = target as *const () as usize;
         // SAFETY: calling the unpatched test function.
         let expect: Vec<u64> = inputs.iter().map(|&x| unsafe { call(x) }).collect();
         let before = words(at, 4);
@@ -248,7 +248,7 @@ fn real_patches_call_hook_and_original_and_undo_exactly() {
 /// Relocates the first 16 bytes of `f` (a far patch's window) into a
 /// trampoline at `slot` and returns it as a function.
 fn relocated(f: F, slot: usize) -> F {
-    let at = f as usize;
+    let at = f as *const () as usize;
     let mut code = [0u8; 64];
     // SAFETY: 64 bytes of mapped code (the function and what follows it).
     unsafe { std::ptr::copy_nonoverlapping(at as *const u8, code.as_mut_ptr(), 64) };
@@ -260,7 +260,7 @@ fn relocated(f: F, slot: usize) -> F {
 
 /// A slot for code far (more than 128 MiB) from every function here.
 fn far_slot() -> usize {
-    let hint = (mh_d_adrp as usize).wrapping_add(1 << 36) & !0xffff;
+    let hint = (mh_d_adrp as *const () as usize).wrapping_add(1 << 36) & !0xffff;
     // SAFETY: a fresh mapping at a hint (the kernel picks if it is taken).
     let p = unsafe {
         libc::mmap(
@@ -290,14 +290,14 @@ fn relocated_code_computes_what_the_original_computes() {
         ("b", mh_d_b, &[0, 9]),
     ];
     let far = far_slot();
-    let distance = far.abs_diff(mh_d_adrp as usize);
+    let distance = far.abs_diff(mh_d_adrp as *const () as usize);
     assert!(
         distance > 128 << 20,
         "the far slot is out of every branch's reach ({distance:#x})"
     );
     let mut far_next = far;
     for (what, f, inputs) in cases {
-        let near = memhook::trampoline::alloc_near(f as usize, 100 << 20).expect("a near slot");
+        let near = memhook::trampoline::alloc_near(f as *const () as usize, 100 << 20).expect("a near slot");
         for (label, slot) in [("near", near), ("far", far_next)] {
             let t = relocated(f, slot);
             for &x in inputs {
@@ -332,7 +332,7 @@ fn threads_calling_while_patching_lose_no_call() {
         })
         .collect();
     start.wait();
-    let at = mh_r_count as usize;
+    let at = mh_r_count as *const () as usize;
     let before = words(at, 2);
     for _ in 0..200 {
         // SAFETY: as in the first test.
