@@ -47,6 +47,7 @@ fn bench(c: &mut Criterion) {
     };
     let mut g = c.benchmark_group("cuMemAlloc_v2+cuMemFree_v2 4KiB");
     g.bench_function("unhooked", |b| b.iter(|| pair(alloc, free)));
+    ring_bench(&mut g, "unhooked, new addresses", alloc, free);
     memhook::install(&Config::parse("cuda=bistro;mmap=none").unwrap());
     // The process loaded the fake itself: tell memhook.
     memhook::refresh();
@@ -54,28 +55,8 @@ fn bench(c: &mut Criterion) {
     g.bench_function("hooked, map fed", |b| b.iter(|| pair(alloc, free)));
     // The same address comes back after each free above (the fake's bump
     // allocator), which the map's writer handles without touching its
-    // second table. Here every allocation gets a new address: eight stay
-    // alive, and each step frees the oldest and allocates anew.
-    let mut ring = [0u64; 8];
-    let mut k = 0;
-    for p in &mut ring {
-        // SAFETY: the fake driver's allocation.
-        assert_eq!(unsafe { alloc(p, 256) }, 0);
-    }
-    g.bench_function("hooked, map fed, new addresses", |b| {
-        b.iter(|| {
-            // SAFETY: frees the ring's oldest allocation, allocates anew.
-            unsafe {
-                assert_eq!(free(ring[k]), 0);
-                assert_eq!(alloc(&mut ring[k], 256), 0);
-            }
-            k = (k + 1) % ring.len();
-        })
-    });
-    for p in ring {
-        // SAFETY: the ring's allocations.
-        assert_eq!(unsafe { free(p) }, 0);
-    }
+    // second table; here every allocation gets a new address.
+    ring_bench(&mut g, "hooked, map fed, new addresses", alloc, free);
     let id = memhook::set_handler(
         bits::MEM_TYPE_ALLOC | bits::MEM_TYPE_FREE,
         0,
@@ -89,6 +70,36 @@ fn bench(c: &mut Criterion) {
     g.finish();
     memhook::uninstall();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Eight allocations stay alive; each step frees the oldest and allocates
+/// anew, so every allocation gets a new address.
+fn ring_bench(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    alloc: Alloc,
+    free: Free,
+) {
+    let mut ring = [0u64; 8];
+    let mut k = 0;
+    for p in &mut ring {
+        // SAFETY: the fake driver's allocation.
+        assert_eq!(unsafe { alloc(p, 256) }, 0);
+    }
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            // SAFETY: frees the ring's oldest allocation, allocates anew.
+            unsafe {
+                assert_eq!(free(ring[k]), 0);
+                assert_eq!(alloc(&mut ring[k], 256), 0);
+            }
+            k = (k + 1) % ring.len();
+        })
+    });
+    for p in ring {
+        // SAFETY: the ring's allocations.
+        assert_eq!(unsafe { free(p) }, 0);
+    }
 }
 
 criterion_group!(benches, bench);
