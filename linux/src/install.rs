@@ -77,6 +77,32 @@ pub struct FunctionStatus {
     pub reason: heapless::String<REASON>,
 }
 
+impl FunctionStatus {
+    /// The status of `function` (in `library`) in `mode`: installed when
+    /// there is no `why`, else not, with `why` as the reason (cut to
+    /// [`REASON`] bytes).
+    pub(crate) fn new(
+        function: &'static str,
+        library: &'static str,
+        mode: HookMode,
+        why: Option<&dyn fmt::Display>,
+        pending: bool,
+    ) -> Self {
+        let mut reason = heapless::String::new();
+        if let Some(why) = why {
+            let _ = fmt::Write::write_fmt(&mut reason, format_args!("{why}"));
+        }
+        FunctionStatus {
+            function,
+            library,
+            mode,
+            installed: why.is_none(),
+            pending,
+            reason,
+        }
+    }
+}
+
 /// Status entries of the host hooks (eight functions, two modes).
 const HOST_STATUS: usize = 16;
 
@@ -116,18 +142,7 @@ fn note(
     mode: HookMode,
     why: Option<&dyn fmt::Display>,
 ) {
-    let mut reason = heapless::String::new();
-    if let Some(why) = why {
-        let _ = fmt::Write::write_fmt(&mut reason, format_args!("{why}"));
-    }
-    let _ = status.push(FunctionStatus {
-        function,
-        library: "libc.so.6",
-        mode,
-        installed: why.is_none(),
-        pending: false,
-        reason,
-    });
+    let _ = status.push(FunctionStatus::new(function, "libc.so.6", mode, why, false));
 }
 
 /// Installs the hooks `config` asks for. Idempotent: installing the same

@@ -74,10 +74,8 @@ pub(crate) fn load() -> bool {
 
 /// `f` as its function type, when resolved.
 fn function<F: Copy>(slot: &AtomicUsize) -> Option<F> {
-    const { assert!(size_of::<F>() == size_of::<usize>()) };
-    let p = slot.load(Ordering::Acquire);
     // SAFETY: each slot holds the driver function of the matching type.
-    (p != 0).then(|| unsafe { core::mem::transmute_copy::<usize, F>(&p) })
+    unsafe { super::function_at(slot.load(Ordering::Acquire)) }
 }
 
 /// The device of the calling thread's current context, or -1.

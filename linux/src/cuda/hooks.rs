@@ -156,7 +156,6 @@ pub(crate) static EVENTS: [AtomicU64; COUNT] = [const { AtomicU64::new(0) }; COU
 /// The original of `id` as a function pointer of type `F`, if known.
 #[inline(always)]
 fn original<F: Copy>(id: Id) -> Option<F> {
-    const { assert!(size_of::<F>() == size_of::<usize>()) };
     let p = match ORIG[id as usize].load(Ordering::Acquire) {
         0 => RELOC[id as usize].load(Ordering::Acquire),
         p => p,
@@ -164,7 +163,7 @@ fn original<F: Copy>(id: Id) -> Option<F> {
     // SAFETY: every value stored for `id` is the address of a function with
     // `id`'s signature (its definition, a trampoline that behaves as it, or
     // what reloc found its symbol bound to), and F is that signature.
-    (p != 0).then(|| unsafe { core::mem::transmute_copy::<usize, F>(&p) })
+    unsafe { super::function_at(p) }
 }
 
 thread_local! {

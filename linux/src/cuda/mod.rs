@@ -26,7 +26,6 @@ mod hooks;
 mod procaddr;
 
 use core::ffi::CStr;
-use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use memhook_core::config::{HookMode, ModeSet};
@@ -35,22 +34,28 @@ pub use driver::{PciBusId, pci_bus_id};
 pub(crate) use driver::{classify, load as load_driver};
 use hooks::{COUNT, ENTRY, EVENTS, Id, Kind, Lib, ORIG, RELOC};
 
-use crate::install::{FunctionStatus, REASON};
+use crate::install::FunctionStatus;
 use crate::reloc;
 
 /// Status entries the CUDA hooks can hold (every function in three modes).
 pub(crate) const STATUS: usize = 3 * COUNT;
 
-/// A hooked library as loaded.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Attached {
-    id: reloc::ObjectId,
+/// `p` as a function pointer of type `F` (`None` for 0).
+///
+/// # Safety
+///
+/// A nonzero `p` is the address of a function whose signature is `F`.
+#[inline(always)]
+unsafe fn function_at<F: Copy>(p: usize) -> Option<F> {
+    const { assert!(size_of::<F>() == size_of::<usize>()) };
+    // SAFETY: the caller's contract; F is a pointer-sized function pointer.
+    (p != 0).then(|| unsafe { core::mem::transmute_copy::<usize, F>(&p) })
 }
 
 struct State {
     modes: ModeSet,
-    /// Driver, runtime.
-    attached: [Option<Attached>; 2],
+    /// The hooked driver and runtime objects, as loaded.
+    attached: [Option<reloc::ObjectId>; 2],
     #[cfg(feature = "bistro")]
     bistro: heapless::Vec<(Id, crate::bistro::Hook), COUNT>,
     status: heapless::Vec<FunctionStatus, STATUS>,
@@ -102,18 +107,7 @@ fn note(state: &mut State, id: Id, mode: HookMode, why: Option<&dyn core::fmt::D
 
 fn note_as(state: &mut State, id: Id, mode: HookMode, why: Option<&dyn core::fmt::Display>, pending: bool) {
     let function = id.name().to_str().unwrap_or("?");
-    let mut reason = heapless::String::<REASON>::new();
-    if let Some(why) = why {
-        let _ = write!(reason, "{why}");
-    }
-    let entry = FunctionStatus {
-        function,
-        library: id.lib().soname(),
-        mode,
-        installed: why.is_none(),
-        pending,
-        reason,
-    };
+    let entry = FunctionStatus::new(function, id.lib().soname(), mode, why, pending);
     match state
         .status
         .iter_mut()
@@ -136,6 +130,7 @@ pub(crate) fn install(modes: ModeSet) {
     state.modes = modes;
     let procaddr = modes.contains(HookMode::Procaddr);
     let mut entries: heapless::Vec<reloc::Entry, COUNT> = heapless::Vec::new();
+    let mut ids: heapless::Vec<Id, COUNT> = heapless::Vec::new();
     for id in Id::ALL {
         let slots = match id.kind() {
             Kind::ProcAddr => procaddr,
@@ -150,6 +145,7 @@ pub(crate) fn install(modes: ModeSet) {
                 slots,
                 answer,
             });
+            let _ = ids.push(id);
         }
     }
     reloc::on_objects_changed(objects_changed);
@@ -157,12 +153,9 @@ pub(crate) fn install(modes: ModeSet) {
     // SAFETY: each hook has its symbol's signature and calls the original
     // through ORIG, else the RELOC record reloc fills before any slot.
     let result = unsafe { reloc::install_with(&entries) };
-    for e in &entries {
-        let Some(id) = Id::ALL.into_iter().find(|id| id.name() == e.name) else {
-            continue;
-        };
-        let err = result.err();
-        let why = err.as_ref().map(|e| e as &dyn core::fmt::Display);
+    let err = result.err();
+    let why = err.as_ref().map(|e| e as &dyn core::fmt::Display);
+    for (e, &id) in entries.iter().zip(&ids) {
         if e.slots && id.kind() != Kind::ProcAddr {
             note(&mut state, id, HookMode::Reloc, why);
         }
@@ -243,7 +236,7 @@ fn sync(state: &mut State) {
     });
     for lib in [Lib::Driver, Lib::Runtime] {
         let now = found[lib.index()].as_ref().map(|f| f.id);
-        let before = state.attached[lib.index()].map(|a| a.id);
+        let before = state.attached[lib.index()];
         if before.is_some() && before != now {
             detach(state, lib);
         }
@@ -341,7 +334,7 @@ fn attach(state: &mut State, lib: Lib, found: &Found) {
     }
     // SAFETY: the handle dlopen returned above.
     unsafe { libc::dlclose(handle) };
-    state.attached[lib.index()] = Some(Attached { id: found.id });
+    state.attached[lib.index()] = Some(found.id);
 }
 
 /// `lib` was unloaded: its code is gone, so nothing is unpatched; the hooks
