@@ -8,7 +8,7 @@ mod common;
 
 use std::ffi::c_void;
 
-use common::{Rec, agrees, log_events, serial, take};
+use common::{Rec, agrees, log_events, one_event, serial, take};
 use cudarc::driver::sys::{self, CUresult};
 use memhook::Config;
 use memhook::event::bits;
@@ -44,9 +44,7 @@ fn ok(r: CUresult) {
 
 #[track_caller]
 fn one(recs: Vec<Rec>, kind: u32, addr: usize, size: usize) {
-    let ours: Vec<Rec> = recs.into_iter().filter(|r| r.1 == addr).collect();
-    assert_eq!(ours.len(), 1, "one event at {addr:#x}: {ours:?}");
-    assert_eq!((ours[0].0, ours[0].2), (kind, size), "{ours:?}");
+    one_event(recs, kind, addr, size);
 }
 
 /// A PTX module with a device global and a managed global of 256 bytes.

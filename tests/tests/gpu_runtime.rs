@@ -9,7 +9,7 @@ mod common;
 
 use std::ffi::c_void;
 
-use common::{Rec, agrees, log_events, serial, take};
+use common::{Rec, agrees, log_events, one_event, serial, take};
 use cudarc::runtime::sys::{self as rt, cudaError};
 use memhook::Config;
 use memhook::event::bits;
@@ -22,9 +22,8 @@ fn ok(e: rt::cudaError_t) {
 
 #[track_caller]
 fn one(recs: Vec<Rec>, kind: u32, addr: usize, size: usize, t: MemType) {
-    let ours: Vec<Rec> = recs.into_iter().filter(|r| r.1 == addr).collect();
-    assert_eq!(ours.len(), 1, "one event at {addr:#x}: {ours:?}");
-    assert_eq!((ours[0].0, ours[0].2, ours[0].3), (kind, size, t as u32), "{ours:?}");
+    let r = one_event(recs, kind, addr, size);
+    assert_eq!(r.3, t as u32, "{r:?}");
 }
 
 #[test]

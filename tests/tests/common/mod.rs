@@ -212,3 +212,13 @@ pub fn device_at_delivery(addr: usize) -> Option<i32> {
         .find(|&i| KIND[i].load(Ordering::Acquire) == bits::MEM_TYPE_ALLOC && ADDR[i].load(Ordering::Relaxed) == addr)
         .map(|i| DEVICE[i].load(Ordering::Relaxed))
 }
+
+/// The one event among `recs` at `addr` (asserting there is exactly one),
+/// of `kind` and `size`.
+#[track_caller]
+pub fn one_event(recs: Vec<Rec>, kind: u32, addr: usize, size: usize) -> Rec {
+    let ours: Vec<Rec> = recs.into_iter().filter(|r| r.1 == addr).collect();
+    assert_eq!(ours.len(), 1, "one event at {addr:#x}: {ours:?}");
+    assert_eq!((ours[0].0, ours[0].2), (kind, size), "{ours:?}");
+    ours[0]
+}
