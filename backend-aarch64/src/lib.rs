@@ -292,25 +292,16 @@ impl Aarch64 {
         // The flow must cover the patch, and nothing may branch into it.
         for (i, &w) in words.iter().enumerate() {
             let pc = start + 4 * i;
-            let target = match decode(w, pc) {
-                Insn::Branch { target, .. } | Insn::CondBranch { target, .. } => Some(target),
-                Insn::End if i + 1 < count => {
-                    return Err(RelocError::FunctionTooShort {
-                        address: pc,
-                        available: 4 * (i + 1),
-                        needed: need,
-                    });
-                }
-                _ => None,
-            };
-            if let Some(t) = target
-                && inside(t)
+            let insn = decode(w, pc);
+            if let Insn::Branch { target, .. } | Insn::CondBranch { target, .. } = insn
+                && inside(target)
             {
-                return Err(RelocError::BranchIntoPatch { address: pc, target: t });
+                return Err(RelocError::BranchIntoPatch { address: pc, target });
             }
-            if i + 1 < count
-                && let Insn::Branch { link: false, .. } = decode(w, pc)
-            {
+            // A return, a jump to a register or an unconditional branch
+            // before the last word: the words after it are not this flow's.
+            let leaves = matches!(insn, Insn::End | Insn::Branch { link: false, .. });
+            if leaves && i + 1 < count {
                 return Err(RelocError::FunctionTooShort {
                     address: pc,
                     available: 4 * (i + 1),
@@ -356,7 +347,8 @@ impl Aarch64 {
                     bits,
                 } => {
                     if let Some(imm) = field(diff(out.pc(), target), 2, bits) {
-                        out.word((invert ^ inverse_bit(invert)) | (imm << shift))?;
+                        let offset = ((1 << bits) - 1) << shift;
+                        out.word((w & !offset) | (imm << shift))?;
                     } else {
                         // The inverted condition skips the absolute jump.
                         let skip_imm = field(20, 2, bits).unwrap_or(5);
@@ -414,16 +406,6 @@ impl Aarch64 {
             taken,
             code: out.code,
         })
-    }
-}
-
-/// The bit that [`Insn::CondBranch::invert`] flipped (bit 0 for b.cond,
-/// bit 24 for cbz/cbnz and tbz/tbnz): flipping it again gives the original.
-fn inverse_bit(invert: u32) -> u32 {
-    if invert & 0xff00_0000 == 0x5400_0000 {
-        1
-    } else {
-        1 << 24
     }
 }
 
