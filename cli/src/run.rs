@@ -83,9 +83,6 @@ impl Alive {
             .map(|(s, v)| (*s, *v))
             .collect();
         for (s, (e, t)) in overlapping {
-            if e <= start {
-                continue;
-            }
             self.ranges.remove(&s);
             *self.bytes.entry(t).or_default() -= e - s;
             if s < start {
