@@ -448,7 +448,51 @@ struct Entry<H> {
     handler: H,
 }
 
-type Table<H, const N: usize> = heapless::Vec<Entry<H>, N>;
+/// One handler table: the entries in call order (ascending priority, ties
+/// in registration order), and for every event bit the entries that want
+/// it, before and after the original call, as bit sets over entry indices
+/// (so that a pass touches only the entries it calls).
+#[derive(Clone)]
+struct Table<H, const N: usize> {
+    entries: heapless::Vec<Entry<H>, N>,
+    /// `calls[bit][0]`: entries with priority < 0 that want event `1 << bit`;
+    /// `calls[bit][1]`: those with priority >= 0.
+    calls: [[u64; 2]; 32],
+}
+
+impl<H: Copy, const N: usize> Table<H, N> {
+    const FITS: () = assert!(N <= 64, "a handler table holds at most 64 entries (one bit each)");
+
+    const fn new() -> Self {
+        let () = Self::FITS;
+        Self {
+            entries: heapless::Vec::new(),
+            calls: [[0; 2]; 32],
+        }
+    }
+
+    /// Recomputes `calls` after the entries changed; returns the events
+    /// that have pre- and post-handlers.
+    fn index(&mut self) -> (u32, u32) {
+        self.calls = [[0; 2]; 32];
+        let (mut pre, mut post) = (0, 0);
+        for (i, e) in self.entries.iter().enumerate() {
+            let after = usize::from(e.priority >= 0);
+            let mut events = e.events;
+            while events != 0 {
+                let bit = events.trailing_zeros() as usize;
+                events &= events - 1;
+                self.calls[bit][after] |= 1 << i;
+            }
+            if after == 0 {
+                pre |= e.events;
+            } else {
+                post |= e.events;
+            }
+        }
+        (pre, post)
+    }
+}
 
 /// What a dispatch did, for counters and tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -460,6 +504,20 @@ pub struct Dispatched {
     pub called_original: bool,
     /// The thread was nested [`MAX_NESTING`] deep: handlers were skipped.
     pub overflowed: bool,
+}
+
+/// A dispatch between [`Dispatcher::begin`] and [`Dispatcher::finish`].
+#[must_use = "a begun dispatch must be finished"]
+#[derive(Debug)]
+pub struct Pass {
+    handlers: u32,
+    /// Whether the caller makes the original call: no pre-handler supplied
+    /// a valid result (events without a result always call it).
+    pub call_original: bool,
+    overflowed: bool,
+    /// The handler masks `begin` saw, so that both halves agree.
+    any: u32,
+    post_mask: u32,
 }
 
 /// The handler table and dispatch. `N` is the capacity.
@@ -493,20 +551,12 @@ impl Drop for ReadGuard<'_> {
     }
 }
 
-struct DepthGuard<'a>(&'a DispatchDepth);
-
-impl Drop for DepthGuard<'_> {
-    fn drop(&mut self) {
-        self.0.0.set(self.0.0.get() - 1);
-    }
-}
-
 impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// An empty dispatcher.
     #[cfg(not(memhook_loom))]
     pub const fn new() -> Self {
         Self {
-            tables: [Cell::new(heapless::Vec::new()), Cell::new(heapless::Vec::new())],
+            tables: [Cell::new(Table::new()), Cell::new(Table::new())],
             live: AtomicUsize::new(0),
             readers: [AtomicUsize::new(0), AtomicUsize::new(0)],
             writer: Mutex::new(0),
@@ -520,7 +570,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     #[cfg(memhook_loom)]
     pub fn new() -> Self {
         Self {
-            tables: [Cell::new(heapless::Vec::new()), Cell::new(heapless::Vec::new())],
+            tables: [Cell::new(Table::new()), Cell::new(Table::new())],
             live: AtomicUsize::new(0),
             readers: [AtomicUsize::new(0), AtomicUsize::new(0)],
             writer: Mutex::new(0),
@@ -584,31 +634,27 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         }
     }
 
-    fn entry(&self, t: usize, i: usize) -> Option<Entry<H>> {
+    /// Reads table `t`.
+    fn read<R>(&self, t: usize, f: impl FnOnce(&Table<H, N>) -> R) -> R {
         // SAFETY: table `t` was live when this thread entered it and its
         // reader count is held (ReadGuard), so no writer mutates it now.
-        self.tables[t].with(|p| unsafe { (&*p).get(i).copied() })
+        self.tables[t].with(|p| f(unsafe { &*p }))
     }
 
-    /// Calls the handlers of table `t` whose priority lies in `range` and
-    /// whose mask names the event, enforcing the result rule.
+    /// Calls the handlers of table `t` that want the event, before (`pre`)
+    /// or after the original call, enforcing the result rule.
     fn run_handlers(&self, t: usize, event: &mut Event, pre: bool) -> u32 {
-        let kind = event.kind();
+        let bit = event.kind().trailing_zeros() as usize;
+        let mut todo = self.read(t, |table| table.calls[bit & 31][usize::from(!pre)]);
         let mut called = 0;
-        let mut i = 0;
-        while let Some(e) = self.entry(t, i) {
-            i += 1;
-            if (e.priority < 0) != pre {
-                if pre {
-                    break; // sorted: every later entry is >= 0
-                }
-                continue;
-            }
-            if e.events & kind == 0 {
-                continue;
-            }
+        while todo != 0 {
+            let i = todo.trailing_zeros() as usize;
+            todo &= todo - 1;
+            let Some(handler) = self.read(t, |table| table.entries.get(i).map(|e| e.handler)) else {
+                break;
+            };
             let before = event.result();
-            e.handler.call(event);
+            handler.call(event);
             called += 1;
             if let Some(word) = before
                 && word != -1
@@ -643,19 +689,35 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         original: impl FnOnce(&mut Event),
         after: impl FnOnce(&Event) -> Option<Event>,
     ) -> Dispatched {
+        let pass = self.begin(depth, before.as_mut(), event);
+        if pass.call_original {
+            original(event);
+        }
+        let mut follow = after(event);
+        self.finish(depth, pass, event, follow.as_mut())
+    }
+
+    /// The first half of [`Self::dispatch_around`], for a hook that makes
+    /// the original call itself (in its own frame, where the return from a
+    /// system call lands on one frame, not several): enters the thread's
+    /// nesting level and runs `before`'s handlers and `event`'s
+    /// pre-handlers. The caller then makes the original call if
+    /// [`Pass::call_original`] says so, and must hand the pass to
+    /// [`Self::finish`] (on the same thread, before returning).
+    #[inline]
+    pub fn begin(&self, depth: &DispatchDepth, before: Option<&mut Event>, event: &mut Event) -> Pass {
         let d = depth.0.get();
         if d >= MAX_NESTING {
             self.overflows.fetch_add(1, Ordering::Relaxed);
-            original(event);
-            return Dispatched {
+            return Pass {
                 handlers: 0,
-                called_original: true,
+                call_original: true,
                 overflowed: true,
+                any: 0,
+                post_mask: 0,
             };
         }
         depth.0.set(d + 1);
-        let _depth = DepthGuard(depth);
-
         let kind = event.kind();
         let (pre_mask, post_mask) = (
             self.pre_mask.load(Ordering::Acquire),
@@ -663,30 +725,44 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         );
         let any = pre_mask | post_mask;
         let mut handlers = 0;
-        let before_wanted = before.as_ref().is_some_and(|b| any & b.kind() != 0);
-        if before_wanted || pre_mask & kind != 0 {
+        let before = before.filter(|b| any & b.kind() != 0);
+        if before.is_some() || pre_mask & kind != 0 {
             let (t, _read) = self.enter();
-            if let Some(b) = before.as_mut().filter(|_| before_wanted) {
+            if let Some(b) = before {
                 handlers += self.run_handlers(t, b, true) + self.run_handlers(t, b, false);
             }
             handlers += self.run_handlers(t, event, true);
         }
-        let called_original = event.result().is_none() || event.result_is_invalid();
-        if called_original {
-            original(event);
+        Pass {
+            handlers,
+            call_original: event.result().is_none() || event.result_is_invalid(),
+            overflowed: false,
+            any,
+            post_mask,
         }
-        let mut follow = after(event).filter(|f| any & f.kind() != 0);
-        if follow.is_some() || post_mask & kind != 0 {
-            let (t, _read) = self.enter();
-            handlers += self.run_handlers(t, event, false);
-            if let Some(f) = follow.as_mut() {
-                handlers += self.run_handlers(t, f, true) + self.run_handlers(t, f, false);
+    }
+
+    /// The second half of [`Self::dispatch_around`]: `event`'s
+    /// post-handlers, then all of `follow`'s, and the thread leaves the
+    /// nesting level [`Self::begin`] entered.
+    #[inline]
+    pub fn finish(&self, depth: &DispatchDepth, pass: Pass, event: &mut Event, follow: Option<&mut Event>) -> Dispatched {
+        let mut handlers = pass.handlers;
+        if !pass.overflowed {
+            let follow = follow.filter(|f| pass.any & f.kind() != 0);
+            if follow.is_some() || pass.post_mask & event.kind() != 0 {
+                let (t, _read) = self.enter();
+                handlers += self.run_handlers(t, event, false);
+                if let Some(f) = follow {
+                    handlers += self.run_handlers(t, f, true) + self.run_handlers(t, f, false);
+                }
             }
+            depth.0.set(depth.0.get() - 1);
         }
         Dispatched {
             handlers,
-            called_original,
-            overflowed: false,
+            called_original: pass.call_original,
+            overflowed: pass.overflowed,
         }
     }
 
@@ -699,14 +775,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// Whether any handler is registered for any bit of `events`.
     pub fn has_handlers(&self, events: u32) -> bool {
         let (t, _read) = self.enter();
-        let mut i = 0;
-        while let Some(e) = self.entry(t, i) {
-            if e.events & events != 0 {
-                return true;
-            }
-            i += 1;
-        }
-        false
+        self.read(t, |table| table.entries.iter().any(|e| e.events & events != 0))
     }
 
     /// Runs `change` on a copy of the live table, publishes it, and waits
@@ -714,7 +783,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     fn update<R>(
         &self,
         depth: &DispatchDepth,
-        change: impl FnOnce(&mut Table<H, N>, &mut u32) -> Result<R, RegisterError>,
+        change: impl FnOnce(&mut heapless::Vec<Entry<H>, N>, &mut u32) -> Result<R, RegisterError>,
     ) -> Result<R, RegisterError> {
         if depth.get() > 0 {
             return Err(RegisterError::InsideHandler);
@@ -733,24 +802,15 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
                 // `spare` until we store it below, and leaves without
                 // reading. The live table is only read, as readers do.
                 let (sp, lp) = unsafe { (&mut *sp, &*lp) };
-                sp.clone_from(lp);
-                change(sp, &mut next_id)
-            })
-        })?;
-        self.live.store(spare, Ordering::SeqCst);
-        // Which events have pre- and post-handlers now, so that dispatch
-        // skips a pass no handler needs.
-        let (pre, post) = self.tables[spare].with(|sp| {
-            // SAFETY: `spare` is now live and only read; we hold the
-            // writer lock, so nobody changes it.
-            unsafe { &*sp }.iter().fold((0, 0), |(pre, post), e| {
-                if e.priority < 0 {
-                    (pre | e.events, post)
-                } else {
-                    (pre, post | e.events)
-                }
+                sp.entries.clone_from(&lp.entries);
+                let result = change(&mut sp.entries, &mut next_id)?;
+                // Which events have pre- and post-handlers now, so that
+                // dispatch skips a pass no handler needs.
+                Ok((result, sp.index()))
             })
         });
+        let (result, (pre, post)) = result?;
+        self.live.store(spare, Ordering::SeqCst);
         self.pre_mask.store(pre, Ordering::Release);
         self.post_mask.store(post, Ordering::Release);
         self.drain(live);
@@ -833,7 +893,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     pub fn len(&self) -> usize {
         let (t, _read) = self.enter();
         // SAFETY: as in `entry`: table `t` is held by the read guard.
-        self.tables[t].with(|p| unsafe { (&*p).len() })
+        self.tables[t].with(|p| unsafe { (&*p).entries.len() })
     }
 
     /// Whether no handler is registered.

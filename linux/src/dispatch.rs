@@ -9,7 +9,7 @@
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::ops::ControlFlow;
 
-use memhook_core::event::{DispatchDepth, Dispatcher, Event, Handler, HandlerId, RegisterError, VmEvent, bits};
+use memhook_core::event::{DispatchDepth, Dispatcher, Event, Handler, HandlerId, Pass, RegisterError, VmEvent, bits};
 
 /// Most handlers registered at once.
 pub const MAX_HANDLERS: usize = 64;
@@ -73,34 +73,22 @@ pub(crate) fn wants(events: u32) -> bool {
     WANTED.load(Ordering::Relaxed) & events != 0
 }
 
-/// Dispatches `event` around `original` (called exactly once, unless a
-/// pre-handler supplied a valid result), with companion VM events
-/// delivered in the same table visits (see `Dispatcher::dispatch_around`).
-pub(crate) fn dispatch_around(
-    before: Option<Event>,
-    event: &mut Event,
-    original: impl FnOnce(&mut Event),
-    after: impl FnOnce(&Event) -> Option<Event>,
-) {
-    let mut original = Some(original);
-    let done = DEPTH.try_with(|depth| {
-        DISPATCHER.dispatch_around(
-            depth,
-            before,
-            event,
-            |e| {
-                if let Some(f) = original.take() {
-                    f(e)
-                }
-            },
-            after,
-        );
-    });
-    if done.is_err()
-        && let Some(f) = original.take()
-    {
-        f(event); // thread-local gone (thread exit): just the call
-    }
+/// The first half of a hook's dispatch (see `Dispatcher::begin`): the
+/// hook then makes the original call in its own frame, if the pass says
+/// so, and hands the pass to [`finish`]. `None` when the thread's state is
+/// gone (thread exit): the hook just makes the call.
+#[inline(never)]
+pub(crate) fn begin(before: Option<&mut Event>, event: &mut Event) -> Option<Pass> {
+    DEPTH.try_with(|depth| DISPATCHER.begin(depth, before, event)).ok()
+}
+
+/// The second half of a hook's dispatch: post-handlers of `event`, then
+/// `follow`'s (a `VM_MAPPED` made from the finished call).
+#[inline(never)]
+pub(crate) fn finish(pass: Pass, event: &mut Event, follow: Option<&mut Event>) {
+    // The thread-local was there at `begin`, and this thread has not
+    // exited since; `try_with` keeps the no-panic promise all the same.
+    let _ = DEPTH.try_with(|depth| DISPATCHER.finish(depth, pass, event, follow));
 }
 
 /// Delivers an event that has no original call.
