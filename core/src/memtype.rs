@@ -368,6 +368,11 @@ impl<const N: usize> Table<N> {
         if g.levels == 0 {
             return count_le(&self.starts, 0, n, addr);
         }
+        if n <= B {
+            // One leaf holds every entry (the starts past `n` are
+            // usize::MAX): no level above it to walk.
+            return node_rank(&self.starts, 0, addr);
+        }
         // Start at the lowest level whose keys fit in one node: the levels
         // above it hold one real key each for this length.
         let mut l = 0;
@@ -484,7 +489,7 @@ impl<const N: usize> Table<N> {
             self.starts[i].store(usize::MAX, Ordering::Relaxed);
         }
         let g = &Self::GEOMETRY;
-        let (mut real, mut old_real, mut from) = (self.len.load(Ordering::Relaxed), old_n, from);
+        let (mut real, mut old_real, mut from) = (n, old_n, from);
         for l in 0..g.levels {
             let below = |j: usize| {
                 if l == 0 {
@@ -494,12 +499,23 @@ impl<const N: usize> Table<N> {
                 }
             };
             let (up, old_up) = (real.div_ceil(B), old_real.div_ceil(B));
-            from /= B;
-            for i in from..up.max(old_up).min(g.size[l]) {
+            // The first key of this level that changes: the levels above
+            // depend on nothing else, so they stop where this one is as
+            // it was (an entry added or removed past a node's first key
+            // changes no level at all).
+            let mut first_changed = None;
+            for i in from / B..up.max(old_up).min(g.size[l]) {
                 let key = if i < up { below(B * i) } else { usize::MAX };
-                self.index[g.off[l] + i].store(key, Ordering::Relaxed);
+                let slot = &self.index[g.off[l] + i];
+                if slot.load(Ordering::Relaxed) != key {
+                    slot.store(key, Ordering::Relaxed);
+                    first_changed.get_or_insert(i);
+                }
             }
-            (real, old_real) = (up, old_up);
+            let Some(changed) = first_changed else {
+                break;
+            };
+            (real, old_real, from) = (up, old_up, changed);
         }
     }
 
