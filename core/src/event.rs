@@ -746,7 +746,13 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// post-handlers, then all of `follow`'s, and the thread leaves the
     /// nesting level [`Self::begin`] entered.
     #[inline]
-    pub fn finish(&self, depth: &DispatchDepth, pass: Pass, event: &mut Event, follow: Option<&mut Event>) -> Dispatched {
+    pub fn finish(
+        &self,
+        depth: &DispatchDepth,
+        pass: Pass,
+        event: &mut Event,
+        follow: Option<&mut Event>,
+    ) -> Dispatched {
         let mut handlers = pass.handlers;
         if !pass.overflowed {
             let follow = follow.filter(|f| pass.any & f.kind() != 0);

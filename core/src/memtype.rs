@@ -519,6 +519,20 @@ impl<const N: usize> Table<N> {
         }
     }
 
+    /// Makes this table equal to `live`, which differs from it only at
+    /// indices `from` and above (a straight copy: no search, no shift).
+    fn catch_up(&self, live: &Table<N>, from: usize) {
+        self.begin_write();
+        let old_n = self.len.load(Ordering::Relaxed);
+        let n = live.len.load(Ordering::Relaxed);
+        for i in from..n {
+            self.set(i, live.get(i));
+        }
+        self.len.store(n, Ordering::Relaxed);
+        self.rebuild_index(from, old_n);
+        self.end_write();
+    }
+
     fn begin_write(&self) {
         let s = self.seq.load(Ordering::Relaxed);
         self.seq.store(s + 1, Ordering::Relaxed);
@@ -605,9 +619,10 @@ pub struct MemtypeMap<const N: usize> {
     tables: [Table<N>; 2],
     live: AtomicUsize,
     /// The writers' lock, and the operation the spare table still lacks
-    /// (the live one has it): the spare is always exactly one operation
-    /// behind, and catches up at the next update.
-    writer: Mutex<Option<Op>>,
+    /// (the live one has it), with the lowest index at which the two
+    /// tables differ: the spare is always exactly one operation behind,
+    /// and catches up at the next update by copying from there.
+    writer: Mutex<Option<(Op, usize)>>,
     dropped: AtomicU64,
     /// Hull of every dropped range: `[lo, hi)`, empty while `lo >= hi`.
     dropped_lo: AtomicUsize,
@@ -702,25 +717,18 @@ impl<const N: usize> MemtypeMap<N> {
         answer
     }
 
-    /// Brings the spare table up to date (the operation it lacks), applies
-    /// `op` to it, and publishes it; the old live table becomes the spare,
-    /// lacking `op`. One application per update in the common case, and
-    /// none for the free of an allocation just recorded (an insert that
-    /// overlapped nothing, then the removal of exactly that range: the
-    /// spare already is the state after both).
+    /// Brings the spare table up to date (a copy of the live one's entries
+    /// from the first that differs), applies `op` to it, and publishes it;
+    /// the old live table becomes the spare, lacking `op`. One application
+    /// per update in the common case, and none for the free of an
+    /// allocation just recorded (an insert that overlapped nothing, then
+    /// the removal of exactly that range: the spare already is the state
+    /// after both).
     fn update(&self, mut op: Op) -> Inserted {
         let mut pending = self.writer.lock();
-        let apply = |table: &Table<N>, op: Op, spill: &mut Spill| {
-            table.begin_write();
-            let old_n = table.len.load(Ordering::Relaxed);
-            let (result, from, touched) = op.run(table, spill);
-            table.rebuild_index(from, old_n);
-            table.end_write();
-            (result, touched)
-        };
         let live = self.live.load(Ordering::Relaxed);
         let spare = &self.tables[1 - live];
-        match (*pending, op) {
+        match (pending.map(|(behind, _)| behind), op) {
             // Freed right after it was recorded: the spare never had it.
             (
                 Some(Op::Insert {
@@ -732,7 +740,8 @@ impl<const N: usize> MemtypeMap<N> {
                 Op::Remove { start: s, end: e },
             ) if (start, end) == (s, e) => {
                 self.live.store(1 - live, Ordering::Release);
-                *pending = Some(Op::Undo { start, end, meta });
+                // The tables still differ where the insert put the range.
+                *pending = pending.map(|(_, from)| (Op::Undo { start, end, meta }, from));
                 return Inserted::Stored;
             }
             // Recorded again as it was (an address reused for the same
@@ -747,21 +756,30 @@ impl<const N: usize> MemtypeMap<N> {
                 },
             ) if (start, end, meta) == (s, e, m) => {
                 self.live.store(1 - live, Ordering::Release);
-                *pending = Some(Op::Insert {
-                    start,
-                    end,
-                    meta,
-                    pure: true,
+                *pending = pending.map(|(_, from)| {
+                    (
+                        Op::Insert {
+                            start,
+                            end,
+                            meta,
+                            pure: true,
+                        },
+                        from,
+                    )
                 });
                 return Inserted::Stored;
             }
             _ => {}
         }
-        if let Some(behind) = pending.take() {
-            let _ = apply(spare, behind, &mut Spill::default());
+        if let Some((_, from)) = pending.take() {
+            spare.catch_up(&self.tables[live], from);
         }
         let mut spill = Spill::default();
-        let (result, touched) = apply(spare, op, &mut spill);
+        spare.begin_write();
+        let old_n = spare.len.load(Ordering::Relaxed);
+        let (result, from, touched) = op.run(spare, &mut spill);
+        spare.rebuild_index(from, old_n);
+        spare.end_write();
         if let Some((lo, hi)) = spill.hull {
             // Before publication: a lookup that sees the range gone also
             // sees it poisoned.
@@ -775,7 +793,7 @@ impl<const N: usize> MemtypeMap<N> {
             *pure = !touched && result == Inserted::Stored;
         }
         self.live.store(1 - live, Ordering::Release);
-        *pending = Some(op);
+        *pending = Some((op, from));
         result
     }
 

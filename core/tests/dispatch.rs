@@ -372,3 +372,110 @@ fn companion_events_come_before_pre_and_after_post_handlers() {
     );
     assert_eq!((out.handlers, out.called_original), (0, true));
 }
+
+#[test]
+fn a_dispatch_split_around_the_callers_own_call_keeps_every_rule() {
+    let d: Dispatcher<FnHandler, 8> = Dispatcher::new();
+    let depth = DispatchDepth::new();
+    d.register(&depth, bits::VM_UNMAPPED, 0, handler(1)).unwrap();
+    d.register(&depth, bits::MUNMAP, -1, handler(2)).unwrap();
+    d.register(&depth, bits::MUNMAP, 3, handler(3)).unwrap();
+    d.register(&depth, bits::VM_MAPPED, 0, handler(4)).unwrap();
+    take_log();
+    let mut before = Event::VmUnmapped(VmEvent {
+        address: 0x1000,
+        size: 4096,
+    });
+    let mut ev = munmap();
+    let pass = d.begin(&depth, Some(&mut before), &mut ev);
+    // Inside the pass the thread counts as dispatching: registering would
+    // wait for itself, so it is refused.
+    assert_eq!(depth.get(), 1);
+    assert_eq!(
+        d.register(&depth, bits::MMAP, 0, handler(9)),
+        Err(RegisterError::InsideHandler)
+    );
+    assert!(pass.call_original);
+    original_ok(&mut ev);
+    let mut follow = Event::VmMapped(VmEvent {
+        address: 0x1000,
+        size: 4096,
+    });
+    let out = d.finish(&depth, pass, &mut ev, Some(&mut follow));
+    assert_eq!(depth.get(), 0);
+    assert_eq!(
+        out,
+        Dispatched {
+            handlers: 4,
+            called_original: true,
+            overflowed: false
+        }
+    );
+    let order: Vec<usize> = take_log().iter().map(|(c, _)| *c).collect();
+    assert_eq!(order, [1, 2, 3, 4]);
+
+    // A pre-handler's valid result: the pass says not to call.
+    d.register(&depth, bits::MMAP, -5, filler(0x7000)).unwrap();
+    let mut ev = mmap_event();
+    let pass = d.begin(&depth, None, &mut ev);
+    assert!(!pass.call_original);
+    let out = d.finish(&depth, pass, &mut ev, None);
+    assert!(!out.called_original);
+    assert_eq!(ev.result(), Some(0x7000));
+}
+
+#[test]
+fn a_full_table_of_mixed_masks_calls_exactly_the_matching_handlers_in_order() {
+    let d: Dispatcher<FnHandler, 64> = Dispatcher::new();
+    let depth = DispatchDepth::new();
+    let kinds = [bits::MMAP, bits::MUNMAP, bits::VM_MAPPED, bits::MEM_TYPE_FREE];
+    let mut ids = Vec::new();
+    for ctx in 0..64usize {
+        // Every handler wants some of the kinds, at a priority from -3 to 3.
+        let events = kinds
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| ctx % (k + 2) == 0)
+            .fold(bits::BRK, |m, (_, b)| m | b);
+        let prio = (ctx % 7) as i32 - 3;
+        ids.push((
+            ctx,
+            events,
+            prio,
+            d.register(&depth, events, prio, handler(ctx)).unwrap(),
+        ));
+    }
+    assert!(matches!(
+        d.register(&depth, bits::MMAP, 0, handler(99)),
+        Err(RegisterError::Full { .. })
+    ));
+    // Unregister every third one: the rest keep their order.
+    for (ctx, _, _, id) in &ids {
+        if ctx % 3 == 0 {
+            d.unregister(&depth, *id).unwrap();
+        }
+    }
+    let live: Vec<_> = ids.iter().filter(|(ctx, ..)| ctx % 3 != 0).collect();
+    for &kind in &kinds {
+        take_log();
+        let mut ev = match kind {
+            bits::MMAP => mmap_event(),
+            bits::MUNMAP => munmap(),
+            bits::VM_MAPPED => Event::VmMapped(VmEvent { address: 0, size: 1 }),
+            _ => Event::MemTypeFree(memhook_core::event::MemTypeEvent {
+                address: 0,
+                size: 1,
+                mem_type: 1,
+            }),
+        };
+        d.dispatch(&depth, &mut ev, |_| {});
+        let got: Vec<usize> = take_log().iter().map(|(c, _)| *c).collect();
+        let mut want: Vec<(i32, usize)> = live
+            .iter()
+            .filter(|(_, ev, ..)| ev & kind != 0)
+            .map(|(ctx, _, prio, _)| (*prio, *ctx))
+            .collect();
+        want.sort(); // by priority, then registration order (= context)
+        assert_eq!(got, want.iter().map(|w| w.1).collect::<Vec<_>>(), "kind {kind:#x}");
+    }
+}
