@@ -285,6 +285,7 @@ pub enum Event {
 
 impl Event {
     /// The event's bit in [`bits`].
+    #[inline]
     pub const fn kind(&self) -> u32 {
         match self {
             Event::Mmap(_) => bits::MMAP,
@@ -304,6 +305,7 @@ impl Event {
 
     /// The result word of a host event (pointer results as addresses), or
     /// `None` for events without a result.
+    #[inline]
     pub const fn result(&self) -> Option<isize> {
         Some(match self {
             Event::Mmap(e) => e.result as isize,
@@ -334,6 +336,7 @@ impl Event {
 
     /// Whether the event carries a result that is still invalid (the call has
     /// not been made, or failed). `false` for events without a result.
+    #[inline]
     pub const fn result_is_invalid(&self) -> bool {
         match self.result() {
             // INVALID_PTR and -1 are the same word.
@@ -642,10 +645,22 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     }
 
     /// Calls the handlers of table `t` that want the event, before (`pre`)
-    /// or after the original call, enforcing the result rule.
+    /// or after the original call, enforcing the result rule. The common
+    /// case, no handler for this event and phase, is one load and a test.
+    #[inline(always)]
     fn run_handlers(&self, t: usize, event: &mut Event, pre: bool) -> u32 {
         let bit = event.kind().trailing_zeros() as usize;
-        let mut todo = self.read(t, |table| table.calls[bit & 31][usize::from(!pre)]);
+        let todo = self.read(t, |table| table.calls[bit & 31][usize::from(!pre)]);
+        if todo == 0 {
+            return 0;
+        }
+        self.call_handlers(t, todo, event)
+    }
+
+    /// Calls the handlers of table `t` whose indices are the bits of
+    /// `todo`, in index order.
+    #[inline(never)]
+    fn call_handlers(&self, t: usize, mut todo: u64, event: &mut Event) -> u32 {
         let mut called = 0;
         while todo != 0 {
             let i = todo.trailing_zeros() as usize;
