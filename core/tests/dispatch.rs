@@ -347,7 +347,7 @@ fn companion_events_come_before_pre_and_after_post_handlers() {
         address: 0x1000,
         size: 4096,
     }));
-    let out = d.dispatch_around(&depth, before, &mut ev, original_ok, |e| {
+    let out = d.dispatch_around(&depth, before, &mut ev, original_ok, bits::VM_MAPPED, |e| {
         // Made from the finished event: the original has run.
         assert_eq!(e.result(), Some(0));
         Some(Event::VmMapped(VmEvent {
@@ -368,6 +368,7 @@ fn companion_events_come_before_pre_and_after_post_handlers() {
         Some(Event::VmUnmapped(VmEvent { address: 1, size: 1 })),
         &mut ev,
         original_ok,
+        0,
         |_| None,
     );
     assert_eq!((out.handlers, out.called_original), (0, true));
@@ -387,7 +388,7 @@ fn a_dispatch_split_around_the_callers_own_call_keeps_every_rule() {
         size: 4096,
     });
     let mut ev = munmap();
-    let pass = d.begin(&depth, Some(&mut before), &mut ev);
+    let pass = d.begin(&depth, Some(&mut before), &mut ev, bits::VM_MAPPED);
     // Inside the pass the thread counts as dispatching: registering would
     // wait for itself, so it is refused.
     assert_eq!(depth.get(), 1);
@@ -417,7 +418,7 @@ fn a_dispatch_split_around_the_callers_own_call_keeps_every_rule() {
     // A pre-handler's valid result: the pass says not to call.
     d.register(&depth, bits::MMAP, -5, filler(0x7000)).unwrap();
     let mut ev = mmap_event();
-    let pass = d.begin(&depth, None, &mut ev);
+    let pass = d.begin(&depth, None, &mut ev, 0);
     assert!(!pass.call_original);
     let out = d.finish(&depth, pass, &mut ev, None);
     assert!(!out.called_original);
@@ -478,4 +479,40 @@ fn a_full_table_of_mixed_masks_calls_exactly_the_matching_handlers_in_order() {
         want.sort(); // by priority, then registration order (= context)
         assert_eq!(got, want.iter().map(|w| w.1).collect::<Vec<_>>(), "kind {kind:#x}");
     }
+}
+
+#[test]
+fn unregister_waits_for_a_call_in_flight_so_its_post_handler_never_runs_after() {
+    static D: Dispatcher<FnHandler, 8> = Dispatcher::new();
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    static GONE: AtomicBool = AtomicBool::new(false);
+    fn post(_: &mut Event, _: usize) {
+        // Never after unregister returned.
+        assert!(!GONE.load(Ordering::SeqCst));
+        CALLS.fetch_add(1, Ordering::SeqCst);
+    }
+    let depth = DispatchDepth::new();
+    let id = D
+        .register(&depth, bits::MUNMAP, 0, FnHandler { func: post, context: 0 })
+        .unwrap();
+    let in_call = Arc::new(Barrier::new(2));
+    let t = {
+        let in_call = in_call.clone();
+        std::thread::spawn(move || {
+            let depth = DispatchDepth::new();
+            let mut ev = munmap();
+            D.dispatch(&depth, &mut ev, |e| {
+                in_call.wait();
+                // The "system call" takes a while; unregister is waiting.
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                original_ok(e);
+            });
+        })
+    };
+    in_call.wait();
+    D.unregister(&depth, id).unwrap();
+    GONE.store(true, Ordering::SeqCst);
+    t.join().unwrap();
+    // The post-handler of the call that was in flight ran, before unregister returned.
+    assert_eq!(CALLS.load(Ordering::SeqCst), 1);
 }

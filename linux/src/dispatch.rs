@@ -78,14 +78,16 @@ pub(crate) fn wants(events: u32) -> bool {
 /// so, and hands the pass to [`finish`]. `None` when the thread's state is
 /// gone (thread exit): the hook just makes the call.
 #[inline(never)]
-pub(crate) fn begin(before: Option<&mut Event>, event: &mut Event) -> Option<Pass> {
-    DEPTH.try_with(|depth| DISPATCHER.begin(depth, before, event)).ok()
+pub(crate) fn begin(before: Option<&mut Event>, event: &mut Event, follow: u32) -> Option<Pass<'static>> {
+    DEPTH
+        .try_with(|depth| DISPATCHER.begin(depth, before, event, follow))
+        .ok()
 }
 
 /// The second half of a hook's dispatch: post-handlers of `event`, then
 /// `follow`'s (a `VM_MAPPED` made from the finished call).
 #[inline(never)]
-pub(crate) fn finish(pass: Pass, event: &mut Event, follow: Option<&mut Event>) {
+pub(crate) fn finish(pass: Pass<'static>, event: &mut Event, follow: Option<&mut Event>) {
     // The thread-local was there at `begin`, and this thread has not
     // exited since; `try_with` keeps the no-panic promise all the same.
     let _ = DEPTH.try_with(|depth| DISPATCHER.finish(depth, pass, event, follow));

@@ -92,9 +92,10 @@ fn call_original(
     mut before: Option<Event>,
     event: &mut Event,
     original: impl FnOnce(&mut Event),
+    follow: u32,
     after: impl FnOnce(&Event) -> Option<Event>,
 ) {
-    let Some(pass) = begin(before.as_mut(), event) else {
+    let Some(pass) = begin(before.as_mut(), event, follow) else {
         original(event); // thread-local gone (thread exit): just the call
         return;
     };
@@ -158,6 +159,7 @@ pub(crate) unsafe extern "C" fn mmap_hook(
                 m.result = unsafe { orig(addr, len, prot, flags, fd, off) } as usize;
             }
         },
+        bits::VM_MAPPED,
         |e| succeeded(e).and_then(|r| mapped(r, len)),
     );
     ev.result().unwrap_or(-1) as usize as *mut c_void
@@ -184,6 +186,7 @@ pub(crate) unsafe extern "C" fn munmap_hook(addr: *mut c_void, len: usize) -> c_
                 m.result = unsafe { orig(addr, len) };
             }
         },
+        0,
         |_| None,
     );
     ev.result().unwrap_or(-1) as c_int
@@ -220,6 +223,7 @@ pub(crate) unsafe extern "C" fn mremap_hook(
                 m.result = unsafe { orig(old, old_size, new_size, flags, new_address) } as usize;
             }
         },
+        bits::VM_MAPPED,
         |e| succeeded(e).and_then(|r| mapped(r, new_size)),
     );
     ev.result().unwrap_or(-1) as usize as *mut c_void
@@ -258,6 +262,7 @@ pub(crate) unsafe extern "C" fn shmat_hook(shmid: c_int, shmaddr: *const c_void,
                 m.result = unsafe { orig(shmid, shmaddr, shmflg) } as usize;
             }
         },
+        bits::VM_MAPPED,
         |e| {
             succeeded(e)
                 .filter(|_| wants(bits::VM_MAPPED))
@@ -296,6 +301,7 @@ pub(crate) unsafe extern "C" fn shmdt_hook(shmaddr: *const c_void) -> c_int {
                 m.result = unsafe { orig(shmaddr) };
             }
         },
+        0,
         |_| None,
     );
     ev.result().unwrap_or(-1) as c_int
@@ -347,6 +353,7 @@ pub(crate) unsafe extern "C" fn sbrk_hook(increment: libc::intptr_t) -> *mut c_v
                 let _ = IN_SBRK.try_with(|f| f.set(false));
             }
         },
+        bits::VM_MAPPED,
         |e| {
             succeeded(e)
                 .filter(|_| increment > 0)
@@ -376,6 +383,7 @@ pub(crate) unsafe extern "C" fn brk_hook(addr: *mut c_void) -> c_int {
                 m.result = unsafe { orig(addr) };
             }
         },
+        bits::VM_MAPPED,
         |e| {
             if e.result() == Some(0) && new > top {
                 mapped(top, new - top)
@@ -414,6 +422,7 @@ pub(crate) unsafe extern "C" fn madvise_hook(addr: *mut c_void, len: usize, advi
                 m.result = unsafe { orig(addr, len, advice) };
             }
         },
+        0,
         |_| None,
     );
     ev.result().unwrap_or(-1) as c_int
