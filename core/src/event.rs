@@ -384,12 +384,30 @@ pub const MAX_NESTING: u32 = 4;
 /// Per-thread dispatch state, owned by the caller (a thread-local in the Linux
 /// runtime). Never shared between threads.
 #[derive(Debug, Default)]
-pub struct DispatchDepth(core::cell::Cell<u32>);
+pub struct DispatchDepth(core::cell::Cell<u32>, core::cell::Cell<SlotRef>);
+
+/// Which reader slot of which dispatcher a thread uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct SlotRef {
+    /// The dispatcher's address (0: none claimed yet).
+    dispatcher: usize,
+    /// Its slot index, or [`NO_SLOT`].
+    index: usize,
+}
+
+/// A thread that found every slot taken: it uses the shared counters.
+const NO_SLOT: usize = usize::MAX;
 
 impl DispatchDepth {
     /// Depth 0: not dispatching.
     pub const fn new() -> Self {
-        Self(core::cell::Cell::new(0))
+        Self(
+            core::cell::Cell::new(0),
+            core::cell::Cell::new(SlotRef {
+                dispatcher: 0,
+                index: 0,
+            }),
+        )
     }
 
     /// How many dispatches are running on this thread.
@@ -547,6 +565,10 @@ pub struct Dispatcher<H, const N: usize> {
     /// Events that have a handler with priority < 0 (resp. >= 0).
     pre_mask: AtomicU32,
     post_mask: AtomicU32,
+    /// The platform's [`Asymmetric`] (its address; 0 until
+    /// [`Dispatcher::enable_slots`]): readers with a slot use it.
+    asymmetric: AtomicUsize,
+    slots: [ReaderSlot; READER_SLOTS],
 }
 
 // SAFETY: the tables are only written by the writer-lock holder, and only the
@@ -557,13 +579,74 @@ unsafe impl<H: Send + Sync, const N: usize> Sync for Dispatcher<H, N> {}
 // SAFETY: as above; moving the dispatcher moves plain data and atomics.
 unsafe impl<H: Send, const N: usize> Send for Dispatcher<H, N> {}
 
-struct ReadGuard<'a> {
-    readers: &'a AtomicUsize,
+/// Reader slots per dispatcher: the first this many threads that dispatch
+/// mark the table they read with plain stores to a slot of their own;
+/// later threads use the shared counters (a locked read-modify-write to
+/// enter and another to leave).
+#[cfg(not(memhook_loom))]
+pub const READER_SLOTS: usize = 128;
+/// Reader slots per dispatcher (loom model version: two threads' worth).
+#[cfg(memhook_loom)]
+pub const READER_SLOTS: usize = 2;
+
+/// One thread's reader slot, alone on its cache line.
+#[repr(align(128))]
+struct ReaderSlot {
+    /// The owning thread's id (0: free).
+    owner: AtomicU64,
+    /// How many reads of table 0 and of table 1 the owner has in progress.
+    /// Only the owner writes them (a signal handler on the owner nests a
+    /// read and undoes it before the interrupted code resumes), so a plain
+    /// load and store count, with no locked instruction.
+    reading: [AtomicU32; 2],
+}
+
+impl ReaderSlot {
+    #[cfg(not(memhook_loom))]
+    const fn new() -> Self {
+        Self {
+            owner: AtomicU64::new(0),
+            reading: [AtomicU32::new(0), AtomicU32::new(0)],
+        }
+    }
+
+    #[cfg(memhook_loom)]
+    fn new() -> Self {
+        Self {
+            owner: AtomicU64::new(0),
+            reading: [AtomicU32::new(0), AtomicU32::new(0)],
+        }
+    }
+}
+
+/// What a platform gives a dispatcher so that readers can skip locked
+/// instructions (the asymmetric handshake in [`Dispatcher::enter`]).
+#[derive(Debug)]
+pub struct Asymmetric {
+    /// Makes every thread of the process execute a full memory barrier
+    /// before it returns (Linux: `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`);
+    /// `false` if it could not.
+    pub barrier: fn() -> bool,
+    /// The calling thread's id, never 0.
+    pub thread_id: fn() -> u64,
+    /// Whether the thread with this id still exists in this process (a
+    /// slot whose owner is gone is taken over).
+    pub thread_alive: fn(u64) -> bool,
+}
+
+enum ReadGuard<'a> {
+    Shared(&'a AtomicUsize),
+    Slot(&'a AtomicU32),
 }
 
 impl Drop for ReadGuard<'_> {
     fn drop(&mut self) {
-        self.readers.fetch_sub(1, Ordering::Release);
+        match self {
+            ReadGuard::Shared(readers) => {
+                readers.fetch_sub(1, Ordering::Release);
+            }
+            ReadGuard::Slot(reading) => reading.store(reading.load(Ordering::Relaxed) - 1, Ordering::Release),
+        }
     }
 }
 
@@ -579,6 +662,8 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             overflows: AtomicU64::new(0),
             pre_mask: AtomicU32::new(0),
             post_mask: AtomicU32::new(0),
+            asymmetric: AtomicUsize::new(0),
+            slots: [const { ReaderSlot::new() }; READER_SLOTS],
         }
     }
 
@@ -593,6 +678,8 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             overflows: AtomicU64::new(0),
             pre_mask: AtomicU32::new(0),
             post_mask: AtomicU32::new(0),
+            asymmetric: AtomicUsize::new(0),
+            slots: core::array::from_fn(|_| ReaderSlot::new()),
         }
     }
 
@@ -607,18 +694,100 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         self.overflows.load(Ordering::Relaxed)
     }
 
+    /// Lets threads read with a slot of their own: `platform` supplies the
+    /// process-wide barrier registrations then use. Call once, early
+    /// (before threads dispatch, or at any time: readers already in flight
+    /// on the shared counters are waited for as before).
+    pub fn enable_slots(&self, platform: &'static Asymmetric) {
+        self.asymmetric
+            .store(platform as *const Asymmetric as usize, Ordering::Release);
+    }
+
+    fn platform(&self) -> Option<&'static Asymmetric> {
+        let p = self.asymmetric.load(Ordering::Acquire) as *const Asymmetric;
+        // SAFETY: the only value ever stored is a `&'static Asymmetric`
+        // (enable_slots), or 0.
+        unsafe { p.as_ref() }
+    }
+
+    /// This thread's reader slot, claimed on its first dispatch (a free
+    /// slot, or one whose owner thread is gone); `None` when slots are not
+    /// enabled or all are taken by live threads.
+    #[inline]
+    fn slot(&self, depth: &DispatchDepth) -> Option<&ReaderSlot> {
+        let me = self as *const Self as usize;
+        let r = depth.1.get();
+        if r.dispatcher == me {
+            return self.slots.get(r.index);
+        }
+        self.claim_slot(depth, me)
+    }
+
+    #[cold]
+    fn claim_slot(&self, depth: &DispatchDepth, me: usize) -> Option<&ReaderSlot> {
+        let platform = self.platform()?;
+        let id = (platform.thread_id)();
+        let mut index = NO_SLOT;
+        for (i, slot) in self.slots.iter().enumerate() {
+            let owner = slot.owner.load(Ordering::Relaxed);
+            // A slot is taken over only from a thread that is gone: it
+            // reads nothing (a thread that died inside a handler leaves
+            // its mark, and registration waits for it, as with the shared
+            // counters).
+            let free = owner == 0
+                || (!(platform.thread_alive)(owner) && slot.reading.iter().all(|r| r.load(Ordering::Acquire) == 0));
+            if free
+                && slot
+                    .owner
+                    .compare_exchange(owner, id, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                index = i;
+                break;
+            }
+        }
+        depth.1.set(SlotRef { dispatcher: me, index });
+        self.slots.get(index)
+    }
+
     /// Marks the live table busy and returns its index. Never waits: it
     /// retries only if a registration swapped tables in between.
     ///
-    /// This and [`Self::update`] form a Dekker handshake: the reader counts
-    /// itself, then (SeqCst fence) re-reads `live`; the writer stores `live`,
-    /// then (SeqCst fence) reads the count. Whichever fence comes second sees
-    /// the other side's write, so a writer never misses a reader of the table
-    /// it is about to rewrite.
+    /// A thread with a slot counts itself there with a plain store, then
+    /// re-reads `live`; [`Self::update`] stores `live`, then has the
+    /// platform barrier run a full fence on every thread, then reads the
+    /// slots. A reader whose store came before its thread's fence is seen
+    /// by the writer; one whose store came after re-reads `live` after it,
+    /// sees the new table, and leaves the old one alone (the asymmetric
+    /// form of Dekker's handshake: the cost is all on the rare writer).
+    ///
+    /// Without a slot, the shared counters form the symmetric handshake:
+    /// the reader counts itself, then (SeqCst fence) re-reads `live`; the
+    /// writer stores `live`, then (SeqCst fence) reads the count. Whichever
+    /// fence comes second sees the other side's write.
     #[inline]
-    fn enter(&self) -> (usize, ReadGuard<'_>) {
+    fn enter(&self, depth: Option<&DispatchDepth>) -> (usize, ReadGuard<'_>) {
+        if let Some(slot) = depth.and_then(|d| self.slot(d)) {
+            loop {
+                let t = self.live.load(Ordering::Acquire) & 1;
+                let reading = &slot.reading[t];
+                reading.store(reading.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                let guard = ReadGuard::Slot(reading);
+                // The reader's half of the handshake: nothing but program
+                // order (the writer's barrier supplies the fence). loom has
+                // no such barrier, so the model fences both halves.
+                #[cfg(not(memhook_loom))]
+                core::sync::atomic::compiler_fence(Ordering::SeqCst);
+                #[cfg(memhook_loom)]
+                fence(Ordering::SeqCst);
+                if self.live.load(Ordering::Acquire) == t {
+                    return (t, guard);
+                }
+                drop(guard);
+            }
+        }
         loop {
-            let t = self.live.load(Ordering::Acquire);
+            let t = self.live.load(Ordering::Acquire) & 1;
             // Production: a SeqCst RMW then a SeqCst load, ordered with the
             // writer's SeqCst store and load in the single total order of
             // SeqCst operations (and a locked RMW is a full barrier on
@@ -628,9 +797,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             self.readers[t].fetch_add(1, Ordering::SeqCst);
             #[cfg(memhook_loom)]
             self.readers[t].fetch_add(1, Ordering::Relaxed);
-            let guard = ReadGuard {
-                readers: &self.readers[t],
-            };
+            let guard = ReadGuard::Shared(&self.readers[t]);
             #[cfg(memhook_loom)]
             fence(Ordering::SeqCst);
             if self.live.load(Ordering::SeqCst) == t {
@@ -640,13 +807,37 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         }
     }
 
+    /// The writer's barrier after publishing a table: every thread's slot
+    /// store before its next re-read of `live` is visible after this.
+    fn barrier(&self) {
+        #[cfg(memhook_loom)]
+        fence(Ordering::SeqCst);
+        if let Some(platform) = self.platform()
+            && !(platform.barrier)()
+        {
+            // The platform could not fence the other threads (it cannot
+            // fail once set up): give stores in flight time to land.
+            for _ in 0..100_000 {
+                spin_wait();
+            }
+        }
+    }
+
     /// Waits until table `t` has no readers (the writer's side of the
-    /// handshake in [`Self::enter`]).
+    /// handshakes in [`Self::enter`]; after [`Self::barrier`] when `live`
+    /// just changed).
     fn drain(&self, t: usize) {
         #[cfg(memhook_loom)]
         fence(Ordering::SeqCst);
         while self.readers[t].load(Ordering::SeqCst) != 0 {
             spin_wait();
+        }
+        if self.platform().is_some() {
+            for slot in &self.slots {
+                while slot.reading[t].load(Ordering::Acquire) != 0 {
+                    spin_wait();
+                }
+            }
         }
     }
 
@@ -758,7 +949,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         let before_kind = before.as_ref().map_or(0, |b| b.kind());
         let mut handlers = 0;
         let read = if any & (kind | before_kind | follow) != 0 {
-            let (t, guard) = self.enter();
+            let (t, guard) = self.enter(Some(depth));
             if let Some(b) = before {
                 handlers += self.run_handlers(t, b, true) + self.run_handlers(t, b, false);
             }
@@ -813,7 +1004,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
 
     /// Whether any handler is registered for any bit of `events`.
     pub fn has_handlers(&self, events: u32) -> bool {
-        let (t, _read) = self.enter();
+        let (t, _read) = self.enter(None);
         self.read(t, |table| table.entries.iter().any(|e| e.events & events != 0))
     }
 
@@ -850,6 +1041,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         });
         let (result, (pre, post)) = result?;
         self.live.store(spare, Ordering::SeqCst);
+        self.barrier();
         self.pre_mask.store(pre, Ordering::Release);
         self.post_mask.store(post, Ordering::Release);
         self.drain(live);
@@ -930,7 +1122,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
 
     /// Number of registered handlers.
     pub fn len(&self) -> usize {
-        let (t, _read) = self.enter();
+        let (t, _read) = self.enter(None);
         // SAFETY: as in `entry`: table `t` is held by the read guard.
         self.tables[t].with(|p| unsafe { (&*p).entries.len() })
     }
@@ -941,16 +1133,30 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     }
 
     /// Forgets readers and a registration that were in progress on threads
-    /// that do not exist in this process (call in a `fork` child).
+    /// that do not exist in this process (call in a `fork` child, with the
+    /// forking thread's `depth`: its own slot, and a read it may be in the
+    /// middle of, stay; it now has the child's thread id).
     ///
     /// # Safety
     ///
     /// Only the calling thread may exist (the child of `fork`, before it
     /// starts threads), so no count being reset belongs to a live reader.
     #[cfg(not(memhook_loom))]
-    pub unsafe fn reset_after_fork(&self) {
+    pub unsafe fn reset_after_fork(&self, depth: &DispatchDepth) {
         self.readers[0].store(0, Ordering::SeqCst);
         self.readers[1].store(0, Ordering::SeqCst);
+        let mine = depth.1.get();
+        let mine = (mine.dispatcher == self as *const Self as usize).then_some(mine.index);
+        for (i, slot) in self.slots.iter().enumerate() {
+            if Some(i) == mine {
+                let id = self.platform().map_or(0, |p| (p.thread_id)());
+                slot.owner.store(id, Ordering::SeqCst);
+            } else {
+                slot.reading[0].store(0, Ordering::SeqCst);
+                slot.reading[1].store(0, Ordering::SeqCst);
+                slot.owner.store(0, Ordering::SeqCst);
+            }
+        }
         if self.writer.try_lock().is_none() {
             // SAFETY: the holder was a thread of the parent that does not
             // exist here (the caller's contract); the live table is intact

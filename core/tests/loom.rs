@@ -7,7 +7,7 @@ use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 
-use memhook_core::event::{DispatchDepth, Dispatcher, Event, FnHandler, MunmapEvent, bits};
+use memhook_core::event::{Asymmetric, DispatchDepth, Dispatcher, Event, FnHandler, MunmapEvent, bits};
 use memhook_core::memtype::{Lookup, MemInfo, MemType, MemtypeMap};
 
 fn munmap() -> Event {
@@ -68,6 +68,55 @@ fn loom_no_handler_runs_after_unregister_returns() {
         watch.gone.store(true, Ordering::SeqCst);
         let handlers = reader.join().unwrap();
         // Pre and post passes each run it at most once.
+        assert!(handlers <= 1);
+        assert_eq!(watch.calls.load(Ordering::SeqCst), handlers as usize);
+    });
+}
+
+/// Distinct thread ids for the models' slot readers (a plain std atomic:
+/// only its uniqueness matters, not its ordering).
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// Under loom the dispatcher models the barrier as a SeqCst fence on both
+/// sides (loom has no asymmetric barrier), so the platform adds nothing.
+static MODEL_PLATFORM: Asymmetric = Asymmetric {
+    barrier: || true,
+    thread_id: || NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+    thread_alive: |_| true,
+};
+
+#[test]
+fn loom_no_handler_runs_after_unregister_returns_with_reader_slots() {
+    loom::model(|| {
+        let d = Arc::new(Dispatcher::<FnHandler, 2>::new());
+        d.enable_slots(&MODEL_PLATFORM);
+        let watch = Arc::new(Watch {
+            gone: AtomicBool::new(false),
+            calls: AtomicUsize::new(0),
+        });
+        let handler = FnHandler {
+            func: watched,
+            context: Arc::as_ptr(&watch) as usize,
+        };
+        let depth = DispatchDepth::new();
+        let id = d.register(&depth, bits::MUNMAP, 0, handler).unwrap();
+
+        let reader = {
+            let d = d.clone();
+            thread::spawn(move || {
+                let depth = DispatchDepth::new();
+                let mut ev = munmap();
+                d.dispatch(&depth, &mut ev, |e| {
+                    if let Event::Munmap(m) = e {
+                        m.result = 0;
+                    }
+                })
+                .handlers
+            })
+        };
+        d.unregister(&depth, id).unwrap();
+        watch.gone.store(true, Ordering::SeqCst);
+        let handlers = reader.join().unwrap();
         assert!(handlers <= 1);
         assert_eq!(watch.calls.load(Ordering::SeqCst), handlers as usize);
     });

@@ -9,7 +9,9 @@
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::ops::ControlFlow;
 
-use memhook_core::event::{DispatchDepth, Dispatcher, Event, Handler, HandlerId, Pass, RegisterError, VmEvent, bits};
+use memhook_core::event::{
+    Asymmetric, DispatchDepth, Dispatcher, Event, Handler, HandlerId, Pass, RegisterError, VmEvent, bits,
+};
 
 /// Most handlers registered at once.
 pub const MAX_HANDLERS: usize = 64;
@@ -67,6 +69,58 @@ thread_local! {
     static DEPTH: DispatchDepth = const { DispatchDepth::new() };
 }
 
+const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
+
+fn membarrier(cmd: libc::c_int) -> libc::c_long {
+    // SAFETY: membarrier takes (cmd, flags, cpu_id) and touches no memory.
+    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) }
+}
+
+/// The barrier, thread ids and liveness the dispatcher's reader slots need
+/// (see `Dispatcher::enter`).
+static PLATFORM: Asymmetric = Asymmetric {
+    barrier: || membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0,
+    // SAFETY: gettid has no arguments and cannot fail.
+    thread_id: || unsafe { libc::syscall(libc::SYS_gettid) } as u64,
+    thread_alive: |tid| {
+        // SAFETY: signal 0 only checks that the thread exists in this
+        // process (tgkill with our own pid).
+        let r = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::pid_t, 0) };
+        // SAFETY: errno is thread-local and always accessible.
+        r == 0 || unsafe { *libc::__errno_location() } != libc::ESRCH
+    },
+};
+
+/// Whether dispatch readers use slots of their own (plain stores) rather
+/// than the shared counters (two locked instructions per call): the kernel
+/// has `membarrier(PRIVATE_EXPEDITED)` and this process registered for it.
+pub fn reader_slots() -> bool {
+    SLOTS.load(Ordering::Acquire)
+}
+
+static SLOTS: AtomicBool = AtomicBool::new(false);
+
+/// Registers for the expedited membarrier at load, while the process is
+/// (usually) single-threaded, so that the registration is quick; then
+/// lets readers use slots. Without it (an old kernel, a seccomp filter),
+/// the shared counters serve.
+extern "C" fn enable_reader_slots_at_load() {
+    let supported = membarrier(MEMBARRIER_CMD_QUERY);
+    if supported >= 0
+        && supported & MEMBARRIER_CMD_PRIVATE_EXPEDITED as libc::c_long != 0
+        && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0
+    {
+        DISPATCHER.enable_slots(&PLATFORM);
+        SLOTS.store(true, Ordering::Release);
+    }
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ENABLE_READER_SLOTS_AT_LOAD: extern "C" fn() = enable_reader_slots_at_load;
+
 /// Whether any handler wants any of `events`.
 #[inline]
 pub(crate) fn wants(events: u32) -> bool {
@@ -106,7 +160,7 @@ static FORK_HOOK: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn after_fork_in_child() {
     // SAFETY: only the forking thread exists in the child.
-    unsafe { DISPATCHER.reset_after_fork() };
+    let _ = DEPTH.try_with(|depth| unsafe { DISPATCHER.reset_after_fork(depth) });
     // SAFETY: as above: a holder of the bookkeeping lock is gone.
     unsafe { MASKS.force_unlock() };
 }
