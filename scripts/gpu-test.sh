@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 out=dist/gpu
 rm -rf "$out" && mkdir -p "$out/src"
 cargo build --release -p memhook-ffi -p memhook-cli
-cargo build --release -p memhook --example cuda_smoke
+cargo build --release -p memhook --example cuda_smoke --example host_cost
 cargo bench -p memhook-tests --bench cuda --no-run 2>/dev/null
 cargo bench -p memhook-core --bench memtype --no-run 2>/dev/null
 exes=$(cargo test --release -p memhook-tests --test gpu_driver --test gpu_runtime --test gpu_multi --test cuda_modes --test cuda_memtype \
@@ -20,10 +20,13 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])')
 while read -r name exe; do cp "$exe" "$out/$name"; done <<<"$exes"
-cp target/release/libmemhook.so target/release/memhook target/release/examples/cuda_smoke "$out/"
+cp target/release/libmemhook.so target/release/memhook target/release/examples/cuda_smoke target/release/examples/host_cost "$out/"
 cp "$(ls -t target/release/deps/cuda-* | grep -v '\.d$' | head -1)" "$out/bench_cuda"
 cp "$(ls -t target/release/deps/memtype-* | grep -v '\.d$' | head -1)" "$out/bench_memtype"
 strip "$out"/* 2>/dev/null || true
+# The carried folder must stay well under the device tool's 64 MiB: the
+# binaries travel gzipped, and run.sh unpacks them.
+gzip -9 "$out"/* 2>/dev/null || true
 cp tests/cuda/*.c tests/gpu/* "$out/src/"
 cp scripts/gpu-run.sh "$out/run.sh"
 du -sh "$out"

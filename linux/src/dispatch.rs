@@ -105,8 +105,16 @@ static SLOTS: AtomicBool = AtomicBool::new(false);
 /// Registers for the expedited membarrier at load, while the process is
 /// (usually) single-threaded, so that the registration is quick; then
 /// lets readers use slots. Without it (an old kernel, a seccomp filter),
-/// the shared counters serve.
+/// or with `MEMHOOK_READER_SLOTS=0` in the environment, the shared
+/// counters serve.
 extern "C" fn enable_reader_slots_at_load() {
+    // SAFETY: a NUL-terminated name; getenv allocates nothing, and at load
+    // no other thread of ours changes the environment.
+    let off = unsafe { libc::getenv(c"MEMHOOK_READER_SLOTS".as_ptr()) };
+    // SAFETY: getenv's result is null or a NUL-terminated string.
+    if !off.is_null() && unsafe { core::ffi::CStr::from_ptr(off) }.to_bytes() == b"0" {
+        return;
+    }
     let supported = membarrier(MEMBARRIER_CMD_QUERY);
     if supported >= 0
         && supported & MEMBARRIER_CMD_PRIVATE_EXPEDITED as libc::c_long != 0
