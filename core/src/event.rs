@@ -866,17 +866,18 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     #[inline(never)]
     fn call_handlers(&self, t: usize, mut todo: u64, event: &mut Event) -> u32 {
         let mut called = 0;
+        // Only a result that is already valid needs guarding, and it stays
+        // valid (handlers cannot undo it), so it is read once.
+        let kept = event.result().filter(|&word| word != -1);
         while todo != 0 {
             let i = todo.trailing_zeros() as usize;
             todo &= todo - 1;
             let Some(handler) = self.read(t, |table| table.entries.get(i).map(|e| e.handler)) else {
                 break;
             };
-            let before = event.result();
             handler.call(event);
             called += 1;
-            if let Some(word) = before
-                && word != -1
+            if let Some(word) = kept
                 && event.result() != Some(word)
             {
                 // The result was valid: a handler may not change it.

@@ -67,18 +67,25 @@ macro_rules! original {
 
 /// Runs `f`, then puts back the errno it found on return from `f`'s
 /// original call (handlers must not change what the caller sees).
-struct Errno(c_int);
+/// (The location is the thread's, so it is asked for once.)
+struct Errno(*mut c_int, c_int);
 
 impl Errno {
     fn save() -> Self {
+        let at = errno_location();
         // SAFETY: errno is thread-local and always accessible.
-        Errno(unsafe { *libc::__errno_location() })
+        Errno(at, unsafe { *at })
     }
 
     fn restore(self) {
-        // SAFETY: as above.
-        unsafe { *libc::__errno_location() = self.0 };
+        // SAFETY: as above: the same thread's errno.
+        unsafe { *self.0 = self.1 };
     }
+}
+
+fn errno_location() -> *mut c_int {
+    // SAFETY: __errno_location has no preconditions.
+    unsafe { libc::__errno_location() }
 }
 
 /// Dispatches a hooked call: `original` makes the call and sets the
