@@ -866,9 +866,9 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     #[inline(never)]
     fn call_handlers(&self, t: usize, mut todo: u64, event: &mut Event) -> u32 {
         let mut called = 0;
-        // Only a result that is already valid needs guarding, and it stays
-        // valid (handlers cannot undo it), so it is read once.
-        let kept = event.result().filter(|&word| word != -1);
+        // The valid result to keep: once valid (from the original, or
+        // filled by a handler), a result stays as it is.
+        let mut kept = event.result().filter(|&word| word != -1);
         while todo != 0 {
             let i = todo.trailing_zeros() as usize;
             todo &= todo - 1;
@@ -877,11 +877,11 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             };
             handler.call(event);
             called += 1;
-            if let Some(word) = kept
-                && event.result() != Some(word)
-            {
+            match kept {
                 // The result was valid: a handler may not change it.
-                event.set_result(word);
+                Some(word) if event.result() != Some(word) => event.set_result(word),
+                Some(_) => {}
+                None => kept = event.result().filter(|&word| word != -1),
             }
         }
         called
