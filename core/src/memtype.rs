@@ -174,6 +174,10 @@ const fn unpack(meta: u64, base: usize, end: usize) -> MemInfo {
     }
 }
 
+/// The spare table catches up by copying the live one's entries when at
+/// most this many differ; beyond, by applying the operation again.
+const COPY_CATCH_UP: usize = 32;
+
 /// Keys per node of the search tree: two cache lines of starts.
 const B: usize = 16;
 /// Most levels above the starts (16^8 keys is far beyond any capacity).
@@ -453,18 +457,33 @@ impl<const N: usize> Table<N> {
         self.slots[i].meta.store(m, Ordering::Relaxed);
     }
 
-    /// Moves entries `from..n` to `from + by` (right, `by > 0`) or left.
+    /// Moves entries `from..n` to `from + by` (right, `by > 0`) or left:
+    /// one sequential pass per array (a memmove of atomics, without a
+    /// bounds check per element).
     fn shift(&self, n: usize, from: usize, by: isize) {
-        if by > 0 {
-            for k in (from..n).rev() {
-                self.set(k + by as usize, self.get(k));
-            }
-        } else {
-            let back = (-by) as usize;
-            for k in from..n {
-                self.set(k - back, self.get(k));
+        let by_abs = by.unsigned_abs();
+        let (lo, hi) = if by > 0 { (from, n + by_abs) } else { (from - by_abs, n) };
+        let (Some(starts), Some(slots)) = (self.starts.get(lo..hi), self.slots.get(lo..hi)) else {
+            return;
+        };
+        fn moved<T>(items: &[T], by: isize, mv: impl Fn(&T, &T)) {
+            let k = by.unsigned_abs();
+            if by > 0 {
+                // Right: from the end down, each item to `k` places later.
+                for (dst, src) in items[k..].iter().rev().zip(items[..items.len() - k].iter().rev()) {
+                    mv(dst, src);
+                }
+            } else {
+                for (dst, src) in items[..items.len() - k].iter().zip(items[k..].iter()) {
+                    mv(dst, src);
+                }
             }
         }
+        moved(starts, by, |d, s| d.store(s.load(Ordering::Relaxed), Ordering::Relaxed));
+        moved(slots, by, |d, s| {
+            d.end.store(s.end.load(Ordering::Relaxed), Ordering::Relaxed);
+            d.meta.store(s.meta.load(Ordering::Relaxed), Ordering::Relaxed);
+        });
     }
 
     /// First index in `0..n` whose key (by `key`) is greater than `addr`.
@@ -517,6 +536,16 @@ impl<const N: usize> Table<N> {
             };
             (real, old_real, from) = (up, old_up, changed);
         }
+    }
+
+    /// Applies `op` and rewrites the search tree where it changed.
+    fn apply(&self, op: Op, spill: &mut Spill) -> (Inserted, usize, bool) {
+        self.begin_write();
+        let old_n = self.len.load(Ordering::Relaxed);
+        let (result, from, touched) = op.run(self, spill);
+        self.rebuild_index(from, old_n);
+        self.end_write();
+        (result, from, touched)
     }
 
     /// Makes this table equal to `live`, which differs from it only at
@@ -771,15 +800,18 @@ impl<const N: usize> MemtypeMap<N> {
             }
             _ => {}
         }
-        if let Some((_, from)) = pending.take() {
-            spare.catch_up(&self.tables[live], from);
+        if let Some((behind, from)) = pending.take() {
+            let live = &self.tables[live];
+            if live.len.load(Ordering::Relaxed).saturating_sub(from) <= COPY_CATCH_UP {
+                spare.catch_up(live, from);
+            } else {
+                // Far from the end: moving the entries within the spare
+                // touches half the memory a copy from the other table does.
+                spare.apply(behind, &mut Spill::default());
+            }
         }
         let mut spill = Spill::default();
-        spare.begin_write();
-        let old_n = spare.len.load(Ordering::Relaxed);
-        let (result, from, touched) = op.run(spare, &mut spill);
-        spare.rebuild_index(from, old_n);
-        spare.end_write();
+        let (result, from, touched) = spare.apply(op, &mut spill);
         if let Some((lo, hi)) = spill.hull {
             // Before publication: a lookup that sees the range gone also
             // sees it poisoned.
