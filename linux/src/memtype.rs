@@ -82,6 +82,12 @@ pub fn remove(start: usize, len: usize) -> Result<(), MapError> {
     MAP.remove(start, len)
 }
 
+/// Forgets the recorded range that starts exactly at `start`, returning
+/// it (`None`, changing nothing, when none starts there).
+pub fn take(start: usize) -> Option<MemInfo> {
+    MAP.take(start)
+}
+
 /// Ranges dropped because the map was full.
 pub fn dropped() -> u64 {
     MAP.dropped()

@@ -27,6 +27,11 @@ pub enum Op {
         /// Length.
         len: usize,
     },
+    /// `take(start)`: forget the entry starting at `start`, returning it.
+    Take {
+        /// Start address.
+        start: usize,
+    },
     /// `lookup(addr, len)`.
     Lookup {
         /// Address.
@@ -113,6 +118,17 @@ impl Model {
         Ok(Inserted::Stored)
     }
 
+    /// Forgets the entry that starts at `start`, returning it.
+    pub fn take(&mut self, start: usize) -> Option<MemInfo> {
+        let (end, mem_type, device) = self.entries.remove(&start)?;
+        Some(MemInfo {
+            mem_type,
+            device,
+            base: start,
+            len: end - start,
+        })
+    }
+
     /// What the map must answer.
     pub fn lookup(&self, addr: usize, len: usize) -> Lookup {
         let Some(end) = addr.checked_add(len.max(1)) else {
@@ -168,6 +184,9 @@ pub fn check_ops<const N: usize>(map: &MemtypeMap<N>, ops: &[Op]) {
             }
             Op::Remove { start, len } => {
                 assert_eq!(map.remove(start, len), model.remove(start, len), "step {step}: {op:?}");
+            }
+            Op::Take { start } => {
+                assert_eq!(map.take(start), model.take(start), "step {step}: {op:?}");
             }
             Op::Lookup { addr, len } => {
                 assert_eq!(map.lookup(addr, len), model.lookup(addr, len), "step {step}: {op:?}");

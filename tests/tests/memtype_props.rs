@@ -37,6 +37,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (addr(), len(), mem_type(), -1i32..4)
             .prop_map(|(start, len, mem_type, device)| Op::Insert { start, len, mem_type, device }),
         1 => (addr(), len()).prop_map(|(start, len)| Op::Remove { start, len }),
+        1 => addr().prop_map(|start| Op::Take { start }),
         4 => (addr(), prop_oneof![Just(0usize), 1usize..0x400]).prop_map(|(addr, len)| Op::Lookup { addr, len }),
     ]
 }
@@ -133,13 +134,15 @@ proptest! {
 /// recorded again (often as the same kind of memory, sometimes not), with
 /// now and then an overlapping record: what the writer's shortcuts for a
 /// free right after its allocation, and for a reused address, must get
-/// right on both tables.
+/// right on both tables; and frees that end an allocation by its start
+/// alone (`take`, as a CUDA free without a size does).
 fn churn_op() -> impl Strategy<Value = Op> {
     let range = (0usize..4).prop_map(|k| (0x40000 + k * 0x1000, 0x1000));
     prop_oneof![
         4 => (range.clone(), prop_oneof![Just(MemType::Cuda), Just(MemType::CudaHost)], 0i32..2)
             .prop_map(|((start, len), mem_type, device)| Op::Insert { start, len, mem_type, device }),
         4 => range.clone().prop_map(|(start, len)| Op::Remove { start, len }),
+        3 => range.clone().prop_map(|(start, _)| Op::Take { start }),
         1 => (0usize..8).prop_map(|k| Op::Insert {
             start: 0x40800 + k * 0x800,
             len: 0x1000,

@@ -67,6 +67,17 @@ pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) 
 /// A free of the allocation at `address` (its size when the call carries
 /// it; else what the map recorded; else the driver's range; else 0).
 pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
+    if size.is_none() && !wants(bits::MEM_TYPE_FREE) {
+        // Nobody to tell: end the recorded allocation in one step. An
+        // address the map does not know is asked of the driver only to
+        // forget a range that may cover it.
+        if memtype::take(address).is_none()
+            && let Some((base, n)) = driver::range(address).filter(|&(base, _)| base == address)
+        {
+            let _ = memtype::remove(base, n);
+        }
+        return;
+    }
     let recorded = match memtype::lookup(address, 1) {
         Lookup::Found(info) if info.base == address => Some(info),
         _ => None,
