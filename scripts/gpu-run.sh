@@ -26,7 +26,7 @@ NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 "$NVCC" -O2 --default-stream per-thread -o runtime_ptsz src/runtime_prog.cu
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$(dirname "$NVCC")/../lib64
 
-for t in gpu_driver gpu_runtime gpu_multi cuda_modes cuda_memtype cuda_late_load; do
+for t in gpu_driver gpu_runtime gpu_multi cuda_modes cuda_memtype cuda_late_load dispatch_slots; do
     check "$t" ./"$t" --test-threads=1 --nocapture
 done
 
@@ -75,7 +75,7 @@ say "== cuda_smoke (real driver)"
 ./cuda_smoke 2>&1 | tee -a "$results"
 say "== bench: fake driver, hooked vs unhooked"
 ./bench_cuda --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^cuMem|time:" | tee -a "$results"
-say "== bench: memtype map (65,536 ranges), lookups and readers"
-./bench_memtype --bench "lookup_hit/memhook|readers" --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(lookup|readers)|time:|thrpt:" | tee -a "$results"
+say "== bench: memtype map: lookups, updates, readers (65,536 ranges)"
+./bench_memtype --bench "lookup_hit/memhook|update/memhook|readers" --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(lookup|readers)|time:|thrpt:" | tee -a "$results"
 say "== bench: host hooks, mmap+munmap 4 KiB (interleaved rounds, three runs)"
 for _ in 1 2 3; do ./host_cost 2>&1 | tee -a "$results"; done

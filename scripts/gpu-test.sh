@@ -20,6 +20,14 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])')
 while read -r name exe; do cp "$exe" "$out/$name"; done <<<"$exes"
+# The dispatch stress and slot tests, on the device's 16 cores.
+slots=$(cargo test --release -p memhook --test dispatch_slots --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["executable"])')
+cp "$slots" "$out/dispatch_slots"
 cp target/release/libmemhook.so target/release/memhook target/release/examples/cuda_smoke target/release/examples/host_cost "$out/"
 cp "$(ls -t target/release/deps/cuda-* | grep -v '\.d$' | head -1)" "$out/bench_cuda"
 cp "$(ls -t target/release/deps/memtype-* | grep -v '\.d$' | head -1)" "$out/bench_memtype"

@@ -888,7 +888,9 @@ impl<const N: usize> MemtypeMap<N> {
                 // The writer lock is held: no writer changes the live table
                 // while it is read here, so the answer needs no validation.
                 match live.probe(start, start.checked_add(1)?) {
-                    Lookup::Found(info) if info.base == start => Some((start + info.len, pack(info.mem_type, info.device))),
+                    Lookup::Found(info) if info.base == start => {
+                        Some((start + info.len, pack(info.mem_type, info.device)))
+                    }
                     _ => None,
                 }
             }

@@ -135,24 +135,44 @@ pub(crate) fn wants(events: u32) -> bool {
     WANTED.load(Ordering::Relaxed) & events != 0
 }
 
+/// A hook's dispatch between [`begin`] and [`finish`]: the pass, and this
+/// thread's nesting state, found once for both halves (a thread-local
+/// lookup is a call into the dynamic linker in a preloaded library).
+pub(crate) struct Begun {
+    pass: Pass<'static>,
+    depth: *const DispatchDepth,
+}
+
+impl Begun {
+    /// Whether the hook makes the original call (see `Pass`).
+    pub(crate) fn call_original(&self) -> bool {
+        self.pass.call_original
+    }
+}
+
 /// The first half of a hook's dispatch (see `Dispatcher::begin`): the
 /// hook then makes the original call in its own frame, if the pass says
-/// so, and hands the pass to [`finish`]. `None` when the thread's state is
-/// gone (thread exit): the hook just makes the call.
+/// so, and hands it to [`finish`]. `None` when the thread's state is gone
+/// (thread exit): the hook just makes the call.
 #[inline(never)]
-pub(crate) fn begin(before: Option<&mut Event>, event: &mut Event, follow: u32) -> Option<Pass<'static>> {
+pub(crate) fn begin(before: Option<&mut Event>, event: &mut Event, follow: u32) -> Option<Begun> {
     DEPTH
-        .try_with(|depth| DISPATCHER.begin(depth, before, event, follow))
+        .try_with(|depth| Begun {
+            pass: DISPATCHER.begin(depth, before, event, follow),
+            depth,
+        })
         .ok()
 }
 
 /// The second half of a hook's dispatch: post-handlers of `event`, then
 /// `follow`'s (a `VM_MAPPED` made from the finished call).
 #[inline(never)]
-pub(crate) fn finish(pass: Pass<'static>, event: &mut Event, follow: Option<&mut Event>) {
-    // The thread-local was there at `begin`, and this thread has not
-    // exited since; `try_with` keeps the no-panic promise all the same.
-    let _ = DEPTH.try_with(|depth| DISPATCHER.finish(depth, pass, event, follow));
+pub(crate) fn finish(begun: Begun, event: &mut Event, follow: Option<&mut Event>) {
+    // SAFETY: `begin` found this pointer on this thread (`Begun` is neither
+    // Send nor Sync) during the hooked call still running, so the thread,
+    // and its thread-locals, are alive.
+    let depth = unsafe { &*begun.depth };
+    DISPATCHER.finish(depth, begun.pass, event, follow);
 }
 
 /// Delivers an event that has no original call.

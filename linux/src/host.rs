@@ -102,17 +102,17 @@ fn call_original(
     follow: u32,
     after: impl FnOnce(&Event) -> Option<Event>,
 ) {
-    let Some(pass) = begin(before.as_mut(), event, follow) else {
+    let Some(begun) = begin(before.as_mut(), event, follow) else {
         original(event); // thread-local gone (thread exit): just the call
         return;
     };
     let mut errno = None;
-    if pass.call_original {
+    if begun.call_original() {
         original(event);
         errno = Some(Errno::save());
     }
     let mut follow = after(event);
-    finish(pass, event, follow.as_mut());
+    finish(begun, event, follow.as_mut());
     if let Some(e) = errno {
         e.restore();
     }

@@ -27,11 +27,21 @@ pub(crate) fn reporting() -> Option<Id> {
 }
 
 /// Delivers `event` as `id`'s (and counts it).
-fn deliver(id: Id, mut event: Event) {
+fn deliver(id: Id, event: Event) {
     EVENTS[id as usize].fetch_add(1, Ordering::Relaxed);
-    let _ = REPORTING.try_with(|c| c.set(id as u8 + 1));
-    notify(&mut event);
-    let _ = REPORTING.try_with(|c| c.set(0));
+    let mut event = Some(event);
+    // One thread-local lookup for the mark and its removal.
+    let _ = REPORTING.try_with(|c| {
+        c.set(id as u8 + 1);
+        if let Some(e) = event.as_mut() {
+            notify(e);
+        }
+        c.set(0);
+        event = None;
+    });
+    if let Some(e) = event.as_mut() {
+        notify(e); // the thread's locals are gone: deliver unmarked
+    }
 }
 
 /// A successful allocation of `[address, address + size)` (size 0: ask the

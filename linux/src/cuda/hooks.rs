@@ -171,19 +171,31 @@ thread_local! {
     static IN_CUDA: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Whether this thread is inside a hooked call's original (whose hook
-/// reports for it).
+/// Runs `body` with this thread's guard flag, looked up once per hook (a
+/// thread-local lookup is a call into the dynamic linker in a preloaded
+/// library); `None` only if the thread's locals are gone, which a `const`
+/// one without a destructor never is.
 #[inline(always)]
-fn nested() -> bool {
-    IN_CUDA.try_with(Cell::get).unwrap_or(false)
+fn with_guard<R>(body: impl FnOnce(Option<&Cell<bool>>) -> R) -> R {
+    let mut body = Some(body);
+    match IN_CUDA.try_with(|flag| body.take().map(|b| b(Some(flag)))) {
+        Ok(Some(r)) => r,
+        _ => match body.take() {
+            Some(b) => b(None),
+            None => unreachable!("the body ran inside try_with, which then returned its result"),
+        },
+    }
 }
 
-/// Runs `call` with the guard set.
+/// Runs `call` with `flag` set (the hooked calls it makes report nothing).
 #[inline(always)]
-fn guarded(call: impl FnOnce() -> Status) -> Status {
-    let _ = IN_CUDA.try_with(|c| c.set(true));
+fn guarded(flag: Option<&Cell<bool>>, call: impl FnOnce() -> Status) -> Status {
+    let Some(flag) = flag else {
+        return call();
+    };
+    flag.set(true);
     let status = call();
-    let _ = IN_CUDA.try_with(|c| c.set(false));
+    flag.set(false);
     status
 }
 
@@ -196,28 +208,32 @@ fn on_alloc(
     call: impl FnOnce() -> Status,
     result: impl FnOnce() -> (usize, usize),
 ) -> Status {
-    if nested() {
-        return call();
-    }
-    let status = guarded(call);
-    if status == SUCCESS {
-        let (address, size) = result();
-        if address != 0 {
-            allocated(id, address, size, mem_type);
+    with_guard(|flag| {
+        if flag.is_some_and(Cell::get) {
+            return call(); // inside a hooked call, whose hook reports
         }
-    }
-    status
+        let status = guarded(flag, call);
+        if status == SUCCESS {
+            let (address, size) = result();
+            if address != 0 {
+                allocated(id, address, size, mem_type);
+            }
+        }
+        status
+    })
 }
 
 /// A freeing call: `MEM_TYPE_FREE` for `address` (size when the call
 /// carries it), then the original.
 #[inline(always)]
 fn on_free(id: Id, address: usize, size: Option<usize>, call: impl FnOnce() -> Status) -> Status {
-    if address == 0 || nested() {
-        return call();
-    }
-    freeing(id, address, size);
-    guarded(call)
+    with_guard(|flag| {
+        if address == 0 || flag.is_some_and(Cell::get) {
+            return call();
+        }
+        freeing(id, address, size);
+        guarded(flag, call)
+    })
 }
 
 /// Reads an out-parameter the original filled (0 for a null pointer).
