@@ -163,6 +163,14 @@ pub fn doctor() -> i32 {
             _ => "not available: patches wait a 2 ms grace period instead",
         },
     );
+    line(
+        "dispatch readers:",
+        if memhook::dispatch::reader_slots() {
+            "per-thread slots (plain stores; registration fences every thread with membarrier)"
+        } else {
+            "shared counters (two locked instructions per hooked call): no membarrier PRIVATE_EXPEDITED, or MEMHOOK_READER_SLOTS=0"
+        },
+    );
     match driver_version() {
         Some(v) => line(
             "libcuda:",

@@ -139,6 +139,7 @@ fn doctor_names_each_check() {
         "code pages:",
         "environment:",
         "membarrier:",
+        "dispatch readers:",
         "libcuda:",
         "GPUs:",
         "bistro dry run:",
