@@ -14,8 +14,8 @@
 //! # Concurrency
 //!
 //! Two immutable handler tables, an atomic index of the live one, and a reader
-//! count per table. Dispatch marks the live table busy (from before the
-//! original call to after it) and reads it; it never waits. Registration (serialised by a writer lock that dispatch never takes)
+//! count per table. Dispatch marks the live table busy while it reads it
+//! (not while the original call runs); it never waits. Registration (serialised by a writer lock that dispatch never takes)
 //! fills the other table, swaps, and waits until the old table has no
 //! readers, so that once [`Dispatcher::unregister`] returns the removed
 //! handler is never called again. Registering from inside a handler would
@@ -527,31 +527,19 @@ pub struct Dispatched {
     pub overflowed: bool,
 }
 
-/// A dispatch between [`Dispatcher::begin`] and [`Dispatcher::finish`]:
-/// it holds the handler table it reads from the first pass to the last, so
-/// the pre- and post-handlers of one call are always those of one table,
-/// and the call costs one table visit, not two.
+/// A dispatch between [`Dispatcher::begin`] and [`Dispatcher::finish`].
 #[must_use = "a begun dispatch must be finished"]
-pub struct Pass<'a> {
+#[derive(Debug)]
+pub struct Pass {
     handlers: u32,
     /// Whether the caller makes the original call: no pre-handler supplied
     /// a valid result (events without a result always call it).
     pub call_original: bool,
     overflowed: bool,
-    /// The table read, and the mark that keeps registrations from
-    /// rewriting it; `None` when no handler wants any of the events.
-    read: Option<(usize, ReadGuard<'a>)>,
-}
-
-impl fmt::Debug for Pass<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pass")
-            .field("handlers", &self.handlers)
-            .field("call_original", &self.call_original)
-            .field("overflowed", &self.overflowed)
-            .field("table", &self.read.as_ref().map(|r| r.0))
-            .finish()
-    }
+    /// The handler masks `begin` saw, so that both halves agree on which
+    /// passes there are.
+    any: u32,
+    post_mask: u32,
 }
 
 /// The handler table and dispatch. `N` is the capacity.
@@ -889,18 +877,19 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
 
     /// Dispatches `event`: pre-handlers, then `original` unless a pre-handler
     /// supplied a valid result (events without a result always call it), then
-    /// post-handlers. No lock is taken and nothing allocates; the table read
-    /// is held across `original` (see [`Self::begin`]).
+    /// post-handlers. No lock is taken and nothing allocates; the table is not
+    /// held while `original` runs (see [`Self::begin`]).
     pub fn dispatch(&self, depth: &DispatchDepth, event: &mut Event, original: impl FnOnce(&mut Event)) -> Dispatched {
         self.dispatch_around(depth, None, event, original, 0, |_| None)
     }
 
-    /// [`Self::dispatch`] with companion events in the same table visit: a
+    /// [`Self::dispatch`] with companion events in the same table visits: a
     /// host hook's `VM_UNMAPPED` (`before`, delivered to all its handlers
     /// just before `event`'s pre-handlers) and `VM_MAPPED` (made by `after`
     /// from the finished event, delivered to all its handlers just after
     /// `event`'s post-handlers; `follow` names the kinds `after` may make).
-    /// One table visit per call.
+    /// One table visit before the original call and one after, each only
+    /// when a handler wants it.
     pub fn dispatch_around(
         &self,
         depth: &DispatchDepth,
@@ -921,19 +910,16 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// The first half of [`Self::dispatch_around`], for a hook that makes
     /// the original call itself (in its own frame, where the return from a
     /// system call lands on one frame, not several): enters the thread's
-    /// nesting level and, if a handler wants `event`, `before` or one of
-    /// the `follow` kinds, the live table, which it holds until
-    /// [`Self::finish`]; runs `before`'s handlers and `event`'s
+    /// nesting level and runs `before`'s handlers and `event`'s
     /// pre-handlers. The caller then makes the original call if
     /// [`Pass::call_original`] says so, and must hand the pass to
     /// [`Self::finish`] (on the same thread, before returning).
     ///
-    /// A registration waits for the passes that hold the table it replaces,
-    /// so it waits for the original calls they span (system calls): the
-    /// price of its promise that a removed handler never runs again, which
-    /// holds for post-handlers too.
+    /// No table is held across the original call: a registration never
+    /// waits for a system call (which may itself wait for the registering
+    /// thread: a FUSE daemon or a userfaultfd monitor in the same process).
     #[inline]
-    pub fn begin(&self, depth: &DispatchDepth, before: Option<&mut Event>, event: &mut Event, follow: u32) -> Pass<'_> {
+    pub fn begin(&self, depth: &DispatchDepth, before: Option<&mut Event>, event: &mut Event, follow: u32) -> Pass {
         let d = depth.0.get();
         if d >= MAX_NESTING {
             self.overflows.fetch_add(1, Ordering::Relaxed);
@@ -941,53 +927,57 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
                 handlers: 0,
                 call_original: true,
                 overflowed: true,
-                read: None,
+                any: 0,
+                post_mask: 0,
             };
         }
         depth.0.set(d + 1);
         let kind = event.kind();
-        let any = self.pre_mask.load(Ordering::Acquire) | self.post_mask.load(Ordering::Acquire);
-        let before_kind = before.as_ref().map_or(0, |b| b.kind());
+        let (pre_mask, post_mask) = (
+            self.pre_mask.load(Ordering::Acquire),
+            self.post_mask.load(Ordering::Acquire),
+        );
+        let any = pre_mask | post_mask;
         let mut handlers = 0;
-        let read = if any & (kind | before_kind | follow) != 0 {
-            let (t, guard) = self.enter(Some(depth));
+        let before = before.filter(|b| any & b.kind() != 0);
+        if before.is_some() || pre_mask & kind != 0 {
+            let (t, _read) = self.enter(Some(depth));
             if let Some(b) = before {
                 handlers += self.run_handlers(t, b, true) + self.run_handlers(t, b, false);
             }
             handlers += self.run_handlers(t, event, true);
-            Some((t, guard))
-        } else {
-            None
-        };
+        }
         Pass {
             handlers,
             call_original: event.result().is_none() || event.result_is_invalid(),
             overflowed: false,
-            read,
+            // Kinds that `follow` may bring need a visit after the call too.
+            any: any & (kind | follow),
+            post_mask,
         }
     }
 
     /// The second half of [`Self::dispatch_around`]: `event`'s
-    /// post-handlers, then all of `follow`'s, from the table the pass
-    /// holds; then the table is released and the thread leaves the nesting
-    /// level [`Self::begin`] entered.
+    /// post-handlers, then all of `follow`'s, and the thread leaves the
+    /// nesting level [`Self::begin`] entered.
     #[inline]
     pub fn finish(
         &self,
         depth: &DispatchDepth,
-        pass: Pass<'_>,
+        pass: Pass,
         event: &mut Event,
         follow: Option<&mut Event>,
     ) -> Dispatched {
         let mut handlers = pass.handlers;
-        if let Some((t, guard)) = pass.read {
-            handlers += self.run_handlers(t, event, false);
-            if let Some(f) = follow {
-                handlers += self.run_handlers(t, f, true) + self.run_handlers(t, f, false);
-            }
-            drop(guard);
-        }
         if !pass.overflowed {
+            let follow = follow.filter(|f| pass.any & f.kind() != 0);
+            if follow.is_some() || pass.post_mask & event.kind() != 0 {
+                let (t, _read) = self.enter(Some(depth));
+                handlers += self.run_handlers(t, event, false);
+                if let Some(f) = follow {
+                    handlers += self.run_handlers(t, f, true) + self.run_handlers(t, f, false);
+                }
+            }
             depth.0.set(depth.0.get() - 1);
         }
         Dispatched {

@@ -73,7 +73,7 @@ fn no_handler_after_unregister(platform: Option<&'static Asymmetric>) {
         d.unregister(&depth, id).unwrap();
         watch.gone.store(true, Ordering::SeqCst);
         let handlers = reader.join().unwrap();
-        // One pass holds the table from pre- to post-handlers: at most once.
+        // A post-handler only: it runs at most once.
         assert!(handlers <= 1);
         assert_eq!(watch.calls.load(Ordering::SeqCst), handlers as usize);
     });

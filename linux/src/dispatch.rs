@@ -139,7 +139,7 @@ pub(crate) fn wants(events: u32) -> bool {
 /// thread's nesting state, found once for both halves (a thread-local
 /// lookup is a call into the dynamic linker in a preloaded library).
 pub(crate) struct Begun {
-    pass: Pass<'static>,
+    pass: Pass,
     depth: *const DispatchDepth,
 }
 
