@@ -628,6 +628,7 @@ enum ReadGuard<'a> {
 }
 
 impl Drop for ReadGuard<'_> {
+    #[inline]
     fn drop(&mut self) {
         match self {
             ReadGuard::Shared(readers) => {
@@ -854,6 +855,19 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     #[inline(never)]
     fn call_handlers(&self, t: usize, mut todo: u64, event: &mut Event) -> u32 {
         let mut called = 0;
+        if event.result().is_none() {
+            // No result to guard (VM and memory-type events).
+            while todo != 0 {
+                let i = todo.trailing_zeros() as usize;
+                todo &= todo - 1;
+                let Some(handler) = self.read(t, |table| table.entries.get(i).map(|e| e.handler)) else {
+                    break;
+                };
+                handler.call(event);
+                called += 1;
+            }
+            return called;
+        }
         // The valid result to keep: once valid (from the original, or
         // filled by a handler), a result stays as it is.
         let mut kept = event.result().filter(|&word| word != -1);
