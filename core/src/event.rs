@@ -850,19 +850,27 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         self.call_handlers(t, todo, event)
     }
 
+    /// The handler of table `t` at the lowest index in `todo`, which loses
+    /// that bit; `None` when `todo` is empty.
+    #[inline(always)]
+    fn next_handler(&self, t: usize, todo: &mut u64) -> Option<H> {
+        if *todo == 0 {
+            return None;
+        }
+        let i = todo.trailing_zeros() as usize;
+        *todo &= *todo - 1;
+        self.read(t, |table| table.entries.get(i).map(|e| e.handler))
+    }
+
     /// Calls the handlers of table `t` whose indices are the bits of
     /// `todo`, in index order.
     #[inline(never)]
     fn call_handlers(&self, t: usize, mut todo: u64, event: &mut Event) -> u32 {
         let mut called = 0;
         if event.result().is_none() {
-            // No result to guard (VM and memory-type events).
-            while todo != 0 {
-                let i = todo.trailing_zeros() as usize;
-                todo &= todo - 1;
-                let Some(handler) = self.read(t, |table| table.entries.get(i).map(|e| e.handler)) else {
-                    break;
-                };
+            // No result to guard (VM and memory-type events): a loop of
+            // its own, without the rule's checks.
+            while let Some(handler) = self.next_handler(t, &mut todo) {
                 handler.call(event);
                 called += 1;
             }
@@ -871,12 +879,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         // The valid result to keep: once valid (from the original, or
         // filled by a handler), a result stays as it is.
         let mut kept = event.result().filter(|&word| word != -1);
-        while todo != 0 {
-            let i = todo.trailing_zeros() as usize;
-            todo &= todo - 1;
-            let Some(handler) = self.read(t, |table| table.entries.get(i).map(|e| e.handler)) else {
-                break;
-            };
+        while let Some(handler) = self.next_handler(t, &mut todo) {
             handler.call(event);
             called += 1;
             match kept {
