@@ -538,28 +538,37 @@ impl<const N: usize> Table<N> {
         }
     }
 
-    /// Applies `op` and rewrites the search tree where it changed.
-    fn apply(&self, op: Op, spill: &mut Spill) -> (Inserted, usize, bool) {
+    /// Runs `change` (which returns the lowest index whose start may have
+    /// changed) with the table marked as being written, then rewrites the
+    /// search tree from there.
+    fn rewrite<R>(&self, change: impl FnOnce() -> (usize, R)) -> R {
         self.begin_write();
         let old_n = self.len.load(Ordering::Relaxed);
-        let (result, from, touched) = op.run(self, spill);
+        let (from, r) = change();
         self.rebuild_index(from, old_n);
         self.end_write();
-        (result, from, touched)
+        r
+    }
+
+    /// Applies `op`; returns what it did and the lowest index it changed.
+    fn apply(&self, op: Op, spill: &mut Spill) -> (Inserted, usize, bool) {
+        self.rewrite(|| {
+            let (result, from, touched) = op.run(self, spill);
+            (from, (result, from, touched))
+        })
     }
 
     /// Makes this table equal to `live`, which differs from it only at
     /// indices `from` and above (a straight copy: no search, no shift).
     fn catch_up(&self, live: &Table<N>, from: usize) {
-        self.begin_write();
-        let old_n = self.len.load(Ordering::Relaxed);
-        let n = live.len.load(Ordering::Relaxed);
-        for i in from..n {
-            self.set(i, live.get(i));
-        }
-        self.len.store(n, Ordering::Relaxed);
-        self.rebuild_index(from, old_n);
-        self.end_write();
+        self.rewrite(|| {
+            let n = live.len.load(Ordering::Relaxed);
+            for i in from..n {
+                self.set(i, live.get(i));
+            }
+            self.len.store(n, Ordering::Relaxed);
+            (from, ())
+        });
     }
 
     fn begin_write(&self) {
@@ -871,7 +880,7 @@ impl<const N: usize> MemtypeMap<N> {
     /// of the allocation recorded last needs neither search nor table work.
     pub fn take(&self, start: usize) -> Option<MemInfo> {
         let mut pending = self.writer.lock();
-        let known = match *pending {
+        let info = match *pending {
             // The allocation recorded last, stored as it came (the live
             // table has it).
             Some((
@@ -882,22 +891,20 @@ impl<const N: usize> MemtypeMap<N> {
                     pure: true,
                 },
                 _,
-            )) if s == start => Some((end, meta)),
+            )) if s == start => unpack(meta, start, end),
             _ => {
                 let live = &self.tables[self.live.load(Ordering::Relaxed)];
                 // The writer lock is held: no writer changes the live table
                 // while it is read here, so the answer needs no validation.
                 match live.probe(start, start.checked_add(1)?) {
-                    Lookup::Found(info) if info.base == start => {
-                        Some((start + info.len, pack(info.mem_type, info.device)))
-                    }
-                    _ => None,
+                    Lookup::Found(info) if info.base == start => info,
+                    _ => return None,
                 }
             }
         };
-        let (end, meta) = known?;
+        let end = start + info.len;
         self.update_locked(&mut pending, Op::Remove { start, end });
-        Some(unpack(meta, start, end))
+        Some(info)
     }
 
     /// Forgets every entry and every dropped range.
