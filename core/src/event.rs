@@ -897,14 +897,14 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// post-handlers. No lock is taken and nothing allocates; the table is not
     /// held while `original` runs (see [`Self::begin`]).
     pub fn dispatch(&self, depth: &DispatchDepth, event: &mut Event, original: impl FnOnce(&mut Event)) -> Dispatched {
-        self.dispatch_around(depth, None, event, original, 0, |_| None)
+        self.dispatch_around(depth, None, event, original, |_| None)
     }
 
     /// [`Self::dispatch`] with companion events in the same table visits: a
     /// host hook's `VM_UNMAPPED` (`before`, delivered to all its handlers
     /// just before `event`'s pre-handlers) and `VM_MAPPED` (made by `after`
     /// from the finished event, delivered to all its handlers just after
-    /// `event`'s post-handlers; `follow` names the kinds `after` may make).
+    /// `event`'s post-handlers).
     /// One table visit before the original call and one after, each only
     /// when a handler wants it.
     pub fn dispatch_around(
@@ -913,10 +913,9 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         mut before: Option<Event>,
         event: &mut Event,
         original: impl FnOnce(&mut Event),
-        follow: u32,
         after: impl FnOnce(&Event) -> Option<Event>,
     ) -> Dispatched {
-        let pass = self.begin(depth, before.as_mut(), event, follow);
+        let pass = self.begin(depth, before.as_mut(), event);
         if pass.call_original {
             original(event);
         }
@@ -936,7 +935,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// waits for a system call (which may itself wait for the registering
     /// thread: a FUSE daemon or a userfaultfd monitor in the same process).
     #[inline]
-    pub fn begin(&self, depth: &DispatchDepth, before: Option<&mut Event>, event: &mut Event, follow: u32) -> Pass {
+    pub fn begin(&self, depth: &DispatchDepth, before: Option<&mut Event>, event: &mut Event) -> Pass {
         let d = depth.0.get();
         if d >= MAX_NESTING {
             self.overflows.fetch_add(1, Ordering::Relaxed);
@@ -968,8 +967,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             handlers,
             call_original: event.result().is_none() || event.result_is_invalid(),
             overflowed: false,
-            // Kinds that `follow` may bring need a visit after the call too.
-            any: any & (kind | follow),
+            any,
             post_mask,
         }
     }

@@ -347,7 +347,7 @@ fn companion_events_come_before_pre_and_after_post_handlers() {
         address: 0x1000,
         size: 4096,
     }));
-    let out = d.dispatch_around(&depth, before, &mut ev, original_ok, bits::VM_MAPPED, |e| {
+    let out = d.dispatch_around(&depth, before, &mut ev, original_ok, |e| {
         // Made from the finished event: the original has run.
         assert_eq!(e.result(), Some(0));
         Some(Event::VmMapped(VmEvent {
@@ -368,7 +368,6 @@ fn companion_events_come_before_pre_and_after_post_handlers() {
         Some(Event::VmUnmapped(VmEvent { address: 1, size: 1 })),
         &mut ev,
         original_ok,
-        0,
         |_| None,
     );
     assert_eq!((out.handlers, out.called_original), (0, true));
@@ -388,7 +387,7 @@ fn a_dispatch_split_around_the_callers_own_call_keeps_every_rule() {
         size: 4096,
     });
     let mut ev = munmap();
-    let pass = d.begin(&depth, Some(&mut before), &mut ev, bits::VM_MAPPED);
+    let pass = d.begin(&depth, Some(&mut before), &mut ev);
     // Inside the pass the thread counts as dispatching: registering would
     // wait for itself, so it is refused.
     assert_eq!(depth.get(), 1);
@@ -418,7 +417,7 @@ fn a_dispatch_split_around_the_callers_own_call_keeps_every_rule() {
     // A pre-handler's valid result: the pass says not to call.
     d.register(&depth, bits::MMAP, -5, filler(0x7000)).unwrap();
     let mut ev = mmap_event();
-    let pass = d.begin(&depth, None, &mut ev, 0);
+    let pass = d.begin(&depth, None, &mut ev);
     assert!(!pass.call_original);
     let out = d.finish(&depth, pass, &mut ev, None);
     assert!(!out.called_original);

@@ -155,10 +155,10 @@ impl Begun {
 /// so, and hands it to [`finish`]. `None` when the thread's state is gone
 /// (thread exit): the hook just makes the call.
 #[inline(never)]
-pub(crate) fn begin(before: Option<&mut Event>, event: &mut Event, follow: u32) -> Option<Begun> {
+pub(crate) fn begin(before: Option<&mut Event>, event: &mut Event) -> Option<Begun> {
     DEPTH
         .try_with(|depth| Begun {
-            pass: DISPATCHER.begin(depth, before, event, follow),
+            pass: DISPATCHER.begin(depth, before, event),
             depth,
         })
         .ok()

@@ -72,9 +72,12 @@ struct Errno(*mut c_int, c_int);
 
 impl Errno {
     fn save() -> Self {
-        let at = errno_location();
-        // SAFETY: errno is thread-local and always accessible.
-        Errno(at, unsafe { *at })
+        // SAFETY: __errno_location has no preconditions; errno is
+        // thread-local and always accessible.
+        unsafe {
+            let at = libc::__errno_location();
+            Errno(at, *at)
+        }
     }
 
     fn restore(self) {
@@ -83,26 +86,18 @@ impl Errno {
     }
 }
 
-fn errno_location() -> *mut c_int {
-    // SAFETY: __errno_location has no preconditions.
-    unsafe { libc::__errno_location() }
-}
-
 /// Dispatches a hooked call: `original` makes the call and sets the
 /// event's result; the errno it left is what the caller sees, whatever the
-/// handlers after it did. The original is called here, inlined into the
-/// hook's own frame, not from inside the dispatcher: after a system call
-/// the kernel has evicted the return predictions and cache lines of every
-/// frame the return passes through, so the fewer frames, the cheaper.
+/// handlers after it did. The original is called here, in the hook's own
+/// frame, between the dispatcher's two halves.
 #[inline(always)]
 fn call_original(
     mut before: Option<Event>,
     event: &mut Event,
     original: impl FnOnce(&mut Event),
-    follow: u32,
     after: impl FnOnce(&Event) -> Option<Event>,
 ) {
-    let Some(begun) = begin(before.as_mut(), event, follow) else {
+    let Some(begun) = begin(before.as_mut(), event) else {
         original(event); // thread-local gone (thread exit): just the call
         return;
     };
@@ -166,7 +161,6 @@ pub(crate) unsafe extern "C" fn mmap_hook(
                 m.result = unsafe { orig(addr, len, prot, flags, fd, off) } as usize;
             }
         },
-        bits::VM_MAPPED,
         |e| succeeded(e).and_then(|r| mapped(r, len)),
     );
     ev.result().unwrap_or(-1) as usize as *mut c_void
@@ -193,7 +187,6 @@ pub(crate) unsafe extern "C" fn munmap_hook(addr: *mut c_void, len: usize) -> c_
                 m.result = unsafe { orig(addr, len) };
             }
         },
-        0,
         |_| None,
     );
     ev.result().unwrap_or(-1) as c_int
@@ -230,7 +223,6 @@ pub(crate) unsafe extern "C" fn mremap_hook(
                 m.result = unsafe { orig(old, old_size, new_size, flags, new_address) } as usize;
             }
         },
-        bits::VM_MAPPED,
         |e| succeeded(e).and_then(|r| mapped(r, new_size)),
     );
     ev.result().unwrap_or(-1) as usize as *mut c_void
@@ -269,7 +261,6 @@ pub(crate) unsafe extern "C" fn shmat_hook(shmid: c_int, shmaddr: *const c_void,
                 m.result = unsafe { orig(shmid, shmaddr, shmflg) } as usize;
             }
         },
-        bits::VM_MAPPED,
         |e| {
             succeeded(e)
                 .filter(|_| wants(bits::VM_MAPPED))
@@ -308,7 +299,6 @@ pub(crate) unsafe extern "C" fn shmdt_hook(shmaddr: *const c_void) -> c_int {
                 m.result = unsafe { orig(shmaddr) };
             }
         },
-        0,
         |_| None,
     );
     ev.result().unwrap_or(-1) as c_int
@@ -360,7 +350,6 @@ pub(crate) unsafe extern "C" fn sbrk_hook(increment: libc::intptr_t) -> *mut c_v
                 let _ = IN_SBRK.try_with(|f| f.set(false));
             }
         },
-        bits::VM_MAPPED,
         |e| {
             succeeded(e)
                 .filter(|_| increment > 0)
@@ -390,7 +379,6 @@ pub(crate) unsafe extern "C" fn brk_hook(addr: *mut c_void) -> c_int {
                 m.result = unsafe { orig(addr) };
             }
         },
-        bits::VM_MAPPED,
         |e| {
             if e.result() == Some(0) && new > top {
                 mapped(top, new - top)
@@ -429,7 +417,6 @@ pub(crate) unsafe extern "C" fn madvise_hook(addr: *mut c_void, len: usize, advi
                 m.result = unsafe { orig(addr, len, advice) };
             }
         },
-        0,
         |_| None,
     );
     ev.result().unwrap_or(-1) as c_int
