@@ -692,6 +692,11 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             .store(platform as *const Asymmetric as usize, Ordering::Release);
     }
 
+    /// Whether [`Self::enable_slots`] was called.
+    pub fn slots_enabled(&self) -> bool {
+        self.platform().is_some()
+    }
+
     fn platform(&self) -> Option<&'static Asymmetric> {
         let p = self.asymmetric.load(Ordering::Acquire) as *const Asymmetric;
         // SAFETY: the only value ever stored is a `&'static Asymmetric`

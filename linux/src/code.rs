@@ -15,11 +15,7 @@ use memhook_core::patch::{CodeMemory, PatchError};
 
 use core::sync::atomic::{AtomicU8, Ordering};
 
-use crate::maps;
-
-const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
-const MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_int = 1 << 5;
-const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE: libc::c_int = 1 << 6;
+use crate::{maps, membarrier};
 
 /// The grace wait used where membarrier SYNC_CORE is unavailable.
 pub const GRACE_WAIT_NS: i64 = 2_000_000;
@@ -35,21 +31,16 @@ pub enum Serialization {
 
 static MEMBARRIER: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 yes, 2 no
 
-fn membarrier(cmd: libc::c_int) -> libc::c_long {
-    // SAFETY: membarrier takes (cmd, flags, cpu_id) and touches no memory.
-    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) }
-}
-
 /// Which serialisation this process uses (registering for membarrier on the
 /// first call).
 pub fn serialization() -> Serialization {
     let mut state = MEMBARRIER.load(Ordering::Acquire);
     if state == 0 {
-        let supported = membarrier(MEMBARRIER_CMD_QUERY);
-        let ok = supported >= 0
-            && supported & MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE as libc::c_long != 0
-            && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE) == 0;
-        state = if ok { 1 } else { 2 };
+        state = if membarrier::register(membarrier::PRIVATE_EXPEDITED_SYNC_CORE) {
+            1
+        } else {
+            2
+        };
         MEMBARRIER.store(state, Ordering::Release);
     }
     if state == 1 {
@@ -74,7 +65,7 @@ static REGISTER_AT_LOAD: extern "C" fn() = register_at_load;
 /// Makes every core of the process see the code written so far.
 pub fn serialize_all_cores() {
     if serialization() == Serialization::MembarrierSyncCore
-        && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE) == 0
+        && membarrier::call(membarrier::PRIVATE_EXPEDITED_SYNC_CORE) == 0
     {
         return;
     }

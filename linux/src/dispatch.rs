@@ -9,6 +9,8 @@
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::ops::ControlFlow;
 
+use crate::membarrier;
+
 use memhook_core::event::{
     Asymmetric, DispatchDepth, Dispatcher, Event, Handler, HandlerId, Pass, RegisterError, VmEvent, bits,
 };
@@ -69,19 +71,10 @@ thread_local! {
     static DEPTH: DispatchDepth = const { DispatchDepth::new() };
 }
 
-const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
-const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
-const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
-
-fn membarrier(cmd: libc::c_int) -> libc::c_long {
-    // SAFETY: membarrier takes (cmd, flags, cpu_id) and touches no memory.
-    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) }
-}
-
 /// The barrier, thread ids and liveness the dispatcher's reader slots need
 /// (see `Dispatcher::enter`).
 static PLATFORM: Asymmetric = Asymmetric {
-    barrier: || membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0,
+    barrier: || membarrier::call(membarrier::PRIVATE_EXPEDITED) == 0,
     // SAFETY: gettid has no arguments and cannot fail.
     thread_id: || unsafe { libc::syscall(libc::SYS_gettid) } as u64,
     thread_alive: |tid| {
@@ -97,10 +90,8 @@ static PLATFORM: Asymmetric = Asymmetric {
 /// than the shared counters (two locked instructions per call): the kernel
 /// has `membarrier(PRIVATE_EXPEDITED)` and this process registered for it.
 pub fn reader_slots() -> bool {
-    SLOTS.load(Ordering::Acquire)
+    DISPATCHER.slots_enabled()
 }
-
-static SLOTS: AtomicBool = AtomicBool::new(false);
 
 /// Registers for the expedited membarrier at load, while the process is
 /// (usually) single-threaded, so that the registration is quick; then
@@ -115,13 +106,8 @@ extern "C" fn enable_reader_slots_at_load() {
     if !off.is_null() && unsafe { core::ffi::CStr::from_ptr(off) }.to_bytes() == b"0" {
         return;
     }
-    let supported = membarrier(MEMBARRIER_CMD_QUERY);
-    if supported >= 0
-        && supported & MEMBARRIER_CMD_PRIVATE_EXPEDITED as libc::c_long != 0
-        && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0
-    {
+    if membarrier::register(membarrier::PRIVATE_EXPEDITED) {
         DISPATCHER.enable_slots(&PLATFORM);
-        SLOTS.store(true, Ordering::Release);
     }
 }
 

@@ -22,6 +22,7 @@ pub mod dispatch;
 mod host;
 mod install;
 pub mod maps;
+mod membarrier;
 pub mod memtype;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub mod reloc;
