@@ -13,13 +13,16 @@
 //!
 //! # Concurrency
 //!
-//! Two immutable handler tables, an atomic index of the live one, and a reader
-//! count per table. Dispatch marks the live table busy while it reads it
-//! (not while the original call runs); it never waits. Registration (serialised by a writer lock that dispatch never takes)
-//! fills the other table, swaps, and waits until the old table has no
-//! readers, so that once [`Dispatcher::unregister`] returns the removed
-//! handler is never called again. Registering from inside a handler would
-//! wait for itself; it fails with [`RegisterError::InsideHandler`] instead.
+//! Two immutable handler tables, an atomic index of the live one, and the
+//! readers' marks: a slot per thread where the platform provides an
+//! asymmetric barrier ([`Dispatcher::enable_slots`]), else a count per
+//! table. Dispatch marks the live table busy while it reads it (not while
+//! the original call runs); it never waits. Registration (serialised by a
+//! writer lock that dispatch never takes) fills the other table, swaps, and
+//! waits until the old table has no readers, so that once
+//! [`Dispatcher::unregister`] returns the removed handler is never called
+//! again. Registering from inside a handler would wait for itself; it fails
+//! with [`RegisterError::InsideHandler`] instead.
 //!
 //! The caller owns the per-thread nesting state ([`DispatchDepth`], a
 //! thread-local in the Linux runtime), because `core` has no threads of its
@@ -608,7 +611,7 @@ impl ReaderSlot {
 }
 
 /// What a platform gives a dispatcher so that readers can skip locked
-/// instructions (the asymmetric handshake in [`Dispatcher::enter`]).
+/// instructions (the asymmetric handshake the module docs describe).
 #[derive(Debug)]
 pub struct Asymmetric {
     /// Makes every thread of the process execute a full memory barrier
