@@ -12,6 +12,24 @@
 //! memory, so lookups from many threads do not contend, and an update never
 //! blocks a lookup.
 //!
+//! # Finding the entry
+//!
+//! A table's starts are searched two ways, both branch-free within a node
+//! (16 keys compared at once, with AVX2 where the CPU has it):
+//! - a search tree over the starts: one node per level, so four dependent
+//!   node searches at 65,536 entries;
+//! - from 64 entries on, a bucket table: the span of the starts cut into a
+//!   power-of-two number of equal, power-of-two-wide buckets (about one
+//!   per four entries), each holding how many starts lie below it. A
+//!   lookup reads its bucket's count and compares the next 16 starts: one
+//!   small load and one node, whatever the size. When more starts than
+//!   that lie between the bucket's beginning and the address (a dense
+//!   cluster of small ranges in a wide span), the tree answers instead.
+//!
+//! An update recounts the buckets that begin inside its range and adds its
+//! change in length to the ones above; the count and width change only
+//! when they are off by more than a factor of two.
+//!
 //! # The promise: never a wrong type
 //!
 //! - `insert` replaces whatever it overlaps (neighbours are trimmed or split).
@@ -42,7 +60,7 @@
 
 use core::fmt;
 
-use crate::sync::{AtomicU64, AtomicUsize, Mutex, Ordering, fence, spin_wait};
+use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering, fence, spin_wait};
 
 /// Kinds of memory. The values are the C ABI's `MEMHOOK_MEM_TYPE_*`.
 #[repr(u32)]
@@ -180,6 +198,14 @@ const COPY_CATCH_UP: usize = 32;
 
 /// Keys per node of the search tree: two cache lines of starts.
 const B: usize = 16;
+
+/// From this many entries on, a table keeps its bucket table (see
+/// [`Table::bucket_rank`]); below, the search tree alone answers.
+const BUCKETS_MIN: usize = 64;
+/// Entries per bucket, on average, that a bucket table is sized for.
+const STARTS_PER_BUCKET: usize = 4;
+/// The bucket shift of a table that keeps no bucket table.
+const BUCKETS_OFF: usize = usize::BITS as usize;
 /// Most levels above the starts (16^8 keys is far beyond any capacity).
 const MAX_LEVELS: usize = 8;
 
@@ -228,6 +254,14 @@ struct Table<const N: usize> {
     slots: [Slot; N],
     /// The upper levels of the search tree (see [`Geometry`]).
     index: [AtomicUsize; N],
+    /// The bucket table: `buckets[b]`, for `b < bucket_count`, is the
+    /// number of starts below `bucket_lo + (b << bucket_shift)`.
+    buckets: [AtomicU32; N],
+    bucket_lo: AtomicUsize,
+    /// [`BUCKETS_OFF`] while the table keeps no bucket table.
+    bucket_shift: AtomicUsize,
+    /// A power of two, at most `N`.
+    bucket_count: AtomicUsize,
 }
 
 /// Changes made by one table update that happen outside the table.
@@ -269,6 +303,17 @@ enum Op {
 }
 
 impl Op {
+    /// The addresses `[lo, hi]` that every start the operation adds or
+    /// removes lies in (all of them, for `Clear`).
+    fn span(self) -> Option<(usize, usize)> {
+        match self {
+            Op::Insert { start, end, .. } | Op::Remove { start, end } | Op::Undo { start, end, .. } => {
+                Some((start, end))
+            }
+            Op::Clear => None,
+        }
+    }
+
     /// Applies the operation to `t`; returns the insert's outcome, the
     /// lowest index whose start may have changed, and whether an insert
     /// overlapped an entry.
@@ -328,7 +373,10 @@ fn node_rank_portable(node: &[AtomicUsize], addr: usize) -> usize {
 
 impl<const N: usize> Table<N> {
     const GEOMETRY: Geometry = geometry(N);
-    const FITS: () = assert!(Self::GEOMETRY.total <= N, "search tree does not fit the index");
+    const FITS: () = assert!(
+        Self::GEOMETRY.total <= N && N <= u32::MAX as usize,
+        "search tree does not fit the index, or bucket ranks do not fit u32"
+    );
 
     #[cfg(not(memhook_loom))]
     const fn new() -> Self {
@@ -344,6 +392,10 @@ impl<const N: usize> Table<N> {
                 }
             }; N],
             index: [const { AtomicUsize::new(usize::MAX) }; N],
+            buckets: [const { AtomicU32::new(0) }; N],
+            bucket_lo: AtomicUsize::new(0),
+            bucket_shift: AtomicUsize::new(BUCKETS_OFF),
+            bucket_count: AtomicUsize::new(0),
         }
     }
 
@@ -359,6 +411,10 @@ impl<const N: usize> Table<N> {
                 meta: AtomicU64::new(0),
             }),
             index: core::array::from_fn(|_| AtomicUsize::new(usize::MAX)),
+            buckets: core::array::from_fn(|_| AtomicU32::new(0)),
+            bucket_lo: AtomicUsize::new(0),
+            bucket_shift: AtomicUsize::new(BUCKETS_OFF),
+            bucket_count: AtomicUsize::new(0),
         }
     }
 
@@ -368,6 +424,43 @@ impl<const N: usize> Table<N> {
     /// access out of bounds.
     #[inline(always)]
     fn upper_bound(&self, n: usize, addr: usize) -> usize {
+        let shift = self.bucket_shift.load(Ordering::Relaxed);
+        if shift < BUCKETS_OFF
+            && let Some(i) = self.bucket_rank(addr, shift)
+        {
+            return i;
+        }
+        self.tree_rank(n, addr)
+    }
+
+    /// [`Self::upper_bound`] through the bucket table: the bucket of `addr`
+    /// gives the number of starts below the bucket's first address, and
+    /// one 16-key window of starts from there counts the rest. One load
+    /// and one node where the tree takes a node per level. `None` when
+    /// the bucket holds more starts than the window sees (a dense cluster
+    /// of small ranges), or on torn data: the tree answers then.
+    #[inline(always)]
+    fn bucket_rank(&self, addr: usize, shift: usize) -> Option<usize> {
+        let Some(offset) = addr.checked_sub(self.bucket_lo.load(Ordering::Relaxed)) else {
+            return Some(0); // below every start
+        };
+        let last = self.bucket_count.load(Ordering::Relaxed).wrapping_sub(1);
+        let below = self.buckets.get((offset >> shift).min(last))?.load(Ordering::Relaxed) as usize;
+        if below + B > N {
+            return None;
+        }
+        // The answer's slot is most likely the window's first few.
+        #[cfg(all(target_arch = "x86_64", not(memhook_loom)))]
+        if let Some(slots) = self.slots.get(below.saturating_sub(1)..below + STARTS_PER_BUCKET) {
+            crate::simd::prefetch(slots.as_ptr().cast(), size_of_val(slots));
+        }
+        let more = node_rank(&self.starts, below, addr);
+        (more < B).then_some(below + more)
+    }
+
+    /// [`Self::upper_bound`] through the search tree.
+    #[inline(always)]
+    fn tree_rank(&self, n: usize, addr: usize) -> usize {
         let g = &Self::GEOMETRY;
         if g.levels == 0 {
             return count_le(&self.starts, 0, n, addr);
@@ -391,15 +484,27 @@ impl<const N: usize> Table<N> {
             if p == 0 {
                 return 0;
             }
-            let start = (B * (p - 1)).min(g.size[l] - B);
+            // With a consistent table the child lies inside its level;
+            // a torn read (discarded by the caller) may point past it.
+            // A predicted branch, where a clamp would lengthen the chain
+            // of dependent loads.
+            let start = B * (p - 1);
+            if start + B > g.size[l] {
+                return 0;
+            }
             p = start + node_rank(&self.index, g.off[l] + start, addr);
         }
         if p == 0 {
             return 0;
         }
-        // Starts past `n` are usize::MAX, so a window moved left to fit the
-        // array still counts exactly.
-        let start = (B * (p - 1)).min(N - B);
+        let mut start = B * (p - 1);
+        if !N.is_multiple_of(B) {
+            // Starts past `n` are usize::MAX, so a window moved left to
+            // fit the array still counts exactly.
+            start = start.min(N - B);
+        } else if start + B > N {
+            return 0; // torn
+        }
         // The slot the answer reads is one of this leaf's: fetch them while
         // the leaf's starts are compared (two misses overlap instead of
         // following each other).
@@ -538,21 +643,103 @@ impl<const N: usize> Table<N> {
         }
     }
 
+    /// Rewrites the bucket table after the starts from index `from` on
+    /// changed (the length was `old_n`), all of the added and removed
+    /// ones within `span` when known. The table covers `[lo, last start]`
+    /// with a power-of-two count of buckets, about one per
+    /// [`STARTS_PER_BUCKET`] entries, of a power-of-two width; both are
+    /// kept while they stay within a factor of two of that, and `lo` while
+    /// no start lies below it. So an update usually recounts only the
+    /// buckets that begin inside its span, and adds the change in length
+    /// to those past it.
+    fn rebuild_buckets(&self, from: usize, old_n: usize, span: Option<(usize, usize)>) {
+        let n = self.len.load(Ordering::Relaxed);
+        if n < BUCKETS_MIN {
+            self.bucket_shift.store(BUCKETS_OFF, Ordering::Relaxed);
+            return;
+        }
+        let start = |i: usize| self.starts[i].load(Ordering::Relaxed);
+        let (first, last) = (start(0), start(n - 1));
+        // The most buckets the array holds: a power of two.
+        let cap = 1usize << (usize::BITS - 1 - N.leading_zeros());
+        let want = (n / STARTS_PER_BUCKET).next_power_of_two().min(cap);
+        let (old_shift, old_lo, old_count) = (
+            self.bucket_shift.load(Ordering::Relaxed),
+            self.bucket_lo.load(Ordering::Relaxed),
+            self.bucket_count.load(Ordering::Relaxed),
+        );
+        let mut full = old_shift == BUCKETS_OFF || old_lo > first || old_count > want * 2 || old_count * 2 < want;
+        let count = if full { want } else { old_count };
+        let lo = if full { first } else { old_lo };
+        let extent = last - lo;
+        // The narrowest width that covers the starts; the current one
+        // while it covers them and is at most twice as wide.
+        let mut shift = 0;
+        while shift < usize::BITS as usize - 1 && extent >> shift >= count {
+            shift += 1;
+        }
+        if !full && old_shift != shift && (old_shift < shift || old_shift > shift + 1) {
+            full = true;
+        }
+        if !full {
+            shift = old_shift;
+        }
+        let bucket_start = |b: usize| lo.saturating_add(b << shift);
+        // The first bucket that begins above `v`.
+        let bucket_after = |v: usize| v.checked_sub(lo).map_or(0, |o| ((o >> shift) + 1).min(count));
+        let (mut b, mut j, recount_to) = match (full, span) {
+            (true, _) => (0, 0, count),
+            (false, Some((span_lo, span_hi))) => {
+                let b = bucket_after(span_lo);
+                let bound = bucket_start(b);
+                (
+                    b,
+                    self.first_above(n, bound.wrapping_sub(1), start) * usize::from(bound > 0),
+                    bucket_after(span_hi),
+                )
+            }
+            (false, None) => match from.min(n) {
+                0 => (0, 0, count),
+                f => (bucket_after(start(f - 1)), f, count),
+            },
+        };
+        while b < recount_to {
+            let bound = bucket_start(b);
+            while j < n && start(j) < bound {
+                j += 1;
+            }
+            self.buckets[b].store(j as u32, Ordering::Relaxed);
+            b += 1;
+        }
+        // Past the span every bucket counts the same starts as before,
+        // moved by the change in length.
+        let delta = n.wrapping_sub(old_n) as u32;
+        if delta != 0 {
+            for bucket in self.buckets.get(recount_to..count).unwrap_or(&[]) {
+                bucket.store(bucket.load(Ordering::Relaxed).wrapping_add(delta), Ordering::Relaxed);
+            }
+        }
+        self.bucket_lo.store(lo, Ordering::Relaxed);
+        self.bucket_count.store(count, Ordering::Relaxed);
+        self.bucket_shift.store(shift, Ordering::Relaxed);
+    }
+
     /// Runs `change` (which returns the lowest index whose start may have
     /// changed) with the table marked as being written, then rewrites the
     /// search tree from there.
-    fn rewrite<R>(&self, change: impl FnOnce() -> (usize, R)) -> R {
+    fn rewrite<R>(&self, span: Option<(usize, usize)>, change: impl FnOnce() -> (usize, R)) -> R {
         self.begin_write();
         let old_n = self.len.load(Ordering::Relaxed);
         let (from, r) = change();
         self.rebuild_index(from, old_n);
+        self.rebuild_buckets(from, old_n, span);
         self.end_write();
         r
     }
 
     /// Applies `op`; returns what it did and the lowest index it changed.
     fn apply(&self, op: Op, spill: &mut Spill) -> (Inserted, usize, bool) {
-        self.rewrite(|| {
+        self.rewrite(op.span(), || {
             let (result, from, touched) = op.run(self, spill);
             (from, (result, from, touched))
         })
@@ -561,7 +748,7 @@ impl<const N: usize> Table<N> {
     /// Makes this table equal to `live`, which differs from it only at
     /// indices `from` and above (a straight copy: no search, no shift).
     fn catch_up(&self, live: &Table<N>, from: usize) {
-        self.rewrite(|| {
+        self.rewrite(None, || {
             let n = live.len.load(Ordering::Relaxed);
             for i in from..n {
                 self.set(i, live.get(i));
@@ -1000,6 +1187,78 @@ mod tests {
             "the other table agrees"
         );
         assert_eq!(m.lookup(0x1800, 8), Lookup::Absent);
+    }
+
+    /// The bucket table against a plain count of the starts, through
+    /// inserts and removes that move its low end, widen and narrow its
+    /// span, cross its size thresholds and pile many small ranges into
+    /// one bucket (where the window falls back to the tree).
+    #[test]
+    fn the_bucket_table_counts_the_starts_exactly() {
+        let map: MemtypeMap<512> = MemtypeMap::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as usize
+        };
+        let mut used_buckets = 0;
+        for round in 0..3000 {
+            let r = next();
+            let (start, len) = match round % 5 {
+                // Spread over a wide span.
+                0 | 1 => (0x1_0000_0000 + (r % 4096) * 0x20_0000, 0x1000),
+                // A dense cluster of small ranges.
+                2 => (0x2_0000_0000 + (r % 2048) * 0x40, 0x40),
+                // Far above and far below (moving both ends).
+                3 => (
+                    if r & 1 == 0 { 0x7000_0000_0000 } else { 0x1000 } + (r >> 8) % 64 * 0x1000,
+                    0x1000,
+                ),
+                _ => (0x1_0000_0000 + (r % 4096) * 0x20_0000, 0x40_0000),
+            };
+            if next() % 3 == 0 {
+                map.remove(start, len).unwrap();
+            } else {
+                map.insert(start, len, MemType::Cuda, 0).unwrap();
+            }
+            let t = &map.tables[map.live.load(Ordering::Relaxed)];
+            let n = t.len.load(Ordering::Relaxed);
+            let shift = t.bucket_shift.load(Ordering::Relaxed);
+            assert_eq!(
+                shift < BUCKETS_OFF,
+                n >= BUCKETS_MIN,
+                "bucket table on iff {n} >= {BUCKETS_MIN}"
+            );
+            let starts: [usize; 512] = core::array::from_fn(|i| t.starts[i].load(Ordering::Relaxed));
+            for probe in [
+                next(),
+                start,
+                start + len - 1,
+                start.wrapping_sub(1),
+                starts[next() % n.max(1)],
+                0,
+                usize::MAX - 1,
+            ] {
+                if probe == usize::MAX {
+                    continue; // no lookup asks there (its end would wrap)
+                }
+                let want = starts[..n].iter().filter(|&&s| s <= probe).count();
+                assert_eq!(t.tree_rank(n, probe), want, "tree at {probe:#x}");
+                if shift < BUCKETS_OFF
+                    && let Some(got) = t.bucket_rank(probe, shift)
+                {
+                    assert_eq!(got, want, "buckets at {probe:#x} (n {n}, shift {shift})");
+                    used_buckets += 1;
+                }
+                assert_eq!(t.upper_bound(n, probe), want);
+            }
+        }
+        assert!(
+            used_buckets > 1000,
+            "the bucket path answered only {used_buckets} probes"
+        );
     }
 
     #[cfg(all(target_arch = "x86_64", not(memhook_loom)))]

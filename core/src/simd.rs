@@ -4,17 +4,18 @@
 //! are `<= addr`) is 16 comparisons. The baseline x86_64 target has no
 //! 64-bit vector compare, so the portable code compiles to 16 scalar
 //! compares and their packing (about 80 instructions a node). With AVX2,
-//! four `vpcmpgtq` and four `vmovmskpd` do it (about 20). The CPU is
-//! asked once (cpuid, and xgetbv for the OS's YMM support); without AVX2,
-//! or under loom, the portable code runs.
+//! four `vpcmpgtq`, two saturating packs, one `vpmovmskb` and a `popcnt`
+//! do it (about 20). The CPU is asked once (cpuid, and xgetbv for the OS's
+//! YMM support); without AVX2 and POPCNT, or under loom, the portable code
+//! runs.
 //!
 //! The keys are read by inline assembly: 32-byte loads that x86_64 performs
 //! as four 8-byte loads, each single-copy atomic (aligned 8-byte accesses
 //! always are), exactly what the portable code's relaxed atomic loads do.
 //! Like those, they may see a table being rewritten; the map's sequence
 //! number validates every answer, and a torn node yields a rank in 0..=16
-//! all the same (the sentinel bit bounds it), so no access goes out of
-//! bounds.
+//! all the same (half the bits of a 32-bit mask), so no access goes out
+//! of bounds.
 
 use core::sync::atomic::{AtomicU8, Ordering};
 
@@ -38,7 +39,8 @@ fn detect() -> bool {
     use core::arch::x86_64::{__cpuid, __cpuid_count};
     // SAFETY: cpuid is available on every x86_64 CPU.
     let leaf1 = unsafe { __cpuid(1) };
-    let osxsave_avx = leaf1.ecx & (1 << 27) != 0 && leaf1.ecx & (1 << 28) != 0;
+    // POPCNT, OSXSAVE and AVX.
+    let osxsave_avx = leaf1.ecx & (1 << 23) != 0 && leaf1.ecx & (1 << 27) != 0 && leaf1.ecx & (1 << 28) != 0;
     let ok = osxsave_avx
         && {
             let xcr0: u32;
@@ -65,11 +67,13 @@ fn detect() -> bool {
 /// `usize` words.
 #[inline(always)]
 pub(crate) unsafe fn node_rank(keys: *const usize, addr: usize) -> usize {
-    let mask: u64;
+    let le_bytes: u32;
     // SAFETY: the caller's contract: AVX2 is usable and the 128 bytes at
     // `keys` are readable. Keys and address are biased by 2^63 so that the
-    // signed compare orders them as unsigned; bit i of the mask is set when
-    // key i > addr, and bit 16 bounds the count.
+    // signed compare orders them as unsigned. Each compare leaves a lane of
+    // ones where key > addr; two saturating packs narrow the four vectors
+    // to 32 bytes (two per key, in some order), and `vpmovmskb` gathers
+    // them: the keys <= addr are half the zero bits, whatever their order.
     unsafe {
         core::arch::asm!(
             "vmovq xmm0, {addr}",
@@ -78,37 +82,34 @@ pub(crate) unsafe fn node_rank(keys: *const usize, addr: usize) -> usize {
             "vpbroadcastq ymm1, xmm1",
             "vpxor ymm0, ymm0, ymm1",
             "vpxor ymm2, ymm1, ymmword ptr [{keys}]",
+            "vpxor ymm3, ymm1, ymmword ptr [{keys} + 32]",
+            "vpxor ymm4, ymm1, ymmword ptr [{keys} + 64]",
+            "vpxor ymm5, ymm1, ymmword ptr [{keys} + 96]",
             "vpcmpgtq ymm2, ymm2, ymm0",
-            "vmovmskpd {m}, ymm2",
-            "vpxor ymm2, ymm1, ymmword ptr [{keys} + 32]",
-            "vpcmpgtq ymm2, ymm2, ymm0",
-            "vmovmskpd {t}, ymm2",
-            "shl {t}, 4",
-            "or {m}, {t}",
-            "vpxor ymm2, ymm1, ymmword ptr [{keys} + 64]",
-            "vpcmpgtq ymm2, ymm2, ymm0",
-            "vmovmskpd {t}, ymm2",
-            "shl {t}, 8",
-            "or {m}, {t}",
-            "vpxor ymm2, ymm1, ymmword ptr [{keys} + 96]",
-            "vpcmpgtq ymm2, ymm2, ymm0",
-            "vmovmskpd {t}, ymm2",
-            "shl {t}, 12",
-            "or {m}, {t}",
-            "or {m}, 0x10000",
+            "vpcmpgtq ymm3, ymm3, ymm0",
+            "vpcmpgtq ymm4, ymm4, ymm0",
+            "vpcmpgtq ymm5, ymm5, ymm0",
+            "vpackssdw ymm2, ymm2, ymm3",
+            "vpackssdw ymm4, ymm4, ymm5",
+            "vpacksswb ymm2, ymm2, ymm4",
+            "vpmovmskb {m:e}, ymm2",
+            "not {m:e}",
+            "popcnt {m:e}, {m:e}",
             "vzeroupper",
             addr = in(reg) addr,
             bias = in(reg) 1u64 << 63,
             keys = in(reg) keys,
-            m = out(reg) mask,
-            t = out(reg) _,
+            m = out(reg) le_bytes,
             out("xmm0") _,
             out("xmm1") _,
             out("xmm2") _,
+            out("xmm3") _,
+            out("xmm4") _,
+            out("xmm5") _,
             options(nostack, readonly, pure)
         );
     }
-    mask.trailing_zeros() as usize
+    le_bytes as usize / 2
 }
 
 /// Asks the cache for the lines of `[p, p + len)` (a hint: it reads
