@@ -21,10 +21,12 @@
 //! - from 64 entries on, a bucket table: the span of the starts cut into a
 //!   power-of-two number of equal, power-of-two-wide buckets (about one
 //!   per four entries), each holding how many starts lie below it. A
-//!   lookup reads its bucket's count and compares the next 16 starts: one
-//!   small load and one node, whatever the size. When more starts than
-//!   that lie between the bucket's beginning and the address (a dense
-//!   cluster of small ranges in a wide span), the tree answers instead.
+//!   lookup reads its bucket's count (and the next bucket's) and, when at
+//!   most 16 starts lie in the bucket, compares them: one small load and
+//!   one node, whatever the size. A bucket with more (a dense cluster of
+//!   small ranges in a wide span) is searched from the lowest tree level
+//!   one node of which covers it: two nodes for up to 256 starts, rather
+//!   than the tree's full height.
 //!
 //! An update recounts the buckets that begin inside its range and adds its
 //! change in length to the ones above; the count and width change only
@@ -426,39 +428,65 @@ impl<const N: usize> Table<N> {
     fn upper_bound(&self, n: usize, addr: usize) -> usize {
         let shift = self.bucket_shift.load(Ordering::Relaxed);
         if shift < BUCKETS_OFF
-            && let Some(i) = self.bucket_rank(addr, shift)
+            && let Some(i) = self.bucket_rank(n, addr, shift)
         {
             return i;
         }
         self.tree_rank(n, addr)
     }
 
-    /// [`Self::upper_bound`] through the bucket table: the bucket of `addr`
-    /// gives the number of starts below the bucket's first address, and
-    /// one 16-key window of starts from there counts the rest. One load
-    /// and one node where the tree takes a node per level. `None` when
-    /// the bucket holds more starts than the window sees (a dense cluster
-    /// of small ranges), or on torn data: the tree answers then.
+    /// [`Self::upper_bound`] through the bucket table. The bucket of `addr`
+    /// bounds the answer: at least the count of starts below the bucket,
+    /// at most the count below the next one. When at most 16 starts lie
+    /// in the bucket, one 16-key window of starts from the lower bound
+    /// counts the rest: one load and one node where the tree takes a node
+    /// per level. A bucket with more (a dense cluster of small ranges in a
+    /// wide span) is searched from the lowest tree level one node of which
+    /// covers it, rather than from the top. `None` on torn data (the
+    /// caller's sequence check discards whatever this answers then).
     #[inline(always)]
-    fn bucket_rank(&self, addr: usize, shift: usize) -> Option<usize> {
+    fn bucket_rank(&self, n: usize, addr: usize, shift: usize) -> Option<usize> {
         let Some(offset) = addr.checked_sub(self.bucket_lo.load(Ordering::Relaxed)) else {
             return Some(0); // below every start
         };
-        let last = self.bucket_count.load(Ordering::Relaxed).wrapping_sub(1);
-        let below = self.buckets.get((offset >> shift).min(last))?.load(Ordering::Relaxed) as usize;
-        if below + B > N {
-            return None;
+        let count = self.bucket_count.load(Ordering::Relaxed);
+        // Past the last bucket: the last (it reaches past the last start).
+        let b = (offset >> shift).min(count.wrapping_sub(1));
+        let below = self.buckets.get(b)?.load(Ordering::Relaxed) as usize;
+        let upto = if b + 1 < count {
+            self.buckets.get(b + 1)?.load(Ordering::Relaxed) as usize
+        } else {
+            n // the last bucket reaches past the last start
+        };
+        if upto <= below + B {
+            if below + B > N {
+                return None;
+            }
+            // The answer's slot is most likely the window's first few.
+            #[cfg(all(target_arch = "x86_64", not(memhook_loom)))]
+            if let Some(slots) = self.slots.get(below.saturating_sub(1)..below + STARTS_PER_BUCKET) {
+                crate::simd::prefetch(slots.as_ptr().cast(), size_of_val(slots));
+            }
+            return Some(below + node_rank(&self.starts, below, addr));
         }
-        // The answer's slot is most likely the window's first few.
-        #[cfg(all(target_arch = "x86_64", not(memhook_loom)))]
-        if let Some(slots) = self.slots.get(below.saturating_sub(1)..below + STARTS_PER_BUCKET) {
-            crate::simd::prefetch(slots.as_ptr().cast(), size_of_val(slots));
+        // Level `l`'s keys are every (16^(l+1))th start: the window of 16
+        // from the key at or before `below` covers the bucket when it
+        // reaches `upto`. Its keys before `below` are below `addr` and its
+        // keys from `upto` on above it, so its count is the level's.
+        let g = &Self::GEOMETRY;
+        let mut stride_log = B.trailing_zeros();
+        for l in 0..g.levels {
+            let first = below >> stride_log;
+            if upto <= (first + B) << stride_log && first + B <= g.size[l] {
+                let p = first + node_rank(&self.index, g.off[l] + first, addr);
+                return Some(self.descend(l, p, addr));
+            }
+            stride_log += B.trailing_zeros();
         }
-        let more = node_rank(&self.starts, below, addr);
-        (more < B).then_some(below + more)
+        None
     }
 
-    /// [`Self::upper_bound`] through the search tree.
+    /// [`Self::upper_bound`] through the search tree, from its top.
     #[inline(always)]
     fn tree_rank(&self, n: usize, addr: usize) -> usize {
         let g = &Self::GEOMETRY;
@@ -478,7 +506,15 @@ impl<const N: usize> Table<N> {
             l += 1;
             span *= B;
         }
-        let mut p = node_rank(&self.index, g.off[l], addr);
+        let p = node_rank(&self.index, g.off[l], addr);
+        self.descend(l, p, addr)
+    }
+
+    /// The number of starts `<= addr`, given `p`, the number of level
+    /// `l`'s keys `<= addr`: one node per level below.
+    #[inline(always)]
+    fn descend(&self, mut l: usize, mut p: usize, addr: usize) -> usize {
+        let g = &Self::GEOMETRY;
         while l > 0 {
             l -= 1;
             if p == 0 {
@@ -1218,7 +1254,12 @@ mod tests {
                 ),
                 _ => (0x1_0000_0000 + (r % 4096) * 0x20_0000, 0x40_0000),
             };
-            if next() % 3 == 0 {
+            if round % 400 == 399 {
+                // Most of the map goes at once: the bucket table shrinks
+                // and leaves stale counts past its end.
+                map.remove(0x1_0000_0000, 0x2_0000_0000 - round % 3 * 0x8000_0000)
+                    .unwrap();
+            } else if next() % 3 == 0 {
                 map.remove(start, len).unwrap();
             } else {
                 map.insert(start, len, MemType::Cuda, 0).unwrap();
@@ -1232,14 +1273,26 @@ mod tests {
                 "bucket table on iff {n} >= {BUCKETS_MIN}"
             );
             let starts: [usize; 512] = core::array::from_fn(|i| t.starts[i].load(Ordering::Relaxed));
+            let (lo, count) = (
+                t.bucket_lo.load(Ordering::Relaxed),
+                t.bucket_count.load(Ordering::Relaxed),
+            );
+            let bucket_end = lo.saturating_add(count << shift.min(63));
+            let last = starts[n.max(1) - 1];
             for probe in [
                 next(),
                 start,
                 start + len - 1,
                 start.wrapping_sub(1),
                 starts[next() % n.max(1)],
+                starts[next() % n.max(1)].wrapping_sub(1),
                 0,
                 usize::MAX - 1,
+                last,
+                last.wrapping_add(1 + next() % 0x10_0000),
+                bucket_end,
+                bucket_end.wrapping_add(next() % 0x1000_0000),
+                lo.wrapping_add((next() % count.max(1)) << shift.min(63)),
             ] {
                 if probe == usize::MAX {
                     continue; // no lookup asks there (its end would wrap)
@@ -1247,7 +1300,7 @@ mod tests {
                 let want = starts[..n].iter().filter(|&&s| s <= probe).count();
                 assert_eq!(t.tree_rank(n, probe), want, "tree at {probe:#x}");
                 if shift < BUCKETS_OFF
-                    && let Some(got) = t.bucket_rank(probe, shift)
+                    && let Some(got) = t.bucket_rank(n, probe, shift)
                 {
                     assert_eq!(got, want, "buckets at {probe:#x} (n {n}, shift {shift})");
                     used_buckets += 1;
