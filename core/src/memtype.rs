@@ -458,16 +458,16 @@ impl<const N: usize> Table<N> {
         } else {
             n // the last bucket reaches past the last start
         };
+        // A window moved left to fit its array counts the same: the keys
+        // it gains lie below the bucket, so below `addr`.
         if upto <= below + B {
-            if below + B > N {
-                return None;
-            }
+            let first = below.min(N.saturating_sub(B));
             // The answer's slot is most likely the window's first few.
             #[cfg(all(target_arch = "x86_64", not(memhook_loom)))]
             if let Some(slots) = self.slots.get(below.saturating_sub(1)..below + STARTS_PER_BUCKET) {
                 crate::simd::prefetch(slots.as_ptr().cast(), size_of_val(slots));
             }
-            return Some(below + node_rank(&self.starts, below, addr));
+            return Some(first + node_rank(&self.starts, first, addr));
         }
         // Level `l`'s keys are every (16^(l+1))th start: the window of 16
         // from the key at or before `below` covers the bucket when it
@@ -476,8 +476,8 @@ impl<const N: usize> Table<N> {
         let g = &Self::GEOMETRY;
         let mut stride_log = B.trailing_zeros();
         for l in 0..g.levels {
-            let first = below >> stride_log;
-            if upto <= (first + B) << stride_log && first + B <= g.size[l] {
+            let first = (below >> stride_log).min(g.size[l] - B);
+            if upto <= (first + B) << stride_log {
                 let p = first + node_rank(&self.index, g.off[l] + first, addr);
                 return Some(self.descend(l, p, addr));
             }
