@@ -18,9 +18,12 @@
 //! (16 keys compared at once, with AVX2 where the CPU has it):
 //! - a search tree over the starts: one node per level, so four dependent
 //!   node searches at 65,536 entries;
-//! - from 64 entries on, a bucket table: the span of the starts cut into a
-//!   power-of-two number of equal, power-of-two-wide buckets (about one
-//!   per four entries), each holding how many starts lie below it. A
+//! - from 64 entries on, a bucket table: the starts cut into at most four
+//!   segments at their widest gaps (so that device memory, pinned host
+//!   memory and a stray range far from both each get buckets of their
+//!   own), and each segment's span into a power-of-two number of equal,
+//!   power-of-two-wide buckets (about one per four entries), each holding
+//!   how many starts lie below it. A
 //!   lookup reads its bucket's count (and the next bucket's) and, when at
 //!   most 16 starts lie in the bucket, compares them: one small load and
 //!   one node, whatever the size. A bucket with more (a dense cluster of
@@ -29,8 +32,9 @@
 //!   than the tree's full height.
 //!
 //! An update recounts the buckets that begin inside its range and adds its
-//! change in length to the ones above; the count and width change only
-//! when they are off by more than a factor of two.
+//! change in length to the ones above; the table is rebuilt when the
+//! length has halved or doubled since, or many updates landed outside the
+//! buckets' plan.
 //!
 //! # The promise: never a wrong type
 //!
@@ -206,8 +210,54 @@ const B: usize = 16;
 const BUCKETS_MIN: usize = 64;
 /// Entries per bucket, on average, that a bucket table is sized for.
 const STARTS_PER_BUCKET: usize = 4;
-/// The bucket shift of a table that keeps no bucket table.
-const BUCKETS_OFF: usize = usize::BITS as usize;
+/// Most segments a bucket table is cut into (see
+/// [`Table::rebuild_all_buckets`]).
+const SEGMENTS: usize = 4;
+
+/// One segment of a bucket table: buckets `base..end` of the table, each
+/// `1 << shift` bytes wide from `lo` on (the last one reaching to the next
+/// segment's `lo`). An unused segment has `lo == usize::MAX`.
+struct Segment {
+    lo: AtomicUsize,
+    shift: AtomicUsize,
+    base: AtomicUsize,
+    end: AtomicUsize,
+}
+
+impl Segment {
+    #[cfg(not(memhook_loom))]
+    const fn new() -> Self {
+        Segment {
+            lo: AtomicUsize::new(usize::MAX),
+            shift: AtomicUsize::new(0),
+            base: AtomicUsize::new(0),
+            end: AtomicUsize::new(0),
+        }
+    }
+
+    #[cfg(memhook_loom)]
+    fn new() -> Self {
+        Segment {
+            lo: AtomicUsize::new(usize::MAX),
+            shift: AtomicUsize::new(0),
+            base: AtomicUsize::new(0),
+            end: AtomicUsize::new(0),
+        }
+    }
+
+    /// The first address of its bucket `b` (saturating).
+    fn bucket_start(&self, b: usize) -> usize {
+        let (lo, shift) = (self.lo.load(Ordering::Relaxed), self.shift.load(Ordering::Relaxed));
+        let local = b - self.base.load(Ordering::Relaxed);
+        if local == 0 {
+            lo
+        } else if local > usize::MAX >> shift {
+            usize::MAX
+        } else {
+            lo.saturating_add(local << shift)
+        }
+    }
+}
 /// Most levels above the starts (16^8 keys is far beyond any capacity).
 const MAX_LEVELS: usize = 8;
 
@@ -256,14 +306,18 @@ struct Table<const N: usize> {
     slots: [Slot; N],
     /// The upper levels of the search tree (see [`Geometry`]).
     index: [AtomicUsize; N],
-    /// The bucket table: `buckets[b]`, for `b < bucket_count`, is the
-    /// number of starts below `bucket_lo + (b << bucket_shift)`.
+    /// The bucket table: `buckets[b]`, for `b < bucket_total`, is the
+    /// number of starts below the first address of bucket `b` (see
+    /// [`Segment`]).
     buckets: [AtomicU32; N],
-    bucket_lo: AtomicUsize,
-    /// [`BUCKETS_OFF`] while the table keeps no bucket table.
-    bucket_shift: AtomicUsize,
-    /// A power of two, at most `N`.
-    bucket_count: AtomicUsize,
+    segments: [Segment; SEGMENTS],
+    /// Buckets in use; 0 while the table keeps no bucket table.
+    bucket_total: AtomicUsize,
+    /// Writer only: the length at the last full rebuild of the buckets,
+    /// and the updates since whose range began past its segment's last
+    /// bucket (so that the buckets no longer fit the starts well).
+    built_len: AtomicUsize,
+    strays: AtomicUsize,
 }
 
 /// Changes made by one table update that happen outside the table.
@@ -395,9 +449,10 @@ impl<const N: usize> Table<N> {
             }; N],
             index: [const { AtomicUsize::new(usize::MAX) }; N],
             buckets: [const { AtomicU32::new(0) }; N],
-            bucket_lo: AtomicUsize::new(0),
-            bucket_shift: AtomicUsize::new(BUCKETS_OFF),
-            bucket_count: AtomicUsize::new(0),
+            segments: [const { Segment::new() }; SEGMENTS],
+            bucket_total: AtomicUsize::new(0),
+            built_len: AtomicUsize::new(0),
+            strays: AtomicUsize::new(0),
         }
     }
 
@@ -414,9 +469,10 @@ impl<const N: usize> Table<N> {
             }),
             index: core::array::from_fn(|_| AtomicUsize::new(usize::MAX)),
             buckets: core::array::from_fn(|_| AtomicU32::new(0)),
-            bucket_lo: AtomicUsize::new(0),
-            bucket_shift: AtomicUsize::new(BUCKETS_OFF),
-            bucket_count: AtomicUsize::new(0),
+            segments: core::array::from_fn(|_| Segment::new()),
+            bucket_total: AtomicUsize::new(0),
+            built_len: AtomicUsize::new(0),
+            strays: AtomicUsize::new(0),
         }
     }
 
@@ -426,13 +482,43 @@ impl<const N: usize> Table<N> {
     /// access out of bounds.
     #[inline(always)]
     fn upper_bound(&self, n: usize, addr: usize) -> usize {
-        let shift = self.bucket_shift.load(Ordering::Relaxed);
-        if shift < BUCKETS_OFF
-            && let Some(i) = self.bucket_rank(n, addr, shift)
-        {
+        if let Some(i) = self.bucket_rank(n, addr) {
             return i;
         }
         self.tree_rank(n, addr)
+    }
+
+    /// The bucket of `addr`, and bounds on the number of starts `<= addr`:
+    /// the starts below the bucket, and below the next one (or all of
+    /// them). `None` without a bucket table, or on torn data.
+    #[inline(always)]
+    fn bucket_bounds(&self, n: usize, addr: usize) -> Option<(usize, usize)> {
+        let total = self.bucket_total.load(Ordering::Relaxed);
+        if total == 0 {
+            return None;
+        }
+        // The segment: how many of the others begin at or below `addr`
+        // (unused ones begin at usize::MAX). No branch on the data.
+        let mut k = 0;
+        for seg in &self.segments[1..] {
+            k += usize::from(seg.lo.load(Ordering::Relaxed) <= addr);
+        }
+        let seg = &self.segments[k];
+        let Some(offset) = addr.checked_sub(seg.lo.load(Ordering::Relaxed)) else {
+            return Some((0, 0)); // below every start
+        };
+        let (base, end) = (seg.base.load(Ordering::Relaxed), seg.end.load(Ordering::Relaxed));
+        let shift = seg.shift.load(Ordering::Relaxed) as u32;
+        // Past the segment's last bucket: its last (which reaches to the
+        // next segment).
+        let b = base + offset.checked_shr(shift)?.min(end.checked_sub(base + 1)?);
+        let below = self.buckets.get(b)?.load(Ordering::Relaxed) as usize;
+        let upto = if b + 1 < total {
+            self.buckets.get(b + 1)?.load(Ordering::Relaxed) as usize
+        } else {
+            n // the last bucket reaches past the last start
+        };
+        Some((below, upto))
     }
 
     /// [`Self::upper_bound`] through the bucket table. The bucket of `addr`
@@ -445,19 +531,8 @@ impl<const N: usize> Table<N> {
     /// covers it, rather than from the top. `None` on torn data (the
     /// caller's sequence check discards whatever this answers then).
     #[inline(always)]
-    fn bucket_rank(&self, n: usize, addr: usize, shift: usize) -> Option<usize> {
-        let Some(offset) = addr.checked_sub(self.bucket_lo.load(Ordering::Relaxed)) else {
-            return Some(0); // below every start
-        };
-        let count = self.bucket_count.load(Ordering::Relaxed);
-        // Past the last bucket: the last (it reaches past the last start).
-        let b = (offset >> shift).min(count.wrapping_sub(1));
-        let below = self.buckets.get(b)?.load(Ordering::Relaxed) as usize;
-        let upto = if b + 1 < count {
-            self.buckets.get(b + 1)?.load(Ordering::Relaxed) as usize
-        } else {
-            n // the last bucket reaches past the last start
-        };
+    fn bucket_rank(&self, n: usize, addr: usize) -> Option<usize> {
+        let (below, upto) = self.bucket_bounds(n, addr)?;
         // A window moved left to fit its array counts the same: the keys
         // it gains lie below the bucket, so below `addr`.
         if upto <= below + B {
@@ -679,68 +754,87 @@ impl<const N: usize> Table<N> {
         }
     }
 
+    /// The segment of the bucket table that address `v` falls in (the
+    /// first when `v` lies below it).
+    fn segment_of(&self, v: usize) -> &Segment {
+        let k = self.segments[1..]
+            .iter()
+            .filter(|seg| seg.lo.load(Ordering::Relaxed) <= v)
+            .count();
+        &self.segments[k]
+    }
+
+    /// The first address of bucket `b` (`b` below the total).
+    fn bucket_start(&self, b: usize) -> usize {
+        let seg = self
+            .segments
+            .iter()
+            .find(|seg| b < seg.end.load(Ordering::Relaxed))
+            .unwrap_or(&self.segments[0]);
+        seg.bucket_start(b)
+    }
+
+    /// The first bucket that begins above `v`, and whether `v` lies past
+    /// its segment's last bucket start (the buckets did not plan for it).
+    fn bucket_after(&self, v: usize) -> (usize, bool) {
+        let seg = self.segment_of(v);
+        let (base, end) = (seg.base.load(Ordering::Relaxed), seg.end.load(Ordering::Relaxed));
+        match v.checked_sub(seg.lo.load(Ordering::Relaxed)) {
+            None => (0, false),
+            Some(offset) => {
+                let local = offset >> seg.shift.load(Ordering::Relaxed);
+                (base + (local + 1).min(end - base), local >= end - base)
+            }
+        }
+    }
+
     /// Rewrites the bucket table after the starts from index `from` on
     /// changed (the length was `old_n`), all of the added and removed
-    /// ones within `span` when known. The table covers `[lo, last start]`
-    /// with a power-of-two count of buckets, about one per
-    /// [`STARTS_PER_BUCKET`] entries, of a power-of-two width; both are
-    /// kept while they stay within a factor of two of that, and `lo` while
-    /// no start lies below it. So an update usually recounts only the
-    /// buckets that begin inside its span, and adds the change in length
-    /// to those past it.
+    /// ones within `span` when known. An update recounts the buckets that
+    /// begin inside its span and adds the change in length to those past
+    /// it; the whole table is rebuilt (see [`Self::rebuild_all_buckets`])
+    /// when the length has halved or doubled since the last rebuild, a
+    /// start lies below the first segment, or a quarter as many updates
+    /// as there were entries landed past their segment's buckets.
     fn rebuild_buckets(&self, from: usize, old_n: usize, span: Option<(usize, usize)>) {
         let n = self.len.load(Ordering::Relaxed);
         if n < BUCKETS_MIN {
-            self.bucket_shift.store(BUCKETS_OFF, Ordering::Relaxed);
+            self.bucket_total.store(0, Ordering::Relaxed);
             return;
         }
         let start = |i: usize| self.starts[i].load(Ordering::Relaxed);
-        let (first, last) = (start(0), start(n - 1));
-        // The most buckets the array holds: a power of two.
-        let cap = 1usize << (usize::BITS - 1 - N.leading_zeros());
-        let want = (n / STARTS_PER_BUCKET).next_power_of_two().min(cap);
-        let (old_shift, old_lo, old_count) = (
-            self.bucket_shift.load(Ordering::Relaxed),
-            self.bucket_lo.load(Ordering::Relaxed),
-            self.bucket_count.load(Ordering::Relaxed),
-        );
-        let mut full = old_shift == BUCKETS_OFF || old_lo > first || old_count > want * 2 || old_count * 2 < want;
-        let count = if full { want } else { old_count };
-        let lo = if full { first } else { old_lo };
-        let extent = last - lo;
-        // The narrowest width that covers the starts; the current one
-        // while it covers them and is at most twice as wide.
-        let mut shift = 0;
-        while shift < usize::BITS as usize - 1 && extent >> shift >= count {
-            shift += 1;
+        let total = self.bucket_total.load(Ordering::Relaxed);
+        let built = self.built_len.load(Ordering::Relaxed);
+        if total == 0
+            || self.segments[0].lo.load(Ordering::Relaxed) > start(0)
+            || n > built * 2
+            || n * 2 < built
+            || self.strays.load(Ordering::Relaxed) > built / 4
+        {
+            self.rebuild_all_buckets(n);
+            return;
         }
-        if !full && old_shift != shift && (old_shift < shift || old_shift > shift + 1) {
-            full = true;
-        }
-        if !full {
-            shift = old_shift;
-        }
-        let bucket_start = |b: usize| lo.saturating_add(b << shift);
-        // The first bucket that begins above `v`.
-        let bucket_after = |v: usize| v.checked_sub(lo).map_or(0, |o| ((o >> shift) + 1).min(count));
-        let (mut b, mut j, recount_to) = match (full, span) {
-            (true, _) => (0, 0, count),
-            (false, Some((span_lo, span_hi))) => {
-                let b = bucket_after(span_lo);
-                let bound = bucket_start(b);
+        let (mut b, mut j, recount_to) = match span {
+            Some((span_lo, span_hi)) => {
+                let (b, stray) = self.bucket_after(span_lo);
+                if stray {
+                    self.strays
+                        .store(self.strays.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                }
+                let bound = if b < total { self.bucket_start(b) } else { usize::MAX };
                 (
                     b,
                     self.first_above(n, bound.wrapping_sub(1), start) * usize::from(bound > 0),
-                    bucket_after(span_hi),
+                    self.bucket_after(span_hi).0,
                 )
             }
-            (false, None) => match from.min(n) {
-                0 => (0, 0, count),
-                f => (bucket_after(start(f - 1)), f, count),
+            None => match from.min(n) {
+                0 => (0, 0, total),
+                f => (self.bucket_after(start(f - 1)).0, f, total),
             },
         };
         while b < recount_to {
-            let bound = bucket_start(b);
+            let bound = self.bucket_start(b);
             while j < n && start(j) < bound {
                 j += 1;
             }
@@ -751,13 +845,78 @@ impl<const N: usize> Table<N> {
         // moved by the change in length.
         let delta = n.wrapping_sub(old_n) as u32;
         if delta != 0 {
-            for bucket in self.buckets.get(recount_to..count).unwrap_or(&[]) {
+            for bucket in self.buckets.get(recount_to..total).unwrap_or(&[]) {
                 bucket.store(bucket.load(Ordering::Relaxed).wrapping_add(delta), Ordering::Relaxed);
             }
         }
-        self.bucket_lo.store(lo, Ordering::Relaxed);
-        self.bucket_count.store(count, Ordering::Relaxed);
-        self.bucket_shift.store(shift, Ordering::Relaxed);
+    }
+
+    /// Builds the bucket table afresh for the `n` starts. Uniform buckets
+    /// over the whole span would leave a cluster of many ranges in a few
+    /// crowded buckets whenever other ranges lie far away (device memory
+    /// and pinned host memory, say). So the starts are first cut into at
+    /// most [`SEGMENTS`] segments at their widest gaps, those wider than an
+    /// eighth of the span; each segment gets a power-of-two number of
+    /// buckets, about one per [`STARTS_PER_BUCKET`] of its entries, of the
+    /// narrowest power-of-two width that covers its starts.
+    fn rebuild_all_buckets(&self, n: usize) {
+        let start = |i: usize| self.starts[i].load(Ordering::Relaxed);
+        // Segment k holds starts bounds[k]..bounds[k + 1]. Cut, while there
+        // are segments to spare, at the widest gap that is wider than an
+        // eighth of its own segment's span.
+        let mut bounds = [n; SEGMENTS + 1];
+        bounds[0] = 0;
+        let mut segments = 1;
+        while segments < SEGMENTS {
+            let mut widest: Option<(usize, usize)> = None; // (gap, index after it)
+            for k in 0..segments {
+                let (first, past) = (bounds[k], bounds[k + 1]);
+                let extent = start(past - 1) - start(first);
+                for i in first + 1..past {
+                    let gap = start(i) - start(i - 1);
+                    if gap > extent / 8 && widest.is_none_or(|(w, _)| gap > w) {
+                        widest = Some((gap, i));
+                    }
+                }
+            }
+            let Some((_, cut)) = widest else {
+                break;
+            };
+            bounds[segments] = cut;
+            segments += 1;
+            bounds[..segments].sort_unstable();
+        }
+        let (mut base, mut j) = (0, 0);
+        for (k, seg) in self.segments.iter().enumerate() {
+            if k >= segments {
+                seg.lo.store(usize::MAX, Ordering::Relaxed);
+                seg.base.store(base, Ordering::Relaxed);
+                seg.end.store(base, Ordering::Relaxed);
+                continue;
+            }
+            let (first, past) = (bounds[k], bounds[k + 1]);
+            let (lo, last) = (start(first), start(past - 1));
+            let count = ((past - first) / STARTS_PER_BUCKET).next_power_of_two();
+            let mut shift = 0;
+            while shift < usize::BITS as usize - 1 && (last - lo) >> shift >= count {
+                shift += 1;
+            }
+            seg.lo.store(lo, Ordering::Relaxed);
+            seg.shift.store(shift, Ordering::Relaxed);
+            seg.base.store(base, Ordering::Relaxed);
+            seg.end.store(base + count, Ordering::Relaxed);
+            for b in base..base + count {
+                let bound = seg.bucket_start(b);
+                while j < n && start(j) < bound {
+                    j += 1;
+                }
+                self.buckets[b].store(j as u32, Ordering::Relaxed);
+            }
+            base += count;
+        }
+        self.bucket_total.store(base, Ordering::Relaxed);
+        self.built_len.store(n, Ordering::Relaxed);
+        self.strays.store(0, Ordering::Relaxed);
     }
 
     /// Runs `change` (which returns the lowest index whose start may have
@@ -1266,20 +1425,12 @@ mod tests {
             }
             let t = &map.tables[map.live.load(Ordering::Relaxed)];
             let n = t.len.load(Ordering::Relaxed);
-            let shift = t.bucket_shift.load(Ordering::Relaxed);
-            assert_eq!(
-                shift < BUCKETS_OFF,
-                n >= BUCKETS_MIN,
-                "bucket table on iff {n} >= {BUCKETS_MIN}"
-            );
+            let on = t.bucket_total.load(Ordering::Relaxed) != 0;
+            assert_eq!(on, n >= BUCKETS_MIN, "bucket table on iff {n} >= {BUCKETS_MIN}");
             let starts: [usize; 512] = core::array::from_fn(|i| t.starts[i].load(Ordering::Relaxed));
-            let (lo, count) = (
-                t.bucket_lo.load(Ordering::Relaxed),
-                t.bucket_count.load(Ordering::Relaxed),
-            );
-            let bucket_end = lo.saturating_add(count << shift.min(63));
             let last = starts[n.max(1) - 1];
-            for probe in [
+            let mut probes = [0usize; 13 + 4 * SEGMENTS];
+            probes[..13].copy_from_slice(&[
                 next(),
                 start,
                 start + len - 1,
@@ -1290,19 +1441,35 @@ mod tests {
                 usize::MAX - 1,
                 last,
                 last.wrapping_add(1 + next() % 0x10_0000),
-                bucket_end,
-                bucket_end.wrapping_add(next() % 0x1000_0000),
-                lo.wrapping_add((next() % count.max(1)) << shift.min(63)),
-            ] {
+                last.wrapping_add(next() % 0x1_0000_0000),
+                next() % 0x3_0000_0000,
+                next() % 0x8000_0000_0000,
+            ]);
+            // Each segment's edges and a bucket edge inside it.
+            for (k, seg) in t.segments.iter().enumerate() {
+                let (lo, shift) = (seg.lo.load(Ordering::Relaxed), seg.shift.load(Ordering::Relaxed));
+                let (base, end) = (seg.base.load(Ordering::Relaxed), seg.end.load(Ordering::Relaxed));
+                let inside = if end > base {
+                    seg.bucket_start(base + next() % (end - base))
+                } else {
+                    lo
+                };
+                let past = if end > base { seg.bucket_start(end - 1) } else { lo };
+                probes[13 + 4 * k..17 + 4 * k].copy_from_slice(&[
+                    lo,
+                    lo.wrapping_sub(1),
+                    inside,
+                    past.wrapping_add(next() % (1 << shift.min(40))),
+                ]);
+            }
+            for probe in probes {
                 if probe == usize::MAX {
                     continue; // no lookup asks there (its end would wrap)
                 }
                 let want = starts[..n].iter().filter(|&&s| s <= probe).count();
                 assert_eq!(t.tree_rank(n, probe), want, "tree at {probe:#x}");
-                if shift < BUCKETS_OFF
-                    && let Some(got) = t.bucket_rank(n, probe, shift)
-                {
-                    assert_eq!(got, want, "buckets at {probe:#x} (n {n}, shift {shift})");
+                if let Some(got) = t.bucket_rank(n, probe) {
+                    assert_eq!(got, want, "buckets at {probe:#x} (n {n})");
                     used_buckets += 1;
                 }
                 assert_eq!(t.upper_bound(n, probe), want);
@@ -1312,6 +1479,43 @@ mod tests {
             used_buckets > 1000,
             "the bucket path answered only {used_buckets} probes"
         );
+    }
+
+    /// Device memory in one place, pinned host memory far away, and one
+    /// stray range farther still: each cluster gets a segment of its own,
+    /// so a lookup in either needs only a bucket and one 16-start window
+    /// (at most 16 starts between the bucket's bounds), where one set of
+    /// uniform buckets over the whole span would pile each cluster into a
+    /// few crowded buckets.
+    #[test]
+    fn clusters_far_apart_get_buckets_of_their_own() {
+        static MAP: MemtypeMap<8192> = MemtypeMap::new();
+        let device = |i: usize| 0x7f07_afe0_0000 + i * 0x1_0000;
+        let pinned = |i: usize| 0x7f86_0000_0000 + i * 0x20_0000;
+        for i in 0..4000 {
+            MAP.insert(device(i), 0x1_0000, MemType::Cuda, 0).unwrap();
+        }
+        for i in 0..1000 {
+            MAP.insert(pinned(i), 0x20_0000, MemType::CudaHost, -1).unwrap();
+        }
+        MAP.insert(0x1000, 0x1000, MemType::CudaManaged, 0).unwrap();
+        let t = &MAP.tables[MAP.live.load(Ordering::Relaxed)];
+        let n = t.len.load(Ordering::Relaxed);
+        assert_eq!(n, 5001);
+        let used = t
+            .segments
+            .iter()
+            .filter(|s| s.lo.load(Ordering::Relaxed) != usize::MAX)
+            .count();
+        assert_eq!(used, 3, "the stray range, the device cluster and the pinned cluster");
+        for addr in (0..4000)
+            .map(|i| device(i) + 0x800)
+            .chain((0..1000).map(|i| pinned(i) + 0x1234))
+        {
+            let (below, upto) = t.bucket_bounds(n, addr).unwrap();
+            assert!(upto - below <= B, "{addr:#x}: {} starts in its bucket", upto - below);
+            assert!(matches!(MAP.lookup(addr, 8), Lookup::Found(_)));
+        }
     }
 
     #[cfg(all(target_arch = "x86_64", not(memhook_loom)))]
