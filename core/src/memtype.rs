@@ -498,10 +498,15 @@ impl<const N: usize> Table<N> {
             return None;
         }
         // The segment: how many of the others begin at or below `addr`
-        // (unused ones begin at usize::MAX). No branch on the data.
+        // (unused ones begin at usize::MAX), without a branch on the
+        // address. A table of one segment (spread ranges) skips even that:
+        // a branch on the table's shape, which stays put, so the segment's
+        // fields load without waiting for the compares.
         let mut k = 0;
-        for seg in &self.segments[1..] {
-            k += usize::from(seg.lo.load(Ordering::Relaxed) <= addr);
+        if self.segments[1].lo.load(Ordering::Relaxed) != usize::MAX {
+            for seg in &self.segments[1..] {
+                k += usize::from(seg.lo.load(Ordering::Relaxed) <= addr);
+            }
         }
         let seg = &self.segments[k];
         let Some(offset) = addr.checked_sub(seg.lo.load(Ordering::Relaxed)) else {
