@@ -77,5 +77,6 @@ say "== bench: fake driver, hooked vs unhooked"
 ./bench_cuda --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^cuMem|time:" | tee -a "$results"
 say "== bench: memtype map: lookups, updates, readers (65,536 ranges)"
 ./bench_memtype --bench "lookup_hit/memhook|update/memhook|readers" --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(lookup|readers)|time:|thrpt:" | tee -a "$results"
+./readers 2>&1 | tee -a "$results"
 say "== bench: host hooks, mmap+munmap 4 KiB (interleaved rounds, three runs)"
 for _ in 1 2 3; do ./host_cost 2>&1 | tee -a "$results"; done

@@ -1,0 +1,118 @@
+//! Does a second reader cost the first? One thread times its own lookups
+//! (65,536 live ranges, 4,096 pseudo-random hits, as the criterion bench)
+//! alone, then while other threads look up too, then while a writer
+//! inserts and removes ranges: the four in turn, 21 rounds, and the median
+//! of each round's ratio to the lone reader of the same round (so that a
+//! host's drift between rounds cancels).
+//!
+//! `cargo run --release -p memhook-core --example readers`
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use memhook_core::memtype::{MemType, MemtypeMap};
+
+static MAP: MemtypeMap<{ 65_536 + 16 }> = MemtypeMap::new();
+
+const BASE: usize = 0x7f00_0000_0000;
+const STRIDE: usize = 0x20_0000;
+const LEN: usize = 0x10_0000;
+const LOOKUPS: usize = 2_000_000;
+const ROUNDS: usize = 21;
+
+fn probes(hit: bool) -> Vec<usize> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..4096)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = (x as usize) % 65_536;
+            let off = (x >> 32) as usize % (LEN - 64);
+            BASE + i * STRIDE + if hit { off } else { LEN + off }
+        })
+        .collect()
+}
+
+fn lookups(addrs: &[usize], from: usize, n: usize) {
+    let mut i = from;
+    for _ in 0..n {
+        i = (i + 1) & 4095;
+        black_box(MAP.lookup(black_box(addrs[i]), 8));
+    }
+}
+
+/// ns per lookup of the measuring thread, with `others` readers and
+/// maybe a writer busy meanwhile.
+fn first_reader(addrs: &Arc<Vec<usize>>, gaps: &Arc<Vec<usize>>, others: usize, writer: bool) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let ready = Arc::new(Barrier::new(others + usize::from(writer) + 1));
+    let mut helpers = Vec::new();
+    for t in 0..others {
+        let (stop, ready, addrs) = (stop.clone(), ready.clone(), addrs.clone());
+        helpers.push(std::thread::spawn(move || {
+            ready.wait();
+            while !stop.load(Ordering::Relaxed) {
+                lookups(&addrs, t * 997, 10_000);
+            }
+        }));
+    }
+    if writer {
+        let (stop, ready, gaps) = (stop.clone(), ready.clone(), gaps.clone());
+        helpers.push(std::thread::spawn(move || {
+            ready.wait();
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                i = (i + 7) & 4095;
+                let a = gaps[i] & !0xfff;
+                MAP.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
+                MAP.remove(a, 0x1000).unwrap();
+            }
+        }));
+    }
+    ready.wait();
+    lookups(addrs, 0, LOOKUPS / 10); // warm this core's caches
+    let t0 = Instant::now();
+    lookups(addrs, 0, LOOKUPS);
+    let ns = t0.elapsed().as_nanos() as f64 / LOOKUPS as f64;
+    stop.store(true, Ordering::Relaxed);
+    for h in helpers {
+        h.join().unwrap();
+    }
+    ns
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    for i in 0..65_536 {
+        MAP.insert(BASE + i * STRIDE, LEN, MemType::Cuda, 0).unwrap();
+    }
+    let (addrs, gaps) = (Arc::new(probes(true)), Arc::new(probes(false)));
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
+    let cases = [
+        ("alone", 0, false),
+        ("with a second reader", 1, false),
+        ("with all cores reading", cores - 1, false),
+        ("with a writer", 0, true),
+    ];
+    let mut times = vec![Vec::new(); cases.len()];
+    for _ in 0..ROUNDS {
+        for (k, &(_, others, writer)) in cases.iter().enumerate() {
+            times[k].push(first_reader(&addrs, &gaps, others, writer));
+        }
+    }
+    println!("memtype lookups of one reader, 65,536 ranges, {ROUNDS} rounds ({cores} cores; medians):");
+    for (k, (name, _, _)) in cases.iter().enumerate() {
+        let ratio = median(times[k].iter().zip(&times[0]).map(|(t, alone)| t / alone).collect());
+        println!(
+            "  {name:<24} {:6.1} ns  ({ratio:.2}x alone, median of the per-round ratios)",
+            median(times[k].clone())
+        );
+    }
+}
