@@ -245,17 +245,22 @@ impl Segment {
         }
     }
 
-    /// The first address of its bucket `b` (saturating).
-    fn bucket_start(&self, b: usize) -> usize {
+    /// The first address of its bucket `b`, at most `limit` (the next
+    /// segment's `lo`: a segment's power-of-two buckets may reach past it,
+    /// and the buckets there must still count no more starts than the
+    /// next segment's first, so that counts never fall from one bucket to
+    /// the next).
+    fn bucket_start(&self, b: usize, limit: usize) -> usize {
         let (lo, shift) = (self.lo.load(Ordering::Relaxed), self.shift.load(Ordering::Relaxed));
         let local = b - self.base.load(Ordering::Relaxed);
-        if local == 0 {
+        let at = if local == 0 {
             lo
         } else if local > usize::MAX >> shift {
             usize::MAX
         } else {
             lo.saturating_add(local << shift)
-        }
+        };
+        at.min(limit)
     }
 }
 /// Most levels above the starts (16^8 keys is far beyond any capacity).
@@ -771,12 +776,16 @@ impl<const N: usize> Table<N> {
 
     /// The first address of bucket `b` (`b` below the total).
     fn bucket_start(&self, b: usize) -> usize {
-        let seg = self
+        let k = self
             .segments
             .iter()
-            .find(|seg| b < seg.end.load(Ordering::Relaxed))
-            .unwrap_or(&self.segments[0]);
-        seg.bucket_start(b)
+            .position(|seg| b < seg.end.load(Ordering::Relaxed))
+            .unwrap_or(0);
+        let limit = self
+            .segments
+            .get(k + 1)
+            .map_or(usize::MAX, |next| next.lo.load(Ordering::Relaxed));
+        self.segments[k].bucket_start(b, limit)
     }
 
     /// The first bucket that begins above `v`, and whether `v` lies past
@@ -901,6 +910,7 @@ impl<const N: usize> Table<N> {
             }
             let (first, past) = (bounds[k], bounds[k + 1]);
             let (lo, last) = (start(first), start(past - 1));
+            let limit = if past < n { start(past) } else { usize::MAX };
             let count = ((past - first) / STARTS_PER_BUCKET).next_power_of_two();
             let mut shift = 0;
             while shift < usize::BITS as usize - 1 && (last - lo) >> shift >= count {
@@ -911,7 +921,7 @@ impl<const N: usize> Table<N> {
             seg.base.store(base, Ordering::Relaxed);
             seg.end.store(base + count, Ordering::Relaxed);
             for b in base..base + count {
-                let bound = seg.bucket_start(b);
+                let bound = seg.bucket_start(b, limit);
                 while j < n && start(j) < bound {
                     j += 1;
                 }
@@ -1455,11 +1465,11 @@ mod tests {
                 let (lo, shift) = (seg.lo.load(Ordering::Relaxed), seg.shift.load(Ordering::Relaxed));
                 let (base, end) = (seg.base.load(Ordering::Relaxed), seg.end.load(Ordering::Relaxed));
                 let inside = if end > base {
-                    seg.bucket_start(base + next() % (end - base))
+                    t.bucket_start(base + next() % (end - base))
                 } else {
                     lo
                 };
-                let past = if end > base { seg.bucket_start(end - 1) } else { lo };
+                let past = if end > base { t.bucket_start(end - 1) } else { lo };
                 probes[13 + 4 * k..17 + 4 * k].copy_from_slice(&[
                     lo,
                     lo.wrapping_sub(1),
@@ -1484,6 +1494,86 @@ mod tests {
             used_buckets > 1000,
             "the bucket path answered only {used_buckets} probes"
         );
+    }
+
+    /// The bucket counts against a plain count of the starts after every
+    /// update of allocation-like traffic in three clusters far apart, on a
+    /// map that fills up (so windows meet the end of the starts).
+    #[test]
+    fn segmented_buckets_count_the_starts_exactly() {
+        let map: MemtypeMap<512> = MemtypeMap::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as usize
+        };
+        for step in 0..6000 {
+            let r = next();
+            let start = match r % 14 {
+                0..=7 => 0x7f07_afe0_0000 + (next() % 1024) * 0x1_0000,
+                8..=11 => 0x7f86_0000_0000 + (next() % 256) * 0x20_0000,
+                12 => 0x10_0000 + (next() % 16) * 0x1000,
+                _ => 0x7f86_0000_0000 + (256 + (next() % 64) * 64) * 0x20_0000,
+            };
+            match next() % 11 {
+                0..=7 => {
+                    let _ = map.insert(start, (1 + next() % 3) * 0x1000, MemType::Cuda, 0);
+                }
+                8 | 9 => map.remove(start, (1 + next() % 63) * 0x1_0000).unwrap(),
+                _ => {
+                    let _ = map.take(start);
+                }
+            }
+            for t in &map.tables {
+                let n = t.len.load(Ordering::Relaxed);
+                if n == 0 {
+                    continue;
+                }
+                let starts: [usize; 512] = core::array::from_fn(|i| t.starts[i].load(Ordering::Relaxed));
+                let picks: [usize; 24] = core::array::from_fn(|k| starts[next() % n] + [0, 0x10, 0x1fff][k % 3]);
+                for probe in [start, start + 0x800].into_iter().chain(picks) {
+                    let want = starts[..n].iter().filter(|&&s| s <= probe).count();
+                    if let Some((below, upto)) = t.bucket_bounds(n, probe) {
+                        if !(below <= want && want <= upto) {
+                            for seg in &t.segments {
+                                std::eprintln!(
+                                    "seg lo {:#x} shift {} base {} end {}",
+                                    seg.lo.load(Ordering::Relaxed),
+                                    seg.shift.load(Ordering::Relaxed),
+                                    seg.base.load(Ordering::Relaxed),
+                                    seg.end.load(Ordering::Relaxed)
+                                );
+                            }
+                            let total = t.bucket_total.load(Ordering::Relaxed);
+                            for b in 0..total {
+                                std::eprint!(
+                                    "{}:{:#x}={} ",
+                                    b,
+                                    t.bucket_start(b),
+                                    t.buckets[b].load(Ordering::Relaxed)
+                                );
+                            }
+                            std::eprintln!();
+                            for (i, s) in starts[..n].iter().enumerate() {
+                                std::eprint!("{i}:{s:#x} ");
+                            }
+                            std::eprintln!(
+                                "\nbuilt {} strays {}",
+                                t.built_len.load(Ordering::Relaxed),
+                                t.strays.load(Ordering::Relaxed)
+                            );
+                        }
+                        assert!(
+                            below <= want && want <= upto,
+                            "step {step}: {probe:#x} has {want} starts below, bounds {below}..{upto} (n {n})"
+                        );
+                    }
+                    assert_eq!(t.upper_bound(n, probe), want, "step {step}: {probe:#x} (n {n})");
+                }
+            }
+        }
     }
 
     /// Device memory in one place, pinned host memory far away, and one

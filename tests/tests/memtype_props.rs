@@ -164,3 +164,36 @@ proptest! {
         check_ops(&CHURN, &ops);
     }
 }
+
+static CLUSTERS: MemtypeMap<512> = MemtypeMap::new();
+
+/// Three clusters far apart (device memory, pinned host memory, and a few
+/// stray ranges low in the address space), each dense enough that the map
+/// keeps a bucket table cut into segments at the gaps between them, and
+/// ranges that come and go inside each, so that updates recount buckets,
+/// stray past a segment's buckets and trigger whole rebuilds.
+fn cluster_op() -> impl Strategy<Value = Op> {
+    let start = prop_oneof![
+        8 => (0usize..1024).prop_map(|k| 0x7f07_afe0_0000 + k * 0x1_0000),
+        4 => (0usize..256).prop_map(|k| 0x7f86_0000_0000 + k * 0x20_0000),
+        1 => (0usize..16).prop_map(|k| 0x10_0000 + k * 0x1000),
+        1 => (0usize..64).prop_map(|k| 0x7f86_0000_0000 + (256 + k * 64) * 0x20_0000),
+    ];
+    prop_oneof![
+        8 => (start.clone(), 1usize..4, mem_type(), -1i32..2)
+            .prop_map(|(start, k, mem_type, device)| Op::Insert { start, len: k * 0x1000, mem_type, device }),
+        2 => (start.clone(), 1usize..64).prop_map(|(start, k)| Op::Remove { start, len: k * 0x1_0000 }),
+        1 => start.clone().prop_map(|start| Op::Take { start }),
+        6 => (start, 0usize..0x2000).prop_map(|(addr, off)| Op::Lookup { addr: addr + off, len: 8 }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn far_apart_clusters_match_model(ops in proptest::collection::vec(cluster_op(), 400..1200)) {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        check_ops(&CLUSTERS, &ops);
+    }
+}
