@@ -9,7 +9,7 @@
 //! - **reloc** rewrites every object's GOT slots that name a hooked
 //!   function.
 //! - **procaddr** answers `dlsym` of a hooked driver function, and every
-//!   `cuGetProcAddress` lookup, with the hook (see [`procaddr`]).
+//!   `cuGetProcAddress` lookup, with the hook (see the `procaddr` module).
 //!
 //! A function hooked by several modes reports once: every mode's hook is
 //! the same function, and its original is the bistro trampoline when the
@@ -313,6 +313,7 @@ fn attach(state: &mut State, lib: Lib, found: &Found) {
             }
             continue;
         }
+        #[cfg_attr(not(feature = "bistro"), expect(unused_mut, reason = "only bistro patches"))]
         let mut patched = false;
         #[cfg(feature = "bistro")]
         if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
