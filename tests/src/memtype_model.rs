@@ -212,7 +212,10 @@ const TYPES: [MemType; 5] = [
 /// the top of the address space (wrap-around).
 fn address(b: u8) -> usize {
     match b {
-        0..=247 => 0x1000 + (b as usize) * 0x100,
+        0..=215 => 0x1000 + (b as usize) * 0x100,
+        // A second cluster far away (as pinned host memory lies far from
+        // device memory), so that the map's bucket table gets segments.
+        216..=247 => 0x7f00_0000_0000 + (b as usize - 216) * 0x1_0000,
         _ => usize::MAX - (255 - b as usize) * 0x80,
     }
 }
