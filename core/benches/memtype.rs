@@ -24,9 +24,9 @@ use memhook_core::memtype::{Lookup, MemType, MemtypeMap};
 const CAPACITY: usize = 65_536 + 16;
 static MAP: MemtypeMap<CAPACITY> = MemtypeMap::new();
 
-const BASE: usize = 0x7f00_0000_0000;
-const STRIDE: usize = 0x20_0000;
-const LEN: usize = 0x10_0000;
+#[path = "common/layout.rs"]
+mod layout;
+use layout::{BASE, LEN, STRIDE, probes};
 
 type Baseline = RwLock<BTreeMap<usize, (usize, MemType)>>;
 
@@ -54,22 +54,6 @@ fn fill(ranges: usize) -> Baseline {
     }
     assert_eq!(MAP.len(), ranges);
     RwLock::new(tree)
-}
-
-/// Pseudo-random probe addresses (xorshift), inside ranges (`hit`) or in the
-/// gaps between them.
-fn probes(ranges: usize, hit: bool) -> Vec<usize> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    (0..4096)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let i = (x as usize) % ranges;
-            let off = (x >> 32) as usize % (LEN - 64);
-            BASE + i * STRIDE + if hit { off } else { LEN + off }
-        })
-        .collect()
 }
 
 fn single_thread(c: &mut Criterion) {

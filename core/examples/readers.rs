@@ -16,25 +16,12 @@ use memhook_core::memtype::{MemType, MemtypeMap};
 
 static MAP: MemtypeMap<{ 65_536 + 16 }> = MemtypeMap::new();
 
-const BASE: usize = 0x7f00_0000_0000;
-const STRIDE: usize = 0x20_0000;
-const LEN: usize = 0x10_0000;
+#[path = "../benches/common/layout.rs"]
+mod layout;
+use layout::{BASE, LEN, STRIDE, probes};
+
 const LOOKUPS: usize = 2_000_000;
 const ROUNDS: usize = 21;
-
-fn probes(hit: bool) -> Vec<usize> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    (0..4096)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let i = (x as usize) % 65_536;
-            let off = (x >> 32) as usize % (LEN - 64);
-            BASE + i * STRIDE + if hit { off } else { LEN + off }
-        })
-        .collect()
-}
 
 fn lookups(addrs: &[usize], from: usize, n: usize) {
     let mut i = from;
@@ -93,7 +80,7 @@ fn main() {
     for i in 0..65_536 {
         MAP.insert(BASE + i * STRIDE, LEN, MemType::Cuda, 0).unwrap();
     }
-    let (addrs, gaps) = (Arc::new(probes(true)), Arc::new(probes(false)));
+    let (addrs, gaps) = (Arc::new(probes(65_536, true)), Arc::new(probes(65_536, false)));
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
     let cases = [
         ("alone", 0, false),
