@@ -23,10 +23,9 @@
 //!   memory and a stray range far from both each get buckets of their
 //!   own), and each segment's span into a power-of-two number of equal,
 //!   power-of-two-wide buckets (about one per four entries), each holding
-//!   how many starts lie below it. A
-//!   lookup reads its bucket's count (and the next bucket's) and, when at
-//!   most 16 starts lie in the bucket, compares them: one small load and
-//!   one node, whatever the size. A bucket with more (a dense cluster of
+//!   how many starts lie below it. A lookup reads its bucket's count (and
+//!   the next bucket's) and, when at most 16 starts lie in the bucket,
+//!   compares them: one small load and one node, whatever the size. A bucket with more (a dense cluster of
 //!   small ranges in a wide span) is searched from the lowest tree level
 //!   one node of which covers it: two nodes for up to 256 starts, rather
 //!   than the tree's full height.
@@ -481,9 +480,9 @@ impl<const N: usize> Table<N> {
         }
     }
 
-    /// Number of entries whose start is `<= addr`, through the search tree:
-    /// one node (16 keys, counted without branches) per level. Every index
-    /// is clamped, so torn data (validated by the caller) cannot push an
+    /// Number of entries whose start is `<= addr`: through the bucket table
+    /// where it answers, else through the search tree. Every index is
+    /// bounds-checked, so torn data (validated by the caller) cannot push an
     /// access out of bounds.
     #[inline(always)]
     fn upper_bound(&self, n: usize, addr: usize) -> usize {
@@ -502,18 +501,7 @@ impl<const N: usize> Table<N> {
         if total == 0 {
             return None;
         }
-        // The segment: how many of the others begin at or below `addr`
-        // (unused ones begin at usize::MAX), without a branch on the
-        // address. A table of one segment (spread ranges) skips even that:
-        // a branch on the table's shape, which stays put, so the segment's
-        // fields load without waiting for the compares.
-        let mut k = 0;
-        if self.segments[1].lo.load(Ordering::Relaxed) != usize::MAX {
-            for seg in &self.segments[1..] {
-                k += usize::from(seg.lo.load(Ordering::Relaxed) <= addr);
-            }
-        }
-        let seg = &self.segments[k];
+        let seg = self.segment_of(addr);
         let Some(offset) = addr.checked_sub(seg.lo.load(Ordering::Relaxed)) else {
             return Some((0, 0)); // below every start
         };
@@ -529,6 +517,23 @@ impl<const N: usize> Table<N> {
             n // the last bucket reaches past the last start
         };
         Some((below, upto))
+    }
+
+    /// The segment of the bucket table that address `v` falls in (the
+    /// first when `v` lies below it): how many of the others begin at or
+    /// below `v` (unused ones begin at usize::MAX), without a branch on the
+    /// address. A table of one segment (spread ranges) skips even that: a
+    /// branch on the table's shape, which stays put, so a lookup loads the
+    /// segment's fields without waiting for the compares.
+    #[inline(always)]
+    fn segment_of(&self, v: usize) -> &Segment {
+        let mut k = 0;
+        if self.segments[1].lo.load(Ordering::Relaxed) != usize::MAX {
+            for seg in &self.segments[1..] {
+                k += usize::from(seg.lo.load(Ordering::Relaxed) <= v);
+            }
+        }
+        &self.segments[k]
     }
 
     /// [`Self::upper_bound`] through the bucket table. The bucket of `addr`
@@ -762,16 +767,6 @@ impl<const N: usize> Table<N> {
             };
             (real, old_real, from) = (up, old_up, changed);
         }
-    }
-
-    /// The segment of the bucket table that address `v` falls in (the
-    /// first when `v` lies below it).
-    fn segment_of(&self, v: usize) -> &Segment {
-        let k = self.segments[1..]
-            .iter()
-            .filter(|seg| seg.lo.load(Ordering::Relaxed) <= v)
-            .count();
-        &self.segments[k]
     }
 
     /// The first address of bucket `b` (`b` below the total).
@@ -1399,6 +1394,16 @@ mod tests {
         assert_eq!(m.lookup(0x1800, 8), Lookup::Absent);
     }
 
+    /// A pseudo-random sequence (xorshift64) from `seed`.
+    fn xorshift(mut x: u64) -> impl FnMut() -> usize {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as usize
+        }
+    }
+
     /// The bucket table against a plain count of the starts, through
     /// inserts and removes that move its low end, widen and narrow its
     /// span, cross its size thresholds and pile many small ranges into
@@ -1406,13 +1411,7 @@ mod tests {
     #[test]
     fn the_bucket_table_counts_the_starts_exactly() {
         let map: MemtypeMap<512> = MemtypeMap::new();
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as usize
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1du64);
         let mut used_buckets = 0;
         for round in 0..3000 {
             let r = next();
@@ -1433,7 +1432,7 @@ mod tests {
                 // and leaves stale counts past its end.
                 map.remove(0x1_0000_0000, 0x2_0000_0000 - round % 3 * 0x8000_0000)
                     .unwrap();
-            } else if next() % 3 == 0 {
+            } else if next().is_multiple_of(3) {
                 map.remove(start, len).unwrap();
             } else {
                 map.insert(start, len, MemType::Cuda, 0).unwrap();
@@ -1502,13 +1501,7 @@ mod tests {
     #[test]
     fn segmented_buckets_count_the_starts_exactly() {
         let map: MemtypeMap<512> = MemtypeMap::new();
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as usize
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15u64);
         for step in 0..6000 {
             let r = next();
             let start = match r % 14 {
@@ -1619,13 +1612,7 @@ mod tests {
         if !crate::simd::avx2() {
             return; // nothing to compare on this CPU
         }
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as usize
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15u64);
         for round in 0..20_000 {
             let mut keys = [0usize; B];
             for k in &mut keys {

@@ -39,9 +39,8 @@ fn detect() -> bool {
     use core::arch::x86_64::{__cpuid, __cpuid_count};
     // SAFETY: cpuid is available on every x86_64 CPU.
     let leaf1 = unsafe { __cpuid(1) };
-    // POPCNT, OSXSAVE and AVX.
-    let osxsave_avx = leaf1.ecx & (1 << 23) != 0 && leaf1.ecx & (1 << 27) != 0 && leaf1.ecx & (1 << 28) != 0;
-    let ok = osxsave_avx
+    let popcnt_osxsave_avx = leaf1.ecx & (1 << 23) != 0 && leaf1.ecx & (1 << 27) != 0 && leaf1.ecx & (1 << 28) != 0;
+    let ok = popcnt_osxsave_avx
         && {
             let xcr0: u32;
             // SAFETY: xgetbv with ecx = 0 reads XCR0; OSXSAVE says it is
