@@ -518,6 +518,16 @@ impl<H: Copy, const N: usize> Table<H, N> {
     }
 }
 
+/// The events that carry a result (the host calls): [`Event::result`] is
+/// `Some` exactly for these.
+const RESULT_EVENTS: u32 =
+    bits::MMAP | bits::MUNMAP | bits::MREMAP | bits::SHMAT | bits::SHMDT | bits::SBRK | bits::MADVISE | bits::BRK;
+
+/// A visit's phase bits: handlers before the original call (priority < 0).
+const PRE: u32 = 1;
+/// ... and after it (priority >= 0).
+const POST: u32 = 2;
+
 /// What a dispatch did, for counters and tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dispatched {
@@ -762,7 +772,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// the reader counts itself, then (SeqCst fence) re-reads `live`; the
     /// writer stores `live`, then (SeqCst fence) reads the count. Whichever
     /// fence comes second sees the other side's write.
-    #[inline]
+    #[inline(always)]
     fn enter(&self, depth: Option<&DispatchDepth>) -> (usize, ReadGuard<'_>) {
         if let Some(slot) = depth.and_then(|d| self.slot(d)) {
             loop {
@@ -783,6 +793,14 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
                 drop(guard);
             }
         }
+        self.enter_shared()
+    }
+
+    /// [`Self::enter`] through the shared counters (no slot: slots are
+    /// off, or all taken), out of line so that the slot path stays short.
+    #[cold]
+    #[inline(never)]
+    fn enter_shared(&self) -> (usize, ReadGuard<'_>) {
         loop {
             let t = self.live.load(Ordering::Acquire) & 1;
             // Production: a SeqCst RMW then a SeqCst load, ordered with the
@@ -842,20 +860,51 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     fn read<R>(&self, t: usize, f: impl FnOnce(&Table<H, N>) -> R) -> R {
         // SAFETY: table `t` was live when this thread entered it and its
         // reader count is held (ReadGuard), so no writer mutates it now.
-        self.tables[t].with(|p| f(unsafe { &*p }))
+        self.tables[t & 1].with(|p| f(unsafe { &*p }))
     }
 
-    /// Calls the handlers of table `t` that want the event, before (`pre`)
-    /// or after the original call, enforcing the result rule. The common
-    /// case, no handler for this event and phase, is one load and a test.
+    /// The entries of table `t` that want `event` in `phases` ([`PRE`]
+    /// and/or [`POST`]), as a bit set over entry indices. Entries are in
+    /// priority order, so every pre-handler's index is below every
+    /// post-handler's: one ascending walk of the union runs the phases in
+    /// order.
     #[inline(always)]
-    fn run_handlers(&self, t: usize, event: &mut Event, pre: bool) -> u32 {
-        let bit = event.kind().trailing_zeros() as usize;
-        let todo = self.read(t, |table| table.calls[bit & 31][usize::from(!pre)]);
-        if todo == 0 {
-            return 0;
+    fn todo<const PHASES: u32>(&self, t: usize, event: &Event) -> u64 {
+        let bit = (event.kind().trailing_zeros() & 31) as usize;
+        let [pre, post] = self.read(t, |table| table.calls[bit]);
+        let pre = if PHASES & PRE != 0 { pre } else { 0 };
+        let post = if PHASES & POST != 0 { post } else { 0 };
+        pre | post
+    }
+
+    /// One visit of the live table: `first`'s handlers in `first_phases`,
+    /// then `second`'s in `second_phases` (a hook's companion events share
+    /// the visit). Out of line, and the only code a hook runs for its
+    /// handlers, so that the path after a system call (which leaves the
+    /// caches cold) touches few lines; one copy for `begin`'s phases and
+    /// one for `finish`'s.
+    #[inline(never)]
+    fn visit<const FIRST: u32, const SECOND: u32>(
+        &self,
+        depth: &DispatchDepth,
+        first: Option<&mut Event>,
+        second: Option<&mut Event>,
+    ) -> (u32, u32) {
+        let (t, _read) = self.enter(Some(depth));
+        let mut called = (0, 0);
+        if let Some(e) = first {
+            let todo = self.todo::<FIRST>(t, e);
+            if todo != 0 {
+                called.0 = self.call_handlers(t, todo, e);
+            }
         }
-        self.call_handlers(t, todo, event)
+        if let Some(e) = second {
+            let todo = self.todo::<SECOND>(t, e);
+            if todo != 0 {
+                called.1 = self.call_handlers(t, todo, e);
+            }
+        }
+        called
     }
 
     /// The handler of table `t` at the lowest index in `todo`, which loses
@@ -867,25 +916,37 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         }
         let i = todo.trailing_zeros() as usize;
         *todo &= *todo - 1;
-        self.read(t, |table| table.entries.get(i).map(|e| e.handler))
+        self.read(t, |table| {
+            debug_assert!(i < table.entries.len());
+            // SAFETY: `todo`'s bits come from the table's `calls`, which
+            // `Table::index` sets only for the indices of its entries (and
+            // the table does not change while it is read). No bounds check:
+            // the length lies on a cache line of its own.
+            Some(unsafe { table.entries.as_slice().get_unchecked(i) }.handler)
+        })
     }
 
     /// Calls the handlers of table `t` whose indices are the bits of
     /// `todo`, in index order.
-    #[inline(never)]
+    #[inline(always)]
     fn call_handlers(&self, t: usize, mut todo: u64, event: &mut Event) -> u32 {
-        let mut called = 0;
-        if event.result().is_none() {
-            // No result to guard (VM and memory-type events): a loop of
-            // its own, without the rule's checks.
-            while let Some(handler) = self.next_handler(t, &mut todo) {
-                handler.call(event);
-                called += 1;
-            }
-            return called;
+        if event.kind() & RESULT_EVENTS != 0 {
+            return self.call_handlers_ruled(t, todo, event);
         }
-        // The valid result to keep: once valid (from the original, or
-        // filled by a handler), a result stays as it is.
+        // No result to guard (VM and memory-type events).
+        let mut called = 0;
+        while let Some(handler) = self.next_handler(t, &mut todo) {
+            handler.call(event);
+            called += 1;
+        }
+        called
+    }
+
+    /// [`Self::call_handlers`] for an event with a result: once valid (from
+    /// the original, or filled by a handler), a result stays as it is.
+    #[inline(never)]
+    fn call_handlers_ruled(&self, t: usize, mut todo: u64, event: &mut Event) -> u32 {
+        let mut called = 0;
         let mut kept = event.result().filter(|&word| word != -1);
         while let Some(handler) = self.next_handler(t, &mut todo) {
             handler.call(event);
@@ -942,48 +1003,56 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// No table is held across the original call: a registration never
     /// waits for a system call (which may itself wait for the registering
     /// thread: a FUSE daemon or a userfaultfd monitor in the same process).
-    #[inline]
+    #[inline(always)]
     pub fn begin(&self, depth: &DispatchDepth, before: Option<&mut Event>, event: &mut Event) -> Pass {
         let d = depth.0.get();
         if d >= MAX_NESTING {
-            self.overflows.fetch_add(1, Ordering::Relaxed);
-            return Pass {
-                handlers: 0,
-                call_original: true,
-                overflowed: true,
-                any: 0,
-                post_mask: 0,
-            };
+            return self.overflowed();
         }
         depth.0.set(d + 1);
-        let kind = event.kind();
         let (pre_mask, post_mask) = (
             self.pre_mask.load(Ordering::Acquire),
             self.post_mask.load(Ordering::Acquire),
         );
         let any = pre_mask | post_mask;
-        let mut handlers = 0;
         let before = before.filter(|b| any & b.kind() != 0);
-        if before.is_some() || pre_mask & kind != 0 {
-            let (t, _read) = self.enter(Some(depth));
-            if let Some(b) = before {
-                handlers += self.run_handlers(t, b, true) + self.run_handlers(t, b, false);
-            }
-            handlers += self.run_handlers(t, event, true);
+        let mut handlers = 0;
+        let mut call_original = true;
+        if before.is_some() || pre_mask & event.kind() != 0 {
+            let (companion, own) = self.visit::<{ PRE | POST }, PRE>(depth, before, Some(&mut *event));
+            handlers = companion + own;
+            // Only a pre-handler of the event itself can have supplied a
+            // valid result.
+            call_original = own == 0 || event.result().is_none_or(|word| word == -1);
         }
         Pass {
             handlers,
-            call_original: event.result().is_none() || event.result_is_invalid(),
+            call_original,
             overflowed: false,
             any,
             post_mask,
         }
     }
 
+    /// The pass of an event raised [`MAX_NESTING`] deep: counted, and
+    /// straight to the original.
+    #[cold]
+    #[inline(never)]
+    fn overflowed(&self) -> Pass {
+        self.overflows.fetch_add(1, Ordering::Relaxed);
+        Pass {
+            handlers: 0,
+            call_original: true,
+            overflowed: true,
+            any: 0,
+            post_mask: 0,
+        }
+    }
+
     /// The second half of [`Self::dispatch_around`]: `event`'s
     /// post-handlers, then all of `follow`'s, and the thread leaves the
     /// nesting level [`Self::begin`] entered.
-    #[inline]
+    #[inline(always)]
     pub fn finish(
         &self,
         depth: &DispatchDepth,
@@ -995,11 +1064,8 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         if !pass.overflowed {
             let follow = follow.filter(|f| pass.any & f.kind() != 0);
             if follow.is_some() || pass.post_mask & event.kind() != 0 {
-                let (t, _read) = self.enter(Some(depth));
-                handlers += self.run_handlers(t, event, false);
-                if let Some(f) = follow {
-                    handlers += self.run_handlers(t, f, true) + self.run_handlers(t, f, false);
-                }
+                let (own, companion) = self.visit::<POST, { PRE | POST }>(depth, Some(event), follow);
+                handlers += own + companion;
             }
             depth.0.set(depth.0.get() - 1);
         }

@@ -67,8 +67,21 @@ static WANTED: AtomicU32 = AtomicU32::new(0);
 static MASKS: spin::Mutex<heapless::Vec<(HandlerId, HandlerFn, u32), MAX_HANDLERS>> =
     spin::Mutex::new(heapless::Vec::new());
 
+/// A thread's dispatch state: its nesting (the core's), and where its
+/// `errno` lives (asked of libc once: hooks save and restore errno around
+/// the handlers on every call).
+struct Local {
+    depth: DispatchDepth,
+    errno: core::cell::Cell<*mut core::ffi::c_int>,
+}
+
 thread_local! {
-    static DEPTH: DispatchDepth = const { DispatchDepth::new() };
+    static LOCAL: Local = const {
+        Local {
+            depth: DispatchDepth::new(),
+            errno: core::cell::Cell::new(core::ptr::null_mut()),
+        }
+    };
 }
 
 /// The barrier, thread ids and liveness the dispatcher's reader slots need
@@ -126,7 +139,9 @@ pub(crate) fn wants(events: u32) -> bool {
 /// lookup is a call into the dynamic linker in a preloaded library).
 pub(crate) struct Begun {
     pass: Pass,
-    depth: *const DispatchDepth,
+    /// This thread's state (a raw pointer: `Begun` is neither Send nor
+    /// Sync, so it stays on the thread whose state this is).
+    local: *const Local,
 }
 
 impl Begun {
@@ -134,36 +149,55 @@ impl Begun {
     pub(crate) fn call_original(&self) -> bool {
         self.pass.call_original
     }
+
+    /// This thread's `errno` location.
+    #[inline(always)]
+    pub(crate) fn errno(&self) -> *mut core::ffi::c_int {
+        // SAFETY: `begin` found this pointer on this thread during the
+        // hooked call still running: the thread-local is alive.
+        let local = unsafe { &*self.local };
+        let at = local.errno.get();
+        if !at.is_null() {
+            return at;
+        }
+        // SAFETY: __errno_location has no preconditions; the thread's errno
+        // stays where it is for the thread's life.
+        let at = unsafe { libc::__errno_location() };
+        local.errno.set(at);
+        at
+    }
 }
 
 /// The first half of a hook's dispatch (see `Dispatcher::begin`): the
 /// hook then makes the original call in its own frame, if the pass says
 /// so, and hands it to [`finish`]. `None` when the thread's state is gone
-/// (thread exit): the hook just makes the call.
-#[inline(never)]
+/// (thread exit): the hook just makes the call. Inlined into the hooks:
+/// only a table visit is a call of its own.
+#[inline(always)]
 pub(crate) fn begin(before: Option<&mut Event>, event: &mut Event) -> Option<Begun> {
-    DEPTH
-        .try_with(|depth| Begun {
-            pass: DISPATCHER.begin(depth, before, event),
-            depth,
-        })
-        .ok()
+    let local = LOCAL.try_with(|l| l as *const Local).ok()?;
+    // SAFETY: this thread's own thread-local, alive while the thread runs
+    // (a `const` thread-local without a destructor: the lookup is an offset
+    // from the thread pointer, or one `__tls_get_addr` call in a preloaded
+    // library).
+    let pass = DISPATCHER.begin(unsafe { &(*local).depth }, before, event);
+    Some(Begun { pass, local })
 }
 
 /// The second half of a hook's dispatch: post-handlers of `event`, then
 /// `follow`'s (a `VM_MAPPED` made from the finished call).
-#[inline(never)]
+#[inline(always)]
 pub(crate) fn finish(begun: Begun, event: &mut Event, follow: Option<&mut Event>) {
     // SAFETY: `begin` found this pointer on this thread (`Begun` is neither
     // Send nor Sync) during the hooked call still running, so the thread,
     // and its thread-locals, are alive.
-    let depth = unsafe { &*begun.depth };
+    let depth = unsafe { &(*begun.local).depth };
     DISPATCHER.finish(depth, begun.pass, event, follow);
 }
 
 /// Delivers an event that has no original call.
 pub(crate) fn notify(event: &mut Event) {
-    let _ = DEPTH.try_with(|depth| DISPATCHER.notify(depth, event));
+    let _ = LOCAL.try_with(|l| DISPATCHER.notify(&l.depth, event));
 }
 
 fn recompute(masks: &heapless::Vec<(HandlerId, HandlerFn, u32), MAX_HANDLERS>) {
@@ -174,7 +208,7 @@ static FORK_HOOK: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn after_fork_in_child() {
     // SAFETY: only the forking thread exists in the child.
-    let _ = DEPTH.try_with(|depth| unsafe { DISPATCHER.reset_after_fork(depth) });
+    let _ = LOCAL.try_with(|l| unsafe { DISPATCHER.reset_after_fork(&l.depth) });
     // SAFETY: as above: a holder of the bookkeeping lock is gone.
     unsafe { MASKS.force_unlock() };
 }
@@ -197,7 +231,7 @@ fn ensure_fork_hook() {
 /// call comes from inside a handler.
 pub fn set_handler(events: u32, priority: i32, handler: HandlerFn) -> Result<HandlerId, RegisterError> {
     ensure_fork_hook();
-    let id = DEPTH.with(|d| DISPATCHER.register(d, events, priority, handler))?;
+    let id = LOCAL.with(|l| DISPATCHER.register(&l.depth, events, priority, handler))?;
     let mut masks = MASKS.lock();
     let _ = masks.push((id, handler, events & bits::ALL_EVENTS));
     recompute(&masks);
@@ -221,7 +255,7 @@ pub fn set_handler(events: u32, priority: i32, handler: HandlerFn) -> Result<Han
 ///
 /// [`RegisterError::NotFound`] or [`RegisterError::InsideHandler`].
 pub fn unset_handler(id: HandlerId) -> Result<(), RegisterError> {
-    DEPTH.with(|d| DISPATCHER.unregister(d, id))?;
+    LOCAL.with(|l| DISPATCHER.unregister(&l.depth, id))?;
     let mut masks = MASKS.lock();
     masks.retain(|e| e.0 != id);
     recompute(&masks);
@@ -235,7 +269,7 @@ pub fn unset_handler(id: HandlerId) -> Result<(), RegisterError> {
 ///
 /// [`RegisterError::InsideHandler`].
 pub fn unset_handler_fn(events: u32, handler: &HandlerFn) -> Result<usize, RegisterError> {
-    let removed = DEPTH.with(|d| DISPATCHER.unregister_handler(d, events, handler))?;
+    let removed = LOCAL.with(|l| DISPATCHER.unregister_handler(&l.depth, events, handler))?;
     let mut masks = MASKS.lock();
     for e in masks.iter_mut().filter(|e| e.1 == *handler) {
         e.2 &= !events;

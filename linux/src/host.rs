@@ -65,27 +65,6 @@ macro_rules! original {
     }};
 }
 
-/// Runs `f`, then puts back the errno it found on return from `f`'s
-/// original call (handlers must not change what the caller sees).
-/// (The location is the thread's, so it is asked for once.)
-struct Errno(*mut c_int, c_int);
-
-impl Errno {
-    fn save() -> Self {
-        // SAFETY: __errno_location has no preconditions; errno is
-        // thread-local and always accessible.
-        unsafe {
-            let at = libc::__errno_location();
-            Errno(at, *at)
-        }
-    }
-
-    fn restore(self) {
-        // SAFETY: as above: the same thread's errno.
-        unsafe { *self.0 = self.1 };
-    }
-}
-
 /// Dispatches a hooked call: `original` makes the call and sets the
 /// event's result; the errno it left is what the caller sees, whatever the
 /// handlers after it did. The original is called here, in the hook's own
@@ -101,15 +80,19 @@ fn call_original(
         original(event); // thread-local gone (thread exit): just the call
         return;
     };
-    let mut errno = None;
-    if begun.call_original() {
+    let called = begun.call_original();
+    let errno = begun.errno();
+    let mut saved = 0;
+    if called {
         original(event);
-        errno = Some(Errno::save());
+        // SAFETY: this thread's errno.
+        saved = unsafe { *errno };
     }
     let mut follow = after(event);
     finish(begun, event, follow.as_mut());
-    if let Some(e) = errno {
-        e.restore();
+    if called {
+        // SAFETY: as above.
+        unsafe { *errno = saved };
     }
 }
 
@@ -123,9 +106,21 @@ fn unmapped(address: usize, size: usize) -> Option<Event> {
     (size != 0).then_some(Event::VmUnmapped(VmEvent { address, size }))
 }
 
-/// The pointer result of a finished event, if the call succeeded.
-fn succeeded(e: &Event) -> Option<usize> {
-    e.result().map(|r| r as usize).filter(|&r| r != INVALID_PTR)
+/// The result field of an event of variant `$v` (the hook knows which it
+/// made: one compare, where `Event::result` is a jump over every kind), or
+/// `$invalid` if a handler replaced the event with another kind.
+macro_rules! result_of {
+    ($ev:expr, $v:ident, $invalid:expr) => {
+        match &$ev {
+            Event::$v(m) => m.result,
+            _ => $invalid,
+        }
+    };
+}
+
+/// A pointer result, if the call succeeded.
+fn succeeded(result: usize) -> Option<usize> {
+    (result != INVALID_PTR).then_some(result)
 }
 
 /// The `mmap` hook.
@@ -161,9 +156,9 @@ pub(crate) unsafe extern "C" fn mmap_hook(
                 m.result = unsafe { orig(addr, len, prot, flags, fd, off) } as usize;
             }
         },
-        |e| succeeded(e).and_then(|r| mapped(r, len)),
+        |e| succeeded(result_of!(*e, Mmap, INVALID_PTR)).and_then(|r| mapped(r, len)),
     );
-    ev.result().unwrap_or(-1) as usize as *mut c_void
+    result_of!(ev, Mmap, INVALID_PTR) as *mut c_void
 }
 
 /// The `munmap` hook.
@@ -189,7 +184,7 @@ pub(crate) unsafe extern "C" fn munmap_hook(addr: *mut c_void, len: usize) -> c_
         },
         |_| None,
     );
-    ev.result().unwrap_or(-1) as c_int
+    result_of!(ev, Munmap, -1)
 }
 
 /// The `mremap` hook (glibc's is variadic: the fifth argument, the new
@@ -223,9 +218,9 @@ pub(crate) unsafe extern "C" fn mremap_hook(
                 m.result = unsafe { orig(old, old_size, new_size, flags, new_address) } as usize;
             }
         },
-        |e| succeeded(e).and_then(|r| mapped(r, new_size)),
+        |e| succeeded(result_of!(*e, Mremap, INVALID_PTR)).and_then(|r| mapped(r, new_size)),
     );
-    ev.result().unwrap_or(-1) as usize as *mut c_void
+    result_of!(ev, Mremap, INVALID_PTR) as *mut c_void
 }
 
 /// Size of the shared memory segment `shmid` (0 when unknown).
@@ -262,12 +257,12 @@ pub(crate) unsafe extern "C" fn shmat_hook(shmid: c_int, shmaddr: *const c_void,
             }
         },
         |e| {
-            succeeded(e)
+            succeeded(result_of!(*e, Shmat, INVALID_PTR))
                 .filter(|_| wants(bits::VM_MAPPED))
                 .and_then(|r| mapped(r, shm_size(shmid)))
         },
     );
-    ev.result().unwrap_or(-1) as usize as *mut c_void
+    result_of!(ev, Shmat, INVALID_PTR) as *mut c_void
 }
 
 /// The `shmdt` hook (the size comes from the mapping at the address).
@@ -301,7 +296,7 @@ pub(crate) unsafe extern "C" fn shmdt_hook(shmaddr: *const c_void) -> c_int {
         },
         |_| None,
     );
-    ev.result().unwrap_or(-1) as c_int
+    result_of!(ev, Shmdt, -1)
 }
 
 /// The current program break, without going through the hooks.
@@ -351,12 +346,12 @@ pub(crate) unsafe extern "C" fn sbrk_hook(increment: libc::intptr_t) -> *mut c_v
             }
         },
         |e| {
-            succeeded(e)
+            succeeded(result_of!(*e, Sbrk, INVALID_PTR))
                 .filter(|_| increment > 0)
                 .and_then(|r| mapped(r, increment as usize))
         },
     );
-    ev.result().unwrap_or(-1) as usize as *mut c_void
+    result_of!(ev, Sbrk, INVALID_PTR) as *mut c_void
 }
 
 /// The `brk` hook.
@@ -380,14 +375,14 @@ pub(crate) unsafe extern "C" fn brk_hook(addr: *mut c_void) -> c_int {
             }
         },
         |e| {
-            if e.result() == Some(0) && new > top {
+            if result_of!(*e, Brk, -1) == 0 && new > top {
                 mapped(top, new - top)
             } else {
                 None
             }
         },
     );
-    ev.result().unwrap_or(-1) as c_int
+    result_of!(ev, Brk, -1)
 }
 
 /// Whether `advice` discards the pages' contents (so caches of them must go).
@@ -419,5 +414,5 @@ pub(crate) unsafe extern "C" fn madvise_hook(addr: *mut c_void, len: usize, advi
         },
         |_| None,
     );
-    ev.result().unwrap_or(-1) as c_int
+    result_of!(ev, Madvise, -1)
 }
