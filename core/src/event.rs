@@ -258,7 +258,13 @@ pub struct MemTypeEvent {
 }
 
 /// One event, as handlers see it.
+///
+/// `repr(C)`: every variant's payload starts at the same offset, and every
+/// host event's payload starts with its `result`, so reading a result is
+/// a test of the kind and one load, not a jump over every kind (hooks and
+/// the result rule read it on every call).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
 pub enum Event {
     /// [`bits::MMAP`].
     Mmap(MmapEvent),
@@ -310,17 +316,29 @@ impl Event {
     /// `None` for events without a result.
     #[inline]
     pub const fn result(&self) -> Option<isize> {
-        Some(match self {
-            Event::Mmap(e) => e.result as isize,
-            Event::Mremap(e) => e.result as isize,
-            Event::Shmat(e) => e.result as isize,
-            Event::Sbrk(e) => e.result as isize,
-            Event::Munmap(e) => e.result as isize,
-            Event::Shmdt(e) => e.result as isize,
-            Event::Madvise(e) => e.result as isize,
-            Event::Brk(e) => e.result as isize,
-            _ => return None,
-        })
+        // By class of kind, so that the arms of each match are one load at
+        // one offset (`repr(C)`, result first) and fold into it: no jump
+        // table.
+        let kind = self.kind();
+        if kind & PTR_RESULTS != 0 {
+            return Some(match self {
+                Event::Mmap(e) => e.result,
+                Event::Mremap(e) => e.result,
+                Event::Shmat(e) => e.result,
+                Event::Sbrk(e) => e.result,
+                _ => 0,
+            } as isize);
+        }
+        if kind & INT_RESULTS != 0 {
+            return Some(match self {
+                Event::Munmap(e) => e.result,
+                Event::Shmdt(e) => e.result,
+                Event::Madvise(e) => e.result,
+                Event::Brk(e) => e.result,
+                _ => 0,
+            } as isize);
+        }
+        None
     }
 
     fn set_result(&mut self, word: isize) {
@@ -518,10 +536,13 @@ impl<H: Copy, const N: usize> Table<H, N> {
     }
 }
 
+/// The host events whose result is a pointer.
+const PTR_RESULTS: u32 = bits::MMAP | bits::MREMAP | bits::SHMAT | bits::SBRK;
+/// The host events whose result is an `int`.
+const INT_RESULTS: u32 = bits::MUNMAP | bits::SHMDT | bits::MADVISE | bits::BRK;
 /// The events that carry a result (the host calls): [`Event::result`] is
 /// `Some` exactly for these.
-const RESULT_EVENTS: u32 =
-    bits::MMAP | bits::MUNMAP | bits::MREMAP | bits::SHMAT | bits::SHMDT | bits::SBRK | bits::MADVISE | bits::BRK;
+const RESULT_EVENTS: u32 = PTR_RESULTS | INT_RESULTS;
 
 /// A visit's phase bits: handlers before the original call (priority < 0).
 const PRE: u32 = 1;
@@ -556,20 +577,32 @@ pub struct Pass {
 }
 
 /// The handler table and dispatch. `N` is the capacity.
+#[repr(C)]
 pub struct Dispatcher<H, const N: usize> {
-    tables: [Cell<Table<H, N>>; 2],
-    live: AtomicUsize,
+    /// What every dispatch reads, alone on one cache line (after a system
+    /// call the caches are cold: one line, not three).
+    hot: Hot,
+    /// Reads in progress per table, of threads without a slot (their own
+    /// line: `hot` stays read-only for dispatch).
     readers: [AtomicUsize; 2],
     /// Next id; held while a registration rebuilds the spare table.
     writer: Mutex<u32>,
     overflows: AtomicU64,
+    tables: [Cell<Table<H, N>>; 2],
+    slots: [ReaderSlot; READER_SLOTS],
+}
+
+/// The fields dispatch reads on every call, written only by registration.
+#[repr(C, align(64))]
+struct Hot {
+    /// The index of the live table.
+    live: AtomicUsize,
     /// Events that have a handler with priority < 0 (resp. >= 0).
     pre_mask: AtomicU32,
     post_mask: AtomicU32,
     /// The platform's [`Asymmetric`] (its address; 0 until
     /// [`Dispatcher::enable_slots`]): readers with a slot use it.
     asymmetric: AtomicUsize,
-    slots: [ReaderSlot; READER_SLOTS],
 }
 
 // SAFETY: the tables are only written by the writer-lock holder, and only the
@@ -657,14 +690,16 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     #[cfg(not(memhook_loom))]
     pub const fn new() -> Self {
         Self {
-            tables: [Cell::new(Table::new()), Cell::new(Table::new())],
-            live: AtomicUsize::new(0),
+            hot: Hot {
+                live: AtomicUsize::new(0),
+                pre_mask: AtomicU32::new(0),
+                post_mask: AtomicU32::new(0),
+                asymmetric: AtomicUsize::new(0),
+            },
             readers: [AtomicUsize::new(0), AtomicUsize::new(0)],
             writer: Mutex::new(0),
             overflows: AtomicU64::new(0),
-            pre_mask: AtomicU32::new(0),
-            post_mask: AtomicU32::new(0),
-            asymmetric: AtomicUsize::new(0),
+            tables: [Cell::new(Table::new()), Cell::new(Table::new())],
             slots: [const { ReaderSlot::new() }; READER_SLOTS],
         }
     }
@@ -673,16 +708,27 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     #[cfg(memhook_loom)]
     pub fn new() -> Self {
         Self {
-            tables: [Cell::new(Table::new()), Cell::new(Table::new())],
-            live: AtomicUsize::new(0),
+            hot: Hot {
+                live: AtomicUsize::new(0),
+                pre_mask: AtomicU32::new(0),
+                post_mask: AtomicU32::new(0),
+                asymmetric: AtomicUsize::new(0),
+            },
             readers: [AtomicUsize::new(0), AtomicUsize::new(0)],
             writer: Mutex::new(0),
             overflows: AtomicU64::new(0),
-            pre_mask: AtomicU32::new(0),
-            post_mask: AtomicU32::new(0),
-            asymmetric: AtomicUsize::new(0),
+            tables: [Cell::new(Table::new()), Cell::new(Table::new())],
             slots: core::array::from_fn(|_| ReaderSlot::new()),
         }
+    }
+
+    /// Whether some handler wants any of `events` (one relaxed load pair
+    /// from the line dispatch reads anyway): a hook with nothing to deliver
+    /// skips everything else. A registration publishes its table before
+    /// these masks, so a hook that sees a new bit finds its handler.
+    #[inline(always)]
+    pub fn wants(&self, events: u32) -> bool {
+        (self.hot.pre_mask.load(Ordering::Relaxed) | self.hot.post_mask.load(Ordering::Relaxed)) & events != 0
     }
 
     /// The capacity of the handler table.
@@ -701,7 +747,8 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// (before threads dispatch, or at any time: readers already in flight
     /// on the shared counters are waited for as before).
     pub fn enable_slots(&self, platform: &'static Asymmetric) {
-        self.asymmetric
+        self.hot
+            .asymmetric
             .store(platform as *const Asymmetric as usize, Ordering::Release);
     }
 
@@ -711,7 +758,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     }
 
     fn platform(&self) -> Option<&'static Asymmetric> {
-        let p = self.asymmetric.load(Ordering::Acquire) as *const Asymmetric;
+        let p = self.hot.asymmetric.load(Ordering::Acquire) as *const Asymmetric;
         // SAFETY: the only value ever stored is a `&'static Asymmetric`
         // (enable_slots), or 0.
         unsafe { p.as_ref() }
@@ -776,7 +823,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     fn enter(&self, depth: Option<&DispatchDepth>) -> (usize, ReadGuard<'_>) {
         if let Some(slot) = depth.and_then(|d| self.slot(d)) {
             loop {
-                let t = self.live.load(Ordering::Acquire) & 1;
+                let t = self.hot.live.load(Ordering::Acquire) & 1;
                 let reading = &slot.reading[t];
                 reading.store(reading.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                 let guard = ReadGuard::Slot(reading);
@@ -787,7 +834,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
                 core::sync::atomic::compiler_fence(Ordering::SeqCst);
                 #[cfg(memhook_loom)]
                 fence(Ordering::SeqCst);
-                if self.live.load(Ordering::Acquire) == t {
+                if self.hot.live.load(Ordering::Acquire) == t {
                     return (t, guard);
                 }
                 drop(guard);
@@ -802,7 +849,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     #[inline(never)]
     fn enter_shared(&self) -> (usize, ReadGuard<'_>) {
         loop {
-            let t = self.live.load(Ordering::Acquire) & 1;
+            let t = self.hot.live.load(Ordering::Acquire) & 1;
             // Production: a SeqCst RMW then a SeqCst load, ordered with the
             // writer's SeqCst store and load in the single total order of
             // SeqCst operations (and a locked RMW is a full barrier on
@@ -815,7 +862,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             let guard = ReadGuard::Shared(&self.readers[t]);
             #[cfg(memhook_loom)]
             fence(Ordering::SeqCst);
-            if self.live.load(Ordering::SeqCst) == t {
+            if self.hot.live.load(Ordering::SeqCst) == t {
                 return (t, guard);
             }
             drop(guard);
@@ -1011,8 +1058,8 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         }
         depth.0.set(d + 1);
         let (pre_mask, post_mask) = (
-            self.pre_mask.load(Ordering::Acquire),
-            self.post_mask.load(Ordering::Acquire),
+            self.hot.pre_mask.load(Ordering::Acquire),
+            self.hot.post_mask.load(Ordering::Acquire),
         );
         let any = pre_mask | post_mask;
         let before = before.filter(|b| any & b.kind() != 0);
@@ -1079,7 +1126,29 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// Dispatches an event that has no original call (VM and MEM_TYPE events,
     /// or events reported by the embedder): every matching handler, in order.
     pub fn notify(&self, depth: &DispatchDepth, event: &mut Event) -> Dispatched {
-        self.dispatch(depth, event, |_| {})
+        let d = depth.0.get();
+        if d >= MAX_NESTING {
+            let _ = self.overflowed();
+            return Dispatched {
+                handlers: 0,
+                called_original: true,
+                overflowed: true,
+            };
+        }
+        depth.0.set(d + 1);
+        let any = self.hot.pre_mask.load(Ordering::Acquire) | self.hot.post_mask.load(Ordering::Acquire);
+        let mut handlers = 0;
+        if any & event.kind() != 0 {
+            // Pre- then post-handlers in one walk (there is no call between
+            // them); the result rule holds across both.
+            handlers = self.visit::<{ PRE | POST }, PRE>(depth, Some(event), None).0;
+        }
+        depth.0.set(d);
+        Dispatched {
+            handlers,
+            called_original: true,
+            overflowed: false,
+        }
     }
 
     /// Whether any handler is registered for any bit of `events`.
@@ -1099,7 +1168,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             return Err(RegisterError::InsideHandler);
         }
         let mut next_id = self.writer.lock();
-        let live = self.live.load(Ordering::Relaxed);
+        let live = self.hot.live.load(Ordering::Relaxed);
         let spare = 1 - live;
         // Readers that entered the spare table before the last swap.
         self.drain(spare);
@@ -1120,10 +1189,10 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             })
         });
         let (result, (pre, post)) = result?;
-        self.live.store(spare, Ordering::SeqCst);
+        self.hot.live.store(spare, Ordering::SeqCst);
         self.barrier();
-        self.pre_mask.store(pre, Ordering::Release);
-        self.post_mask.store(post, Ordering::Release);
+        self.hot.pre_mask.store(pre, Ordering::Release);
+        self.hot.post_mask.store(post, Ordering::Release);
         self.drain(live);
         Ok(result)
     }

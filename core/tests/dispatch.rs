@@ -518,3 +518,89 @@ fn a_handler_unregistered_during_a_call_misses_its_post_pass_and_nothing_waits_f
     // The call's post pass came after unregister returned: no handler.
     assert_eq!((out.handlers, CALLS.load(Ordering::SeqCst)), (0, 0));
 }
+
+#[test]
+fn notify_runs_pre_then_post_handlers_once_each_and_keeps_the_result_rule() {
+    // An embedder's report of a host event: no original call between the
+    // phases, one walk; a valid result filled by the first pre-handler
+    // stays, whatever later handlers write.
+    let d: Dispatcher<FnHandler, 8> = Dispatcher::new();
+    let depth = DispatchDepth::new();
+    d.register(&depth, bits::MMAP, 4, handler(3)).unwrap();
+    d.register(&depth, bits::MMAP, -5, filler(0xa000)).unwrap();
+    d.register(&depth, bits::MMAP, -1, handler(2)).unwrap();
+    d.register(&depth, bits::MMAP, 2, filler(0xb000)).unwrap();
+    d.register(&depth, bits::VM_MAPPED, 0, handler(9)).unwrap();
+    take_log();
+    let mut ev = mmap_event();
+    let out = d.notify(&depth, &mut ev);
+    assert_eq!(out.handlers, 4);
+    assert!(!out.overflowed);
+    assert_eq!(ev.result(), Some(0xa000));
+    // The loggers saw the kept result, pre-handler first; the VM_MAPPED
+    // handler was not called for an MMAP event.
+    assert_eq!(take_log(), vec![(2, 0xa000), (3, 0xa000)]);
+    assert_eq!(depth.get(), 0);
+}
+
+#[test]
+fn exactly_the_host_call_events_carry_a_result() {
+    // Dispatch takes the result rule's path by event kind; the kinds with
+    // a result must be exactly those whose `result()` is `Some`.
+    let vm = VmEvent { address: 0, size: 1 };
+    let mt = memhook_core::event::MemTypeEvent {
+        address: 0,
+        size: 1,
+        mem_type: 0,
+    };
+    let all = [
+        mmap_event(),
+        munmap(),
+        Event::Mremap(memhook_core::event::MremapEvent {
+            result: INVALID_PTR,
+            address: 0,
+            old_size: 1,
+            new_size: 2,
+            flags: 0,
+            new_address: 0,
+        }),
+        Event::Shmat(memhook_core::event::ShmatEvent {
+            result: INVALID_PTR,
+            shmid: 0,
+            shmaddr: 0,
+            shmflg: 0,
+        }),
+        Event::Shmdt(memhook_core::event::ShmdtEvent { result: -1, shmaddr: 0 }),
+        Event::Sbrk(memhook_core::event::SbrkEvent {
+            result: INVALID_PTR,
+            increment: 1,
+        }),
+        Event::Madvise(memhook_core::event::MadviseEvent {
+            result: -1,
+            addr: 0,
+            length: 1,
+            advice: 4,
+        }),
+        Event::Brk(memhook_core::event::BrkEvent { result: -1, addr: 0 }),
+        Event::VmMapped(vm),
+        Event::VmUnmapped(vm),
+        Event::MemTypeAlloc(mt),
+        Event::MemTypeFree(mt),
+    ];
+    let host =
+        bits::MMAP | bits::MUNMAP | bits::MREMAP | bits::SHMAT | bits::SHMDT | bits::SBRK | bits::MADVISE | bits::BRK;
+    let mut seen = 0;
+    for mut e in all {
+        seen |= e.kind();
+        assert_eq!(e.result().is_some(), e.kind() & host != 0, "{e:?}");
+        // And a post-handler may fill a still-invalid result of exactly
+        // those kinds (the rule's path runs for them).
+        let d: Dispatcher<FnHandler, 2> = Dispatcher::new();
+        let depth = DispatchDepth::new();
+        d.register(&depth, e.kind(), 0, handler(1)).unwrap();
+        take_log();
+        assert_eq!(d.notify(&depth, &mut e).handlers, 1);
+        assert_eq!(take_log().len(), 1);
+    }
+    assert_eq!(seen, bits::ALL_EVENTS, "every kind is covered");
+}

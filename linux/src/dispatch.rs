@@ -3,10 +3,11 @@
 //!
 //! The nesting state is a `const` thread-local without a destructor: no
 //! allocation, valid in threads created before memhook was installed and in
-//! signal handlers. Hooks ask `wants` first (one relaxed load) and skip
-//! everything when no handler wants their events.
+//! signal handlers. Hooks ask `wants` first (the dispatcher's two masks, on the
+//! line dispatch reads anyway) and skip everything when no handler wants
+//! their events.
 
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, Ordering};
 use std::ops::ControlFlow;
 
 use crate::membarrier;
@@ -59,13 +60,6 @@ impl Handler for HandlerFn {
 }
 
 static DISPATCHER: Dispatcher<HandlerFn, MAX_HANDLERS> = Dispatcher::new();
-
-/// Events some handler wants (the union of the registered masks).
-static WANTED: AtomicU32 = AtomicU32::new(0);
-
-/// Registration bookkeeping for [`WANTED`] (registration paths only).
-static MASKS: spin::Mutex<heapless::Vec<(HandlerId, HandlerFn, u32), MAX_HANDLERS>> =
-    spin::Mutex::new(heapless::Vec::new());
 
 /// A thread's dispatch state: its nesting (the core's), and where its
 /// `errno` lives (asked of libc once: hooks save and restore errno around
@@ -131,7 +125,7 @@ static ENABLE_READER_SLOTS_AT_LOAD: extern "C" fn() = enable_reader_slots_at_loa
 /// Whether any handler wants any of `events`.
 #[inline]
 pub(crate) fn wants(events: u32) -> bool {
-    WANTED.load(Ordering::Relaxed) & events != 0
+    DISPATCHER.wants(events)
 }
 
 /// A hook's dispatch between [`begin`] and [`finish`]: the pass, and this
@@ -200,17 +194,11 @@ pub(crate) fn notify(event: &mut Event) {
     let _ = LOCAL.try_with(|l| DISPATCHER.notify(&l.depth, event));
 }
 
-fn recompute(masks: &heapless::Vec<(HandlerId, HandlerFn, u32), MAX_HANDLERS>) {
-    WANTED.store(masks.iter().fold(0, |m, e| m | e.2), Ordering::Release);
-}
-
 static FORK_HOOK: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn after_fork_in_child() {
     // SAFETY: only the forking thread exists in the child.
     let _ = LOCAL.try_with(|l| unsafe { DISPATCHER.reset_after_fork(&l.depth) });
-    // SAFETY: as above: a holder of the bookkeeping lock is gone.
-    unsafe { MASKS.force_unlock() };
 }
 
 fn ensure_fork_hook() {
@@ -232,10 +220,6 @@ fn ensure_fork_hook() {
 pub fn set_handler(events: u32, priority: i32, handler: HandlerFn) -> Result<HandlerId, RegisterError> {
     ensure_fork_hook();
     let id = LOCAL.with(|l| DISPATCHER.register(&l.depth, events, priority, handler))?;
-    let mut masks = MASKS.lock();
-    let _ = masks.push((id, handler, events & bits::ALL_EVENTS));
-    recompute(&masks);
-    drop(masks);
     if events & bits::EXISTING_ALLOC != 0 && events & bits::VM_MAPPED != 0 {
         let _ = crate::maps::for_each(|m| {
             handler.call(&mut Event::VmMapped(VmEvent {
@@ -255,11 +239,7 @@ pub fn set_handler(events: u32, priority: i32, handler: HandlerFn) -> Result<Han
 ///
 /// [`RegisterError::NotFound`] or [`RegisterError::InsideHandler`].
 pub fn unset_handler(id: HandlerId) -> Result<(), RegisterError> {
-    LOCAL.with(|l| DISPATCHER.unregister(&l.depth, id))?;
-    let mut masks = MASKS.lock();
-    masks.retain(|e| e.0 != id);
-    recompute(&masks);
-    Ok(())
+    LOCAL.with(|l| DISPATCHER.unregister(&l.depth, id))
 }
 
 /// Removes the bits `events` from every registration of `handler` (the C
@@ -269,14 +249,7 @@ pub fn unset_handler(id: HandlerId) -> Result<(), RegisterError> {
 ///
 /// [`RegisterError::InsideHandler`].
 pub fn unset_handler_fn(events: u32, handler: &HandlerFn) -> Result<usize, RegisterError> {
-    let removed = LOCAL.with(|l| DISPATCHER.unregister_handler(&l.depth, events, handler))?;
-    let mut masks = MASKS.lock();
-    for e in masks.iter_mut().filter(|e| e.1 == *handler) {
-        e.2 &= !events;
-    }
-    masks.retain(|e| e.2 != 0);
-    recompute(&masks);
-    Ok(removed)
+    LOCAL.with(|l| DISPATCHER.unregister_handler(&l.depth, events, handler))
 }
 
 /// Delivers an event the embedder observed itself (for `NO_INSTALL` users,
