@@ -916,11 +916,12 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// post-handler's: one ascending walk of the union runs the phases in
     /// order.
     #[inline(always)]
-    fn todo<const PHASES: u32>(&self, t: usize, event: &Event) -> u64 {
+    fn todo(&self, t: usize, event: &Event, phases: u32) -> u64 {
         let bit = (event.kind().trailing_zeros() & 31) as usize;
         let [pre, post] = self.read(t, |table| table.calls[bit]);
-        let pre = if PHASES & PRE != 0 { pre } else { 0 };
-        let post = if PHASES & POST != 0 { post } else { 0 };
+        // Branch-free: each phase bit selects its set (all ones or none).
+        let pre = pre & 0u64.wrapping_sub(u64::from(phases & PRE));
+        let post = post & 0u64.wrapping_sub(u64::from((phases & POST) >> 1));
         pre | post
     }
 
@@ -928,25 +929,29 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// then `second`'s in `second_phases` (a hook's companion events share
     /// the visit). Out of line, and the only code a hook runs for its
     /// handlers, so that the path after a system call (which leaves the
-    /// caches cold) touches few lines; one copy for `begin`'s phases and
-    /// one for `finish`'s.
+    /// caches cold) touches few lines. One copy serves `begin`, `finish`
+    /// and `notify` (phases are arguments, not constants): a hook's second
+    /// visit, on the other side of the process's next system call, often
+    /// finds it still cached.
     #[inline(never)]
-    fn visit<const FIRST: u32, const SECOND: u32>(
+    fn visit(
         &self,
         depth: &DispatchDepth,
         first: Option<&mut Event>,
+        first_phases: u32,
         second: Option<&mut Event>,
+        second_phases: u32,
     ) -> (u32, u32) {
         let (t, _read) = self.enter(Some(depth));
         let mut called = (0, 0);
         if let Some(e) = first {
-            let todo = self.todo::<FIRST>(t, e);
+            let todo = self.todo(t, e, first_phases);
             if todo != 0 {
                 called.0 = self.call_handlers(t, todo, e);
             }
         }
         if let Some(e) = second {
-            let todo = self.todo::<SECOND>(t, e);
+            let todo = self.todo(t, e, second_phases);
             if todo != 0 {
                 called.1 = self.call_handlers(t, todo, e);
             }
@@ -1066,7 +1071,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         let mut handlers = 0;
         let mut call_original = true;
         if before.is_some() || pre_mask & event.kind() != 0 {
-            let (companion, own) = self.visit::<{ PRE | POST }, PRE>(depth, before, Some(&mut *event));
+            let (companion, own) = self.visit(depth, before, PRE | POST, Some(&mut *event), PRE);
             handlers = companion + own;
             // Only a pre-handler of the event itself can have supplied a
             // valid result.
@@ -1111,7 +1116,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         if !pass.overflowed {
             let follow = follow.filter(|f| pass.any & f.kind() != 0);
             if follow.is_some() || pass.post_mask & event.kind() != 0 {
-                let (own, companion) = self.visit::<POST, { PRE | POST }>(depth, Some(event), follow);
+                let (own, companion) = self.visit(depth, Some(event), POST, follow, PRE | POST);
                 handlers += own + companion;
             }
             depth.0.set(depth.0.get() - 1);
@@ -1141,7 +1146,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         if any & event.kind() != 0 {
             // Pre- then post-handlers in one walk (there is no call between
             // them); the result rule holds across both.
-            handlers = self.visit::<{ PRE | POST }, PRE>(depth, Some(event), None).0;
+            handlers = self.visit(depth, Some(event), PRE | POST, None, 0).0;
         }
         depth.0.set(d);
         Dispatched {

@@ -41,13 +41,43 @@ fn pair() {
     }
 }
 
-/// Appends the time of each of `n` pairs (ns) to `into`.
-fn timed_pairs(n: usize, into: &mut Vec<f64>) {
-    for _ in 0..n {
-        let t = Instant::now();
-        pair();
-        into.push(t.elapsed().as_nanos() as f64);
+/// The added latency of `pair` (an allocation and its free), hooked
+/// against unhooked: pairs timed one by one, in blocks of 50 that
+/// alternate between unhooked and hooked (`config`: the memtype map fed, no
+/// handler), 4,000 pairs each; prints the p10, p25 and median of each side.
+/// The driver's own time for a pair varies by microseconds, far more than
+/// memhook adds, so block means cannot show tens of ns; low quantiles of
+/// per-pair times come closer (the fast path's floor is steadier). Returns
+/// the install times (ms); `after_block` runs untimed after each block.
+fn added_latency(name: &str, config: &Config, pair: impl Fn(), after_block: impl Fn()) -> Vec<f64> {
+    let (mut unhooked, mut hooked) = (Vec::new(), Vec::new());
+    let mut installs = Vec::new();
+    for block in 0..160 {
+        let into = if block % 2 == 0 {
+            memhook::uninstall();
+            &mut unhooked
+        } else {
+            // libcuda is loaded (cudarc loaded it): install hooks it at once.
+            let t = Instant::now();
+            memhook::install(config);
+            installs.push(t.elapsed().as_secs_f64() * 1e3);
+            &mut hooked
+        };
+        for _ in 0..50 {
+            let t = Instant::now();
+            pair();
+            into.push(t.elapsed().as_nanos() as f64);
+        }
+        after_block();
     }
+    for (q_name, q) in [("p10", 0.10), ("p25", 0.25), ("median", 0.5)] {
+        let (u, h) = (quantile(&mut unhooked, q), quantile(&mut hooked, q));
+        println!(
+            "{name}, {q_name} of 4000 pairs each: unhooked {u:.0} ns, hooked {h:.0} ns, added {:.0} ns",
+            h - u
+        );
+    }
+    installs
 }
 
 /// The `q`-quantile of `v` (sorts it).
@@ -75,40 +105,39 @@ fn main() {
         }
     };
     let stream = ctx.default_stream();
-    // The added latency: pairs timed one by one, in blocks of 50 that
-    // alternate between unhooked and hooked (the default modes, the memtype
-    // map fed, no handler), 4,000 pairs each. The driver's own time for a
-    // pair varies by microseconds (it maps and unmaps device pages), far
-    // more than memhook adds, so block means cannot show tens of ns; the
-    // low quantiles of per-pair times can: the fast path's floor is steady.
     let _ = pairs(100);
     let config = Config::from_env().expect("a valid MEMHOOK_* configuration");
-    let (mut unhooked, mut hooked) = (Vec::new(), Vec::new());
-    let mut installs = Vec::new();
-    for block in 0..160 {
-        if block % 2 == 0 {
-            memhook::uninstall();
-            timed_pairs(50, &mut unhooked);
-        } else {
-            // libcuda is loaded (cudarc loaded it): install hooks it at once.
-            let t = Instant::now();
-            memhook::install(&config);
-            installs.push(t.elapsed().as_secs_f64() * 1e3);
-            timed_pairs(50, &mut hooked);
-        }
-    }
+    let installs = added_latency("cuMemAlloc_v2+cuMemFree_v2 4KiB", &config, pair, || {});
     println!(
         "install with libcuda loaded: first {:.2} ms, median {:.2} ms (goal 10 ms)",
         installs[0],
         median(installs.clone())
     );
-    for (name, q) in [("p10", 0.10), ("p25", 0.25), ("median", 0.5)] {
-        let (u, h) = (quantile(&mut unhooked, q), quantile(&mut hooked, q));
-        println!(
-            "cuMemAlloc_v2+cuMemFree_v2 4KiB, {name} of 4000 pairs each: unhooked {u:.0} ns, hooked {h:.0} ns, added {:.0} ns",
-            h - u
-        );
+    // The stream-ordered pair from the device's memory pool: the same hook
+    // machinery (an allocation event recorded in the map, then its free),
+    // around driver calls a hundred times cheaper and steadier.
+    let cu_stream = stream.cu_stream();
+    let async_pair = || {
+        let mut p = 0;
+        // SAFETY: a stream-ordered allocation and its free on a live stream.
+        unsafe {
+            assert_eq!(
+                sys::cuMemAllocAsync(&mut p, 4096, cu_stream),
+                sys::CUresult::CUDA_SUCCESS
+            );
+            assert_eq!(sys::cuMemFreeAsync(p, cu_stream), sys::CUresult::CUDA_SUCCESS);
+        }
+    };
+    for _ in 0..100 {
+        async_pair();
     }
+    let _ = added_latency(
+        "cuMemAllocAsync+cuMemFreeAsync 4KiB (pool)",
+        &config,
+        async_pair,
+        || stream.synchronize().unwrap(),
+    );
+    memhook::install(&config);
     memhook::set_handler(
         bits::MEM_TYPE_ALLOC | bits::MEM_TYPE_FREE,
         0,
