@@ -41,43 +41,50 @@ fn pair() {
     }
 }
 
-/// The added latency of `pair` (an allocation and its free), hooked
-/// against unhooked: pairs timed one by one, in blocks of 50 that
-/// alternate between unhooked and hooked (`config`: the memtype map fed, no
-/// handler), 4,000 pairs each; prints the p10, p25 and median of each side.
-/// The driver's own time for a pair varies by microseconds, far more than
-/// memhook adds, so block means cannot show tens of ns; low quantiles of
-/// per-pair times come closer (the fast path's floor is steadier). Returns
-/// the install times (ms); `after_block` runs untimed after each block.
-fn added_latency(name: &str, config: &Config, pair: impl Fn(), after_block: impl Fn()) -> Vec<f64> {
-    let (mut unhooked, mut hooked) = (Vec::new(), Vec::new());
-    let mut installs = Vec::new();
-    for block in 0..160 {
-        let into = if block % 2 == 0 {
-            memhook::uninstall();
-            &mut unhooked
+/// The added latency of an allocation+free pair: `hooked` through the
+/// driver's (patched) entries, `original` through memhook's originals of
+/// the same functions (`memhook::cuda::original`: the driver's code past
+/// the hook), in the same process and the same driver state. `n` rounds
+/// each time one of each, in random order, timed one by one. The driver's
+/// own time for a pair varies by microseconds, far more than memhook adds,
+/// so block means of hooked and unhooked runs cannot show tens of ns;
+/// adjacent calls share the driver's state. Prints the p10, p25 and median
+/// of each side and the median of the per-round differences.
+fn added_latency(name: &str, n: usize, hooked: impl Fn(), original: impl Fn(), after_round: impl Fn()) {
+    let (mut h, mut o, mut d) = (Vec::new(), Vec::new(), Vec::new());
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let time = |f: &dyn Fn()| {
+        let t = Instant::now();
+        f();
+        t.elapsed().as_nanos() as f64
+    };
+    for _ in 0..n {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let (th, to) = if rng & 1 == 0 {
+            let th = time(&hooked);
+            (th, time(&original))
         } else {
-            // libcuda is loaded (cudarc loaded it): install hooks it at once.
-            let t = Instant::now();
-            memhook::install(config);
-            installs.push(t.elapsed().as_secs_f64() * 1e3);
-            &mut hooked
+            let to = time(&original);
+            (time(&hooked), to)
         };
-        for _ in 0..50 {
-            let t = Instant::now();
-            pair();
-            into.push(t.elapsed().as_nanos() as f64);
-        }
-        after_block();
+        h.push(th);
+        o.push(to);
+        d.push(th - to);
+        after_round();
     }
     for (q_name, q) in [("p10", 0.10), ("p25", 0.25), ("median", 0.5)] {
-        let (u, h) = (quantile(&mut unhooked, q), quantile(&mut hooked, q));
+        let (u, k) = (quantile(&mut o, q), quantile(&mut h, q));
         println!(
-            "{name}, {q_name} of 4000 pairs each: unhooked {u:.0} ns, hooked {h:.0} ns, added {:.0} ns",
-            h - u
+            "{name}, {q_name} of {n} pairs each: original {u:.0} ns, hooked {k:.0} ns, added {:.0} ns",
+            k - u
         );
     }
-    installs
+    println!(
+        "{name}, median of the {n} per-round differences: added {:.0} ns",
+        quantile(&mut d, 0.5)
+    );
 }
 
 /// The `q`-quantile of `v` (sorts it).
@@ -107,35 +114,134 @@ fn main() {
     let stream = ctx.default_stream();
     let _ = pairs(100);
     let config = Config::from_env().expect("a valid MEMHOOK_* configuration");
-    let installs = added_latency("cuMemAlloc_v2+cuMemFree_v2 4KiB", &config, pair, || {});
+    let mut installs = Vec::new();
+    for _ in 0..10 {
+        memhook::uninstall();
+        // libcuda is loaded (cudarc loaded it): install hooks it at once.
+        let t = Instant::now();
+        memhook::install(&config);
+        installs.push(t.elapsed().as_secs_f64() * 1e3);
+    }
     println!(
         "install with libcuda loaded: first {:.2} ms, median {:.2} ms (goal 10 ms)",
         installs[0],
         median(installs.clone())
     );
-    // The stream-ordered pair from the device's memory pool: the same hook
-    // machinery (an allocation event recorded in the map, then its free),
-    // around driver calls a hundred times cheaper and steadier.
-    let cu_stream = stream.cu_stream();
-    let async_pair = || {
+    let original = |name: &str| memhook::cuda::original(name).unwrap_or_else(|| panic!("{name} is hooked"));
+    type Alloc = unsafe extern "C" fn(*mut sys::CUdeviceptr, usize) -> sys::CUresult;
+    type Free = unsafe extern "C" fn(sys::CUdeviceptr) -> sys::CUresult;
+    // SAFETY: the originals of these functions have their signatures.
+    let (orig_alloc, orig_free) = unsafe {
+        (
+            std::mem::transmute::<usize, Alloc>(original("cuMemAlloc_v2")),
+            std::mem::transmute::<usize, Free>(original("cuMemFree_v2")),
+        )
+    };
+    let orig_pair = || {
         let mut p = 0;
-        // SAFETY: a stream-ordered allocation and its free on a live stream.
+        // SAFETY: the driver's own allocation and free, past the hooks.
         unsafe {
-            assert_eq!(
-                sys::cuMemAllocAsync(&mut p, 4096, cu_stream),
-                sys::CUresult::CUDA_SUCCESS
-            );
-            assert_eq!(sys::cuMemFreeAsync(p, cu_stream), sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(orig_alloc(&mut p, 4096), sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(orig_free(p), sys::CUresult::CUDA_SUCCESS);
         }
     };
-    for _ in 0..100 {
-        async_pair();
-    }
-    let _ = added_latency(
+    // The hooked side calls the driver's entries the same way (a pointer
+    // from dlsym, which bistro patched), not through cudarc's wrappers.
+    // SAFETY: a NUL-terminated name of a library this process loaded.
+    let lib = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    assert!(!lib.is_null(), "libcuda is loaded");
+    let entry = |name: &std::ffi::CStr| {
+        // SAFETY: a live handle and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
+        assert!(!p.is_null());
+        p as usize
+    };
+    // SAFETY: the driver's entries of these functions have their signatures.
+    let (alloc, free) = unsafe {
+        (
+            std::mem::transmute::<usize, Alloc>(entry(c"cuMemAlloc_v2")),
+            std::mem::transmute::<usize, Free>(entry(c"cuMemFree_v2")),
+        )
+    };
+    let hooked_pair = || {
+        let mut p = 0;
+        // SAFETY: the driver's allocation and free, through its entries.
+        unsafe {
+            assert_eq!(alloc(&mut p, 4096), sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(free(p), sys::CUresult::CUDA_SUCCESS);
+        }
+    };
+    added_latency("cuMemAlloc_v2+cuMemFree_v2 4KiB", 20_000, hooked_pair, orig_pair, || {});
+    // Where it goes: the original pair plus, by hand, what the hooks do
+    // besides calling it (the device query, the map's insert and take).
+    let by_hand = || {
+        let mut p = 0;
+        let mut device = 0;
+        // SAFETY: as for orig_pair; a valid out-parameter.
+        unsafe {
+            assert_eq!(orig_alloc(&mut p, 4096), sys::CUresult::CUDA_SUCCESS);
+            let _ = sys::cuCtxGetDevice(&mut device);
+            let _ = memtype::insert(p as usize, 4096, memtype::MemType::Cuda, device);
+            let _ = memtype::take(p as usize);
+            assert_eq!(orig_free(p), sys::CUresult::CUDA_SUCCESS);
+        }
+    };
+    added_latency(
+        "  the original + the hooks' work by hand",
+        20_000,
+        by_hand,
+        orig_pair,
+        || {},
+    );
+    // The stream-ordered pair from the device's memory pool: the same hook
+    // machinery around driver calls a hundred times cheaper and steadier
+    // (its type is asked of the driver: a pool may hold host memory).
+    let cu_stream = stream.cu_stream();
+    type AllocAsync = unsafe extern "C" fn(*mut sys::CUdeviceptr, usize, sys::CUstream) -> sys::CUresult;
+    type FreeAsync = unsafe extern "C" fn(sys::CUdeviceptr, sys::CUstream) -> sys::CUresult;
+    // SAFETY: as above, for the entries.
+    let (alloc_async, free_async) = unsafe {
+        (
+            std::mem::transmute::<usize, AllocAsync>(entry(c"cuMemAllocAsync")),
+            std::mem::transmute::<usize, FreeAsync>(entry(c"cuMemFreeAsync")),
+        )
+    };
+    // SAFETY: as above.
+    let (orig_alloc_async, orig_free_async) = unsafe {
+        (
+            std::mem::transmute::<usize, AllocAsync>(original("cuMemAllocAsync")),
+            std::mem::transmute::<usize, FreeAsync>(original("cuMemFreeAsync")),
+        )
+    };
+    let rounds = std::cell::Cell::new(0u32);
+    added_latency(
         "cuMemAllocAsync+cuMemFreeAsync 4KiB (pool)",
-        &config,
-        async_pair,
-        || stream.synchronize().unwrap(),
+        20_000,
+        || {
+            let mut p = 0;
+            // SAFETY: a stream-ordered allocation and its free on a live
+            // stream, through the (patched) driver entries.
+            unsafe {
+                assert_eq!(alloc_async(&mut p, 4096, cu_stream), sys::CUresult::CUDA_SUCCESS);
+                assert_eq!(free_async(p, cu_stream), sys::CUresult::CUDA_SUCCESS);
+            }
+        },
+        || {
+            let mut p = 0;
+            // SAFETY: as above, past the hooks.
+            unsafe {
+                assert_eq!(orig_alloc_async(&mut p, 4096, cu_stream), sys::CUresult::CUDA_SUCCESS);
+                assert_eq!(orig_free_async(p, cu_stream), sys::CUresult::CUDA_SUCCESS);
+            }
+        },
+        || {
+            // Keep the stream's queue short, rarely: a synchronize lets the
+            // pool give its memory back, and the next pair maps it anew.
+            rounds.set(rounds.get() + 1);
+            if rounds.get().is_multiple_of(1024) {
+                stream.synchronize().unwrap();
+            }
+        },
     );
     memhook::install(&config);
     memhook::set_handler(
@@ -268,6 +374,25 @@ fn lookup_scaling() {
         "cuPointerGetAttribute, same run: device pointer {:.0} ns, host pointer {:.0} ns",
         attr(live[0] + 4096),
         attr(host.as_ptr() as usize)
+    );
+    // What the hooks ask the driver per allocation: the current device (a
+    // typed allocation) or the pointer's attributes (an untyped one, as
+    // the stream-ordered ones are).
+    let n = 100_000;
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let mut d = 0;
+        // SAFETY: a valid out-parameter.
+        let _ = unsafe { sys::cuCtxGetDevice(&mut d) };
+    }
+    let get_device = t0.elapsed().as_nanos() as f64 / n as f64;
+    let t0 = Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(memtype::classify(std::hint::black_box(live[0] + 4096), 1));
+    }
+    println!(
+        "driver calls of the hooks, same run: cuCtxGetDevice {get_device:.0} ns, memtype::classify of a device pointer {:.0} ns",
+        t0.elapsed().as_nanos() as f64 / n as f64
     );
     for p in live {
         // SAFETY: frees what was allocated above.

@@ -305,3 +305,41 @@ fn lookups_stay_right_while_threads_allocate_and_free() {
     let _ = take();
     memhook::uninstall();
 }
+
+#[test]
+fn the_original_runs_the_driver_unreported_and_the_entry_still_reports() {
+    let _serial = serial();
+    let h = driver();
+    let alloc: unsafe extern "C" fn(*mut Dptr, usize) -> u32 = f(h, c"cuMemAlloc_v2");
+    let free: unsafe extern "C" fn(Dptr) -> u32 = f(h, c"cuMemFree_v2");
+    let at = |name: &str| memhook::cuda::original(name).unwrap_or_else(|| panic!("no original for {name}"));
+    // SAFETY: the originals of these two functions have their signatures.
+    let (orig_alloc, orig_free): (
+        unsafe extern "C" fn(*mut Dptr, usize) -> u32,
+        unsafe extern "C" fn(Dptr) -> u32,
+    ) = unsafe { (cast(at("cuMemAlloc_v2")), cast(at("cuMemFree_v2"))) };
+    // Bistro patched the entry: the original is its trampoline, elsewhere.
+    assert_ne!(at("cuMemAlloc_v2"), sym(h, c"cuMemAlloc_v2"));
+    assert_eq!(memhook::cuda::original("cuNoSuchFunction"), None);
+    assert_eq!(memhook::cuda::original("mmap"), None, "CUDA functions only");
+    let _ = take();
+    let calls = fake_calls(h);
+    let mut p: Dptr = 0;
+    // SAFETY: the fake driver's allocation and free, through the originals.
+    unsafe {
+        assert_eq!(orig_alloc(&mut p, 8192), 0);
+        assert_ne!(p, 0);
+        assert_eq!(memtype::lookup(p as usize, 1), Lookup::Absent, "unreported, unrecorded");
+        assert_eq!(orig_free(p), 0);
+    }
+    assert_eq!(fake_calls(h), calls + 2, "the driver ran both calls");
+    assert!(take().is_empty(), "the originals report nothing");
+    // The hooked entries still report, once each.
+    // SAFETY: as above, through the patched entries.
+    unsafe {
+        assert_eq!(alloc(&mut p, 8192), 0);
+        assert_eq!(found(p as usize, 8192).mem_type, MemType::Cuda);
+        assert_eq!(free(p), 0);
+    }
+    assert_eq!(counts(&take()), (1, 1));
+}

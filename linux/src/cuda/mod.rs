@@ -396,6 +396,25 @@ pub fn reporting_function() -> Option<&'static str> {
     events::reporting().and_then(|id| id.name().to_str().ok())
 }
 
+/// The address that runs `function`'s original, past memhook's hook: with
+/// bistro, its trampoline (the relocated first instructions, then a jump
+/// into the function); otherwise the definition reloc found. `None` for a
+/// function memhook does not hook, or whose library it has not seen.
+///
+/// For code that must call the driver unreported (an allocator's own
+/// bookkeeping, as UCM's `ucm_orig_*` calls), and for measuring memhook's
+/// cost against the same driver in the same state. Valid while memhook is
+/// installed; call it with the function's own signature.
+pub fn original(function: &str) -> Option<usize> {
+    let id = Id::ALL
+        .into_iter()
+        .find(|id| id.name().to_bytes() == function.as_bytes())?;
+    match ORIG[id as usize].load(Ordering::Acquire) {
+        0 => Some(RELOC[id as usize].load(Ordering::Acquire)).filter(|&p| p != 0),
+        p => Some(p),
+    }
+}
+
 /// Every hooked CUDA function: symbol and the library that defines it
 /// (`cuGetProcAddress{,_v2}` are hooked by procaddr only).
 pub fn functions() -> impl Iterator<Item = (&'static CStr, &'static str)> {
