@@ -403,8 +403,10 @@ pub fn reporting_function() -> Option<&'static str> {
 ///
 /// For code that must call the driver unreported (an allocator's own
 /// bookkeeping, as UCM's `ucm_orig_*` calls), and for measuring memhook's
-/// cost against the same driver in the same state. Valid while memhook is
-/// installed; call it with the function's own signature.
+/// cost against the same driver in the same state. Call it with the
+/// function's own signature. The address stays valid while the library
+/// stays loaded (a trampoline is never unmapped, uninstall included); ask
+/// again after the library was unloaded and loaded anew.
 pub fn original(function: &str) -> Option<usize> {
     let id = Id::ALL
         .into_iter()
