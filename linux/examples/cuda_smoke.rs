@@ -193,6 +193,21 @@ fn main() {
         orig_pair,
         || {},
     );
+    // The hook's way in and out alone: a free of the null pointer passes
+    // straight to the original (no event), a driver call of ~no work.
+    added_latency(
+        "  cuMemFree_v2(0), passed through",
+        20_000,
+        // SAFETY: freeing the null pointer is a no-op for the driver.
+        || unsafe {
+            let _ = free(0);
+        },
+        // SAFETY: as above, past the hook.
+        || unsafe {
+            let _ = orig_free(0);
+        },
+        || {},
+    );
     // The stream-ordered pair from the device's memory pool: the same hook
     // machinery around driver calls a hundred times cheaper and steadier
     // (its type is asked of the driver: a pool may hold host memory).
