@@ -54,7 +54,11 @@ pub fn classify(addr: usize, len: usize) -> Lookup {
         if !inside || info.len == 0 {
             return Lookup::Unknown;
         }
-        let _ = MAP.insert(info.base, info.len, info.mem_type, info.device);
+        // Recorded already as the driver says (a repeated question): no
+        // writer work, which costs the map's lock and both its tables.
+        if MAP.lookup(info.base, info.len) != Lookup::Found(info) {
+            let _ = MAP.insert(info.base, info.len, info.mem_type, info.device);
+        }
         Lookup::Found(info)
     }
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
