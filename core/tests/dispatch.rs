@@ -604,3 +604,31 @@ fn exactly_the_host_call_events_carry_a_result() {
     }
     assert_eq!(seen, bits::ALL_EVENTS, "every kind is covered");
 }
+
+#[test]
+fn only_a_pre_handler_can_skip_the_original() {
+    // An event that arrives with a valid result (an embedder's own) still
+    // gets its original call when no pre-handler ran; a companion event's
+    // pre-handlers cannot skip it either.
+    let d: Dispatcher<FnHandler, 8> = Dispatcher::new();
+    let depth = DispatchDepth::new();
+    d.register(&depth, bits::VM_UNMAPPED, -1, handler(1)).unwrap();
+    d.register(&depth, bits::MUNMAP, 1, handler(2)).unwrap();
+    take_log();
+    let mut ev = Event::Munmap(MunmapEvent {
+        result: 0,
+        address: 0x1000,
+        size: 4096,
+    });
+    let mut before = Some(Event::VmUnmapped(VmEvent {
+        address: 0x1000,
+        size: 4096,
+    }));
+    let pass = d.begin(&depth, before.as_mut(), &mut ev);
+    assert!(pass.call_original, "no pre-handler of MUNMAP ran");
+    let out = d.finish(&depth, pass, &mut ev, None);
+    assert!(out.called_original);
+    assert_eq!(out.handlers, 2);
+    assert_eq!(take_log(), vec![(1, 0), (2, 0)]);
+    assert_eq!(depth.get(), 0);
+}
