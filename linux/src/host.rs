@@ -7,8 +7,8 @@
 //! current break of brk/sbrk) stays right, and a hooker that patched the
 //! function before memhook still sees every call. `errno` as the original
 //! left it is what the caller sees, whatever the handlers did. When no
-//! handler wants any of a hook's events, the hook is a load, a test and the
-//! original call.
+//! handler wants any of a hook's events, the hook is two loads from one
+//! cache line, a test and the original call.
 
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
