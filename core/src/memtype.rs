@@ -953,7 +953,24 @@ impl<const N: usize> Table<N> {
     /// Makes this table equal to `live`, which differs from it only at
     /// indices `from` and above (a straight copy: no search, no shift).
     fn catch_up(&self, live: &Table<N>, from: usize) {
-        self.rewrite(None, || {
+        // The starts that change are this table's `from..old_n`, replaced
+        // by the live one's `from..n`: both runs are sorted, so their ends
+        // bound every start added or removed. That span keeps the bucket
+        // recount to the buckets it covers (past it, the counts move by
+        // the change in length), where a recount from `from` to the last
+        // bucket cost every update O(buckets).
+        let start = |t: &Table<N>, i: usize| t.starts[i].load(Ordering::Relaxed);
+        let (old_n, n) = (self.len.load(Ordering::Relaxed), live.len.load(Ordering::Relaxed));
+        let mine = (from < old_n).then(|| (start(self, from), start(self, old_n - 1)));
+        let theirs = (from < n).then(|| (start(live, from), start(live, n - 1)));
+        let span = match (mine, theirs) {
+            (Some((a, b)), Some((c, d))) => Some((a.min(c), b.max(d))),
+            (one, other) => one.or(other),
+        };
+        if span.is_none() {
+            return; // equal already: they differ only from `from` on
+        }
+        self.rewrite(span, || {
             let n = live.len.load(Ordering::Relaxed);
             for i in from..n {
                 self.set(i, live.get(i));
@@ -1492,6 +1509,60 @@ mod tests {
         assert!(
             used_buckets > 1000,
             "the bucket path answered only {used_buckets} probes"
+        );
+    }
+
+    /// Appends and frees near the end (how allocations arrive): the spare
+    /// table catches up by a copy of the last entries and recounts only
+    /// the buckets that copy spans. Every bucket of both tables must still
+    /// count the starts below it exactly.
+    #[test]
+    fn buckets_stay_exact_when_the_spare_catches_up_near_the_end() {
+        let map: MemtypeMap<512> = MemtypeMap::new();
+        let mut next = xorshift(0x1234_5678_9abc_def1u64);
+        let mut top = 0x7f00_0000_0000usize;
+        for step in 0..2000 {
+            match next() % 4 {
+                // Free one of the last few, or the last.
+                0 if map.len() > 0 => {
+                    let t = &map.tables[map.live.load(Ordering::Relaxed)];
+                    let n = t.len.load(Ordering::Relaxed);
+                    let i = n - 1 - (next() as usize % n.min(8));
+                    let at = t.starts[i].load(Ordering::Relaxed);
+                    assert!(map.take(at).is_some());
+                }
+                // Or free the last few at once (one operation removing
+                // several starts, which the next catch-up copies over).
+                1 if map.len() > 8 && step % 5 == 0 => {
+                    let t = &map.tables[map.live.load(Ordering::Relaxed)];
+                    let n = t.len.load(Ordering::Relaxed);
+                    let at = t.starts[n - 1 - next() as usize % 8].load(Ordering::Relaxed);
+                    map.remove(at, top + 0x8000 - at).unwrap();
+                }
+                // Allocate above everything, sometimes far above.
+                _ => {
+                    top += 0x1_0000 * (1 + next() as usize % 4) + if step % 97 == 0 { 0x40_0000_0000 } else { 0 };
+                    let _ = map.insert(top, 0x8000, MemType::Cuda, 0).unwrap();
+                }
+            }
+            for t in &map.tables {
+                let n = t.len.load(Ordering::Relaxed);
+                let starts: [usize; 512] = core::array::from_fn(|i| t.starts[i].load(Ordering::Relaxed));
+                for k in 0..t.bucket_total.load(Ordering::Relaxed) {
+                    let bound = t.bucket_start(k);
+                    let want = starts[..n].iter().filter(|&&s| s < bound).count();
+                    assert_eq!(
+                        t.buckets[k].load(Ordering::Relaxed) as usize,
+                        want,
+                        "bucket {k} (n {n}, step {step})"
+                    );
+                }
+            }
+        }
+        assert!(
+            map.len() >= BUCKETS_MIN,
+            "the test reached the bucket table ({} entries)",
+            map.len()
         );
     }
 
