@@ -1524,10 +1524,10 @@ mod tests {
         for step in 0..2000 {
             match next() % 4 {
                 // Free one of the last few, or the last.
-                0 if map.len() > 0 => {
+                0 if !map.is_empty() => {
                     let t = &map.tables[map.live.load(Ordering::Relaxed)];
                     let n = t.len.load(Ordering::Relaxed);
-                    let i = n - 1 - (next() as usize % n.min(8));
+                    let i = n - 1 - (next() % n.min(8));
                     let at = t.starts[i].load(Ordering::Relaxed);
                     assert!(map.take(at).is_some());
                 }
@@ -1536,12 +1536,12 @@ mod tests {
                 1 if map.len() > 8 && step % 5 == 0 => {
                     let t = &map.tables[map.live.load(Ordering::Relaxed)];
                     let n = t.len.load(Ordering::Relaxed);
-                    let at = t.starts[n - 1 - next() as usize % 8].load(Ordering::Relaxed);
+                    let at = t.starts[n - 1 - next() % 8].load(Ordering::Relaxed);
                     map.remove(at, top + 0x8000 - at).unwrap();
                 }
                 // Allocate above everything, sometimes far above.
                 _ => {
-                    top += 0x1_0000 * (1 + next() as usize % 4) + if step % 97 == 0 { 0x40_0000_0000 } else { 0 };
+                    top += 0x1_0000 * (1 + next() % 4) + if step % 97 == 0 { 0x40_0000_0000 } else { 0 };
                     let _ = map.insert(top, 0x8000, MemType::Cuda, 0).unwrap();
                 }
             }
