@@ -967,7 +967,7 @@ impl<const N: usize> Table<N> {
             (Some((a, b)), Some((c, d))) => Some((a.min(c), b.max(d))),
             (one, other) => one.or(other),
         };
-        if span.is_none() {
+        if span.is_none() && old_n == n {
             return; // equal already: they differ only from `from` on
         }
         self.rewrite(span, || {
