@@ -943,20 +943,13 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         second_phases: u32,
     ) -> (u32, u32) {
         let (t, _read) = self.enter(Some(depth));
-        let mut called = (0, 0);
-        if let Some(e) = first {
-            let todo = self.todo(t, e, first_phases);
-            if todo != 0 {
-                called.0 = self.call_handlers(t, todo, e);
-            }
-        }
-        if let Some(e) = second {
-            let todo = self.todo(t, e, second_phases);
-            if todo != 0 {
-                called.1 = self.call_handlers(t, todo, e);
-            }
-        }
-        called
+        let run = |event: Option<&mut Event>, phases: u32| {
+            event.map_or(0, |e| match self.todo(t, e, phases) {
+                0 => 0,
+                todo => self.call_handlers(t, todo, e),
+            })
+        };
+        (run(first, first_phases), run(second, second_phases))
     }
 
     /// The handler of table `t` at the lowest index in `todo`, which loses
@@ -1133,12 +1126,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     pub fn notify(&self, depth: &DispatchDepth, event: &mut Event) -> Dispatched {
         let d = depth.0.get();
         if d >= MAX_NESTING {
-            let _ = self.overflowed();
-            return Dispatched {
-                handlers: 0,
-                called_original: true,
-                overflowed: true,
-            };
+            return self.finish(depth, self.overflowed(), event, None);
         }
         depth.0.set(d + 1);
         let any = self.hot.pre_mask.load(Ordering::Acquire) | self.hot.post_mask.load(Ordering::Acquire);

@@ -107,8 +107,8 @@ fn unmapped(address: usize, size: usize) -> Option<Event> {
 }
 
 /// The result field of an event of variant `$v` (the hook knows which it
-/// made: one compare, where `Event::result` is a jump over every kind), or
-/// `$invalid` if a handler replaced the event with another kind.
+/// made: one compare), or `$invalid` if a handler replaced the event with
+/// another kind (whose result is not this call's).
 macro_rules! result_of {
     ($ev:expr, $v:ident, $invalid:expr) => {
         match &$ev {
