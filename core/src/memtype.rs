@@ -971,7 +971,6 @@ impl<const N: usize> Table<N> {
             return; // equal already: they differ only from `from` on
         }
         self.rewrite(span, || {
-            let n = live.len.load(Ordering::Relaxed);
             for i in from..n {
                 self.set(i, live.get(i));
             }
