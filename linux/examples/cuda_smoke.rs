@@ -137,14 +137,17 @@ fn main() {
             std::mem::transmute::<usize, Free>(original("cuMemFree_v2")),
         )
     };
-    let orig_pair = || {
+    // One allocation and its free through the given pair of functions (the
+    // driver's patched entries, or memhook's originals).
+    let sync_pair = |alloc: Alloc, free: Free| {
         let mut p = 0;
-        // SAFETY: the driver's own allocation and free, past the hooks.
+        // SAFETY: the driver's allocation and free, with valid arguments.
         unsafe {
-            assert_eq!(orig_alloc(&mut p, 4096), sys::CUresult::CUDA_SUCCESS);
-            assert_eq!(orig_free(p), sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(alloc(&mut p, 4096), sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(free(p), sys::CUresult::CUDA_SUCCESS);
         }
     };
+    let orig_pair = || sync_pair(orig_alloc, orig_free);
     // The hooked side calls the driver's entries the same way (a pointer
     // from dlsym, which bistro patched), not through cudarc's wrappers.
     // SAFETY: a NUL-terminated name of a library this process loaded.
@@ -163,15 +166,13 @@ fn main() {
             std::mem::transmute::<usize, Free>(entry(c"cuMemFree_v2")),
         )
     };
-    let hooked_pair = || {
-        let mut p = 0;
-        // SAFETY: the driver's allocation and free, through its entries.
-        unsafe {
-            assert_eq!(alloc(&mut p, 4096), sys::CUresult::CUDA_SUCCESS);
-            assert_eq!(free(p), sys::CUresult::CUDA_SUCCESS);
-        }
-    };
-    added_latency("cuMemAlloc_v2+cuMemFree_v2 4KiB", 20_000, hooked_pair, orig_pair, || {});
+    added_latency(
+        "cuMemAlloc_v2+cuMemFree_v2 4KiB",
+        20_000,
+        || sync_pair(alloc, free),
+        orig_pair,
+        || {},
+    );
     // Where it goes: the original pair plus, by hand, what the hooks do
     // besides calling it (the device query, the map's insert and take).
     let by_hand = || {
@@ -228,27 +229,20 @@ fn main() {
             std::mem::transmute::<usize, FreeAsync>(original("cuMemFreeAsync")),
         )
     };
+    let async_pair = |alloc: AllocAsync, free: FreeAsync| {
+        let mut p = 0;
+        // SAFETY: a stream-ordered allocation and its free on a live stream.
+        unsafe {
+            assert_eq!(alloc(&mut p, 4096, cu_stream), sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(free(p, cu_stream), sys::CUresult::CUDA_SUCCESS);
+        }
+    };
     let rounds = std::cell::Cell::new(0u32);
     added_latency(
         "cuMemAllocAsync+cuMemFreeAsync 4KiB (pool)",
         20_000,
-        || {
-            let mut p = 0;
-            // SAFETY: a stream-ordered allocation and its free on a live
-            // stream, through the (patched) driver entries.
-            unsafe {
-                assert_eq!(alloc_async(&mut p, 4096, cu_stream), sys::CUresult::CUDA_SUCCESS);
-                assert_eq!(free_async(p, cu_stream), sys::CUresult::CUDA_SUCCESS);
-            }
-        },
-        || {
-            let mut p = 0;
-            // SAFETY: as above, past the hooks.
-            unsafe {
-                assert_eq!(orig_alloc_async(&mut p, 4096, cu_stream), sys::CUresult::CUDA_SUCCESS);
-                assert_eq!(orig_free_async(p, cu_stream), sys::CUresult::CUDA_SUCCESS);
-            }
-        },
+        || async_pair(alloc_async, free_async),
+        || async_pair(orig_alloc_async, orig_free_async),
         || {
             // Keep the stream's queue short, rarely: a synchronize lets the
             // pool give its memory back, and the next pair maps it anew.
