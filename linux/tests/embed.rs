@@ -7,6 +7,7 @@
 #![cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 
 use std::alloc::{GlobalAlloc, Layout};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use memhook::config::{HookConfig, HookMode, ModeSet};
@@ -17,7 +18,15 @@ struct MmapAllocator;
 
 static STARTED: AtomicBool = AtomicBool::new(false);
 static READY: AtomicBool = AtomicBool::new(false);
-static INSIDE_INSTALL: AtomicBool = AtomicBool::new(false);
+thread_local! {
+    // Per thread: only the installing thread's (or the handler's thread's)
+    // allocations are memhook's. The test harness's main thread allocates
+    // for its own bookkeeping while the test thread starts, and a process-wide
+    // flag counted those (seen under qemu, where the threads interleave).
+    // Const-initialised with no destructor: reading it never allocates.
+    static INSIDE_INSTALL: Cell<bool> = const { Cell::new(false) };
+    static IN_HANDLER: Cell<bool> = const { Cell::new(false) };
+}
 /// Set by the test: the next allocation reinstalls memhook.
 static REINSTALL: AtomicBool = AtomicBool::new(false);
 /// Allocations made while memhook was installing (must stay 0).
@@ -27,10 +36,9 @@ static LARGEST_MAPPED: AtomicUsize = AtomicUsize::new(0);
 static UNMAPPED: AtomicUsize = AtomicUsize::new(0);
 /// Allocations while the handler ran (must stay 0).
 static ALLOCS_IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
-static IN_HANDLER: AtomicBool = AtomicBool::new(false);
 
 fn handler(e: &mut Event) {
-    IN_HANDLER.store(true, Ordering::SeqCst);
+    IN_HANDLER.set(true);
     match *e {
         Event::VmMapped(v) => {
             LARGEST_MAPPED.fetch_max(v.size, Ordering::SeqCst);
@@ -40,7 +48,7 @@ fn handler(e: &mut Event) {
         }
         _ => {}
     }
-    IN_HANDLER.store(false, Ordering::SeqCst);
+    IN_HANDLER.set(false);
 }
 
 fn page_round(n: usize) -> usize {
@@ -51,15 +59,15 @@ fn page_round(n: usize) -> usize {
 // (alignments above a page are refused with null).
 unsafe impl GlobalAlloc for MmapAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if INSIDE_INSTALL.load(Ordering::SeqCst) {
+        if INSIDE_INSTALL.get() {
             ALLOCS_DURING_INSTALL.fetch_add(1, Ordering::SeqCst);
         }
-        if IN_HANDLER.load(Ordering::SeqCst) {
+        if IN_HANDLER.get() {
             ALLOCS_IN_HANDLER.fetch_add(1, Ordering::SeqCst);
         }
         if !STARTED.swap(true, Ordering::SeqCst) {
             // The first allocation of the process: install from here.
-            INSIDE_INSTALL.store(true, Ordering::SeqCst);
+            INSIDE_INSTALL.set(true);
             let config = Config {
                 hooks: HookConfig {
                     mmap: ModeSet::of(&[HookMode::Bistro]),
@@ -68,11 +76,11 @@ unsafe impl GlobalAlloc for MmapAllocator {
             };
             memhook::install(&config);
             memhook::set_handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, HandlerFn::Rust(&handler)).unwrap();
-            INSIDE_INSTALL.store(false, Ordering::SeqCst);
+            INSIDE_INSTALL.set(false);
             READY.store(true, Ordering::SeqCst);
         }
         if REINSTALL.swap(false, Ordering::SeqCst) {
-            INSIDE_INSTALL.store(true, Ordering::SeqCst);
+            INSIDE_INSTALL.set(true);
             let reloc = Config {
                 hooks: HookConfig {
                     mmap: ModeSet::of(&[HookMode::Reloc]),
@@ -87,7 +95,7 @@ unsafe impl GlobalAlloc for MmapAllocator {
                 },
             };
             memhook::install(&bistro);
-            INSIDE_INSTALL.store(false, Ordering::SeqCst);
+            INSIDE_INSTALL.set(false);
         }
         if layout.align() > 4096 {
             return std::ptr::null_mut();
