@@ -304,9 +304,15 @@ struct Slot {
 struct Table<const N: usize> {
     /// Odd while a writer is changing this table.
     seq: AtomicU64,
+    /// Slots in use: entries and the gaps between them (see [`Table::edit`]).
     len: AtomicUsize,
-    /// Sorted starts of the entries `0..len`; `usize::MAX` after them.
+    /// Entries (slots in use that are not gaps).
+    count: AtomicUsize,
+    /// Sorted starts of the slots `0..len`; `usize::MAX` after them. A gap
+    /// repeats the start of the entry after it, which the last slot in use
+    /// always is.
     starts: [AtomicUsize; N],
+    /// Where each slot's range ends (0 for a gap) and what it is.
     slots: [Slot; N],
     /// The upper levels of the search tree (see [`Geometry`]).
     index: [AtomicUsize; N],
@@ -363,32 +369,70 @@ enum Op {
 }
 
 impl Op {
-    /// The addresses `[lo, hi]` that every start the operation adds or
-    /// removes lies in (all of them, for `Clear`).
-    fn span(self) -> Option<(usize, usize)> {
+    /// Applies the operation to `t` (whose sequence number is odd).
+    fn run<const N: usize>(self, t: &Table<N>, spill: &mut Spill) -> Edit {
         match self {
-            Op::Insert { start, end, .. } | Op::Remove { start, end } | Op::Undo { start, end, .. } => {
-                Some((start, end))
-            }
-            Op::Clear => None,
-        }
-    }
-
-    /// Applies the operation to `t`; returns the insert's outcome, the
-    /// lowest index whose start may have changed, and whether an insert
-    /// overlapped an entry.
-    fn run<const N: usize>(self, t: &Table<N>, spill: &mut Spill) -> (Inserted, usize, bool) {
-        match self {
-            Op::Insert { start, end, meta, .. } => t.insert(start, end, meta, spill),
-            Op::Remove { start, end } | Op::Undo { start, end, .. } => {
-                (Inserted::Stored, t.remove(start, end, spill), true)
-            }
+            Op::Insert { start, end, meta, .. } => t.edit(start, end, Some(meta), spill),
+            Op::Remove { start, end } | Op::Undo { start, end, .. } => t.edit(start, end, None, spill),
             Op::Clear => {
+                let old_n = t.len.load(Ordering::Relaxed);
                 t.len.store(0, Ordering::Relaxed);
-                (Inserted::Stored, 0, true)
+                t.count.store(0, Ordering::Relaxed);
+                Edit {
+                    result: Inserted::Stored,
+                    from: 0,
+                    to: old_n,
+                    span: None,
+                    touched: true,
+                    moved: true,
+                }
             }
         }
     }
+}
+
+/// What one table edit did.
+#[derive(Clone, Copy, Debug)]
+struct Edit {
+    /// The insert's outcome (`Stored` for the other operations).
+    result: Inserted,
+    /// The slots `from..to` may have changed; none outside.
+    from: usize,
+    to: usize,
+    /// The addresses `[lo, hi]` every changed start lies in, old or new
+    /// (`None`: unknown, the buckets are recounted from `from` on).
+    span: Option<(usize, usize)>,
+    /// Whether an entry overlapped the range.
+    touched: bool,
+    /// Whether entries outside the range were moved to other slots (the
+    /// window was widened and laid out afresh).
+    moved: bool,
+}
+
+/// The most pieces one edit writes: the left part of a trimmed entry, the
+/// inserted range, and the right part of a trimmed entry.
+const PIECES: usize = 3;
+
+/// A window of this many slots or fewer is laid out however full or empty
+/// it is; a larger one is widened until at least a quarter of its slots
+/// hold entries, so that runs of gaps stay short.
+const SMALL_WINDOW: usize = 8;
+
+/// Whether a widened window of `room` slots (in a table of `n` slots) may
+/// hold `m` entries. The bound falls from all of them for the smallest
+/// windows to three quarters for the whole table (the packed-memory
+/// array's density thresholds): a window laid out afresh leaves its
+/// smaller windows room to spare, so an insert widens far only after
+/// many inserts near it.
+fn roomy(m: usize, room: usize, n: usize) -> bool {
+    if room <= SMALL_WINDOW {
+        return m <= room;
+    }
+    let level = |slots: usize| (usize::BITS - 1 - (slots / SMALL_WINDOW).max(1).leading_zeros()) as usize;
+    let top = level(n.max(2 * SMALL_WINDOW));
+    let at = level(room).min(top);
+    // m / room <= 3/4 + 1/4 * (top - at) / top
+    m * 4 * top <= room * (3 * top + (top - at))
 }
 
 /// How many of `keys[start..end]` are `<= addr` (no branch per key).
@@ -444,6 +488,7 @@ impl<const N: usize> Table<N> {
         Self {
             seq: AtomicU64::new(0),
             len: AtomicUsize::new(0),
+            count: AtomicUsize::new(0),
             starts: [const { AtomicUsize::new(usize::MAX) }; N],
             slots: [const {
                 Slot {
@@ -466,6 +511,7 @@ impl<const N: usize> Table<N> {
         Self {
             seq: AtomicU64::new(0),
             len: AtomicUsize::new(0),
+            count: AtomicUsize::new(0),
             starts: core::array::from_fn(|_| AtomicUsize::new(usize::MAX)),
             slots: core::array::from_fn(|_| Slot {
                 end: AtomicUsize::new(0),
@@ -688,33 +734,9 @@ impl<const N: usize> Table<N> {
         self.slots[i].meta.store(m, Ordering::Relaxed);
     }
 
-    /// Moves entries `from..n` to `from + by` (right, `by > 0`) or left:
-    /// one sequential pass per array (a memmove of atomics, without a
-    /// bounds check per element).
-    fn shift(&self, n: usize, from: usize, by: isize) {
-        let by_abs = by.unsigned_abs();
-        let (lo, hi) = if by > 0 { (from, n + by_abs) } else { (from - by_abs, n) };
-        let (Some(starts), Some(slots)) = (self.starts.get(lo..hi), self.slots.get(lo..hi)) else {
-            return;
-        };
-        fn moved<T>(items: &[T], by: isize, mv: impl Fn(&T, &T)) {
-            let k = by.unsigned_abs();
-            if by > 0 {
-                // Right: from the end down, each item to `k` places later.
-                for (dst, src) in items[k..].iter().rev().zip(items[..items.len() - k].iter().rev()) {
-                    mv(dst, src);
-                }
-            } else {
-                for (dst, src) in items[..items.len() - k].iter().zip(items[k..].iter()) {
-                    mv(dst, src);
-                }
-            }
-        }
-        moved(starts, by, |d, s| d.store(s.load(Ordering::Relaxed), Ordering::Relaxed));
-        moved(slots, by, |d, s| {
-            d.end.store(s.end.load(Ordering::Relaxed), Ordering::Relaxed);
-            d.meta.store(s.meta.load(Ordering::Relaxed), Ordering::Relaxed);
-        });
+    /// Whether slot `i` holds an entry (not a gap).
+    fn is_entry(&self, i: usize) -> bool {
+        self.end(i) != 0
     }
 
     /// First index in `0..n` whose key (by `key`) is greater than `addr`.
@@ -731,15 +753,21 @@ impl<const N: usize> Table<N> {
         lo
     }
 
-    /// Rewrites the search tree after the starts from index `from` on
-    /// changed and the length went from `old_n` to the current one.
-    fn rebuild_index(&self, from: usize, old_n: usize) {
+    /// Rewrites the search tree after the starts of slots `from..to`
+    /// changed and the length went from `old_n` to the current one (`to`
+    /// covers both lengths when they differ).
+    fn rebuild_index(&self, from: usize, to: usize, old_n: usize) {
         let n = self.len.load(Ordering::Relaxed);
         for i in n..old_n {
             self.starts[i].store(usize::MAX, Ordering::Relaxed);
         }
         let g = &Self::GEOMETRY;
-        let (mut real, mut old_real, mut from) = (n, old_n, from);
+        let to = if n == old_n {
+            to.min(n)
+        } else {
+            to.max(n).max(old_n).min(N)
+        };
+        let (mut real, mut old_real, mut from, mut to) = (n, old_n, from, to);
         for l in 0..g.levels {
             let below = |j: usize| {
                 if l == 0 {
@@ -753,19 +781,19 @@ impl<const N: usize> Table<N> {
             // depend on nothing else, so they stop where this one is as
             // it was (an entry added or removed past a node's first key
             // changes no level at all).
-            let mut first_changed = None;
-            for i in from / B..up.max(old_up).min(g.size[l]) {
+            let mut changed: Option<(usize, usize)> = None;
+            for i in from / B..to.div_ceil(B).min(up.max(old_up)).min(g.size[l]) {
                 let key = if i < up { below(B * i) } else { usize::MAX };
                 let slot = &self.index[g.off[l] + i];
                 if slot.load(Ordering::Relaxed) != key {
                     slot.store(key, Ordering::Relaxed);
-                    first_changed.get_or_insert(i);
+                    changed = Some((changed.map_or(i, |(first, _)| first), i));
                 }
             }
-            let Some(changed) = first_changed else {
+            let Some((first, last)) = changed else {
                 break;
             };
-            (real, old_real, from) = (up, old_up, changed);
+            (real, old_real, from, to) = (up, old_up, first, last + 1);
         }
     }
 
@@ -929,25 +957,24 @@ impl<const N: usize> Table<N> {
         self.strays.store(0, Ordering::Relaxed);
     }
 
-    /// Runs `change` (which returns the lowest index whose start may have
-    /// changed) with the table marked as being written, then rewrites the
-    /// search tree from there.
-    fn rewrite<R>(&self, span: Option<(usize, usize)>, change: impl FnOnce() -> (usize, R)) -> R {
+    /// Runs `change` (which says which slots it changed) with the table
+    /// marked as being written, then rewrites the search tree and the
+    /// buckets over them.
+    fn rewrite(&self, change: impl FnOnce() -> Edit) -> Edit {
         self.begin_write();
         let old_n = self.len.load(Ordering::Relaxed);
-        let (from, r) = change();
-        self.rebuild_index(from, old_n);
-        self.rebuild_buckets(from, old_n, span);
+        let edit = change();
+        if edit.from < edit.to {
+            self.rebuild_index(edit.from, edit.to, old_n);
+            self.rebuild_buckets(edit.from, old_n, edit.span);
+        }
         self.end_write();
-        r
+        edit
     }
 
-    /// Applies `op`; returns what it did and the lowest index it changed.
-    fn apply(&self, op: Op, spill: &mut Spill) -> (Inserted, usize, bool) {
-        self.rewrite(op.span(), || {
-            let (result, from, touched) = op.run(self, spill);
-            (from, (result, from, touched))
-        })
+    /// Applies `op`.
+    fn apply(&self, op: Op, spill: &mut Spill) -> Edit {
+        self.rewrite(|| op.run(self, spill))
     }
 
     /// Makes this table equal to `live`, which differs from it only at
@@ -970,12 +997,20 @@ impl<const N: usize> Table<N> {
         if span.is_none() && old_n == n {
             return; // equal already: they differ only from `from` on
         }
-        self.rewrite(span, || {
+        self.rewrite(|| {
             for i in from..n {
                 self.set(i, live.get(i));
             }
             self.len.store(n, Ordering::Relaxed);
-            (from, ())
+            self.count.store(live.count.load(Ordering::Relaxed), Ordering::Relaxed);
+            Edit {
+                result: Inserted::Stored,
+                from,
+                to: n.max(old_n),
+                span,
+                touched: true,
+                moved: true,
+            }
         });
     }
 
@@ -990,73 +1025,210 @@ impl<const N: usize> Table<N> {
         self.seq.store(s + 1, Ordering::Release);
     }
 
-    /// Removes `[start, end)` from the table, trimming and splitting.
-    /// Returns the lowest index whose start may have changed.
-    fn remove(&self, start: usize, end: usize, spill: &mut Spill) -> usize {
-        self.remove_touching(start, end, spill).0
-    }
-
-    /// [`Self::remove`], also saying whether any entry overlapped the range.
-    fn remove_touching(&self, start: usize, end: usize, spill: &mut Spill) -> (usize, bool) {
-        let mut n = self.len.load(Ordering::Relaxed);
-        // First entry that ends after `start` (ends are sorted too, since
-        // the entries do not overlap).
-        let first = self.first_above(n, start, |i| self.end(i));
-        if first >= n || self.starts[first].load(Ordering::Relaxed) >= end {
-            return (first, false);
+    /// Replaces the entries that overlap `[start, end)` by their parts
+    /// outside it and, given `meta`, records `[start, end)` itself.
+    ///
+    /// The slots in use hold the entries in address order with gaps among
+    /// them. A gap repeats the start of the entry after it, so a search
+    /// never stops on one (the last slot with a start at or below an
+    /// address is always an entry) and the lookup needs no change for
+    /// them. An edit rewrites one window of slots: the entries it changes
+    /// and the gaps around them. When the new pieces do not fit there, or
+    /// the window is mostly gaps, the window widens (doubling) over its
+    /// neighbours until they can all be laid out again with the gaps spread
+    /// evenly among them; at the end of the slots in use it may grow into
+    /// the free ones. An update so moves the entries of its window, not
+    /// the rest of the table.
+    fn edit(&self, start: usize, end: usize, meta: Option<u64>, spill: &mut Spill) -> Edit {
+        let n = self.len.load(Ordering::Relaxed);
+        let count = self.count.load(Ordering::Relaxed);
+        let start_of = |i: usize| self.starts[i].load(Ordering::Relaxed);
+        // The first slot whose start lies above `start`: the entry just
+        // before it is the only one that can reach over `start` from below.
+        let p = self.first_above(n, start, start_of);
+        // The first and last slots of the entries the range overlaps.
+        let mut first = None;
+        let mut last = 0;
+        let mut overlapped = 0;
+        if p > 0 && self.end(p - 1) > start {
+            first = Some(p - 1);
+            last = p - 1;
+            overlapped = 1;
         }
-        let mut i = first;
-        if i < n {
-            let (s, e, m) = self.get(i);
-            if s < start && e > end {
-                // Split into [s, start) and [end, e).
-                self.slots[i].end.store(start, Ordering::Relaxed);
-                if n < N {
-                    self.shift(n, i + 1, 1);
-                    self.set(i + 1, (end, e, m));
-                    n += 1;
+        let mut b = p;
+        while b < n && start_of(b) < end {
+            if self.is_entry(b) {
+                first.get_or_insert(b);
+                last = b;
+                overlapped += 1;
+            }
+            b += 1;
+        }
+        if overlapped == 0 && meta.is_none() {
+            return Edit {
+                result: Inserted::Stored,
+                from: n,
+                to: n,
+                span: None,
+                touched: false,
+                moved: false,
+            };
+        }
+        // The window: from past the entry before (over the gaps that repeat
+        // the first start that changes) up to the entry after.
+        while b < n && !self.is_entry(b) {
+            b += 1;
+        }
+        let mut a = first.unwrap_or(p);
+        while a > 0 && !self.is_entry(a - 1) {
+            a -= 1;
+        }
+        // The new pieces, in address order. What a full table has no slot
+        // for is dropped: the right part of a split first, then the new
+        // range (the order in which they would have needed one).
+        let mut pieces = [(0usize, 0usize, 0u64); PIECES];
+        let mut np = 0;
+        let mut entries = count - overlapped;
+        let mut right = None;
+        if let Some(f) = first {
+            let (s, _, m) = self.get(f);
+            if s < start {
+                pieces[np] = (s, start, m);
+                np += 1;
+                entries += 1;
+            }
+            let (_, e, m) = self.get(last);
+            if e > end {
+                if entries < N {
+                    right = Some((end, e, m));
+                    entries += 1;
                 } else {
                     spill.drop_range(end, e);
                 }
-                self.len.store(n, Ordering::Relaxed);
-                return (first, true);
-            }
-            if s < start {
-                self.slots[i].end.store(start, Ordering::Relaxed);
-                i += 1;
             }
         }
-        // Entries wholly inside [start, end) go; one may stick out past end.
-        let mut j = i;
-        while j < n && self.end(j) <= end {
-            j += 1;
+        let mut result = Inserted::Stored;
+        if let Some(m) = meta {
+            if entries < N {
+                pieces[np] = (start, end, m);
+                np += 1;
+            } else {
+                spill.drop_range(start, end);
+                result = Inserted::Dropped;
+            }
         }
-        if j < n && self.starts[j].load(Ordering::Relaxed) < end {
-            self.starts[j].store(end, Ordering::Relaxed);
+        if let Some(piece) = right {
+            pieces[np] = piece;
+            np += 1;
         }
-        if j > i {
-            self.shift(n, j, -((j - i) as isize));
-            n -= j - i;
+        // Widen until the window can take them: `before` and `after` count
+        // the entries it took in on either side. A widened window is laid
+        // out at most three quarters full, unless the whole table is fuller
+        // than that: then it widens only until it has a free slot (to the
+        // nearest gap, as a sorted array would shift).
+        let dense = (count - overlapped + np) * 4 > N * 3;
+        let (mut before, mut after, mut moved) = (0, 0, false);
+        let mut reach = (b - a).max(SMALL_WINDOW / 2);
+        loop {
+            let m = before + np + after;
+            let at_end = b >= n;
+            let room = if at_end { N - a } else { b - a };
+            let fits = m <= room
+                && (at_end || ((room <= SMALL_WINDOW || m * 4 >= room) && (!moved || dense || roomy(m, room, N))));
+            if fits || (a == 0 && at_end) {
+                break;
+            }
+            moved = true;
+            let mut wa = a.saturating_sub(reach);
+            while wa > 0 && !self.is_entry(wa - 1) {
+                wa -= 1;
+            }
+            before += (wa..a).filter(|&i| self.is_entry(i)).count();
+            let mut wb = b.saturating_add(reach).min(n);
+            while wb < n && !self.is_entry(wb) {
+                wb += 1;
+            }
+            after += (b..wb).filter(|&i| self.is_entry(i)).count();
+            (a, b) = (wa, wb);
+            reach *= 2;
         }
-        self.len.store(n, Ordering::Relaxed);
-        (first, true)
-    }
-
-    /// Inserts `[start, end)` after removing what it overlaps. Returns what
-    /// happened, the lowest index whose start may have changed, and whether
-    /// it overlapped an entry.
-    fn insert(&self, start: usize, end: usize, meta: u64, spill: &mut Spill) -> (Inserted, usize, bool) {
-        let (from, touched) = self.remove_touching(start, end, spill);
-        let n = self.len.load(Ordering::Relaxed);
-        if n == N {
-            spill.drop_range(start, end);
-            return (Inserted::Dropped, from, touched);
+        let m = before + np + after;
+        let old_end = b.min(n);
+        let old_span = (a < old_end).then(|| (start_of(a), start_of(old_end - 1)));
+        // Where the window's slots end now: where they did, or, at the end
+        // of the slots in use, just past its entries (with half as many
+        // more slots as gaps when it was widened, for the inserts to come).
+        let stop = if b >= n {
+            let spread = if moved { m + m / 2 } else { m };
+            a + spread.min(N - a)
+        } else {
+            b
+        };
+        // The entries kept move to the window's first slots (in order,
+        // each to a slot at or before its own), then every entry goes to
+        // its slot among evenly spread gaps, from the last down: entry `q`
+        // of `m` goes to slot `t(q) = stop - 1 - (m - 1 - q) * slots / m`,
+        // and `t(q) >= a + q` (as `slots >= m`), so no entry is overwritten
+        // before it is read. A gap takes the start of the entry after it.
+        let mut c = a;
+        for i in a..old_end {
+            let changed = first.is_some_and(|f| (f..=last).contains(&i));
+            if self.is_entry(i) && !changed {
+                if c != i {
+                    self.set(c, self.get(i));
+                }
+                c += 1;
+            }
         }
-        let at = self.first_above(n, start, |i| self.starts[i].load(Ordering::Relaxed));
-        self.shift(n, at, 1);
-        self.set(at, (start, end, meta));
-        self.len.store(n + 1, Ordering::Relaxed);
-        (Inserted::Stored, from.min(at), touched)
+        // `t(q)`'s offset from the end, stepped without a division.
+        let slots = stop - a;
+        let (step, carry) = match m {
+            0 => (0, 0),
+            1 => (slots, 0), // the common case, without a division
+            _ => (slots / m, slots % m),
+        };
+        let (mut offset, mut rem) = (0, 0);
+        let mut next_start = if b < n { start_of(b) } else { usize::MAX };
+        let mut q = m;
+        for i in (a..stop).rev() {
+            if q > 0 && i == stop - 1 - offset {
+                q -= 1;
+                offset += step;
+                rem += carry;
+                if rem >= m {
+                    rem -= m;
+                    offset += 1;
+                }
+                let entry = if q < before {
+                    self.get(a + q)
+                } else if q < before + np {
+                    pieces[q - before]
+                } else {
+                    self.get(a + q - np)
+                };
+                self.set(i, entry);
+                next_start = entry.0;
+            } else {
+                self.set(i, (next_start, 0, 0));
+            }
+        }
+        if b >= n {
+            self.len.store(stop, Ordering::Relaxed);
+        }
+        self.count.store(count - overlapped + np, Ordering::Relaxed);
+        let new_span = (a < stop).then(|| (start_of(a), start_of(stop - 1)));
+        let span = match (old_span, new_span) {
+            (Some((a0, a1)), Some((b0, b1))) => Some((a0.min(b0), a1.max(b1))),
+            (one, other) => one.or(other),
+        };
+        Edit {
+            result,
+            from: a,
+            to: if b >= n { stop.max(n) } else { b },
+            span,
+            touched: overlapped > 0,
+            moved,
+        }
     }
 }
 
@@ -1117,7 +1289,7 @@ impl<const N: usize> MemtypeMap<N> {
     /// Live entries.
     pub fn len(&self) -> usize {
         self.tables[self.live.load(Ordering::Acquire)]
-            .len
+            .count
             .load(Ordering::Acquire)
     }
 
@@ -1227,13 +1399,19 @@ impl<const N: usize> MemtypeMap<N> {
             if live.len.load(Ordering::Relaxed).saturating_sub(from) <= COPY_CATCH_UP {
                 spare.catch_up(live, from);
             } else {
-                // Far from the end: moving the entries within the spare
-                // touches half the memory a copy from the other table does.
+                // Far from the end: the edit is local, where a copy runs
+                // to the end.
                 spare.apply(behind, &mut Spill::default());
             }
         }
         let mut spill = Spill::default();
-        let (result, from, touched) = spare.apply(op, &mut spill);
+        let Edit {
+            result,
+            from,
+            touched,
+            moved,
+            ..
+        } = spare.apply(op, &mut spill);
         if let Some((lo, hi)) = spill.hull {
             // Before publication: a lookup that sees the range gone also
             // sees it poisoned.
@@ -1242,9 +1420,9 @@ impl<const N: usize> MemtypeMap<N> {
             self.dropped.fetch_add(spill.dropped, Ordering::Relaxed);
         }
         if let Op::Insert { ref mut pure, .. } = op {
-            // Undone exactly by removing its range: it overlapped nothing
-            // and was stored.
-            *pure = !touched && result == Inserted::Stored;
+            // Undone exactly, slot for slot, by removing its range: it
+            // overlapped nothing, moved no other entry, and was stored.
+            *pure = !touched && !moved && result == Inserted::Stored;
         }
         self.live.store(1 - live, Ordering::Release);
         *pending = Some((op, from));
@@ -1329,7 +1507,9 @@ impl<const N: usize> MemtypeMap<N> {
         let t = &self.tables[self.live.load(Ordering::Relaxed)];
         for i in 0..t.len.load(Ordering::Relaxed) {
             let (s, e, m) = t.get(i);
-            f(unpack(m, s, e));
+            if e != 0 {
+                f(unpack(m, s, e));
+            }
         }
     }
 }
@@ -1411,6 +1591,138 @@ mod tests {
     }
 
     /// A pseudo-random sequence (xorshift64) from `seed`.
+    /// Checks one table's layout: sorted starts, gaps that repeat the
+    /// start of the entry after them, an entry in the last slot in use,
+    /// entries that do not overlap, the entry count, free slots past the
+    /// end, and an exact bucket table.
+    fn check_table<const N: usize>(t: &Table<N>) {
+        let n = t.len.load(Ordering::Relaxed);
+        let mut entries = 0;
+        let mut prev_end = 0;
+        for i in 0..n {
+            let (s, e, _) = t.get(i);
+            if i + 1 < n {
+                assert!(
+                    s <= t.starts[i + 1].load(Ordering::Relaxed),
+                    "slot {i}: starts out of order"
+                );
+            }
+            if e == 0 {
+                assert!(i + 1 < n, "a gap in the last slot in use");
+                assert_eq!(s, t.starts[i + 1].load(Ordering::Relaxed), "slot {i}: a gap's start");
+            } else {
+                assert!(s < e && s >= prev_end, "slot {i}: entry [{s:#x}, {e:#x}) overlaps");
+                prev_end = e;
+                entries += 1;
+            }
+        }
+        assert_eq!(entries, t.count.load(Ordering::Relaxed), "entry count");
+        for i in n..N {
+            assert_eq!(t.starts[i].load(Ordering::Relaxed), usize::MAX, "slot {i} past the end");
+        }
+        let (total, mut below) = (t.bucket_total.load(Ordering::Relaxed), 0);
+        for b in 0..total {
+            // Bucket starts rise with `b`, so one sweep counts them all.
+            let bound = t.bucket_start(b);
+            while below < n && t.starts[below].load(Ordering::Relaxed) < bound {
+                below += 1;
+            }
+            assert_eq!(t.buckets[b].load(Ordering::Relaxed) as usize, below, "bucket {b}");
+        }
+    }
+
+    /// Brings the spare table up to date (as the next update would) and
+    /// checks that both tables are the same slot for slot and well formed.
+    fn check_both<const N: usize>(m: &MemtypeMap<N>) {
+        let mut pending = m.writer.lock();
+        let live = m.live.load(Ordering::Relaxed);
+        let (spare, live) = (&m.tables[1 - live], &m.tables[live]);
+        if let Some((behind, from)) = pending.take() {
+            if live.len.load(Ordering::Relaxed).saturating_sub(from) <= COPY_CATCH_UP {
+                spare.catch_up(live, from);
+            } else {
+                spare.apply(behind, &mut Spill::default());
+            }
+        }
+        check_table(live);
+        let n = live.len.load(Ordering::Relaxed);
+        assert_eq!(n, spare.len.load(Ordering::Relaxed), "slots in use differ");
+        assert_eq!(live.count.load(Ordering::Relaxed), spare.count.load(Ordering::Relaxed));
+        for i in 0..n {
+            assert_eq!(live.get(i), spare.get(i), "slot {i} differs between the tables");
+        }
+    }
+
+    /// Random inserts, removals and takes, small and large, overlapping
+    /// and not, on maps small enough to fill: after every update both
+    /// tables hold the same slots, well formed, and every lookup agrees
+    /// with a plain list of the entries.
+    #[test]
+    fn both_tables_stay_identical_and_well_formed() {
+        fn run<const N: usize>(seed: u64, ops: usize, span: usize) {
+            let m: MemtypeMap<N> = MemtypeMap::new();
+            let mut next = xorshift(seed);
+            let mut recorded: [(usize, usize); 64] = [(0, 0); 64];
+            for op in 0..ops {
+                let start = (next() % span) * 0x100 + 0x1_0000;
+                let len = match next() % 4 {
+                    0 => 0x100,
+                    1 => (next() % 4 + 1) * 0x100,
+                    2 => (next() % 64 + 1) * 0x100,
+                    _ => (next() % 1024 + 1) * 0x10,
+                };
+                match next() % 8 {
+                    0..=3 => {
+                        m.insert(start, len, MemType::Cuda, (op % 5) as i32).unwrap();
+                        recorded[op % 64] = (start, len);
+                    }
+                    4 => m.remove(start, len).unwrap(),
+                    5 => {
+                        let (s, l) = recorded[next() % 64];
+                        if l != 0 {
+                            m.remove(s, l).unwrap();
+                        }
+                    }
+                    6 => {
+                        let (s, _) = recorded[next() % 64];
+                        let _ = m.take(s);
+                    }
+                    _ => {
+                        // Allocate and free at once: the writer's shortcut.
+                        m.insert(start, len, MemType::CudaHost, -1).unwrap();
+                        m.remove(start, len).unwrap();
+                    }
+                }
+                if op % 7 == 0 || N <= 64 {
+                    check_both(&m);
+                    let mut entries = [(0usize, 0usize); N];
+                    let mut k = 0;
+                    m.for_each(|i| {
+                        entries[k] = (i.base, i.base + i.len);
+                        k += 1;
+                    });
+                    assert_eq!(k, m.len());
+                    for _ in 0..16 {
+                        let addr = (next() % span) * 0x100 + 0x1_0000 + next() % 0x100;
+                        let hit = entries[..k].iter().find(|&&(s, e)| s <= addr && addr < e);
+                        match (m.lookup(addr, 1), hit) {
+                            (Lookup::Found(i), Some(&(s, e))) => assert_eq!((i.base, i.base + i.len), (s, e)),
+                            (Lookup::Absent, None) | (Lookup::Unknown, _) if m.dropped() > 0 => {}
+                            (Lookup::Absent, None) => {}
+                            (got, want) => panic!("seed {seed:#x} op {op}: {addr:#x}: {got:?}, entries say {want:?}"),
+                        }
+                    }
+                }
+            }
+        }
+        for seed in 1..6u64 {
+            run::<16>(seed * 0x9e37_79b9, 3000, 256);
+            run::<64>(seed * 0x2545_f491, 3000, 512);
+            run::<512>(seed * 0x1234_5679, 4000, 4096);
+            run::<4096>(seed * 0x7f4a_7c15, 6000, 1 << 16);
+        }
+    }
+
     fn xorshift(mut x: u64) -> impl FnMut() -> usize {
         move || {
             x ^= x << 13;
@@ -1659,7 +1971,7 @@ mod tests {
         MAP.insert(0x1000, 0x1000, MemType::CudaManaged, 0).unwrap();
         let t = &MAP.tables[MAP.live.load(Ordering::Relaxed)];
         let n = t.len.load(Ordering::Relaxed);
-        assert_eq!(n, 5001);
+        assert_eq!(t.count.load(Ordering::Relaxed), 5001);
         let used = t
             .segments
             .iter()
