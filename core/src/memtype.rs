@@ -199,7 +199,7 @@ const fn unpack(meta: u64, base: usize, end: usize) -> MemInfo {
 
 /// The spare table catches up by copying the live one's entries when at
 /// most this many differ; beyond, by applying the operation again.
-const COPY_CATCH_UP: usize = 32;
+const COPY_CATCH_UP: usize = 8;
 
 /// Keys per node of the search tree: two cache lines of starts.
 const B: usize = 16;
@@ -207,6 +207,15 @@ const B: usize = 16;
 /// From this many entries on, a table keeps its bucket table (see
 /// [`Table::bucket_rank`]); below, the search tree alone answers.
 const BUCKETS_MIN: usize = 64;
+/// A bucket's count when every slot in use starts below it (read as the
+/// table's length): it stays right as the length changes.
+const ALL: u32 = u32::MAX;
+
+/// What bucket stores for `below` of the `n` slots in use starting below it.
+fn bucket_count(below: usize, n: usize) -> u32 {
+    if below >= n { ALL } else { below as u32 }
+}
+
 /// Entries per bucket, on average, that a bucket table is sized for.
 const STARTS_PER_BUCKET: usize = 4;
 /// Most segments a bucket table is cut into (see
@@ -318,7 +327,7 @@ struct Table<const N: usize> {
     index: [AtomicUsize; N],
     /// The bucket table: `buckets[b]`, for `b < bucket_total`, is the
     /// number of starts below the first address of bucket `b` (see
-    /// [`Segment`]).
+    /// [`Segment`]), or [`ALL`].
     buckets: [AtomicU32; N],
     segments: [Segment; SEGMENTS],
     /// Buckets in use; 0 while the table keeps no bucket table.
@@ -478,7 +487,7 @@ fn node_rank_portable(node: &[AtomicUsize], addr: usize) -> usize {
 impl<const N: usize> Table<N> {
     const GEOMETRY: Geometry = geometry(N);
     const FITS: () = assert!(
-        Self::GEOMETRY.total <= N && N <= u32::MAX as usize,
+        Self::GEOMETRY.total <= N && N < ALL as usize,
         "search tree does not fit the index, or bucket ranks do not fit u32"
     );
 
@@ -556,9 +565,9 @@ impl<const N: usize> Table<N> {
         // Past the segment's last bucket: its last (which reaches to the
         // next segment).
         let b = base + offset.checked_shr(shift)?.min(end.checked_sub(base + 1)?);
-        let below = self.buckets.get(b)?.load(Ordering::Relaxed) as usize;
+        let below = (self.buckets.get(b)?.load(Ordering::Relaxed) as usize).min(n);
         let upto = if b + 1 < total {
-            self.buckets.get(b + 1)?.load(Ordering::Relaxed) as usize
+            (self.buckets.get(b + 1)?.load(Ordering::Relaxed) as usize).min(n)
         } else {
             n // the last bucket reaches past the last start
         };
@@ -870,20 +879,42 @@ impl<const N: usize> Table<N> {
                 f => (self.bucket_after(start(f - 1)).0, f, total),
             },
         };
+        let recount_from = b;
         while b < recount_to {
             let bound = self.bucket_start(b);
             while j < n && start(j) < bound {
                 j += 1;
             }
-            self.buckets[b].store(j as u32, Ordering::Relaxed);
+            self.buckets[b].store(bucket_count(j, n), Ordering::Relaxed);
             b += 1;
         }
         // Past the span every bucket counts the same starts as before,
-        // moved by the change in length.
+        // moved by the change in length, up to the first that counts them
+        // all: it and those after it still do, whatever the length. (So an
+        // entry added above the others, as new allocations mostly are,
+        // changes no bucket above it.)
         let delta = n.wrapping_sub(old_n) as u32;
         if delta != 0 {
             for bucket in self.buckets.get(recount_to..total).unwrap_or(&[]) {
-                bucket.store(bucket.load(Ordering::Relaxed).wrapping_add(delta), Ordering::Relaxed);
+                let count = bucket.load(Ordering::Relaxed);
+                if count == ALL {
+                    break;
+                }
+                bucket.store(count.wrapping_add(delta), Ordering::Relaxed);
+            }
+            // Below the span the counts stay, but whether they are all of
+            // the slots changes with the length: the buckets just below
+            // that counted all the old slots now count all but the new
+            // ones, and those that count all the slots left say so.
+            for bucket in self.buckets[..recount_from.min(total)].iter().rev() {
+                let count = bucket.load(Ordering::Relaxed);
+                if n > old_n && count == ALL {
+                    bucket.store(old_n as u32, Ordering::Relaxed);
+                } else if n < old_n && count as usize == n {
+                    bucket.store(ALL, Ordering::Relaxed);
+                } else {
+                    break;
+                }
             }
         }
     }
@@ -948,7 +979,7 @@ impl<const N: usize> Table<N> {
                 while j < n && start(j) < bound {
                     j += 1;
                 }
-                self.buckets[b].store(j as u32, Ordering::Relaxed);
+                self.buckets[b].store(bucket_count(j, n), Ordering::Relaxed);
             }
             base += count;
         }
@@ -1082,6 +1113,58 @@ impl<const N: usize> Table<N> {
         let mut a = first.unwrap_or(p);
         while a > 0 && !self.is_entry(a - 1) {
             a -= 1;
+        }
+        // The two common edits, directly (the layout below does the same):
+        // a range that overlaps nothing goes to the last gap before the
+        // next entry (its gaps now repeat its start) or after the last
+        // entry; an entry removed whole becomes a gap with those around it.
+        if overlapped == 0 && count < N && ((a == n && n < N) || (b < n && a < b && b - a <= SMALL_WINDOW)) {
+            let meta = meta.unwrap_or(0); // Some: a removal that found nothing returned above
+            let at = if b < n { b - 1 } else { n };
+            let old_hi = if b < n { start_of(b) } else { start };
+            for i in a..at {
+                self.starts[i].store(start, Ordering::Relaxed);
+            }
+            self.set(at, (start, end, meta));
+            if at == n {
+                self.len.store(n + 1, Ordering::Relaxed);
+            }
+            self.count.store(count + 1, Ordering::Relaxed);
+            return Edit {
+                result: Inserted::Stored,
+                from: a,
+                to: at + 1,
+                span: Some((start, old_hi)),
+                touched: false,
+                moved: false,
+            };
+        }
+        if meta.is_none()
+            && overlapped == 1
+            && start_of(last) >= start
+            && self.end(last) <= end
+            && (b >= n || b - a <= SMALL_WINDOW)
+        {
+            let old_lo = start_of(a);
+            let (stop, hi) = if b < n {
+                let next = start_of(b);
+                for i in a..b {
+                    self.set(i, (next, 0, 0));
+                }
+                (b, next)
+            } else {
+                self.len.store(a, Ordering::Relaxed);
+                (n, start_of(n - 1))
+            };
+            self.count.store(count - 1, Ordering::Relaxed);
+            return Edit {
+                result: Inserted::Stored,
+                from: a,
+                to: stop,
+                span: Some((old_lo, hi)),
+                touched: true,
+                moved: false,
+            };
         }
         // The new pieces, in address order. What a full table has no slot
         // for is dropped: the right part of a split first, then the new
@@ -1627,7 +1710,11 @@ mod tests {
             while below < n && t.starts[below].load(Ordering::Relaxed) < bound {
                 below += 1;
             }
-            assert_eq!(t.buckets[b].load(Ordering::Relaxed) as usize, below, "bucket {b}");
+            assert_eq!(
+                t.buckets[b].load(Ordering::Relaxed),
+                bucket_count(below, n),
+                "bucket {b}"
+            );
         }
     }
 
@@ -1863,8 +1950,8 @@ mod tests {
                     let bound = t.bucket_start(k);
                     let want = starts[..n].iter().filter(|&&s| s < bound).count();
                     assert_eq!(
-                        t.buckets[k].load(Ordering::Relaxed) as usize,
-                        want,
+                        t.buckets[k].load(Ordering::Relaxed),
+                        bucket_count(want, n),
                         "bucket {k} (n {n}, step {step})"
                     );
                 }
