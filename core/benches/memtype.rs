@@ -4,9 +4,13 @@
 //! `cargo bench -p memhook-core --bench memtype`
 //!
 //! - `lookup_hit/<impl>/<ranges>` and `lookup_miss/...`: one lookup, one
-//!   thread, with 16, 1,024 and 65,536 live ranges.
+//!   thread, with 16, 1,024 and 65,536 live ranges, inserted in address
+//!   order (so the map's slots hold no gaps); `memhook_churned` after
+//!   20,000 inserts and removes among them have spread gaps through it.
 //! - `update/<impl>/<ranges>`: one insert plus one remove of a range among
-//!   the live ones (reported per pair).
+//!   the live ones (reported per pair), in a map of 131,072 slots;
+//!   `memhook_nearly_full` in one of 65,552 (more than three quarters full,
+//!   an update widens to the nearest free slot).
 //! - `readers/<impl>/<threads>[+writer]`: each of T threads does the same
 //!   number of lookups (65,536 live ranges); the time is per lookup per
 //!   thread, and criterion's element rate is the aggregate lookups/s. With
@@ -21,8 +25,12 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use memhook_core::memtype::{Lookup, MemType, MemtypeMap};
 
-const CAPACITY: usize = 65_536 + 16;
+/// Room for gaps at 65,536 ranges: updates stay local while a map is at
+/// most three quarters full.
+const CAPACITY: usize = 131_072;
 static MAP: MemtypeMap<CAPACITY> = MemtypeMap::new();
+/// 65,536 ranges and 16 free slots.
+static NEARLY_FULL: MemtypeMap<{ 65_536 + 16 }> = MemtypeMap::new();
 
 #[path = "common/layout.rs"]
 mod layout;
@@ -42,6 +50,22 @@ fn baseline_lookup(b: &Baseline, addr: usize, len: usize) -> Lookup {
         Some((_, (e, _))) if addr < *e => Lookup::Unknown,
         _ => Lookup::Absent,
     }
+}
+
+/// Inserts and removes 20,000 ranges in the gaps between `ranges` live
+/// ones, leaving the live ones as they were.
+fn churn<const N: usize>(map: &MemtypeMap<N>, ranges: usize) {
+    for (k, a) in probes(ranges, false).iter().cycle().take(20_000).enumerate() {
+        let a = a & !0xfff;
+        map.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
+        if k % 2 == 1 {
+            map.remove(a, 0x1000).unwrap();
+        }
+    }
+    for a in probes(ranges, false) {
+        map.remove(a & !0xfff, 0x1000).unwrap();
+    }
+    assert_eq!(map.len(), ranges);
 }
 
 fn fill(ranges: usize) -> Baseline {
@@ -78,6 +102,15 @@ fn single_thread(c: &mut Criterion) {
                     black_box(baseline_lookup(&baseline, black_box(addrs[i]), 8))
                 })
             });
+            churn(&MAP, ranges);
+            assert_eq!(MAP.lookup(addrs[0], 8).mem_type_or(MemType::Host), want);
+            g.bench_function(BenchmarkId::new("memhook_churned", ranges), |b| {
+                let mut i = 0;
+                b.iter(|| {
+                    i = (i + 1) & 4095;
+                    black_box(MAP.lookup(black_box(addrs[i]), 8))
+                })
+            });
         }
         g.finish();
     }
@@ -106,6 +139,19 @@ fn single_thread(c: &mut Criterion) {
             })
         });
     }
+    for i in 0..65_536 {
+        NEARLY_FULL.insert(BASE + i * STRIDE, LEN, MemType::Cuda, 0).unwrap();
+    }
+    let addrs = probes(65_536, false);
+    g.bench_function(BenchmarkId::new("memhook_nearly_full", 65_536), |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) & 4095;
+            let a = addrs[i] & !0xfff;
+            NEARLY_FULL.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
+            NEARLY_FULL.remove(a, 0x1000).unwrap();
+        })
+    });
     g.finish();
 }
 

@@ -30,10 +30,22 @@
 //!   one node of which covers it: two nodes for up to 256 starts, rather
 //!   than the tree's full height.
 //!
-//! An update recounts the buckets that begin inside its range and adds its
-//! change in length to the ones above; the table is rebuilt when the
-//! length has halved or doubled since, or many updates landed outside the
-//! buckets' plan.
+//! # Updating
+//!
+//! The slots hold the entries in order with gaps among them (a
+//! packed-memory array). A gap repeats the start of the entry after it, so
+//! the search above never stops on one and needs no change for them. An
+//! update rewrites one window of slots (`Table::edit`): usually the
+//! entry it adds or removes and the gaps beside it; when the new entries do
+//! not fit, the window widens over its neighbours and lays them out again
+//! with the gaps spread evenly. So an update moves the entries near it, not
+//! half the table, while the map is at most three quarters full; fuller, it
+//! widens to the nearest free slot, as a sorted array shifts.
+//!
+//! An update recounts the buckets that begin inside its window and adds its
+//! change in length to the ones above (up to the first that counts every
+//! slot); the bucket table is rebuilt when the length has halved or
+//! doubled since, or many updates landed outside the buckets' plan.
 //!
 //! # The promise: never a wrong type
 //!
@@ -1207,10 +1219,12 @@ impl<const N: usize> Table<N> {
         // Widen until the window can take them: `before` and `after` count
         // the entries it took in on either side. A widened window is laid
         // out at most three quarters full, unless the whole table is fuller
-        // than that: then it widens only until it has a free slot (to the
-        // nearest gap, as a sorted array would shift).
+        // than that: then it widens a slot at a time on either side until
+        // it has a free slot, and the entries between the change and that
+        // slot move over by what the change needs, as in a sorted array
+        // (`from_left`: the room was found on the left).
         let dense = (count - overlapped + np) * 4 > N * 3;
-        let (mut before, mut after, mut moved) = (0, 0, false);
+        let (mut before, mut after, mut moved, mut from_left) = (0, 0, false, false);
         let mut reach = (b - a).max(SMALL_WINDOW / 2);
         loop {
             let m = before + np + after;
@@ -1222,6 +1236,26 @@ impl<const N: usize> Table<N> {
                 break;
             }
             moved = true;
+            if dense {
+                // Left on even turns (or when the right has nothing left).
+                if a > 0 && (reach.is_multiple_of(2) || b >= n) {
+                    a -= 1; // an entry: the one before the window
+                    before += 1;
+                    from_left = a > 0 && !self.is_entry(a - 1);
+                    while a > 0 && !self.is_entry(a - 1) {
+                        a -= 1;
+                    }
+                } else {
+                    b += 1; // the entry after the window
+                    after += 1;
+                    from_left = false;
+                    while b < n && !self.is_entry(b) {
+                        b += 1;
+                    }
+                }
+                reach += 1;
+                continue;
+            }
             let mut wa = a.saturating_sub(reach);
             while wa > 0 && !self.is_entry(wa - 1) {
                 wa -= 1;
@@ -1242,7 +1276,7 @@ impl<const N: usize> Table<N> {
         // of the slots in use, just past its entries (with half as many
         // more slots as gaps when it was widened, for the inserts to come).
         let stop = if b >= n {
-            let spread = if moved { m + m / 2 } else { m };
+            let spread = if moved && !dense { m + m / 2 } else { m };
             a + spread.min(N - a)
         } else {
             b
@@ -1263,14 +1297,19 @@ impl<const N: usize> Table<N> {
                 c += 1;
             }
         }
-        // `t(q)`'s offset from the end, stepped without a division.
+        // `t(q)`'s offset from the end, stepped without a division. A table
+        // too full to spread packs the window's entries instead, toward the
+        // side away from the room it found (so that only those between the
+        // change and the room move).
         let slots = stop - a;
         let (step, carry) = match m {
             0 => (0, 0),
+            _ if dense && moved => (1, 0),
             1 => (slots, 0), // the common case, without a division
             _ => (slots / m, slots % m),
         };
-        let (mut offset, mut rem) = (0, 0);
+        let mut offset = if dense && moved && !from_left { slots - m } else { 0 };
+        let mut rem = 0;
         let mut next_start = if b < n { start_of(b) } else { usize::MAX };
         let mut q = m;
         for i in (a..stop).rev() {
@@ -1282,15 +1321,21 @@ impl<const N: usize> Table<N> {
                     rem -= m;
                     offset += 1;
                 }
-                let entry = if q < before {
-                    self.get(a + q)
+                let source = if q < before {
+                    a + q
                 } else if q < before + np {
-                    pieces[q - before]
+                    next_start = pieces[q - before].0;
+                    self.set(i, pieces[q - before]);
+                    continue;
                 } else {
-                    self.get(a + q - np)
+                    a + q - np
                 };
-                self.set(i, entry);
-                next_start = entry.0;
+                // Entries that stay where they are (most of a packed
+                // window) are not rewritten.
+                if source != i {
+                    self.set(i, self.get(source));
+                }
+                next_start = start_of(i);
             } else {
                 self.set(i, (next_start, 0, 0));
             }
