@@ -439,6 +439,9 @@ const PIECES: usize = 3;
 /// hold entries, so that runs of gaps stay short.
 const SMALL_WINDOW: usize = 8;
 
+/// A table of at most this many entries keeps them packed, without gaps.
+const SMALL_TABLE: usize = 2 * B;
+
 /// Whether a widened window of `room` slots (in a table of `n` slots) may
 /// hold `m` entries. The bound falls from all of them for the smallest
 /// windows to three quarters for the whole table (the packed-memory
@@ -1126,11 +1129,61 @@ impl<const N: usize> Table<N> {
         while a > 0 && !self.is_entry(a - 1) {
             a -= 1;
         }
+        // A small table keeps no gaps: its entries stay packed, in the one
+        // layout their addresses give (so any insert that touched nothing
+        // is undone exactly by removing it), and a lookup among 16 of them
+        // compares one node; an edit moves the entries after it, as in a
+        // sorted array. A table that shrank to that size, or to under a
+        // quarter of its slots, is laid out afresh once, whole, so that it
+        // is searched over its entries, not its gaps.
+        let left = count - overlapped + usize::from(meta.is_some());
+        let small = left <= SMALL_TABLE;
+        let sparse = (small && n > count) || (n > B && left * 4 < n);
+        // In a small table (packed), the two common edits shift the entries
+        // after them by one, as a sorted array does.
+        if small && !sparse && overlapped == 0 && n < N {
+            let meta = meta.unwrap_or(0); // Some: a removal that found nothing returned above
+            let old_hi = if p < n { start_of(n - 1) } else { start };
+            for i in (p..n).rev() {
+                self.set(i + 1, self.get(i));
+            }
+            self.set(p, (start, end, meta));
+            self.len.store(n + 1, Ordering::Relaxed);
+            self.count.store(count + 1, Ordering::Relaxed);
+            return Edit {
+                result: Inserted::Stored,
+                from: p,
+                to: n + 1,
+                span: Some((start, old_hi)),
+                touched: false,
+                moved: false,
+            };
+        }
+        if small && !sparse && meta.is_none() && overlapped == 1 && start_of(last) >= start && self.end(last) <= end {
+            let (old_lo, old_hi) = (start_of(last), start_of(n - 1));
+            for i in last + 1..n {
+                self.set(i - 1, self.get(i));
+            }
+            self.len.store(n - 1, Ordering::Relaxed);
+            self.count.store(count - 1, Ordering::Relaxed);
+            return Edit {
+                result: Inserted::Stored,
+                from: last,
+                to: n,
+                span: Some((old_lo, old_hi)),
+                touched: true,
+                moved: false,
+            };
+        }
         // The two common edits, directly (the layout below does the same):
         // a range that overlaps nothing goes to the last gap before the
         // next entry (its gaps now repeat its start) or after the last
         // entry; an entry removed whole becomes a gap with those around it.
-        if overlapped == 0 && count < N && ((a == n && n < N) || (b < n && a < b && b - a <= SMALL_WINDOW)) {
+        if overlapped == 0
+            && !sparse
+            && count < N
+            && ((a == n && n < N) || (!small && b < n && a < b && b - a <= SMALL_WINDOW))
+        {
             let meta = meta.unwrap_or(0); // Some: a removal that found nothing returned above
             let at = if b < n { b - 1 } else { n };
             let old_hi = if b < n { start_of(b) } else { start };
@@ -1152,10 +1205,11 @@ impl<const N: usize> Table<N> {
             };
         }
         if meta.is_none()
+            && !sparse
             && overlapped == 1
             && start_of(last) >= start
             && self.end(last) <= end
-            && (b >= n || b - a <= SMALL_WINDOW)
+            && (b >= n || (!small && b - a <= SMALL_WINDOW))
         {
             let old_lo = start_of(a);
             let (stop, hi) = if b < n {
@@ -1225,6 +1279,14 @@ impl<const N: usize> Table<N> {
         // (`from_left`: the room was found on the left).
         let dense = (count - overlapped + np) * 4 > N * 3;
         let (mut before, mut after, mut moved, mut from_left) = (0, 0, false, false);
+        if sparse {
+            before = (0..a).filter(|&i| self.is_entry(i)).count();
+            after = (b..n).filter(|&i| self.is_entry(i)).count();
+            (a, b, moved) = (0, n, true);
+        } else if small {
+            after = (b..n).filter(|&i| self.is_entry(i)).count();
+            (b, moved) = (n, true);
+        }
         let mut reach = (b - a).max(SMALL_WINDOW / 2);
         loop {
             let m = before + np + after;
@@ -1274,9 +1336,10 @@ impl<const N: usize> Table<N> {
         let old_span = (a < old_end).then(|| (start_of(a), start_of(old_end - 1)));
         // Where the window's slots end now: where they did, or, at the end
         // of the slots in use, just past its entries (with half as many
-        // more slots as gaps when it was widened, for the inserts to come).
+        // more slots as gaps when it was widened, for the inserts to come,
+        // unless the table is small).
         let stop = if b >= n {
-            let spread = if moved && !dense { m + m / 2 } else { m };
+            let spread = if moved && !dense && !small { m + m / 2 } else { m };
             a + spread.min(N - a)
         } else {
             b
@@ -1355,7 +1418,8 @@ impl<const N: usize> Table<N> {
             to: if b >= n { stop.max(n) } else { b },
             span,
             touched: overlapped > 0,
-            moved,
+            // A small table's layout is the one its entries give.
+            moved: moved && !small,
         }
     }
 }
@@ -1853,6 +1917,71 @@ mod tests {
             run::<512>(seed * 0x1234_5679, 4000, 4096);
             run::<4096>(seed * 0x7f4a_7c15, 6000, 1 << 16);
         }
+    }
+
+    /// Updates stay local: random inserts and removals among 4,000
+    /// entries in 8,192 slots rewrite a few dozen slots on average (the
+    /// sorted array moved half the table each time); a table that shrinks
+    /// to 16 entries ends packed; small tables never hold a gap.
+    #[test]
+    fn updates_rewrite_a_window_and_small_tables_stay_packed() {
+        static T: Table<8192> = Table::new();
+        let mut next = xorshift(0x5851_f42d_4c95_7f2d);
+        let edit = |start: usize, len: usize, meta: Option<u64>| {
+            T.rewrite(|| T.edit(start, start + len, meta, &mut Spill::default()))
+        };
+        let addr = |i: usize| 0x10_0000 + i * 0x10_0000;
+        let mut live = std::vec::Vec::new();
+        for _ in 0..4000 {
+            let i = next() % 1_000_000;
+            edit(addr(i), 0x1000, Some(1));
+            live.push(i);
+        }
+        live.sort_unstable();
+        live.dedup();
+        check_table(&T);
+        let (mut rewritten, mut edits) = (0, 0);
+        for k in 0..4000 {
+            let e = if k % 2 == 0 {
+                let i = next() % 1_000_000;
+                if live.binary_search(&i).is_ok() {
+                    continue;
+                }
+                live.insert(live.binary_search(&i).unwrap_err(), i);
+                edit(addr(i), 0x1000, Some(1))
+            } else {
+                let i = live.remove(next() % live.len());
+                edit(addr(i), 0x1000, None)
+            };
+            rewritten += e.to - e.from;
+            edits += 1;
+        }
+        check_table(&T);
+        let n = T.len.load(Ordering::Relaxed);
+        assert!(
+            rewritten / edits <= 64,
+            "{} slots rewritten per edit of {n}",
+            rewritten / edits
+        );
+        // Shrink to 16 entries: the table ends packed.
+        while live.len() > 16 {
+            let i = live.remove(next() % live.len());
+            edit(addr(i), 0x1000, None);
+            let (n, count) = (T.len.load(Ordering::Relaxed), T.count.load(Ordering::Relaxed));
+            assert!(count > SMALL_TABLE || n == count, "{count} entries in {n} slots");
+        }
+        check_table(&T);
+        assert_eq!(T.len.load(Ordering::Relaxed), 16);
+        // Inserts and removals in the middle of a small table keep it packed.
+        for _ in 0..200 {
+            let i = next() % 1_000_000;
+            if live.binary_search(&i).is_err() {
+                edit(addr(i), 0x1000, Some(2));
+                edit(addr(i), 0x1000, None);
+            }
+            assert_eq!(T.len.load(Ordering::Relaxed), T.count.load(Ordering::Relaxed));
+        }
+        check_table(&T);
     }
 
     fn xorshift(mut x: u64) -> impl FnMut() -> usize {
