@@ -1143,24 +1143,26 @@ impl<const N: usize> Table<N> {
         // after them by one, as a sorted array does.
         if small && !sparse && overlapped == 0 && n < N {
             let meta = meta.unwrap_or(0); // Some: a removal that found nothing returned above
-            let old_hi = if p < n { start_of(n - 1) } else { start };
             for i in (p..n).rev() {
                 self.set(i + 1, self.get(i));
             }
             self.set(p, (start, end, meta));
             self.len.store(n + 1, Ordering::Relaxed);
             self.count.store(count + 1, Ordering::Relaxed);
+            // The starts that moved kept their values: the buckets change
+            // by the one added (the recount covers its bucket, the change
+            // in length those above).
             return Edit {
                 result: Inserted::Stored,
                 from: p,
                 to: n + 1,
-                span: Some((start, old_hi)),
+                span: Some((start, start)),
                 touched: false,
                 moved: false,
             };
         }
         if small && !sparse && meta.is_none() && overlapped == 1 && start_of(last) >= start && self.end(last) <= end {
-            let (old_lo, old_hi) = (start_of(last), start_of(n - 1));
+            let removed = start_of(last);
             for i in last + 1..n {
                 self.set(i - 1, self.get(i));
             }
@@ -1170,7 +1172,7 @@ impl<const N: usize> Table<N> {
                 result: Inserted::Stored,
                 from: last,
                 to: n,
-                span: Some((old_lo, old_hi)),
+                span: Some((removed, removed)),
                 touched: true,
                 moved: false,
             };
@@ -1204,12 +1206,17 @@ impl<const N: usize> Table<N> {
                 moved: false,
             };
         }
+        // Entries freed at the front of the table, oldest first (a queue of
+        // allocations), leave a run of gaps there that every later front
+        // removal rewrites; past an eighth of the table, the table is laid
+        // out afresh instead (below).
+        let front = a == 0;
         if meta.is_none()
             && !sparse
             && overlapped == 1
             && start_of(last) >= start
             && self.end(last) <= end
-            && (b >= n || (!small && b - a <= SMALL_WINDOW))
+            && (b >= n || (!small && (b - a <= SMALL_WINDOW || (front && b - a <= SMALL_WINDOW + n / 8))))
         {
             let old_lo = start_of(a);
             let (stop, hi) = if b < n {
@@ -1279,7 +1286,7 @@ impl<const N: usize> Table<N> {
         // (`from_left`: the room was found on the left).
         let dense = (count - overlapped + np) * 4 > N * 3;
         let (mut before, mut after, mut moved, mut from_left) = (0, 0, false, false);
-        if sparse {
+        if sparse || (front && meta.is_none() && !small) {
             before = (0..a).filter(|&i| self.is_entry(i)).count();
             after = (b..n).filter(|&i| self.is_entry(i)).count();
             (a, b, moved) = (0, n, true);
@@ -1972,6 +1979,33 @@ mod tests {
         }
         check_table(&T);
         assert_eq!(T.len.load(Ordering::Relaxed), 16);
+        // A queue: allocate above everything, free the oldest. The slots in
+        // use stay within four times the entries, and edits stay local.
+        static Q: Table<8192> = Table::new();
+        let (mut rewritten, mut edits) = (0, 0);
+        let queue = |i: usize| 0x1_0000_0000 + i * 0x1_0000;
+        for i in 0..200 {
+            Q.rewrite(|| Q.edit(queue(i), queue(i) + 0x8000, Some(3), &mut Spill::default()));
+        }
+        for k in 0..5000 {
+            for e in [
+                Q.rewrite(|| Q.edit(queue(200 + k), queue(200 + k) + 0x8000, Some(3), &mut Spill::default())),
+                Q.rewrite(|| Q.edit(queue(k), queue(k) + 0x8000, None, &mut Spill::default())),
+            ] {
+                rewritten += e.to - e.from;
+                edits += 1;
+            }
+            let (n, count) = (Q.len.load(Ordering::Relaxed), Q.count.load(Ordering::Relaxed));
+            assert!(count == 200 && n <= 4 * count + B, "{count} entries in {n} slots");
+            if k % 500 == 0 {
+                check_table(&Q);
+            }
+        }
+        assert!(
+            rewritten / edits <= 64,
+            "queue: {} slots rewritten per edit",
+            rewritten / edits
+        );
         // Inserts and removals in the middle of a small table keep it packed.
         for _ in 0..200 {
             let i = next() % 1_000_000;
