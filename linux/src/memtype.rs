@@ -11,7 +11,9 @@ pub use memhook_core::memtype::{Inserted, Lookup, MapError, MemInfo, MemType, Me
 use memhook_core::event::Event;
 
 /// Ranges the map holds (beyond this, new ranges are dropped, counted, and
-/// answer Unknown).
+/// answer Unknown). Up to three quarters of it, an update rewrites a few
+/// slots near it; fuller, it moves the entries up to the nearest free slot,
+/// as a sorted array does.
 pub const CAPACITY: usize = 65_536;
 
 static MAP: MemtypeMap<CAPACITY> = MemtypeMap::new();
