@@ -1210,13 +1210,13 @@ impl<const N: usize> Table<N> {
         // allocations), leave a run of gaps there that every later front
         // removal rewrites; past an eighth of the table, the table is laid
         // out afresh instead (below).
-        let front = a == 0;
+        let long_front = a == 0 && b - a > SMALL_WINDOW + n / 8;
         if meta.is_none()
             && !sparse
             && overlapped == 1
             && start_of(last) >= start
             && self.end(last) <= end
-            && (b >= n || (!small && (b - a <= SMALL_WINDOW || (front && b - a <= SMALL_WINDOW + n / 8))))
+            && (b >= n || (!small && (b - a <= SMALL_WINDOW || (a == 0 && !long_front))))
         {
             let old_lo = start_of(a);
             let (stop, hi) = if b < n {
@@ -1286,7 +1286,7 @@ impl<const N: usize> Table<N> {
         // (`from_left`: the room was found on the left).
         let dense = (count - overlapped + np) * 4 > N * 3;
         let (mut before, mut after, mut moved, mut from_left) = (0, 0, false, false);
-        if sparse || (front && meta.is_none() && !small) {
+        if sparse || (long_front && meta.is_none() && !small) {
             before = (0..a).filter(|&i| self.is_entry(i)).count();
             after = (b..n).filter(|&i| self.is_entry(i)).count();
             (a, b, moved) = (0, n, true);
