@@ -22,7 +22,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, RwLock};
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use memhook_core::memtype::{Lookup, MemType, MemtypeMap};
 
 /// Room for gaps at 65,536 ranges: updates stay local while a map is at
@@ -80,6 +81,24 @@ fn fill(ranges: usize) -> Baseline {
     RwLock::new(tree)
 }
 
+/// Benchmarks `f` over the probe addresses in turn.
+fn over<R>(g: &mut BenchmarkGroup<'_, WallTime>, id: BenchmarkId, addrs: &[usize], mut f: impl FnMut(usize) -> R) {
+    g.bench_function(id, |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) & 4095;
+            black_box(f(black_box(addrs[i])))
+        })
+    });
+}
+
+/// One insert and one remove of a page at `a` (page-aligned down).
+fn pair<const N: usize>(map: &MemtypeMap<N>, a: usize) {
+    let a = a & !0xfff;
+    map.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
+    map.remove(a, 0x1000).unwrap();
+}
+
 fn single_thread(c: &mut Criterion) {
     for (group, hit) in [("lookup_hit", true), ("lookup_miss", false)] {
         let mut g = c.benchmark_group(group);
@@ -88,28 +107,16 @@ fn single_thread(c: &mut Criterion) {
             let addrs = probes(ranges, hit);
             let want = if hit { MemType::Cuda } else { MemType::Host };
             assert_eq!(MAP.lookup(addrs[0], 8).mem_type_or(MemType::Host), want);
-            g.bench_function(BenchmarkId::new("memhook", ranges), |b| {
-                let mut i = 0;
-                b.iter(|| {
-                    i = (i + 1) & 4095;
-                    black_box(MAP.lookup(black_box(addrs[i]), 8))
-                })
+            over(&mut g, BenchmarkId::new("memhook", ranges), &addrs, |a| {
+                MAP.lookup(a, 8)
             });
-            g.bench_function(BenchmarkId::new("rwlock_btreemap", ranges), |b| {
-                let mut i = 0;
-                b.iter(|| {
-                    i = (i + 1) & 4095;
-                    black_box(baseline_lookup(&baseline, black_box(addrs[i]), 8))
-                })
+            over(&mut g, BenchmarkId::new("rwlock_btreemap", ranges), &addrs, |a| {
+                baseline_lookup(&baseline, a, 8)
             });
             churn(&MAP, ranges);
             assert_eq!(MAP.lookup(addrs[0], 8).mem_type_or(MemType::Host), want);
-            g.bench_function(BenchmarkId::new("memhook_churned", ranges), |b| {
-                let mut i = 0;
-                b.iter(|| {
-                    i = (i + 1) & 4095;
-                    black_box(MAP.lookup(black_box(addrs[i]), 8))
-                })
+            over(&mut g, BenchmarkId::new("memhook_churned", ranges), &addrs, |a| {
+                MAP.lookup(a, 8)
             });
         }
         g.finish();
@@ -120,37 +127,19 @@ fn single_thread(c: &mut Criterion) {
         let baseline = fill(ranges);
         let addrs = probes(ranges, false);
         g.throughput(Throughput::Elements(2));
-        g.bench_function(BenchmarkId::new("memhook", ranges), |b| {
-            let mut i = 0;
-            b.iter(|| {
-                i = (i + 1) & 4095;
-                let a = addrs[i] & !0xfff;
-                MAP.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
-                MAP.remove(a, 0x1000).unwrap();
-            })
-        });
-        g.bench_function(BenchmarkId::new("rwlock_btreemap", ranges), |b| {
-            let mut i = 0;
-            b.iter(|| {
-                i = (i + 1) & 4095;
-                let a = addrs[i] & !0xfff;
-                baseline.write().unwrap().insert(a, (a + 0x1000, MemType::CudaHost));
-                baseline.write().unwrap().remove(&a);
-            })
+        over(&mut g, BenchmarkId::new("memhook", ranges), &addrs, |a| pair(&MAP, a));
+        over(&mut g, BenchmarkId::new("rwlock_btreemap", ranges), &addrs, |a| {
+            let a = a & !0xfff;
+            baseline.write().unwrap().insert(a, (a + 0x1000, MemType::CudaHost));
+            baseline.write().unwrap().remove(&a);
         });
     }
     for i in 0..65_536 {
         NEARLY_FULL.insert(BASE + i * STRIDE, LEN, MemType::Cuda, 0).unwrap();
     }
     let addrs = probes(65_536, false);
-    g.bench_function(BenchmarkId::new("memhook_nearly_full", 65_536), |b| {
-        let mut i = 0;
-        b.iter(|| {
-            i = (i + 1) & 4095;
-            let a = addrs[i] & !0xfff;
-            NEARLY_FULL.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
-            NEARLY_FULL.remove(a, 0x1000).unwrap();
-        })
+    over(&mut g, BenchmarkId::new("memhook_nearly_full", 65_536), &addrs, |a| {
+        pair(&NEARLY_FULL, a)
     });
     g.finish();
 }

@@ -430,6 +430,21 @@ struct Edit {
     moved: bool,
 }
 
+impl Edit {
+    /// A stored edit of slots `from..to` that moved no entry but by the
+    /// one it added or removed, every changed start in `span`.
+    const fn local(from: usize, to: usize, span: (usize, usize), touched: bool) -> Self {
+        Edit {
+            result: Inserted::Stored,
+            from,
+            to,
+            span: Some(span),
+            touched,
+            moved: false,
+        }
+    }
+}
+
 /// The most pieces one edit writes: the left part of a trimmed entry, the
 /// inserted range, and the right part of a trimmed entry.
 const PIECES: usize = 3;
@@ -1152,14 +1167,7 @@ impl<const N: usize> Table<N> {
             // The starts that moved kept their values: the buckets change
             // by the one added (the recount covers its bucket, the change
             // in length those above).
-            return Edit {
-                result: Inserted::Stored,
-                from: p,
-                to: n + 1,
-                span: Some((start, start)),
-                touched: false,
-                moved: false,
-            };
+            return Edit::local(p, n + 1, (start, start), false);
         }
         if small && !sparse && meta.is_none() && overlapped == 1 && start_of(last) >= start && self.end(last) <= end {
             let removed = start_of(last);
@@ -1168,14 +1176,7 @@ impl<const N: usize> Table<N> {
             }
             self.len.store(n - 1, Ordering::Relaxed);
             self.count.store(count - 1, Ordering::Relaxed);
-            return Edit {
-                result: Inserted::Stored,
-                from: last,
-                to: n,
-                span: Some((removed, removed)),
-                touched: true,
-                moved: false,
-            };
+            return Edit::local(last, n, (removed, removed), true);
         }
         // The two common edits, directly (the layout below does the same):
         // a range that overlaps nothing goes to the last gap before the
@@ -1197,14 +1198,7 @@ impl<const N: usize> Table<N> {
                 self.len.store(n + 1, Ordering::Relaxed);
             }
             self.count.store(count + 1, Ordering::Relaxed);
-            return Edit {
-                result: Inserted::Stored,
-                from: a,
-                to: at + 1,
-                span: Some((start, old_hi)),
-                touched: false,
-                moved: false,
-            };
+            return Edit::local(a, at + 1, (start, old_hi), false);
         }
         // Entries freed at the front of the table, oldest first (a queue of
         // allocations), leave a run of gaps there that every later front
@@ -1230,14 +1224,7 @@ impl<const N: usize> Table<N> {
                 (n, start_of(n - 1))
             };
             self.count.store(count - 1, Ordering::Relaxed);
-            return Edit {
-                result: Inserted::Stored,
-                from: a,
-                to: stop,
-                span: Some((old_lo, hi)),
-                touched: true,
-                moved: false,
-            };
+            return Edit::local(a, stop, (old_lo, hi), true);
         }
         // The new pieces, in address order. What a full table has no slot
         // for is dropped: the right part of a split first, then the new
