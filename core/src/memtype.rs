@@ -897,12 +897,17 @@ impl<const N: usize> Table<N> {
                     self.strays
                         .store(self.strays.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                 }
-                let bound = if b < total { self.bucket_start(b) } else { usize::MAX };
-                (
-                    b,
-                    self.first_above(n, bound.wrapping_sub(1), start) * usize::from(bound > 0),
-                    self.bucket_after(span_hi).0,
-                )
+                let recount_to = self.bucket_after(span_hi).0;
+                // The starts below the first bucket to recount (none to
+                // find when the span begins no bucket: one start added or
+                // removed inside a bucket).
+                let j = if b < recount_to {
+                    let bound = self.bucket_start(b);
+                    self.first_above(n, bound.wrapping_sub(1), start) * usize::from(bound > 0)
+                } else {
+                    0
+                };
+                (b, j, recount_to)
             }
             None => match from.min(n) {
                 0 => (0, 0, total),
