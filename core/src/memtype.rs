@@ -1000,10 +1000,18 @@ impl<const N: usize> Table<N> {
             let (first, past) = (bounds[k], bounds[k + 1]);
             let (lo, last) = (start(first), start(past - 1));
             let limit = if past < n { start(past) } else { usize::MAX };
-            let count = ((past - first) / STARTS_PER_BUCKET).next_power_of_two();
+            let mut count = ((past - first) / STARTS_PER_BUCKET).next_power_of_two();
             let mut shift = 0;
             while shift < usize::BITS as usize - 1 && (last - lo) >> shift >= count {
                 shift += 1;
+            }
+            if k + 1 == segments {
+                // As many buckets again above the last start, of the same
+                // width: allocations arrive at the top, and one past the
+                // plan counts toward a rebuild. (The total stays within
+                // the table: each segment's count is at most half its
+                // entries.)
+                count *= 2;
             }
             seg.lo.store(lo, Ordering::Relaxed);
             seg.shift.store(shift, Ordering::Relaxed);
