@@ -455,7 +455,7 @@ const PIECES: usize = 3;
 const SMALL_WINDOW: usize = 8;
 
 /// A table of at most this many entries keeps them packed, without gaps.
-const SMALL_TABLE: usize = 2 * B;
+const SMALL_TABLE: usize = 3 * B;
 
 /// Whether a widened window of `room` slots (in a table of `n` slots) may
 /// hold `m` entries. The bound falls from all of them for the smallest
@@ -771,6 +771,35 @@ impl<const N: usize> Table<N> {
         self.starts[i].store(s, Ordering::Relaxed);
         self.slots[i].end.store(e, Ordering::Relaxed);
         self.slots[i].meta.store(m, Ordering::Relaxed);
+    }
+
+    /// Moves entries `from..n` to `from + by` (right, `by > 0`) or left:
+    /// one sequential pass per array (a memmove of atomics, without a
+    /// bounds check per element).
+    fn shift(&self, n: usize, from: usize, by: isize) {
+        let by_abs = by.unsigned_abs();
+        let (lo, hi) = if by > 0 { (from, n + by_abs) } else { (from - by_abs, n) };
+        let (Some(starts), Some(slots)) = (self.starts.get(lo..hi), self.slots.get(lo..hi)) else {
+            return;
+        };
+        fn moved<T>(items: &[T], by: isize, mv: impl Fn(&T, &T)) {
+            let k = by.unsigned_abs();
+            if by > 0 {
+                // Right: from the end down, each item to `k` places later.
+                for (dst, src) in items[k..].iter().rev().zip(items[..items.len() - k].iter().rev()) {
+                    mv(dst, src);
+                }
+            } else {
+                for (dst, src) in items[..items.len() - k].iter().zip(items[k..].iter()) {
+                    mv(dst, src);
+                }
+            }
+        }
+        moved(starts, by, |d, s| d.store(s.load(Ordering::Relaxed), Ordering::Relaxed));
+        moved(slots, by, |d, s| {
+            d.end.store(s.end.load(Ordering::Relaxed), Ordering::Relaxed);
+            d.meta.store(s.meta.load(Ordering::Relaxed), Ordering::Relaxed);
+        });
     }
 
     /// Whether slot `i` holds an entry (not a gap).
@@ -1174,9 +1203,7 @@ impl<const N: usize> Table<N> {
         // after them by one, as a sorted array does.
         if small && !sparse && overlapped == 0 && n < N {
             let meta = meta.unwrap_or(0); // Some: a removal that found nothing returned above
-            for i in (p..n).rev() {
-                self.set(i + 1, self.get(i));
-            }
+            self.shift(n, p, 1);
             self.set(p, (start, end, meta));
             self.len.store(n + 1, Ordering::Relaxed);
             self.count.store(count + 1, Ordering::Relaxed);
@@ -1187,9 +1214,7 @@ impl<const N: usize> Table<N> {
         }
         if small && !sparse && meta.is_none() && overlapped == 1 && start_of(last) >= start && self.end(last) <= end {
             let removed = start_of(last);
-            for i in last + 1..n {
-                self.set(i - 1, self.get(i));
-            }
+            self.shift(n, last + 1, -1);
             self.len.store(n - 1, Ordering::Relaxed);
             self.count.store(count - 1, Ordering::Relaxed);
             return Edit::local(last, n, (removed, removed), true);
