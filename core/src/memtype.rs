@@ -18,15 +18,16 @@
 //! (16 keys compared at once, with AVX2 where the CPU has it):
 //! - a search tree over the starts: one node per level, so four dependent
 //!   node searches at 65,536 entries;
-//! - from 64 entries on, a bucket table: the starts cut into at most four
+//! - from 64 slots on, a bucket table: the starts cut into at most four
 //!   segments at their widest gaps (so that device memory, pinned host
 //!   memory and a stray range far from both each get buckets of their
 //!   own), and each segment's span into a power-of-two number of equal,
 //!   power-of-two-wide buckets (about one per four entries), each holding
 //!   how many starts lie below it. A lookup reads its bucket's count (and
 //!   the next bucket's) and, when at most 16 starts lie in the bucket,
-//!   compares them: one small load and one node, whatever the size. A bucket with more (a dense cluster of
-//!   small ranges in a wide span) is searched from the lowest tree level
+//!   compares them: one small load and one node, whatever the size. A
+//!   bucket with more (a dense cluster of small ranges in a wide span) is
+//!   searched from the lowest tree level
 //!   one node of which covers it: two nodes for up to 256 starts, rather
 //!   than the tree's full height.
 //!
@@ -40,12 +41,15 @@
 //! not fit, the window widens over its neighbours and lays them out again
 //! with the gaps spread evenly. So an update moves the entries near it, not
 //! half the table, while the map is at most three quarters full; fuller, it
-//! widens to the nearest free slot, as a sorted array shifts.
+//! widens to the nearest free slot, as a sorted array shifts. A table of at
+//! most 48 entries keeps them packed (a lookup among 16 compares one node)
+//! and shifts.
 //!
 //! An update recounts the buckets that begin inside its window and adds its
 //! change in length to the ones above (up to the first that counts every
 //! slot); the bucket table is rebuilt when the length has halved or
-//! doubled since, or many updates landed outside the buckets' plan.
+//! doubled since, or many updates landed outside the buckets' plan, which
+//! reaches as far again above the last start as below it.
 //!
 //! # The promise: never a wrong type
 //!
