@@ -811,6 +811,28 @@ impl<const N: usize> Table<N> {
         self.end(i) != 0
     }
 
+    /// How many of the slots `range` hold entries.
+    fn entries_in(&self, range: core::ops::Range<usize>) -> usize {
+        range.filter(|&i| self.is_entry(i)).count()
+    }
+
+    /// `a`, moved down over the gaps just below it (to the slot after an
+    /// entry, or 0).
+    fn after_entry(&self, mut a: usize) -> usize {
+        while a > 0 && !self.is_entry(a - 1) {
+            a -= 1;
+        }
+        a
+    }
+
+    /// `b`, moved up over gaps to the next entry (or `n`).
+    fn entry_from(&self, mut b: usize, n: usize) -> usize {
+        while b < n && !self.is_entry(b) {
+            b += 1;
+        }
+        b
+    }
+
     /// First index in `0..n` whose key (by `key`) is greater than `addr`.
     fn first_above(&self, n: usize, addr: usize, key: impl Fn(usize) -> usize) -> usize {
         let (mut lo, mut hi) = (0, n);
@@ -1186,13 +1208,8 @@ impl<const N: usize> Table<N> {
         }
         // The window: from past the entry before (over the gaps that repeat
         // the first start that changes) up to the entry after.
-        while b < n && !self.is_entry(b) {
-            b += 1;
-        }
-        let mut a = first.unwrap_or(p);
-        while a > 0 && !self.is_entry(a - 1) {
-            a -= 1;
-        }
+        b = self.entry_from(b, n);
+        let mut a = self.after_entry(first.unwrap_or(p));
         // A small table keeps no gaps: its entries stay packed, in the one
         // layout their addresses give (so any insert that touched nothing
         // is undone exactly by removing it), and a lookup among 16 of them
@@ -1203,10 +1220,17 @@ impl<const N: usize> Table<N> {
         let left = count - overlapped + usize::from(meta.is_some());
         let small = left <= SMALL_TABLE;
         let sparse = (small && n > count) || (n > B && left * 4 < n);
-        // In a small table (packed), the two common edits shift the entries
-        // after them by one, as a sorted array does.
-        if small && !sparse && overlapped == 0 && n < N {
-            let meta = meta.unwrap_or(0); // Some: a removal that found nothing returned above
+        // The two common edits: a range that overlaps nothing recorded, and
+        // one entry removed whole.
+        let untouched = meta.filter(|_| overlapped == 0);
+        let removes_one = meta.is_none() && overlapped == 1 && start_of(last) >= start && self.end(last) <= end;
+        // In a small table (packed), they shift the entries after them by
+        // one, as a sorted array does.
+        if let Some(meta) = untouched
+            && small
+            && !sparse
+            && n < N
+        {
             self.shift(n, p, 1);
             self.set(p, (start, end, meta));
             self.len.store(n + 1, Ordering::Relaxed);
@@ -1216,23 +1240,22 @@ impl<const N: usize> Table<N> {
             // in length those above).
             return Edit::local(p, n + 1, (start, start), false);
         }
-        if small && !sparse && meta.is_none() && overlapped == 1 && start_of(last) >= start && self.end(last) <= end {
+        if removes_one && small && !sparse {
             let removed = start_of(last);
             self.shift(n, last + 1, -1);
             self.len.store(n - 1, Ordering::Relaxed);
             self.count.store(count - 1, Ordering::Relaxed);
             return Edit::local(last, n, (removed, removed), true);
         }
-        // The two common edits, directly (the layout below does the same):
-        // a range that overlaps nothing goes to the last gap before the
-        // next entry (its gaps now repeat its start) or after the last
-        // entry; an entry removed whole becomes a gap with those around it.
-        if overlapped == 0
+        // Elsewhere, directly (the layout below does the same): a range that
+        // overlaps nothing goes to the last gap before the next entry (its
+        // gaps now repeat its start) or after the last entry; an entry
+        // removed whole becomes a gap with those around it.
+        if let Some(meta) = untouched
             && !sparse
             && count < N
             && ((a == n && n < N) || (!small && b < n && a < b && b - a <= SMALL_WINDOW))
         {
-            let meta = meta.unwrap_or(0); // Some: a removal that found nothing returned above
             let at = if b < n { b - 1 } else { n };
             let old_hi = if b < n { start_of(b) } else { start };
             for i in a..at {
@@ -1250,13 +1273,7 @@ impl<const N: usize> Table<N> {
         // removal rewrites; past an eighth of the table, the table is laid
         // out afresh instead (below).
         let long_front = a == 0 && b - a > SMALL_WINDOW + n / 8;
-        if meta.is_none()
-            && !sparse
-            && overlapped == 1
-            && start_of(last) >= start
-            && self.end(last) <= end
-            && (b >= n || (!small && (b - a <= SMALL_WINDOW || (a == 0 && !long_front))))
-        {
+        if removes_one && !sparse && (b >= n || (!small && (b - a <= SMALL_WINDOW || (a == 0 && !long_front)))) {
             let old_lo = start_of(a);
             let (stop, hi) = if b < n {
                 let next = start_of(b);
@@ -1319,11 +1336,11 @@ impl<const N: usize> Table<N> {
         let dense = (count - overlapped + np) * 4 > N * 3;
         let (mut before, mut after, mut moved, mut from_left) = (0, 0, false, false);
         if sparse || (long_front && meta.is_none() && !small) {
-            before = (0..a).filter(|&i| self.is_entry(i)).count();
-            after = (b..n).filter(|&i| self.is_entry(i)).count();
+            before = self.entries_in(0..a);
+            after = self.entries_in(b..n);
             (a, b, moved) = (0, n, true);
         } else if small {
-            after = (b..n).filter(|&i| self.is_entry(i)).count();
+            after = self.entries_in(b..n);
             (b, moved) = (n, true);
         }
         let mut reach = (b - a).max(SMALL_WINDOW / 2);
@@ -1340,33 +1357,24 @@ impl<const N: usize> Table<N> {
             if dense {
                 // Left on even turns (or when the right has nothing left).
                 if a > 0 && (reach.is_multiple_of(2) || b >= n) {
-                    a -= 1; // an entry: the one before the window
+                    // The entry before the window, and the gaps below it.
                     before += 1;
-                    from_left = a > 0 && !self.is_entry(a - 1);
-                    while a > 0 && !self.is_entry(a - 1) {
-                        a -= 1;
-                    }
+                    let wa = self.after_entry(a - 1);
+                    from_left = wa < a - 1;
+                    a = wa;
                 } else {
-                    b += 1; // the entry after the window
+                    // The entry after the window, and the gaps above it.
                     after += 1;
                     from_left = false;
-                    while b < n && !self.is_entry(b) {
-                        b += 1;
-                    }
+                    b = self.entry_from(b + 1, n);
                 }
                 reach += 1;
                 continue;
             }
-            let mut wa = a.saturating_sub(reach);
-            while wa > 0 && !self.is_entry(wa - 1) {
-                wa -= 1;
-            }
-            before += (wa..a).filter(|&i| self.is_entry(i)).count();
-            let mut wb = b.saturating_add(reach).min(n);
-            while wb < n && !self.is_entry(wb) {
-                wb += 1;
-            }
-            after += (b..wb).filter(|&i| self.is_entry(i)).count();
+            let wa = self.after_entry(a.saturating_sub(reach));
+            before += self.entries_in(wa..a);
+            let wb = self.entry_from(b.saturating_add(reach).min(n), n);
+            after += self.entries_in(b..wb);
             (a, b) = (wa, wb);
             reach *= 2;
         }
