@@ -174,23 +174,39 @@ fn main() {
         || {},
     );
     // Where it goes: the original pair plus, by hand, what the hooks do
-    // besides calling it (the device query, the map's insert and take).
-    let by_hand = || {
+    // besides calling it (the map's insert and take; the device query
+    // where the process sees more than one device), and the device query
+    // alone, which the hooks skip where it sees one.
+    let mut devices = 0;
+    // SAFETY: a valid out-parameter.
+    unsafe { sys::cuDeviceGetCount(&mut devices) };
+    let by_hand = |query: bool, map: bool| {
         let mut p = 0;
         let mut device = 0;
         // SAFETY: as for orig_pair; a valid out-parameter.
         unsafe {
             assert_eq!(orig_alloc(&mut p, 4096), sys::CUresult::CUDA_SUCCESS);
-            let _ = sys::cuCtxGetDevice(&mut device);
-            let _ = memtype::insert(p as usize, 4096, memtype::MemType::Cuda, device);
-            let _ = memtype::take(p as usize);
+            if query {
+                let _ = sys::cuCtxGetDevice(&mut device);
+            }
+            if map {
+                let _ = memtype::insert(p as usize, 4096, memtype::MemType::Cuda, device);
+                let _ = memtype::take(p as usize);
+            }
             assert_eq!(orig_free(p), sys::CUresult::CUDA_SUCCESS);
         }
     };
     added_latency(
-        "  the original + the hooks' work by hand",
+        &format!("  the original + the hooks' work by hand ({devices} device(s))"),
         20_000,
-        by_hand,
+        || by_hand(devices > 1, true),
+        orig_pair,
+        || {},
+    );
+    added_latency(
+        "  the original + cuCtxGetDevice",
+        20_000,
+        || by_hand(true, false),
         orig_pair,
         || {},
     );

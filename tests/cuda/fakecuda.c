@@ -372,11 +372,23 @@ IMPL CUresult impl_cuInit(unsigned flags) {
     (void)flags;
     return CUDA_SUCCESS;
 }
+/* Devices shown (cuDeviceGetAttribute answers for 0..7), and how often
+ * the current context's device was asked. */
+static int device_count = 8;
+static atomic_ulong ctx_queries;
 ENTRY(cuCtxGetDevice)
 IMPL CUresult impl_cuCtxGetDevice(int *device) {
+    atomic_fetch_add(&ctx_queries, 1);
     if (!device)
         return CUDA_ERROR_INVALID_VALUE;
     *device = current_device;
+    return CUDA_SUCCESS;
+}
+ENTRY(cuDeviceGetCount)
+IMPL CUresult impl_cuDeviceGetCount(int *count) {
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = device_count;
     return CUDA_SUCCESS;
 }
 ENTRY(cuMemGetAddressRange_v2)
@@ -452,7 +464,7 @@ extern char cuMemAlloc[], cuMemAlloc_v2[], cuMemAllocManaged[], cuMemAllocPitch[
     cuMemAllocAsync[], cuMemAllocAsync_ptsz[], cuMemAllocFromPoolAsync[], cuMemAllocFromPoolAsync_ptsz[], cuMemMap[],
     cuMemUnmap[], cuModuleGetGlobal_v2[], cuLibraryGetGlobal[], cuMemAllocHost_v2[], cuMemHostAlloc[],
     cuMemHostRegister_v2[], cuMemFree[], cuMemFree_v2[], cuMemFreeAsync[], cuMemFreeAsync_ptsz[], cuMemFreeHost[],
-    cuMemHostUnregister[], cuInit[], cuCtxGetDevice[], cuMemGetAddressRange_v2[], cuPointerGetAttributes[],
+    cuMemHostUnregister[], cuInit[], cuCtxGetDevice[], cuDeviceGetCount[], cuMemGetAddressRange_v2[], cuPointerGetAttributes[],
     cuDeviceGetAttribute[], cuGetProcAddress[], cuGetProcAddress_v2[];
 
 static const struct {
@@ -464,7 +476,7 @@ static const struct {
     P(cuMemAllocAsync), P(cuMemAllocAsync_ptsz), P(cuMemAllocFromPoolAsync), P(cuMemAllocFromPoolAsync_ptsz),
     P(cuMemMap), P(cuMemUnmap), P(cuModuleGetGlobal_v2), P(cuLibraryGetGlobal), P(cuMemAllocHost_v2),
     P(cuMemHostAlloc), P(cuMemHostRegister_v2), P(cuMemFree), P(cuMemFree_v2), P(cuMemFreeAsync),
-    P(cuMemFreeAsync_ptsz), P(cuMemFreeHost), P(cuMemHostUnregister), P(cuInit), P(cuCtxGetDevice),
+    P(cuMemFreeAsync_ptsz), P(cuMemFreeHost), P(cuMemHostUnregister), P(cuInit), P(cuCtxGetDevice), P(cuDeviceGetCount),
     P(cuMemGetAddressRange_v2), P(cuPointerGetAttributes), P(cuDeviceGetAttribute), P(cuGetProcAddress),
     P(cuGetProcAddress_v2),
 #undef P
@@ -521,3 +533,5 @@ int fake_live(void) {
     return n;
 }
 void fake_set_device(int device) { current_device = device; }
+void fake_set_device_count(int n) { device_count = n; }
+unsigned long fake_ctx_queries(void) { return atomic_load(&ctx_queries); }

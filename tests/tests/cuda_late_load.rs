@@ -30,9 +30,15 @@ fn hooks_a_driver_loaded_after_install() {
     // SAFETY: the client's function.
     let run: unsafe extern "C" fn(i32, usize) -> i32 = unsafe { cast(sym(plt, c"plt_run")) };
     let _ = take();
+    let queries = ctx_queries();
     // SAFETY: valid arguments.
     assert_eq!(unsafe { run(4, 4096) }, 0);
     assert_eq!(counts(&take()), (4, 4), "bistro on the late-loaded driver");
+    assert_eq!(
+        ctx_queries() - queries,
+        4,
+        "eight devices: each allocation asks its context's device"
+    );
     let status = memhook::status();
     let s = status
         .iter()
@@ -50,6 +56,32 @@ fn hooks_a_driver_loaded_after_install() {
     assert!(!memhook::cuda::attached().0, "libcuda forgotten when unloaded");
     let plt = open(&fake().plt);
     assert!(memhook::cuda::attached().0, "and hooked again when reloaded");
+    // The reloaded driver shows one device: allocations are on device 0,
+    // and the driver is not asked which.
+    let h = libcuda();
+    // SAFETY: the fake driver's functions.
+    let (set_count, alloc, free) = unsafe {
+        (
+            cast::<unsafe extern "C" fn(i32)>(sym(h, c"fake_set_device_count")),
+            cast::<unsafe extern "C" fn(*mut u64, usize) -> u32>(sym(h, c"cuMemAlloc_v2")),
+            cast::<unsafe extern "C" fn(u64) -> u32>(sym(h, c"cuMemFree_v2")),
+        )
+    };
+    // SAFETY: the reference `libcuda` took (the client keeps the driver).
+    unsafe { libc::dlclose(h) };
+    // SAFETY: valid arguments.
+    unsafe { set_count(1) };
+    let queries = ctx_queries();
+    let mut p = 0u64;
+    // SAFETY: a valid out-parameter.
+    assert_eq!(unsafe { alloc(&mut p, 1 << 16) }, 0);
+    match memhook::memtype::lookup(p as usize, 1 << 16) {
+        memhook::memtype::Lookup::Found(i) => assert_eq!((i.mem_type, i.device), (memhook::memtype::MemType::Cuda, 0)),
+        other => panic!("{other:?}"),
+    }
+    // SAFETY: the allocation above.
+    assert_eq!(unsafe { free(p) }, 0);
+    assert_eq!(ctx_queries(), queries, "one device: no cuCtxGetDevice");
     // SAFETY: the reloaded client's function.
     let run: unsafe extern "C" fn(i32, usize) -> i32 = unsafe { cast(sym(plt, c"plt_run")) };
     let _ = take();

@@ -10,7 +10,7 @@
 //! "unknown" and runs everything else.
 
 use core::ffi::{CStr, c_int, c_uint, c_void};
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 use cudarc::driver::sys::{CUdevice, CUdevice_attribute, CUdeviceptr, CUpointer_attribute};
 use memhook_core::memtype::{MemInfo, MemType};
@@ -21,17 +21,24 @@ type GetAttributesFn = unsafe extern "C" fn(c_uint, *mut CUpointer_attribute, *m
 type AddressRangeFn = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUdeviceptr) -> Status;
 type CtxGetDeviceFn = unsafe extern "C" fn(*mut CUdevice) -> Status;
 type DeviceGetAttributeFn = unsafe extern "C" fn(*mut c_int, CUdevice_attribute, CUdevice) -> Status;
+type DeviceGetCountFn = unsafe extern "C" fn(*mut c_int) -> Status;
 
 static GET_ATTRIBUTES: AtomicUsize = AtomicUsize::new(0);
 static ADDRESS_RANGE: AtomicUsize = AtomicUsize::new(0);
 static CTX_GET_DEVICE: AtomicUsize = AtomicUsize::new(0);
 static DEVICE_GET_ATTRIBUTE: AtomicUsize = AtomicUsize::new(0);
+static DEVICE_GET_COUNT: AtomicUsize = AtomicUsize::new(0);
 
-const FUNCTIONS: [(&CStr, &AtomicUsize); 4] = [
+/// The devices the driver shows this process (fixed from `cuInit` on:
+/// `CUDA_VISIBLE_DEVICES` is read once); 0 until asked successfully.
+static DEVICES: AtomicI32 = AtomicI32::new(0);
+
+const FUNCTIONS: [(&CStr, &AtomicUsize); 5] = [
     (c"cuPointerGetAttributes", &GET_ATTRIBUTES),
     (c"cuMemGetAddressRange_v2", &ADDRESS_RANGE),
     (c"cuCtxGetDevice", &CTX_GET_DEVICE),
     (c"cuDeviceGetAttribute", &DEVICE_GET_ATTRIBUTE),
+    (c"cuDeviceGetCount", &DEVICE_GET_COUNT),
 ];
 
 /// Resolves the driver functions from `handle` (a libcuda handle) with
@@ -50,6 +57,7 @@ pub(super) fn forget() {
     for (_, slot) in FUNCTIONS {
         slot.store(0, Ordering::Release);
     }
+    DEVICES.store(0, Ordering::Release);
 }
 
 /// Resolves the driver functions through cudarc's loader when no hooked
@@ -78,8 +86,28 @@ fn function<F: Copy>(slot: &AtomicUsize) -> Option<F> {
     unsafe { super::function_at(slot.load(Ordering::Acquire)) }
 }
 
-/// The device of the calling thread's current context, or -1.
+/// The device of the calling thread's current context, or -1. Called
+/// after an allocation succeeded (so `cuInit` ran and a context is
+/// current). Where the process sees one device, that is device 0, and the
+/// driver is not asked again: after its tens of microseconds of work, a
+/// driver query runs from cold caches and costs far more than warm.
 pub(crate) fn current_device() -> i32 {
+    match DEVICES.load(Ordering::Acquire) {
+        1 => return 0,
+        0 => {
+            if let Some(count) = function::<DeviceGetCountFn>(&DEVICE_GET_COUNT) {
+                let mut n: c_int = 0;
+                // SAFETY: a valid out-parameter.
+                if unsafe { count(&mut n) } == SUCCESS && n > 0 {
+                    DEVICES.store(n, Ordering::Release);
+                    if n == 1 {
+                        return 0;
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
     let Some(f) = function::<CtxGetDeviceFn>(&CTX_GET_DEVICE) else {
         return -1;
     };

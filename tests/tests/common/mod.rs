@@ -175,6 +175,20 @@ pub fn fake_calls(libcuda: *mut c_void) -> u64 {
     unsafe { f() }
 }
 
+/// How often the loaded fake driver was asked its current context's
+/// device (cuCtxGetDevice).
+#[allow(dead_code)]
+pub fn ctx_queries() -> u64 {
+    let h = libcuda();
+    // SAFETY: fake_ctx_queries has this signature.
+    let f: unsafe extern "C" fn() -> u64 = unsafe { cast(sym(h, c"fake_ctx_queries")) };
+    // SAFETY: no arguments.
+    let n = unsafe { f() };
+    // SAFETY: the reference `libcuda` took, returned.
+    unsafe { libc::dlclose(h) };
+    n
+}
+
 /// A handle on the fake driver, which must be loaded already.
 pub fn libcuda() -> *mut c_void {
     let c = cpath(&fake().libcuda);
