@@ -353,6 +353,7 @@ impl Hook {
                 let r =
                     NativeArch::relocate(code, target, jump.len(), slot).map_err(|e| reloc_error(target, e, code))?;
                 trampoline::write(slot, &r.code).map_err(|error| BistroError::Patch { target, error })?;
+                trampoline::trim(slot, r.code.len());
                 let used = r.skip + r.taken;
                 let mut c = Cached {
                     target,
@@ -463,7 +464,9 @@ fn far_slot(state: &mut State, at: usize, hook: usize) -> Option<usize> {
         return Some(slot);
     }
     let slot = trampoline::alloc_near(at, NEAR_REACH)?;
-    trampoline::write(slot, &NativeArch::absolute_jump(hook)).ok()?;
+    let jump = NativeArch::absolute_jump(hook);
+    trampoline::write(slot, &jump).ok()?;
+    trampoline::trim(slot, jump.len());
     if !state.far_slots.is_full() {
         let _ = state.far_slots.push((hook, slot));
     }

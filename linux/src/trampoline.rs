@@ -16,7 +16,8 @@ use memhook_core::patch::PatchError;
 use crate::code::protect;
 use crate::maps;
 
-/// Bytes per slot (a trampoline is at most `MAX_TRAMPOLINE` = 192 bytes).
+/// Bytes per slot as handed out (a trampoline is at most `MAX_TRAMPOLINE`
+/// = 192 bytes); [`trim`] gives back what a trampoline does not use.
 pub const SLOT: usize = 256;
 /// Bytes per mapped region.
 pub const REGION: usize = 64 * 1024;
@@ -121,6 +122,25 @@ pub fn alloc_near(near: usize, reach: usize) -> Option<usize> {
     let _ = regions.push(Region { base, next: SLOT });
     Some(base)
 }
+
+/// Gives back the tail of `slot` past its first `used` bytes (rounded up
+/// to [`GRAIN`]), when it is the last slot handed out from its region:
+/// the trampolines of one library then sit next to each other, and a hook
+/// that calls two of them in turn (an allocation and its free) reads one
+/// or two cache lines of them, not two pages.
+pub fn trim(slot: usize, used: usize) {
+    let used = used.max(1).next_multiple_of(GRAIN);
+    if used >= SLOT {
+        return;
+    }
+    let mut regions = REGIONS.lock();
+    if let Some(r) = regions.iter_mut().find(|r| r.base + r.next == slot + SLOT) {
+        r.next -= SLOT - used;
+    }
+}
+
+/// The alignment of a trimmed slot's end, and so of the next slot.
+pub const GRAIN: usize = 32;
 
 /// Writes code into a slot (the page stays executable throughout, so
 /// threads running other slots of it are not disturbed).

@@ -91,23 +91,36 @@ fn function<F: Copy>(slot: &AtomicUsize) -> Option<F> {
 /// current). Where the process sees one device, that is device 0, and the
 /// driver is not asked again: after its tens of microseconds of work, a
 /// driver query runs from cold caches and costs far more than warm.
+#[inline]
 pub(crate) fn current_device() -> i32 {
     match DEVICES.load(Ordering::Acquire) {
-        1 => return 0,
-        0 => {
-            if let Some(count) = function::<DeviceGetCountFn>(&DEVICE_GET_COUNT) {
-                let mut n: c_int = 0;
-                // SAFETY: a valid out-parameter.
-                if unsafe { count(&mut n) } == SUCCESS && n > 0 {
-                    DEVICES.store(n, Ordering::Release);
-                    if n == 1 {
-                        return 0;
-                    }
-                }
+        1 => 0,
+        0 => count_devices(),
+        _ => context_device(),
+    }
+}
+
+/// [`current_device`] before the device count is known: asks it (once per
+/// driver load, where it succeeds).
+#[cold]
+#[inline(never)]
+fn count_devices() -> i32 {
+    if let Some(count) = function::<DeviceGetCountFn>(&DEVICE_GET_COUNT) {
+        let mut n: c_int = 0;
+        // SAFETY: a valid out-parameter.
+        if unsafe { count(&mut n) } == SUCCESS && n > 0 {
+            DEVICES.store(n, Ordering::Release);
+            if n == 1 {
+                return 0;
             }
         }
-        _ => {}
     }
+    context_device()
+}
+
+/// The device of the calling thread's current context, asked of the
+/// driver (-1 where it refuses).
+fn context_device() -> i32 {
     let Some(f) = function::<CtxGetDeviceFn>(&CTX_GET_DEVICE) else {
         return -1;
     };

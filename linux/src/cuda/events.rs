@@ -49,13 +49,7 @@ fn deliver(id: Id, event: Event) {
 pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) {
     let (mem_type, device, size) = match mem_type {
         MemType::Cuda | MemType::CudaManaged => (mem_type, driver::current_device(), size),
-        MemType::Unknown => match driver::classify(address) {
-            Some(info) => {
-                let size = if size != 0 { size } else { info.len };
-                (info.mem_type, info.device, size)
-            }
-            None => (MemType::Unknown, -1, size),
-        },
+        MemType::Unknown => classified(address, size),
         _ => (mem_type, -1, size),
     };
     if size != 0 && mem_type != MemType::Host {
@@ -74,20 +68,45 @@ pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) 
     }
 }
 
+/// The type, device and size the driver gives an allocation of unknown
+/// type at `address` (`size` 0: the driver's size too).
+#[inline(never)]
+fn classified(address: usize, size: usize) -> (MemType, i32, usize) {
+    match driver::classify(address) {
+        Some(info) => {
+            let size = if size != 0 { size } else { info.len };
+            (info.mem_type, info.device, size)
+        }
+        None => (MemType::Unknown, -1, size),
+    }
+}
+
 /// A free of the allocation at `address` (its size when the call carries
 /// it; else what the map recorded; else the driver's range; else 0).
 pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
     if size.is_none() && !wants(bits::MEM_TYPE_FREE) {
-        // Nobody to tell: end the recorded allocation in one step. An
-        // address the map does not know is asked of the driver only to
-        // forget a range that may cover it.
-        if memtype::take(address).is_none()
-            && let Some((base, n)) = driver::range(address).filter(|&(base, _)| base == address)
-        {
-            let _ = memtype::remove(base, n);
+        // Nobody to tell: end the recorded allocation in one step.
+        if memtype::take(address).is_none() {
+            forget_unrecorded(address);
         }
         return;
     }
+    reporting_free(id, address, size);
+}
+
+/// A free of an address the map does not know: asks the driver, only to
+/// forget a range that may cover it.
+#[cold]
+#[inline(never)]
+fn forget_unrecorded(address: usize) {
+    if let Some((base, n)) = driver::range(address).filter(|&(base, _)| base == address) {
+        let _ = memtype::remove(base, n);
+    }
+}
+
+/// [`freeing`] with a handler to tell, or the size given.
+#[inline(never)]
+fn reporting_free(id: Id, address: usize, size: Option<usize>) {
     let recorded = match memtype::lookup(address, 1) {
         Lookup::Found(info) if info.base == address => Some(info),
         _ => None,

@@ -101,13 +101,22 @@ macro_rules! functions {
     };
 }
 
+// The allocation and free pairs called most come first: their originals
+// ([`ORIG`]) share one cache line, which a hook reads right after the
+// driver's work has evicted it.
 functions! {
-    Driver Alloc cuMemAlloc,
     Driver Alloc cuMemAlloc_v2,
+    Driver Free cuMemFree_v2,
+    Driver Alloc cuMemAllocAsync,
+    Driver Free cuMemFreeAsync,
+    Runtime Alloc cudaMalloc,
+    Runtime Free cudaFree,
+    Runtime Alloc cudaMallocAsync,
+    Runtime Free cudaFreeAsync,
+    Driver Alloc cuMemAlloc,
     Driver Alloc cuMemAllocManaged,
     Driver Alloc cuMemAllocPitch,
     Driver Alloc cuMemAllocPitch_v2,
-    Driver Alloc cuMemAllocAsync,
     Driver Alloc cuMemAllocAsync_ptsz,
     Driver Alloc cuMemAllocFromPoolAsync,
     Driver Alloc cuMemAllocFromPoolAsync_ptsz,
@@ -118,18 +127,14 @@ functions! {
     Driver Alloc cuMemHostAlloc,
     Driver Alloc cuMemHostRegister_v2,
     Driver Free cuMemFree,
-    Driver Free cuMemFree_v2,
-    Driver Free cuMemFreeAsync,
     Driver Free cuMemFreeAsync_ptsz,
     Driver Free cuMemFreeHost,
     Driver Free cuMemUnmap,
     Driver Free cuMemHostUnregister,
     Driver ProcAddr cuGetProcAddress,
     Driver ProcAddr cuGetProcAddress_v2,
-    Runtime Alloc cudaMalloc,
     Runtime Alloc cudaMallocManaged,
     Runtime Alloc cudaMallocPitch,
-    Runtime Alloc cudaMallocAsync,
     Runtime Alloc cudaMallocAsync_ptsz,
     Runtime Alloc cudaMallocFromPoolAsync,
     Runtime Alloc cudaMallocFromPoolAsync_ptsz,
@@ -137,15 +142,24 @@ functions! {
     Runtime Alloc cudaMallocHost,
     Runtime Alloc cudaHostAlloc,
     Runtime Alloc cudaHostRegister,
-    Runtime Free cudaFree,
-    Runtime Free cudaFreeAsync,
     Runtime Free cudaFreeAsync_ptsz,
     Runtime Free cudaFreeHost,
     Runtime Free cudaHostUnregister,
 }
 
+/// A value that starts a cache line.
+#[repr(C, align(64))]
+pub(crate) struct Aligned<T>(pub(crate) T);
+
+impl<T> core::ops::Deref for Aligned<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// What each hook calls: the bistro trampoline, or the library's entry.
-pub(crate) static ORIG: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
+pub(crate) static ORIG: Aligned<[AtomicUsize; COUNT]> = Aligned([const { AtomicUsize::new(0) }; COUNT]);
 /// The function's definition in its library (0 until the library is seen).
 pub(crate) static ENTRY: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
 /// Reloc's record of the original (used until [`ORIG`] is set).
