@@ -81,8 +81,24 @@ fn added_latency(name: &str, n: usize, hooked: impl Fn(), original: impl Fn(), a
             k - u
         );
     }
+    // The spread of the estimate: the driver's time varies by
+    // microseconds from pair to pair, so the median of 20,000 differences
+    // moves by tens of ns from one block of rounds to the next.
+    let blocks = n / 20_000;
+    let spread = if blocks > 1 {
+        let mut m: Vec<f64> = d.chunks(n / blocks).map(|c| quantile(&mut c.to_vec(), 0.5)).collect();
+        m.sort_by(f64::total_cmp);
+        format!(
+            " (medians of {blocks} blocks of {}: {:.0} to {:.0} ns)",
+            n / blocks,
+            m[0],
+            m[m.len() - 1]
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "{name}, median of the {n} per-round differences: added {:.0} ns",
+        "{name}, median of the {n} per-round differences: added {:.0} ns{spread}",
         quantile(&mut d, 0.5)
     );
 }
@@ -168,7 +184,7 @@ fn main() {
     };
     added_latency(
         "cuMemAlloc_v2+cuMemFree_v2 4KiB",
-        20_000,
+        100_000,
         || sync_pair(alloc, free),
         orig_pair,
         || {},
