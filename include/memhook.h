@@ -162,7 +162,9 @@
 #define MEMHOOK_EVENT_FLAG_NO_INSTALL (1 << 24)
 
 /*
- Flag: replay what exists already.
+ Flag: replay what exists already (`/proc/self/maps`): with VM_MAPPED,
+ every mapping; with MEM_TYPE_ALLOC, every mapping of an NVIDIA device
+ file, as memory of unknown type.
  */
 #define MEMHOOK_EVENT_FLAG_EXISTING_ALLOC (1 << 25)
 

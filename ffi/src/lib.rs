@@ -141,7 +141,9 @@ pub const MEMHOOK_EVENT_MEM_TYPE_ALLOC: u32 = 1 << 20;
 pub const MEMHOOK_EVENT_MEM_TYPE_FREE: u32 = 1 << 21;
 /// Flag: register without installing hooks.
 pub const MEMHOOK_EVENT_FLAG_NO_INSTALL: u32 = 1 << 24;
-/// Flag: replay what exists already.
+/// Flag: replay what exists already (`/proc/self/maps`): with VM_MAPPED,
+/// every mapping; with MEM_TYPE_ALLOC, every mapping of an NVIDIA device
+/// file, as memory of unknown type.
 pub const MEMHOOK_EVENT_FLAG_EXISTING_ALLOC: u32 = 1 << 25;
 
 /// `mmap(addr, length, prot, flags, fd, offset)`.

@@ -13,8 +13,9 @@ use std::ops::ControlFlow;
 use crate::membarrier;
 
 use memhook_core::event::{
-    Asymmetric, DispatchDepth, Dispatcher, Event, Handler, HandlerId, Pass, RegisterError, VmEvent, bits,
+    Asymmetric, DispatchDepth, Dispatcher, Event, Handler, HandlerId, MemTypeEvent, Pass, RegisterError, VmEvent, bits,
 };
+use memhook_core::memtype::MemType;
 
 /// Most handlers registered at once.
 pub const MAX_HANDLERS: usize = 64;
@@ -210,8 +211,11 @@ fn ensure_fork_hook() {
 
 /// Registers `handler` for `events` at `priority` (< 0 before the original
 /// call, >= 0 after; ties in registration order). With
-/// [`bits::EXISTING_ALLOC`] and `VM_MAPPED`, the handler is first called
-/// with a `VM_MAPPED` event for every mapping that exists now.
+/// [`bits::EXISTING_ALLOC`], the handler is first called for the mappings
+/// that exist now (`/proc/self/maps`): with `VM_MAPPED`, a `VM_MAPPED`
+/// event for each; with `MEM_TYPE_ALLOC`, a `MEM_TYPE_ALLOC` of unknown
+/// type for each mapping of an NVIDIA device file (the GPU memory mapped
+/// before the hooks saw it).
 ///
 /// # Errors
 ///
@@ -220,16 +224,29 @@ fn ensure_fork_hook() {
 pub fn set_handler(events: u32, priority: i32, handler: HandlerFn) -> Result<HandlerId, RegisterError> {
     ensure_fork_hook();
     let id = LOCAL.with(|l| DISPATCHER.register(&l.depth, events, priority, handler))?;
-    if events & bits::EXISTING_ALLOC != 0 && events & bits::VM_MAPPED != 0 {
+    if events & bits::EXISTING_ALLOC != 0 && events & (bits::VM_MAPPED | bits::MEM_TYPE_ALLOC) != 0 {
         let _ = crate::maps::for_each(|m| {
-            handler.call(&mut Event::VmMapped(VmEvent {
-                address: m.start,
-                size: m.end - m.start,
-            }));
+            replay(&handler, events, m);
             ControlFlow::Continue(())
         });
     }
     Ok(id)
+}
+
+/// What [`bits::EXISTING_ALLOC`] delivers to `handler` (registered for
+/// `events`) for a mapping `m` that existed before it.
+fn replay(handler: &HandlerFn, events: u32, m: &crate::maps::Mapping) {
+    let (address, size) = (m.start, m.end - m.start);
+    if events & bits::VM_MAPPED != 0 {
+        handler.call(&mut Event::VmMapped(VmEvent { address, size }));
+    }
+    if events & bits::MEM_TYPE_ALLOC != 0 && m.is_gpu() {
+        handler.call(&mut Event::MemTypeAlloc(MemTypeEvent {
+            address,
+            size,
+            mem_type: MemType::Unknown as u32,
+        }));
+    }
 }
 
 /// Removes registration `id`; once this returns its handler is not running
@@ -263,4 +280,57 @@ pub fn report_event(event: &mut Event) {
 /// nested too deep.
 pub fn nested_overflows() -> u64 {
     DISPATCHER.nested_overflows()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::sync::Mutex;
+
+    static SEEN: Mutex<Vec<(u32, usize, usize, u32)>> = Mutex::new(Vec::new());
+
+    fn record(e: &mut Event) {
+        let r = match *e {
+            Event::VmMapped(v) => (bits::VM_MAPPED, v.address, v.size, 0),
+            Event::MemTypeAlloc(m) => (bits::MEM_TYPE_ALLOC, m.address, m.size, m.mem_type),
+            _ => (0, 0, 0, 0),
+        };
+        SEEN.lock().unwrap().push(r);
+    }
+
+    #[test]
+    fn existing_allocations_replay_gpu_mappings_as_unknown_and_every_mapping_as_mapped() {
+        let lines: [&[u8]; 3] = [
+            b"200000000-200200000 rw-s 00000000 00:05 613 /dev/nvidiactl",
+            b"7f0000000000-7f0000400000 rw-s 00000000 00:05 617 /dev/nvidia-uvm",
+            b"7f3a12000000-7f3a12021000 r-xp 00002000 08:01 1234 /usr/lib/x86_64-linux-gnu/libc.so.6",
+        ];
+        let handler = HandlerFn::Rust(&record);
+        let replay_all = |events: u32| {
+            SEEN.lock().unwrap().clear();
+            for line in lines {
+                replay(&handler, events, &crate::maps::parse_line(line).unwrap());
+            }
+            core::mem::take(&mut *SEEN.lock().unwrap())
+        };
+        let unknown = MemType::Unknown as u32;
+        assert_eq!(
+            replay_all(bits::MEM_TYPE_ALLOC | bits::EXISTING_ALLOC),
+            [
+                (bits::MEM_TYPE_ALLOC, 0x2_0000_0000, 0x20_0000, unknown),
+                (bits::MEM_TYPE_ALLOC, 0x7f00_0000_0000, 0x40_0000, unknown),
+            ],
+            "the two NVIDIA device mappings, not libc"
+        );
+        assert_eq!(
+            replay_all(bits::VM_MAPPED | bits::EXISTING_ALLOC).len(),
+            3,
+            "every mapping is mapped memory"
+        );
+        assert_eq!(
+            replay_all(bits::VM_MAPPED | bits::MEM_TYPE_ALLOC | bits::EXISTING_ALLOC).len(),
+            5
+        );
+    }
 }

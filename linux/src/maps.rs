@@ -32,6 +32,13 @@ impl Mapping {
         &self.path[..self.path_len]
     }
 
+    /// Whether this maps an NVIDIA device file (`/dev/nvidia0`,
+    /// `/dev/nvidiactl`, `/dev/nvidia-uvm`, ...): the CUDA driver's
+    /// mappings of device, pinned and managed memory.
+    pub fn is_gpu(&self) -> bool {
+        self.path().starts_with(b"/dev/nvidia")
+    }
+
     /// Whether `addr` lies in the mapping.
     pub fn contains(&self, addr: usize) -> bool {
         (self.start..self.end).contains(&addr)
@@ -221,6 +228,21 @@ mod tests {
         assert_eq!(m.path(), b"/tmp/a file (deleted)");
         assert!(parse_line(b"garbage").is_none());
         assert!(parse_line(b"2000-1000 rw-p 0 00:00 0").is_none());
+    }
+
+    #[test]
+    fn nvidia_device_files_are_gpu_mappings() {
+        let gpu = |line: &[u8]| parse_line(line).unwrap().is_gpu();
+        assert!(gpu(b"200000000-200200000 rw-s 00000000 00:05 613 /dev/nvidiactl"));
+        assert!(gpu(
+            b"7f0000000000-7f0000200000 rw-s 00000000 00:05 617 /dev/nvidia-uvm"
+        ));
+        assert!(gpu(b"7f1000000000-7f1000010000 rw-s 3c000 00:05 612 /dev/nvidia0"));
+        assert!(!gpu(
+            b"7f3a12000000-7f3a12021000 r-xp 00002000 08:01 1234 /usr/lib/libcuda.so.1"
+        ));
+        assert!(!gpu(b"1000-2000 rw-p 00000000 00:00 0 "));
+        assert!(!gpu(b"1000-2000 rw-p 00000000 00:00 0 /dev/zero (deleted)"));
     }
 
     #[test]

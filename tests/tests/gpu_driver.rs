@@ -210,5 +210,47 @@ fn every_hooked_driver_function_on_the_gpu() {
     }
     let by_function = memhook::cuda::events_by_function();
     eprintln!("gpu_driver: events by function: {by_function:?}");
+    existing_gpu_mappings_replay_as_unknown();
     memhook::uninstall();
+}
+
+/// EXISTING_ALLOC with MEM_TYPE_ALLOC: a handler registered now is told
+/// of the driver's mappings of its device files (a live context has some),
+/// each as memory of unknown type; `/proc/self/maps` read independently
+/// (std, a line at a time) names the same ranges.
+fn existing_gpu_mappings_replay_as_unknown() {
+    use std::sync::Mutex;
+    static SEEN: Mutex<Vec<(usize, usize, u32)>> = Mutex::new(Vec::new());
+    let id = memhook::set_handler(
+        bits::MEM_TYPE_ALLOC | bits::EXISTING_ALLOC,
+        0,
+        memhook::HandlerFn::Rust(&|e| {
+            if let memhook::event::Event::MemTypeAlloc(m) = *e {
+                SEEN.lock().unwrap().push((m.address, m.size, m.mem_type));
+            }
+        }),
+    )
+    .unwrap();
+    memhook::unset_handler(id).unwrap();
+    let seen = std::mem::take(&mut *SEEN.lock().unwrap());
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let want: Vec<(usize, usize, u32)> = maps
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(5)
+                .is_some_and(|p| p.starts_with("/dev/nvidia"))
+        })
+        .map(|l| {
+            let (a, b) = l.split_whitespace().next().unwrap().split_once('-').unwrap();
+            let (a, b) = (
+                usize::from_str_radix(a, 16).unwrap(),
+                usize::from_str_radix(b, 16).unwrap(),
+            );
+            (a, b - a, MemType::Unknown as u32)
+        })
+        .collect();
+    eprintln!("gpu_driver: {} existing GPU mappings replayed", seen.len());
+    assert!(!want.is_empty(), "a live context maps the driver's device files");
+    assert_eq!(seen, want);
 }
