@@ -1587,7 +1587,7 @@ impl<const N: usize> MemtypeMap<N> {
     /// allocation just recorded (an insert that overlapped nothing, then
     /// the removal of exactly that range: the spare already is the state
     /// after both).
-    #[inline]
+    #[inline(always)]
     fn update(&self, op: Op) -> Inserted {
         let mut pending = self.writer.lock();
         self.update_locked(&mut pending, op)
@@ -1695,6 +1695,7 @@ impl<const N: usize> MemtypeMap<N> {
     ///
     /// An empty or wrapping range is refused and changes nothing. A full map
     /// is not an error: see [`Inserted::Dropped`].
+    #[inline(always)]
     pub fn insert(&self, start: usize, len: usize, mem_type: MemType, device: i32) -> Result<Inserted, MapError> {
         let end = range_end(start, len)?;
         let meta = pack(mem_type, device);
@@ -1723,6 +1724,7 @@ impl<const N: usize> MemtypeMap<N> {
     /// free whose call does not carry the size ends an allocation. One
     /// writer-side step instead of a lookup and a removal, and the free
     /// of the allocation recorded last needs neither search nor table work.
+    #[inline]
     pub fn take(&self, start: usize) -> Option<MemInfo> {
         let mut pending = self.writer.lock();
         // The allocation recorded last, stored as it came (the live table

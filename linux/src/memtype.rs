@@ -75,6 +75,7 @@ pub fn classify(addr: usize, len: usize) -> Lookup {
 /// # Errors
 ///
 /// An empty or wrapping range.
+#[inline]
 pub fn insert(start: usize, len: usize, mem_type: MemType, device: i32) -> Result<Inserted, MapError> {
     MAP.insert(start, len, mem_type, device)
 }
@@ -90,6 +91,7 @@ pub fn remove(start: usize, len: usize) -> Result<(), MapError> {
 
 /// Forgets the recorded range that starts exactly at `start`, returning
 /// it (`None`, changing nothing, when none starts there).
+#[inline]
 pub fn take(start: usize) -> Option<MemInfo> {
     MAP.take(start)
 }

@@ -91,7 +91,7 @@ fn function<F: Copy>(slot: &AtomicUsize) -> Option<F> {
 /// current). Where the process sees one device, that is device 0, and the
 /// driver is not asked again: after its tens of microseconds of work, a
 /// driver query runs from cold caches and costs far more than warm.
-#[inline]
+#[inline(always)]
 pub(crate) fn current_device() -> i32 {
     match DEVICES.load(Ordering::Acquire) {
         1 => 0,

@@ -46,6 +46,7 @@ fn deliver(id: Id, event: Event) {
 
 /// A successful allocation of `[address, address + size)` (size 0: ask the
 /// driver) of `mem_type` (Unknown: ask the driver).
+#[inline(always)]
 pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) {
     let (mem_type, device, size) = match mem_type {
         MemType::Cuda | MemType::CudaManaged => (mem_type, driver::current_device(), size),
@@ -83,6 +84,7 @@ fn classified(address: usize, size: usize) -> (MemType, i32, usize) {
 
 /// A free of the allocation at `address` (its size when the call carries
 /// it; else what the map recorded; else the driver's range; else 0).
+#[inline(always)]
 pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
     if size.is_none() && !wants(bits::MEM_TYPE_FREE) {
         // Nobody to tell: end the recorded allocation in one step.
