@@ -353,6 +353,10 @@ struct Table<const N: usize> {
     /// bucket (so that the buckets no longer fit the starts well).
     built_len: AtomicUsize,
     strays: AtomicUsize,
+    /// Writer only: the levels of the search tree kept up to date (those a
+    /// reader uses at the current length, [`Table::levels_for`]); the
+    /// levels above hold `usize::MAX` only.
+    index_levels: AtomicUsize,
 }
 
 /// Changes made by one table update that happen outside the table.
@@ -545,6 +549,7 @@ impl<const N: usize> Table<N> {
             bucket_total: AtomicUsize::new(0),
             built_len: AtomicUsize::new(0),
             strays: AtomicUsize::new(0),
+            index_levels: AtomicUsize::new(0),
         }
     }
 
@@ -566,6 +571,7 @@ impl<const N: usize> Table<N> {
             bucket_total: AtomicUsize::new(0),
             built_len: AtomicUsize::new(0),
             strays: AtomicUsize::new(0),
+            index_levels: AtomicUsize::new(0),
         }
     }
 
@@ -847,29 +853,53 @@ impl<const N: usize> Table<N> {
         lo
     }
 
+    /// The levels of the search tree a reader uses at length `n`: none
+    /// while one leaf holds every start, else those up to the lowest level
+    /// one node of which covers them all (where [`Self::tree_rank`]
+    /// starts, and where [`Self::bucket_rank`] stops at the latest).
+    fn levels_for(n: usize) -> usize {
+        let g = &Self::GEOMETRY;
+        if n <= B || g.levels == 0 {
+            return 0;
+        }
+        let mut l = 0;
+        let mut span = B * B;
+        while l + 1 < g.levels && n > span {
+            l += 1;
+            span *= B;
+        }
+        l + 1
+    }
+
     /// Rewrites the search tree after the starts of slots `from..to`
     /// changed and the length went from `old_n` to the current one (`to`
-    /// covers both lengths when they differ).
+    /// covers both lengths when they differ). Only the levels a reader
+    /// uses at the new length are kept: a small table's edits touch no
+    /// level above them (a queue of eight allocations rewrote all four
+    /// levels of a 65,536-slot map at every update, each level's first
+    /// key being the first start). A level no longer used goes back to
+    /// `usize::MAX`, and one used again is built whole.
     fn rebuild_index(&self, from: usize, to: usize, old_n: usize) {
         let n = self.len.load(Ordering::Relaxed);
         for i in n..old_n {
             self.starts[i].store(usize::MAX, Ordering::Relaxed);
         }
         let g = &Self::GEOMETRY;
+        let (want, have) = (Self::levels_for(n), self.index_levels.load(Ordering::Relaxed));
+        let key_below = |l: usize, j: usize| {
+            if l == 0 {
+                self.starts[j].load(Ordering::Relaxed)
+            } else {
+                self.index[g.off[l - 1] + j].load(Ordering::Relaxed)
+            }
+        };
         let to = if n == old_n {
             to.min(n)
         } else {
             to.max(n).max(old_n).min(N)
         };
         let (mut real, mut old_real, mut from, mut to) = (n, old_n, from, to);
-        for l in 0..g.levels {
-            let below = |j: usize| {
-                if l == 0 {
-                    self.starts[j].load(Ordering::Relaxed)
-                } else {
-                    self.index[g.off[l - 1] + j].load(Ordering::Relaxed)
-                }
-            };
+        for l in 0..want.min(have) {
             let (up, old_up) = (real.div_ceil(B), old_real.div_ceil(B));
             // The first key of this level that changes: the levels above
             // depend on nothing else, so they stop where this one is as
@@ -877,7 +907,7 @@ impl<const N: usize> Table<N> {
             // changes no level at all).
             let mut changed: Option<(usize, usize)> = None;
             for i in from / B..to.div_ceil(B).min(up.max(old_up)).min(g.size[l]) {
-                let key = if i < up { below(B * i) } else { usize::MAX };
+                let key = if i < up { key_below(l, B * i) } else { usize::MAX };
                 let slot = &self.index[g.off[l] + i];
                 if slot.load(Ordering::Relaxed) != key {
                     slot.store(key, Ordering::Relaxed);
@@ -889,6 +919,24 @@ impl<const N: usize> Table<N> {
             };
             (real, old_real, from, to) = (up, old_up, first, last + 1);
         }
+        if want == have {
+            return;
+        }
+        // The real keys of each level at the old length and at the new.
+        let (mut old_keys, mut keys) = (old_n, n);
+        for l in 0..want.max(have) {
+            (old_keys, keys) = (old_keys.div_ceil(B), keys.div_ceil(B));
+            if l >= want {
+                for i in 0..old_keys.min(g.size[l]) {
+                    self.index[g.off[l] + i].store(usize::MAX, Ordering::Relaxed);
+                }
+            } else if l >= have {
+                for i in 0..keys.min(g.size[l]) {
+                    self.index[g.off[l] + i].store(key_below(l, B * i), Ordering::Relaxed);
+                }
+            }
+        }
+        self.index_levels.store(want, Ordering::Relaxed);
     }
 
     /// The first address of bucket `b` (`b` below the total).
@@ -1893,6 +1941,27 @@ mod tests {
         for i in n..N {
             assert_eq!(t.starts[i].load(Ordering::Relaxed), usize::MAX, "slot {i} past the end");
         }
+        // The search tree: the levels a reader uses hold every 16th key of
+        // the level below, then usize::MAX; the levels above, usize::MAX.
+        let g = &Table::<N>::GEOMETRY;
+        let used = Table::<N>::levels_for(n);
+        let mut real = n;
+        for l in 0..g.levels {
+            real = real.div_ceil(B);
+            for i in 0..g.size[l] {
+                let key = t.index[g.off[l] + i].load(Ordering::Relaxed);
+                let want = if l < used && i < real {
+                    if l == 0 {
+                        t.starts[B * i].load(Ordering::Relaxed)
+                    } else {
+                        t.index[g.off[l - 1] + B * i].load(Ordering::Relaxed)
+                    }
+                } else {
+                    usize::MAX
+                };
+                assert_eq!(key, want, "index level {l} key {i} (length {n})");
+            }
+        }
         let (total, mut below) = (t.bucket_total.load(Ordering::Relaxed), 0);
         for b in 0..total {
             // Bucket starts rise with `b`, so one sweep counts them all.
@@ -2432,6 +2501,56 @@ mod tests {
         map.remove(0x3400, 0x100).unwrap();
         assert_eq!(found(&map, 0x3000, 0x400), Some((MemType::Cuda, 0x3000, 0x400)));
         assert_eq!(map.lookup(0x3800, 8), Lookup::Unknown);
+    }
+
+    #[test]
+    fn the_search_tree_keeps_the_levels_readers_use_as_tables_grow_and_shrink() {
+        let m = MemtypeMap::<4096>::new();
+        let at = |i: usize| 0x10_0000 + i * 0x1000;
+        let levels = |m: &MemtypeMap<4096>| {
+            m.tables[m.live.load(Ordering::Relaxed)]
+                .index_levels
+                .load(Ordering::Relaxed)
+        };
+        // Grow through 16 and 256 entries, shrink back to 3 from the front
+        // (a queue), then from the back, and grow again: the tree stays
+        // exact (check_both) and every entry is found.
+        let mut seen = [false; 3];
+        for round in 0..2 {
+            for i in 0..600 {
+                m.insert(at(i), 0x800, MemType::Cuda, 0).unwrap();
+                if i % 37 == 0 || i == 16 || i == 256 || i == 257 {
+                    check_both(&m);
+                }
+                seen[levels(&m)] = true;
+            }
+            let range = if round == 0 { 0..597 } else { 3..600 };
+            for i in range {
+                if round == 0 {
+                    m.remove(at(i), 0x800).unwrap();
+                } else {
+                    m.remove(at(600 - i + 2), 0x800).unwrap();
+                }
+                if i % 41 == 0 {
+                    check_both(&m);
+                }
+            }
+            check_both(&m);
+            assert_eq!(m.len(), 3);
+            assert_eq!(levels(&m), 0, "three entries: one leaf, no level");
+            m.clear();
+        }
+        assert_eq!(seen, [true; 3], "the table used no level, one, and two");
+        for i in 0..300 {
+            m.insert(at(i), 0x800, MemType::Cuda, 0).unwrap();
+        }
+        for i in 0..300 {
+            assert!(
+                matches!(m.lookup(at(i) + 8, 8), Lookup::Found(f) if f.base == at(i)),
+                "entry {i}"
+            );
+            assert_eq!(m.lookup(at(i) + 0x900, 8), Lookup::Absent);
+        }
     }
 
     #[test]
