@@ -684,13 +684,8 @@ impl<const N: usize> Table<N> {
             return node_rank(&self.starts, 0, addr);
         }
         // Start at the lowest level whose keys fit in one node: the levels
-        // above it hold one real key each for this length.
-        let mut l = 0;
-        let mut span = B * B; // keys of `starts` covered by one node of level l
-        while l + 1 < g.levels && n > span {
-            l += 1;
-            span *= B;
-        }
+        // above it are not kept for this length.
+        let l = Self::levels_for(n) - 1;
         let p = node_rank(&self.index, g.off[l], addr);
         self.descend(l, p, addr)
     }
@@ -857,6 +852,7 @@ impl<const N: usize> Table<N> {
     /// while one leaf holds every start, else those up to the lowest level
     /// one node of which covers them all (where [`Self::tree_rank`]
     /// starts, and where [`Self::bucket_rank`] stops at the latest).
+    #[inline(always)]
     fn levels_for(n: usize) -> usize {
         let g = &Self::GEOMETRY;
         if n <= B || g.levels == 0 {
@@ -1692,14 +1688,13 @@ impl<const N: usize> MemtypeMap<N> {
             }
             _ => {}
         }
-        self.update_tables(pending, op)
+        self.update_tables(pending, live, op)
     }
 
-    /// [`Self::update_locked`] past its shortcuts: the spare table catches
-    /// up, takes `op`, and is published.
+    /// [`Self::update_locked`] past its shortcuts: the spare table (the
+    /// one `live` does not name) catches up, takes `op`, and is published.
     #[inline(never)]
-    fn update_tables(&self, pending: &mut Option<(Op, usize)>, mut op: Op) -> Inserted {
-        let live = self.live.load(Ordering::Relaxed);
+    fn update_tables(&self, pending: &mut Option<(Op, usize)>, live: usize, mut op: Op) -> Inserted {
         let spare = &self.tables[1 - live];
         if let Some((behind, from)) = pending.take() {
             let live = &self.tables[live];
