@@ -48,6 +48,14 @@ fn deliver(id: Id, event: Event) {
 /// driver) of `mem_type` (Unknown: ask the driver).
 #[inline(always)]
 pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) {
+    // After the driver's work every line below is likely cold. The map's
+    // lock is an atomic read-modify-write, which waits for the loads
+    // before it and holds back those after it: ask for its line first and
+    // read the handler masks before it, so that the misses overlap rather
+    // than follow one another. (A handler registered meanwhile misses this
+    // event as it would a moment later.)
+    memtype::map().prefetch_update();
+    let want = wants(bits::MEM_TYPE_ALLOC);
     let (mem_type, device, size) = match mem_type {
         MemType::Cuda | MemType::CudaManaged => (mem_type, driver::current_device(), size),
         MemType::Unknown => classified(address, size),
@@ -55,9 +63,9 @@ pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) 
     };
     if size != 0 && mem_type != MemType::Host {
         // A full map drops the range and answers Unknown inside it.
-        let _ = memtype::insert(address, size, mem_type, device);
+        let _ = memtype::map().insert(address, size, mem_type, device);
     }
-    if wants(bits::MEM_TYPE_ALLOC) {
+    if want {
         deliver(
             id,
             Event::MemTypeAlloc(MemTypeEvent {
@@ -86,9 +94,11 @@ fn classified(address: usize, size: usize) -> (MemType, i32, usize) {
 /// it; else what the map recorded; else the driver's range; else 0).
 #[inline(always)]
 pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
+    // As in `allocated`: the map's line is asked for before the loads.
+    memtype::map().prefetch_update();
     if size.is_none() && !wants(bits::MEM_TYPE_FREE) {
         // Nobody to tell: end the recorded allocation in one step.
-        if memtype::take(address).is_none() {
+        if memtype::map().take(address).is_none() {
             forget_unrecorded(address);
         }
         return;
@@ -102,14 +112,14 @@ pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
 #[inline(never)]
 fn forget_unrecorded(address: usize) {
     if let Some((base, n)) = driver::range(address).filter(|&(base, _)| base == address) {
-        let _ = memtype::remove(base, n);
+        let _ = memtype::map().remove(base, n);
     }
 }
 
 /// [`freeing`] with a handler to tell, or the size given.
 #[inline(never)]
 fn reporting_free(id: Id, address: usize, size: Option<usize>) {
-    let recorded = match memtype::lookup(address, 1) {
+    let recorded = match memtype::map().lookup(address, 1) {
         Lookup::Found(info) if info.base == address => Some(info),
         _ => None,
     };
@@ -133,6 +143,6 @@ fn reporting_free(id: Id, address: usize, size: Option<usize>) {
         );
     }
     if size != 0 {
-        let _ = memtype::remove(address, size);
+        let _ = memtype::map().remove(address, size);
     }
 }
