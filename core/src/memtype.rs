@@ -326,13 +326,12 @@ struct Slot {
     meta: AtomicU64,
 }
 
+/// `starts` comes first, so that it begins on a cache line: a bucket's
+/// window of 16 starts then spans two lines, not three (see
+/// [`Table::bucket_rank`]). What every lookup reads besides (the sequence,
+/// the length, the bucket table's shape) lies together after the arrays.
+#[repr(C, align(64))]
 struct Table<const N: usize> {
-    /// Odd while a writer is changing this table.
-    seq: AtomicU64,
-    /// Slots in use: entries and the gaps between them (see [`Table::edit`]).
-    len: AtomicUsize,
-    /// Entries (slots in use that are not gaps).
-    count: AtomicUsize,
     /// Sorted starts of the slots `0..len`; `usize::MAX` after them. A gap
     /// repeats the start of the entry after it, which the last slot in use
     /// always is.
@@ -345,9 +344,15 @@ struct Table<const N: usize> {
     /// number of starts below the first address of bucket `b` (see
     /// [`Segment`]), or [`ALL`].
     buckets: [AtomicU32; N],
-    segments: [Segment; SEGMENTS],
+    /// Odd while a writer is changing this table.
+    seq: AtomicU64,
+    /// Slots in use: entries and the gaps between them (see [`Table::edit`]).
+    len: AtomicUsize,
     /// Buckets in use; 0 while the table keeps no bucket table.
     bucket_total: AtomicUsize,
+    segments: [Segment; SEGMENTS],
+    /// Entries (slots in use that are not gaps).
+    count: AtomicUsize,
     /// Writer only: the length at the last full rebuild of the buckets,
     /// and the updates since whose range began past its segment's last
     /// bucket (so that the buckets no longer fit the starts well).
@@ -646,12 +651,19 @@ impl<const N: usize> Table<N> {
         // A window moved left to fit its array counts the same: the keys
         // it gains lie below the bucket, so below `addr`.
         if upto <= below + B {
-            let first = below.min(N.saturating_sub(B));
+            // The window from the line that holds `below` (eight starts to
+            // a line, the array starting on one) where it still reaches
+            // `upto`: two lines rather than three. Its keys before `below`
+            // lie below the bucket, so below `addr`, as above.
+            let line = below & !7;
+            let first = if upto <= line + B { line } else { below }.min(N.saturating_sub(B));
             // The answer's slot is most likely the window's first few.
+            // (A hint: an address off either end of the array is harmless.)
             #[cfg(all(target_arch = "x86_64", not(memhook_loom)))]
-            if let Some(slots) = self.slots.get(below.saturating_sub(1)..below + STARTS_PER_BUCKET) {
-                crate::simd::prefetch(slots.as_ptr().cast(), size_of_val(slots));
-            }
+            crate::simd::prefetch(
+                self.slots.as_ptr().wrapping_add(below.wrapping_sub(1)).cast(),
+                (STARTS_PER_BUCKET + 1) * size_of::<Slot>(),
+            );
             return Some(first + node_rank(&self.starts, first, addr));
         }
         // Level `l`'s keys are every (16^(l+1))th start: the window of 16
