@@ -149,6 +149,25 @@ fn dry_run(lib: &str, library_label: &str) -> Option<(usize, usize, Vec<String>)
     Some((near, far, refused))
 }
 
+/// How the memtype map's memory is backed: advised for transparent huge
+/// pages at load (and the kernel's setting for them), or not.
+fn map_pages() -> String {
+    let (start, end) = memhook::memtype::map_range();
+    let mib = (end - start) as f64 / f64::from(1 << 20);
+    let setting = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .ok()
+        .and_then(|s| Some(s.split('[').nth(1)?.split(']').next()?.to_string()));
+    match (memhook::memtype::huge_pages(), setting) {
+        (true, Some(mode)) if mode != "never" => format!(
+            "{mib:.1} MiB, advised for transparent huge pages (kernel: {mode}): a lookup's pages share TLB entries"
+        ),
+        (true, _) => format!("{mib:.1} MiB, advised for huge pages, but the kernel's transparent huge pages are off"),
+        (false, _) => format!(
+            "{mib:.1} MiB in 4 KiB pages: MEMHOOK_MAP_HUGE_PAGES=0, or no transparent huge pages in this kernel"
+        ),
+    }
+}
+
 pub fn doctor() -> i32 {
     println!("memhook {} doctor", env!("CARGO_PKG_VERSION"));
     match code_pages() {
@@ -171,6 +190,7 @@ pub fn doctor() -> i32 {
             "shared counters (two locked instructions per hooked call): no membarrier PRIVATE_EXPEDITED, or MEMHOOK_READER_SLOTS=0"
         },
     );
+    line("memtype map:", &map_pages());
     match driver_version() {
         Some(v) => line(
             "libcuda:",

@@ -140,6 +140,7 @@ fn doctor_names_each_check() {
         "environment:",
         "membarrier:",
         "dispatch readers:",
+        "memtype map:",
         "libcuda:",
         "GPUs:",
         "bistro dry run:",

@@ -81,7 +81,7 @@
 
 use core::fmt;
 
-use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering, fence, spin_wait};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering, fence, spin_wait};
 
 /// Kinds of memory. The values are the C ABI's `MEMHOOK_MEM_TYPE_*`.
 #[repr(u32)]
@@ -240,7 +240,8 @@ const SEGMENTS: usize = 4;
 
 /// One segment of a bucket table: buckets `base..end` of the table, each
 /// `1 << shift` bytes wide from `lo` on (the last one reaching to the next
-/// segment's `lo`). An unused segment has `lo == usize::MAX`.
+/// segment's `lo`). An unused segment has `lo == usize::MAX` (0 in a
+/// table never written: see [`Table::lay_out`]).
 struct Segment {
     lo: AtomicUsize,
     shift: AtomicUsize,
@@ -252,7 +253,7 @@ impl Segment {
     #[cfg(not(memhook_loom))]
     const fn new() -> Self {
         Segment {
-            lo: AtomicUsize::new(usize::MAX),
+            lo: AtomicUsize::new(0),
             shift: AtomicUsize::new(0),
             base: AtomicUsize::new(0),
             end: AtomicUsize::new(0),
@@ -262,7 +263,7 @@ impl Segment {
     #[cfg(memhook_loom)]
     fn new() -> Self {
         Segment {
-            lo: AtomicUsize::new(usize::MAX),
+            lo: AtomicUsize::new(0),
             shift: AtomicUsize::new(0),
             base: AtomicUsize::new(0),
             end: AtomicUsize::new(0),
@@ -382,7 +383,12 @@ impl Spill {
 }
 
 /// An update, as the writer replays it on the second table.
+///
+/// Its tags start at 1, so that the writer lock's `None` (no operation
+/// pending) is a zero tag: the whole map, lock included, is zero bytes
+/// when new (checked by `NONE_IS_ZERO`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 enum Op {
     /// Record `[start, end)` with `meta`; `pure` when it overlapped no
     /// entry and was stored (so removing exactly it undoes it).
@@ -391,16 +397,27 @@ enum Op {
         end: usize,
         meta: u64,
         pure: bool,
-    },
+    } = 1,
     /// Forget `[start, end)`.
-    Remove { start: usize, end: usize },
+    Remove { start: usize, end: usize } = 2,
     /// Forget `[start, end)`, which the table it is pending for holds as
     /// one entry with `meta` that a pure insert made: recording the same
     /// range with the same `meta` again cancels it.
-    Undo { start: usize, end: usize, meta: u64 },
+    Undo { start: usize, end: usize, meta: u64 } = 3,
     /// Forget everything.
-    Clear,
+    Clear = 4,
 }
+
+/// No operation pending is a zero tag (see [`Op`]).
+#[allow(unsafe_code)]
+const NONE_IS_ZERO: () = {
+    let none: Option<(Op, usize)> = None;
+    // SAFETY: the first byte of an `Option<(Op, usize)>` is initialised:
+    // it is the tag of `Op` (`repr(u8)`, at offset 0 of the pair, whose
+    // other field is aligned to 8), where `None` keeps its niche.
+    let tag = unsafe { *(&raw const none).cast::<u8>() };
+    assert!(tag == 0, "the writer lock's None is not zero bytes");
+};
 
 impl Op {
     /// Applies the operation to `t` (whose sequence number is odd).
@@ -534,6 +551,10 @@ impl<const N: usize> Table<N> {
         "search tree does not fit the index, or bucket ranks do not fit u32"
     );
 
+    /// A table of zero bytes (so that a map in a `static` lies in `.bss`:
+    /// no file pages, and room for huge pages). Before its first update
+    /// it must be laid out ([`Self::lay_out`]); until then its length is
+    /// 0, and every lookup answers Absent whatever its starts hold.
     #[cfg(not(memhook_loom))]
     const fn new() -> Self {
         let () = Self::FITS;
@@ -541,14 +562,14 @@ impl<const N: usize> Table<N> {
             seq: AtomicU64::new(0),
             len: AtomicUsize::new(0),
             count: AtomicUsize::new(0),
-            starts: [const { AtomicUsize::new(usize::MAX) }; N],
+            starts: [const { AtomicUsize::new(0) }; N],
             slots: [const {
                 Slot {
                     end: AtomicUsize::new(0),
                     meta: AtomicU64::new(0),
                 }
             }; N],
-            index: [const { AtomicUsize::new(usize::MAX) }; N],
+            index: [const { AtomicUsize::new(0) }; N],
             buckets: [const { AtomicU32::new(0) }; N],
             segments: [const { Segment::new() }; SEGMENTS],
             bucket_total: AtomicUsize::new(0),
@@ -565,18 +586,32 @@ impl<const N: usize> Table<N> {
             seq: AtomicU64::new(0),
             len: AtomicUsize::new(0),
             count: AtomicUsize::new(0),
-            starts: core::array::from_fn(|_| AtomicUsize::new(usize::MAX)),
+            starts: core::array::from_fn(|_| AtomicUsize::new(0)),
             slots: core::array::from_fn(|_| Slot {
                 end: AtomicUsize::new(0),
                 meta: AtomicU64::new(0),
             }),
-            index: core::array::from_fn(|_| AtomicUsize::new(usize::MAX)),
+            index: core::array::from_fn(|_| AtomicUsize::new(0)),
             buckets: core::array::from_fn(|_| AtomicU32::new(0)),
             segments: core::array::from_fn(|_| Segment::new()),
             bucket_total: AtomicUsize::new(0),
             built_len: AtomicUsize::new(0),
             strays: AtomicUsize::new(0),
             index_levels: AtomicUsize::new(0),
+        }
+    }
+
+    /// Writes the values an empty table holds past its length: starts and
+    /// search-tree keys `usize::MAX`, segments unused. Called once, by the
+    /// first writer, before anything else changes the table. A reader may
+    /// be reading it meanwhile: with length 0 its answer is Absent,
+    /// whatever it counts among the starts (every slot's end is 0).
+    fn lay_out(&self) {
+        for key in self.starts.iter().chain(&self.index) {
+            key.store(usize::MAX, Ordering::Relaxed);
+        }
+        for seg in &self.segments {
+            seg.lo.store(usize::MAX, Ordering::Relaxed);
         }
     }
 
@@ -1541,6 +1576,9 @@ pub struct MemtypeMap<const N: usize> {
     /// tables differ: the spare is always exactly one operation behind,
     /// and catches up at the next update by copying from there.
     writer: Mutex<Option<(Op, usize)>>,
+    /// Whether the tables are laid out (the first writer does it: see
+    /// [`Self::new`]).
+    ready: AtomicBool,
     dropped: AtomicU64,
     /// Hull of every dropped range: `[lo, hi)`, empty while `lo >= hi`.
     dropped_lo: AtomicUsize,
@@ -1556,15 +1594,20 @@ fn range_end(start: usize, len: usize) -> Result<usize, MapError> {
 }
 
 impl<const N: usize> MemtypeMap<N> {
-    /// An empty map.
+    /// An empty map: zero bytes, so that a map in a `static` lies in
+    /// `.bss` (a 65,536-entry map in `.data` made a 5.6 MB shared object;
+    /// zero pages cost nothing until touched, and can be huge pages). The
+    /// first update lays out the tables' sentinels.
     #[cfg(not(memhook_loom))]
     pub const fn new() -> Self {
+        let () = NONE_IS_ZERO;
         Self {
             tables: [Table::new(), Table::new()],
             live: AtomicUsize::new(0),
             writer: Mutex::new(None),
+            ready: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
-            dropped_lo: AtomicUsize::new(usize::MAX),
+            dropped_lo: AtomicUsize::new(0),
             dropped_hi: AtomicUsize::new(0),
         }
     }
@@ -1576,10 +1619,33 @@ impl<const N: usize> MemtypeMap<N> {
             tables: [Table::new(), Table::new()],
             live: AtomicUsize::new(0),
             writer: Mutex::new(None),
+            ready: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
-            dropped_lo: AtomicUsize::new(usize::MAX),
+            dropped_lo: AtomicUsize::new(0),
             dropped_hi: AtomicUsize::new(0),
         }
+    }
+
+    /// Takes the writers' lock; the first writer lays out the tables.
+    #[inline(always)]
+    fn lock(&self) -> impl core::ops::DerefMut<Target = Option<(Op, usize)>> + '_ {
+        let pending = self.writer.lock();
+        if !self.ready.load(Ordering::Relaxed) {
+            self.lay_out();
+        }
+        pending
+    }
+
+    /// The first writer's work (under the lock): both tables' sentinels,
+    /// and the dropped ranges' hull made empty the way `clear` leaves it.
+    #[cold]
+    #[inline(never)]
+    fn lay_out(&self) {
+        for table in &self.tables {
+            table.lay_out();
+        }
+        self.dropped_lo.store(usize::MAX, Ordering::Release);
+        self.ready.store(true, Ordering::Relaxed);
     }
 
     /// The capacity.
@@ -1645,7 +1711,7 @@ impl<const N: usize> MemtypeMap<N> {
     /// after both).
     #[inline(always)]
     fn update(&self, op: Op) -> Inserted {
-        let mut pending = self.writer.lock();
+        let mut pending = self.lock();
         self.update_locked(&mut pending, op)
     }
 
@@ -1794,7 +1860,7 @@ impl<const N: usize> MemtypeMap<N> {
     /// of the allocation recorded last needs neither search nor table work.
     #[inline]
     pub fn take(&self, start: usize) -> Option<MemInfo> {
-        let mut pending = self.writer.lock();
+        let mut pending = self.lock();
         // The allocation recorded last, stored as it came (the live table
         // has it): no search, and the removal is a shortcut.
         if let Some((
@@ -1844,7 +1910,7 @@ impl<const N: usize> MemtypeMap<N> {
     /// Calls `f` with every entry, in address order, from one consistent
     /// snapshot (taken under the writer lock: not for hook paths).
     pub fn for_each(&self, mut f: impl FnMut(MemInfo)) {
-        let _writer = self.writer.lock();
+        let _writer = self.lock();
         let t = &self.tables[self.live.load(Ordering::Relaxed)];
         for i in 0..t.len.load(Ordering::Relaxed) {
             let (s, e, m) = t.get(i);
@@ -2000,7 +2066,7 @@ mod tests {
     /// Brings the spare table up to date (as the next update would) and
     /// checks that both tables are the same slot for slot and well formed.
     fn check_both<const N: usize>(m: &MemtypeMap<N>) {
-        let mut pending = m.writer.lock();
+        let mut pending = m.lock();
         let live = m.live.load(Ordering::Relaxed);
         let (spare, live) = (&m.tables[1 - live], &m.tables[live]);
         if let Some((behind, from)) = pending.take() {
@@ -2023,6 +2089,53 @@ mod tests {
     /// and not, on maps small enough to fill: after every update both
     /// tables hold the same slots, well formed, and every lookup agrees
     /// with a plain list of the entries.
+    /// A new map is zero bytes (a `static` one lies in `.bss`), its
+    /// tables not yet laid out: it answers Absent everywhere, and readers
+    /// racing its first writer (which lays them out) see Absent or the
+    /// first entry, never anything else.
+    #[test]
+    fn a_new_map_answers_absent_and_readers_race_its_first_writer_safely() {
+        for round in 0..200usize {
+            let m: MemtypeMap<256> = MemtypeMap::new();
+            assert!(m.is_empty());
+            for addr in [0, 1, 0x1_0000, 0x1_0800, usize::MAX / 2, usize::MAX - 1] {
+                assert_eq!(m.lookup(addr, 1), Lookup::Absent, "{addr:#x}");
+            }
+            m.for_each(|i| panic!("a new map holds {i:?}"));
+            let base = 0x1_0000 + round * 0x1000;
+            let want = Lookup::Found(MemInfo {
+                mem_type: MemType::Cuda,
+                device: 0,
+                base,
+                len: 0x1000,
+            });
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            std::thread::scope(|s| {
+                let reader = s.spawn(|| {
+                    let mut seen = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for addr in [base, base + 0x800, base + 0xfff] {
+                            match m.lookup(addr, 1) {
+                                Lookup::Absent => {}
+                                got => {
+                                    assert_eq!(got, want, "{addr:#x}");
+                                    seen += 1;
+                                }
+                            }
+                        }
+                        assert_eq!(m.lookup(base + 0x1000, 1), Lookup::Absent);
+                    }
+                    seen
+                });
+                m.insert(base, 0x1000, MemType::Cuda, 0).unwrap();
+                assert_eq!(m.lookup(base + 0x10, 8), want);
+                stop.store(true, Ordering::Relaxed);
+                reader.join().unwrap();
+            });
+            check_both(&m);
+        }
+    }
+
     #[test]
     fn both_tables_stay_identical_and_well_formed() {
         fn run<const N: usize>(seed: u64, ops: usize, span: usize) {
@@ -2096,6 +2209,7 @@ mod tests {
     #[test]
     fn updates_rewrite_a_window_and_small_tables_stay_packed() {
         static T: Table<8192> = Table::new();
+        T.lay_out();
         let mut next = xorshift(0x5851_f42d_4c95_7f2d);
         let edit = |start: usize, len: usize, meta: Option<u64>| {
             T.rewrite(|| T.edit(start, start + len, meta, &mut Spill::default()))
@@ -2145,6 +2259,7 @@ mod tests {
         // A queue: allocate above everything, free the oldest. The slots in
         // use stay within four times the entries, and edits stay local.
         static Q: Table<8192> = Table::new();
+        Q.lay_out();
         let (mut rewritten, mut edits) = (0, 0);
         let queue = |i: usize| 0x1_0000_0000 + i * 0x1_0000;
         for i in 0..200 {

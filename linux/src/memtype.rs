@@ -5,8 +5,17 @@
 //! signal handlers included. Host memory is implied by absence: an address
 //! in no recorded range answers [`Lookup::Absent`], which callers whose
 //! typed allocations are all hooked may read as host.
+//!
+//! The map (4.5 MiB at [`CAPACITY`]) is zero bytes until written, so
+//! it lies in `.bss` and costs nothing until touched. At load, memhook asks
+//! the kernel for transparent huge pages there (`madvise(MADV_HUGEPAGE)`;
+//! `MEMHOOK_MAP_HUGE_PAGES=0` in the environment leaves it): a lookup
+//! touches three random pages of it, each a TLB miss with 4 KiB pages. The
+//! cost is memory: a touched 2 MiB region is resident whole.
 
 pub use memhook_core::memtype::{Inserted, Lookup, MapError, MemInfo, MemType, MemtypeMap};
+
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use memhook_core::event::Event;
 
@@ -23,6 +32,48 @@ pub const CAPACITY: usize = 65_536;
 /// load, and a miss after a driver call has evicted it. Named only here,
 /// it is addressed directly. The hooks reach it through [`map`].
 static MAP: MemtypeMap<CAPACITY> = MemtypeMap::new();
+
+/// Whether the map's memory was advised for huge pages at load.
+static HUGE_PAGES: AtomicBool = AtomicBool::new(false);
+
+/// Asks for transparent huge pages over the map (its whole 4 KiB pages;
+/// the kernel uses them where an aligned 2 MiB lies inside), before
+/// anything touches it, unless `MEMHOOK_MAP_HUGE_PAGES=0`. A kernel without
+/// them refuses, and the map works as before.
+extern "C" fn advise_huge_pages_at_load() {
+    // SAFETY: a NUL-terminated name; getenv allocates nothing, and at load
+    // no other thread of ours changes the environment.
+    let off = unsafe { libc::getenv(c"MEMHOOK_MAP_HUGE_PAGES".as_ptr()) };
+    // SAFETY: getenv's result is null or a NUL-terminated string.
+    if !off.is_null() && unsafe { core::ffi::CStr::from_ptr(off) }.to_bytes() == b"0" {
+        return;
+    }
+    let page = 4096;
+    let start = (&raw const MAP as usize).next_multiple_of(page);
+    let end = (&raw const MAP as usize + size_of::<MemtypeMap<CAPACITY>>()) & !(page - 1);
+    // SAFETY: the range lies inside MAP, a static of this library, mapped
+    // for its lifetime; MADV_HUGEPAGE changes how the kernel backs it, not
+    // its contents.
+    if end > start && unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) } == 0 {
+        HUGE_PAGES.store(true, Ordering::Relaxed);
+    }
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ADVISE_HUGE_PAGES_AT_LOAD: extern "C" fn() = advise_huge_pages_at_load;
+
+/// Whether the map's memory was advised for transparent huge pages (see
+/// the module docs).
+pub fn huge_pages() -> bool {
+    HUGE_PAGES.load(Ordering::Relaxed)
+}
+
+/// The map's address range (for tests and diagnostics).
+pub fn map_range() -> (usize, usize) {
+    let start = &raw const MAP as usize;
+    (start, start + size_of::<MemtypeMap<CAPACITY>>())
+}
 
 /// The map, for this crate's hooks (inlined into them).
 #[inline(always)]
