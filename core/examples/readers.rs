@@ -3,12 +3,14 @@
 //! alone, then while other threads look up too, then while a writer
 //! inserts and removes ranges: the four in turn, 21 rounds, and the median
 //! of each round's ratio to the lone reader of the same round (so that a
-//! host's drift between rounds cancels).
+//! host's drift between rounds cancels). The writer updates without pause;
+//! its rate is printed too (a faster writer rewrites what readers read
+//! more often).
 //!
 //! `cargo run --release -p memhook-core --example readers`
 
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
@@ -21,6 +23,12 @@ mod layout;
 use layout::{BASE, LEN, STRIDE, probes};
 
 const LOOKUPS: usize = 2_000_000;
+
+/// Updates the writer made (it updates without pause: how much it slows
+/// the readers depends on how often it rewrites what they read).
+static UPDATES: AtomicU64 = AtomicU64::new(0);
+/// Its rate in each round, millions of updates per second.
+static RATES: std::sync::Mutex<Vec<f64>> = std::sync::Mutex::new(Vec::new());
 const ROUNDS: usize = 21;
 
 fn lookups(addrs: &[usize], from: usize, n: usize) {
@@ -56,14 +64,23 @@ fn first_reader(addrs: &Arc<Vec<usize>>, gaps: &Arc<Vec<usize>>, others: usize, 
                 let a = gaps[i] & !0xfff;
                 MAP.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
                 MAP.remove(a, 0x1000).unwrap();
+                UPDATES.fetch_add(2, Ordering::Relaxed);
             }
         }));
     }
     ready.wait();
     lookups(addrs, 0, LOOKUPS / 10); // warm this core's caches
+    let u0 = UPDATES.load(Ordering::Relaxed);
     let t0 = Instant::now();
     lookups(addrs, 0, LOOKUPS);
-    let ns = t0.elapsed().as_nanos() as f64 / LOOKUPS as f64;
+    let elapsed = t0.elapsed();
+    let ns = elapsed.as_nanos() as f64 / LOOKUPS as f64;
+    if writer {
+        RATES
+            .lock()
+            .unwrap()
+            .push((UPDATES.load(Ordering::Relaxed) - u0) as f64 / elapsed.as_secs_f64() / 1e6);
+    }
     stop.store(true, Ordering::Relaxed);
     for h in helpers {
         h.join().unwrap();
@@ -102,4 +119,8 @@ fn main() {
             median(times[k].clone())
         );
     }
+    println!(
+        "  (the writer, updating without pause: {:.2} M updates/s, median)",
+        median(RATES.lock().unwrap().clone())
+    );
 }
