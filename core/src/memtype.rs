@@ -1566,13 +1566,16 @@ impl<const N: usize> Table<N> {
 
 /// The interval map. See the module docs.
 ///
-/// The words every update writes (the lock, the pending operation and the
-/// live table's index, which every lookup reads) come first, in one cache
-/// line: after a driver call has evicted them, an update pays one miss
-/// for them, not two.
+/// Two cache lines head it: the writers' (the lock, the pending
+/// operation), and the readers' (the live table's index, which every
+/// lookup reads first, and the dropped ranges' hull). A writer takes and
+/// releases its lock and rewrites the pending operation several times an
+/// update; on the readers' line it writes only the live index, once, so
+/// that lookups on other cores lose that line once per update, not at
+/// every step of it. A hook about to update after a driver call asks for
+/// both lines at once ([`Self::prefetch_update`]).
 #[repr(C, align(64))]
 pub struct MemtypeMap<const N: usize> {
-    live: AtomicUsize,
     /// The writers' lock, and the operation the spare table still lacks
     /// (the live one has it), with the lowest index at which the two
     /// tables differ: the spare is always exactly one operation behind,
@@ -1582,10 +1585,17 @@ pub struct MemtypeMap<const N: usize> {
     /// [`Self::new`]).
     ready: AtomicBool,
     dropped: AtomicU64,
+    read: ReaderLine,
+    tables: [Table<N>; 2],
+}
+
+/// What every lookup reads before the tables, on a line of its own.
+#[repr(C, align(64))]
+struct ReaderLine {
+    live: AtomicUsize,
     /// Hull of every dropped range: `[lo, hi)`, empty while `lo >= hi`.
     dropped_lo: AtomicUsize,
     dropped_hi: AtomicUsize,
-    tables: [Table<N>; 2],
 }
 
 fn range_end(start: usize, len: usize) -> Result<usize, MapError> {
@@ -1605,12 +1615,14 @@ impl<const N: usize> MemtypeMap<N> {
         let () = NONE_IS_ZERO;
         Self {
             tables: [Table::new(), Table::new()],
-            live: AtomicUsize::new(0),
             writer: Mutex::new(None),
             ready: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
-            dropped_lo: AtomicUsize::new(0),
-            dropped_hi: AtomicUsize::new(0),
+            read: ReaderLine {
+                live: AtomicUsize::new(0),
+                dropped_lo: AtomicUsize::new(0),
+                dropped_hi: AtomicUsize::new(0),
+            },
         }
     }
 
@@ -1619,12 +1631,14 @@ impl<const N: usize> MemtypeMap<N> {
     pub fn new() -> Self {
         Self {
             tables: [Table::new(), Table::new()],
-            live: AtomicUsize::new(0),
             writer: Mutex::new(None),
             ready: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
-            dropped_lo: AtomicUsize::new(0),
-            dropped_hi: AtomicUsize::new(0),
+            read: ReaderLine {
+                live: AtomicUsize::new(0),
+                dropped_lo: AtomicUsize::new(0),
+                dropped_hi: AtomicUsize::new(0),
+            },
         }
     }
 
@@ -1646,7 +1660,7 @@ impl<const N: usize> MemtypeMap<N> {
         for table in &self.tables {
             table.lay_out();
         }
-        self.dropped_lo.store(usize::MAX, Ordering::Release);
+        self.read.dropped_lo.store(usize::MAX, Ordering::Release);
         self.ready.store(true, Ordering::Relaxed);
     }
 
@@ -1657,7 +1671,7 @@ impl<const N: usize> MemtypeMap<N> {
 
     /// Live entries.
     pub fn len(&self) -> usize {
-        self.tables[self.live.load(Ordering::Acquire)]
+        self.tables[self.read.live.load(Ordering::Acquire)]
             .count
             .load(Ordering::Acquire)
     }
@@ -1681,7 +1695,7 @@ impl<const N: usize> MemtypeMap<N> {
             return Lookup::Unknown;
         };
         let answer = loop {
-            let table = &self.tables[self.live.load(Ordering::Acquire)];
+            let table = &self.tables[self.read.live.load(Ordering::Acquire)];
             let s1 = table.seq.load(Ordering::Acquire);
             if s1 & 1 == 1 {
                 // A writer is rewriting the table we thought live: the other
@@ -1696,8 +1710,8 @@ impl<const N: usize> MemtypeMap<N> {
             }
         };
         if answer == Lookup::Absent
-            && self.dropped_lo.load(Ordering::Acquire) < end
-            && addr < self.dropped_hi.load(Ordering::Acquire)
+            && self.read.dropped_lo.load(Ordering::Acquire) < end
+            && addr < self.read.dropped_hi.load(Ordering::Acquire)
         {
             return Lookup::Unknown;
         }
@@ -1724,7 +1738,7 @@ impl<const N: usize> MemtypeMap<N> {
     /// of code counts.
     #[inline(always)]
     fn update_locked(&self, pending: &mut Option<(Op, usize)>, op: Op) -> Inserted {
-        let live = self.live.load(Ordering::Relaxed);
+        let live = self.read.live.load(Ordering::Relaxed);
         match (pending.map(|(behind, _)| behind), op) {
             // Freed right after it was recorded: the spare never had it.
             (
@@ -1736,7 +1750,7 @@ impl<const N: usize> MemtypeMap<N> {
                 }),
                 Op::Remove { start: s, end: e },
             ) if (start, end) == (s, e) => {
-                self.live.store(1 - live, Ordering::Release);
+                self.read.live.store(1 - live, Ordering::Release);
                 // The tables still differ where the insert put the range.
                 *pending = pending.map(|(_, from)| (Op::Undo { start, end, meta }, from));
                 return Inserted::Stored;
@@ -1752,7 +1766,7 @@ impl<const N: usize> MemtypeMap<N> {
                     ..
                 },
             ) if (start, end, meta) == (s, e, m) => {
-                self.live.store(1 - live, Ordering::Release);
+                self.read.live.store(1 - live, Ordering::Release);
                 *pending = pending.map(|(_, from)| {
                     (
                         Op::Insert {
@@ -1797,8 +1811,8 @@ impl<const N: usize> MemtypeMap<N> {
         if let Some((lo, hi)) = spill.hull {
             // Before publication: a lookup that sees the range gone also
             // sees it poisoned.
-            self.dropped_lo.fetch_min(lo, Ordering::AcqRel);
-            self.dropped_hi.fetch_max(hi, Ordering::AcqRel);
+            self.read.dropped_lo.fetch_min(lo, Ordering::AcqRel);
+            self.read.dropped_hi.fetch_max(hi, Ordering::AcqRel);
             self.dropped.fetch_add(spill.dropped, Ordering::Relaxed);
         }
         if let Op::Insert { ref mut pure, .. } = op {
@@ -1806,7 +1820,7 @@ impl<const N: usize> MemtypeMap<N> {
             // overlapped nothing, moved no other entry, and was stored.
             *pure = !touched && !moved && result == Inserted::Stored;
         }
-        self.live.store(1 - live, Ordering::Release);
+        self.read.live.store(1 - live, Ordering::Release);
         *pending = Some((op, from));
         result
     }
@@ -1842,8 +1856,8 @@ impl<const N: usize> MemtypeMap<N> {
         Ok(())
     }
 
-    /// Asks the cache for the line every update writes first (the writers'
-    /// lock, the pending operation and the live index). An update takes
+    /// Asks the cache for the lines every update writes (the writers'
+    /// lock and pending operation; the live index). An update takes
     /// the lock with an atomic read-modify-write, which waits for every
     /// load before it and holds back every load after it: a caller about
     /// to update after work that evicted the line (a driver call) calls
@@ -1852,7 +1866,10 @@ impl<const N: usize> MemtypeMap<N> {
     #[inline(always)]
     pub fn prefetch_update(&self) {
         #[cfg(all(target_arch = "x86_64", not(memhook_loom)))]
-        crate::simd::prefetch((&raw const self.live).cast(), 1);
+        {
+            crate::simd::prefetch((&raw const self.writer).cast(), 1);
+            crate::simd::prefetch((&raw const self.read).cast(), 1);
+        }
     }
 
     /// Forgets the entry that starts exactly at `start` and returns what it
@@ -1885,7 +1902,7 @@ impl<const N: usize> MemtypeMap<N> {
     /// [`Self::take`] of an entry found in the live table.
     #[inline(never)]
     fn take_recorded(&self, pending: &mut Option<(Op, usize)>, start: usize) -> Option<MemInfo> {
-        let live = &self.tables[self.live.load(Ordering::Relaxed)];
+        let live = &self.tables[self.read.live.load(Ordering::Relaxed)];
         // The writer lock is held: no writer changes the live table while
         // it is read here, so the answer needs no validation.
         let info = match live.probe(start, start.checked_add(1)?) {
@@ -1905,15 +1922,15 @@ impl<const N: usize> MemtypeMap<N> {
     /// Forgets every entry and every dropped range.
     pub fn clear(&self) {
         self.update(Op::Clear);
-        self.dropped_lo.store(usize::MAX, Ordering::Release);
-        self.dropped_hi.store(0, Ordering::Release);
+        self.read.dropped_lo.store(usize::MAX, Ordering::Release);
+        self.read.dropped_hi.store(0, Ordering::Release);
     }
 
     /// Calls `f` with every entry, in address order, from one consistent
     /// snapshot (taken under the writer lock: not for hook paths).
     pub fn for_each(&self, mut f: impl FnMut(MemInfo)) {
         let _writer = self.lock();
-        let t = &self.tables[self.live.load(Ordering::Relaxed)];
+        let t = &self.tables[self.read.live.load(Ordering::Relaxed)];
         for i in 0..t.len.load(Ordering::Relaxed) {
             let (s, e, m) = t.get(i);
             if e != 0 {
@@ -2069,7 +2086,7 @@ mod tests {
     /// checks that both tables are the same slot for slot and well formed.
     fn check_both<const N: usize>(m: &MemtypeMap<N>) {
         let mut pending = m.lock();
-        let live = m.live.load(Ordering::Relaxed);
+        let live = m.read.live.load(Ordering::Relaxed);
         let (spare, live) = (&m.tables[1 - live], &m.tables[live]);
         if let Some((behind, from)) = pending.take() {
             if live.len.load(Ordering::Relaxed).saturating_sub(from) <= COPY_CATCH_UP {
@@ -2340,7 +2357,7 @@ mod tests {
             } else {
                 map.insert(start, len, MemType::Cuda, 0).unwrap();
             }
-            let t = &map.tables[map.live.load(Ordering::Relaxed)];
+            let t = &map.tables[map.read.live.load(Ordering::Relaxed)];
             let n = t.len.load(Ordering::Relaxed);
             let on = t.bucket_total.load(Ordering::Relaxed) != 0;
             assert!(
@@ -2414,7 +2431,7 @@ mod tests {
             match next() % 4 {
                 // Free one of the last few, or the last.
                 0 if !map.is_empty() => {
-                    let t = &map.tables[map.live.load(Ordering::Relaxed)];
+                    let t = &map.tables[map.read.live.load(Ordering::Relaxed)];
                     let n = t.len.load(Ordering::Relaxed);
                     let i = n - 1 - (next() % n.min(8));
                     let at = t.starts[i].load(Ordering::Relaxed);
@@ -2423,7 +2440,7 @@ mod tests {
                 // Or free the last few at once (one operation removing
                 // several starts, which the next catch-up copies over).
                 1 if map.len() > 8 && step % 5 == 0 => {
-                    let t = &map.tables[map.live.load(Ordering::Relaxed)];
+                    let t = &map.tables[map.read.live.load(Ordering::Relaxed)];
                     let n = t.len.load(Ordering::Relaxed);
                     let at = t.starts[n - 1 - next() % 8].load(Ordering::Relaxed);
                     map.remove(at, top + 0x8000 - at).unwrap();
@@ -2547,7 +2564,7 @@ mod tests {
             MAP.insert(pinned(i), 0x20_0000, MemType::CudaHost, -1).unwrap();
         }
         MAP.insert(0x1000, 0x1000, MemType::CudaManaged, 0).unwrap();
-        let t = &MAP.tables[MAP.live.load(Ordering::Relaxed)];
+        let t = &MAP.tables[MAP.read.live.load(Ordering::Relaxed)];
         let n = t.len.load(Ordering::Relaxed);
         assert_eq!(t.count.load(Ordering::Relaxed), 5001);
         let used = t
@@ -2645,7 +2662,7 @@ mod tests {
         let m = MemtypeMap::<4096>::new();
         let at = |i: usize| 0x10_0000 + i * 0x1000;
         let levels = |m: &MemtypeMap<4096>| {
-            m.tables[m.live.load(Ordering::Relaxed)]
+            m.tables[m.read.live.load(Ordering::Relaxed)]
                 .index_levels
                 .load(Ordering::Relaxed)
         };
@@ -2690,15 +2707,28 @@ mod tests {
         }
     }
 
+    /// The writer's words share one line; what lookups read first lies on
+    /// the next, which an update writes once (the live index).
     #[test]
-    fn the_words_every_update_writes_share_one_cache_line() {
+    fn the_writers_words_and_the_readers_words_lie_on_two_lines() {
         let map = MemtypeMap::<64>::new();
         let base = &map as *const _ as usize;
         assert_eq!(base % 64, 0);
-        let live = &map.live as *const _ as usize;
-        let writer = &map.writer as *const _ as usize;
-        assert_eq!(live, base);
-        assert!(writer + core::mem::size_of_val(&map.writer) <= base + 64);
+        let at = |p: usize, len: usize| (p - base, p + len - base);
+        let writer = at(&map.writer as *const _ as usize, size_of_val(&map.writer));
+        let ready = at(&map.ready as *const _ as usize, 1);
+        let dropped = at(&map.dropped as *const _ as usize, 8);
+        for (lo, hi) in [writer, ready, dropped] {
+            assert!(hi <= 64, "writer word at {lo}..{hi}");
+        }
+        for p in [
+            &map.read.live as *const _ as usize,
+            &map.read.dropped_lo as *const _ as usize,
+            &map.read.dropped_hi as *const _ as usize,
+        ] {
+            let (lo, hi) = at(p, 8);
+            assert!(lo >= 64 && hi <= 128, "reader word at {lo}..{hi}");
+        }
     }
 
     #[test]
