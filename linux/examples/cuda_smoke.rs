@@ -360,8 +360,9 @@ fn lookup_scaling() {
         let _ = memtype::insert(base + i * 0x2000, 0x1000, memtype::MemType::Cuda, 0);
         i += 1;
     }
-    let per_thread = |threads: usize| {
-        let live = &live;
+    // Runs `work` (ns per operation, given the thread's index) on
+    // `threads` threads started together; the median thread's figure.
+    fn on_threads(threads: usize, work: &(dyn Fn(usize) -> f64 + Sync)) -> f64 {
         let start = std::sync::Barrier::new(threads);
         let start = &start;
         let ns: Vec<f64> = std::thread::scope(|s| {
@@ -369,29 +370,50 @@ fn lookup_scaling() {
                 .map(|t| {
                     s.spawn(move || {
                         start.wait();
-                        let n = 2_000_000;
-                        let t0 = Instant::now();
-                        let mut found = 0usize;
-                        for k in 0..n {
-                            let a = live[(k * 7 + t) % live.len()] + 4096;
-                            found += usize::from(matches!(memtype::lookup(a, 64), Lookup::Found(_)));
-                        }
-                        assert_eq!(found, n, "every live allocation is found");
-                        t0.elapsed().as_nanos() as f64 / n as f64
+                        work(t)
                     })
                 })
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         median(ns)
+    }
+    let lookups = |t: usize| {
+        let n = 2_000_000;
+        let t0 = Instant::now();
+        let mut found = 0usize;
+        for k in 0..n {
+            let a = live[(k * 7 + t) % live.len()] + 4096;
+            found += usize::from(matches!(memtype::lookup(a, 64), Lookup::Found(_)));
+        }
+        assert_eq!(found, n, "every live allocation is found");
+        t0.elapsed().as_nanos() as f64 / n as f64
     };
-    let one = per_thread(1);
+    // The machine's own ceiling, in the same harness: arithmetic that
+    // touches no memory. Where the cores are hardware threads sharing
+    // physical cores, no code scales 16x on 16 of them.
+    let arithmetic = |t: usize| {
+        let n = 20_000_000u64;
+        let t0 = Instant::now();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
+        for _ in 0..n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+        }
+        std::hint::black_box(x);
+        t0.elapsed().as_nanos() as f64 / n as f64
+    };
+    let one = on_threads(1, &lookups);
+    let one_arith = on_threads(1, &arithmetic);
     println!("memtype lookup, 65,536 ranges: 1 thread {one:.1} ns");
     for threads in [4, 16] {
-        let ns = per_thread(threads);
+        let ns = on_threads(threads, &lookups);
+        let arith = on_threads(threads, &arithmetic);
         println!(
-            "memtype lookup, {threads} threads: {ns:.1} ns each, {:.1}x one thread's throughput (goal at 16: 14x)",
-            threads as f64 * one / ns
+            "memtype lookup, {threads} threads: {ns:.1} ns each, {:.1}x one thread's throughput (goal at 16: 14x); arithmetic alone, same threads: {:.1}x",
+            threads as f64 * one / ns,
+            threads as f64 * one_arith / arith
         );
     }
     let attr = |p: usize| {
