@@ -122,3 +122,103 @@ fn lookups_stay_whole_while_the_bucket_table_is_rewritten() {
     );
     assert_eq!(MAP.dropped(), 0);
 }
+
+/// The CUDA hooks' pattern in a small map (no bucket table; one search
+/// node or a short tree, the table packed): allocations of one size freed
+/// by `take` (the size unknown), sometimes the one just made (the writer's
+/// shortcuts), addresses drawn from a small pool so that they are reused
+/// as a driver reuses what it just freed. A reader checks every published
+/// allocation; a per-slot sequence (odd while the slot changes) tells a
+/// read that raced the slot from a wrong answer (an address freed and
+/// allocated again between the reader's loads would fool a plain re-check).
+#[test]
+fn published_allocations_freed_by_take_are_always_found() {
+    static SMALL: MemtypeMap<256> = MemtypeMap::new();
+    // The production map's capacity: a deeper search tree over few entries.
+    static LARGE: MemtypeMap<65_536> = MemtypeMap::new();
+    ring_of_takes(&SMALL);
+    ring_of_takes(&LARGE);
+}
+
+fn ring_of_takes<const N: usize>(map: &'static MemtypeMap<N>) {
+    const SLOTS: usize = 8;
+    const POOL: usize = 13;
+    let at = |k: usize| 0x7f87_0000_0000 + k * 0x20_0000;
+    let seq: [AtomicU64; SLOTS] = std::array::from_fn(|_| AtomicU64::new(0));
+    let addr: [AtomicU64; SLOTS] = std::array::from_fn(|_| AtomicU64::new(0));
+    let done = AtomicBool::new(false);
+    let checked = AtomicU64::new(0);
+    // A few entries that stay, so that the table holds 8 to 25.
+    for k in 0..(POOL + 4) {
+        if k >= POOL {
+            map.insert(at(k), 0x1000, MemType::CudaHost, -1).unwrap();
+        }
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Acquire) {
+                for k in 0..SLOTS {
+                    let s1 = seq[k].load(Ordering::Acquire);
+                    let a = addr[k].load(Ordering::Relaxed) as usize;
+                    if s1 & 1 == 1 || a == 0 {
+                        continue;
+                    }
+                    let answer = map.lookup(a + 64, 8);
+                    std::sync::atomic::fence(Ordering::Acquire);
+                    if seq[k].load(Ordering::Relaxed) != s1 {
+                        continue; // the slot changed meanwhile
+                    }
+                    let want = Lookup::Found(MemInfo {
+                        mem_type: MemType::Cuda,
+                        device: 0,
+                        base: a,
+                        len: 0x1_0000,
+                    });
+                    assert_eq!(answer, want, "slot {k}: {a:#x} is published");
+                    checked.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        let mut used = [false; POOL];
+        let mut held = [usize::MAX; SLOTS];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..200_000usize {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Mostly the oldest slot (a ring), sometimes the newest.
+            let k = if x.is_multiple_of(4) {
+                (i + SLOTS - 1) % SLOTS
+            } else {
+                i % SLOTS
+            };
+            if held[k] != usize::MAX {
+                seq[k].fetch_add(1, Ordering::Relaxed);
+                std::sync::atomic::fence(Ordering::Release);
+                addr[k].store(0, Ordering::Relaxed);
+                let info = map.take(at(held[k])).expect("recorded");
+                assert_eq!(info.base, at(held[k]));
+                used[held[k]] = false;
+                held[k] = usize::MAX;
+                seq[k].fetch_add(1, Ordering::Release);
+            }
+            // The lowest free address of the pool (as a driver reuses the
+            // one just freed), or another free one.
+            let free: Vec<usize> = (0..POOL).filter(|&p| !used[p]).collect();
+            let p = if x & 0x10 == 0 {
+                free[0]
+            } else {
+                free[(x >> 8) as usize % free.len()]
+            };
+            seq[k].fetch_add(1, Ordering::Relaxed);
+            std::sync::atomic::fence(Ordering::Release);
+            map.insert(at(p), 0x1_0000, MemType::Cuda, 0).unwrap();
+            used[p] = true;
+            held[k] = p;
+            addr[k].store(at(p) as u64, Ordering::Relaxed);
+            seq[k].fetch_add(1, Ordering::Release);
+        }
+        done.store(true, Ordering::Release);
+    });
+    assert!(checked.load(Ordering::Relaxed) > 10_000, "{checked:?} lookups checked");
+}

@@ -196,10 +196,18 @@ fn concurrent_devices_and_a_reader_never_disagree() {
         return;
     };
     // Published (address, device + 1) pairs: set after the allocation
-    // returned (so it is reported), cleared before the free.
+    // returned (so it is reported), cleared before the free; each with a
+    // sequence, odd from just before the free to just after the next
+    // allocation is published. A driver hands back the address it just
+    // freed, so a reader that re-checked only the pair could not tell a
+    // lookup made between that free and that allocation (which may say
+    // Absent) from a wrong answer.
     const SLOTS: usize = 64;
-    let published: Arc<Vec<(AtomicUsize, AtomicUsize)>> =
-        Arc::new((0..SLOTS).map(|_| (AtomicUsize::new(0), AtomicUsize::new(0))).collect());
+    let published: Arc<Vec<(AtomicUsize, AtomicUsize, AtomicU64)>> = Arc::new(
+        (0..SLOTS)
+            .map(|_| (AtomicUsize::new(0), AtomicUsize::new(0), AtomicU64::new(0)))
+            .collect(),
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let checked = Arc::new(AtomicU64::new(0));
     let n = ctxs.len();
@@ -209,22 +217,25 @@ fn concurrent_devices_and_a_reader_never_disagree() {
         std::thread::spawn(move || {
             start.wait();
             while !stop.load(Ordering::Acquire) {
-                for (addr, dev) in published.iter() {
-                    let a = addr.load(Ordering::Acquire);
-                    let d = dev.load(Ordering::Acquire);
-                    if a == 0 || d == 0 {
+                for (addr, dev, seq) in published.iter() {
+                    let s1 = seq.load(Ordering::Acquire);
+                    let a = addr.load(Ordering::Relaxed);
+                    let d = dev.load(Ordering::Relaxed);
+                    if s1 & 1 == 1 || a == 0 || d == 0 {
                         continue;
                     }
                     let answer = memtype::lookup(a + 64, 8);
-                    // Only a stale pair (freed, and the address reused,
-                    // since the loads) may disagree: re-check it.
-                    let still = || addr.load(Ordering::Acquire) == a && dev.load(Ordering::Acquire) == d;
+                    // Only a slot that changed since the loads may
+                    // disagree: its sequence moved.
+                    std::sync::atomic::fence(Ordering::Acquire);
+                    if seq.load(Ordering::Relaxed) != s1 {
+                        continue;
+                    }
                     match answer {
                         Lookup::Found(i) if i.mem_type == MemType::Cuda && i.device == d as i32 - 1 => {
                             checked.fetch_add(1, Ordering::Relaxed);
                         }
-                        other if still() => panic!("{a:#x}, allocated on device {}: the map says {other:?}", d - 1),
-                        _ => {}
+                        other => panic!("{a:#x}, allocated on device {}: the map says {other:?}", d - 1),
                     }
                 }
             }
@@ -249,9 +260,11 @@ fn concurrent_devices_and_a_reader_never_disagree() {
                 for i in 0..4000 {
                     let k = i % RING;
                     let slot = &published[mine[k]];
+                    slot.2.fetch_add(1, Ordering::Relaxed);
+                    std::sync::atomic::fence(Ordering::Release);
                     if held[k] != 0 {
-                        slot.1.store(0, Ordering::Release);
-                        slot.0.store(0, Ordering::Release);
+                        slot.1.store(0, Ordering::Relaxed);
+                        slot.0.store(0, Ordering::Relaxed);
                         // SAFETY: the allocation made RING iterations ago.
                         ok(unsafe { sys::cuMemFree_v2(held[k]) });
                     }
@@ -259,11 +272,14 @@ fn concurrent_devices_and_a_reader_never_disagree() {
                     // SAFETY: driver calls with valid arguments.
                     ok(unsafe { sys::cuMemAlloc_v2(&mut p, 1 << 16) });
                     held[k] = p;
-                    slot.0.store(p as usize, Ordering::Release);
-                    slot.1.store(d + 1, Ordering::Release);
+                    slot.0.store(p as usize, Ordering::Relaxed);
+                    slot.1.store(d + 1, Ordering::Relaxed);
+                    slot.2.fetch_add(1, Ordering::Release);
                 }
                 for (k, &p) in held.iter().enumerate() {
-                    published[mine[k]].1.store(0, Ordering::Release);
+                    published[mine[k]].2.fetch_add(1, Ordering::Relaxed);
+                    std::sync::atomic::fence(Ordering::Release);
+                    published[mine[k]].1.store(0, Ordering::Relaxed);
                     // SAFETY: the ring's last allocations.
                     ok(unsafe { sys::cuMemFree_v2(p) });
                 }
