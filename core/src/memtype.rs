@@ -1642,14 +1642,21 @@ impl<const N: usize> MemtypeMap<N> {
         }
     }
 
-    /// Takes the writers' lock; the first writer lays out the tables.
+    /// Takes the writers' lock. The tables are laid out by the first
+    /// writer that reads or changes them ([`Self::lay_out_once`]): the
+    /// shortcuts of `update_locked` and `take` need no check, since they
+    /// act only on an operation pending, which a table update left.
     #[inline(always)]
     fn lock(&self) -> impl core::ops::DerefMut<Target = Option<(Op, usize)>> + '_ {
-        let pending = self.writer.lock();
+        self.writer.lock()
+    }
+
+    /// Lays out the tables if no writer has yet (call with the lock held).
+    #[inline(always)]
+    fn lay_out_once(&self) {
         if !self.ready.load(Ordering::Relaxed) {
             self.lay_out();
         }
-        pending
     }
 
     /// The first writer's work (under the lock): both tables' sentinels,
@@ -1789,6 +1796,7 @@ impl<const N: usize> MemtypeMap<N> {
     /// one `live` does not name) catches up, takes `op`, and is published.
     #[inline(never)]
     fn update_tables(&self, pending: &mut Option<(Op, usize)>, live: usize, mut op: Op) -> Inserted {
+        self.lay_out_once();
         let spare = &self.tables[1 - live];
         if let Some((behind, from)) = pending.take() {
             let live = &self.tables[live];
@@ -1902,6 +1910,7 @@ impl<const N: usize> MemtypeMap<N> {
     /// [`Self::take`] of an entry found in the live table.
     #[inline(never)]
     fn take_recorded(&self, pending: &mut Option<(Op, usize)>, start: usize) -> Option<MemInfo> {
+        self.lay_out_once();
         let live = &self.tables[self.read.live.load(Ordering::Relaxed)];
         // The writer lock is held: no writer changes the live table while
         // it is read here, so the answer needs no validation.
@@ -1930,6 +1939,7 @@ impl<const N: usize> MemtypeMap<N> {
     /// snapshot (taken under the writer lock: not for hook paths).
     pub fn for_each(&self, mut f: impl FnMut(MemInfo)) {
         let _writer = self.lock();
+        self.lay_out_once();
         let t = &self.tables[self.read.live.load(Ordering::Relaxed)];
         for i in 0..t.len.load(Ordering::Relaxed) {
             let (s, e, m) = t.get(i);
@@ -2086,6 +2096,7 @@ mod tests {
     /// checks that both tables are the same slot for slot and well formed.
     fn check_both<const N: usize>(m: &MemtypeMap<N>) {
         let mut pending = m.lock();
+        m.lay_out_once();
         let live = m.read.live.load(Ordering::Relaxed);
         let (spare, live) = (&m.tables[1 - live], &m.tables[live]);
         if let Some((behind, from)) = pending.take() {

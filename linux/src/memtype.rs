@@ -25,12 +25,15 @@ use memhook_core::event::Event;
 /// as a sorted array does.
 pub const CAPACITY: usize = 65_536;
 
-/// No function another crate can inline names `MAP` (the public calls
-/// below are not `#[inline]`): a static that one names is exported from
-/// this crate's object code, and then every access to it, the hooks'
-/// included, loads its address from the GOT first, one more dependent
-/// load, and a miss after a driver call has evicted it. Named only here,
-/// it is addressed directly. The hooks reach it through [`map`].
+/// The map. No function another crate can inline names it, so that it
+/// stays a hidden symbol and the hooks address it directly (rip-relative):
+/// a static that such a function names is exported from this crate's
+/// object code, and every access to it then loads its address from the
+/// GOT first, one more dependent load, and a miss when a hook updates the
+/// map after a driver call. The public functions below are not
+/// `#[inline]`, and the small ones are `#[inline(never)]`: rustc makes a
+/// small function without calls inlinable across crates by itself. The
+/// hooks reach it through [`map`].
 static MAP: MemtypeMap<CAPACITY> = MemtypeMap::new();
 
 /// Whether the map's memory was advised for huge pages at load.
@@ -70,6 +73,7 @@ pub fn huge_pages() -> bool {
 }
 
 /// The map's address range (for tests and diagnostics).
+#[inline(never)]
 pub fn map_range() -> (usize, usize) {
     let start = &raw const MAP as usize;
     (start, start + size_of::<MemtypeMap<CAPACITY>>())
