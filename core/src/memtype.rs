@@ -414,9 +414,10 @@ enum Op {
 #[allow(unsafe_code)]
 const NONE_IS_ZERO: () = {
     let none: Option<(Op, usize)> = None;
-    // SAFETY: the first byte of an `Option<(Op, usize)>` is initialised:
-    // it is the tag of `Op` (`repr(u8)`, at offset 0 of the pair, whose
-    // other field is aligned to 8), where `None` keeps its niche.
+    // SAFETY: reads one byte of a live local. Its first byte is the tag
+    // of `Op` (`repr(u8)`), where `None` keeps its niche; were it an
+    // uninitialised byte instead (a layout that put the `usize` first),
+    // const evaluation would refuse the read and the crate would not build.
     let tag = unsafe { *(&raw const none).cast::<u8>() };
     assert!(tag == 0, "the writer lock's None is not zero bytes");
 };
