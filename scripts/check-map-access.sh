@@ -9,6 +9,8 @@
 # the optimised build goes through the GOT. x86_64 relocation names.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+command -v python3 >/dev/null || { apt-get update -qq && apt-get install -y -qq python3; }
+command -v objdump >/dev/null || { apt-get update -qq && apt-get install -y -qq binutils; }
 # The rlib of `memhook` this build links (older ones may lie beside it).
 rlibs=$(cargo build --release -p memhook-ffi --message-format=json |
     python3 -c 'import json, sys
