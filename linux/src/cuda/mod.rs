@@ -275,6 +275,10 @@ struct Found {
 /// Resolves `lib`'s hooked functions in the object just found, patches
 /// them (bistro) and makes the hooks' originals the definitions.
 fn attach(state: &mut State, lib: Lib, found: &Found) {
+    // The map's one-time layout (2 MiB of writes) now, while a CUDA
+    // library loads, not in the first hooked allocation; a process that
+    // never loads one never pays it.
+    crate::memtype::map().prepare();
     // SAFETY: a NUL-terminated copy of the object's path; RTLD_NOLOAD only
     // finds an object already loaded.
     let handle = unsafe { libc::dlopen(found.name.as_ptr().cast(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
