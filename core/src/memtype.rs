@@ -2,7 +2,9 @@
 //!
 //! [`MemtypeMap`] keeps non-overlapping ranges sorted by start in two
 //! identical tables of fixed capacity `N` (chosen by the caller; storage is
-//! inline, so a large map belongs in a `static`). A writer (serialised by a
+//! inline, so a large map belongs in a `static`, where, being zero bytes
+//! when new, it lies in `.bss`: the first writer, or [`MemtypeMap::prepare`],
+//! lays out its sentinels). A writer (serialised by a
 //! lock that readers never take) applies an update to the table readers are
 //! not using, publishes it, then applies the same update to the other. Each
 //! table has a sequence counter, odd while it is written; a lookup reads the
@@ -1880,8 +1882,8 @@ impl<const N: usize> MemtypeMap<N> {
     /// lock and pending operation; the live index). An update takes
     /// the lock with an atomic read-modify-write, which waits for every
     /// load before it and holds back every load after it: a caller about
-    /// to update after work that evicted the line (a driver call) calls
-    /// this first, so that the miss overlaps its own loads instead of
+    /// to update after work that evicted the lines (a driver call) calls
+    /// this first, so that the misses overlap its own loads instead of
     /// following them. A hint: it changes nothing a thread can observe.
     #[inline(always)]
     pub fn prefetch_update(&self) {
