@@ -107,11 +107,7 @@ pub fn reader_slots() -> bool {
 /// or with `MEMHOOK_READER_SLOTS=0` in the environment, the shared
 /// counters serve.
 extern "C" fn enable_reader_slots_at_load() {
-    // SAFETY: a NUL-terminated name; getenv allocates nothing, and at load
-    // no other thread of ours changes the environment.
-    let off = unsafe { libc::getenv(c"MEMHOOK_READER_SLOTS".as_ptr()) };
-    // SAFETY: getenv's result is null or a NUL-terminated string.
-    if !off.is_null() && unsafe { core::ffi::CStr::from_ptr(off) }.to_bytes() == b"0" {
+    if crate::env_says_0(c"MEMHOOK_READER_SLOTS") {
         return;
     }
     if membarrier::register(membarrier::PRIVATE_EXPEDITED) {

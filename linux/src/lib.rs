@@ -49,6 +49,17 @@ pub const AVAILABLE_MODES: ModeSet = if cfg!(all(
     ModeSet::ALL.without(HookMode::Bistro)
 };
 
+/// Whether the environment variable `name` is set to `0` (how a
+/// load-time default is turned off). For ELF constructors: getenv
+/// allocates nothing, and at load no other thread of ours changes the
+/// environment.
+pub(crate) fn env_says_0(name: &core::ffi::CStr) -> bool {
+    // SAFETY: a NUL-terminated name; see above for the environment.
+    let value = unsafe { libc::getenv(name.as_ptr()) };
+    // SAFETY: getenv's result is null or a NUL-terminated string.
+    !value.is_null() && unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes() == b"0"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,16 +44,12 @@ static HUGE_PAGES: AtomicBool = AtomicBool::new(false);
 /// anything touches it, unless `MEMHOOK_MAP_HUGE_PAGES=0`. A kernel without
 /// them refuses, and the map works as before.
 extern "C" fn advise_huge_pages_at_load() {
-    // SAFETY: a NUL-terminated name; getenv allocates nothing, and at load
-    // no other thread of ours changes the environment.
-    let off = unsafe { libc::getenv(c"MEMHOOK_MAP_HUGE_PAGES".as_ptr()) };
-    // SAFETY: getenv's result is null or a NUL-terminated string.
-    if !off.is_null() && unsafe { core::ffi::CStr::from_ptr(off) }.to_bytes() == b"0" {
+    if crate::env_says_0(c"MEMHOOK_MAP_HUGE_PAGES") {
         return;
     }
     let page = 4096;
-    let start = (&raw const MAP as usize).next_multiple_of(page);
-    let end = (&raw const MAP as usize + size_of::<MemtypeMap<CAPACITY>>()) & !(page - 1);
+    let (lo, hi) = map_range();
+    let (start, end) = (lo.next_multiple_of(page), hi & !(page - 1));
     // SAFETY: the range lies inside MAP, a static of this library, mapped
     // for its lifetime; MADV_HUGEPAGE changes how the kernel backs it, not
     // its contents.
