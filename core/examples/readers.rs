@@ -27,8 +27,6 @@ const LOOKUPS: usize = 2_000_000;
 /// Updates the writer made (it updates without pause: how much it slows
 /// the readers depends on how often it rewrites what they read).
 static UPDATES: AtomicU64 = AtomicU64::new(0);
-/// Its rate in each round, millions of updates per second.
-static RATES: std::sync::Mutex<Vec<f64>> = std::sync::Mutex::new(Vec::new());
 const ROUNDS: usize = 21;
 
 fn lookups(addrs: &[usize], from: usize, n: usize) {
@@ -40,8 +38,9 @@ fn lookups(addrs: &[usize], from: usize, n: usize) {
 }
 
 /// ns per lookup of the measuring thread, with `others` readers and
-/// maybe a writer busy meanwhile.
-fn first_reader(addrs: &Arc<Vec<usize>>, gaps: &Arc<Vec<usize>>, others: usize, writer: bool) -> f64 {
+/// maybe a writer busy meanwhile, and the writer's millions of updates per
+/// second over the same time (0 without one).
+fn first_reader(addrs: &Arc<Vec<usize>>, gaps: &Arc<Vec<usize>>, others: usize, writer: bool) -> (f64, f64) {
     let stop = Arc::new(AtomicBool::new(false));
     let ready = Arc::new(Barrier::new(others + usize::from(writer) + 1));
     let mut helpers = Vec::new();
@@ -75,17 +74,12 @@ fn first_reader(addrs: &Arc<Vec<usize>>, gaps: &Arc<Vec<usize>>, others: usize, 
     lookups(addrs, 0, LOOKUPS);
     let elapsed = t0.elapsed();
     let ns = elapsed.as_nanos() as f64 / LOOKUPS as f64;
-    if writer {
-        RATES
-            .lock()
-            .unwrap()
-            .push((UPDATES.load(Ordering::Relaxed) - u0) as f64 / elapsed.as_secs_f64() / 1e6);
-    }
+    let rate = (UPDATES.load(Ordering::Relaxed) - u0) as f64 / elapsed.as_secs_f64() / 1e6;
     stop.store(true, Ordering::Relaxed);
     for h in helpers {
         h.join().unwrap();
     }
-    ns
+    (ns, rate)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -106,9 +100,14 @@ fn main() {
         ("with a writer", 0, true),
     ];
     let mut times = vec![Vec::new(); cases.len()];
+    let mut rates = Vec::new();
     for _ in 0..ROUNDS {
         for (k, &(_, others, writer)) in cases.iter().enumerate() {
-            times[k].push(first_reader(&addrs, &gaps, others, writer));
+            let (ns, rate) = first_reader(&addrs, &gaps, others, writer);
+            times[k].push(ns);
+            if writer {
+                rates.push(rate);
+            }
         }
     }
     println!("memtype lookups of one reader, 65,536 ranges, {ROUNDS} rounds ({cores} cores; medians):");
@@ -121,6 +120,6 @@ fn main() {
     }
     println!(
         "  (the writer, updating without pause: {:.2} M updates/s, median)",
-        median(RATES.lock().unwrap().clone())
+        median(rates)
     );
 }
