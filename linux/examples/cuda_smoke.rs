@@ -19,6 +19,10 @@ use memhook::event::{Event, bits};
 use memhook::memtype::{self, Lookup};
 use memhook::{Config, HandlerFn};
 
+#[path = "common/paired.rs"]
+mod paired;
+use paired::added_latency;
+
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 static FREES: AtomicU64 = AtomicU64::new(0);
 
@@ -39,74 +43,6 @@ fn pair() {
         assert_eq!(sys::cuMemAlloc_v2(&mut p, 4096), sys::CUresult::CUDA_SUCCESS);
         assert_eq!(sys::cuMemFree_v2(p), sys::CUresult::CUDA_SUCCESS);
     }
-}
-
-/// The added latency of an allocation+free pair: `hooked` through the
-/// driver's (patched) entries, `original` through memhook's originals of
-/// the same functions (`memhook::cuda::original`: the driver's code past
-/// the hook), in the same process and the same driver state. `n` rounds
-/// each time one of each, in random order, timed one by one. The driver's
-/// own time for a pair varies by microseconds, far more than memhook adds,
-/// so block means of hooked and unhooked runs cannot show tens of ns;
-/// adjacent calls share the driver's state. Prints the p10, p25 and median
-/// of each side and the median of the per-round differences.
-fn added_latency(name: &str, n: usize, hooked: impl Fn(), original: impl Fn(), after_round: impl Fn()) {
-    let (mut h, mut o, mut d) = (Vec::new(), Vec::new(), Vec::new());
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let time = |f: &dyn Fn()| {
-        let t = Instant::now();
-        f();
-        t.elapsed().as_nanos() as f64
-    };
-    for _ in 0..n {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let (th, to) = if rng & 1 == 0 {
-            let th = time(&hooked);
-            (th, time(&original))
-        } else {
-            let to = time(&original);
-            (time(&hooked), to)
-        };
-        h.push(th);
-        o.push(to);
-        d.push(th - to);
-        after_round();
-    }
-    for (q_name, q) in [("p10", 0.10), ("p25", 0.25), ("median", 0.5)] {
-        let (u, k) = (quantile(&mut o, q), quantile(&mut h, q));
-        println!(
-            "{name}, {q_name} of {n} pairs each: original {u:.0} ns, hooked {k:.0} ns, added {:.0} ns",
-            k - u
-        );
-    }
-    // The spread of the estimate: the driver's time varies by
-    // microseconds from pair to pair, so the median of 20,000 differences
-    // moves by tens of ns from one block of rounds to the next.
-    let blocks = n / 20_000;
-    let spread = if blocks > 1 {
-        let mut m: Vec<f64> = d.chunks(n / blocks).map(|c| quantile(&mut c.to_vec(), 0.5)).collect();
-        m.sort_by(f64::total_cmp);
-        format!(
-            " (medians of {blocks} blocks of {}: {:.0} to {:.0} ns)",
-            n / blocks,
-            m[0],
-            m[m.len() - 1]
-        )
-    } else {
-        String::new()
-    };
-    println!(
-        "{name}, median of the {n} per-round differences: added {:.0} ns{spread}",
-        quantile(&mut d, 0.5)
-    );
-}
-
-/// The `q`-quantile of `v` (sorts it).
-fn quantile(v: &mut [f64], q: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q) as usize]
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -378,12 +314,16 @@ fn lookup_scaling() {
         });
         median(ns)
     }
+    // A mask, not `%`: a division per lookup would be the harness's own
+    // cost (and a shared divider where cores are hardware threads).
+    assert!(live.len().is_power_of_two());
+    let mask = live.len() - 1;
     let lookups = |t: usize| {
         let n = 2_000_000;
         let t0 = Instant::now();
         let mut found = 0usize;
         for k in 0..n {
-            let a = live[(k * 7 + t) % live.len()] + 4096;
+            let a = live[(k * 7 + t) & mask] + 4096;
             found += usize::from(matches!(memtype::lookup(a, 64), Lookup::Found(_)));
         }
         assert_eq!(found, n, "every live allocation is found");
@@ -408,16 +348,37 @@ fn lookup_scaling() {
         std::hint::black_box(x);
         t0.elapsed().as_nanos() as f64 / n as f64
     };
-    let one = on_threads(1, &lookups);
-    let one_arith = on_threads(1, &arithmetic);
-    println!("memtype lookup, 65,536 ranges: 1 thread {one:.1} ns");
-    for threads in [4, 16] {
-        let ns = on_threads(threads, &lookups);
-        let arith = on_threads(threads, &arithmetic);
+    // Rounds of every case in turn, and the median of each round's ratio
+    // to the same round's one thread (so that a host's drift between
+    // rounds, and a first measurement at a higher clock, cancel).
+    const ROUNDS: usize = 7;
+    let counts = [1usize, 4, 16];
+    let (mut look, mut arith) = (vec![Vec::new(); counts.len()], vec![Vec::new(); counts.len()]);
+    for _ in 0..ROUNDS {
+        for (k, &threads) in counts.iter().enumerate() {
+            look[k].push(on_threads(threads, &lookups));
+            arith[k].push(on_threads(threads, &arithmetic));
+        }
+    }
+    let scaling = |v: &[Vec<f64>], k: usize| {
+        median(
+            v[k].iter()
+                .zip(&v[0])
+                .map(|(ns, one)| counts[k] as f64 * one / ns)
+                .collect(),
+        )
+    };
+    println!(
+        "memtype lookup, 65,536 ranges: 1 thread {:.1} ns ({ROUNDS} rounds of each case in turn; medians)",
+        median(look[0].clone())
+    );
+    for k in 1..counts.len() {
         println!(
-            "memtype lookup, {threads} threads: {ns:.1} ns each, {:.1}x one thread's throughput (goal at 16: 14x); arithmetic alone, same threads: {:.1}x",
-            threads as f64 * one / ns,
-            threads as f64 * one_arith / arith
+            "memtype lookup, {} threads: {:.1} ns each, {:.1}x one thread's throughput (goal at 16: 14x); arithmetic alone, same threads: {:.1}x",
+            counts[k],
+            median(look[k].clone()),
+            scaling(&look, k),
+            scaling(&arith, k)
         );
     }
     let attr = |p: usize| {
