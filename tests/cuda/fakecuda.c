@@ -67,6 +67,20 @@ __attribute__((used, visibility("hidden"))) uint32_t fake_state;
 
 static atomic_ulong calls;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Work every device allocation and free does first (fake_set_work): writes
+ * over a private buffer of that many bytes, as a real driver's work evicts
+ * its caller's cache lines (a cuMemAlloc_v2 + cuMemFree_v2 pair of the H200
+ * takes about 60 us), so that a bench can measure hooks run from cold
+ * caches without a GPU. 0 (the default): none. */
+static atomic_size_t work_bytes;
+static unsigned char *work_buf;
+
+static void work(void) {
+    size_t n = atomic_load_explicit(&work_bytes, memory_order_relaxed);
+    for (size_t i = 0; i < n; i += 64)
+        ((volatile unsigned char *)work_buf)[i] += 1;
+}
 static __thread int current_device;
 
 struct alloc {
@@ -133,6 +147,7 @@ static void forget(struct alloc *a) { *a = allocs[--nallocs]; }
 /* Device-side allocation of `size` in `arena`, recorded with `type`. */
 static CUresult alloc_in(struct arena *a, size_t arena_size, int extra, uintptr_t *out, size_t size, int type) {
     atomic_fetch_add(&calls, 1);
+    work();
     if (!out || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
@@ -169,6 +184,7 @@ static CUresult low_alloc(unsigned int *dptr, size_t size) {
 /* Frees the allocation starting at p (of `type` when type != 0). */
 static CUresult free_at(uintptr_t p, int type) {
     atomic_fetch_add(&calls, 1);
+    work();
     pthread_mutex_lock(&lock);
     struct alloc *a = find(p);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
@@ -528,6 +544,23 @@ IMPL CUresult impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int versi
 
 /* ---- For the tests. ---- */
 unsigned long fake_calls(void) { return atomic_load(&calls); }
+
+/* Sets the work of each allocation and free (above); returns 0, or -1 if
+ * the buffer cannot be mapped. Call it with no driver call in flight. */
+int fake_set_work(size_t bytes) {
+    static size_t mapped;
+    if (bytes > mapped) {
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            return -1;
+        if (work_buf)
+            munmap(work_buf, mapped);
+        work_buf = p;
+        mapped = bytes;
+    }
+    atomic_store(&work_bytes, bytes);
+    return 0;
+}
 int fake_live(void) {
     pthread_mutex_lock(&lock);
     int n = nallocs;
