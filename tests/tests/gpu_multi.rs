@@ -316,8 +316,11 @@ fn lookup_scaling_across_devices() {
             }
         }
     }
+    // 1,024 probes (a mask, not `%`, picks one: a division per lookup
+    // would be the harness's own cost).
+    let probes: Vec<usize> = (0..1024).map(|i| live[i % live.len()] + 4096).collect();
     let run = |threads: usize| {
-        let live = &live;
+        let probes = &probes;
         let start = Barrier::new(threads);
         let start = &start;
         std::thread::scope(|s| {
@@ -328,7 +331,7 @@ fn lookup_scaling_across_devices() {
                         let n = 1_000_000;
                         let t0 = Instant::now();
                         for k in 0..n {
-                            let a = live[(k * 7 + t) % live.len()] + 4096;
+                            let a = probes[(k * 7 + t) & 1023];
                             assert!(matches!(memtype::lookup(a, 64), Lookup::Found(_)));
                         }
                         t0.elapsed().as_nanos() as f64 / n as f64
@@ -340,13 +343,20 @@ fn lookup_scaling_across_devices() {
             v[v.len() / 2]
         })
     };
-    let one = run(1);
-    for threads in [1, 4, 16] {
-        let ns = run(threads);
+    // Rounds of each case in turn; each round's ratio against its own
+    // one-thread figure (a first run at a higher clock, or drift, cancels).
+    let counts = [1usize, 4, 16];
+    let rounds: Vec<Vec<f64>> = (0..5).map(|_| counts.iter().map(|&t| run(t)).collect()).collect();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for (k, threads) in counts.into_iter().enumerate() {
         eprintln!(
-            "gpu_multi: lookups over {} devices' allocations, {threads} threads: {ns:.1} ns each, {:.1}x one thread",
+            "gpu_multi: lookups over {} devices' allocations, {threads} threads: {:.1} ns each, {:.1}x one thread (medians of 5 rounds)",
             ctxs.len(),
-            threads as f64 * one / ns
+            median(rounds.iter().map(|r| r[k]).collect()),
+            median(rounds.iter().map(|r| threads as f64 * r[0] / r[k]).collect())
         );
     }
     for p in live {
