@@ -8,7 +8,11 @@
  *                  cuGetProcAddress itself, then for everything else
  *                  through the pointer it got;
  *   CLIENT_LOADER  only dlopens (so that the test's loads go through a
- *                  library whose dlopen memhook follows).
+ *                  library whose dlopen memhook follows);
+ *   CLIENT_CUDART  is a shared runtime (built as libcudart.so.13):
+ *                  cudaMalloc and cudaFree call the driver through the
+ *                  pointers cuGetProcAddress gives, as CUDA 13's runtime
+ *                  does, so that memhook hooks both levels of one call.
  * Each run function makes `n` allocations of `size` bytes and frees them,
  * returning the number of calls that failed (or -1 when a function could
  * not be found). */
@@ -89,6 +93,46 @@ int runtime_run(const char *libcuda, int n, size_t size) {
     }
     dlclose(h);
     return r;
+}
+#endif
+
+#ifdef CLIENT_CUDART
+static alloc_fn drv_alloc;
+static free_fn drv_free;
+
+/* The driver's functions, once (the driver must be loaded already). */
+static int resolve(void) {
+    if (drv_alloc && drv_free)
+        return 0;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!h)
+        return -1;
+    gpa_fn first = (gpa_fn)dlsym(h, "cuGetProcAddress_v2");
+    gpa_fn gpa = NULL;
+    int r = -1;
+    if (first && first("cuGetProcAddress", (void **)&gpa, 13000, 0, NULL) == 0 && gpa &&
+        gpa("cuMemAlloc", (void **)&drv_alloc, 13000, 0, NULL) == 0 &&
+        gpa("cuMemFree", (void **)&drv_free, 13000, 0, NULL) == 0 && drv_alloc && drv_free)
+        r = 0;
+    dlclose(h);
+    return r;
+}
+
+/* cudaError_t values: 0 success, 1 (cudaErrorInvalidValue) otherwise. */
+int cudaMalloc(void **p, size_t size) {
+    if (!p || resolve() != 0)
+        return 1;
+    CUdeviceptr d = 0;
+    if (drv_alloc(&d, size) != 0)
+        return 2; /* cudaErrorMemoryAllocation */
+    *p = (void *)d;
+    return 0;
+}
+
+int cudaFree(void *p) {
+    if (resolve() != 0)
+        return 1;
+    return drv_free((CUdeviceptr)p) == 0 ? 0 : 1;
 }
 #endif
 

@@ -20,6 +20,9 @@ pub struct FakeCuda {
     pub runtime: PathBuf,
     /// Only `dlopen`s (so that loads go through a library memhook follows).
     pub loader: PathBuf,
+    /// A shared runtime, `libcudart.so.13`: `cudaMalloc` and `cudaFree`
+    /// over the driver's `cuGetProcAddress` pointers.
+    pub cudart: PathBuf,
 }
 
 /// The C sources: `tests/cuda`, or `$MEMHOOK_FAKECUDA_SRC` (for test
@@ -74,6 +77,13 @@ pub fn build(dir: &Path) -> FakeCuda {
     cc(&["-DCLIENT_RUNTIME"], &runtime, &clients, &["-ldl"]);
     let loader = dir.join("libmh_client_loader.so");
     cc(&["-DCLIENT_LOADER"], &loader, &clients, &["-ldl"]);
+    let cudart = dir.join("libcudart.so.13");
+    cc(
+        &["-DCLIENT_CUDART", "-Wl,-soname,libcudart.so.13"],
+        &cudart,
+        &clients,
+        &["-ldl"],
+    );
     FakeCuda {
         dir: dir.to_path_buf(),
         libcuda,
@@ -81,5 +91,6 @@ pub fn build(dir: &Path) -> FakeCuda {
         dlsym,
         runtime,
         loader,
+        cudart,
     }
 }
