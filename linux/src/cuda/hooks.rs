@@ -8,10 +8,12 @@
 //! undefined behaviour. The two are the same in the C ABI.
 //!
 //! Each hook calls its original (the bistro trampoline, or the library's
-//! own entry: see [`original`]) with a thread-local guard set, so that the
-//! hooked calls a hooked call makes (`cudaMalloc` calling `cuMemAlloc_v2`)
-//! report nothing: one allocation, one event. Allocations report after a
-//! successful call; frees report before the call.
+//! own entry: see [`original`]); a runtime function's hook sets a
+//! thread-local guard around the call, so that the hooked driver calls it
+//! makes (`cudaMalloc` calling `cuMemAlloc_v2`) report nothing: one
+//! allocation, one event (`tests/tests/cuda_nested.rs`). A driver
+//! function's hook only reads the guard (see [`guarded`]). Allocations
+//! report after a successful call; frees report before the call.
 #![allow(non_snake_case)]
 
 use core::cell::Cell;
@@ -201,10 +203,19 @@ fn with_guard<R>(body: impl FnOnce(Option<&Cell<bool>>) -> R) -> R {
     }
 }
 
-/// Runs `call` with `flag` set (the hooked calls it makes report nothing).
+/// Runs `id`'s `call` with `flag` set where the hooked calls it makes
+/// must report nothing: a runtime function's (`cudaMalloc` calls
+/// `cuMemAlloc_v2`). A driver function's original calls no hooked function
+/// (each is checked to report once on the H200: `gpu_driver`), so its call
+/// leaves the flag alone: after the driver's work (60 us for a 4 KiB
+/// `cuMemAlloc_v2` + `cuMemFree_v2` on the H200) the thread-local's line
+/// is cold, and a store to it would hold back the map's lock (an atomic
+/// read-modify-write waits for the stores before it), and a free's hook
+/// can then end in a tail call, so that the driver returns straight to
+/// the caller instead of through the hook's cold code.
 #[inline(always)]
-fn guarded(flag: Option<&Cell<bool>>, call: impl FnOnce() -> Status) -> Status {
-    let Some(flag) = flag else {
+fn guarded(id: Id, flag: Option<&Cell<bool>>, call: impl FnOnce() -> Status) -> Status {
+    let Some(flag) = flag.filter(|_| id.lib() == Lib::Runtime) else {
         return call();
     };
     flag.set(true);
@@ -226,7 +237,7 @@ fn on_alloc(
         if flag.is_some_and(Cell::get) {
             return call(); // inside a hooked call, whose hook reports
         }
-        let status = guarded(flag, call);
+        let status = guarded(id, flag, call);
         if status == SUCCESS {
             let (address, size) = result();
             if address != 0 {
@@ -246,7 +257,7 @@ fn on_free(id: Id, address: usize, size: Option<usize>, call: impl FnOnce() -> S
             return call();
         }
         freeing(id, address, size);
-        guarded(flag, call)
+        guarded(id, flag, call)
     })
 }
 
