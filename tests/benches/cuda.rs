@@ -27,17 +27,8 @@ fn pair(alloc: Alloc, free: Free) {
 
 fn bench(c: &mut Criterion) {
     let dir = std::env::temp_dir().join(format!("memhook-bench-cuda-{}", std::process::id()));
-    let fake = memhook_tests::fakecuda::build(&dir);
-    let path = std::ffi::CString::new(fake.libcuda.to_str().unwrap()).unwrap();
-    // SAFETY: a NUL-terminated path to the library just built.
-    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
-    assert!(!h.is_null());
-    let sym = |name: &std::ffi::CStr| {
-        // SAFETY: a live handle and a NUL-terminated name.
-        let p = unsafe { libc::dlsym(h, name.as_ptr()) };
-        assert!(!p.is_null());
-        p
-    };
+    let fake = memhook_tests::fakecuda::Opened::build(&dir);
+    let sym = |name| fake.sym(name);
     // SAFETY: the two functions have these signatures.
     let (alloc, free) = unsafe {
         (

@@ -94,3 +94,29 @@ pub fn build(dir: &Path) -> FakeCuda {
         cudart,
     }
 }
+
+/// The fake driver, built and loaded (`dlopen`, `RTLD_NOW`), for the
+/// benches that call it directly.
+pub struct Opened {
+    handle: *mut core::ffi::c_void,
+}
+
+impl Opened {
+    /// Builds the fake into `dir` and loads its `libcuda.so.1`.
+    pub fn build(dir: &Path) -> Opened {
+        let fake = build(dir);
+        let path = std::ffi::CString::new(fake.libcuda.to_str().expect("a UTF-8 path")).expect("no NUL");
+        // SAFETY: a NUL-terminated path to the library just built.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+        assert!(!handle.is_null(), "dlopen {}", fake.libcuda.display());
+        Opened { handle }
+    }
+
+    /// The address of `name` in the fake (panics when it is missing).
+    pub fn sym(&self, name: &std::ffi::CStr) -> *mut core::ffi::c_void {
+        // SAFETY: a live handle and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(self.handle, name.as_ptr()) };
+        assert!(!p.is_null(), "{name:?} in the fake driver");
+        p
+    }
+}
