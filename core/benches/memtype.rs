@@ -39,7 +39,10 @@ static NEARLY_FULL: MemtypeMap<{ 65_536 + 16 }> = MemtypeMap::new();
 
 #[path = "common/layout.rs"]
 mod layout;
+#[path = "common/pages.rs"]
+mod pages;
 use layout::{BASE, LEN, STRIDE, probes};
+use pages::{advise_huge_pages, huge_pages_of};
 
 type Baseline = RwLock<BTreeMap<usize, (usize, MemType)>>;
 
@@ -103,20 +106,6 @@ fn pair<const N: usize>(map: &MemtypeMap<N>, a: usize) {
     map.remove(a, 0x1000).unwrap();
 }
 
-/// Asks for transparent huge pages over `map`'s whole pages, as `memhook`
-/// does for the process's map at load (a lookup touches three random
-/// pages of a large map: with 4 KiB pages, three TLB misses). Before the
-/// map is first touched; a kernel without them refuses, harmlessly.
-fn advise_huge_pages<T>(map: &'static T) {
-    let start = (map as *const T as usize).next_multiple_of(4096);
-    let end = (map as *const T as usize + size_of::<T>()) & !4095;
-    if end > start {
-        // SAFETY: the range lies inside a static of this program;
-        // MADV_HUGEPAGE changes how the kernel backs it, not its contents.
-        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-    }
-}
-
 fn single_thread(c: &mut Criterion) {
     advise_huge_pages(&MAP);
     advise_huge_pages(&NEARLY_FULL);
@@ -133,6 +122,9 @@ fn single_thread(c: &mut Criterion) {
             over(&mut g, BenchmarkId::new("rwlock_btreemap", ranges), &addrs, |a| {
                 baseline_lookup(&baseline, a, 8)
             });
+            if ranges == 65_536 && hit {
+                eprintln!("memtype map at 65,536 ranges: {}", huge_pages_of(&MAP));
+            }
             churn(&MAP, ranges);
             assert_eq!(MAP.lookup(addrs[0], 8).mem_type_or(MemType::Host), want);
             over(&mut g, BenchmarkId::new("memhook_churned", ranges), &addrs, |a| {

@@ -24,6 +24,8 @@ static MAP: MemtypeMap<131_072> = MemtypeMap::new();
 
 #[path = "../benches/common/layout.rs"]
 mod layout;
+#[path = "../benches/common/pages.rs"]
+mod pages;
 use layout::{BASE, LEN, STRIDE, probes};
 
 const LOOKUPS: usize = 2_000_000;
@@ -92,6 +94,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    // Advised as memhook advises the process's map at load.
+    pages::advise_huge_pages(&MAP);
     for i in 0..65_536 {
         MAP.insert(BASE + i * STRIDE, LEN, MemType::Cuda, 0).unwrap();
     }
@@ -115,6 +119,7 @@ fn main() {
         }
     }
     println!("memtype lookups of one reader, 65,536 ranges, {ROUNDS} rounds ({cores} cores; medians):");
+    println!("  (the map: {})", pages::huge_pages_of(&MAP));
     for (k, (name, _, _)) in cases.iter().enumerate() {
         let ratio = median(times[k].iter().zip(&times[0]).map(|(t, alone)| t / alone).collect());
         println!(
