@@ -73,6 +73,12 @@ check "memhook doctor" ./memhook doctor
 
 say "== cuda_smoke (real driver)"
 ./cuda_smoke 2>&1 | tee -a "$results"
+# The real pair and the scaling vary from process to process on one host
+# (the placement of what the hooks touch): two more processes' figures.
+for i in 2 3; do
+    say "== cuda_smoke, process $i"
+    ./cuda_smoke 2>&1 | grep -E "^cuMemAlloc_v2.*per-round|by hand.*per-round|16 threads" | tee -a "$results"
+done
 say "== bench: fake driver, hooked vs unhooked"
 ./bench_cuda --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^cuMem|time:" | tee -a "$results"
 say "== bench: fake driver whose calls evict the caches (cuda_cold), hooked vs unhooked"
@@ -80,5 +86,5 @@ say "== bench: fake driver whose calls evict the caches (cuda_cold), hooked vs u
 say "== bench: memtype map: lookups, updates, readers (65,536 ranges)"
 ./bench_memtype --bench "lookup_hit/memhook|update/memhook|readers" --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(lookup|readers|memtype map)|time:|thrpt:" | tee -a "$results"
 ./readers 2>&1 | tee -a "$results"
-say "== bench: host hooks, mmap+munmap 4 KiB (interleaved rounds, three runs)"
-for _ in 1 2 3; do ./host_cost 2>&1 | tee -a "$results"; done
+say "== bench: host hooks, mmap+munmap 4 KiB (interleaved rounds, five runs)"
+for _ in 1 2 3 4 5; do ./host_cost 2>&1 | tee -a "$results"; done
