@@ -22,6 +22,9 @@ use memhook::{Config, HandlerFn};
 #[path = "common/paired.rs"]
 mod paired;
 use paired::added_latency;
+#[path = "common/scaling.rs"]
+mod scaling;
+use scaling::median;
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 static FREES: AtomicU64 = AtomicU64::new(0);
@@ -43,11 +46,6 @@ fn pair() {
         assert_eq!(sys::cuMemAlloc_v2(&mut p, 4096), sys::CUresult::CUDA_SUCCESS);
         assert_eq!(sys::cuMemFree_v2(p), sys::CUresult::CUDA_SUCCESS);
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {
@@ -296,24 +294,6 @@ fn lookup_scaling() {
         let _ = memtype::insert(base + i * 0x2000, 0x1000, memtype::MemType::Cuda, 0);
         i += 1;
     }
-    // Runs `work` (ns per operation, given the thread's index) on
-    // `threads` threads started together; the median thread's figure.
-    fn on_threads(threads: usize, work: &(dyn Fn(usize) -> f64 + Sync)) -> f64 {
-        let start = std::sync::Barrier::new(threads);
-        let start = &start;
-        let ns: Vec<f64> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..threads)
-                .map(|t| {
-                    s.spawn(move || {
-                        start.wait();
-                        work(t)
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        median(ns)
-    }
     // A mask, not `%`: a division per lookup would be the harness's own
     // cost (and a shared divider where cores are hardware threads).
     assert!(live.len().is_power_of_two());
@@ -348,37 +328,19 @@ fn lookup_scaling() {
         std::hint::black_box(x);
         t0.elapsed().as_nanos() as f64 / n as f64
     };
-    // Rounds of every case in turn, and the median of each round's ratio
-    // to the same round's one thread (so that a host's drift between
-    // rounds, and a first measurement at a higher clock, cancel).
+    // Rounds of every case in turn, against each round's own one thread.
     const ROUNDS: usize = 7;
     let counts = [1usize, 4, 16];
-    let (mut look, mut arith) = (vec![Vec::new(); counts.len()], vec![Vec::new(); counts.len()]);
-    for _ in 0..ROUNDS {
-        for (k, &threads) in counts.iter().enumerate() {
-            look[k].push(on_threads(threads, &lookups));
-            arith[k].push(on_threads(threads, &arithmetic));
-        }
-    }
-    let scaling = |v: &[Vec<f64>], k: usize| {
-        median(
-            v[k].iter()
-                .zip(&v[0])
-                .map(|(ns, one)| counts[k] as f64 * one / ns)
-                .collect(),
-        )
-    };
+    let figures = scaling::scaling(&counts, ROUNDS, &[&lookups, &arithmetic]);
+    let (look, arith) = (&figures[0], &figures[1]);
     println!(
         "memtype lookup, 65,536 ranges: 1 thread {:.1} ns ({ROUNDS} rounds of each case in turn; medians)",
-        median(look[0].clone())
+        look[0].0
     );
     for k in 1..counts.len() {
         println!(
             "memtype lookup, {} threads: {:.1} ns each, {:.1}x one thread's throughput (goal at 16: 14x); arithmetic alone, same threads: {:.1}x",
-            counts[k],
-            median(look[k].clone()),
-            scaling(&look, k),
-            scaling(&arith, k)
+            counts[k], look[k].0, look[k].1, arith[k].1
         );
     }
     let attr = |p: usize| {

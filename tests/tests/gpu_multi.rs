@@ -10,6 +10,8 @@
 #![cfg(target_arch = "x86_64")]
 
 mod common;
+#[path = "../../linux/examples/common/scaling.rs"]
+mod scaling;
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -319,44 +321,23 @@ fn lookup_scaling_across_devices() {
     // 1,024 probes (a mask, not `%`, picks one: a division per lookup
     // would be the harness's own cost).
     let probes: Vec<usize> = (0..1024).map(|i| live[i % live.len()] + 4096).collect();
-    let run = |threads: usize| {
-        let probes = &probes;
-        let start = Barrier::new(threads);
-        let start = &start;
-        std::thread::scope(|s| {
-            let hs: Vec<_> = (0..threads)
-                .map(|t| {
-                    s.spawn(move || {
-                        start.wait();
-                        let n = 1_000_000;
-                        let t0 = Instant::now();
-                        for k in 0..n {
-                            let a = probes[(k * 7 + t) & 1023];
-                            assert!(matches!(memtype::lookup(a, 64), Lookup::Found(_)));
-                        }
-                        t0.elapsed().as_nanos() as f64 / n as f64
-                    })
-                })
-                .collect();
-            let mut v: Vec<f64> = hs.into_iter().map(|h| h.join().unwrap()).collect();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        })
+    let lookups = |t: usize| {
+        let n = 1_000_000;
+        let t0 = Instant::now();
+        for k in 0..n {
+            let a = probes[(k * 7 + t) & 1023];
+            assert!(matches!(memtype::lookup(a, 64), Lookup::Found(_)));
+        }
+        t0.elapsed().as_nanos() as f64 / n as f64
     };
     // Rounds of each case in turn; each round's ratio against its own
     // one-thread figure (a first run at a higher clock, or drift, cancels).
     let counts = [1usize, 4, 16];
-    let rounds: Vec<Vec<f64>> = (0..5).map(|_| counts.iter().map(|&t| run(t)).collect()).collect();
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    for (k, threads) in counts.into_iter().enumerate() {
+    let figures = scaling::scaling(&counts, 5, &[&lookups]);
+    for (&threads, (ns, ratio)) in counts.iter().zip(&figures[0]) {
         eprintln!(
-            "gpu_multi: lookups over {} devices' allocations, {threads} threads: {:.1} ns each, {:.1}x one thread (medians of 5 rounds)",
-            ctxs.len(),
-            median(rounds.iter().map(|r| r[k]).collect()),
-            median(rounds.iter().map(|r| threads as f64 * r[0] / r[k]).collect())
+            "gpu_multi: lookups over {} devices' allocations, {threads} threads: {ns:.1} ns each, {ratio:.1}x one thread (medians of 5 rounds)",
+            ctxs.len()
         );
     }
     for p in live {
