@@ -5,10 +5,12 @@
 //! function, lookups next to the driver's own answer, the PCI bus id from
 //! NVML, the per-function status, and the added latency of a hooked
 //! `cuMemAlloc_v2` + `cuMemFree_v2` pair (4 KiB) against the same calls
-//! unhooked, in the same run (medians of blocks of 200 pairs).
+//! unhooked, in the same run (the median of the per-round differences,
+//! one hooked and one unhooked pair per round, in random order).
 //! Without libcuda it says so and exits 0.
 //!
-//! `cargo run --release -p memhook --example cuda_smoke`
+//! `cargo run --release -p memhook --example cuda_smoke` (`-- pair`: the
+//! added latency of the real pair and the map's work by hand only)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -98,8 +100,10 @@ fn main() {
         }
     };
     let orig_pair = || sync_pair(orig_alloc, orig_free);
-    // The hooked side calls the driver's entries the same way (a pointer
-    // from dlsym, which bistro patched), not through cudarc's wrappers.
+    // The hooked side calls the driver's functions the same way, through
+    // a pointer from dlsym (not through cudarc's wrappers): with the
+    // default modes procaddr answers dlsym with the hook itself; with
+    // bistro alone it is the patched entry.
     // SAFETY: a NUL-terminated name of a library this process loaded.
     let lib = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
     assert!(!lib.is_null(), "libcuda is loaded");
@@ -116,9 +120,13 @@ fn main() {
             std::mem::transmute::<usize, Free>(entry(c"cuMemFree_v2")),
         )
     };
+    // `cuda_smoke pair`: the real pair and its floor only, fewer rounds,
+    // so that a run can sample many processes: the figure moves more
+    // from process to process than from block to block of one process.
+    let pair_only = std::env::args().nth(1).as_deref() == Some("pair");
     added_latency(
         "cuMemAlloc_v2+cuMemFree_v2 4KiB",
-        100_000,
+        if pair_only { 40_000 } else { 100_000 },
         || sync_pair(alloc, free),
         orig_pair,
         || {},
@@ -153,6 +161,9 @@ fn main() {
         orig_pair,
         || {},
     );
+    if pair_only {
+        return;
+    }
     added_latency(
         "  the original + cuCtxGetDevice",
         20_000,
