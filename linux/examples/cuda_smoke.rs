@@ -10,7 +10,8 @@
 //! Without libcuda it says so and exits 0.
 //!
 //! `cargo run --release -p memhook --example cuda_smoke` (`-- pair`: the
-//! added latency of the real pair and the map's work by hand only)
+//! added latency of the real pair, bare and with one handler, and of the
+//! map's work by hand only)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -120,7 +121,8 @@ fn main() {
             std::mem::transmute::<usize, Free>(entry(c"cuMemFree_v2")),
         )
     };
-    // `cuda_smoke pair`: the real pair and its floor only, fewer rounds,
+    // `cuda_smoke pair`: the real pair (bare and with a handler) and its
+    // floor only, fewer rounds,
     // so that a run can sample many processes: the figure moves more
     // from process to process than from block to block of one process.
     let pair_only = std::env::args().nth(1).as_deref() == Some("pair");
@@ -131,6 +133,23 @@ fn main() {
         orig_pair,
         || {},
     );
+    // SPEC.md's bar is per hooked call with one handler: the same pair
+    // (two hooked calls) with one empty handler for both events, which
+    // the hooks then deliver to.
+    let handler = memhook::set_handler(
+        bits::MEM_TYPE_ALLOC | bits::MEM_TYPE_FREE,
+        0,
+        HandlerFn::Rust(&|_: &mut Event| {}),
+    )
+    .expect("a free handler slot");
+    added_latency(
+        "cuMemAlloc_v2+cuMemFree_v2 4KiB, one empty handler",
+        if pair_only { 20_000 } else { 40_000 },
+        || sync_pair(alloc, free),
+        orig_pair,
+        || {},
+    );
+    memhook::unset_handler(handler).expect("registered above, outside any handler");
     // Where it goes: the original pair plus, by hand, what the hooks do
     // besides calling it (the map's insert and take; the device query
     // where the process sees more than one device), and the device query
