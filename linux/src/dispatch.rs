@@ -186,6 +186,14 @@ pub(crate) fn finish(begun: Begun, event: &mut Event, follow: Option<&mut Event>
     DISPATCHER.finish(depth, begun.pass, event, follow);
 }
 
+/// Asks the cache for what delivering events of the kinds `kinds` reads
+/// (see `Dispatcher::prefetch_visit`): for a hook about to deliver after
+/// a driver call.
+#[inline(always)]
+pub(crate) fn prefetch_delivery(kinds: u32) {
+    let _ = LOCAL.try_with(|l| DISPATCHER.prefetch_visit(&l.depth, kinds));
+}
+
 /// Delivers an event that has no original call.
 pub(crate) fn notify(event: &mut Event) {
     let _ = LOCAL.try_with(|l| DISPATCHER.notify(&l.depth, event));
