@@ -122,9 +122,9 @@ fn main() {
         )
     };
     // `cuda_smoke pair`: the real pair (bare and with a handler) and its
-    // floor only, fewer rounds,
-    // so that a run can sample many processes: the figure moves more
-    // from process to process than from block to block of one process.
+    // floor only, with fewer rounds, so that a run can sample many
+    // processes: the figure moves more from process to process than from
+    // block to block of one process.
     let pair_only = std::env::args().nth(1).as_deref() == Some("pair");
     added_latency(
         "cuMemAlloc_v2+cuMemFree_v2 4KiB",
