@@ -88,11 +88,11 @@ done
 python3 - "$results" <<'PY' | tee -a "$results"
 import re, statistics, sys
 text = open(sys.argv[1]).read()
-def figures(label):
-    return [int(x) for x in re.findall("^" + re.escape(label) + r", median of the \d+ per-round differences: added (-?\d+) ns", text, re.M)]
-pair = figures("cuMemAlloc_v2+cuMemFree_v2 4KiB")
-handled = figures("cuMemAlloc_v2+cuMemFree_v2 4KiB, one empty handler")
-hand = [int(x) for x in re.findall(r"^  the original \+ the hooks' work by hand \(\d+ device\(s\)\), median of the \d+ per-round differences: added (-?\d+) ns", text, re.M)]
+def figures(label):  # label: a regular expression for the line's start
+    return [int(x) for x in re.findall("^" + label + r", median of the \d+ per-round differences: added (-?\d+) ns", text, re.M)]
+pair = figures(re.escape("cuMemAlloc_v2+cuMemFree_v2 4KiB"))
+handled = figures(re.escape("cuMemAlloc_v2+cuMemFree_v2 4KiB, one empty handler"))
+hand = figures(re.escape("  the original + the hooks' work by hand (") + r"\d+" + re.escape(" device(s))"))
 def summary(xs):
     if len(xs) < 2:
         return f"{xs}"

@@ -30,3 +30,15 @@ pub mod patch;
 mod simd;
 #[allow(unsafe_code)]
 pub mod sync;
+
+/// Asks the cache for the lines of `[p, p + len)`: a hint for code about
+/// to touch them after work that left the caches cold (a driver call). It
+/// reads nothing the program sees and cannot fault, whatever the address;
+/// a no-op off x86_64 and under loom.
+#[inline(always)]
+pub fn prefetch(p: *const u8, len: usize) {
+    #[cfg(all(target_arch = "x86_64", not(memhook_loom)))]
+    simd::prefetch(p, len);
+    #[cfg(not(all(target_arch = "x86_64", not(memhook_loom))))]
+    let _ = (p, len);
+}

@@ -51,13 +51,7 @@ fn deliver(id: Id, event: Event) {
 /// each miss in turn. A hint: it changes nothing a thread can observe.
 #[inline(always)]
 fn prefetch_delivery(id: Id, kind: u32) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults and has no visible effect.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-            (&raw const EVENTS[id as usize]).cast(),
-        );
-    }
+    memhook_core::prefetch((&raw const EVENTS[id as usize]).cast(), 1);
     dispatch::prefetch_delivery(kind);
 }
 
