@@ -7,8 +7,10 @@
 //! current break of brk/sbrk) stays right, and a hooker that patched the
 //! function before memhook still sees every call. `errno` as the original
 //! left it is what the caller sees, whatever the handlers did. When no
-//! handler wants any of a hook's events, the hook is two loads from one
-//! cache line, a test and the original call.
+//! handler wants any of a hook's events, the hook is the original's load,
+//! two loads from one cache line, a test and a jump to the original: the
+//! events are built in a function of their own (`*_dispatched`), which
+//! alone sets up a stack frame.
 
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -63,6 +65,27 @@ macro_rules! original {
         // before the hook became reachable.
         unsafe { core::mem::transmute::<usize, $ty>(p) }
     }};
+}
+
+/// A hook's entry: when no handler wants any of `$events`, a tail call of
+/// the original, with no frame of its own (a load of the original, the
+/// dispatcher's two masks from one line, a test and a jump); else a tail
+/// call of `$dispatched`, which builds the events and owns the frame. So
+/// a process whose handlers want none of these events pays for the hook
+/// no stack traffic.
+macro_rules! entry {
+    ($(#[$doc:meta])* $hook:ident => $dispatched:ident, $orig:ident as $ty:ty, $events:expr, ($($a:ident: $t:ty),*) -> $r:ty) => {
+        $(#[$doc])*
+        pub(crate) unsafe extern "C" fn $hook($($a: $t),*) -> $r {
+            if !wants($events) {
+                let orig = original!($orig, $ty);
+                // SAFETY: the caller's arguments, forwarded to the original.
+                return unsafe { orig($($a),*) };
+            }
+            // SAFETY: the same arguments, for the same call.
+            unsafe { $dispatched($($a),*) }
+        }
+    };
 }
 
 /// Dispatches a hooked call: `original` makes the call and sets the
@@ -123,8 +146,15 @@ fn succeeded(result: usize) -> Option<usize> {
     (result != INVALID_PTR).then_some(result)
 }
 
-/// The `mmap` hook.
-pub(crate) unsafe extern "C" fn mmap_hook(
+entry! {
+    /// The `mmap` hook.
+    mmap_hook => mmap_dispatched, ORIG_MMAP as MmapFn, bits::MMAP | bits::VM_MAPPED,
+    (addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off_t) -> *mut c_void
+}
+
+/// [`mmap_hook`] when a handler wants its events.
+#[inline(never)]
+unsafe extern "C" fn mmap_dispatched(
     addr: *mut c_void,
     len: usize,
     prot: c_int,
@@ -133,10 +163,6 @@ pub(crate) unsafe extern "C" fn mmap_hook(
     off: libc::off_t,
 ) -> *mut c_void {
     let orig = original!(ORIG_MMAP, MmapFn);
-    if !wants(bits::MMAP | bits::VM_MAPPED) {
-        // SAFETY: the caller's arguments, forwarded.
-        return unsafe { orig(addr, len, prot, flags, fd, off) };
-    }
     let mut ev = Event::Mmap(MmapEvent {
         result: INVALID_PTR,
         address: addr as usize,
@@ -161,13 +187,16 @@ pub(crate) unsafe extern "C" fn mmap_hook(
     result_of!(ev, Mmap, INVALID_PTR) as *mut c_void
 }
 
-/// The `munmap` hook.
-pub(crate) unsafe extern "C" fn munmap_hook(addr: *mut c_void, len: usize) -> c_int {
+entry! {
+    /// The `munmap` hook.
+    munmap_hook => munmap_dispatched, ORIG_MUNMAP as MunmapFn, bits::MUNMAP | bits::VM_UNMAPPED,
+    (addr: *mut c_void, len: usize) -> c_int
+}
+
+/// [`munmap_hook`] when a handler wants its events.
+#[inline(never)]
+unsafe extern "C" fn munmap_dispatched(addr: *mut c_void, len: usize) -> c_int {
     let orig = original!(ORIG_MUNMAP, MunmapFn);
-    if !wants(bits::MUNMAP | bits::VM_UNMAPPED) {
-        // SAFETY: forwarded.
-        return unsafe { orig(addr, len) };
-    }
     let mut ev = Event::Munmap(MunmapEvent {
         result: -1,
         address: addr as usize,
@@ -187,9 +216,16 @@ pub(crate) unsafe extern "C" fn munmap_hook(addr: *mut c_void, len: usize) -> c_
     result_of!(ev, Munmap, -1)
 }
 
-/// The `mremap` hook (glibc's is variadic: the fifth argument, the new
-/// address, is read only with `MREMAP_FIXED`, and forwarded as it came).
-pub(crate) unsafe extern "C" fn mremap_hook(
+entry! {
+    /// The `mremap` hook (glibc's is variadic: the fifth argument, the new
+    /// address, is read only with `MREMAP_FIXED`, and forwarded as it came).
+    mremap_hook => mremap_dispatched, ORIG_MREMAP as MremapFn, bits::MREMAP | bits::VM_MAPPED | bits::VM_UNMAPPED,
+    (old: *mut c_void, old_size: usize, new_size: usize, flags: c_int, new_address: *mut c_void) -> *mut c_void
+}
+
+/// [`mremap_hook`] when a handler wants its events.
+#[inline(never)]
+unsafe extern "C" fn mremap_dispatched(
     old: *mut c_void,
     old_size: usize,
     new_size: usize,
@@ -197,10 +233,6 @@ pub(crate) unsafe extern "C" fn mremap_hook(
     new_address: *mut c_void,
 ) -> *mut c_void {
     let orig = original!(ORIG_MREMAP, MremapFn);
-    if !wants(bits::MREMAP | bits::VM_MAPPED | bits::VM_UNMAPPED) {
-        // SAFETY: forwarded; the variadic call sets the vector count to 0.
-        return unsafe { orig(old, old_size, new_size, flags, new_address) };
-    }
     let mut ev = Event::Mremap(MremapEvent {
         result: INVALID_PTR,
         address: old as usize,
@@ -234,13 +266,16 @@ fn shm_size(shmid: c_int) -> usize {
     unsafe { ds.assume_init() }.shm_segsz
 }
 
-/// The `shmat` hook.
-pub(crate) unsafe extern "C" fn shmat_hook(shmid: c_int, shmaddr: *const c_void, shmflg: c_int) -> *mut c_void {
+entry! {
+    /// The `shmat` hook.
+    shmat_hook => shmat_dispatched, ORIG_SHMAT as ShmatFn, bits::SHMAT | bits::VM_MAPPED,
+    (shmid: c_int, shmaddr: *const c_void, shmflg: c_int) -> *mut c_void
+}
+
+/// [`shmat_hook`] when a handler wants its events.
+#[inline(never)]
+unsafe extern "C" fn shmat_dispatched(shmid: c_int, shmaddr: *const c_void, shmflg: c_int) -> *mut c_void {
     let orig = original!(ORIG_SHMAT, ShmatFn);
-    if !wants(bits::SHMAT | bits::VM_MAPPED) {
-        // SAFETY: forwarded.
-        return unsafe { orig(shmid, shmaddr, shmflg) };
-    }
     let mut ev = Event::Shmat(ShmatEvent {
         result: INVALID_PTR,
         shmid,
@@ -265,13 +300,16 @@ pub(crate) unsafe extern "C" fn shmat_hook(shmid: c_int, shmaddr: *const c_void,
     result_of!(ev, Shmat, INVALID_PTR) as *mut c_void
 }
 
-/// The `shmdt` hook (the size comes from the mapping at the address).
-pub(crate) unsafe extern "C" fn shmdt_hook(shmaddr: *const c_void) -> c_int {
+entry! {
+    /// The `shmdt` hook (the size comes from the mapping at the address).
+    shmdt_hook => shmdt_dispatched, ORIG_SHMDT as ShmdtFn, bits::SHMDT | bits::VM_UNMAPPED,
+    (shmaddr: *const c_void) -> c_int
+}
+
+/// [`shmdt_hook`] when a handler wants its events.
+#[inline(never)]
+unsafe extern "C" fn shmdt_dispatched(shmaddr: *const c_void) -> c_int {
     let orig = original!(ORIG_SHMDT, ShmdtFn);
-    if !wants(bits::SHMDT | bits::VM_UNMAPPED) {
-        // SAFETY: forwarded.
-        return unsafe { orig(shmaddr) };
-    }
     let before = if wants(bits::VM_UNMAPPED) {
         let at = shmaddr as usize;
         let size = crate::maps::find(at)
@@ -317,10 +355,17 @@ thread_local! {
     static IN_SBRK: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
 }
 
-/// The `sbrk` hook.
-pub(crate) unsafe extern "C" fn sbrk_hook(increment: libc::intptr_t) -> *mut c_void {
+entry! {
+    /// The `sbrk` hook.
+    sbrk_hook => sbrk_dispatched, ORIG_SBRK as SbrkFn, bits::SBRK | bits::VM_MAPPED | bits::VM_UNMAPPED,
+    (increment: libc::intptr_t) -> *mut c_void
+}
+
+/// [`sbrk_hook`] when a handler wants its events (sbrk(0) only reads the break: just the call).
+#[inline(never)]
+unsafe extern "C" fn sbrk_dispatched(increment: libc::intptr_t) -> *mut c_void {
     let orig = original!(ORIG_SBRK, SbrkFn);
-    if increment == 0 || !wants(bits::SBRK | bits::VM_MAPPED | bits::VM_UNMAPPED) {
+    if increment == 0 {
         // SAFETY: forwarded.
         return unsafe { orig(increment) };
     }
@@ -354,10 +399,17 @@ pub(crate) unsafe extern "C" fn sbrk_hook(increment: libc::intptr_t) -> *mut c_v
     result_of!(ev, Sbrk, INVALID_PTR) as *mut c_void
 }
 
-/// The `brk` hook.
-pub(crate) unsafe extern "C" fn brk_hook(addr: *mut c_void) -> c_int {
+entry! {
+    /// The `brk` hook.
+    brk_hook => brk_dispatched, ORIG_BRK as BrkFn, bits::BRK | bits::VM_MAPPED | bits::VM_UNMAPPED,
+    (addr: *mut c_void) -> c_int
+}
+
+/// [`brk_hook`] when a handler wants its events (sbrk's own call of brk is sbrk's, already reported: just the call).
+#[inline(never)]
+unsafe extern "C" fn brk_dispatched(addr: *mut c_void) -> c_int {
     let orig = original!(ORIG_BRK, BrkFn);
-    if !wants(bits::BRK | bits::VM_MAPPED | bits::VM_UNMAPPED) || IN_SBRK.try_with(|f| f.get()).unwrap_or(false) {
+    if IN_SBRK.try_with(|f| f.get()).unwrap_or(false) {
         // SAFETY: forwarded.
         return unsafe { orig(addr) };
     }
@@ -390,10 +442,17 @@ fn discards(advice: c_int) -> bool {
     matches!(advice, libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE)
 }
 
-/// The `madvise` hook: events only for the discarding advices.
-pub(crate) unsafe extern "C" fn madvise_hook(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+entry! {
+    /// The `madvise` hook: events only for the discarding advices.
+    madvise_hook => madvise_dispatched, ORIG_MADVISE as MadviseFn, bits::MADVISE | bits::VM_UNMAPPED,
+    (addr: *mut c_void, len: usize, advice: c_int) -> c_int
+}
+
+/// [`madvise_hook`] when a handler wants its events (only the discarding advices have events: the others just the call).
+#[inline(never)]
+unsafe extern "C" fn madvise_dispatched(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     let orig = original!(ORIG_MADVISE, MadviseFn);
-    if !discards(advice) || !wants(bits::MADVISE | bits::VM_UNMAPPED) {
+    if !discards(advice) {
         // SAFETY: forwarded.
         return unsafe { orig(addr, len, advice) };
     }
