@@ -109,7 +109,7 @@ say "== bench: fake driver, hooked vs unhooked"
 say "== bench: fake driver whose calls evict the caches (cuda_cold), hooked vs unhooked"
 ./bench_cuda_cold 2>&1 | grep "per-round" | tee -a "$results"
 say "== bench: memtype map: lookups, updates, readers (65,536 ranges)"
-./bench_memtype --bench "lookup_hit/memhook|update/memhook|readers" --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(lookup|readers|memtype map)|time:|thrpt:" | tee -a "$results"
+./bench_memtype --bench "lookup_hit/|update/memhook|readers" --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(lookup|readers|memtype map|median)|time:|thrpt:" | tee -a "$results"
 ./readers 2>&1 | tee -a "$results"
 say "== bench: host hooks, mmap+munmap 4 KiB (interleaved rounds, five runs)"
 for _ in 1 2 3 4 5; do ./host_cost 2>&1 | tee -a "$results"; done

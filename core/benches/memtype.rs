@@ -27,7 +27,7 @@ use std::sync::{Arc, Barrier, RwLock};
 use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
-use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group};
 use memhook_core::memtype::{Lookup, MemType, MemtypeMap};
 
 /// Room for gaps at 65,536 ranges: updates stay local while a map is at
@@ -39,6 +39,8 @@ static NEARLY_FULL: MemtypeMap<{ 65_536 + 16 }> = MemtypeMap::new();
 
 #[path = "common/layout.rs"]
 mod layout;
+#[path = "common/medians.rs"]
+mod medians;
 #[path = "common/pages.rs"]
 mod pages;
 use layout::{BASE, LEN, STRIDE, probes};
@@ -88,13 +90,23 @@ fn fill(ranges: usize) -> Baseline {
     RwLock::new(tree)
 }
 
-/// Benchmarks `f` over the probe addresses in turn.
-fn over<R>(g: &mut BenchmarkGroup<'_, WallTime>, id: BenchmarkId, addrs: &[usize], mut f: impl FnMut(usize) -> R) {
-    g.bench_function(id, |b| {
+/// Benchmarks `f` over the probe addresses in turn, as
+/// `<group>/<name>/<ranges>` (its samples kept for the medians).
+fn over<R>(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    id: (&str, &str, usize),
+    addrs: &[usize],
+    mut f: impl FnMut(usize) -> R,
+) {
+    let (group, name, ranges) = id;
+    let key = format!("{group}/{name}/{ranges}");
+    g.bench_function(BenchmarkId::new(name, ranges), |b| {
         let mut i = 0;
-        b.iter(|| {
-            i = (i + 1) & 4095;
-            black_box(f(black_box(addrs[i])))
+        b.iter_custom(|iters| {
+            medians::timed(&key, iters, || {
+                i = (i + 1) & 4095;
+                black_box(f(black_box(addrs[i])));
+            })
         })
     });
 }
@@ -116,10 +128,8 @@ fn single_thread(c: &mut Criterion) {
             let addrs = probes(ranges, hit);
             let want = if hit { MemType::Cuda } else { MemType::Host };
             assert_eq!(MAP.lookup(addrs[0], 8).mem_type_or(MemType::Host), want);
-            over(&mut g, BenchmarkId::new("memhook", ranges), &addrs, |a| {
-                MAP.lookup(a, 8)
-            });
-            over(&mut g, BenchmarkId::new("rwlock_btreemap", ranges), &addrs, |a| {
+            over(&mut g, (group, "memhook", ranges), &addrs, |a| MAP.lookup(a, 8));
+            over(&mut g, (group, "rwlock_btreemap", ranges), &addrs, |a| {
                 baseline_lookup(&baseline, a, 8)
             });
             if ranges == 65_536 && hit {
@@ -127,9 +137,7 @@ fn single_thread(c: &mut Criterion) {
             }
             churn(&MAP, ranges);
             assert_eq!(MAP.lookup(addrs[0], 8).mem_type_or(MemType::Host), want);
-            over(&mut g, BenchmarkId::new("memhook_churned", ranges), &addrs, |a| {
-                MAP.lookup(a, 8)
-            });
+            over(&mut g, (group, "memhook_churned", ranges), &addrs, |a| MAP.lookup(a, 8));
         }
         g.finish();
     }
@@ -139,8 +147,8 @@ fn single_thread(c: &mut Criterion) {
         let baseline = fill(ranges);
         let addrs = probes(ranges, false);
         g.throughput(Throughput::Elements(2));
-        over(&mut g, BenchmarkId::new("memhook", ranges), &addrs, |a| pair(&MAP, a));
-        over(&mut g, BenchmarkId::new("rwlock_btreemap", ranges), &addrs, |a| {
+        over(&mut g, ("update", "memhook", ranges), &addrs, |a| pair(&MAP, a));
+        over(&mut g, ("update", "rwlock_btreemap", ranges), &addrs, |a| {
             let a = a & !0xfff;
             baseline.write().unwrap().insert(a, (a + 0x1000, MemType::CudaHost));
             baseline.write().unwrap().remove(&a);
@@ -150,7 +158,7 @@ fn single_thread(c: &mut Criterion) {
         NEARLY_FULL.insert(BASE + i * STRIDE, LEN, MemType::Cuda, 0).unwrap();
     }
     let addrs = probes(65_536, false);
-    over(&mut g, BenchmarkId::new("memhook_nearly_full", 65_536), &addrs, |a| {
+    over(&mut g, ("update", "memhook_nearly_full", 65_536), &addrs, |a| {
         pair(&NEARLY_FULL, a)
     });
     g.finish();
@@ -216,9 +224,10 @@ fn threads(c: &mut Criterion) {
         for writer in [false, true] {
             let label = if writer { format!("{t}+writer") } else { format!("{t}") };
             g.throughput(Throughput::Elements(t as u64));
+            let key = format!("readers/memhook/{label}");
             g.bench_function(BenchmarkId::new("memhook", &label), |b| {
                 b.iter_custom(|iters| {
-                    run_readers(
+                    let slowest = run_readers(
                         t,
                         writer,
                         iters,
@@ -227,15 +236,18 @@ fn threads(c: &mut Criterion) {
                             MAP.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
                             MAP.remove(a, 0x1000).unwrap();
                         }),
-                    )
+                    );
+                    medians::record(&key, slowest, iters);
+                    slowest
                 })
             });
             let (lb, ub) = (baseline.clone(), baseline.clone());
+            let key = format!("readers/rwlock_btreemap/{label}");
             g.bench_function(BenchmarkId::new("rwlock_btreemap", &label), |b| {
                 let (lb, ub) = (lb.clone(), ub.clone());
                 b.iter_custom(|iters| {
                     let (lb, ub) = (lb.clone(), ub.clone());
-                    run_readers(
+                    let slowest = run_readers(
                         t,
                         writer,
                         iters,
@@ -244,7 +256,9 @@ fn threads(c: &mut Criterion) {
                             ub.write().unwrap().insert(a, (a + 0x1000, MemType::CudaHost));
                             ub.write().unwrap().remove(&a);
                         }),
-                    )
+                    );
+                    medians::record(&key, slowest, iters);
+                    slowest
                 })
             });
         }
@@ -252,12 +266,78 @@ fn threads(c: &mut Criterion) {
     g.finish();
 }
 
+/// Samples per benchmark: the single-thread groups', and the readers'.
+const SAMPLES: usize = 30;
+const READER_SAMPLES: usize = 20;
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
-        .sample_size(30);
+        .sample_size(SAMPLES);
     targets = single_thread, threads
 }
-criterion_main!(benches);
+
+/// The closing table: every figure the issue's goals name, as the median
+/// of its samples, beside the `RwLock<BTreeMap>` baseline of the same run
+/// and the ratios the goals are stated in. A benchmark filtered out
+/// prints `-`.
+fn summary() {
+    let m = |id: &str| medians::median(id, SAMPLES);
+    let r = |id: &str| medians::median(id, READER_SAMPLES);
+    println!("medians of the samples (ratios against RwLock<BTreeMap> in this run):");
+    for group in ["lookup_hit", "lookup_miss", "update"] {
+        for ranges in [16, 1024, 65_536] {
+            let mine = m(&format!("{group}/memhook/{ranges}"));
+            let base = m(&format!("{group}/rwlock_btreemap/{ranges}"));
+            let other = if group == "update" {
+                format!(
+                    "nearly full {}",
+                    medians::ns(m(&format!("{group}/memhook_nearly_full/{ranges}")))
+                )
+            } else {
+                format!(
+                    "churned {}",
+                    medians::ns(m(&format!("{group}/memhook_churned/{ranges}")))
+                )
+            };
+            if mine.is_some() || base.is_some() {
+                println!(
+                    "median {group} {ranges:>6} ranges: memhook {} ({other}); RwLock<BTreeMap> {}; ratio {}",
+                    medians::ns(mine),
+                    medians::ns(base),
+                    medians::ratio(mine, base)
+                );
+            }
+        }
+    }
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
+    let mut counts = vec![1, 2];
+    if threads > 3 {
+        counts.push(threads - 1);
+    }
+    for imp in ["memhook", "rwlock_btreemap"] {
+        let one = r(&format!("readers/{imp}/1"));
+        for &t in &counts {
+            let alone = r(&format!("readers/{imp}/{t}"));
+            let beside = r(&format!("readers/{imp}/{t}+writer"));
+            if alone.is_some() || beside.is_some() {
+                println!(
+                    "median readers {imp} {t:>2} thread(s), per lookup per thread: {} alone ({} of one thread's), \
+                     {} beside a writer ({} of alone)",
+                    medians::ns(alone),
+                    medians::ratio(alone, one),
+                    medians::ns(beside),
+                    medians::ratio(beside, alone)
+                );
+            }
+        }
+    }
+}
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    summary();
+}

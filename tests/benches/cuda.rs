@@ -9,9 +9,16 @@
 use std::ffi::c_void;
 use std::hint::black_box;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use memhook::event::{Event, bits};
 use memhook::{Config, HandlerFn};
+
+#[path = "../../core/benches/common/medians.rs"]
+mod medians;
+
+/// Criterion's default samples per benchmark.
+const SAMPLES: usize = 100;
+const GROUP: &str = "cuMemAlloc_v2+cuMemFree_v2 4KiB";
 
 type Alloc = unsafe extern "C" fn(*mut u64, usize) -> u32;
 type Free = unsafe extern "C" fn(u64) -> u32;
@@ -36,14 +43,14 @@ fn bench(c: &mut Criterion) {
             std::mem::transmute::<*mut c_void, Free>(sym(c"cuMemFree_v2")),
         )
     };
-    let mut g = c.benchmark_group("cuMemAlloc_v2+cuMemFree_v2 4KiB");
-    g.bench_function("unhooked", |b| b.iter(|| pair(alloc, free)));
+    let mut g = c.benchmark_group(GROUP);
+    timed(&mut g, "unhooked", || pair(alloc, free));
     ring_bench(&mut g, "unhooked, new addresses", alloc, free);
     memhook::install(&Config::parse("cuda=bistro;mmap=none").unwrap());
     // The process loaded the fake itself: tell memhook.
     memhook::refresh();
     assert!(memhook::cuda::attached().0, "the fake driver is hooked");
-    g.bench_function("hooked, map fed", |b| b.iter(|| pair(alloc, free)));
+    timed(&mut g, "hooked, map fed", || pair(alloc, free));
     // The same address comes back after each free above (the fake's bump
     // allocator), which the map's writer handles without touching its
     // second table; here every allocation gets a new address.
@@ -56,7 +63,7 @@ fn bench(c: &mut Criterion) {
         }),
     )
     .unwrap();
-    g.bench_function("hooked, map fed, one handler", |b| b.iter(|| pair(alloc, free)));
+    timed(&mut g, "hooked, map fed, one handler", || pair(alloc, free));
     memhook::unset_handler(id).unwrap();
     g.finish();
     memhook::uninstall();
@@ -77,15 +84,13 @@ fn ring_bench(
         // SAFETY: the fake driver's allocation.
         assert_eq!(unsafe { alloc(p, 256) }, 0);
     }
-    g.bench_function(name, |b| {
-        b.iter(|| {
-            // SAFETY: frees the ring's oldest allocation, allocates anew.
-            unsafe {
-                assert_eq!(free(ring[k]), 0);
-                assert_eq!(alloc(&mut ring[k], 256), 0);
-            }
-            k = (k + 1) % ring.len();
-        })
+    timed(g, name, || {
+        // SAFETY: frees the ring's oldest allocation, allocates anew.
+        unsafe {
+            assert_eq!(free(ring[k]), 0);
+            assert_eq!(alloc(&mut ring[k], 256), 0);
+        }
+        k = (k + 1) % ring.len();
     });
     for p in ring {
         // SAFETY: the ring's allocations.
@@ -93,5 +98,30 @@ fn ring_bench(
     }
 }
 
+/// Benchmarks `f` as `name` in `g`, its samples kept for the medians.
+fn timed(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, name: &str, mut f: impl FnMut()) {
+    let key = format!("{GROUP}/{name}");
+    g.bench_function(name, |b| b.iter_custom(|iters| medians::timed(&key, iters, &mut f)));
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    let m = |name: &str| medians::median(&format!("{GROUP}/{name}"), SAMPLES);
+    println!("medians of the samples, {GROUP} (added: against unhooked in this run; goal 50 ns):");
+    for (hooked, base) in [
+        ("hooked, map fed", "unhooked"),
+        ("hooked, map fed, one handler", "unhooked"),
+        ("hooked, map fed, new addresses", "unhooked, new addresses"),
+    ] {
+        println!(
+            "median {hooked}: {} against {base} {}: added {} ({})",
+            medians::ns(m(hooked)),
+            medians::ns(m(base)),
+            medians::added(m(hooked), m(base)),
+            medians::ratio(m(hooked), m(base))
+        );
+    }
+}
