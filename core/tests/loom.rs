@@ -178,6 +178,32 @@ fn loom_map_reader_sees_old_or_new_entry_never_a_mix() {
     });
 }
 
+/// Two updates while a reader looks up: the second rewrites the very
+/// table the reader may have started on (the live one before the first),
+/// so the reader's validation must catch it. Each state has its own type
+/// and extent, so that a mix of two is not one of them.
+#[test]
+fn loom_map_reader_across_two_updates_sees_one_state() {
+    loom::model(|| {
+        let map = Arc::new(MemtypeMap::<2>::new());
+        map.insert(0x1000, 0x1000, MemType::Cuda, 0).unwrap();
+        let reader = {
+            let map = map.clone();
+            thread::spawn(move || map.lookup(0x1800, 8))
+        };
+        map.insert(0x1000, 0x2000, MemType::CudaManaged, 0).unwrap();
+        map.insert(0x1000, 0x3000, MemType::CudaHost, 0).unwrap();
+        let seen = reader.join().unwrap();
+        assert!(
+            seen == info(MemType::Cuda, 0x1000, 0x1000)
+                || seen == info(MemType::CudaManaged, 0x1000, 0x2000)
+                || seen == info(MemType::CudaHost, 0x1000, 0x3000),
+            "{seen:?}"
+        );
+        assert_eq!(map.lookup(0x1800, 8), info(MemType::CudaHost, 0x1000, 0x3000));
+    });
+}
+
 #[test]
 fn loom_map_reader_during_split_sees_whole_or_split() {
     loom::model(|| {
