@@ -158,24 +158,34 @@ fn info(mem_type: MemType, base: usize, len: usize) -> Lookup {
     })
 }
 
-#[test]
-fn loom_map_reader_sees_old_or_new_entry_never_a_mix() {
-    loom::model(|| {
+/// A map holding `[0x1000, 0x1000 + len)` of the first state's type; a
+/// reader looks up 0x1800 while the other states are recorded in turn
+/// over the same start. The reader must see one state whole (type and
+/// extent together), and a lookup afterwards the last.
+fn reader_beside_updates(states: &[(MemType, usize)]) {
+    let states = states.to_vec();
+    loom::model(move || {
         let map = Arc::new(MemtypeMap::<2>::new());
-        map.insert(0x1000, 0x1000, MemType::Cuda, 0).unwrap();
+        let (first, len) = states[0];
+        map.insert(0x1000, len, first, 0).unwrap();
         let reader = {
             let map = map.clone();
             thread::spawn(move || map.lookup(0x1800, 8))
         };
-        // Replace the range with another type.
-        map.insert(0x1000, 0x1000, MemType::CudaManaged, 0).unwrap();
+        for &(mem_type, len) in &states[1..] {
+            map.insert(0x1000, len, mem_type, 0).unwrap();
+        }
         let seen = reader.join().unwrap();
-        assert!(
-            seen == info(MemType::Cuda, 0x1000, 0x1000) || seen == info(MemType::CudaManaged, 0x1000, 0x1000),
-            "{seen:?}"
-        );
-        assert_eq!(map.lookup(0x1800, 8), info(MemType::CudaManaged, 0x1000, 0x1000));
+        assert!(states.iter().any(|&(t, len)| seen == info(t, 0x1000, len)), "{seen:?}");
+        let &(last, len) = states.last().unwrap();
+        assert_eq!(map.lookup(0x1800, 8), info(last, 0x1000, len));
     });
+}
+
+#[test]
+fn loom_map_reader_sees_old_or_new_entry_never_a_mix() {
+    // Replace the range with another type.
+    reader_beside_updates(&[(MemType::Cuda, 0x1000), (MemType::CudaManaged, 0x1000)]);
 }
 
 /// Two updates while a reader looks up: the second rewrites the very
@@ -184,24 +194,11 @@ fn loom_map_reader_sees_old_or_new_entry_never_a_mix() {
 /// and extent, so that a mix of two is not one of them.
 #[test]
 fn loom_map_reader_across_two_updates_sees_one_state() {
-    loom::model(|| {
-        let map = Arc::new(MemtypeMap::<2>::new());
-        map.insert(0x1000, 0x1000, MemType::Cuda, 0).unwrap();
-        let reader = {
-            let map = map.clone();
-            thread::spawn(move || map.lookup(0x1800, 8))
-        };
-        map.insert(0x1000, 0x2000, MemType::CudaManaged, 0).unwrap();
-        map.insert(0x1000, 0x3000, MemType::CudaHost, 0).unwrap();
-        let seen = reader.join().unwrap();
-        assert!(
-            seen == info(MemType::Cuda, 0x1000, 0x1000)
-                || seen == info(MemType::CudaManaged, 0x1000, 0x2000)
-                || seen == info(MemType::CudaHost, 0x1000, 0x3000),
-            "{seen:?}"
-        );
-        assert_eq!(map.lookup(0x1800, 8), info(MemType::CudaHost, 0x1000, 0x3000));
-    });
+    reader_beside_updates(&[
+        (MemType::Cuda, 0x1000),
+        (MemType::CudaManaged, 0x2000),
+        (MemType::CudaHost, 0x3000),
+    ]);
 }
 
 #[test]
