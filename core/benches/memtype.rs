@@ -208,16 +208,35 @@ fn run_readers(threads: usize, writer: bool, iters: u64, lookup: LookupFn, updat
     slowest
 }
 
-fn threads(c: &mut Criterion) {
-    let baseline = Arc::new(fill(65_536));
-    // At most one reader per core beside the writer: with a reader more,
-    // one shares its core with the writer, and the slowest reader (the
-    // figure) is slowed by the scheduler, not by the map.
+/// The reader counts of the `readers` group: 1, 2 and one fewer than the
+/// cores (at most one reader per core beside the writer: with a reader
+/// more, one shares its core with the writer, and the slowest reader, the
+/// figure, is slowed by the scheduler, not by the map), or the comma list
+/// in `MEMHOOK_BENCH_READERS` (to see how the figure moves with the count).
+fn reader_counts() -> Vec<usize> {
+    if let Ok(list) = std::env::var("MEMHOOK_BENCH_READERS") {
+        let counts: Vec<usize> = list
+            .split(',')
+            .filter_map(|c| c.trim().parse().ok())
+            .filter(|&c| c > 0)
+            .collect();
+        assert!(
+            !counts.is_empty(),
+            "MEMHOOK_BENCH_READERS={list:?}: no reader count in it"
+        );
+        return counts;
+    }
     let n = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
     let mut counts = vec![1, 2];
     if n > 3 {
         counts.push(n - 1);
     }
+    counts
+}
+
+fn threads(c: &mut Criterion) {
+    let baseline = Arc::new(fill(65_536));
+    let counts = reader_counts();
     let mut g = c.benchmark_group("readers");
     g.sample_size(20);
     for &t in &counts {
@@ -312,11 +331,7 @@ fn summary() {
             }
         }
     }
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
-    let mut counts = vec![1, 2];
-    if threads > 3 {
-        counts.push(threads - 1);
-    }
+    let counts = reader_counts();
     for imp in ["memhook", "rwlock_btreemap"] {
         let one = r(&format!("readers/{imp}/1"));
         for &t in &counts {
