@@ -15,7 +15,9 @@
 //!   fewer than the cores) does the same number of lookups (65,536 live
 //!   ranges); the time is per lookup per thread (the slowest thread's),
 //!   and criterion's element rate is the aggregate lookups/s. With
-//!   `+writer`, one more thread inserts and removes ranges meanwhile.
+//!   `+writer`, one more thread inserts and removes ranges meanwhile,
+//!   without pause (or `MEMHOOK_WRITER_RATE` updates a second). The
+//!   reader counts can be set with `MEMHOOK_BENCH_READERS` (a comma list).
 //!
 //! The maps are advised for transparent huge pages, as `memhook` advises
 //! the process's map at load.
@@ -174,13 +176,29 @@ fn run_readers(threads: usize, writer: bool, iters: u64, lookup: LookupFn, updat
     let gaps = Arc::new(probes(65_536, false));
     let start = Arc::new(Barrier::new(threads + 1));
     let stop = Arc::new(AtomicBool::new(false));
+    // Unpaced, unless MEMHOOK_WRITER_RATE asks for so many updates (an
+    // insert and a remove) a second: two builds' readers can then be
+    // compared beside writers of the same rate.
+    let pairs_per_s: Option<f64> = std::env::var("MEMHOOK_WRITER_RATE")
+        .ok()
+        .and_then(|r| r.parse::<f64>().ok())
+        .map(|r| r / 2.0);
     let writer_thread = writer.then(|| {
         let (stop, gaps, update) = (stop.clone(), gaps.clone(), update.clone());
         std::thread::spawn(move || {
-            let mut i = 0;
+            let start = Instant::now();
+            let (mut i, mut pairs) = (0, 0u64);
             while !stop.load(Ordering::Relaxed) {
+                if let Some(rate) = pairs_per_s {
+                    // Spin until this pair's turn (the core stays the
+                    // writer's, as when unpaced).
+                    while start.elapsed().as_secs_f64() < pairs as f64 / rate && !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                }
                 i = (i + 7) & 4095;
                 update(gaps[i] & !0xfff);
+                pairs += 1;
             }
         })
     });

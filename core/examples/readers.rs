@@ -5,7 +5,9 @@
 //! of each round's ratio to the lone reader of the same round (so that a
 //! host's drift between rounds cancels). The writer updates without pause;
 //! its rate is printed too (a faster writer rewrites what readers read
-//! more often).
+//! more often). With `MEMHOOK_WRITER_RATE=N` it paces itself to N updates
+//! a second (an insert and a remove are two), so that two builds' readers
+//! can be compared beside writers of the same rate.
 //!
 //! `cargo run --release -p memhook-core --example readers`
 
@@ -61,15 +63,26 @@ fn first_reader(addrs: &Arc<Vec<usize>>, gaps: &Arc<Vec<usize>>, others: usize, 
     }
     if writer {
         let (stop, ready, gaps) = (stop.clone(), ready.clone(), gaps.clone());
+        let rate: Option<f64> = std::env::var("MEMHOOK_WRITER_RATE").ok().and_then(|r| r.parse().ok());
         helpers.push(std::thread::spawn(move || {
             ready.wait();
-            let mut i = 0;
+            let start = Instant::now();
+            let (mut i, mut pairs) = (0, 0u64);
             while !stop.load(Ordering::Relaxed) {
+                if let Some(rate) = rate {
+                    // Spin until this pair's turn: a pace, not a pause
+                    // (the core stays the writer's, as when unpaced).
+                    let due = (2 * pairs) as f64 / rate;
+                    while start.elapsed().as_secs_f64() < due && !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                }
                 i = (i + 7) & 4095;
                 let a = gaps[i] & !0xfff;
                 MAP.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
                 MAP.remove(a, 0x1000).unwrap();
                 UPDATES.fetch_add(2, Ordering::Relaxed);
+                pairs += 1;
             }
         }));
     }
@@ -128,7 +141,12 @@ fn main() {
         );
     }
     println!(
-        "  (the writer, updating without pause: {:.2} M updates/s, median)",
+        "  (the writer, {}: {:.2} M updates/s, median)",
+        if std::env::var_os("MEMHOOK_WRITER_RATE").is_some() {
+            "paced by MEMHOOK_WRITER_RATE"
+        } else {
+            "updating without pause"
+        },
         median(rates)
     );
 }
