@@ -43,9 +43,12 @@ static NEARLY_FULL: MemtypeMap<{ 65_536 + 16 }> = MemtypeMap::new();
 mod layout;
 #[path = "common/medians.rs"]
 mod medians;
+#[path = "common/pace.rs"]
+mod pace;
 #[path = "common/pages.rs"]
 mod pages;
 use layout::{BASE, LEN, STRIDE, probes};
+use pace::Pace;
 use pages::{advise_huge_pages, huge_pages_of};
 
 type Baseline = RwLock<BTreeMap<usize, (usize, MemType)>>;
@@ -176,29 +179,15 @@ fn run_readers(threads: usize, writer: bool, iters: u64, lookup: LookupFn, updat
     let gaps = Arc::new(probes(65_536, false));
     let start = Arc::new(Barrier::new(threads + 1));
     let stop = Arc::new(AtomicBool::new(false));
-    // Unpaced, unless MEMHOOK_WRITER_RATE asks for so many updates (an
-    // insert and a remove) a second: two builds' readers can then be
-    // compared beside writers of the same rate.
-    let pairs_per_s: Option<f64> = std::env::var("MEMHOOK_WRITER_RATE")
-        .ok()
-        .and_then(|r| r.parse::<f64>().ok())
-        .map(|r| r / 2.0);
     let writer_thread = writer.then(|| {
         let (stop, gaps, update) = (stop.clone(), gaps.clone(), update.clone());
         std::thread::spawn(move || {
-            let start = Instant::now();
-            let (mut i, mut pairs) = (0, 0u64);
+            let mut pace = Pace::from_env();
+            let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
-                if let Some(rate) = pairs_per_s {
-                    // Spin until this pair's turn (the core stays the
-                    // writer's, as when unpaced).
-                    while start.elapsed().as_secs_f64() < pairs as f64 / rate && !stop.load(Ordering::Relaxed) {
-                        std::hint::spin_loop();
-                    }
-                }
+                pace.next_pair(&stop);
                 i = (i + 7) & 4095;
                 update(gaps[i] & !0xfff);
-                pairs += 1;
             }
         })
     });

@@ -26,6 +26,8 @@ static MAP: MemtypeMap<131_072> = MemtypeMap::new();
 
 #[path = "../benches/common/layout.rs"]
 mod layout;
+#[path = "../benches/common/pace.rs"]
+mod pace;
 #[path = "../benches/common/pages.rs"]
 mod pages;
 use layout::{BASE, LEN, STRIDE, probes};
@@ -63,26 +65,17 @@ fn first_reader(addrs: &Arc<Vec<usize>>, gaps: &Arc<Vec<usize>>, others: usize, 
     }
     if writer {
         let (stop, ready, gaps) = (stop.clone(), ready.clone(), gaps.clone());
-        let rate: Option<f64> = std::env::var("MEMHOOK_WRITER_RATE").ok().and_then(|r| r.parse().ok());
         helpers.push(std::thread::spawn(move || {
             ready.wait();
-            let start = Instant::now();
-            let (mut i, mut pairs) = (0, 0u64);
+            let mut pace = pace::Pace::from_env();
+            let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
-                if let Some(rate) = rate {
-                    // Spin until this pair's turn: a pace, not a pause
-                    // (the core stays the writer's, as when unpaced).
-                    let due = (2 * pairs) as f64 / rate;
-                    while start.elapsed().as_secs_f64() < due && !stop.load(Ordering::Relaxed) {
-                        std::hint::spin_loop();
-                    }
-                }
+                pace.next_pair(&stop);
                 i = (i + 7) & 4095;
                 let a = gaps[i] & !0xfff;
                 MAP.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
                 MAP.remove(a, 0x1000).unwrap();
                 UPDATES.fetch_add(2, Ordering::Relaxed);
-                pairs += 1;
             }
         }));
     }
@@ -142,7 +135,7 @@ fn main() {
     }
     println!(
         "  (the writer, {}: {:.2} M updates/s, median)",
-        if std::env::var_os("MEMHOOK_WRITER_RATE").is_some() {
+        if pace::rate().is_some() {
             "paced by MEMHOOK_WRITER_RATE"
         } else {
             "updating without pause"

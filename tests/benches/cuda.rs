@@ -116,12 +116,13 @@ fn main() {
         ("hooked, map fed, one handler", "unhooked"),
         ("hooked, map fed, new addresses", "unhooked, new addresses"),
     ] {
+        let (with, without) = (m(hooked), m(base));
         println!(
             "median {hooked}: {} against {base} {}: added {} ({})",
-            medians::ns(m(hooked)),
-            medians::ns(m(base)),
-            medians::added(m(hooked), m(base)),
-            medians::ratio(m(hooked), m(base))
+            medians::ns(with),
+            medians::ns(without),
+            medians::added(with, without),
+            medians::ratio(with, without)
         );
     }
 }
