@@ -16,8 +16,13 @@
 //!   ranges); the time is per lookup per thread (the slowest thread's),
 //!   and criterion's element rate is the aggregate lookups/s. With
 //!   `+writer`, one more thread inserts and removes ranges meanwhile,
-//!   without pause (or `MEMHOOK_WRITER_RATE` updates a second). The
-//!   reader counts can be set with `MEMHOOK_BENCH_READERS` (a comma list).
+//!   without pause (or `MEMHOOK_WRITER_RATE` updates a second). With
+//!   `+own_writer`, the control: that thread makes the same updates to a
+//!   map of its own, which no reader reads, so what it costs the readers
+//!   is what any such busy thread costs them on this machine (a core, a
+//!   cache, a clock shared below what the OS shows), and the ratio of
+//!   `+writer` to it is what sharing the map costs. The reader counts can
+//!   be set with `MEMHOOK_BENCH_READERS` (a comma list).
 //!
 //! The maps are advised for transparent huge pages, as `memhook` advises
 //! the process's map at load.
@@ -36,6 +41,9 @@ use memhook_core::memtype::{Lookup, MemType, MemtypeMap};
 /// most three quarters full.
 const CAPACITY: usize = 131_072;
 static MAP: MemtypeMap<CAPACITY> = MemtypeMap::new();
+/// The readers group's control: the map its `+own_writer` updates, which
+/// no reader reads (filled as `MAP`).
+static OWN: MemtypeMap<CAPACITY> = MemtypeMap::new();
 /// 65,536 ranges and 16 free slots.
 static NEARLY_FULL: MemtypeMap<{ 65_536 + 16 }> = MemtypeMap::new();
 
@@ -83,16 +91,21 @@ fn churn<const N: usize>(map: &MemtypeMap<N>, ranges: usize) {
     assert_eq!(map.len(), ranges);
 }
 
-fn fill(ranges: usize) -> Baseline {
-    MAP.clear();
+/// Fills `map` (cleared first) and a baseline with `ranges` ranges.
+fn fill_map<const N: usize>(map: &MemtypeMap<N>, ranges: usize) -> Baseline {
+    map.clear();
     let mut tree = BTreeMap::new();
     for i in 0..ranges {
         let start = BASE + i * STRIDE;
-        MAP.insert(start, LEN, MemType::Cuda, 0).unwrap();
+        map.insert(start, LEN, MemType::Cuda, 0).unwrap();
         tree.insert(start, (start + LEN, MemType::Cuda));
     }
-    assert_eq!(MAP.len(), ranges);
+    assert_eq!(map.len(), ranges);
     RwLock::new(tree)
+}
+
+fn fill(ranges: usize) -> Baseline {
+    fill_map(&MAP, ranges)
 }
 
 /// Benchmarks `f` over the probe addresses in turn, as
@@ -169,18 +182,34 @@ fn single_thread(c: &mut Criterion) {
     g.finish();
 }
 
-/// Runs `threads` readers doing `iters` lookups each (and a writer when
-/// asked); returns the slowest reader's time.
 type LookupFn = Arc<dyn Fn(usize) -> Lookup + Send + Sync>;
 type UpdateFn = Arc<dyn Fn(usize) + Send + Sync>;
 
-fn run_readers(threads: usize, writer: bool, iters: u64, lookup: LookupFn, update: UpdateFn) -> Duration {
+/// Who updates while the readers read, and the label's suffix.
+const WRITERS: [(Writer, &str); 3] = [
+    (Writer::None, ""),
+    (Writer::Shared, "+writer"),
+    (Writer::Own, "+own_writer"),
+];
+
+#[derive(Clone, Copy)]
+enum Writer {
+    None,
+    /// The map the readers read.
+    Shared,
+    /// The same updates to a map of its own (the control).
+    Own,
+}
+
+/// Runs `threads` readers doing `iters` lookups each, and a writer calling
+/// `update` when given one; returns the slowest reader's time.
+fn run_readers(threads: usize, iters: u64, lookup: LookupFn, update: Option<UpdateFn>) -> Duration {
     let addrs = Arc::new(probes(65_536, true));
     let gaps = Arc::new(probes(65_536, false));
     let start = Arc::new(Barrier::new(threads + 1));
     let stop = Arc::new(AtomicBool::new(false));
-    let writer_thread = writer.then(|| {
-        let (stop, gaps, update) = (stop.clone(), gaps.clone(), update.clone());
+    let writer_thread = update.map(|update| {
+        let (stop, gaps) = (stop.clone(), gaps.clone());
         std::thread::spawn(move || {
             let mut pace = Pace::from_env();
             let mut i = 0;
@@ -241,48 +270,57 @@ fn reader_counts() -> Vec<usize> {
     counts
 }
 
+/// The `readers` writer's work on a memhook map: one insert and one remove.
+fn update_pair(map: &'static MemtypeMap<CAPACITY>) -> UpdateFn {
+    Arc::new(move |a| {
+        map.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
+        map.remove(a, 0x1000).unwrap();
+    })
+}
+
+/// The same on a baseline.
+fn update_baseline(map: Arc<Baseline>) -> UpdateFn {
+    Arc::new(move |a| {
+        map.write().unwrap().insert(a, (a + 0x1000, MemType::CudaHost));
+        map.write().unwrap().remove(&a);
+    })
+}
+
 fn threads(c: &mut Criterion) {
     let baseline = Arc::new(fill(65_536));
+    advise_huge_pages(&OWN);
+    let own_baseline = Arc::new(fill_map(&OWN, 65_536));
     let counts = reader_counts();
     let mut g = c.benchmark_group("readers");
     g.sample_size(20);
     for &t in &counts {
-        for writer in [false, true] {
-            let label = if writer { format!("{t}+writer") } else { format!("{t}") };
+        for (writer, suffix) in WRITERS {
+            let label = format!("{t}{suffix}");
             g.throughput(Throughput::Elements(t as u64));
             let key = format!("readers/memhook/{label}");
+            let update = match writer {
+                Writer::None => None,
+                Writer::Shared => Some(update_pair(&MAP)),
+                Writer::Own => Some(update_pair(&OWN)),
+            };
             g.bench_function(BenchmarkId::new("memhook", &label), |b| {
                 b.iter_custom(|iters| {
-                    let slowest = run_readers(
-                        t,
-                        writer,
-                        iters,
-                        Arc::new(|a| MAP.lookup(a, 8)),
-                        Arc::new(|a| {
-                            MAP.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
-                            MAP.remove(a, 0x1000).unwrap();
-                        }),
-                    );
+                    let slowest = run_readers(t, iters, Arc::new(|a| MAP.lookup(a, 8)), update.clone());
                     medians::record(&key, slowest, iters);
                     slowest
                 })
             });
-            let (lb, ub) = (baseline.clone(), baseline.clone());
+            let lb = baseline.clone();
             let key = format!("readers/rwlock_btreemap/{label}");
+            let update = match writer {
+                Writer::None => None,
+                Writer::Shared => Some(update_baseline(baseline.clone())),
+                Writer::Own => Some(update_baseline(own_baseline.clone())),
+            };
             g.bench_function(BenchmarkId::new("rwlock_btreemap", &label), |b| {
-                let (lb, ub) = (lb.clone(), ub.clone());
                 b.iter_custom(|iters| {
-                    let (lb, ub) = (lb.clone(), ub.clone());
-                    let slowest = run_readers(
-                        t,
-                        writer,
-                        iters,
-                        Arc::new(move |a| baseline_lookup(&lb, a, 8)),
-                        Arc::new(move |a| {
-                            ub.write().unwrap().insert(a, (a + 0x1000, MemType::CudaHost));
-                            ub.write().unwrap().remove(&a);
-                        }),
-                    );
+                    let lb = lb.clone();
+                    let slowest = run_readers(t, iters, Arc::new(move |a| baseline_lookup(&lb, a, 8)), update.clone());
                     medians::record(&key, slowest, iters);
                     slowest
                 })
@@ -344,14 +382,19 @@ fn summary() {
         for &t in &counts {
             let alone = r(&format!("readers/{imp}/{t}"));
             let beside = r(&format!("readers/{imp}/{t}+writer"));
-            if alone.is_some() || beside.is_some() {
+            let control = r(&format!("readers/{imp}/{t}+own_writer"));
+            if alone.is_some() || beside.is_some() || control.is_some() {
                 println!(
                     "median readers {imp} {t:>2} thread(s), per lookup per thread: {} alone ({} of one thread's), \
-                     {} beside a writer ({} of alone)",
+                     {} beside a writer ({} of alone), {} beside a writer of a map of its own ({} of alone; \
+                     sharing the map: {})",
                     medians::ns(alone),
                     medians::ratio(alone, one),
                     medians::ns(beside),
-                    medians::ratio(beside, alone)
+                    medians::ratio(beside, alone),
+                    medians::ns(control),
+                    medians::ratio(control, alone),
+                    medians::ratio(beside, control)
                 );
             }
         }

@@ -1,9 +1,11 @@
 //! Does a second reader cost the first? One thread times its own lookups
 //! (65,536 live ranges, 4,096 pseudo-random hits, as the criterion bench)
 //! alone, then while other threads look up too, then while a writer
-//! inserts and removes ranges: the four in turn, 21 rounds, and the median
-//! of each round's ratio to the lone reader of the same round (so that a
-//! host's drift between rounds cancels). The writer updates without pause;
+//! inserts and removes ranges, and while a writer makes the same updates
+//! to a map of its own (the control: what a busy thread beside it costs a
+//! reader on this machine, sharing nothing): the five in turn, 21 rounds,
+//! and the median of each round's ratio to the lone reader of the same
+//! round (so that a host's drift between rounds cancels). The writer updates without pause;
 //! its rate is printed too (a faster writer rewrites what readers read
 //! more often). With `MEMHOOK_WRITER_RATE=N` it paces itself to N updates
 //! a second (an insert and a remove are two), so that two builds' readers
@@ -23,6 +25,8 @@ use memhook_core::memtype::{MemType, MemtypeMap};
 /// often as it can (in a nearly full map each update shifts thousands of
 /// slots, and the writer managed only 30,000 updates a second).
 static MAP: MemtypeMap<131_072> = MemtypeMap::new();
+/// The control writer's map, filled as `MAP`; no reader reads it.
+static OWN: MemtypeMap<131_072> = MemtypeMap::new();
 
 #[path = "../benches/common/layout.rs"]
 mod layout;
@@ -48,11 +52,16 @@ fn lookups(addrs: &[usize], from: usize, n: usize) {
 }
 
 /// ns per lookup of the measuring thread, with `others` readers and
-/// maybe a writer busy meanwhile, and the writer's millions of updates per
-/// second over the same time (0 without one).
-fn first_reader(addrs: &Arc<Vec<usize>>, gaps: &Arc<Vec<usize>>, others: usize, writer: bool) -> (f64, f64) {
+/// maybe a writer (of `MAP` or of `OWN`) busy meanwhile, and the writer's
+/// millions of updates per second over the same time (0 without one).
+fn first_reader(
+    addrs: &Arc<Vec<usize>>,
+    gaps: &Arc<Vec<usize>>,
+    others: usize,
+    writer: Option<&'static MemtypeMap<131_072>>,
+) -> (f64, f64) {
     let stop = Arc::new(AtomicBool::new(false));
-    let ready = Arc::new(Barrier::new(others + usize::from(writer) + 1));
+    let ready = Arc::new(Barrier::new(others + usize::from(writer.is_some()) + 1));
     let mut helpers = Vec::new();
     for t in 0..others {
         let (stop, ready, addrs) = (stop.clone(), ready.clone(), addrs.clone());
@@ -63,7 +72,7 @@ fn first_reader(addrs: &Arc<Vec<usize>>, gaps: &Arc<Vec<usize>>, others: usize, 
             }
         }));
     }
-    if writer {
+    if let Some(map) = writer {
         let (stop, ready, gaps) = (stop.clone(), ready.clone(), gaps.clone());
         helpers.push(std::thread::spawn(move || {
             ready.wait();
@@ -73,8 +82,8 @@ fn first_reader(addrs: &Arc<Vec<usize>>, gaps: &Arc<Vec<usize>>, others: usize, 
                 pace.next_pair(&stop);
                 i = (i + 7) & 4095;
                 let a = gaps[i] & !0xfff;
-                MAP.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
-                MAP.remove(a, 0x1000).unwrap();
+                map.insert(a, 0x1000, MemType::CudaHost, -1).unwrap();
+                map.remove(a, 0x1000).unwrap();
                 UPDATES.fetch_add(2, Ordering::Relaxed);
             }
         }));
@@ -102,16 +111,19 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     // Advised as memhook advises the process's map at load.
     pages::advise_huge_pages(&MAP);
+    pages::advise_huge_pages(&OWN);
     for i in 0..65_536 {
         MAP.insert(BASE + i * STRIDE, LEN, MemType::Cuda, 0).unwrap();
+        OWN.insert(BASE + i * STRIDE, LEN, MemType::Cuda, 0).unwrap();
     }
     let (addrs, gaps) = (Arc::new(probes(65_536, true)), Arc::new(probes(65_536, false)));
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get()).max(2);
     let cases = [
-        ("alone", 0, false),
-        ("with a second reader", 1, false),
-        ("with all cores reading", cores - 1, false),
-        ("with a writer", 0, true),
+        ("alone", 0, None),
+        ("with a second reader", 1, None),
+        ("with all cores reading", cores - 1, None),
+        ("with a writer", 0, Some(&MAP)),
+        ("with a writer of its own", 0, Some(&OWN)),
     ];
     let mut times = vec![Vec::new(); cases.len()];
     let mut rates = Vec::new();
@@ -119,7 +131,7 @@ fn main() {
         for (k, &(_, others, writer)) in cases.iter().enumerate() {
             let (ns, rate) = first_reader(&addrs, &gaps, others, writer);
             times[k].push(ns);
-            if writer {
+            if writer.is_some_and(|w| std::ptr::eq(w, &MAP)) {
                 rates.push(rate);
             }
         }
@@ -129,10 +141,15 @@ fn main() {
     for (k, (name, _, _)) in cases.iter().enumerate() {
         let ratio = median(times[k].iter().zip(&times[0]).map(|(t, alone)| t / alone).collect());
         println!(
-            "  {name:<24} {:6.1} ns  ({ratio:.2}x alone, median of the per-round ratios)",
+            "  {name:<26} {:6.1} ns  ({ratio:.2}x alone, median of the per-round ratios)",
             median(times[k].clone())
         );
     }
+    let (shared, own) = (&times[3], &times[4]);
+    println!(
+        "  sharing the map: {:.2}x (with a writer against with a writer of its own, median of the per-round ratios)",
+        median(shared.iter().zip(own).map(|(s, o)| s / o).collect())
+    );
     println!(
         "  (the writer, {}: {:.2} M updates/s, median)",
         if pace::rate().is_some() {
