@@ -124,12 +124,17 @@ fn thread_id() -> usize {
     THREAD_MARK.with(|m| m as *const u8 as usize)
 }
 
+/// What `record` leaves in errno: the hooks must not let it through.
+const HANDLER_ERRNO: i32 = 0x5eed;
+
 /// Records every event of the recording thread while RECORDING (no
-/// allocation: fixed arrays).
+/// allocation: fixed arrays), and sets errno, as a careless handler may.
 fn record(e: &mut Event) {
     if !RECORDING.load(Ordering::Acquire) || RECORDER.load(Ordering::Acquire) != thread_id() {
         return;
     }
+    // SAFETY: errno is thread-local.
+    unsafe { *libc::__errno_location() = HANDLER_ERRNO };
     let (addr, size) = match *e {
         Event::Mmap(m) => (m.address, m.size),
         Event::Munmap(m) => (m.address, m.size),
@@ -221,25 +226,50 @@ fn config(mmap: HookMode) -> Config {
 
 const K64: usize = 64 * 1024;
 
-fn check_mode(mode: HookMode) {
+/// The records of `all` whose kind is in `events`: what a handler
+/// registered for `events` sees of a call that makes `all`.
+fn only<const K: usize>(events: u32, all: [Rec; K]) -> Vec<Rec> {
+    all.into_iter().filter(|r| r.0 & events != 0).collect()
+}
+
+fn errno() -> i32 {
+    // SAFETY: errno is thread-local.
+    unsafe { *libc::__errno_location() }
+}
+
+fn set_errno(value: i32) {
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = value };
+}
+
+/// Every hooked function's events in `mode`, seen by one handler
+/// registered for `events`: every event, or the aggregate ones alone (a
+/// registration cache's subscription, for which the hooks deliver them
+/// without building the call's own event).
+fn check_mode(mode: HookMode, events: u32) {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let h = helper();
     let mut session = Session::new(mode);
     let status = memhook::status();
     assert_eq!(status.len(), 8, "{status:?}");
     assert!(status.iter().all(|s| s.installed && s.mode == mode), "{status:?}");
-    session.handler(bits::ALL_EVENTS, 0, &record);
+    session.handler(events, 0, &record);
 
-    // mmap: MMAP with its result, then VM_MAPPED.
+    // mmap: MMAP with its result, then VM_MAPPED. The caller's errno
+    // survives the handlers after a successful call.
     let mut p = 0;
-    // The helper functions wrap libc's; each call below passes what libc
-    // expects.
-    // SAFETY: as just said.
-    let log = recorded(|| p = unsafe { (h.mmap)(K64) });
+    let log = recorded(|| {
+        set_errno(77);
+        // The helper functions wrap libc's; each call below passes what
+        // libc expects.
+        // SAFETY: as just said.
+        p = unsafe { (h.mmap)(K64) };
+        assert_eq!(errno(), 77, "errno survives the handlers after mmap");
+    });
     assert_ne!(p as isize, -1);
     assert_eq!(
         about(&log, p, K64),
-        [(bits::MMAP, 0, K64, p as isize), (bits::VM_MAPPED, p, K64, 0)]
+        only(events, [(bits::MMAP, 0, K64, p as isize), (bits::VM_MAPPED, p, K64, 0)])
     );
 
     // mremap grow (may move): VM_UNMAPPED of the old range before, then
@@ -252,11 +282,18 @@ fn check_mode(mode: HookMode) {
         .into_iter()
         .filter(|r| near(r, p, K64) || near(r, q, 2 * K64))
         .collect();
-    let kinds: Vec<u32> = log.iter().map(|r| r.0).collect();
-    assert_eq!(kinds, [bits::VM_UNMAPPED, bits::MREMAP, bits::VM_MAPPED], "{log:x?}");
-    assert_eq!((log[0].1, log[0].2), (p, K64));
-    assert_eq!(log[1].3 as usize, q);
-    assert_eq!((log[2].1, log[2].2), (q, 2 * K64));
+    assert_eq!(
+        log,
+        only(
+            events,
+            [
+                (bits::VM_UNMAPPED, p, K64, 0),
+                (bits::MREMAP, p, 2 * K64, q as isize),
+                (bits::VM_MAPPED, q, 2 * K64, 0)
+            ]
+        ),
+        "{log:x?}"
+    );
 
     // madvise: a discarding advice is an unmap of the contents; others are
     // not reported.
@@ -264,7 +301,7 @@ fn check_mode(mode: HookMode) {
     let log = recorded(|| assert_eq!(unsafe { (h.madvise)(q, 4096, libc::MADV_DONTNEED) }, 0));
     assert_eq!(
         about(&log, q, 4096),
-        [(bits::VM_UNMAPPED, q, 4096, 0), (bits::MADVISE, q, 4096, 0)]
+        only(events, [(bits::VM_UNMAPPED, q, 4096, 0), (bits::MADVISE, q, 4096, 0)])
     );
     // SAFETY: as above.
     let log = recorded(|| assert_eq!(unsafe { (h.madvise)(q, 4096, libc::MADV_WILLNEED) }, 0));
@@ -275,20 +312,40 @@ fn check_mode(mode: HookMode) {
     let log = recorded(|| assert_eq!(unsafe { (h.munmap)(q, 2 * K64) }, 0));
     assert_eq!(
         about(&log, q, 2 * K64),
-        [(bits::VM_UNMAPPED, q, 2 * K64, 0), (bits::MUNMAP, q, 2 * K64, 0)]
+        only(
+            events,
+            [(bits::VM_UNMAPPED, q, 2 * K64, 0), (bits::MUNMAP, q, 2 * K64, 0)]
+        )
     );
 
-    // A failing call: result -1, errno as the original left it.
-    let mut errno = 0;
+    // Failing calls: result -1, errno as the original left it.
+    let mut failed = 0;
     let log = recorded(|| {
         // SAFETY: as above (an unaligned address fails with EINVAL).
         assert_eq!(unsafe { (h.munmap)(1, 4096) }, -1);
-        // SAFETY: errno is thread-local.
-        errno = unsafe { *libc::__errno_location() };
+        failed = errno();
     });
-    assert_eq!(errno, libc::EINVAL, "errno survives the handlers");
-    let last = log.iter().rfind(|r| r.1 == 1);
-    assert_eq!(last.map(|r| (r.0, r.3)), Some((bits::MUNMAP, -1)));
+    assert_eq!(failed, libc::EINVAL, "errno survives the handlers");
+    let last = log.iter().rfind(|r| r.1 == 1).copied();
+    assert_eq!(
+        last,
+        only(events, [(bits::VM_UNMAPPED, 1, 4096, 0), (bits::MUNMAP, 1, 4096, -1)]).pop()
+    );
+    let log = recorded(|| {
+        // SAFETY: as above (a length of 0 fails with EINVAL).
+        assert_eq!(unsafe { (h.mmap)(0) }, usize::MAX);
+        failed = errno();
+    });
+    assert_eq!(failed, libc::EINVAL, "errno survives the handlers");
+    let kinds: Vec<u32> = log.iter().map(|r| r.0).collect();
+    assert_eq!(
+        kinds,
+        only(events, [(bits::MMAP, 0, 0, -1)])
+            .iter()
+            .map(|r| r.0)
+            .collect::<Vec<_>>(),
+        "{log:x?}"
+    );
 
     // shmat/shmdt: sizes from the segment and the mapping.
     // SAFETY: a private segment, removed below.
@@ -299,16 +356,19 @@ fn check_mode(mode: HookMode) {
     let log = recorded(|| a = unsafe { (h.shmat)(id_shm) });
     assert_eq!(
         about(&log, a, K64),
-        [
-            (bits::SHMAT, 0, id_shm as usize, a as isize),
-            (bits::VM_MAPPED, a, K64, 0)
-        ]
+        only(
+            events,
+            [
+                (bits::SHMAT, 0, id_shm as usize, a as isize),
+                (bits::VM_MAPPED, a, K64, 0)
+            ]
+        )
     );
     // SAFETY: as above.
     let log = recorded(|| assert_eq!(unsafe { (h.shmdt)(a) }, 0));
     assert_eq!(
         about(&log, a, K64),
-        [(bits::VM_UNMAPPED, a, K64, 0), (bits::SHMDT, a, 0, 0)]
+        only(events, [(bits::VM_UNMAPPED, a, K64, 0), (bits::SHMDT, a, 0, 0)])
     );
     // SAFETY: removing the segment created above.
     unsafe { libc::shmctl(id_shm, libc::IPC_RMID, std::ptr::null_mut()) };
@@ -321,22 +381,28 @@ fn check_mode(mode: HookMode) {
     let log = recorded(|| assert_eq!(unsafe { (h.sbrk)(K64 as isize) }, top));
     assert_eq!(
         about(&log, top, K64),
-        [(bits::SBRK, 0, K64, top as isize), (bits::VM_MAPPED, top, K64, 0)]
+        only(
+            events,
+            [(bits::SBRK, 0, K64, top as isize), (bits::VM_MAPPED, top, K64, 0)]
+        )
     );
     // SAFETY: as above.
     let log = recorded(|| assert_eq!(unsafe { (h.sbrk)(-(K64 as isize)) }, top + K64));
     assert_eq!(
         about(&log, top, K64),
-        [
-            (bits::VM_UNMAPPED, top, K64, 0),
-            (bits::SBRK, 0, -(K64 as isize) as usize, (top + K64) as isize)
-        ]
+        only(
+            events,
+            [
+                (bits::VM_UNMAPPED, top, K64, 0),
+                (bits::SBRK, 0, -(K64 as isize) as usize, (top + K64) as isize)
+            ]
+        )
     );
     // SAFETY: as above.
     let log = recorded(|| assert_eq!(unsafe { (h.brk)(top + K64) }, 0));
     assert_eq!(
         about(&log, top, K64),
-        [(bits::BRK, top + K64, 0, 0), (bits::VM_MAPPED, top, K64, 0)]
+        only(events, [(bits::BRK, top + K64, 0, 0), (bits::VM_MAPPED, top, K64, 0)])
     );
     // SAFETY: as above.
     assert_eq!(unsafe { (h.sbrk)(0) }, top + K64, "glibc's break follows brk");
@@ -344,7 +410,7 @@ fn check_mode(mode: HookMode) {
     let log = recorded(|| assert_eq!(unsafe { (h.brk)(top) }, 0));
     assert_eq!(
         about(&log, top, K64),
-        [(bits::VM_UNMAPPED, top, K64, 0), (bits::BRK, top, 0, 0)]
+        only(events, [(bits::VM_UNMAPPED, top, K64, 0), (bits::BRK, top, 0, 0)])
     );
 
     // glibc malloc of a large block maps it inside libc: bistro patches the
@@ -372,14 +438,26 @@ fn check_mode(mode: HookMode) {
     assert!(memhook::status().is_empty());
 }
 
+const VM: u32 = bits::VM_MAPPED | bits::VM_UNMAPPED;
+
 #[test]
 fn every_function_in_bistro_mode() {
-    check_mode(HookMode::Bistro);
+    check_mode(HookMode::Bistro, bits::ALL_EVENTS);
 }
 
 #[test]
 fn every_function_in_reloc_mode() {
-    check_mode(HookMode::Reloc);
+    check_mode(HookMode::Reloc, bits::ALL_EVENTS);
+}
+
+#[test]
+fn every_function_in_bistro_mode_with_aggregate_events_alone() {
+    check_mode(HookMode::Bistro, VM);
+}
+
+#[test]
+fn every_function_in_reloc_mode_with_aggregate_events_alone() {
+    check_mode(HookMode::Reloc, VM);
 }
 
 /// A pre-handler that supplies the result for one marker length.
