@@ -1,5 +1,15 @@
-//! The added cost of the host hooks, measured in interleaved rounds so that
-//! drift in the (slow, noisy) system calls hits every variant alike.
+//! The added cost of the host hooks, measured two ways so that drift in the
+//! (slow, noisy) system calls hits every variant alike:
+//! - paired rounds: 1,000 pairs unhooked, then with the hooks installed
+//!   (each round installs them anew), the variants in alternating order;
+//! - interleaved pairs: with the hooks installed, every iteration times one
+//!   pair through the hooked entries and one through the originals
+//!   (`memhook::host::original`: bistro's trampolines, which run the
+//!   relocated first instructions and jump into libc), in alternating
+//!   order. The per-iteration difference is the hooks' own cost (the
+//!   patched entry's jump, the hook, the handlers), a few microseconds
+//!   apart rather than milliseconds, and with no install in the round.
+//!
 //! `cargo run --release -p memhook --example host_cost`
 use std::time::Instant;
 
@@ -7,10 +17,19 @@ use memhook::config::{HookConfig, HookMode, ModeSet};
 use memhook::event::{Event, bits};
 use memhook::{Config, HandlerFn};
 
+type Mmap = unsafe extern "C" fn(*mut libc::c_void, usize, i32, i32, i32, libc::off_t) -> *mut libc::c_void;
+type Munmap = unsafe extern "C" fn(*mut libc::c_void, usize) -> i32;
+
 fn pair() {
+    pair_with(libc::mmap, libc::munmap);
+}
+
+/// One mmap(4 KiB)+munmap pair through the given functions.
+#[inline(always)]
+fn pair_with(mmap: Mmap, munmap: Munmap) {
     // SAFETY: an anonymous private mapping, unmapped right away.
     unsafe {
-        let p = libc::mmap(
+        let p = mmap(
             std::ptr::null_mut(),
             4096,
             libc::PROT_READ | libc::PROT_WRITE,
@@ -18,8 +37,49 @@ fn pair() {
             -1,
             0,
         );
-        libc::munmap(std::hint::black_box(p), 4096);
+        munmap(std::hint::black_box(p), 4096);
     }
+}
+
+/// ns one pair takes.
+#[inline(always)]
+fn timed(mmap: Mmap, munmap: Munmap) -> f64 {
+    let t = Instant::now();
+    pair_with(mmap, munmap);
+    t.elapsed().as_nanos() as f64
+}
+
+/// The interleaved measure (see the top) with one empty handler for
+/// `mask` (none for 0): the median of the per-iteration differences.
+fn interleaved(config: &Config, mask: u32, iterations: usize) -> f64 {
+    memhook::install(config);
+    let id = (mask != 0).then(|| memhook::set_handler(mask, 0, HandlerFn::Rust(&empty)).unwrap());
+    // SAFETY: the originals of mmap and munmap, of glibc's signatures.
+    let (orig_mmap, orig_munmap) = unsafe {
+        (
+            std::mem::transmute::<usize, Mmap>(memhook::host::original("mmap").expect("mmap is hooked")),
+            std::mem::transmute::<usize, Munmap>(memhook::host::original("munmap").expect("munmap is hooked")),
+        )
+    };
+    let mut diffs = Vec::with_capacity(iterations);
+    for i in 0..iterations + 1000 {
+        let (hooked, original) = if i % 2 == 0 {
+            let h = timed(libc::mmap, libc::munmap);
+            (h, timed(orig_mmap, orig_munmap))
+        } else {
+            let o = timed(orig_mmap, orig_munmap);
+            (timed(libc::mmap, libc::munmap), o)
+        };
+        if i >= 1000 {
+            diffs.push(hooked - original);
+        }
+    }
+    if let Some(id) = id {
+        memhook::unset_handler(id).unwrap();
+    }
+    memhook::uninstall();
+    diffs.sort_by(f64::total_cmp);
+    diffs[diffs.len() / 2]
 }
 
 fn round(n: u32) -> f64 {
@@ -122,4 +182,12 @@ fn main() {
         }
     }
     println!("one dispatch (report_event, one empty handler): {per_dispatch:.1} ns");
+    const PAIRS: usize = 100_000;
+    println!(
+        "mmap+munmap 4 KiB, {PAIRS} interleaved pairs, hooked entries against the originals (median of the per-iteration differences):"
+    );
+    for (v, mask) in MASKS.into_iter().enumerate().skip(1) {
+        let d = interleaved(&config, mask.unwrap_or(0), PAIRS);
+        println!("  {:<42} {d:+8.0} ns", names[v]);
+    }
 }

@@ -22,6 +22,26 @@ use memhook_core::event::{
 
 use crate::dispatch::{begin, finish, wants};
 
+/// The address that runs `function`'s original (`"mmap"`, `"munmap"`,
+/// `"mremap"`, `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"` or `"madvise"`), past
+/// memhook's hook: with bistro, its trampoline (the relocated first
+/// instructions, then a jump into the function); with reloc, the
+/// definition it found. `None` for another name, or before memhook hooked
+/// the function.
+///
+/// For code that must map memory unreported (an allocator's own
+/// bookkeeping, as UCM's `ucm_orig_mmap`), and for measuring the hooks'
+/// cost against the same function in the same process. Call it with the
+/// function's own signature (glibc's). The address stays valid for the
+/// process's life (a trampoline is never unmapped, uninstall included).
+pub fn original(function: &str) -> Option<usize> {
+    functions()
+        .into_iter()
+        .find(|(name, _, _)| name.to_bytes() == function.as_bytes())
+        .map(|(_, _, orig)| orig.load(Ordering::Acquire))
+        .filter(|&p| p != 0)
+}
+
 /// The functions hooked, in install order, with their hooks.
 pub(crate) fn functions() -> [(&'static core::ffi::CStr, usize, &'static AtomicUsize); 8] {
     [

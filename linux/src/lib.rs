@@ -10,6 +10,7 @@
 //! - [`reloc`]: hook symbols through the GOT slots of every loaded object,
 //!   including objects loaded later.
 //! - [`maps`]: allocation-free `/proc/self/maps` reading.
+//! - [`host`]: the host hooks; [`host::original`] calls past them.
 pub use memhook_core::{config, event, patch};
 
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -19,7 +20,7 @@ pub mod code;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub mod cuda;
 pub mod dispatch;
-mod host;
+pub mod host;
 mod install;
 pub mod maps;
 mod membarrier;

@@ -434,6 +434,35 @@ fn check_mode(mode: HookMode, events: u32) {
         _ => assert!(!covering && !unmapped, "reloc cannot see calls inside libc"),
     }
 
+    // The originals map and unmap past the hooks: no event.
+    type Mmap = unsafe extern "C" fn(usize, usize, i32, i32, i32, i64) -> usize;
+    type Munmap = unsafe extern "C" fn(usize, usize) -> i32;
+    // SAFETY: the originals of mmap and munmap, of glibc's signatures.
+    let (mmap, munmap) = unsafe {
+        (
+            cast::<Mmap>(memhook::host::original("mmap").expect("mmap is hooked")),
+            cast::<Munmap>(memhook::host::original("munmap").expect("munmap is hooked")),
+        )
+    };
+    let log = recorded(|| {
+        // SAFETY: an anonymous private mapping, unmapped right away.
+        let p = unsafe {
+            mmap(
+                0,
+                K64,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p as isize, -1);
+        // SAFETY: as above.
+        assert_eq!(unsafe { munmap(p, K64) }, 0);
+    });
+    assert_eq!(log, [], "the originals are unreported");
+    assert_eq!(memhook::host::original("malloc"), None);
+
     drop(session);
     assert!(memhook::status().is_empty());
 }
