@@ -221,6 +221,14 @@ fn ensure_fork_hook() {
 /// type for each mapping of an NVIDIA device file (the GPU memory mapped
 /// before the hooks saw it).
 ///
+/// A handler must not panic. The hook that calls it may have been called
+/// from C, which cannot take an unwinding, so a panic ends the process
+/// (Rust aborts at the hook's `extern "C"` edge, after the panic hook has
+/// reported the panic). That is kept on purpose: going on would leave the
+/// handler without the event it failed on, and for a registration cache
+/// a lost unmap is silent corruption; a handler that can fail should
+/// catch its own failure.
+///
 /// # Errors
 ///
 /// A [`RegisterError`]: the table is full, the mask names no event, or the

@@ -799,3 +799,54 @@ fn dispatch_works_inside_signal_handlers() {
     // SAFETY: restoring the default disposition.
     unsafe { libc::signal(libc::SIGUSR1, libc::SIG_DFL) };
 }
+
+/// Armed by the child process of the test below: its handler panics
+/// once (disarming first: the panic's own report may map memory).
+static ARMED: AtomicBool = AtomicBool::new(false);
+
+fn panics_once(e: &mut Event) {
+    if matches!(e, Event::VmMapped(v) if v.size == K64) && ARMED.swap(false, Ordering::AcqRel) {
+        panic!("a handler's bug");
+    }
+}
+
+/// A handler that panics ends the process (it cannot unwind out of the
+/// hook, whose caller may be C, and going on would lose the event it
+/// failed on): the test runs itself again as a child that does it.
+#[test]
+fn a_panicking_handler_ends_the_process() {
+    const CHILD: &str = "MEMHOOK_TEST_PANICKING_HANDLER";
+    if std::env::var_os(CHILD).is_some() {
+        let h = helper();
+        let mut session = Session::new(HookMode::Bistro);
+        session.handler(bits::VM_MAPPED, 0, &panics_once);
+        ARMED.store(true, Ordering::SeqCst);
+        // SAFETY: the helper's mmap, as in check_mode.
+        let p = unsafe { (h.mmap)(K64) };
+        println!("went on past the panic: {p:#x}");
+        std::process::exit(0);
+    }
+    let out = match std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_panicking_handler_ends_the_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .output()
+    {
+        Err(e) if e.raw_os_error() == Some(libc::ENOEXEC) => {
+            // Under qemu-user without binfmt_misc, the test binary of
+            // another architecture cannot be run as a process of its own.
+            println!("cannot run this test binary as a child here ({e}): not checked");
+            return;
+        }
+        out => out.unwrap(),
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{out:?}");
+    assert!(stderr.contains("a handler's bug"), "the panic is reported: {stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("went on"));
+}
