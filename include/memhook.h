@@ -602,6 +602,23 @@ int memhook_memtype_lookup(const void *addr, size_t len, struct memhook_mem_info
 int memhook_memtype_classify(const void *addr, size_t len, struct memhook_mem_info_t *info);
 
 /*
+ The address that runs `function` past memhook's hook, for calls that
+ must go unreported (an allocator's own mappings, as UCM's
+ `ucm_orig_mmap`): a host function (`"mmap"`, `"munmap"`, `"mremap"`,
+ `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`) or a hooked CUDA
+ function (`"cuMemAlloc_v2"`, `"cudaMalloc"`, ...). Cast it to the
+ function's own type. NULL, with `memhook_last_error` saying why, for a
+ name memhook does not hook, or a function it has not hooked (yet). The
+ address stays valid for the process's life (a CUDA function's, while
+ its library stays loaded).
+
+ # Safety
+
+ `function` is NULL or a NUL-terminated string.
+ */
+void *memhook_original(const char *function);
+
+/*
  The `index`-th entry of what the installed hooks are: per function and
  mode, whether it took and why not. Iterate from 0 until
  `MEMHOOK_ERR_NOT_FOUND`.

@@ -1,7 +1,7 @@
 /* memhook's C ABI for events and memory types, used as a C library would:
  * install from a config string, count events with a handler, report an
- * allocator's own typed allocation, look it up, and see a bad config
- * refused with the token named. */
+ * allocator's own typed allocation, look it up, call the originals past
+ * the hooks, and see a bad config refused with the token named. */
 #include <assert.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -46,6 +46,17 @@ int main(void) {
         assert(munmap(p, MARK) == 0);
     }
     assert(mapped == 10 && unmapped == 10 && vm_mapped == 10 && vm_unmapped == 10);
+
+    /* The originals map and unmap unreported; an unknown name is refused. */
+    void *(*orig_mmap)(void *, size_t, int, int, int, off_t) =
+        (void *(*)(void *, size_t, int, int, int, off_t))memhook_original("mmap");
+    int (*orig_munmap)(void *, size_t) = (int (*)(void *, size_t))memhook_original("munmap");
+    assert(orig_mmap != NULL && orig_munmap != NULL);
+    void *q = orig_mmap(NULL, MARK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert(q != MAP_FAILED && orig_munmap(q, MARK) == 0);
+    assert(mapped == 10 && unmapped == 10 && vm_mapped == 10 && vm_unmapped == 10);
+    assert(memhook_original("malloc") == NULL);
+    assert(strstr(memhook_last_error(), "`malloc`") != NULL);
 
     /* An allocator reporting its own device allocation (NO_INSTALL users). */
     memhook_event_t ev;

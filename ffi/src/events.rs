@@ -427,3 +427,39 @@ pub unsafe extern "C" fn memhook_memtype_classify(
         MEMHOOK_OK
     })
 }
+
+/// The address that runs `function` past memhook's hook, for calls that
+/// must go unreported (an allocator's own mappings, as UCM's
+/// `ucm_orig_mmap`): a host function (`"mmap"`, `"munmap"`, `"mremap"`,
+/// `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`) or a hooked CUDA
+/// function (`"cuMemAlloc_v2"`, `"cudaMalloc"`, ...). Cast it to the
+/// function's own type. NULL, with `memhook_last_error` saying why, for a
+/// name memhook does not hook, or a function it has not hooked (yet). The
+/// address stays valid for the process's life (a CUDA function's, while
+/// its library stays loaded).
+///
+/// # Safety
+///
+/// `function` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memhook_original(function: *const c_char) -> *mut c_void {
+    if function.is_null() {
+        fail(MEMHOOK_ERR_INVALID, format_args!("memhook_original: function is NULL"));
+        return core::ptr::null_mut();
+    }
+    // SAFETY: non-null, and NUL-terminated by the caller's contract.
+    let name = unsafe { CStr::from_ptr(function) }.to_string_lossy();
+    let found = memhook::host::original(&name);
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    let found = found.or_else(|| memhook::cuda::original(&name));
+    match found {
+        Some(address) => address as *mut c_void,
+        None => {
+            fail(
+                MEMHOOK_ERR_NOT_FOUND,
+                format_args!("memhook_original: memhook has not hooked `{name}`"),
+            );
+            core::ptr::null_mut()
+        }
+    }
+}
