@@ -49,11 +49,22 @@ fn timed(mmap: Mmap, munmap: Munmap) -> f64 {
     t.elapsed().as_nanos() as f64
 }
 
-/// The interleaved measure (see the top) with one empty handler for
-/// `mask` (none for 0): the median of the per-iteration differences.
-fn interleaved(config: &Config, mask: u32, iterations: usize) -> f64 {
+/// Runs `f` with the hooks installed and one empty handler for `mask`
+/// (none for 0), both undone afterwards.
+fn hooked<R>(config: &Config, mask: u32, f: impl FnOnce() -> R) -> R {
     memhook::install(config);
     let id = (mask != 0).then(|| memhook::set_handler(mask, 0, HandlerFn::Rust(&empty)).unwrap());
+    let r = f();
+    if let Some(id) = id {
+        memhook::unset_handler(id).unwrap();
+    }
+    memhook::uninstall();
+    r
+}
+
+/// The interleaved measure (see the top) with the hooks installed: the
+/// median of the per-iteration differences.
+fn interleaved(iterations: usize) -> f64 {
     // SAFETY: the originals of mmap and munmap, of glibc's signatures.
     let (orig_mmap, orig_munmap) = unsafe {
         (
@@ -63,7 +74,7 @@ fn interleaved(config: &Config, mask: u32, iterations: usize) -> f64 {
     };
     let mut diffs = Vec::with_capacity(iterations);
     for i in 0..iterations + 1000 {
-        let (hooked, original) = if i % 2 == 0 {
+        let (via_hooks, via_originals) = if i % 2 == 0 {
             let h = timed(libc::mmap, libc::munmap);
             (h, timed(orig_mmap, orig_munmap))
         } else {
@@ -71,13 +82,9 @@ fn interleaved(config: &Config, mask: u32, iterations: usize) -> f64 {
             (timed(libc::mmap, libc::munmap), o)
         };
         if i >= 1000 {
-            diffs.push(hooked - original);
+            diffs.push(via_hooks - via_originals);
         }
     }
-    if let Some(id) = id {
-        memhook::unset_handler(id).unwrap();
-    }
-    memhook::uninstall();
     diffs.sort_by(f64::total_cmp);
     diffs[diffs.len() / 2]
 }
@@ -113,21 +120,9 @@ fn main() {
     ];
     let mut times: [Vec<f64>; 4] = Default::default();
     let mut added: [Vec<f64>; 4] = Default::default();
-    let measure = |mask: Option<u32>| {
-        if mask.is_some() {
-            memhook::install(&config);
-        }
-        let id = mask
-            .filter(|&m| m != 0)
-            .map(|m| memhook::set_handler(m, 0, HandlerFn::Rust(&empty)).unwrap());
-        let t = round(1000);
-        if let Some(id) = id {
-            memhook::unset_handler(id).unwrap();
-        }
-        if mask.is_some() {
-            memhook::uninstall();
-        }
-        t
+    let measure = |mask: Option<u32>| match mask {
+        Some(mask) => hooked(&config, mask, || round(1000)),
+        None => round(1000),
     };
     for r in 0..101 {
         let mut t = [0.0; 4];
@@ -187,7 +182,7 @@ fn main() {
         "mmap+munmap 4 KiB, {PAIRS} interleaved pairs, hooked entries against the originals (median of the per-iteration differences):"
     );
     for (v, mask) in MASKS.into_iter().enumerate().skip(1) {
-        let d = interleaved(&config, mask.unwrap_or(0), PAIRS);
+        let d = hooked(&config, mask.unwrap_or(0), || interleaved(PAIRS));
         println!("  {:<42} {d:+8.0} ns", names[v]);
     }
 }
