@@ -133,8 +133,7 @@ fn record(e: &mut Event) {
     if !RECORDING.load(Ordering::Acquire) || RECORDER.load(Ordering::Acquire) != thread_id() {
         return;
     }
-    // SAFETY: errno is thread-local.
-    unsafe { *libc::__errno_location() = HANDLER_ERRNO };
+    set_errno(HANDLER_ERRNO);
     let (addr, size) = match *e {
         Event::Mmap(m) => (m.address, m.size),
         Event::Munmap(m) => (m.address, m.size),
