@@ -21,6 +21,16 @@ fn log(e: &mut Event) {
     let (addr, size) = match *e {
         Event::Mmap(m) => (m.result, m.size),
         Event::Munmap(m) => (m.address, m.size),
+        Event::Mremap(m) => (m.result, m.new_size),
+        // The memory a grown break adds starts at the old break, the
+        // result; a shrink's lies below it.
+        Event::Sbrk(s) if s.increment >= 0 => (s.result, s.increment as usize),
+        Event::Sbrk(s) => (
+            s.result.wrapping_sub(s.increment.unsigned_abs()),
+            s.increment.unsigned_abs(),
+        ),
+        Event::Brk(b) => (b.addr, 0),
+        Event::Madvise(m) => (m.addr, m.length),
         Event::VmMapped(v) | Event::VmUnmapped(v) => (v.address, v.size),
         Event::MemTypeAlloc(m) | Event::MemTypeFree(m) => (m.address, m.size),
         _ => (0, 0),
@@ -89,13 +99,18 @@ pub fn demo() -> i32 {
         unsafe { libc::munmap(p as *mut libc::c_void, 1 << 20) };
         total += show(from, p, p + (1 << 20));
     }
-    println!("\nmalloc + free of 8 MiB (glibc maps large blocks), twice:");
+    println!("\nmalloc + free of 8 MiB, twice (the allocator's own calls, which bistro catches):");
     for _ in 0..2 {
         let from = NEXT.load(Ordering::Acquire);
         let v: Vec<u8> = Vec::with_capacity(8 << 20);
         let p = v.as_ptr() as usize;
         drop(v);
-        total += show(from, p.saturating_sub(4096), p + (8 << 20));
+        println!("  block at {p:#x}:");
+        let shown = show(from, p.saturating_sub(4096), p + (8 << 20));
+        if shown == 0 {
+            println!("    (no event: the allocator had the memory already)");
+        }
+        total += shown;
     }
     total += cuda();
     println!(

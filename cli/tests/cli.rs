@@ -200,6 +200,24 @@ fn demo_shows_events() {
     ] {
         assert!(t.contains(want), "no `{want}` in:\n{t}");
     }
+    // Both large blocks are accounted for: each shows the allocator's own
+    // call that provided it (glibc maps the first; its free raises the
+    // mmap threshold, and the second comes from the break), or says why
+    // there is none.
+    let malloc = t
+        .split("malloc + free")
+        .nth(1)
+        .and_then(|m| m.split("CUDA:").next())
+        .unwrap_or("");
+    let blocks: Vec<&str> = malloc.split("  block at ").skip(1).collect();
+    assert_eq!(blocks.len(), 2, "{t}");
+    assert!(blocks[0].contains("MMAP"), "glibc maps a first 8 MiB block:\n{t}");
+    for b in blocks {
+        assert!(
+            ["MMAP", "SBRK", "MREMAP", "no event"].iter().any(|w| b.contains(w)),
+            "a block without its allocator call in:\n{t}"
+        );
+    }
 }
 
 #[test]
