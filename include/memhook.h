@@ -142,7 +142,10 @@
 #define MEMHOOK_EVENT_VM_MAPPED (1 << 16)
 
 /*
- A range is about to be unmapped.
+ A range is about to be unmapped: by munmap, mremap (its source),
+ shmdt, a shrinking brk or sbrk, a discarding madvise, or a call that
+ maps at a fixed address over it (mmap with MAP_FIXED, mremap with
+ MREMAP_FIXED at its destination, shmat with SHM_REMAP).
  */
 #define MEMHOOK_EVENT_VM_UNMAPPED (1 << 17)
 

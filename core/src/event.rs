@@ -76,7 +76,12 @@ pub mod bits {
     pub const BRK: u32 = 1 << 7;
     /// A range of virtual memory became mapped (after the fact).
     pub const VM_MAPPED: u32 = 1 << 16;
-    /// A range of virtual memory is about to be unmapped.
+    /// A range of virtual memory is about to be unmapped: by `munmap`,
+    /// `mremap` (its source), `shmdt`, a shrinking `brk`/`sbrk`, a
+    /// discarding `madvise`, or a call that maps at a fixed address over it
+    /// (`mmap` with `MAP_FIXED`, `mremap` with `MREMAP_FIXED` at its
+    /// destination, `shmat` with `SHM_REMAP`), reported whether or not
+    /// anything was mapped there.
     pub const VM_UNMAPPED: u32 = 1 << 17;
     /// A typed (e.g. CUDA) allocation succeeded.
     pub const MEM_TYPE_ALLOC: u32 = 1 << 20;

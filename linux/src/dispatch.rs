@@ -133,6 +133,8 @@ pub(crate) struct Begun {
     /// This thread's state (a raw pointer: `Begun` is neither Send nor
     /// Sync, so it stays on the thread whose state this is).
     local: *const Local,
+    /// The caller's errno before any handler ran.
+    caller_errno: core::ffi::c_int,
 }
 
 impl Begun {
@@ -146,17 +148,31 @@ impl Begun {
     pub(crate) fn errno(&self) -> *mut core::ffi::c_int {
         // SAFETY: `begin` found this pointer on this thread during the
         // hooked call still running: the thread-local is alive.
-        let local = unsafe { &*self.local };
-        let at = local.errno.get();
-        if !at.is_null() {
-            return at;
-        }
-        // SAFETY: __errno_location has no preconditions; the thread's errno
-        // stays where it is for the thread's life.
-        let at = unsafe { libc::__errno_location() };
-        local.errno.set(at);
-        at
+        errno_of(unsafe { &*self.local })
     }
+
+    /// The caller's errno as it was when the hook began, before any
+    /// handler ran: what the original must be called with, so that a
+    /// call that succeeds (and leaves errno alone) leaves the caller's.
+    #[inline(always)]
+    pub(crate) fn caller_errno(&self) -> core::ffi::c_int {
+        self.caller_errno
+    }
+}
+
+/// The `errno` location of the thread whose state `local` is (asked of
+/// libc once per thread).
+#[inline(always)]
+fn errno_of(local: &Local) -> *mut core::ffi::c_int {
+    let at = local.errno.get();
+    if !at.is_null() {
+        return at;
+    }
+    // SAFETY: __errno_location has no preconditions; the thread's errno
+    // stays where it is for the thread's life.
+    let at = unsafe { libc::__errno_location() };
+    local.errno.set(at);
+    at
 }
 
 /// The first half of a hook's dispatch (see `Dispatcher::begin`): the
@@ -171,8 +187,15 @@ pub(crate) fn begin(before: Option<&mut Event>, event: &mut Event) -> Option<Beg
     // (a `const` thread-local without a destructor: the lookup is an offset
     // from the thread pointer, or one `__tls_get_addr` call in a preloaded
     // library).
-    let pass = DISPATCHER.begin(unsafe { &(*local).depth }, before, event);
-    Some(Begun { pass, local })
+    let l = unsafe { &*local };
+    // SAFETY: this thread's errno location.
+    let caller_errno = unsafe { *errno_of(l) };
+    let pass = DISPATCHER.begin(&l.depth, before, event);
+    Some(Begun {
+        pass,
+        local,
+        caller_errno,
+    })
 }
 
 /// The second half of a hook's dispatch: post-handlers of `event`, then

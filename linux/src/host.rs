@@ -11,6 +11,14 @@
 //! two loads from one cache line, a test and a jump to the original: the
 //! events are built in a function of their own (`*_dispatched`), which
 //! alone sets up a stack frame.
+//!
+//! A call that puts a mapping at a fixed address replaces whatever lay
+//! there: `mmap` with `MAP_FIXED`, `mremap` with `MREMAP_FIXED` (at its
+//! destination) and `shmat` with `SHM_REMAP`. The kernel unmaps the old
+//! mapping first, with no `munmap` call to see, and a registration cache
+//! that kept it would go on using pages that are gone: these hooks report
+//! `VM_UNMAPPED` of the range they replace before the call (as UCM does
+//! for `MAP_FIXED`), whether or not anything was mapped there.
 
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -20,7 +28,7 @@ use memhook_core::event::{
     VmEvent, bits,
 };
 
-use crate::dispatch::{begin, finish, wants};
+use crate::dispatch::{begin, finish, notify, wants};
 
 /// The address that runs `function`'s original (`"mmap"`, `"munmap"`,
 /// `"mremap"`, `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"` or `"madvise"`), past
@@ -127,6 +135,11 @@ fn call_original(
     let errno = begun.errno();
     let mut saved = 0;
     if called {
+        // What the handlers before the call (a `VM_UNMAPPED`, a
+        // pre-handler) left in errno is not the caller's: a call that
+        // succeeds leaves errno as it finds it.
+        // SAFETY: this thread's errno.
+        unsafe { *errno = begun.caller_errno() };
         original(event);
         // SAFETY: this thread's errno.
         saved = unsafe { *errno };
@@ -166,9 +179,21 @@ fn succeeded(result: usize) -> Option<usize> {
     (result != INVALID_PTR).then_some(result)
 }
 
+/// `bits::VM_UNMAPPED` if `mmap` with `flags` replaces what lies at its
+/// address (`MAP_FIXED`, unless `MAP_FIXED_NOREPLACE`, which fails
+/// instead), else 0.
+#[inline(always)]
+fn mmap_replaces(flags: c_int) -> u32 {
+    if flags & libc::MAP_FIXED != 0 && flags & libc::MAP_FIXED_NOREPLACE == 0 {
+        bits::VM_UNMAPPED
+    } else {
+        0
+    }
+}
+
 entry! {
     /// The `mmap` hook.
-    mmap_hook => mmap_dispatched, ORIG_MMAP as MmapFn, bits::MMAP | bits::VM_MAPPED,
+    mmap_hook => mmap_dispatched, ORIG_MMAP as MmapFn, bits::MMAP | bits::VM_MAPPED | mmap_replaces(flags),
     (addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off_t) -> *mut c_void
 }
 
@@ -192,8 +217,14 @@ unsafe extern "C" fn mmap_dispatched(
         fd,
         offset: off,
     });
+    // A fixed mapping replaces what lay there: unmapped before the call.
+    let before = if mmap_replaces(flags) != 0 {
+        unmapped(addr as usize, len)
+    } else {
+        None
+    };
     call_original(
-        None,
+        before,
         &mut ev,
         |e| {
             if let Event::Mmap(m) = e {
@@ -253,6 +284,11 @@ unsafe extern "C" fn mremap_dispatched(
     new_address: *mut c_void,
 ) -> *mut c_void {
     let orig = original!(ORIG_MREMAP, MremapFn);
+    if flags & libc::MREMAP_FIXED != 0 && wants(bits::VM_UNMAPPED) {
+        // The destination's old mapping goes first (before the source's,
+        // which the call's own dispatch reports).
+        notify_keeping_errno(unmapped(new_address as usize, new_size));
+    }
     let mut ev = Event::Mremap(MremapEvent {
         result: INVALID_PTR,
         address: old as usize,
@@ -272,7 +308,26 @@ unsafe extern "C" fn mremap_dispatched(
         },
         |e| succeeded(result_of!(*e, Mremap, INVALID_PTR)).and_then(|r| mapped(r, new_size)),
     );
-    result_of!(ev, Mremap, INVALID_PTR) as *mut c_void
+    let result = result_of!(ev, Mremap, INVALID_PTR);
+    if flags & libc::MREMAP_DONTUNMAP != 0 && succeeded(result).is_some() && wants(bits::VM_MAPPED) {
+        // The source stays mapped, emptied (its pages moved): a new
+        // mapping where the call's dispatch reported one unmapped.
+        notify_keeping_errno(mapped(old as usize, old_size));
+    }
+    result as *mut c_void
+}
+
+/// Delivers `event` (if any) outside a call's own dispatch, keeping the
+/// caller's errno whatever the handlers do.
+#[cold]
+fn notify_keeping_errno(event: Option<Event>) {
+    if let Some(mut event) = event {
+        // SAFETY: this thread's errno, always accessible.
+        let errno = unsafe { *libc::__errno_location() };
+        notify(&mut event);
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = errno };
+    }
 }
 
 /// Size of the shared memory segment `shmid` (0 when unknown).
@@ -286,9 +341,37 @@ fn shm_size(shmid: c_int) -> usize {
     unsafe { ds.assume_init() }.shm_segsz
 }
 
+/// `bits::VM_UNMAPPED` if `shmat` with `shmaddr` and `shmflg` replaces
+/// what lies at the address (`SHM_REMAP`), else 0.
+#[inline(always)]
+fn shmat_replaces(shmaddr: *const c_void, shmflg: c_int) -> u32 {
+    if !shmaddr.is_null() && shmflg & libc::SHM_REMAP != 0 {
+        bits::VM_UNMAPPED
+    } else {
+        0
+    }
+}
+
+/// The range `shmat(shmid, shmaddr, shmflg)` with `SHM_REMAP` maps over:
+/// the segment's pages from the address, rounded down with `SHM_RND` (to
+/// four pages, the largest `SHMLBA` of the architectures memhook runs on:
+/// reporting a little more than was replaced is harmless, less is not).
+fn shmat_replaced(shmid: c_int, shmaddr: *const c_void, shmflg: c_int) -> Option<Event> {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let at = shmaddr as usize;
+    let start = if shmflg & libc::SHM_RND != 0 {
+        at & !(4 * page - 1)
+    } else {
+        at
+    };
+    let end = at.saturating_add(shm_size(shmid).next_multiple_of(page));
+    unmapped(start, end - start)
+}
+
 entry! {
     /// The `shmat` hook.
-    shmat_hook => shmat_dispatched, ORIG_SHMAT as ShmatFn, bits::SHMAT | bits::VM_MAPPED,
+    shmat_hook => shmat_dispatched, ORIG_SHMAT as ShmatFn, bits::SHMAT | bits::VM_MAPPED | shmat_replaces(shmaddr, shmflg),
     (shmid: c_int, shmaddr: *const c_void, shmflg: c_int) -> *mut c_void
 }
 
@@ -302,8 +385,13 @@ unsafe extern "C" fn shmat_dispatched(shmid: c_int, shmaddr: *const c_void, shmf
         shmaddr: shmaddr as usize,
         shmflg,
     });
+    let before = if shmat_replaces(shmaddr, shmflg) != 0 && wants(bits::VM_UNMAPPED) {
+        shmat_replaced(shmid, shmaddr, shmflg)
+    } else {
+        None
+    };
     call_original(
-        None,
+        before,
         &mut ev,
         |e| {
             if let Event::Shmat(m) = e {

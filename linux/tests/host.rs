@@ -26,6 +26,10 @@ void *mhh_shmat(int id) { return shmat(id, NULL, 0); }
 int mhh_shmdt(void *p) { return shmdt(p); }
 void *mhh_sbrk(long increment) { return sbrk(increment); }
 int mhh_brk(void *p) { return brk(p); }
+void *mhh_mmap_at(void *p, size_t len, int flags) { return mmap(p, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0); }
+void *mhh_mremap_to(void *p, size_t o, size_t n, void *to) { return mremap(p, o, n, MREMAP_MAYMOVE | MREMAP_FIXED, to); }
+void *mhh_mremap_flags(void *p, size_t o, size_t n, int flags) { return mremap(p, o, n, flags); }
+void *mhh_shmat_at(int id, void *at, int flags) { return shmat(id, at, flags); }
 void *mhh_malloc(size_t n) { return malloc(n); }
 void mhh_free(void *p) { free(p); }
 "#;
@@ -39,6 +43,10 @@ struct Helper {
     shmdt: unsafe extern "C" fn(usize) -> i32,
     sbrk: unsafe extern "C" fn(isize) -> usize,
     brk: unsafe extern "C" fn(usize) -> i32,
+    mmap_at: unsafe extern "C" fn(usize, usize, i32) -> usize,
+    mremap_to: unsafe extern "C" fn(usize, usize, usize, usize) -> usize,
+    mremap_flags: unsafe extern "C" fn(usize, usize, usize, i32) -> usize,
+    shmat_at: unsafe extern "C" fn(i32, usize, i32) -> usize,
     malloc: unsafe extern "C" fn(usize) -> usize,
     free: unsafe extern "C" fn(usize),
 }
@@ -93,6 +101,10 @@ fn helper() -> &'static Helper {
                 shmdt: cast(sym(c"mhh_shmdt")),
                 sbrk: cast(sym(c"mhh_sbrk")),
                 brk: cast(sym(c"mhh_brk")),
+                mmap_at: cast(sym(c"mhh_mmap_at")),
+                mremap_to: cast(sym(c"mhh_mremap_to")),
+                mremap_flags: cast(sym(c"mhh_mremap_flags")),
+                shmat_at: cast(sym(c"mhh_shmat_at")),
                 malloc: cast(sym(c"mhh_malloc")),
                 free: cast(sym(c"mhh_free")),
             }
@@ -296,8 +308,12 @@ fn check_mode(mode: HookMode, events: u32) {
 
     // madvise: a discarding advice is an unmap of the contents; others are
     // not reported.
-    // SAFETY: as above.
-    let log = recorded(|| assert_eq!(unsafe { (h.madvise)(q, 4096, libc::MADV_DONTNEED) }, 0));
+    let log = recorded(|| {
+        set_errno(77);
+        // SAFETY: as above.
+        assert_eq!(unsafe { (h.madvise)(q, 4096, libc::MADV_DONTNEED) }, 0);
+        assert_eq!(errno(), 77, "errno survives the handlers before madvise");
+    });
     assert_eq!(
         about(&log, q, 4096),
         only(events, [(bits::VM_UNMAPPED, q, 4096, 0), (bits::MADVISE, q, 4096, 0)])
@@ -306,9 +322,14 @@ fn check_mode(mode: HookMode, events: u32) {
     let log = recorded(|| assert_eq!(unsafe { (h.madvise)(q, 4096, libc::MADV_WILLNEED) }, 0));
     assert!(about(&log, q, 4096).is_empty(), "{log:x?}");
 
-    // munmap: VM_UNMAPPED before, MUNMAP with result 0.
-    // SAFETY: as above.
-    let log = recorded(|| assert_eq!(unsafe { (h.munmap)(q, 2 * K64) }, 0));
+    // munmap: VM_UNMAPPED before, MUNMAP with result 0. The caller's
+    // errno survives a handler that ran before the call, too.
+    let log = recorded(|| {
+        set_errno(77);
+        // SAFETY: as above.
+        assert_eq!(unsafe { (h.munmap)(q, 2 * K64) }, 0);
+        assert_eq!(errno(), 77, "errno survives the handlers before munmap");
+    });
     assert_eq!(
         about(&log, q, 2 * K64),
         only(
@@ -371,6 +392,8 @@ fn check_mode(mode: HookMode, events: u32) {
     );
     // SAFETY: removing the segment created above.
     unsafe { libc::shmctl(id_shm, libc::IPC_RMID, std::ptr::null_mut()) };
+
+    check_replacing_calls(h, events);
 
     // sbrk and brk grow and shrink (glibc's break stays right: sbrk(0)
     // agrees after each step).
@@ -466,7 +489,167 @@ fn check_mode(mode: HookMode, events: u32) {
     assert!(memhook::status().is_empty());
 }
 
+/// Calls that map at a fixed address replace what lay there, which the
+/// kernel unmaps without a `munmap` call: each reports `VM_UNMAPPED` of
+/// the range it replaces first, `MAP_FIXED_NOREPLACE` replaces nothing.
+fn check_replacing_calls(h: &Helper, events: u32) {
+    // Two neighbouring 64 KiB mappings to replace (unrecorded).
+    // SAFETY: the helper functions pass what libc expects; every mapping
+    // made here is the test's own and unmapped at the end.
+    let r = unsafe { (h.mmap)(2 * K64) };
+    assert_ne!(r as isize, -1);
+
+    // mmap(MAP_FIXED) over the first.
+    let mut x = 0;
+    // SAFETY: as above.
+    let log = recorded(|| x = unsafe { (h.mmap_at)(r, K64, libc::MAP_FIXED) });
+    assert_eq!(x, r);
+    assert_eq!(
+        about(&log, r, K64),
+        only(
+            events,
+            [
+                (bits::VM_UNMAPPED, r, K64, 0),
+                (bits::MMAP, r, K64, r as isize),
+                (bits::VM_MAPPED, r, K64, 0)
+            ]
+        ),
+        "{log:x?}"
+    );
+
+    // MAP_FIXED_NOREPLACE over it fails (EEXIST; a kernel older than 4.17
+    // reads it as a hint and maps elsewhere): nothing is unmapped.
+    // SAFETY: as above.
+    let log = recorded(|| x = unsafe { (h.mmap_at)(r, K64, libc::MAP_FIXED_NOREPLACE) });
+    assert_ne!(x, r);
+    assert!(
+        !about(&log, r, K64).iter().any(|e| e.0 == bits::VM_UNMAPPED),
+        "{log:x?}"
+    );
+    if x as isize != -1 {
+        // SAFETY: the mapping the old kernel made elsewhere.
+        unsafe { (h.munmap)(x, K64) };
+    }
+
+    // mremap(MREMAP_FIXED) of a third mapping onto the second: the
+    // destination's old mapping goes, then the source, and the moved
+    // mapping appears at the destination.
+    // SAFETY: as above.
+    let s = unsafe { (h.mmap)(K64) };
+    assert_ne!(s as isize, -1);
+    let to = r + K64;
+    // SAFETY: as above.
+    let log = recorded(|| {
+        set_errno(77);
+        // SAFETY: as above.
+        x = unsafe { (h.mremap_to)(s, K64, K64, to) };
+        assert_eq!(errno(), 77, "errno survives the handlers of the replaced range");
+    });
+    assert_eq!(x, to);
+    let log: Vec<Rec> = log
+        .into_iter()
+        .filter(|e| near(e, s, K64) || near(e, to, K64))
+        .collect();
+    assert_eq!(
+        log,
+        only(
+            events,
+            [
+                (bits::VM_UNMAPPED, to, K64, 0),
+                (bits::VM_UNMAPPED, s, K64, 0),
+                (bits::MREMAP, s, K64, to as isize),
+                (bits::VM_MAPPED, to, K64, 0)
+            ]
+        ),
+        "{log:x?}"
+    );
+
+    // mremap(MREMAP_DONTUNMAP) moves the pages and leaves the source
+    // mapped, empty: unmapped, then mapped again after the call (where the
+    // kernel has the flag: 5.7 and later, for private anonymous memory).
+    // SAFETY: as above.
+    let s = unsafe { (h.mmap)(K64) };
+    assert_ne!(s as isize, -1);
+    let log = recorded(|| {
+        set_errno(77);
+        // SAFETY: as above.
+        x = unsafe { (h.mremap_flags)(s, K64, K64, libc::MREMAP_MAYMOVE | libc::MREMAP_DONTUNMAP) };
+        if x as isize != -1 {
+            assert_eq!(errno(), 77, "errno survives the handlers of the emptied source");
+        }
+    });
+    if x as isize == -1 {
+        assert_eq!(errno(), libc::EINVAL, "only an old kernel refuses MREMAP_DONTUNMAP");
+    } else {
+        let log: Vec<Rec> = log.into_iter().filter(|e| near(e, s, K64) || near(e, x, K64)).collect();
+        assert_eq!(
+            log,
+            only(
+                events,
+                [
+                    (bits::VM_UNMAPPED, s, K64, 0),
+                    (bits::MREMAP, s, K64, x as isize),
+                    (bits::VM_MAPPED, x, K64, 0),
+                    (bits::VM_MAPPED, s, K64, 0)
+                ]
+            ),
+            "{log:x?}"
+        );
+        // SAFETY: the moved mapping.
+        unsafe { (h.munmap)(x, K64) };
+    }
+    // SAFETY: the source, mapped either way.
+    unsafe { (h.munmap)(s, K64) };
+
+    // shmat(SHM_REMAP) over the first.
+    // SAFETY: a private segment, removed below.
+    let id = unsafe { libc::shmget(libc::IPC_PRIVATE, K64, libc::IPC_CREAT | 0o600) };
+    assert!(id >= 0);
+    // SAFETY: as above.
+    let log = recorded(|| x = unsafe { (h.shmat_at)(id, r, libc::SHM_REMAP) });
+    assert_eq!(x, r, "shmat(SHM_REMAP) errno {}", errno());
+    assert_eq!(
+        about(&log, r, K64),
+        only(
+            events,
+            [
+                (bits::VM_UNMAPPED, r, K64, 0),
+                (bits::SHMAT, r, id as usize, r as isize),
+                (bits::VM_MAPPED, r, K64, 0)
+            ]
+        ),
+        "{log:x?}"
+    );
+    // SAFETY: detaching the segment attached above, and removing it; then
+    // unmapping the second mapping.
+    unsafe {
+        assert_eq!((h.shmdt)(r), 0);
+        libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
+        assert_eq!((h.munmap)(to, K64), 0);
+    }
+}
+
 const VM: u32 = bits::VM_MAPPED | bits::VM_UNMAPPED;
+
+/// A registration cache's subscription, `VM_UNMAPPED` alone: the hooks of
+/// calls that map (whose own events it does not want) still report the
+/// ranges they replace.
+fn check_replacing_calls_for_unmaps_alone(mode: HookMode) {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut session = Session::new(mode);
+    session.handler(bits::VM_UNMAPPED, 0, &record);
+    check_replacing_calls(helper(), bits::VM_UNMAPPED);
+}
+
+#[test]
+fn replacing_calls_reach_a_handler_of_unmaps_alone_in_bistro_mode() {
+    check_replacing_calls_for_unmaps_alone(HookMode::Bistro);
+}
+
+#[test]
+fn replacing_calls_reach_a_handler_of_unmaps_alone_in_reloc_mode() {
+    check_replacing_calls_for_unmaps_alone(HookMode::Reloc);
+}
 
 #[test]
 fn every_function_in_bistro_mode() {
