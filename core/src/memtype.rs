@@ -1948,6 +1948,36 @@ impl<const N: usize> MemtypeMap<N> {
         self.read.dropped_hi.store(0, Ordering::Release);
     }
 
+    /// Copies the entries that start at or above `from`, in address order,
+    /// into `out`, as many as fit, and returns how many: fewer than
+    /// `out.len()` only when no more start there. One consistent snapshot
+    /// per call, taken under the writer lock (which it does not hold while
+    /// the caller works): a walk over the map in chunks, without
+    /// allocating, that may update the map between chunks (the next chunk
+    /// starts above the last entry copied).
+    pub fn entries_from(&self, from: usize, out: &mut [MemInfo]) -> usize {
+        let _writer = self.writer.lock();
+        self.lay_out_once();
+        let t = &self.tables[self.read.live.load(Ordering::Relaxed)];
+        let n = t.len.load(Ordering::Relaxed);
+        // The first slot whose start is at or above `from` (starts are
+        // sorted, a gap repeating the start of the entry after it).
+        let mut i = match from.checked_sub(1) {
+            Some(below) => t.first_above(n, below, |i| t.starts[i].load(Ordering::Relaxed)),
+            None => 0,
+        };
+        let mut copied = 0;
+        while i < n && copied < out.len() {
+            let (s, e, m) = t.get(i);
+            if e != 0 {
+                out[copied] = unpack(m, s, e);
+                copied += 1;
+            }
+            i += 1;
+        }
+        copied
+    }
+
     /// Calls `f` with every entry, in address order, from one consistent
     /// snapshot (taken under the writer lock: not for hook paths).
     pub fn for_each(&self, mut f: impl FnMut(MemInfo)) {
@@ -2772,6 +2802,71 @@ mod tests {
             let (lo, hi) = at(p, 8);
             assert!(lo >= 64 && hi <= 128, "reader word at {lo}..{hi}");
         }
+    }
+
+    /// A walk in chunks from any address sees exactly the entries at or
+    /// above it, in order, and may remove entries between chunks.
+    #[test]
+    fn entries_from_walks_the_map_in_chunks() {
+        let map = MemtypeMap::<256>::new();
+        let mut next = xorshift(7);
+        for _ in 0..150 {
+            let start = (next() % 4096) * 0x1000;
+            let _ = map.insert(start, 0x1000 * (1 + next() % 3), MemType::Cuda, 0);
+        }
+        let mut all = Vec::new();
+        map.for_each(|i| all.push(i));
+        assert!(all.len() > 40, "{}", all.len());
+        for from in [
+            0,
+            1,
+            all[5].base,
+            all[5].base + 1,
+            all[all.len() - 1].base + 1,
+            usize::MAX,
+        ] {
+            for chunk in [1, 3, 64] {
+                let mut seen = Vec::new();
+                let mut cursor = from;
+                let mut buf = [MemInfo {
+                    mem_type: MemType::Host,
+                    device: 0,
+                    base: 0,
+                    len: 0,
+                }; 64];
+                loop {
+                    let got = map.entries_from(cursor, &mut buf[..chunk]);
+                    seen.extend_from_slice(&buf[..got]);
+                    if got < chunk {
+                        break;
+                    }
+                    cursor = buf[got - 1].base + 1;
+                }
+                let want: Vec<MemInfo> = all.iter().copied().filter(|i| i.base >= from).collect();
+                assert_eq!(seen, want, "from {from:#x}, chunks of {chunk}");
+            }
+        }
+        // Removing what a chunk returned, as a walk that ends entries does.
+        let mut cursor = 0;
+        let mut buf = [all[0]; 4];
+        let mut removed = 0;
+        loop {
+            let got = map.entries_from(cursor, &mut buf);
+            for info in &buf[..got] {
+                if info.base % 0x2000 == 0 {
+                    map.remove(info.base, info.len).unwrap();
+                    removed += 1;
+                }
+                cursor = info.base + 1;
+            }
+            if got < buf.len() {
+                break;
+            }
+        }
+        let mut left = Vec::new();
+        map.for_each(|i| left.push(i));
+        assert_eq!(left.len() + removed, all.len());
+        assert!(left.iter().all(|i| i.base % 0x2000 != 0));
     }
 
     #[test]

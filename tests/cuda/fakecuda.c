@@ -88,7 +88,19 @@ struct alloc {
     size_t size;
     int type;
     int device;
+    uintptr_t ctx; /* the context it belongs to; 0: a stream-ordered pool's */
 };
+
+/* Contexts: device d's primary context is PRIMARY(d), current unless the
+ * thread made another current (cuCtxCreate); created ones count up from
+ * 0x2000. Destroying one frees what was allocated in it (cuCtxDestroy,
+ * cuDevicePrimaryCtxReset), except the memory of stream-ordered pools,
+ * which belongs to none, as on the real driver. */
+#define PRIMARY(d) ((uintptr_t)0x1000 + (uintptr_t)(d))
+static __thread uintptr_t current_ctx;
+static __thread int in_pool_alloc;
+static int primary_active[8];
+static uintptr_t next_ctx = 0x2000;
 #define MAX_ALLOCS 65536
 static struct alloc allocs[MAX_ALLOCS];
 static int nallocs;
@@ -138,7 +150,10 @@ static struct alloc *find(uintptr_t p) {
 static int record(uintptr_t base, size_t size, int type) {
     if (nallocs == MAX_ALLOCS)
         return -1;
-    allocs[nallocs++] = (struct alloc){base, size, type, type == T_HOST ? -1 : current_device};
+    uintptr_t ctx = in_pool_alloc ? 0 : current_ctx ? current_ctx : PRIMARY(current_device);
+    if (ctx == PRIMARY(current_device) && current_device >= 0 && current_device < 8)
+        primary_active[current_device] = 1;
+    allocs[nallocs++] = (struct alloc){base, size, type, type == T_HOST ? -1 : current_device, ctx};
     return 0;
 }
 
@@ -258,23 +273,35 @@ IMPL CUresult impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 ENTRY(cuMemAllocAsync)
 IMPL CUresult impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t size, void *stream) {
     (void)stream;
-    return dev_alloc(dptr, size, T_DEVICE);
+    in_pool_alloc = 1;
+    CUresult rc = dev_alloc(dptr, size, T_DEVICE);
+    in_pool_alloc = 0;
+    return rc;
 }
 ENTRY(cuMemAllocAsync_ptsz)
 IMPL CUresult impl_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, void *stream) {
     (void)stream;
-    return dev_alloc(dptr, size, T_DEVICE);
+    in_pool_alloc = 1;
+    CUresult rc = dev_alloc(dptr, size, T_DEVICE);
+    in_pool_alloc = 0;
+    return rc;
 }
 ENTRY(cuMemAllocFromPoolAsync)
 IMPL CUresult impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, void *pool, void *stream) {
     (void)stream;
     /* A pool handle with bit 0 set is a pool of host memory. */
-    return dev_alloc(dptr, size, ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
+    in_pool_alloc = 1;
+    CUresult rc = dev_alloc(dptr, size, ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
+    in_pool_alloc = 0;
+    return rc;
 }
 ENTRY(cuMemAllocFromPoolAsync_ptsz)
 IMPL CUresult impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, void *pool, void *stream) {
     (void)stream;
-    return dev_alloc(dptr, size, ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
+    in_pool_alloc = 1;
+    CUresult rc = dev_alloc(dptr, size, ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
+    in_pool_alloc = 0;
+    return rc;
 }
 ENTRY(cuMemMap)
 IMPL CUresult impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, unsigned long long handle,
@@ -384,6 +411,83 @@ IMPL CUresult impl_cuMemHostUnregister(void *p) {
     return rc;
 }
 
+/* ---- Contexts. ---- */
+/* Frees everything allocated in `ctx` (host memory unmapped, registered
+ * memory forgotten), as destroying it does. */
+static void destroy_ctx(uintptr_t ctx) {
+    pthread_mutex_lock(&lock);
+    for (int i = nallocs - 1; i >= 0; i--) {
+        struct alloc *a = &allocs[i];
+        if (a->ctx != ctx)
+            continue;
+        if (a->type == T_HOST)
+            munmap((void *)a->base, (a->size + 4095) & ~(size_t)4095);
+        forget(a);
+    }
+    pthread_mutex_unlock(&lock);
+    if (current_ctx == ctx)
+        current_ctx = 0;
+}
+ENTRY(cuCtxCreate_v2)
+IMPL CUresult impl_cuCtxCreate_v2(uintptr_t *ctx, unsigned flags, int device) {
+    (void)flags;
+    if (!ctx || device < 0 || device > 7)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    *ctx = next_ctx++;
+    pthread_mutex_unlock(&lock);
+    current_ctx = *ctx;
+    current_device = device;
+    return CUDA_SUCCESS;
+}
+ENTRY(cuCtxSetCurrent)
+IMPL CUresult impl_cuCtxSetCurrent(uintptr_t ctx) {
+    current_ctx = ctx;
+    return CUDA_SUCCESS;
+}
+ENTRY(cuCtxDestroy_v2)
+IMPL CUresult impl_cuCtxDestroy_v2(uintptr_t ctx) {
+    atomic_fetch_add(&calls, 1);
+    if (!ctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    destroy_ctx(ctx);
+    return CUDA_SUCCESS;
+}
+ENTRY(cuCtxDestroy)
+IMPL CUresult impl_cuCtxDestroy(uintptr_t ctx) { return impl_cuCtxDestroy_v2(ctx); }
+ENTRY(cuDevicePrimaryCtxReset_v2)
+IMPL CUresult impl_cuDevicePrimaryCtxReset_v2(int device) {
+    atomic_fetch_add(&calls, 1);
+    if (device < 0 || device > 7)
+        return CUDA_ERROR_INVALID_VALUE;
+    destroy_ctx(PRIMARY(device));
+    primary_active[device] = 0;
+    return CUDA_SUCCESS;
+}
+ENTRY(cuDevicePrimaryCtxReset)
+IMPL CUresult impl_cuDevicePrimaryCtxReset(int device) { return impl_cuDevicePrimaryCtxReset_v2(device); }
+ENTRY(cuDevicePrimaryCtxGetState)
+IMPL CUresult impl_cuDevicePrimaryCtxGetState(int device, unsigned *flags, int *active) {
+    if (device < 0 || device > 7 || !flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = 0;
+    *active = primary_active[device];
+    return CUDA_SUCCESS;
+}
+ENTRY(cuDevicePrimaryCtxRetain)
+IMPL CUresult impl_cuDevicePrimaryCtxRetain(uintptr_t *ctx, int device) {
+    if (device < 0 || device > 7 || !ctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    primary_active[device] = 1;
+    *ctx = PRIMARY(device);
+    return CUDA_SUCCESS;
+}
+/* The fake counts no references: a release destroys nothing. */
+ENTRY(cuDevicePrimaryCtxRelease_v2)
+IMPL CUresult impl_cuDevicePrimaryCtxRelease_v2(int device) {
+    return device < 0 || device > 7 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
 /* ---- What memhook asks the driver. ---- */
 ENTRY(cuInit)
 IMPL CUresult impl_cuInit(unsigned flags) {
@@ -430,12 +534,15 @@ IMPL CUresult impl_cuPointerGetAttributes(unsigned n, int *attributes, void **da
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     struct alloc *a = find(p);
-    struct alloc none = {0, 0, T_NONE, -2};
+    struct alloc none = {0, 0, T_NONE, -2, 0};
     if (!a)
         a = &none;
     int type = a->type == T_HOST + 16 ? T_HOST : a->type;
     for (unsigned i = 0; i < n; i++) {
         switch (attributes[i]) {
+        case 1: /* CU_POINTER_ATTRIBUTE_CONTEXT */
+            *(uintptr_t *)data[i] = a->ctx;
+            break;
         case 2: /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE */
             *(unsigned *)data[i] = type == T_MANAGED ? T_DEVICE : (unsigned)type;
             break;
@@ -483,7 +590,9 @@ extern char cuMemAlloc[], cuMemAlloc_v2[], cuMemAllocManaged[], cuMemAllocPitch[
     cuMemUnmap[], cuModuleGetGlobal_v2[], cuLibraryGetGlobal[], cuMemAllocHost_v2[], cuMemHostAlloc[],
     cuMemHostRegister_v2[], cuMemFree[], cuMemFree_v2[], cuMemFreeAsync[], cuMemFreeAsync_ptsz[], cuMemFreeHost[],
     cuMemHostUnregister[], cuInit[], cuCtxGetDevice[], cuDeviceGetCount[], cuMemGetAddressRange_v2[], cuPointerGetAttributes[],
-    cuDeviceGetAttribute[], cuGetProcAddress[], cuGetProcAddress_v2[];
+    cuDeviceGetAttribute[], cuGetProcAddress[], cuGetProcAddress_v2[], cuCtxCreate_v2[], cuCtxSetCurrent[],
+    cuCtxDestroy_v2[], cuCtxDestroy[], cuDevicePrimaryCtxReset_v2[], cuDevicePrimaryCtxReset[],
+    cuDevicePrimaryCtxGetState[], cuDevicePrimaryCtxRetain[], cuDevicePrimaryCtxRelease_v2[];
 
 static const struct {
     const char *name;
@@ -496,7 +605,9 @@ static const struct {
     P(cuMemHostAlloc), P(cuMemHostRegister_v2), P(cuMemFree), P(cuMemFree_v2), P(cuMemFreeAsync),
     P(cuMemFreeAsync_ptsz), P(cuMemFreeHost), P(cuMemHostUnregister), P(cuInit), P(cuCtxGetDevice), P(cuDeviceGetCount),
     P(cuMemGetAddressRange_v2), P(cuPointerGetAttributes), P(cuDeviceGetAttribute), P(cuGetProcAddress),
-    P(cuGetProcAddress_v2),
+    P(cuGetProcAddress_v2), P(cuCtxCreate_v2), P(cuCtxSetCurrent), P(cuCtxDestroy_v2), P(cuCtxDestroy),
+    P(cuDevicePrimaryCtxReset_v2), P(cuDevicePrimaryCtxReset), P(cuDevicePrimaryCtxGetState),
+    P(cuDevicePrimaryCtxRetain), P(cuDevicePrimaryCtxRelease_v2),
 #undef P
 };
 

@@ -343,3 +343,91 @@ fn the_original_runs_the_driver_unreported_and_the_entry_still_reports() {
     }
     assert_eq!(counts(&take()), (1, 1));
 }
+
+/// Destroying a context frees every allocation made in it, with no free
+/// call: the hooks of `cuCtxDestroy` and `cuDevicePrimaryCtxReset` report
+/// each (type and size from the map) before the call, and the map forgets
+/// them; another context's allocations and a stream-ordered pool's (which
+/// belong to no context) stay.
+#[test]
+fn destroying_a_context_reports_the_frees_it_makes() {
+    let _serial = serial();
+    let h = driver();
+    let alloc: unsafe extern "C" fn(*mut Dptr, usize) -> u32 = f(h, c"cuMemAlloc_v2");
+    let managed: unsafe extern "C" fn(*mut Dptr, usize, c_uint) -> u32 = f(h, c"cuMemAllocManaged");
+    let alloc_host: unsafe extern "C" fn(*mut *mut c_void, usize) -> u32 = f(h, c"cuMemAllocHost_v2");
+    let register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> u32 = f(h, c"cuMemHostRegister_v2");
+    let alloc_async: unsafe extern "C" fn(*mut Dptr, usize, *mut c_void) -> u32 = f(h, c"cuMemAllocAsync");
+    let free_async: unsafe extern "C" fn(Dptr, *mut c_void) -> u32 = f(h, c"cuMemFreeAsync");
+    let create: unsafe extern "C" fn(*mut usize, c_uint, i32) -> u32 = f(h, c"cuCtxCreate_v2");
+    let destroy: unsafe extern "C" fn(usize) -> u32 = f(h, c"cuCtxDestroy_v2");
+    let reset: unsafe extern "C" fn(i32) -> u32 = f(h, c"cuDevicePrimaryCtxReset_v2");
+    let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
+    const F: u32 = bits::MEM_TYPE_FREE;
+    let sorted = |mut v: Vec<Rec>| {
+        v.sort();
+        v
+    };
+
+    // SAFETY: (every call below) the fake driver's functions with valid
+    // arguments; `page` is this test's own mapping.
+    unsafe {
+        set_device(0);
+        // In device 0's primary context.
+        let mut keep: Dptr = 0;
+        assert_eq!(alloc(&mut keep, 4096), 0);
+        let keep = keep as usize;
+        // In a context of its own on device 1: device, managed, pinned and
+        // registered memory, and memory of the stream-ordered pool.
+        let mut ctx = 0usize;
+        assert_eq!(create(&mut ctx, 0, 1), 0);
+        let (mut d, mut m, mut pool): (Dptr, Dptr, Dptr) = (0, 0, 0);
+        let mut host = std::ptr::null_mut();
+        assert_eq!(alloc(&mut d, 1 << 20), 0);
+        assert_eq!(managed(&mut m, 8192, 1), 0);
+        assert_eq!(alloc_host(&mut host, 4096), 0);
+        let page = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(page, libc::MAP_FAILED);
+        assert_eq!(register(page, 4096, 0), 0);
+        assert_eq!(alloc_async(&mut pool, 4096, std::ptr::null_mut()), 0);
+        let (d, m, host, page, pool) = (d as usize, m as usize, host as usize, page as usize, pool as usize);
+        assert_eq!(found(d, 1).device, 1);
+        let _ = take();
+
+        assert_eq!(destroy(ctx), 0);
+        assert_eq!(
+            sorted(take()),
+            sorted(vec![
+                (F, d, 1 << 20, MemType::Cuda as u32),
+                (F, m, 8192, MemType::CudaManaged as u32),
+                (F, host, 4096, MemType::CudaHost as u32),
+                (F, page, 4096, MemType::CudaHost as u32),
+            ]),
+            "one free for each allocation of the destroyed context"
+        );
+        for gone in [d, m, host, page] {
+            assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");
+        }
+        assert_eq!(found(keep, 1).mem_type, MemType::Cuda, "another context's stays");
+        assert_eq!(found(pool, 1).mem_type, MemType::Cuda, "a pool's stays");
+
+        // The reset of device 0's primary context ends its allocation.
+        assert_eq!(reset(0), 0);
+        assert_eq!(take(), [(F, keep, 4096, MemType::Cuda as u32)]);
+        assert_eq!(memtype::lookup(keep, 1), Lookup::Absent);
+        // A primary context no longer active: nothing to end.
+        assert_eq!(reset(0), 0);
+        assert_eq!(take(), []);
+
+        assert_eq!(free_async(pool as Dptr, std::ptr::null_mut()), 0);
+        assert_eq!(take(), [(F, pool, 4096, MemType::Cuda as u32)]);
+        libc::munmap(page as *mut c_void, 4096);
+    }
+}

@@ -254,3 +254,96 @@ fn existing_gpu_mappings_replay_as_unknown() {
     assert!(!want.is_empty(), "a live context maps the driver's device files");
     assert_eq!(seen, want);
 }
+
+/// Destroying a context frees what was allocated in it, with no free
+/// call: device, managed, pinned and registered memory each get a
+/// `MEM_TYPE_FREE` from `cuCtxDestroy`'s hook, and leave the map; the
+/// primary context's allocation and the stream-ordered pool's (which
+/// outlives contexts) stay. Then the primary context's reset ends its own.
+#[test]
+fn destroying_a_context_reports_its_allocations_on_the_gpu() {
+    let _serial = serial();
+    let Some(_primary) = gpu() else {
+        eprintln!("gpu_driver: no GPU (or no driver): skipped");
+        return;
+    };
+    log_events();
+    memhook::install(&Config::parse("cuda=bistro,reloc,procaddr;mmap=none").unwrap());
+    memhook::refresh();
+    assert!(memhook::cuda::attached().0, "libcuda hooked");
+    let _ = take();
+    let sorted = |mut v: Vec<Rec>| {
+        v.sort();
+        v
+    };
+    // SAFETY: (every call below) driver calls with valid arguments and a
+    // current context; `page` is this test's own mapping.
+    unsafe {
+        let mut keep = 0;
+        ok(sys::cuMemAlloc_v2(&mut keep, 1 << 20));
+        let mut ctx = std::ptr::null_mut();
+        ok(sys::cuCtxCreate_v4(&mut ctx, std::ptr::null_mut(), 0, 0));
+        let (mut d, mut m, mut pool) = (0, 0, 0);
+        ok(sys::cuMemAlloc_v2(&mut d, 1 << 20));
+        ok(sys::cuMemAllocManaged(&mut m, 1 << 20, 1)); // CU_MEM_ATTACH_GLOBAL
+        let mut host = std::ptr::null_mut();
+        ok(sys::cuMemAllocHost_v2(&mut host, 1 << 16));
+        let page = libc::mmap(
+            std::ptr::null_mut(),
+            1 << 16,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(page, libc::MAP_FAILED);
+        ok(sys::cuMemHostRegister_v2(page, 1 << 16, 0));
+        ok(sys::cuMemAllocAsync(&mut pool, 1 << 20, std::ptr::null_mut()));
+        ok(sys::cuStreamSynchronize(std::ptr::null_mut()));
+        let (d, m, host, page, pool) = (d as usize, m as usize, host as usize, page as usize, pool as usize);
+        let _ = take();
+
+        ok(sys::cuCtxDestroy_v2(ctx));
+        let t = |mt: MemType| mt as u32;
+        assert_eq!(
+            sorted(take()),
+            sorted(vec![
+                (F, d, 1 << 20, t(MemType::Cuda)),
+                (F, m, 1 << 20, t(MemType::CudaManaged)),
+                (F, host, 1 << 16, t(MemType::CudaHost)),
+                (F, page, 1 << 16, t(MemType::CudaHost)),
+            ]),
+            "one free for each allocation of the destroyed context"
+        );
+        for gone in [d, m, host, page] {
+            assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");
+        }
+        assert!(
+            matches!(memtype::lookup(keep as usize, 1), Lookup::Found(i) if i.mem_type == MemType::Cuda),
+            "the primary context's allocation stays"
+        );
+        assert!(
+            matches!(memtype::lookup(pool, 1), Lookup::Found(_)),
+            "the pool's memory stays"
+        );
+        eprintln!(
+            "gpu_driver: cuCtxDestroy reported {} frees; the pool's memory is still the driver's: {:?}",
+            4,
+            memtype::classify(pool, 1)
+        );
+
+        // The primary context's reset (what cudaDeviceReset calls) ends
+        // the allocation made in it.
+        ok(sys::cuDevicePrimaryCtxReset_v2(0));
+        let after = take();
+        assert!(
+            after.contains(&(F, keep as usize, 1 << 20, t(MemType::Cuda))),
+            "{after:x?}"
+        );
+        assert_eq!(memtype::lookup(keep as usize, 1), Lookup::Absent);
+        libc::munmap(page as *mut c_void, 1 << 16);
+    }
+    // A fresh primary context for the tests after this one.
+    assert!(gpu().is_some());
+    memhook::uninstall();
+}

@@ -1,7 +1,8 @@
 //! The few driver calls memhook makes itself: the device of the calling
-//! thread's context, the range of an allocation, and classification of a
-//! pointer (`cuPointerGetAttributes`); and the PCI bus id of a device,
-//! through NVML (nvml-wrapper).
+//! thread's context, the range of an allocation, classification of a
+//! pointer (`cuPointerGetAttributes`), the context an allocation belongs
+//! to and a device's primary context (for the hooks of context teardown);
+//! and the PCI bus id of a device, through NVML (nvml-wrapper).
 //!
 //! The driver functions are resolved once, off every hook path: from the
 //! libcuda object memhook hooks, when it appears, or else through cudarc's
@@ -12,7 +13,7 @@
 use core::ffi::{CStr, c_int, c_uint, c_void};
 use core::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
-use cudarc::driver::sys::{CUdevice, CUdevice_attribute, CUdeviceptr, CUpointer_attribute};
+use cudarc::driver::sys::{CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUpointer_attribute};
 use memhook_core::memtype::{MemInfo, MemType};
 
 use super::hooks::{SUCCESS, Status};
@@ -22,23 +23,32 @@ type AddressRangeFn = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUdevic
 type CtxGetDeviceFn = unsafe extern "C" fn(*mut CUdevice) -> Status;
 type DeviceGetAttributeFn = unsafe extern "C" fn(*mut c_int, CUdevice_attribute, CUdevice) -> Status;
 type DeviceGetCountFn = unsafe extern "C" fn(*mut c_int) -> Status;
+type PrimaryCtxGetStateFn = unsafe extern "C" fn(CUdevice, *mut c_uint, *mut c_int) -> Status;
+type PrimaryCtxRetainFn = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> Status;
+type PrimaryCtxReleaseFn = unsafe extern "C" fn(CUdevice) -> Status;
 
 static GET_ATTRIBUTES: AtomicUsize = AtomicUsize::new(0);
 static ADDRESS_RANGE: AtomicUsize = AtomicUsize::new(0);
 static CTX_GET_DEVICE: AtomicUsize = AtomicUsize::new(0);
 static DEVICE_GET_ATTRIBUTE: AtomicUsize = AtomicUsize::new(0);
 static DEVICE_GET_COUNT: AtomicUsize = AtomicUsize::new(0);
+static PRIMARY_GET_STATE: AtomicUsize = AtomicUsize::new(0);
+static PRIMARY_RETAIN: AtomicUsize = AtomicUsize::new(0);
+static PRIMARY_RELEASE: AtomicUsize = AtomicUsize::new(0);
 
 /// The devices the driver shows this process (fixed from `cuInit` on:
 /// `CUDA_VISIBLE_DEVICES` is read once); 0 until asked successfully.
 static DEVICES: AtomicI32 = AtomicI32::new(0);
 
-const FUNCTIONS: [(&CStr, &AtomicUsize); 5] = [
+const FUNCTIONS: [(&CStr, &AtomicUsize); 8] = [
     (c"cuPointerGetAttributes", &GET_ATTRIBUTES),
     (c"cuMemGetAddressRange_v2", &ADDRESS_RANGE),
     (c"cuCtxGetDevice", &CTX_GET_DEVICE),
     (c"cuDeviceGetAttribute", &DEVICE_GET_ATTRIBUTE),
     (c"cuDeviceGetCount", &DEVICE_GET_COUNT),
+    (c"cuDevicePrimaryCtxGetState", &PRIMARY_GET_STATE),
+    (c"cuDevicePrimaryCtxRetain", &PRIMARY_RETAIN),
+    (c"cuDevicePrimaryCtxRelease_v2", &PRIMARY_RELEASE),
 ];
 
 /// Resolves the driver functions from `handle` (a libcuda handle) with
@@ -197,6 +207,42 @@ pub(crate) fn classify(addr: usize) -> Option<MemInfo> {
         base,
         len,
     })
+}
+
+/// The context the allocation at `addr` belongs to (0 for none: memory
+/// of a stream-ordered pool, which outlives contexts), or `None` where
+/// the driver does not know the address or is not loaded.
+pub(crate) fn context_of(addr: usize) -> Option<usize> {
+    let f = function::<GetAttributesFn>(&GET_ATTRIBUTES)?;
+    let mut context: CUcontext = core::ptr::null_mut();
+    let mut attributes = [CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT];
+    let mut data: [*mut c_void; 1] = [(&raw mut context).cast()];
+    // SAFETY: one attribute, with storage of its documented type.
+    let status = unsafe { f(1, attributes.as_mut_ptr(), data.as_mut_ptr(), addr as CUdeviceptr) };
+    (status == SUCCESS).then_some(context as usize)
+}
+
+/// `device`'s primary context, if it is active (a reset of an inactive
+/// one ends nothing). Its handle is taken with a retain and a release,
+/// which leave the count as it was: an active context's count stays
+/// above zero.
+pub(crate) fn primary_context(device: CUdevice) -> Option<usize> {
+    let state = function::<PrimaryCtxGetStateFn>(&PRIMARY_GET_STATE)?;
+    let retain = function::<PrimaryCtxRetainFn>(&PRIMARY_RETAIN)?;
+    let release = function::<PrimaryCtxReleaseFn>(&PRIMARY_RELEASE)?;
+    let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+    // SAFETY: valid out-parameters; the driver checks the device.
+    if unsafe { state(device, &mut flags, &mut active) } != SUCCESS || active == 0 {
+        return None;
+    }
+    let mut context: CUcontext = core::ptr::null_mut();
+    // SAFETY: as above.
+    if unsafe { retain(&mut context, device) } != SUCCESS {
+        return None;
+    }
+    // SAFETY: the reference just taken.
+    unsafe { release(device) };
+    Some(context as usize).filter(|&c| c != 0)
 }
 
 /// An integer attribute of `device`.

@@ -6,7 +6,7 @@ use core::cell::Cell;
 use core::sync::atomic::Ordering;
 
 use memhook_core::event::{Event, MemTypeEvent, bits};
-use memhook_core::memtype::{Lookup, MemType};
+use memhook_core::memtype::{Lookup, MemInfo, MemType};
 
 use super::driver;
 use super::hooks::{EVENTS, Id};
@@ -159,5 +159,50 @@ fn reporting_free(id: Id, address: usize, size: Option<usize>) {
     }
     if size != 0 {
         let _ = memtype::map().remove(address, size);
+    }
+}
+
+/// A context is about to be destroyed, and with it every allocation made
+/// in it: `MEM_TYPE_FREE` for each the map holds that the driver says is
+/// `context`'s, and its removal from the map. The map is walked in chunks
+/// copied out under its lock (no allocation, and no driver call or
+/// handler with the lock held), one driver query per typed entry: tens of
+/// nanoseconds each, beside a teardown that takes milliseconds. Memory of
+/// a stream-ordered pool belongs to no context and outlives it (on the
+/// H200 too): it stays.
+#[cold]
+#[inline(never)]
+pub(super) fn ending_context(id: Id, context: usize) {
+    const CHUNK: usize = 32;
+    let map = memtype::map();
+    let mut chunk = [MemInfo {
+        mem_type: MemType::Unknown,
+        device: -1,
+        base: 0,
+        len: 0,
+    }; CHUNK];
+    let mut from = 0;
+    loop {
+        let got = map.entries_from(from, &mut chunk);
+        for info in &chunk[..got] {
+            from = info.base.saturating_add(1);
+            let typed = matches!(info.mem_type, MemType::Cuda | MemType::CudaManaged | MemType::CudaHost);
+            if typed && driver::context_of(info.base) == Some(context) {
+                if wants(bits::MEM_TYPE_FREE) {
+                    deliver(
+                        id,
+                        Event::MemTypeFree(MemTypeEvent {
+                            address: info.base,
+                            size: info.len,
+                            mem_type: info.mem_type as u32,
+                        }),
+                    );
+                }
+                let _ = map.remove(info.base, info.len);
+            }
+        }
+        if got < CHUNK {
+            return;
+        }
     }
 }

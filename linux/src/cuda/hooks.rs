@@ -14,6 +14,15 @@
 //! allocation, one event (`tests/tests/cuda_nested.rs`). A driver
 //! function's hook only reads the guard (see [`guarded`]). Allocations
 //! report after a successful call; frees report before the call.
+//!
+//! Destroying a context frees every allocation made in it, with no free
+//! call: `cuCtxDestroy` and `cuDevicePrimaryCtxReset` (which
+//! `cudaDeviceReset` calls) report `MEM_TYPE_FREE` for each allocation
+//! the map holds that the driver says belongs to the context, before the
+//! call (see [`super::events::ending_context`]). Without it a registration
+//! cache would keep the freed memory's registration, and the next
+//! allocation, which the driver places at the same address (seen on the
+//! H200), would be served from it.
 #![allow(non_snake_case)]
 
 use core::cell::Cell;
@@ -21,13 +30,14 @@ use core::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use cudarc::driver::sys::{
-    CUdeviceptr, CUdriverProcAddressQueryResult, CUlibrary, CUmemGenericAllocationHandle, CUmemoryPool, CUmodule,
-    CUstream, cuuint64_t,
+    CUcontext, CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUlibrary, CUmemGenericAllocationHandle,
+    CUmemoryPool, CUmodule, CUstream, cuuint64_t,
 };
 use cudarc::runtime::sys::{cudaMemPool_t, cudaStream_t};
 use memhook_core::memtype::MemType;
 
-use super::events::{allocated, freeing};
+use super::driver;
+use super::events::{allocated, ending_context, freeing};
 
 /// A `CUresult` or `cudaError_t` value.
 pub(crate) type Status = u32;
@@ -56,6 +66,9 @@ pub(crate) enum Kind {
     Alloc,
     /// Frees or unmaps memory: `MEM_TYPE_FREE`.
     Free,
+    /// Destroys a context, and with it every allocation made in it:
+    /// `MEM_TYPE_FREE` for each.
+    Teardown,
     /// `cuGetProcAddress{,_v2}`: hooked by procaddr only.
     ProcAddr,
 }
@@ -133,6 +146,10 @@ functions! {
     Driver Free cuMemFreeHost,
     Driver Free cuMemUnmap,
     Driver Free cuMemHostUnregister,
+    Driver Teardown cuCtxDestroy_v2,
+    Driver Teardown cuCtxDestroy,
+    Driver Teardown cuDevicePrimaryCtxReset_v2,
+    Driver Teardown cuDevicePrimaryCtxReset,
     Driver ProcAddr cuGetProcAddress,
     Driver ProcAddr cuGetProcAddress_v2,
     Runtime Alloc cudaMallocManaged,
@@ -353,6 +370,29 @@ hook!(cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) free => (dptr as 
 hook!(cuMemFreeHost(p: *mut c_void) free => (p as usize, None));
 hook!(cuMemUnmap(ptr: CUdeviceptr, size: usize) free => (ptr as usize, Some(size)));
 hook!(cuMemHostUnregister(p: *mut c_void) free => (p as usize, None));
+
+/// Defines a hook of context teardown: `$context` (an expression over the
+/// argument) names the context the call destroys, if any.
+macro_rules! teardown_hook {
+    ($name:ident($a:ident: $t:ty) => $context:expr) => {
+        pub(crate) unsafe extern "C" fn $name($a: $t) -> Status {
+            type F = unsafe extern "C" fn($t) -> Status;
+            let Some(f) = original::<F>(Id::$name) else {
+                return UNAVAILABLE;
+            };
+            if let Some(context) = $context {
+                ending_context(Id::$name, context);
+            }
+            // SAFETY: the caller's argument, to the function it called.
+            unsafe { f($a) }
+        }
+    };
+}
+
+teardown_hook!(cuCtxDestroy_v2(ctx: CUcontext) => Some(ctx as usize).filter(|&c| c != 0));
+teardown_hook!(cuCtxDestroy(ctx: CUcontext) => Some(ctx as usize).filter(|&c| c != 0));
+teardown_hook!(cuDevicePrimaryCtxReset_v2(dev: CUdevice) => driver::primary_context(dev));
+teardown_hook!(cuDevicePrimaryCtxReset(dev: CUdevice) => driver::primary_context(dev));
 
 /// A module or library global: `bytes` may be null, and the size is
 /// wanted, so the hook passes its own out-parameter then.

@@ -134,7 +134,7 @@ pub(crate) fn install(modes: ModeSet) {
     for id in Id::ALL {
         let slots = match id.kind() {
             Kind::ProcAddr => procaddr,
-            Kind::Alloc | Kind::Free => modes.contains(HookMode::Reloc),
+            Kind::Alloc | Kind::Free | Kind::Teardown => modes.contains(HookMode::Reloc),
         };
         let answer = (procaddr && id.lib() == Lib::Driver).then_some(&ENTRY[id as usize]);
         if slots || answer.is_some() {

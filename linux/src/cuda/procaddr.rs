@@ -50,7 +50,10 @@ pub(super) unsafe fn answer(pfn: *mut *mut c_void) {
     let Some(id) = by_entry(p) else {
         return;
     };
-    debug_assert!(matches!(id.kind(), Kind::Alloc | Kind::Free | Kind::ProcAddr));
+    debug_assert!(matches!(
+        id.kind(),
+        Kind::Alloc | Kind::Free | Kind::Teardown | Kind::ProcAddr
+    ));
     ANSWERED.fetch_add(1, Ordering::Relaxed);
     // SAFETY: as above; the hook has the definition's signature.
     unsafe { pfn.write(id.hook() as *mut c_void) };
