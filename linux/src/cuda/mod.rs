@@ -2,6 +2,11 @@
 //! free functions, hooked by the modes of `MEMHOOK_CUDA_HOOK_MODE`, each
 //! reporting `MEM_TYPE_ALLOC` after a successful allocation and
 //! `MEM_TYPE_FREE` before a free, and feeding the [`crate::memtype`] map.
+//! The destruction of a context (`cuCtxDestroy`, `cuDevicePrimaryCtxReset`)
+//! frees its allocations with no free call: its hook reports
+//! `MEM_TYPE_FREE` for each before the call. (The release of a primary
+//! context's last reference, which the runtime makes at exit, is not
+//! seen as one: the driver tells no one the count.)
 //!
 //! - **bistro** patches the entries of libcuda (and of a shared libcudart)
 //!   the moment the library is loaded, at install or later (memhook
