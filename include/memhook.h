@@ -155,7 +155,9 @@
 #define MEMHOOK_EVENT_MEM_TYPE_ALLOC (1 << 20)
 
 /*
- A typed allocation is about to be freed.
+ A typed allocation is about to be freed: by a free call, or by the
+ destruction of the CUDA context it was made in (cuCtxDestroy,
+ cuDevicePrimaryCtxReset).
  */
 #define MEMHOOK_EVENT_MEM_TYPE_FREE (1 << 21)
 

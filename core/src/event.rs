@@ -85,7 +85,9 @@ pub mod bits {
     pub const VM_UNMAPPED: u32 = 1 << 17;
     /// A typed (e.g. CUDA) allocation succeeded.
     pub const MEM_TYPE_ALLOC: u32 = 1 << 20;
-    /// A typed allocation is about to be freed.
+    /// A typed allocation is about to be freed: by a free call, or by the
+    /// destruction of the CUDA context it was made in (`cuCtxDestroy`,
+    /// `cuDevicePrimaryCtxReset`).
     pub const MEM_TYPE_FREE: u32 = 1 << 21;
     /// Flag: register the handler without installing hooks.
     pub const NO_INSTALL: u32 = 1 << 24;

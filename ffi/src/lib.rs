@@ -140,7 +140,9 @@ pub const MEMHOOK_EVENT_VM_MAPPED: u32 = 1 << 16;
 pub const MEMHOOK_EVENT_VM_UNMAPPED: u32 = 1 << 17;
 /// A typed allocation succeeded.
 pub const MEMHOOK_EVENT_MEM_TYPE_ALLOC: u32 = 1 << 20;
-/// A typed allocation is about to be freed.
+/// A typed allocation is about to be freed: by a free call, or by the
+/// destruction of the CUDA context it was made in (cuCtxDestroy,
+/// cuDevicePrimaryCtxReset).
 pub const MEMHOOK_EVENT_MEM_TYPE_FREE: u32 = 1 << 21;
 /// Flag: register without installing hooks.
 pub const MEMHOOK_EVENT_FLAG_NO_INSTALL: u32 = 1 << 24;
