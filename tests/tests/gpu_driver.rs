@@ -37,6 +37,21 @@ fn gpu() -> Option<sys::CUcontext> {
     Some(ctx)
 }
 
+/// [`gpu`], with every CUDA hook installed, the log handler registered
+/// and the log emptied; None (and a message) where there is no GPU.
+fn hooked_gpu() -> Option<sys::CUcontext> {
+    let Some(ctx) = gpu() else {
+        eprintln!("gpu_driver: no GPU (or no driver): skipped");
+        return None;
+    };
+    log_events();
+    memhook::install(&Config::parse("cuda=bistro,reloc,procaddr;mmap=none").unwrap());
+    memhook::refresh();
+    assert!(memhook::cuda::attached().0, "libcuda hooked");
+    let _ = take();
+    Some(ctx)
+}
+
 #[track_caller]
 fn ok(r: CUresult) {
     assert_eq!(r, CUresult::CUDA_SUCCESS);
@@ -59,15 +74,9 @@ const PTX: &str = "
 #[test]
 fn every_hooked_driver_function_on_the_gpu() {
     let _serial = serial();
-    let Some(_ctx) = gpu() else {
-        eprintln!("gpu_driver: no GPU (or no driver): skipped");
+    let Some(_ctx) = hooked_gpu() else {
         return;
     };
-    log_events();
-    memhook::install(&Config::parse("cuda=bistro,reloc,procaddr;mmap=none").unwrap());
-    memhook::refresh();
-    assert!(memhook::cuda::attached().0, "libcuda hooked");
-    let _ = take();
     // SAFETY: (every call below) driver calls with valid arguments and a
     // current context.
     unsafe {
@@ -263,15 +272,9 @@ fn existing_gpu_mappings_replay_as_unknown() {
 #[test]
 fn destroying_a_context_reports_its_allocations_on_the_gpu() {
     let _serial = serial();
-    let Some(_primary) = gpu() else {
-        eprintln!("gpu_driver: no GPU (or no driver): skipped");
+    let Some(_primary) = hooked_gpu() else {
         return;
     };
-    log_events();
-    memhook::install(&Config::parse("cuda=bistro,reloc,procaddr;mmap=none").unwrap());
-    memhook::refresh();
-    assert!(memhook::cuda::attached().0, "libcuda hooked");
-    let _ = take();
     let sorted = |mut v: Vec<Rec>| {
         v.sort();
         v
