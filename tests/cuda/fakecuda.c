@@ -101,6 +101,11 @@ static __thread uintptr_t current_ctx;
 static __thread int in_pool_alloc;
 static int primary_active[8];
 static uintptr_t next_ctx = 0x2000;
+/* Module and library globals (see global_of). */
+static struct {
+    void *handle;
+    CUdeviceptr plain, managed;
+} modules[2048];
 #define MAX_ALLOCS 65536
 static struct alloc allocs[MAX_ALLOCS];
 static int nallocs;
@@ -332,12 +337,26 @@ IMPL CUresult impl_cuMemUnmap(CUdeviceptr ptr, size_t size) {
     return rc;
 }
 
-/* Globals: "managed_*" names are __managed__ variables. */
-static CUresult global(CUdeviceptr *dptr, size_t *bytes, const char *name) {
-    static CUdeviceptr plain, managed;
-    CUdeviceptr *slot = (name && strncmp(name, "managed_", 8) == 0) ? &managed : &plain;
+/* Globals: "managed_*" names are __managed__ variables. Each module or
+ * library handle has its own two, allocated at the first lookup and
+ * freed by its unload. */
+static CUresult global_of(void *handle, CUdeviceptr *dptr, size_t *bytes, const char *name) {
+    int m = -1;
+    for (int i = 0; i < 2048; i++) {
+        int used = modules[i].plain || modules[i].managed;
+        if (used && modules[i].handle == handle) {
+            m = i;
+            break;
+        }
+        if (!used && m < 0)
+            m = i;
+    }
+    if (m < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    modules[m].handle = handle;
+    CUdeviceptr *slot = (name && strncmp(name, "managed_", 8) == 0) ? &modules[m].managed : &modules[m].plain;
     if (!*slot) {
-        CUresult rc = dev_alloc(slot, 256, slot == &managed ? T_MANAGED : T_DEVICE);
+        CUresult rc = dev_alloc(slot, 256, slot == &modules[m].managed ? T_MANAGED : T_DEVICE);
         if (rc != CUDA_SUCCESS)
             return rc;
     } else {
@@ -352,14 +371,31 @@ static CUresult global(CUdeviceptr *dptr, size_t *bytes, const char *name) {
 }
 ENTRY(cuModuleGetGlobal_v2)
 IMPL CUresult impl_cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, void *mod, const char *name) {
-    (void)mod;
-    return global(dptr, bytes, name);
+    return global_of(mod, dptr, bytes, name);
 }
 ENTRY(cuLibraryGetGlobal)
 IMPL CUresult impl_cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, void *lib, const char *name) {
-    (void)lib;
-    return global(dptr, bytes, name);
+    return global_of(lib, dptr, bytes, name);
 }
+/* The unload of a module or library frees its globals. */
+static CUresult unload(void *handle) {
+    for (int m = 0; m < 2048; m++) {
+        if (modules[m].handle != handle || !(modules[m].plain || modules[m].managed))
+            continue;
+        if (modules[m].plain)
+            free_at(modules[m].plain, 0);
+        if (modules[m].managed)
+            free_at(modules[m].managed, 0);
+        modules[m].plain = modules[m].managed = 0;
+        modules[m].handle = NULL;
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+ENTRY(cuModuleUnload)
+IMPL CUresult impl_cuModuleUnload(void *mod) { return unload(mod); }
+ENTRY(cuLibraryUnload)
+IMPL CUresult impl_cuLibraryUnload(void *lib) { return unload(lib); }
 ENTRY(cuMemAllocHost_v2)
 IMPL CUresult impl_cuMemAllocHost_v2(void **pp, size_t size) { return host_alloc(pp, size); }
 ENTRY(cuMemHostAlloc)
@@ -423,6 +459,13 @@ static void destroy_ctx(uintptr_t ctx) {
         if (a->type == T_HOST)
             munmap((void *)a->base, (a->size + 4095) & ~(size_t)4095);
         forget(a);
+    }
+    /* Modules of the context go with it. */
+    for (int m = 0; m < 2048; m++) {
+        if (modules[m].plain && !find(modules[m].plain))
+            modules[m].plain = 0;
+        if (modules[m].managed && !find(modules[m].managed))
+            modules[m].managed = 0;
     }
     pthread_mutex_unlock(&lock);
     if (current_ctx == ctx)
@@ -592,7 +635,8 @@ extern char cuMemAlloc[], cuMemAlloc_v2[], cuMemAllocManaged[], cuMemAllocPitch[
     cuMemHostUnregister[], cuInit[], cuCtxGetDevice[], cuDeviceGetCount[], cuMemGetAddressRange_v2[], cuPointerGetAttributes[],
     cuDeviceGetAttribute[], cuGetProcAddress[], cuGetProcAddress_v2[], cuCtxCreate_v2[], cuCtxSetCurrent[],
     cuCtxDestroy_v2[], cuCtxDestroy[], cuDevicePrimaryCtxReset_v2[], cuDevicePrimaryCtxReset[],
-    cuDevicePrimaryCtxGetState[], cuDevicePrimaryCtxRetain[], cuDevicePrimaryCtxRelease_v2[];
+    cuDevicePrimaryCtxGetState[], cuDevicePrimaryCtxRetain[], cuDevicePrimaryCtxRelease_v2[], cuModuleUnload[],
+    cuLibraryUnload[];
 
 static const struct {
     const char *name;
@@ -607,7 +651,7 @@ static const struct {
     P(cuMemGetAddressRange_v2), P(cuPointerGetAttributes), P(cuDeviceGetAttribute), P(cuGetProcAddress),
     P(cuGetProcAddress_v2), P(cuCtxCreate_v2), P(cuCtxSetCurrent), P(cuCtxDestroy_v2), P(cuCtxDestroy),
     P(cuDevicePrimaryCtxReset_v2), P(cuDevicePrimaryCtxReset), P(cuDevicePrimaryCtxGetState),
-    P(cuDevicePrimaryCtxRetain), P(cuDevicePrimaryCtxRelease_v2),
+    P(cuDevicePrimaryCtxRetain), P(cuDevicePrimaryCtxRelease_v2), P(cuModuleUnload), P(cuLibraryUnload),
 #undef P
 };
 

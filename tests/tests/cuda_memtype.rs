@@ -418,10 +418,15 @@ fn destroying_a_context_reports_the_frees_it_makes() {
         assert_eq!(found(keep, 1).mem_type, MemType::Cuda, "another context's stays");
         assert_eq!(found(pool, 1).mem_type, MemType::Cuda, "a pool's stays");
 
-        // The reset of device 0's primary context ends its allocation.
+        // The reset of device 0's primary context ends its allocation
+        // (and whatever other tests left in it), not the pool's.
         assert_eq!(reset(0), 0);
-        assert_eq!(take(), [(F, keep, 4096, MemType::Cuda as u32)]);
-        assert_eq!(memtype::lookup(keep, 1), Lookup::Absent);
+        let ended = take();
+        assert!(ended.contains(&(F, keep, 4096, MemType::Cuda as u32)), "{ended:x?}");
+        assert!(ended.iter().all(|e| e.0 == F && e.1 != pool), "{ended:x?}");
+        for e in &ended {
+            assert_eq!(memtype::lookup(e.1, 1), Lookup::Absent, "{e:x?}");
+        }
         // A primary context no longer active: nothing to end.
         assert_eq!(reset(0), 0);
         assert_eq!(take(), []);
@@ -429,5 +434,56 @@ fn destroying_a_context_reports_the_frees_it_makes() {
         assert_eq!(free_async(pool as Dptr, std::ptr::null_mut()), 0);
         assert_eq!(take(), [(F, pool, 4096, MemType::Cuda as u32)]);
         libc::munmap(page as *mut c_void, 4096);
+    }
+}
+
+/// A module's or library's unload frees the globals looked up in it,
+/// with no free call: its hook reports each global once (however often
+/// it was looked up), before the call, and the map forgets it; another
+/// module's stay.
+#[test]
+fn unloading_a_module_reports_its_globals() {
+    let _serial = serial();
+    let h = driver();
+    type GlobalFn = unsafe extern "C" fn(*mut Dptr, *mut usize, *mut c_void, *const c_char) -> u32;
+    let global: GlobalFn = f(h, c"cuModuleGetGlobal_v2");
+    let lib_global: GlobalFn = f(h, c"cuLibraryGetGlobal");
+    let module_unload: unsafe extern "C" fn(*mut c_void) -> u32 = f(h, c"cuModuleUnload");
+    let library_unload: unsafe extern "C" fn(*mut c_void) -> u32 = f(h, c"cuLibraryUnload");
+    let (module, library) = (0x111 as *mut c_void, 0x222 as *mut c_void);
+    const F: u32 = bits::MEM_TYPE_FREE;
+    let _ = take();
+    // SAFETY: (every call below) the fake driver's functions with valid
+    // arguments (the fake takes any handle).
+    unsafe {
+        let (mut g, mut mg, mut lg): (Dptr, Dptr, Dptr) = (0, 0, 0);
+        let none = std::ptr::null_mut();
+        assert_eq!(global(&mut g, none, module, c"x".as_ptr()), 0);
+        assert_eq!(global(&mut g, none, module, c"x".as_ptr()), 0);
+        assert_eq!(global(&mut mg, none, module, c"managed_y".as_ptr()), 0);
+        assert_eq!(lib_global(&mut lg, none, library, c"x".as_ptr()), 0);
+        let (g, mg, lg) = (g as usize, mg as usize, lg as usize);
+        assert_eq!(found(mg, 1).mem_type, MemType::CudaManaged);
+        let _ = take();
+
+        assert_eq!(module_unload(module), 0);
+        let mut ended = take();
+        ended.sort();
+        let mut want = vec![
+            (F, g, 256, MemType::Cuda as u32),
+            (F, mg, 256, MemType::CudaManaged as u32),
+        ];
+        want.sort();
+        assert_eq!(ended, want, "each global of the module once");
+        assert_eq!(memtype::lookup(g, 1), Lookup::Absent);
+        assert_eq!(memtype::lookup(mg, 1), Lookup::Absent);
+        assert_eq!(found(lg, 1).mem_type, MemType::Cuda, "the library's stays");
+
+        assert_eq!(library_unload(library), 0);
+        assert_eq!(take(), [(F, lg, 256, MemType::Cuda as u32)]);
+        assert_eq!(memtype::lookup(lg, 1), Lookup::Absent);
+        // Unloaded already: the driver refuses, and nothing is reported.
+        assert_ne!(module_unload(module), 0);
+        assert_eq!(take(), []);
     }
 }

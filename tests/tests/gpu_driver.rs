@@ -189,6 +189,7 @@ fn every_hooked_driver_function_on_the_gpu() {
         assert_eq!(bytes, 256);
         one(take(), A, p as usize, 256);
         agrees(p as usize, MemType::Cuda);
+        let module_global = p as usize;
         ok(sys::cuModuleGetGlobal_v2(
             &mut p,
             std::ptr::null_mut(),
@@ -197,6 +198,7 @@ fn every_hooked_driver_function_on_the_gpu() {
         ));
         one(take(), A, p as usize, 256);
         agrees(p as usize, MemType::CudaManaged);
+        let module_managed = p as usize;
         let mut library = std::ptr::null_mut();
         ok(sys::cuLibraryLoadData(
             &mut library,
@@ -216,6 +218,24 @@ fn every_hooked_driver_function_on_the_gpu() {
         ));
         one(take(), A, p as usize, 256);
         agrees(p as usize, MemType::Cuda);
+        let library_global = p as usize;
+
+        // Their unloads free them, with no free call: one MEM_TYPE_FREE
+        // each, before the call, and the map forgets them.
+        ok(sys::cuModuleUnload(module));
+        let mut ended = take();
+        ended.sort();
+        let mut want = vec![
+            (F, module_global, 256, MemType::Cuda as u32),
+            (F, module_managed, 256, MemType::CudaManaged as u32),
+        ];
+        want.sort();
+        assert_eq!(ended, want, "the module's globals");
+        ok(sys::cuLibraryUnload(library));
+        assert_eq!(take(), [(F, library_global, 256, MemType::Cuda as u32)]);
+        for gone in [module_global, module_managed, library_global] {
+            assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");
+        }
     }
     let by_function = memhook::cuda::events_by_function();
     eprintln!("gpu_driver: events by function: {by_function:?}");

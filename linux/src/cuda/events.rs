@@ -3,13 +3,13 @@
 //! handlers. Nothing here allocates or waits for a registration.
 
 use core::cell::Cell;
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use memhook_core::event::{Event, MemTypeEvent, bits};
 use memhook_core::memtype::{Lookup, MemInfo, MemType};
 
 use super::driver;
-use super::hooks::{EVENTS, Id};
+use super::hooks::{EVENTS, Id, SUCCESS, Status};
 use crate::dispatch::{self, notify, wants};
 use crate::memtype;
 
@@ -164,15 +164,29 @@ fn reporting_free(id: Id, address: usize, size: Option<usize>) {
 
 /// A context is about to be destroyed, and with it every allocation made
 /// in it: `MEM_TYPE_FREE` for each the map holds that the driver says is
-/// `context`'s, and its removal from the map. The map is walked in chunks
-/// copied out under its lock (no allocation, and no driver call or
-/// handler with the lock held), one driver query per typed entry: tens of
-/// nanoseconds each, beside a teardown that takes milliseconds. Memory of
-/// a stream-ordered pool belongs to no context and outlives it (on the
-/// H200 too): it stays.
+/// `context`'s, and its removal from the map (one driver query per typed
+/// entry: tens of nanoseconds each, beside a teardown that takes
+/// milliseconds). Memory of a stream-ordered pool belongs to no context
+/// and outlives it (on the H200 too): it stays.
 #[cold]
 #[inline(never)]
 pub(super) fn ending_context(id: Id, context: usize) {
+    end_entries(id, |info| {
+        let typed = matches!(info.mem_type, MemType::Cuda | MemType::CudaManaged | MemType::CudaHost);
+        let mine = typed && driver::context_of(info.base) == Some(context);
+        if mine {
+            // A module global of the context goes with it: its unload
+            // must not end what comes to lie there next.
+            forget_global(|g| g.base == info.base);
+        }
+        mine
+    });
+}
+
+/// Ends (see [`ended`]) every entry of the map that `which` selects. The
+/// map is walked in chunks copied out under its lock: no allocation, and
+/// no driver call or handler with the lock held.
+fn end_entries(id: Id, mut which: impl FnMut(&MemInfo) -> bool) {
     const CHUNK: usize = 32;
     let map = memtype::map();
     let mut chunk = [MemInfo {
@@ -186,23 +200,121 @@ pub(super) fn ending_context(id: Id, context: usize) {
         let got = map.entries_from(from, &mut chunk);
         for info in &chunk[..got] {
             from = info.base.saturating_add(1);
-            let typed = matches!(info.mem_type, MemType::Cuda | MemType::CudaManaged | MemType::CudaHost);
-            if typed && driver::context_of(info.base) == Some(context) {
-                if wants(bits::MEM_TYPE_FREE) {
-                    deliver(
-                        id,
-                        Event::MemTypeFree(MemTypeEvent {
-                            address: info.base,
-                            size: info.len,
-                            mem_type: info.mem_type as u32,
-                        }),
-                    );
-                }
-                let _ = map.remove(info.base, info.len);
+            if which(info) {
+                ended(id, *info);
             }
         }
         if got < CHUNK {
             return;
         }
     }
+}
+
+/// `MEM_TYPE_FREE` for an entry of the map that a call ends with no free
+/// call of its own, and its removal.
+fn ended(id: Id, info: MemInfo) {
+    if wants(bits::MEM_TYPE_FREE) {
+        deliver(
+            id,
+            Event::MemTypeFree(MemTypeEvent {
+                address: info.base,
+                size: info.len,
+                mem_type: info.mem_type as u32,
+            }),
+        );
+    }
+    let _ = memtype::map().remove(info.base, info.len);
+}
+
+/// A module or library global reported, and the handle whose unload
+/// frees it.
+#[derive(Clone, Copy)]
+struct Global {
+    handle: usize,
+    base: usize,
+    len: usize,
+}
+
+/// Globals kept: a program asks for a few (each `__device__` variable it
+/// takes the address of, once per module).
+const GLOBALS: usize = 1024;
+
+/// The globals reported and not yet unloaded. Taken by the hooks of the
+/// global lookups and of the unloads (never by a handler's registration,
+/// and never held while a handler or the driver runs).
+static GLOBALS_SEEN: spin::Mutex<heapless::Vec<Global, GLOBALS>> = spin::Mutex::new(heapless::Vec::new());
+
+/// Globals reported while [`GLOBALS_SEEN`] was full: their unloads are
+/// found by asking the driver after each unload instead (see
+/// [`unloading`]).
+static GLOBALS_UNKEPT: AtomicU64 = AtomicU64::new(0);
+
+/// Keeps `[base, base + len)` as a global of `handle` (once per pair).
+pub(super) fn global_seen(handle: usize, base: usize, len: usize) {
+    if base == 0 || len == 0 {
+        return;
+    }
+    let mut seen = GLOBALS_SEEN.lock();
+    if seen.iter().any(|g| g.handle == handle && g.base == base) {
+        return;
+    }
+    if seen.push(Global { handle, base, len }).is_err() {
+        GLOBALS_UNKEPT.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Forgets the kept globals `which` selects.
+fn forget_global(which: impl Fn(&Global) -> bool) {
+    GLOBALS_SEEN.lock().retain(|g| !which(g));
+}
+
+/// The unload of the module or library `handle` (`call`, the original):
+/// `MEM_TYPE_FREE`, before the call, for each global reported from it
+/// that the map still holds as it was recorded. Where globals went
+/// unkept (more than [`GLOBALS`]), the map's device entries the driver no
+/// longer knows after the call are ended then: late, but not lost.
+pub(super) fn unloading(id: Id, handle: usize, call: impl FnOnce() -> Status) -> Status {
+    const CHUNK: usize = 32;
+    loop {
+        // A chunk of this handle's globals, out of the table (the lock is
+        // not held while handlers run).
+        let mut chunk: heapless::Vec<Global, CHUNK> = heapless::Vec::new();
+        {
+            let mut seen = GLOBALS_SEEN.lock();
+            let mut i = 0;
+            while i < seen.len() && !chunk.is_full() {
+                if seen[i].handle == handle {
+                    let _ = chunk.push(seen.swap_remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        if chunk.is_empty() {
+            break;
+        }
+        for g in chunk {
+            if let Lookup::Found(info) = memtype::map().lookup(g.base, 1)
+                && (info.base, info.len) == (g.base, g.len)
+            {
+                ended(id, info);
+            }
+        }
+    }
+    let status = call();
+    if status == SUCCESS && GLOBALS_UNKEPT.load(Ordering::Relaxed) != 0 {
+        end_unknown_to_the_driver(id);
+    }
+    status
+}
+
+/// Ends every device or managed entry of the map that the driver no
+/// longer knows (for unloads whose globals went unkept).
+#[cold]
+#[inline(never)]
+fn end_unknown_to_the_driver(id: Id) {
+    end_entries(id, |info| {
+        matches!(info.mem_type, MemType::Cuda | MemType::CudaManaged)
+            && driver::classify(info.base).is_some_and(|d| d.mem_type == MemType::Host)
+    });
 }

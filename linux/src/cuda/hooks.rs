@@ -22,7 +22,10 @@
 //! call (see [`super::events::ending_context`]). Without it a registration
 //! cache would keep the freed memory's registration, and the next
 //! allocation, which the driver places at the same address (seen on the
-//! H200), would be served from it.
+//! H200), would be served from it. In the same way the unload of a module
+//! or library (`cuModuleUnload`, `cuLibraryUnload`) frees the globals
+//! reported from it: `MEM_TYPE_FREE` for each (see
+//! [`super::events::unloading`]).
 #![allow(non_snake_case)]
 
 use core::cell::Cell;
@@ -37,7 +40,7 @@ use cudarc::runtime::sys::{cudaMemPool_t, cudaStream_t};
 use memhook_core::memtype::MemType;
 
 use super::driver;
-use super::events::{allocated, ending_context, freeing};
+use super::events::{allocated, ending_context, freeing, global_seen, unloading};
 
 /// A `CUresult` or `cudaError_t` value.
 pub(crate) type Status = u32;
@@ -150,6 +153,8 @@ functions! {
     Driver Teardown cuCtxDestroy,
     Driver Teardown cuDevicePrimaryCtxReset_v2,
     Driver Teardown cuDevicePrimaryCtxReset,
+    Driver Teardown cuModuleUnload,
+    Driver Teardown cuLibraryUnload,
     Driver ProcAddr cuGetProcAddress,
     Driver ProcAddr cuGetProcAddress_v2,
     Runtime Alloc cudaMallocManaged,
@@ -394,6 +399,24 @@ teardown_hook!(cuCtxDestroy(ctx: CUcontext) => Some(ctx as usize).filter(|&c| c 
 teardown_hook!(cuDevicePrimaryCtxReset_v2(dev: CUdevice) => driver::primary_context(dev));
 teardown_hook!(cuDevicePrimaryCtxReset(dev: CUdevice) => driver::primary_context(dev));
 
+/// Defines a hook of a module's or library's unload, which frees its
+/// globals.
+macro_rules! unload_hook {
+    ($name:ident($handle:ident: $t:ty)) => {
+        pub(crate) unsafe extern "C" fn $name($handle: $t) -> Status {
+            type F = unsafe extern "C" fn($t) -> Status;
+            let Some(f) = original::<F>(Id::$name) else {
+                return UNAVAILABLE;
+            };
+            // SAFETY: the caller's argument, to the function it called.
+            unloading(Id::$name, $handle as usize, || unsafe { f($handle) })
+        }
+    };
+}
+
+unload_hook!(cuModuleUnload(module: CUmodule));
+unload_hook!(cuLibraryUnload(library: CUlibrary));
+
 /// A module or library global: `bytes` may be null, and the size is
 /// wanted, so the hook passes its own out-parameter then.
 macro_rules! global_hook {
@@ -411,7 +434,7 @@ macro_rules! global_hook {
             let mut size = 0usize;
             let bytes_out = if bytes.is_null() { &raw mut size } else { bytes };
             // A `__managed__` global is managed memory: the driver says.
-            on_alloc(
+            let status = on_alloc(
                 Id::$name,
                 MemType::Unknown,
                 // SAFETY: the caller's arguments (a valid out-parameter for
@@ -419,7 +442,16 @@ macro_rules! global_hook {
                 || unsafe { f(dptr, bytes_out, handle, name) },
                 // SAFETY: out-parameters the successful call filled.
                 || unsafe { (out(dptr) as usize, out(bytes_out)) },
-            )
+            );
+            if status == SUCCESS {
+                // Whoever reported it (this hook, or the runtime call this
+                // one ran inside), the unload of `handle` ends it.
+                // SAFETY: out-parameters the successful call filled.
+                global_seen(handle as usize, unsafe { out(dptr) } as usize, unsafe {
+                    out(bytes_out)
+                });
+            }
+            status
         }
     };
 }
