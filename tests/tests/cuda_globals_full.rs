@@ -10,7 +10,6 @@ mod common;
 use std::ffi::{c_char, c_void};
 
 use common::*;
-use memhook::Config;
 use memhook::event::bits;
 use memhook::memtype::{self, Lookup, MemType};
 
@@ -19,12 +18,7 @@ type Dptr = u64;
 #[test]
 fn globals_past_the_table_are_still_reported_at_their_unload() {
     let _serial = serial();
-    prepare();
-    log_events();
-    memhook::install(&Config::parse("cuda=bistro;mmap=none").unwrap());
-    let _ = open(&fake().plt);
-    assert!(memhook::cuda::attached().0);
-    let h = libcuda();
+    let h = bistro_fake_driver();
     type GlobalFn = unsafe extern "C" fn(*mut Dptr, *mut usize, *mut c_void, *const c_char) -> u32;
     // SAFETY: the fake driver's functions of these types.
     let (global, unload): (GlobalFn, unsafe extern "C" fn(*mut c_void) -> u32) =

@@ -10,7 +10,6 @@ mod common;
 use std::ffi::c_void;
 
 use common::*;
-use memhook::Config;
 use memhook::event::bits;
 use memhook::memtype::{self, Inserted, Lookup, MemType};
 
@@ -19,12 +18,7 @@ type Dptr = u64;
 #[test]
 fn a_full_map_drops_the_new_range_counts_it_and_never_answers_wrong() {
     let _serial = serial();
-    prepare();
-    log_events();
-    memhook::install(&Config::parse("cuda=bistro;mmap=none").unwrap());
-    let _ = open(&fake().plt);
-    assert!(memhook::cuda::attached().0);
-    let h = libcuda();
+    let h = bistro_fake_driver();
     // SAFETY: the fake driver's functions of these types.
     let (alloc, free): (
         unsafe extern "C" fn(*mut Dptr, usize) -> u32,

@@ -12,21 +12,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 
 use common::*;
-use memhook::Config;
 use memhook::event::bits;
 use memhook::memtype::{self, Lookup, MemInfo, MemType};
 
 type Dptr = u64;
-
-/// The fake driver, loaded and hooked (bistro), with the log handler.
-fn driver() -> *mut c_void {
-    prepare();
-    log_events();
-    memhook::install(&Config::parse("cuda=bistro;mmap=none").unwrap());
-    let _ = open(&fake().plt);
-    assert!(memhook::cuda::attached().0);
-    libcuda()
-}
 
 fn f<T>(h: *mut c_void, name: &CStr) -> T {
     // SAFETY: each test names the driver function of type T.
@@ -43,7 +32,7 @@ fn found(addr: usize, len: usize) -> MemInfo {
 #[test]
 fn every_driver_function_reports_its_type_size_and_device() {
     let _serial = serial();
-    let h = driver();
+    let h = bistro_fake_driver();
     let alloc: unsafe extern "C" fn(*mut Dptr, usize) -> u32 = f(h, c"cuMemAlloc_v2");
     let free: unsafe extern "C" fn(Dptr) -> u32 = f(h, c"cuMemFree_v2");
     let managed: unsafe extern "C" fn(*mut Dptr, usize, c_uint) -> u32 = f(h, c"cuMemAllocManaged");
@@ -219,7 +208,7 @@ fn every_driver_function_reports_its_type_size_and_device() {
 #[test]
 fn lookups_stay_right_while_threads_allocate_and_free() {
     let _serial = serial();
-    let h = driver();
+    let h = bistro_fake_driver();
     let alloc: unsafe extern "C" fn(*mut Dptr, usize) -> u32 = f(h, c"cuMemAlloc_v2");
     let managed: unsafe extern "C" fn(*mut Dptr, usize, c_uint) -> u32 = f(h, c"cuMemAllocManaged");
     let free: unsafe extern "C" fn(Dptr) -> u32 = f(h, c"cuMemFree_v2");
@@ -309,7 +298,7 @@ fn lookups_stay_right_while_threads_allocate_and_free() {
 #[test]
 fn the_original_runs_the_driver_unreported_and_the_entry_still_reports() {
     let _serial = serial();
-    let h = driver();
+    let h = bistro_fake_driver();
     let alloc: unsafe extern "C" fn(*mut Dptr, usize) -> u32 = f(h, c"cuMemAlloc_v2");
     let free: unsafe extern "C" fn(Dptr) -> u32 = f(h, c"cuMemFree_v2");
     let at = |name: &str| memhook::cuda::original(name).unwrap_or_else(|| panic!("no original for {name}"));
@@ -352,7 +341,7 @@ fn the_original_runs_the_driver_unreported_and_the_entry_still_reports() {
 #[test]
 fn destroying_a_context_reports_the_frees_it_makes() {
     let _serial = serial();
-    let h = driver();
+    let h = bistro_fake_driver();
     let alloc: unsafe extern "C" fn(*mut Dptr, usize) -> u32 = f(h, c"cuMemAlloc_v2");
     let managed: unsafe extern "C" fn(*mut Dptr, usize, c_uint) -> u32 = f(h, c"cuMemAllocManaged");
     let alloc_host: unsafe extern "C" fn(*mut *mut c_void, usize) -> u32 = f(h, c"cuMemAllocHost_v2");
@@ -444,7 +433,7 @@ fn destroying_a_context_reports_the_frees_it_makes() {
 #[test]
 fn unloading_a_module_reports_its_globals() {
     let _serial = serial();
-    let h = driver();
+    let h = bistro_fake_driver();
     type GlobalFn = unsafe extern "C" fn(*mut Dptr, *mut usize, *mut c_void, *const c_char) -> u32;
     let global: GlobalFn = f(h, c"cuModuleGetGlobal_v2");
     let lib_global: GlobalFn = f(h, c"cuLibraryGetGlobal");

@@ -189,6 +189,17 @@ pub fn ctx_queries() -> u64 {
     n
 }
 
+/// The fake driver, loaded (by a client linked to it) and hooked in
+/// bistro mode alone, with the log handler registered: a handle on it.
+pub fn bistro_fake_driver() -> *mut c_void {
+    prepare();
+    log_events();
+    memhook::install(&memhook::Config::parse("cuda=bistro;mmap=none").unwrap());
+    let _ = open(&fake().plt);
+    assert!(memhook::cuda::attached().0);
+    libcuda()
+}
+
 /// A handle on the fake driver, which must be loaded already.
 pub fn libcuda() -> *mut c_void {
     let c = cpath(&fake().libcuda);
