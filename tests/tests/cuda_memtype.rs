@@ -353,10 +353,6 @@ fn destroying_a_context_reports_the_frees_it_makes() {
     let reset: unsafe extern "C" fn(i32) -> u32 = f(h, c"cuDevicePrimaryCtxReset_v2");
     let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
     const F: u32 = bits::MEM_TYPE_FREE;
-    let sorted = |mut v: Vec<Rec>| {
-        v.sort();
-        v
-    };
 
     // SAFETY: (every call below) the fake driver's functions with valid
     // arguments; `page` is this test's own mapping.
@@ -391,15 +387,15 @@ fn destroying_a_context_reports_the_frees_it_makes() {
         let _ = take();
 
         assert_eq!(destroy(ctx), 0);
-        assert_eq!(
-            sorted(take()),
-            sorted(vec![
+        same_events(
+            take(),
+            vec![
                 (F, d, 1 << 20, MemType::Cuda as u32),
                 (F, m, 8192, MemType::CudaManaged as u32),
                 (F, host, 4096, MemType::CudaHost as u32),
                 (F, page, 4096, MemType::CudaHost as u32),
-            ]),
-            "one free for each allocation of the destroyed context"
+            ],
+            "one free for each allocation of the destroyed context",
         );
         for gone in [d, m, host, page] {
             assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");
@@ -456,14 +452,14 @@ fn unloading_a_module_reports_its_globals() {
         let _ = take();
 
         assert_eq!(module_unload(module), 0);
-        let mut ended = take();
-        ended.sort();
-        let mut want = vec![
-            (F, g, 256, MemType::Cuda as u32),
-            (F, mg, 256, MemType::CudaManaged as u32),
-        ];
-        want.sort();
-        assert_eq!(ended, want, "each global of the module once");
+        same_events(
+            take(),
+            vec![
+                (F, g, 256, MemType::Cuda as u32),
+                (F, mg, 256, MemType::CudaManaged as u32),
+            ],
+            "each global of the module once",
+        );
         assert_eq!(memtype::lookup(g, 1), Lookup::Absent);
         assert_eq!(memtype::lookup(mg, 1), Lookup::Absent);
         assert_eq!(found(lg, 1).mem_type, MemType::Cuda, "the library's stays");

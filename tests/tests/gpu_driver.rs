@@ -8,7 +8,7 @@ mod common;
 
 use std::ffi::c_void;
 
-use common::{Rec, agrees, log_events, one_event, serial, take};
+use common::{Rec, agrees, log_events, one_event, same_events, serial, take};
 use cudarc::driver::sys::{self, CUresult};
 use memhook::Config;
 use memhook::event::bits;
@@ -223,14 +223,14 @@ fn every_hooked_driver_function_on_the_gpu() {
         // Their unloads free them, with no free call: one MEM_TYPE_FREE
         // each, before the call, and the map forgets them.
         ok(sys::cuModuleUnload(module));
-        let mut ended = take();
-        ended.sort();
-        let mut want = vec![
-            (F, module_global, 256, MemType::Cuda as u32),
-            (F, module_managed, 256, MemType::CudaManaged as u32),
-        ];
-        want.sort();
-        assert_eq!(ended, want, "the module's globals");
+        same_events(
+            take(),
+            vec![
+                (F, module_global, 256, MemType::Cuda as u32),
+                (F, module_managed, 256, MemType::CudaManaged as u32),
+            ],
+            "the module's globals",
+        );
         ok(sys::cuLibraryUnload(library));
         assert_eq!(take(), [(F, library_global, 256, MemType::Cuda as u32)]);
         for gone in [module_global, module_managed, library_global] {
@@ -295,10 +295,6 @@ fn destroying_a_context_reports_its_allocations_on_the_gpu() {
     let Some(_primary) = hooked_gpu() else {
         return;
     };
-    let sorted = |mut v: Vec<Rec>| {
-        v.sort();
-        v
-    };
     // SAFETY: (every call below) driver calls with valid arguments and a
     // current context; `page` is this test's own mapping.
     unsafe {
@@ -328,15 +324,15 @@ fn destroying_a_context_reports_its_allocations_on_the_gpu() {
 
         ok(sys::cuCtxDestroy_v2(ctx));
         let t = |mt: MemType| mt as u32;
-        assert_eq!(
-            sorted(take()),
-            sorted(vec![
+        same_events(
+            take(),
+            vec![
                 (F, d, 1 << 20, t(MemType::Cuda)),
                 (F, m, 1 << 20, t(MemType::CudaManaged)),
                 (F, host, 1 << 16, t(MemType::CudaHost)),
                 (F, page, 1 << 16, t(MemType::CudaHost)),
-            ]),
-            "one free for each allocation of the destroyed context"
+            ],
+            "one free for each allocation of the destroyed context",
         );
         for gone in [d, m, host, page] {
             assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");

@@ -238,6 +238,15 @@ pub fn device_at_delivery(addr: usize) -> Option<i32> {
         .map(|i| DEVICE[i].load(Ordering::Relaxed))
 }
 
+/// Asserts that `got` holds exactly the events of `want`, in any order
+/// (the ones a walk over the map reports come in address order).
+#[track_caller]
+pub fn same_events(mut got: Vec<Rec>, mut want: Vec<Rec>, what: &str) {
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "{what}");
+}
+
 /// The one event among `recs` at `addr` (asserting there is exactly one),
 /// of `kind` and `size`.
 #[track_caller]
