@@ -352,11 +352,12 @@ fn shmat_replaces(shmaddr: *const c_void, shmflg: c_int) -> u32 {
     }
 }
 
-/// The range `shmat(shmid, shmaddr, shmflg)` with `SHM_REMAP` maps over:
-/// the segment's pages from the address, rounded down with `SHM_RND` (to
-/// four pages, the largest `SHMLBA` of the architectures memhook runs on:
-/// reporting a little more than was replaced is harmless, less is not).
-fn shmat_replaced(shmid: c_int, shmaddr: *const c_void, shmflg: c_int) -> Option<Event> {
+/// The range `shmat(.., shmaddr, shmflg)` of a segment of `size` bytes,
+/// with `SHM_REMAP`, maps over: the segment's pages from the address,
+/// rounded down with `SHM_RND` (to four pages, the largest `SHMLBA` of
+/// the architectures memhook runs on: reporting a little more than was
+/// replaced is harmless, less is not).
+fn shmat_replaced(size: usize, shmaddr: *const c_void, shmflg: c_int) -> Option<Event> {
     // SAFETY: sysconf has no preconditions.
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
     let at = shmaddr as usize;
@@ -365,7 +366,7 @@ fn shmat_replaced(shmid: c_int, shmaddr: *const c_void, shmflg: c_int) -> Option
     } else {
         at
     };
-    let end = at.saturating_add(shm_size(shmid).next_multiple_of(page));
+    let end = at.saturating_add(size.next_multiple_of(page));
     unmapped(start, end - start)
 }
 
@@ -385,11 +386,10 @@ unsafe extern "C" fn shmat_dispatched(shmid: c_int, shmaddr: *const c_void, shmf
         shmaddr: shmaddr as usize,
         shmflg,
     });
-    let before = if shmat_replaces(shmaddr, shmflg) != 0 && wants(bits::VM_UNMAPPED) {
-        shmat_replaced(shmid, shmaddr, shmflg)
-    } else {
-        None
-    };
+    // The segment's size, asked once where both the replaced range and
+    // the new mapping need it.
+    let size = (shmat_replaces(shmaddr, shmflg) != 0 && wants(bits::VM_UNMAPPED)).then(|| shm_size(shmid));
+    let before = size.and_then(|size| shmat_replaced(size, shmaddr, shmflg));
     call_original(
         before,
         &mut ev,
@@ -402,7 +402,7 @@ unsafe extern "C" fn shmat_dispatched(shmid: c_int, shmaddr: *const c_void, shmf
         |e| {
             succeeded(result_of!(*e, Shmat, INVALID_PTR))
                 .filter(|_| wants(bits::VM_MAPPED))
-                .and_then(|r| mapped(r, shm_size(shmid)))
+                .and_then(|r| mapped(r, size.unwrap_or_else(|| shm_size(shmid))))
         },
     );
     result_of!(ev, Shmat, INVALID_PTR) as *mut c_void
