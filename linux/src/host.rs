@@ -322,11 +322,13 @@ unsafe extern "C" fn mremap_dispatched(
 #[cold]
 fn notify_keeping_errno(event: Option<Event>) {
     if let Some(mut event) = event {
-        // SAFETY: this thread's errno, always accessible.
-        let errno = unsafe { *libc::__errno_location() };
+        // SAFETY: __errno_location has no preconditions.
+        let errno = unsafe { libc::__errno_location() };
+        // SAFETY: this thread's errno, which stays where it is.
+        let saved = unsafe { *errno };
         notify(&mut event);
         // SAFETY: as above.
-        unsafe { *libc::__errno_location() = errno };
+        unsafe { *errno = saved };
     }
 }
 
