@@ -193,6 +193,14 @@ static CUresult dev_alloc(CUdeviceptr *dptr, size_t size, int type) {
     return rc;
 }
 
+/* A stream-ordered allocation: from a pool, which belongs to no context. */
+static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, int type) {
+    in_pool_alloc = 1;
+    CUresult rc = dev_alloc(dptr, size, type);
+    in_pool_alloc = 0;
+    return rc;
+}
+
 static CUresult low_alloc(unsigned int *dptr, size_t size) {
     uintptr_t p = 0;
     CUresult rc = alloc_in(&low_arena, (size_t)64 << 20, MAP_32BIT, &p, size, T_DEVICE);
@@ -278,35 +286,23 @@ IMPL CUresult impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 ENTRY(cuMemAllocAsync)
 IMPL CUresult impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t size, void *stream) {
     (void)stream;
-    in_pool_alloc = 1;
-    CUresult rc = dev_alloc(dptr, size, T_DEVICE);
-    in_pool_alloc = 0;
-    return rc;
+    return pool_alloc(dptr, size, T_DEVICE);
 }
 ENTRY(cuMemAllocAsync_ptsz)
 IMPL CUresult impl_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, void *stream) {
     (void)stream;
-    in_pool_alloc = 1;
-    CUresult rc = dev_alloc(dptr, size, T_DEVICE);
-    in_pool_alloc = 0;
-    return rc;
+    return pool_alloc(dptr, size, T_DEVICE);
 }
 ENTRY(cuMemAllocFromPoolAsync)
 IMPL CUresult impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, void *pool, void *stream) {
     (void)stream;
     /* A pool handle with bit 0 set is a pool of host memory. */
-    in_pool_alloc = 1;
-    CUresult rc = dev_alloc(dptr, size, ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
-    in_pool_alloc = 0;
-    return rc;
+    return pool_alloc(dptr, size, ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
 }
 ENTRY(cuMemAllocFromPoolAsync_ptsz)
 IMPL CUresult impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, void *pool, void *stream) {
     (void)stream;
-    in_pool_alloc = 1;
-    CUresult rc = dev_alloc(dptr, size, ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
-    in_pool_alloc = 0;
-    return rc;
+    return pool_alloc(dptr, size, ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
 }
 ENTRY(cuMemMap)
 IMPL CUresult impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, unsigned long long handle,
