@@ -157,7 +157,9 @@
 /*
  A typed allocation is about to be freed: by a free call, or by the
  destruction of the CUDA context it was made in (cuCtxDestroy,
- cuDevicePrimaryCtxReset).
+ cuDevicePrimaryCtxReset; the last cuDevicePrimaryCtxRelease reports
+ just after the call, which alone shows it was the last), or by the
+ unload of the module it is a global of.
  */
 #define MEMHOOK_EVENT_MEM_TYPE_FREE (1 << 21)
 

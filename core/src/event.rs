@@ -87,7 +87,9 @@ pub mod bits {
     pub const MEM_TYPE_ALLOC: u32 = 1 << 20;
     /// A typed allocation is about to be freed: by a free call, or by the
     /// destruction of the CUDA context it was made in (`cuCtxDestroy`,
-    /// `cuDevicePrimaryCtxReset`).
+    /// `cuDevicePrimaryCtxReset`; the last `cuDevicePrimaryCtxRelease`
+    /// reports just after the call, which alone shows it was the last),
+    /// or by the unload of the module it is a global of.
     pub const MEM_TYPE_FREE: u32 = 1 << 21;
     /// Flag: register the handler without installing hooks.
     pub const NO_INSTALL: u32 = 1 << 24;

@@ -142,7 +142,9 @@ pub const MEMHOOK_EVENT_VM_UNMAPPED: u32 = 1 << 17;
 pub const MEMHOOK_EVENT_MEM_TYPE_ALLOC: u32 = 1 << 20;
 /// A typed allocation is about to be freed: by a free call, or by the
 /// destruction of the CUDA context it was made in (cuCtxDestroy,
-/// cuDevicePrimaryCtxReset).
+/// cuDevicePrimaryCtxReset; the last cuDevicePrimaryCtxRelease reports
+/// just after the call, which alone shows it was the last), or by the
+/// unload of the module it is a global of.
 pub const MEMHOOK_EVENT_MEM_TYPE_FREE: u32 = 1 << 21;
 /// Flag: register without installing hooks.
 pub const MEMHOOK_EVENT_FLAG_NO_INSTALL: u32 = 1 << 24;

@@ -32,6 +32,7 @@ enum {
     CUDA_ERROR_INVALID_VALUE = 1,
     CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_DEINITIALIZED = 4,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_NOT_FOUND = 500,
 };
 enum { T_NONE = 0, T_HOST = 1, T_DEVICE = 2, T_MANAGED = 4 };
@@ -94,12 +95,16 @@ struct alloc {
 /* Contexts: device d's primary context is PRIMARY(d), current unless the
  * thread made another current (cuCtxCreate); created ones count up from
  * 0x2000. Destroying one frees what was allocated in it (cuCtxDestroy,
- * cuDevicePrimaryCtxReset), except the memory of stream-ordered pools,
- * which belongs to none, as on the real driver. */
+ * cuDevicePrimaryCtxReset, the release of a primary context's last
+ * reference), except the memory of stream-ordered pools, which belongs to
+ * none, as on the real driver. A primary context counts its references
+ * (retains less releases); an allocation with no context current
+ * activates it with one, as a runtime's retain would. */
 #define PRIMARY(d) ((uintptr_t)0x1000 + (uintptr_t)(d))
 static __thread uintptr_t current_ctx;
 static __thread int in_pool_alloc;
 static int primary_active[8];
+static int primary_refs[8];
 static uintptr_t next_ctx = 0x2000;
 /* Module and library globals (see global_of). */
 static struct {
@@ -156,8 +161,10 @@ static int record(uintptr_t base, size_t size, int type) {
     if (nallocs == MAX_ALLOCS)
         return -1;
     uintptr_t ctx = in_pool_alloc ? 0 : current_ctx ? current_ctx : PRIMARY(current_device);
-    if (ctx == PRIMARY(current_device) && current_device >= 0 && current_device < 8)
+    if (ctx == PRIMARY(current_device) && current_device >= 0 && current_device < 8 && !primary_active[current_device]) {
         primary_active[current_device] = 1;
+        primary_refs[current_device] = 1;
+    }
     allocs[nallocs++] = (struct alloc){base, size, type, type == T_HOST ? -1 : current_device, ctx};
     return 0;
 }
@@ -500,7 +507,10 @@ IMPL CUresult impl_cuDevicePrimaryCtxReset_v2(int device) {
     if (device < 0 || device > 7)
         return CUDA_ERROR_INVALID_VALUE;
     destroy_ctx(PRIMARY(device));
+    pthread_mutex_lock(&lock);
     primary_active[device] = 0;
+    primary_refs[device] = 0;
+    pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
 ENTRY(cuDevicePrimaryCtxReset)
@@ -517,15 +527,37 @@ ENTRY(cuDevicePrimaryCtxRetain)
 IMPL CUresult impl_cuDevicePrimaryCtxRetain(uintptr_t *ctx, int device) {
     if (device < 0 || device > 7 || !ctx)
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
     primary_active[device] = 1;
+    primary_refs[device]++;
+    pthread_mutex_unlock(&lock);
     *ctx = PRIMARY(device);
     return CUDA_SUCCESS;
 }
-/* The fake counts no references: a release destroys nothing. */
+/* The release of the last reference destroys the context. */
 ENTRY(cuDevicePrimaryCtxRelease_v2)
 IMPL CUresult impl_cuDevicePrimaryCtxRelease_v2(int device) {
-    return device < 0 || device > 7 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    atomic_fetch_add(&calls, 1);
+    if (device < 0 || device > 7)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    int last = primary_refs[device] == 1;
+    int held = primary_refs[device] > 0;
+    if (held)
+        primary_refs[device]--;
+    pthread_mutex_unlock(&lock);
+    if (!held)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (last) {
+        destroy_ctx(PRIMARY(device));
+        pthread_mutex_lock(&lock);
+        primary_active[device] = 0;
+        pthread_mutex_unlock(&lock);
+    }
+    return CUDA_SUCCESS;
 }
+ENTRY(cuDevicePrimaryCtxRelease)
+IMPL CUresult impl_cuDevicePrimaryCtxRelease(int device) { return impl_cuDevicePrimaryCtxRelease_v2(device); }
 
 /* ---- What memhook asks the driver. ---- */
 ENTRY(cuInit)
@@ -631,7 +663,7 @@ extern char cuMemAlloc[], cuMemAlloc_v2[], cuMemAllocManaged[], cuMemAllocPitch[
     cuMemHostUnregister[], cuInit[], cuCtxGetDevice[], cuDeviceGetCount[], cuMemGetAddressRange_v2[], cuPointerGetAttributes[],
     cuDeviceGetAttribute[], cuGetProcAddress[], cuGetProcAddress_v2[], cuCtxCreate_v2[], cuCtxSetCurrent[],
     cuCtxDestroy_v2[], cuCtxDestroy[], cuDevicePrimaryCtxReset_v2[], cuDevicePrimaryCtxReset[],
-    cuDevicePrimaryCtxGetState[], cuDevicePrimaryCtxRetain[], cuDevicePrimaryCtxRelease_v2[], cuModuleUnload[],
+    cuDevicePrimaryCtxGetState[], cuDevicePrimaryCtxRetain[], cuDevicePrimaryCtxRelease_v2[], cuDevicePrimaryCtxRelease[], cuModuleUnload[],
     cuLibraryUnload[];
 
 static const struct {
@@ -647,7 +679,8 @@ static const struct {
     P(cuMemGetAddressRange_v2), P(cuPointerGetAttributes), P(cuDeviceGetAttribute), P(cuGetProcAddress),
     P(cuGetProcAddress_v2), P(cuCtxCreate_v2), P(cuCtxSetCurrent), P(cuCtxDestroy_v2), P(cuCtxDestroy),
     P(cuDevicePrimaryCtxReset_v2), P(cuDevicePrimaryCtxReset), P(cuDevicePrimaryCtxGetState),
-    P(cuDevicePrimaryCtxRetain), P(cuDevicePrimaryCtxRelease_v2), P(cuModuleUnload), P(cuLibraryUnload),
+    P(cuDevicePrimaryCtxRetain), P(cuDevicePrimaryCtxRelease_v2), P(cuDevicePrimaryCtxRelease), P(cuModuleUnload),
+    P(cuLibraryUnload),
 #undef P
 };
 

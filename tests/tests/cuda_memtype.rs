@@ -422,6 +422,101 @@ fn destroying_a_context_reports_the_frees_it_makes() {
     }
 }
 
+/// The release of a primary context's last reference destroys it, and
+/// every allocation made in it, with no free call. Which release is the
+/// last shows only after it: the hook reports each of the context's
+/// allocations after that call (type and size from the map), and the map
+/// forgets them; an earlier release ends nothing, and another device's
+/// allocations and a stream-ordered pool's stay.
+#[test]
+fn releasing_a_primary_context_reports_the_frees_its_last_release_makes() {
+    let _serial = serial();
+    let h = bistro_fake_driver();
+    let alloc: unsafe extern "C" fn(*mut Dptr, usize) -> u32 = f(h, c"cuMemAlloc_v2");
+    let managed: unsafe extern "C" fn(*mut Dptr, usize, c_uint) -> u32 = f(h, c"cuMemAllocManaged");
+    let alloc_host: unsafe extern "C" fn(*mut *mut c_void, usize) -> u32 = f(h, c"cuMemAllocHost_v2");
+    let register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> u32 = f(h, c"cuMemHostRegister_v2");
+    let alloc_async: unsafe extern "C" fn(*mut Dptr, usize, *mut c_void) -> u32 = f(h, c"cuMemAllocAsync");
+    let free_async: unsafe extern "C" fn(Dptr, *mut c_void) -> u32 = f(h, c"cuMemFreeAsync");
+    let retain: unsafe extern "C" fn(*mut usize, i32) -> u32 = f(h, c"cuDevicePrimaryCtxRetain");
+    let release: unsafe extern "C" fn(i32) -> u32 = f(h, c"cuDevicePrimaryCtxRelease_v2");
+    let release_v1: unsafe extern "C" fn(i32) -> u32 = f(h, c"cuDevicePrimaryCtxRelease");
+    let reset: unsafe extern "C" fn(i32) -> u32 = f(h, c"cuDevicePrimaryCtxReset_v2");
+    let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
+    const F: u32 = bits::MEM_TYPE_FREE;
+    const DEVICE: i32 = 3;
+
+    // SAFETY: (every call below) the fake driver's functions with valid
+    // arguments; `page` is this test's own mapping.
+    unsafe {
+        set_device(0);
+        let mut keep: Dptr = 0;
+        assert_eq!(alloc(&mut keep, 4096), 0);
+        let keep = keep as usize;
+        // Two references to device 3's primary context (a program's and
+        // a library's), and every kind of allocation made in it. (The
+        // reset first ends what other tests left there, and the fake's
+        // count with it.)
+        set_device(DEVICE);
+        assert_eq!(reset(DEVICE), 0);
+        let mut ctx = 0usize;
+        assert_eq!(retain(&mut ctx, DEVICE), 0);
+        assert_eq!(retain(&mut ctx, DEVICE), 0);
+        let (mut d, mut m, mut pool): (Dptr, Dptr, Dptr) = (0, 0, 0);
+        let mut host = std::ptr::null_mut();
+        assert_eq!(alloc(&mut d, 1 << 20), 0);
+        assert_eq!(managed(&mut m, 8192, 1), 0);
+        assert_eq!(alloc_host(&mut host, 4096), 0);
+        let page = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(page, libc::MAP_FAILED);
+        assert_eq!(register(page, 4096, 0), 0);
+        assert_eq!(alloc_async(&mut pool, 4096, std::ptr::null_mut()), 0);
+        let (d, m, host, page, pool) = (d as usize, m as usize, host as usize, page as usize, pool as usize);
+        assert_eq!(found(d, 1).device, DEVICE);
+        let _ = take();
+
+        // The first release leaves the context, and its memory, alive.
+        assert_eq!(release(DEVICE), 0);
+        assert_eq!(take(), [], "a release that is not the last ends nothing");
+        assert_eq!(found(d, 1).mem_type, MemType::Cuda);
+        assert_eq!(found(host, 1).mem_type, MemType::CudaHost);
+
+        // The last (through the first version's entry) destroys it.
+        assert_eq!(release_v1(DEVICE), 0);
+        same_events(
+            take(),
+            vec![
+                (F, d, 1 << 20, MemType::Cuda as u32),
+                (F, m, 8192, MemType::CudaManaged as u32),
+                (F, host, 4096, MemType::CudaHost as u32),
+                (F, page, 4096, MemType::CudaHost as u32),
+            ],
+            "one free for each allocation of the released context",
+        );
+        for gone in [d, m, host, page] {
+            assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");
+        }
+        assert_eq!(found(keep, 1).mem_type, MemType::Cuda, "another device's stays");
+        assert_eq!(found(pool, 1).mem_type, MemType::Cuda, "a pool's stays");
+
+        // A release with no reference left fails, and ends nothing.
+        assert_ne!(release(DEVICE), 0);
+        assert_eq!(take(), []);
+
+        assert_eq!(free_async(pool as Dptr, std::ptr::null_mut()), 0);
+        assert_eq!(take(), [(F, pool, 4096, MemType::Cuda as u32)]);
+        set_device(0);
+        libc::munmap(page as *mut c_void, 4096);
+    }
+}
+
 /// A module's or library's unload frees the globals looked up in it,
 /// with no free call: its hook reports each global once (however often
 /// it was looked up), before the call, and the map forgets it; another

@@ -366,3 +366,82 @@ fn destroying_a_context_reports_its_allocations_on_the_gpu() {
     assert!(gpu().is_some());
     memhook::uninstall();
 }
+
+/// The release of the primary context's last reference destroys it, and
+/// what was allocated in it, with no free call: device, managed, pinned
+/// and registered memory each get a `MEM_TYPE_FREE` from the release's
+/// hook, after that release (which release is the last shows only
+/// then), and leave the map; the stream-ordered pool's memory stays.
+/// The earlier releases end nothing.
+#[test]
+fn the_last_release_of_the_primary_context_reports_its_allocations_on_the_gpu() {
+    let _serial = serial();
+    let Some(_primary) = hooked_gpu() else {
+        return;
+    };
+    let active = || {
+        let (mut flags, mut active) = (0, 0);
+        // SAFETY: valid out-parameters; device 0 exists.
+        ok(unsafe { sys::cuDevicePrimaryCtxGetState(0, &mut flags, &mut active) });
+        active != 0
+    };
+    // SAFETY: (every call below) driver calls with valid arguments and a
+    // current context; `page` is this test's own mapping.
+    unsafe {
+        let (mut d, mut m, mut pool) = (0, 0, 0);
+        ok(sys::cuMemAlloc_v2(&mut d, 1 << 20));
+        ok(sys::cuMemAllocManaged(&mut m, 1 << 20, 1)); // CU_MEM_ATTACH_GLOBAL
+        let mut host = std::ptr::null_mut();
+        ok(sys::cuMemAllocHost_v2(&mut host, 1 << 16));
+        let page = libc::mmap(
+            std::ptr::null_mut(),
+            1 << 16,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(page, libc::MAP_FAILED);
+        ok(sys::cuMemHostRegister_v2(page, 1 << 16, 0));
+        ok(sys::cuMemAllocAsync(&mut pool, 1 << 20, std::ptr::null_mut()));
+        ok(sys::cuStreamSynchronize(std::ptr::null_mut()));
+        let (d, m, host, page, pool) = (d as usize, m as usize, host as usize, page as usize, pool as usize);
+        let _ = take();
+
+        // This process's tests took a reference each: release them all.
+        let mut releases = 0;
+        while active() {
+            let before = take();
+            assert_eq!(before, [], "a release that is not the last ends nothing");
+            ok(sys::cuDevicePrimaryCtxRelease_v2(0));
+            releases += 1;
+            assert!(releases < 100_000, "the primary context stays active");
+        }
+        let ended = take();
+        let t = |mt: MemType| mt as u32;
+        for want in [
+            (F, d, 1 << 20, t(MemType::Cuda)),
+            (F, m, 1 << 20, t(MemType::CudaManaged)),
+            (F, host, 1 << 16, t(MemType::CudaHost)),
+            (F, page, 1 << 16, t(MemType::CudaHost)),
+        ] {
+            assert!(ended.contains(&want), "{want:x?} in {ended:x?}");
+        }
+        assert!(ended.iter().all(|e| e.0 == F && e.1 != pool), "{ended:x?}");
+        for gone in [d, m, host, page] {
+            assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");
+        }
+        assert!(
+            matches!(memtype::lookup(pool, 1), Lookup::Found(_)),
+            "the pool's memory stays"
+        );
+        eprintln!(
+            "gpu_driver: the last of {releases} releases of the primary context reported {} frees",
+            ended.len()
+        );
+        libc::munmap(page as *mut c_void, 1 << 16);
+    }
+    // A fresh primary context for the tests after this one.
+    assert!(gpu().is_some());
+    memhook::uninstall();
+}

@@ -222,17 +222,24 @@ pub(crate) fn context_of(addr: usize) -> Option<usize> {
     (status == SUCCESS).then_some(context as usize)
 }
 
+/// Whether `device`'s primary context is active (`None` where the driver
+/// is not loaded or refuses: an unknown device).
+pub(crate) fn primary_active(device: CUdevice) -> Option<bool> {
+    let state = function::<PrimaryCtxGetStateFn>(&PRIMARY_GET_STATE)?;
+    let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+    // SAFETY: valid out-parameters; the driver checks the device.
+    (unsafe { state(device, &mut flags, &mut active) } == SUCCESS).then_some(active != 0)
+}
+
 /// `device`'s primary context, if it is active (a reset of an inactive
 /// one ends nothing). Its handle is taken with a retain and a release,
 /// which leave the count as it was: an active context's count stays
-/// above zero.
+/// above zero (the release goes through its hook where bistro patched
+/// it, which finds the context still active and ends nothing).
 pub(crate) fn primary_context(device: CUdevice) -> Option<usize> {
-    let state = function::<PrimaryCtxGetStateFn>(&PRIMARY_GET_STATE)?;
     let retain = function::<PrimaryCtxRetainFn>(&PRIMARY_RETAIN)?;
     let release = function::<PrimaryCtxReleaseFn>(&PRIMARY_RELEASE)?;
-    let (mut flags, mut active): (c_uint, c_int) = (0, 0);
-    // SAFETY: valid out-parameters; the driver checks the device.
-    if unsafe { state(device, &mut flags, &mut active) } != SUCCESS || active == 0 {
+    if primary_active(device) != Some(true) {
         return None;
     }
     let mut context: CUcontext = core::ptr::null_mut();

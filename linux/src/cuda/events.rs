@@ -210,9 +210,15 @@ fn end_entries(id: Id, mut which: impl FnMut(&MemInfo) -> bool) {
     }
 }
 
-/// `MEM_TYPE_FREE` for an entry of the map that a call ends with no free
-/// call of its own, and its removal.
+/// Ends an entry of the map that a call ends with no free call of its
+/// own: takes the entry that starts at `info.base` out of the map and,
+/// if one was still there, delivers `MEM_TYPE_FREE` for what it held. A
+/// free hook on another thread that took it first reported it: one event
+/// either way.
 fn ended(id: Id, info: MemInfo) {
+    let Some(info) = memtype::map().take(info.base) else {
+        return;
+    };
     if wants(bits::MEM_TYPE_FREE) {
         deliver(
             id,
@@ -223,7 +229,6 @@ fn ended(id: Id, info: MemInfo) {
             }),
         );
     }
-    let _ = memtype::map().remove(info.base, info.len);
 }
 
 /// A module or library global reported, and the handle whose unload
@@ -308,13 +313,39 @@ pub(super) fn unloading(id: Id, handle: usize, call: impl FnOnce() -> Status) ->
     status
 }
 
-/// Ends every device or managed entry of the map that the driver no
-/// longer knows (for unloads whose globals went unkept).
+/// Ends every device, managed or pinned entry of the map that the driver
+/// says it no longer knows (it answers "host memory" for the address),
+/// after a call that freed memory with no free call and left no way to
+/// tell which beforehand: an unload whose globals went unkept, the last
+/// release of a primary context. (Where the driver refuses to answer, the
+/// entry stays.)
 #[cold]
 #[inline(never)]
 fn end_unknown_to_the_driver(id: Id) {
     end_entries(id, |info| {
-        matches!(info.mem_type, MemType::Cuda | MemType::CudaManaged)
-            && driver::classify(info.base).is_some_and(|d| d.mem_type == MemType::Host)
+        let gone = matches!(info.mem_type, MemType::Cuda | MemType::CudaManaged | MemType::CudaHost)
+            && driver::classify(info.base).is_some_and(|d| d.mem_type == MemType::Host);
+        if gone {
+            forget_global(|g| g.base == info.base);
+        }
+        gone
     });
+}
+
+/// The release of a reference to `device`'s primary context (`call`,
+/// the original). The last one destroys the context, and with it every
+/// allocation made in it, with no free call; the driver tells no one the
+/// count, so which release is the last shows only after it: where the
+/// context is no longer active after a successful release, the map's
+/// entries the driver no longer knows are ended then (`MEM_TYPE_FREE`
+/// after the memory went, where a destruction by `cuCtxDestroy` or
+/// `cuDevicePrimaryCtxReset` reports before: late, but not lost). The
+/// memory of a stream-ordered pool outlives the context (on the H200
+/// too) and the driver still knows it: it stays.
+pub(super) fn releasing_primary(id: Id, device: i32, call: impl FnOnce() -> Status) -> Status {
+    let status = call();
+    if status == SUCCESS && driver::primary_active(device) == Some(false) {
+        end_unknown_to_the_driver(id);
+    }
+    status
 }

@@ -25,7 +25,10 @@
 //! H200), would be served from it. In the same way the unload of a module
 //! or library (`cuModuleUnload`, `cuLibraryUnload`) frees the globals
 //! reported from it: `MEM_TYPE_FREE` for each (see
-//! [`super::events::unloading`]).
+//! [`super::events::unloading`]). The last release of a primary context
+//! (`cuDevicePrimaryCtxRelease`) destroys it too; which release is the
+//! last shows only after it, so its hook reports the frees after the
+//! call (see [`super::events::releasing_primary`]).
 #![allow(non_snake_case)]
 
 use core::cell::Cell;
@@ -40,7 +43,7 @@ use cudarc::runtime::sys::{cudaMemPool_t, cudaStream_t};
 use memhook_core::memtype::MemType;
 
 use super::driver;
-use super::events::{allocated, ending_context, freeing, global_seen, unloading};
+use super::events::{allocated, ending_context, freeing, global_seen, releasing_primary, unloading};
 
 /// A `CUresult` or `cudaError_t` value.
 pub(crate) type Status = u32;
@@ -69,7 +72,8 @@ pub(crate) enum Kind {
     Alloc,
     /// Frees or unmaps memory: `MEM_TYPE_FREE`.
     Free,
-    /// Destroys a context, and with it every allocation made in it:
+    /// Destroys a context (a primary context's release may), or unloads a
+    /// module or library, and with it the allocations made in it:
     /// `MEM_TYPE_FREE` for each.
     Teardown,
     /// `cuGetProcAddress{,_v2}`: hooked by procaddr only.
@@ -153,6 +157,8 @@ functions! {
     Driver Teardown cuCtxDestroy,
     Driver Teardown cuDevicePrimaryCtxReset_v2,
     Driver Teardown cuDevicePrimaryCtxReset,
+    Driver Teardown cuDevicePrimaryCtxRelease_v2,
+    Driver Teardown cuDevicePrimaryCtxRelease,
     Driver Teardown cuModuleUnload,
     Driver Teardown cuLibraryUnload,
     Driver ProcAddr cuGetProcAddress,
@@ -398,6 +404,25 @@ teardown_hook!(cuCtxDestroy_v2(ctx: CUcontext) => Some(ctx as usize).filter(|&c|
 teardown_hook!(cuCtxDestroy(ctx: CUcontext) => Some(ctx as usize).filter(|&c| c != 0));
 teardown_hook!(cuDevicePrimaryCtxReset_v2(dev: CUdevice) => driver::primary_context(dev));
 teardown_hook!(cuDevicePrimaryCtxReset(dev: CUdevice) => driver::primary_context(dev));
+
+/// Defines a hook of the release of a primary context's reference, the
+/// last of which destroys the context (see
+/// [`super::events::releasing_primary`]).
+macro_rules! release_hook {
+    ($name:ident) => {
+        pub(crate) unsafe extern "C" fn $name(dev: CUdevice) -> Status {
+            type F = unsafe extern "C" fn(CUdevice) -> Status;
+            let Some(f) = original::<F>(Id::$name) else {
+                return UNAVAILABLE;
+            };
+            // SAFETY: the caller's argument, to the function it called.
+            releasing_primary(Id::$name, dev, || unsafe { f(dev) })
+        }
+    };
+}
+
+release_hook!(cuDevicePrimaryCtxRelease_v2);
+release_hook!(cuDevicePrimaryCtxRelease);
 
 /// Defines a hook of a module's or library's unload, which frees its
 /// globals.

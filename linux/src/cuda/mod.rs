@@ -4,9 +4,10 @@
 //! `MEM_TYPE_FREE` before a free, and feeding the [`crate::memtype`] map.
 //! The destruction of a context (`cuCtxDestroy`, `cuDevicePrimaryCtxReset`)
 //! frees its allocations with no free call: its hook reports
-//! `MEM_TYPE_FREE` for each before the call. (The release of a primary
-//! context's last reference, which the runtime makes at exit, is not
-//! seen as one: the driver tells no one the count.)
+//! `MEM_TYPE_FREE` for each before the call. So does the release of a
+//! primary context's last reference (`cuDevicePrimaryCtxRelease`), after
+//! the call: the driver tells no one the count, so that release shows
+//! itself only by the context's being inactive after it.
 //!
 //! - **bistro** patches the entries of libcuda (and of a shared libcudart)
 //!   the moment the library is loaded, at install or later (memhook
