@@ -27,7 +27,8 @@ mod paired;
 fn main() {
     use std::ffi::c_void;
 
-    use memhook::Config;
+    use memhook::event::{Event, bits};
+    use memhook::{Config, HandlerFn};
 
     type Alloc = unsafe extern "C" fn(*mut u64, usize) -> u32;
     type Free = unsafe extern "C" fn(u64) -> u32;
@@ -64,12 +65,31 @@ fn main() {
             assert_eq!(free(std::hint::black_box(p)), 0);
         }
     };
-    for (work, rounds) in [(0usize, 200_000), (1 << 20, 20_000), (4 << 20, 5_000)] {
+    let cases = [
+        (0usize, 200_000, false),
+        (1 << 20, 20_000, false),
+        (4 << 20, 5_000, false),
+        (1 << 20, 20_000, true),
+    ];
+    for (work, rounds, handler) in cases {
         // SAFETY: no fake call is in flight on any thread.
         assert_eq!(unsafe { set_work(work) }, 0);
+        // One empty handler for both events (what a registration cache
+        // adds: the dispatch from cold caches, twice a pair).
+        let id = handler.then(|| {
+            memhook::set_handler(
+                bits::MEM_TYPE_ALLOC | bits::MEM_TYPE_FREE,
+                0,
+                HandlerFn::Rust(&|e: &mut Event| {
+                    std::hint::black_box(e);
+                }),
+            )
+            .unwrap()
+        });
         let name = format!(
-            "fake cuMemAlloc_v2+cuMemFree_v2 4KiB, {} KiB of driver work per call",
-            work >> 10
+            "fake cuMemAlloc_v2+cuMemFree_v2 4KiB, {} KiB of driver work per call{}",
+            work >> 10,
+            if handler { ", one empty handler" } else { "" }
         );
         paired::added_latency(
             &name,
@@ -85,6 +105,9 @@ fn main() {
             || pair(orig_alloc, orig_free),
             || {},
         );
+        if let Some(id) = id {
+            memhook::unset_handler(id).unwrap();
+        }
     }
     memhook::uninstall();
     let _ = std::fs::remove_dir_all(&dir);

@@ -130,23 +130,38 @@ fn forget_unrecorded(address: usize) {
     }
 }
 
-/// [`freeing`] with a handler to tell, or the size given.
+/// [`freeing`] with a handler to tell, or the size given. The map first,
+/// as for an allocation: a handler's lookup of the range already says
+/// it is gone.
 #[inline(never)]
 fn reporting_free(id: Id, address: usize, size: Option<usize>) {
     prefetch_delivery(id, bits::MEM_TYPE_FREE);
-    let recorded = match memtype::map().lookup(address, 1) {
-        Lookup::Found(info) if info.base == address => Some(info),
-        _ => None,
+    let (size, mem_type) = match size {
+        // The call carries the size (cuMemUnmap): the type is the map's,
+        // and the range goes whatever the map holds there.
+        Some(size) => {
+            let mem_type = match memtype::map().lookup(address, 1) {
+                Lookup::Found(info) if info.base == address => info.mem_type,
+                _ => MemType::Unknown,
+            };
+            let _ = memtype::map().remove(address, size);
+            (size, mem_type)
+        }
+        // The allocation recorded at `address`, taken out in one step;
+        // else the driver's range.
+        None => match memtype::map().take(address) {
+            Some(info) => (info.len, info.mem_type),
+            None => {
+                let size = driver::range(address)
+                    .filter(|&(base, _)| base == address)
+                    .map_or(0, |(_, n)| n);
+                if size != 0 {
+                    let _ = memtype::map().remove(address, size);
+                }
+                (size, MemType::Unknown)
+            }
+        },
     };
-    let size = size
-        .or(recorded.map(|i| i.len))
-        .or_else(|| {
-            driver::range(address)
-                .filter(|&(base, _)| base == address)
-                .map(|(_, n)| n)
-        })
-        .unwrap_or(0);
-    let mem_type = recorded.map_or(MemType::Unknown, |i| i.mem_type);
     if wants(bits::MEM_TYPE_FREE) {
         deliver(
             id,
@@ -156,9 +171,6 @@ fn reporting_free(id: Id, address: usize, size: Option<usize>) {
                 mem_type: mem_type as u32,
             }),
         );
-    }
-    if size != 0 {
-        let _ = memtype::map().remove(address, size);
     }
 }
 
