@@ -333,6 +333,53 @@ fn the_original_runs_the_driver_unreported_and_the_entry_still_reports() {
     assert_eq!(counts(&take()), (1, 1));
 }
 
+/// One allocation of each kind, made in the calling thread's current
+/// context of the fake driver.
+fn every_kind(h: *mut c_void) -> EveryKind {
+    let alloc: unsafe extern "C" fn(*mut Dptr, usize) -> u32 = f(h, c"cuMemAlloc_v2");
+    let managed: unsafe extern "C" fn(*mut Dptr, usize, c_uint) -> u32 = f(h, c"cuMemAllocManaged");
+    let alloc_host: unsafe extern "C" fn(*mut *mut c_void, usize) -> u32 = f(h, c"cuMemAllocHost_v2");
+    let register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> u32 = f(h, c"cuMemHostRegister_v2");
+    let alloc_async: unsafe extern "C" fn(*mut Dptr, usize, *mut c_void) -> u32 = f(h, c"cuMemAllocAsync");
+    let [d_size, m_size, p_size, r_size, pool_size] = EveryKind::SIZES;
+    let page = EveryKind::own_mapping();
+    // SAFETY: the fake driver's functions with valid arguments; the
+    // registered mapping is this test's own.
+    unsafe {
+        let (mut d, mut m, mut pool): (Dptr, Dptr, Dptr) = (0, 0, 0);
+        let mut host = std::ptr::null_mut();
+        assert_eq!(alloc(&mut d, d_size), 0);
+        assert_eq!(managed(&mut m, m_size, 1), 0);
+        assert_eq!(alloc_host(&mut host, p_size), 0);
+        assert_eq!(register(page, r_size, 0), 0);
+        assert_eq!(alloc_async(&mut pool, pool_size, std::ptr::null_mut()), 0);
+        EveryKind {
+            device: d as usize,
+            managed: m as usize,
+            pinned: host as usize,
+            registered: page as usize,
+            pool: pool as usize,
+        }
+    }
+}
+
+/// [`EveryKind::check_ended`], then the pool's free (reported as such).
+fn check_ended_and_free_the_pool(h: *mut c_void, made: &EveryKind) {
+    made.check_ended();
+    let free_async: unsafe extern "C" fn(Dptr, *mut c_void) -> u32 = f(h, c"cuMemFreeAsync");
+    // SAFETY: the pool's allocation, freed once.
+    assert_eq!(unsafe { free_async(made.pool as Dptr, std::ptr::null_mut()) }, 0);
+    assert_eq!(
+        take(),
+        [(
+            bits::MEM_TYPE_FREE,
+            made.pool,
+            EveryKind::SIZES[4],
+            MemType::Cuda as u32
+        )]
+    );
+}
+
 /// Destroying a context frees every allocation made in it, with no free
 /// call: the hooks of `cuCtxDestroy` and `cuDevicePrimaryCtxReset` report
 /// each (type and size from the map) before the call, and the map forgets
@@ -343,11 +390,6 @@ fn destroying_a_context_reports_the_frees_it_makes() {
     let _serial = serial();
     let h = bistro_fake_driver();
     let alloc: unsafe extern "C" fn(*mut Dptr, usize) -> u32 = f(h, c"cuMemAlloc_v2");
-    let managed: unsafe extern "C" fn(*mut Dptr, usize, c_uint) -> u32 = f(h, c"cuMemAllocManaged");
-    let alloc_host: unsafe extern "C" fn(*mut *mut c_void, usize) -> u32 = f(h, c"cuMemAllocHost_v2");
-    let register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> u32 = f(h, c"cuMemHostRegister_v2");
-    let alloc_async: unsafe extern "C" fn(*mut Dptr, usize, *mut c_void) -> u32 = f(h, c"cuMemAllocAsync");
-    let free_async: unsafe extern "C" fn(Dptr, *mut c_void) -> u32 = f(h, c"cuMemFreeAsync");
     let create: unsafe extern "C" fn(*mut usize, c_uint, i32) -> u32 = f(h, c"cuCtxCreate_v2");
     let destroy: unsafe extern "C" fn(usize) -> u32 = f(h, c"cuCtxDestroy_v2");
     let reset: unsafe extern "C" fn(i32) -> u32 = f(h, c"cuDevicePrimaryCtxReset_v2");
@@ -355,70 +397,41 @@ fn destroying_a_context_reports_the_frees_it_makes() {
     const F: u32 = bits::MEM_TYPE_FREE;
 
     // SAFETY: (every call below) the fake driver's functions with valid
-    // arguments; `page` is this test's own mapping.
+    // arguments.
     unsafe {
         set_device(0);
         // In device 0's primary context.
         let mut keep: Dptr = 0;
         assert_eq!(alloc(&mut keep, 4096), 0);
         let keep = keep as usize;
-        // In a context of its own on device 1: device, managed, pinned and
-        // registered memory, and memory of the stream-ordered pool.
+        // In a context of its own on device 1.
         let mut ctx = 0usize;
         assert_eq!(create(&mut ctx, 0, 1), 0);
-        let (mut d, mut m, mut pool): (Dptr, Dptr, Dptr) = (0, 0, 0);
-        let mut host = std::ptr::null_mut();
-        assert_eq!(alloc(&mut d, 1 << 20), 0);
-        assert_eq!(managed(&mut m, 8192, 1), 0);
-        assert_eq!(alloc_host(&mut host, 4096), 0);
-        let page = libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(page, libc::MAP_FAILED);
-        assert_eq!(register(page, 4096, 0), 0);
-        assert_eq!(alloc_async(&mut pool, 4096, std::ptr::null_mut()), 0);
-        let (d, m, host, page, pool) = (d as usize, m as usize, host as usize, page as usize, pool as usize);
-        assert_eq!(found(d, 1).device, 1);
+        let made = every_kind(h);
+        assert_eq!(found(made.device, 1).device, 1);
         let _ = take();
 
         assert_eq!(destroy(ctx), 0);
         same_events(
             take(),
-            vec![
-                (F, d, 1 << 20, MemType::Cuda as u32),
-                (F, m, 8192, MemType::CudaManaged as u32),
-                (F, host, 4096, MemType::CudaHost as u32),
-                (F, page, 4096, MemType::CudaHost as u32),
-            ],
+            made.frees().to_vec(),
             "one free for each allocation of the destroyed context",
         );
-        for gone in [d, m, host, page] {
-            assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");
-        }
         assert_eq!(found(keep, 1).mem_type, MemType::Cuda, "another context's stays");
-        assert_eq!(found(pool, 1).mem_type, MemType::Cuda, "a pool's stays");
 
         // The reset of device 0's primary context ends its allocation
         // (and whatever other tests left in it), not the pool's.
         assert_eq!(reset(0), 0);
         let ended = take();
         assert!(ended.contains(&(F, keep, 4096, MemType::Cuda as u32)), "{ended:x?}");
-        assert!(ended.iter().all(|e| e.0 == F && e.1 != pool), "{ended:x?}");
+        assert!(ended.iter().all(|e| e.0 == F && e.1 != made.pool), "{ended:x?}");
         for e in &ended {
             assert_eq!(memtype::lookup(e.1, 1), Lookup::Absent, "{e:x?}");
         }
         // A primary context no longer active: nothing to end.
         assert_eq!(reset(0), 0);
         assert_eq!(take(), []);
-
-        assert_eq!(free_async(pool as Dptr, std::ptr::null_mut()), 0);
-        assert_eq!(take(), [(F, pool, 4096, MemType::Cuda as u32)]);
-        libc::munmap(page as *mut c_void, 4096);
+        check_ended_and_free_the_pool(h, &made);
     }
 }
 
@@ -433,21 +446,15 @@ fn releasing_a_primary_context_reports_the_frees_its_last_release_makes() {
     let _serial = serial();
     let h = bistro_fake_driver();
     let alloc: unsafe extern "C" fn(*mut Dptr, usize) -> u32 = f(h, c"cuMemAlloc_v2");
-    let managed: unsafe extern "C" fn(*mut Dptr, usize, c_uint) -> u32 = f(h, c"cuMemAllocManaged");
-    let alloc_host: unsafe extern "C" fn(*mut *mut c_void, usize) -> u32 = f(h, c"cuMemAllocHost_v2");
-    let register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> u32 = f(h, c"cuMemHostRegister_v2");
-    let alloc_async: unsafe extern "C" fn(*mut Dptr, usize, *mut c_void) -> u32 = f(h, c"cuMemAllocAsync");
-    let free_async: unsafe extern "C" fn(Dptr, *mut c_void) -> u32 = f(h, c"cuMemFreeAsync");
     let retain: unsafe extern "C" fn(*mut usize, i32) -> u32 = f(h, c"cuDevicePrimaryCtxRetain");
     let release: unsafe extern "C" fn(i32) -> u32 = f(h, c"cuDevicePrimaryCtxRelease_v2");
     let release_v1: unsafe extern "C" fn(i32) -> u32 = f(h, c"cuDevicePrimaryCtxRelease");
     let reset: unsafe extern "C" fn(i32) -> u32 = f(h, c"cuDevicePrimaryCtxReset_v2");
     let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
-    const F: u32 = bits::MEM_TYPE_FREE;
     const DEVICE: i32 = 3;
 
     // SAFETY: (every call below) the fake driver's functions with valid
-    // arguments; `page` is this test's own mapping.
+    // arguments.
     unsafe {
         set_device(0);
         let mut keep: Dptr = 0;
@@ -462,58 +469,30 @@ fn releasing_a_primary_context_reports_the_frees_its_last_release_makes() {
         let mut ctx = 0usize;
         assert_eq!(retain(&mut ctx, DEVICE), 0);
         assert_eq!(retain(&mut ctx, DEVICE), 0);
-        let (mut d, mut m, mut pool): (Dptr, Dptr, Dptr) = (0, 0, 0);
-        let mut host = std::ptr::null_mut();
-        assert_eq!(alloc(&mut d, 1 << 20), 0);
-        assert_eq!(managed(&mut m, 8192, 1), 0);
-        assert_eq!(alloc_host(&mut host, 4096), 0);
-        let page = libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(page, libc::MAP_FAILED);
-        assert_eq!(register(page, 4096, 0), 0);
-        assert_eq!(alloc_async(&mut pool, 4096, std::ptr::null_mut()), 0);
-        let (d, m, host, page, pool) = (d as usize, m as usize, host as usize, page as usize, pool as usize);
-        assert_eq!(found(d, 1).device, DEVICE);
+        let made = every_kind(h);
+        assert_eq!(found(made.device, 1).device, DEVICE);
         let _ = take();
 
         // The first release leaves the context, and its memory, alive.
         assert_eq!(release(DEVICE), 0);
         assert_eq!(take(), [], "a release that is not the last ends nothing");
-        assert_eq!(found(d, 1).mem_type, MemType::Cuda);
-        assert_eq!(found(host, 1).mem_type, MemType::CudaHost);
+        assert_eq!(found(made.device, 1).mem_type, MemType::Cuda);
+        assert_eq!(found(made.pinned, 1).mem_type, MemType::CudaHost);
 
         // The last (through the first version's entry) destroys it.
         assert_eq!(release_v1(DEVICE), 0);
         same_events(
             take(),
-            vec![
-                (F, d, 1 << 20, MemType::Cuda as u32),
-                (F, m, 8192, MemType::CudaManaged as u32),
-                (F, host, 4096, MemType::CudaHost as u32),
-                (F, page, 4096, MemType::CudaHost as u32),
-            ],
+            made.frees().to_vec(),
             "one free for each allocation of the released context",
         );
-        for gone in [d, m, host, page] {
-            assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");
-        }
         assert_eq!(found(keep, 1).mem_type, MemType::Cuda, "another device's stays");
-        assert_eq!(found(pool, 1).mem_type, MemType::Cuda, "a pool's stays");
 
         // A release with no reference left fails, and ends nothing.
         assert_ne!(release(DEVICE), 0);
         assert_eq!(take(), []);
-
-        assert_eq!(free_async(pool as Dptr, std::ptr::null_mut()), 0);
-        assert_eq!(take(), [(F, pool, 4096, MemType::Cuda as u32)]);
         set_device(0);
-        libc::munmap(page as *mut c_void, 4096);
+        check_ended_and_free_the_pool(h, &made);
     }
 }
 

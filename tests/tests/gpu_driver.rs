@@ -8,7 +8,7 @@ mod common;
 
 use std::ffi::c_void;
 
-use common::{Rec, agrees, log_events, one_event, same_events, serial, take};
+use common::{EveryKind, Rec, agrees, log_events, one_event, same_events, serial, take};
 use cudarc::driver::sys::{self, CUresult};
 use memhook::Config;
 use memhook::event::bits;
@@ -284,6 +284,31 @@ fn existing_gpu_mappings_replay_as_unknown() {
     assert_eq!(seen, want);
 }
 
+/// One allocation of each kind, made in the current context.
+fn every_kind() -> EveryKind {
+    let [d_size, m_size, p_size, r_size, pool_size] = EveryKind::SIZES;
+    let page = EveryKind::own_mapping();
+    // SAFETY: driver calls with valid arguments and a current context;
+    // the registered mapping is this test's own.
+    unsafe {
+        let (mut d, mut m, mut pool) = (0, 0, 0);
+        ok(sys::cuMemAlloc_v2(&mut d, d_size));
+        ok(sys::cuMemAllocManaged(&mut m, m_size, 1)); // CU_MEM_ATTACH_GLOBAL
+        let mut host = std::ptr::null_mut();
+        ok(sys::cuMemAllocHost_v2(&mut host, p_size));
+        ok(sys::cuMemHostRegister_v2(page, r_size, 0));
+        ok(sys::cuMemAllocAsync(&mut pool, pool_size, std::ptr::null_mut()));
+        ok(sys::cuStreamSynchronize(std::ptr::null_mut()));
+        EveryKind {
+            device: d as usize,
+            managed: m as usize,
+            pinned: host as usize,
+            registered: page as usize,
+            pool: pool as usize,
+        }
+    }
+}
+
 /// Destroying a context frees what was allocated in it, with no free
 /// call: device, managed, pinned and registered memory each get a
 /// `MEM_TYPE_FREE` from `cuCtxDestroy`'s hook, and leave the map; the
@@ -296,59 +321,30 @@ fn destroying_a_context_reports_its_allocations_on_the_gpu() {
         return;
     };
     // SAFETY: (every call below) driver calls with valid arguments and a
-    // current context; `page` is this test's own mapping.
+    // current context.
     unsafe {
         let mut keep = 0;
         ok(sys::cuMemAlloc_v2(&mut keep, 1 << 20));
         let mut ctx = std::ptr::null_mut();
         ok(sys::cuCtxCreate_v4(&mut ctx, std::ptr::null_mut(), 0, 0));
-        let (mut d, mut m, mut pool) = (0, 0, 0);
-        ok(sys::cuMemAlloc_v2(&mut d, 1 << 20));
-        ok(sys::cuMemAllocManaged(&mut m, 1 << 20, 1)); // CU_MEM_ATTACH_GLOBAL
-        let mut host = std::ptr::null_mut();
-        ok(sys::cuMemAllocHost_v2(&mut host, 1 << 16));
-        let page = libc::mmap(
-            std::ptr::null_mut(),
-            1 << 16,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(page, libc::MAP_FAILED);
-        ok(sys::cuMemHostRegister_v2(page, 1 << 16, 0));
-        ok(sys::cuMemAllocAsync(&mut pool, 1 << 20, std::ptr::null_mut()));
-        ok(sys::cuStreamSynchronize(std::ptr::null_mut()));
-        let (d, m, host, page, pool) = (d as usize, m as usize, host as usize, page as usize, pool as usize);
+        let made = every_kind();
         let _ = take();
 
         ok(sys::cuCtxDestroy_v2(ctx));
-        let t = |mt: MemType| mt as u32;
         same_events(
             take(),
-            vec![
-                (F, d, 1 << 20, t(MemType::Cuda)),
-                (F, m, 1 << 20, t(MemType::CudaManaged)),
-                (F, host, 1 << 16, t(MemType::CudaHost)),
-                (F, page, 1 << 16, t(MemType::CudaHost)),
-            ],
+            made.frees().to_vec(),
             "one free for each allocation of the destroyed context",
         );
-        for gone in [d, m, host, page] {
-            assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");
-        }
+        made.check_ended();
         assert!(
             matches!(memtype::lookup(keep as usize, 1), Lookup::Found(i) if i.mem_type == MemType::Cuda),
             "the primary context's allocation stays"
         );
-        assert!(
-            matches!(memtype::lookup(pool, 1), Lookup::Found(_)),
-            "the pool's memory stays"
-        );
         eprintln!(
             "gpu_driver: cuCtxDestroy reported {} frees; the pool's memory is still the driver's: {:?}",
             4,
-            memtype::classify(pool, 1)
+            memtype::classify(made.pool, 1)
         );
 
         // The primary context's reset (what cudaDeviceReset calls) ends
@@ -356,11 +352,10 @@ fn destroying_a_context_reports_its_allocations_on_the_gpu() {
         ok(sys::cuDevicePrimaryCtxReset_v2(0));
         let after = take();
         assert!(
-            after.contains(&(F, keep as usize, 1 << 20, t(MemType::Cuda))),
+            after.contains(&(F, keep as usize, 1 << 20, MemType::Cuda as u32)),
             "{after:x?}"
         );
         assert_eq!(memtype::lookup(keep as usize, 1), Lookup::Absent);
-        libc::munmap(page as *mut c_void, 1 << 16);
     }
     // A fresh primary context for the tests after this one.
     assert!(gpu().is_some());
@@ -385,62 +380,27 @@ fn the_last_release_of_the_primary_context_reports_its_allocations_on_the_gpu() 
         ok(unsafe { sys::cuDevicePrimaryCtxGetState(0, &mut flags, &mut active) });
         active != 0
     };
-    // SAFETY: (every call below) driver calls with valid arguments and a
-    // current context; `page` is this test's own mapping.
-    unsafe {
-        let (mut d, mut m, mut pool) = (0, 0, 0);
-        ok(sys::cuMemAlloc_v2(&mut d, 1 << 20));
-        ok(sys::cuMemAllocManaged(&mut m, 1 << 20, 1)); // CU_MEM_ATTACH_GLOBAL
-        let mut host = std::ptr::null_mut();
-        ok(sys::cuMemAllocHost_v2(&mut host, 1 << 16));
-        let page = libc::mmap(
-            std::ptr::null_mut(),
-            1 << 16,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(page, libc::MAP_FAILED);
-        ok(sys::cuMemHostRegister_v2(page, 1 << 16, 0));
-        ok(sys::cuMemAllocAsync(&mut pool, 1 << 20, std::ptr::null_mut()));
-        ok(sys::cuStreamSynchronize(std::ptr::null_mut()));
-        let (d, m, host, page, pool) = (d as usize, m as usize, host as usize, page as usize, pool as usize);
-        let _ = take();
-
-        // This process's tests took a reference each: release them all.
-        let mut releases = 0;
-        while active() {
-            let before = take();
-            assert_eq!(before, [], "a release that is not the last ends nothing");
-            ok(sys::cuDevicePrimaryCtxRelease_v2(0));
-            releases += 1;
-            assert!(releases < 100_000, "the primary context stays active");
-        }
-        let ended = take();
-        let t = |mt: MemType| mt as u32;
-        for want in [
-            (F, d, 1 << 20, t(MemType::Cuda)),
-            (F, m, 1 << 20, t(MemType::CudaManaged)),
-            (F, host, 1 << 16, t(MemType::CudaHost)),
-            (F, page, 1 << 16, t(MemType::CudaHost)),
-        ] {
-            assert!(ended.contains(&want), "{want:x?} in {ended:x?}");
-        }
-        assert!(ended.iter().all(|e| e.0 == F && e.1 != pool), "{ended:x?}");
-        for gone in [d, m, host, page] {
-            assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");
-        }
-        assert!(
-            matches!(memtype::lookup(pool, 1), Lookup::Found(_)),
-            "the pool's memory stays"
-        );
-        eprintln!(
-            "gpu_driver: the last of {releases} releases of the primary context reported {} frees",
-            ended.len()
-        );
-        libc::munmap(page as *mut c_void, 1 << 16);
+    let made = every_kind();
+    let _ = take();
+    // This process's tests took a reference each: release them all.
+    let mut releases = 0;
+    while active() {
+        assert_eq!(take(), [], "a release that is not the last ends nothing");
+        // SAFETY: a reference this process holds.
+        ok(unsafe { sys::cuDevicePrimaryCtxRelease_v2(0) });
+        releases += 1;
+        assert!(releases < 100_000, "the primary context stays active");
     }
+    let ended = take();
+    for want in made.frees() {
+        assert!(ended.contains(&want), "{want:x?} in {ended:x?}");
+    }
+    assert!(ended.iter().all(|e| e.0 == F && e.1 != made.pool), "{ended:x?}");
+    made.check_ended();
+    eprintln!(
+        "gpu_driver: the last of {releases} releases of the primary context reported {} frees",
+        ended.len()
+    );
     // A fresh primary context for the tests after this one.
     assert!(gpu().is_some());
     memhook::uninstall();

@@ -256,3 +256,68 @@ pub fn one_event(recs: Vec<Rec>, kind: u32, addr: usize, size: usize) -> Rec {
     assert_eq!((ours[0].0, ours[0].2), (kind, size), "{ours:?}");
     ours[0]
 }
+
+/// One allocation of each kind a context owns, and the pool's, which no
+/// context owns (sizes [`EveryKind::SIZES`]): made by a test through the
+/// driver it tests (the fake's functions, or the real driver's), to check
+/// what a context's destruction reports.
+pub struct EveryKind {
+    pub device: usize,
+    pub managed: usize,
+    pub pinned: usize,
+    /// A mapping of the test's own, registered with the driver.
+    pub registered: usize,
+    /// Stream-ordered pool memory: it outlives the context.
+    pub pool: usize,
+}
+
+impl EveryKind {
+    /// Device, managed, pinned, registered, pool.
+    pub const SIZES: [usize; 5] = [1 << 20, 1 << 20, 1 << 16, 1 << 16, 1 << 20];
+
+    /// A mapping for [`Self::registered`] (read-write, anonymous).
+    pub fn own_mapping() -> *mut c_void {
+        // SAFETY: an anonymous private mapping, released by `check_ended`.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                Self::SIZES[3],
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED);
+        page
+    }
+
+    /// The frees the context's destruction reports: all but the pool's.
+    pub fn frees(&self) -> [Rec; 4] {
+        use memhook::memtype::MemType;
+        const F: u32 = bits::MEM_TYPE_FREE;
+        let [d, m, p, r, _] = Self::SIZES;
+        [
+            (F, self.device, d, MemType::Cuda as u32),
+            (F, self.managed, m, MemType::CudaManaged as u32),
+            (F, self.pinned, p, MemType::CudaHost as u32),
+            (F, self.registered, r, MemType::CudaHost as u32),
+        ]
+    }
+
+    /// After the context's destruction: the map knows none of them but
+    /// the pool's; the registered mapping is released.
+    #[track_caller]
+    pub fn check_ended(&self) {
+        use memhook::memtype::{self, Lookup};
+        for gone in [self.device, self.managed, self.pinned, self.registered] {
+            assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");
+        }
+        assert!(
+            matches!(memtype::lookup(self.pool, 1), Lookup::Found(_)),
+            "the pool's memory stays"
+        );
+        // SAFETY: the test's own mapping, no longer registered.
+        unsafe { libc::munmap(self.registered as *mut c_void, Self::SIZES[3]) };
+    }
+}
