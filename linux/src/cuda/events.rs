@@ -353,7 +353,10 @@ fn end_unknown_to_the_driver(id: Id) {
 /// after the memory went, where a destruction by `cuCtxDestroy` or
 /// `cuDevicePrimaryCtxReset` reports before: late, but not lost). The
 /// memory of a stream-ordered pool outlives the context (on the H200
-/// too) and the driver still knows it: it stays.
+/// too) and the driver still knows it: it stays. (Another thread that
+/// retains the context again between the release and the check hides
+/// the destruction from it; each range of the old context then stays in
+/// the map until a new allocation replaces it or its address is freed.)
 pub(super) fn releasing_primary(id: Id, device: i32, call: impl FnOnce() -> Status) -> Status {
     let status = call();
     if status == SUCCESS && driver::primary_active(device) == Some(false) {
