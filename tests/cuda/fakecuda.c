@@ -13,7 +13,8 @@
  * (only the two displacements differ: they point into this library), then
  * unwinds and tail-calls the fake implementation. So bistro relocates the
  * same instructions here as on the real driver, including the
- * RIP-relative compare when an entry takes the long form.
+ * RIP-relative compare when an entry takes the long form. (On aarch64, an
+ * entry of the same shape: see ENTRY.)
  *
  * The fake work keeps a table of allocations in reserved address space
  * ("device" memory, PROT_NONE), so that cuMemGetAddressRange and
@@ -40,6 +41,7 @@ enum { T_NONE = 0, T_HOST = 1, T_DEVICE = 2, T_MANAGED = 4 };
 /* The word the entries compare: 0x321cba00 means "torn down". */
 __attribute__((used, visibility("hidden"))) uint32_t fake_state;
 
+#if defined(__x86_64__)
 #define ENTRY(name)                                                          \
     __asm__(".text\n"                                                        \
             ".globl " #name "\n"                                             \
@@ -63,6 +65,36 @@ __attribute__((used, visibility("hidden"))) uint32_t fake_state;
             "mov $4, %eax\n"                                                 \
             "ret\n"                                                          \
             ".size " #name ", . - " #name "\n");
+#elif defined(__aarch64__)
+/* On arm64 (no driver's bytes to copy here), the shape a compiler gives
+ * such an entry: a frame, then the same check of a word of the library's
+ * own through adrp + ldr (page-relative: the relocator rewrites it when
+ * an entry takes the long form), a conditional branch past the patched
+ * bytes, and a tail call of the implementation. Only x16 and x17, the
+ * intra-call scratch registers, are used: the arguments stay in x0-x7. */
+#define ENTRY(name)                                                          \
+    __asm__(".text\n"                                                        \
+            ".globl " #name "\n"                                             \
+            ".type " #name ", %function\n"                                   \
+            ".p2align 4\n" #name ":\n"                                       \
+            "stp x29, x30, [sp, #-16]!\n"                                    \
+            "mov x29, sp\n"                                                  \
+            "adrp x16, fake_state\n"                                         \
+            "ldr w16, [x16, :lo12:fake_state]\n"                             \
+            "mov w17, #0xba00\n"                                             \
+            "movk w17, #0x321c, lsl #16\n"                                   \
+            "cmp w16, w17\n"                                                 \
+            "b.eq 1f\n"                                                      \
+            "ldp x29, x30, [sp], #16\n"                                      \
+            "b impl_" #name "\n"                                             \
+            "1:\n"                                                           \
+            "ldp x29, x30, [sp], #16\n"                                      \
+            "mov w0, #4\n"                                                   \
+            "ret\n"                                                          \
+            ".size " #name ", . - " #name "\n");
+#else
+#error "the fake driver's entries are written for x86_64 and aarch64"
+#endif
 
 #define IMPL __attribute__((used, visibility("hidden")))
 
@@ -124,10 +156,21 @@ struct arena {
 };
 static struct arena device_arena, low_arena;
 
+/* Where the low arena goes: MAP_32BIT on x86_64; elsewhere a place below
+ * 4 GiB asked for by address. */
+#ifdef MAP_32BIT
+#define LOW_FLAGS MAP_32BIT
+#define LOW_HINT NULL
+#else
+#define LOW_FLAGS MAP_FIXED_NOREPLACE
+#define LOW_HINT ((void *)0x80000000UL)
+#endif
+
 static int arena_init(struct arena *a, size_t size, int extra) {
     if (a->base)
         return 0;
-    void *p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | extra, -1, 0);
+    void *hint = a == &low_arena ? LOW_HINT : NULL;
+    void *p = mmap(hint, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | extra, -1, 0);
     if (p == MAP_FAILED)
         return -1;
     a->base = a->top = (uintptr_t)p;
@@ -210,7 +253,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, int type) {
 
 static CUresult low_alloc(unsigned int *dptr, size_t size) {
     uintptr_t p = 0;
-    CUresult rc = alloc_in(&low_arena, (size_t)64 << 20, MAP_32BIT, &p, size, T_DEVICE);
+    CUresult rc = alloc_in(&low_arena, (size_t)64 << 20, LOW_FLAGS, &p, size, T_DEVICE);
     if (rc == CUDA_SUCCESS)
         *dptr = (unsigned int)p;
     return rc;

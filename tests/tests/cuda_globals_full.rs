@@ -3,7 +3,7 @@
 //! the map's device entries): the unload of a module whose global was not
 //! kept still reports it, after the call rather than before, and every
 //! other module's unload reports its own before the call, once.
-#![cfg(target_arch = "x86_64")]
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 mod common;
 

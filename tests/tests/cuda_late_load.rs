@@ -3,7 +3,7 @@
 //! comes in later, as the dependency of a library the program dlopens, and
 //! bistro (no reloc, no procaddr) patches it the moment it appears. Then
 //! the library goes away with dlclose and comes back.
-#![cfg(target_arch = "x86_64")]
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 mod common;
 

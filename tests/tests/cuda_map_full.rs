@@ -3,7 +3,7 @@
 //! that does not fit is dropped and counted, lookups inside it answer
 //! Unknown (never Absent, never a wrong type), its events still reach the
 //! handlers, and the map takes ranges again once there is room.
-#![cfg(target_arch = "x86_64")]
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 mod common;
 

@@ -3,7 +3,7 @@
 //! lookups after allocation and free sequences, sub-ranges, frees of
 //! unknown pointers, failed calls, classification through the driver, and
 //! lookups that stay right while threads allocate and free.
-#![cfg(target_arch = "x86_64")]
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 mod common;
 

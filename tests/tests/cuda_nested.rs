@@ -5,7 +5,7 @@
 //! once, as the runtime function's, the driver's nested calls passing
 //! through; the driver's own callers still get their events, and the map
 //! knows the memory in between.
-#![cfg(target_arch = "x86_64")]
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 
 mod common;
 
