@@ -366,8 +366,9 @@ fn destroying_a_context_reports_its_allocations_on_the_gpu() {
 /// what was allocated in it, with no free call: device, managed, pinned
 /// and registered memory each get a `MEM_TYPE_FREE` from the release's
 /// hook, after that release (which release is the last shows only
-/// then), and leave the map; the stream-ordered pool's memory stays.
-/// The earlier releases end nothing.
+/// then), and leave the map; the stream-ordered pool's memory stays, and
+/// so does every allocation of another context (which the sweep after
+/// the release asks the driver about). The earlier releases end nothing.
 #[test]
 fn the_last_release_of_the_primary_context_reports_its_allocations_on_the_gpu() {
     let _serial = serial();
@@ -381,6 +382,11 @@ fn the_last_release_of_the_primary_context_reports_its_allocations_on_the_gpu() 
         active != 0
     };
     let made = every_kind();
+    // And the same in a context of its own, which outlives the primary.
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: a valid out-parameter, device 0.
+    ok(unsafe { sys::cuCtxCreate_v4(&mut ctx, std::ptr::null_mut(), 0, 0) });
+    let other = every_kind();
     let _ = take();
     // This process's tests took a reference each: release them all.
     let mut releases = 0;
@@ -401,6 +407,24 @@ fn the_last_release_of_the_primary_context_reports_its_allocations_on_the_gpu() 
         "gpu_driver: the last of {releases} releases of the primary context reported {} frees",
         ended.len()
     );
+    // The other context's memory, pinned and registered included, is
+    // still the driver's, and the map's as it was: the sweep left it.
+    for (addr, mem_type) in [
+        (other.device, MemType::Cuda),
+        (other.managed, MemType::CudaManaged),
+        (other.pinned, MemType::CudaHost),
+        (other.registered, MemType::CudaHost),
+    ] {
+        agrees(addr, mem_type);
+    }
+    // SAFETY: the context created above.
+    ok(unsafe { sys::cuCtxDestroy_v2(ctx) });
+    same_events(
+        take(),
+        other.frees().to_vec(),
+        "the other context's destruction ends its own",
+    );
+    other.check_ended();
     // A fresh primary context for the tests after this one.
     assert!(gpu().is_some());
     memhook::uninstall();
