@@ -171,6 +171,10 @@ static int arena_init(struct arena *a, size_t size, int extra) {
         return 0;
     void *hint = a == &low_arena ? LOW_HINT : NULL;
     void *p = mmap(hint, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | extra, -1, 0);
+    /* A low place taken: the next ones below 4 GiB. */
+    for (uintptr_t at = 0x40000000; p == MAP_FAILED && hint && at < ((uintptr_t)4 << 30) - size;
+         at += 0x40000000)
+        p = mmap((void *)at, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | extra, -1, 0);
     if (p == MAP_FAILED)
         return -1;
     a->base = a->top = (uintptr_t)p;
