@@ -353,13 +353,7 @@ fn every_kind(h: *mut c_void) -> EveryKind {
         assert_eq!(alloc_host(&mut host, p_size), 0);
         assert_eq!(register(page, r_size, 0), 0);
         assert_eq!(alloc_async(&mut pool, pool_size, std::ptr::null_mut()), 0);
-        EveryKind {
-            device: d as usize,
-            managed: m as usize,
-            pinned: host as usize,
-            registered: page as usize,
-            pool: pool as usize,
-        }
+        EveryKind::new([d as usize, m as usize, host as usize, page as usize, pool as usize])
     }
 }
 

@@ -299,13 +299,7 @@ fn every_kind() -> EveryKind {
         ok(sys::cuMemHostRegister_v2(page, r_size, 0));
         ok(sys::cuMemAllocAsync(&mut pool, pool_size, std::ptr::null_mut()));
         ok(sys::cuStreamSynchronize(std::ptr::null_mut()));
-        EveryKind {
-            device: d as usize,
-            managed: m as usize,
-            pinned: host as usize,
-            registered: page as usize,
-            pool: pool as usize,
-        }
+        EveryKind::new([d as usize, m as usize, host as usize, page as usize, pool as usize])
     }
 }
 

@@ -275,6 +275,17 @@ impl EveryKind {
     /// Device, managed, pinned, registered, pool.
     pub const SIZES: [usize; 5] = [1 << 20, 1 << 20, 1 << 16, 1 << 16, 1 << 20];
 
+    /// The five addresses, in the order of [`Self::SIZES`].
+    pub fn new([device, managed, pinned, registered, pool]: [usize; 5]) -> Self {
+        EveryKind {
+            device,
+            managed,
+            pinned,
+            registered,
+            pool,
+        }
+    }
+
     /// A mapping for [`Self::registered`] (read-write, anonymous).
     pub fn own_mapping() -> *mut c_void {
         // SAFETY: an anonymous private mapping, released by `check_ended`.
