@@ -824,6 +824,14 @@ impl<const N: usize> Table<N> {
         )
     }
 
+    /// The entries in slots `from..len`, in address order (gaps skipped).
+    fn entries(&self, from: usize) -> impl Iterator<Item = MemInfo> + '_ {
+        (from..self.len.load(Ordering::Relaxed)).filter_map(|i| {
+            let (s, e, m) = self.get(i);
+            (e != 0).then(|| unpack(m, s, e))
+        })
+    }
+
     fn set(&self, i: usize, (s, e, m): (usize, usize, u64)) {
         self.starts[i].store(s, Ordering::Relaxed);
         self.slots[i].end.store(e, Ordering::Relaxed);
@@ -1962,34 +1970,26 @@ impl<const N: usize> MemtypeMap<N> {
         let n = t.len.load(Ordering::Relaxed);
         // The first slot whose start is at or above `from` (starts are
         // sorted, a gap repeating the start of the entry after it).
-        let mut i = match from.checked_sub(1) {
+        let first = match from.checked_sub(1) {
             Some(below) => t.first_above(n, below, |i| t.starts[i].load(Ordering::Relaxed)),
             None => 0,
         };
         let mut copied = 0;
-        while i < n && copied < out.len() {
-            let (s, e, m) = t.get(i);
-            if e != 0 {
-                out[copied] = unpack(m, s, e);
-                copied += 1;
-            }
-            i += 1;
+        for (slot, info) in out.iter_mut().zip(t.entries(first)) {
+            *slot = info;
+            copied += 1;
         }
         copied
     }
 
     /// Calls `f` with every entry, in address order, from one consistent
     /// snapshot (taken under the writer lock: not for hook paths).
-    pub fn for_each(&self, mut f: impl FnMut(MemInfo)) {
+    pub fn for_each(&self, f: impl FnMut(MemInfo)) {
         let _writer = self.writer.lock();
         self.lay_out_once();
-        let t = &self.tables[self.read.live.load(Ordering::Relaxed)];
-        for i in 0..t.len.load(Ordering::Relaxed) {
-            let (s, e, m) = t.get(i);
-            if e != 0 {
-                f(unpack(m, s, e));
-            }
-        }
+        self.tables[self.read.live.load(Ordering::Relaxed)]
+            .entries(0)
+            .for_each(f);
     }
 }
 
