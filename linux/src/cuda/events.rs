@@ -183,21 +183,19 @@ fn reporting_free(id: Id, address: usize, size: Option<usize>) {
 #[cold]
 #[inline(never)]
 pub(super) fn ending_context(id: Id, context: usize) {
-    end_entries(id, |info| {
-        let typed = matches!(info.mem_type, MemType::Cuda | MemType::CudaManaged | MemType::CudaHost);
-        let mine = typed && driver::context_of(info.base) == Some(context);
-        if mine {
-            // A module global of the context goes with it: its unload
-            // must not end what comes to lie there next.
-            forget_global(|g| g.base == info.base);
-        }
-        mine
-    });
+    end_entries(id, |info| typed(info) && driver::context_of(info.base) == Some(context));
 }
 
-/// Ends (see [`ended`]) every entry of the map that `which` selects. The
-/// map is walked in chunks copied out under its lock: no allocation, and
-/// no driver call or handler with the lock held.
+/// Whether an entry is of a type the driver allocates (not Unknown).
+fn typed(info: &MemInfo) -> bool {
+    matches!(info.mem_type, MemType::Cuda | MemType::CudaManaged | MemType::CudaHost)
+}
+
+/// Ends (see [`ended`]) every entry of the map that `which` selects, and
+/// forgets any module global kept at it (its module's unload must not
+/// end what comes to lie there next). The map is walked in chunks copied
+/// out under its lock: no allocation, and no driver call or handler with
+/// the lock held.
 fn end_entries(id: Id, mut which: impl FnMut(&MemInfo) -> bool) {
     const CHUNK: usize = 32;
     let map = memtype::map();
@@ -213,6 +211,7 @@ fn end_entries(id: Id, mut which: impl FnMut(&MemInfo) -> bool) {
         for info in &chunk[..got] {
             from = info.base.saturating_add(1);
             if which(info) {
+                forget_global_at(info.base);
                 ended(id, *info);
             }
         }
@@ -280,9 +279,9 @@ pub(super) fn global_seen(handle: usize, base: usize, len: usize) {
     }
 }
 
-/// Forgets the kept globals `which` selects.
-fn forget_global(which: impl Fn(&Global) -> bool) {
-    GLOBALS_SEEN.lock().retain(|g| !which(g));
+/// Forgets the kept globals at `base`.
+fn forget_global_at(base: usize) {
+    GLOBALS_SEEN.lock().retain(|g| g.base != base);
 }
 
 /// The unload of the module or library `handle` (`call`, the original):
@@ -335,12 +334,7 @@ pub(super) fn unloading(id: Id, handle: usize, call: impl FnOnce() -> Status) ->
 #[inline(never)]
 fn end_unknown_to_the_driver(id: Id) {
     end_entries(id, |info| {
-        let gone = matches!(info.mem_type, MemType::Cuda | MemType::CudaManaged | MemType::CudaHost)
-            && driver::classify(info.base).is_some_and(|d| d.mem_type == MemType::Host);
-        if gone {
-            forget_global(|g| g.base == info.base);
-        }
-        gone
+        typed(info) && driver::classify(info.base).is_some_and(|d| d.mem_type == MemType::Host)
     });
 }
 
