@@ -548,16 +548,21 @@ IMPL CUresult impl_cuCtxDestroy_v2(uintptr_t ctx) {
 }
 ENTRY(cuCtxDestroy)
 IMPL CUresult impl_cuCtxDestroy(uintptr_t ctx) { return impl_cuCtxDestroy_v2(ctx); }
-ENTRY(cuDevicePrimaryCtxReset_v2)
-IMPL CUresult impl_cuDevicePrimaryCtxReset_v2(int device) {
-    atomic_fetch_add(&calls, 1);
-    if (device < 0 || device > 7)
-        return CUDA_ERROR_INVALID_VALUE;
+/* Destroys device's primary context, which is then inactive and counts
+ * no reference (a reset, or the release of the last). */
+static void end_primary(int device) {
     destroy_ctx(PRIMARY(device));
     pthread_mutex_lock(&lock);
     primary_active[device] = 0;
     primary_refs[device] = 0;
     pthread_mutex_unlock(&lock);
+}
+ENTRY(cuDevicePrimaryCtxReset_v2)
+IMPL CUresult impl_cuDevicePrimaryCtxReset_v2(int device) {
+    atomic_fetch_add(&calls, 1);
+    if (device < 0 || device > 7)
+        return CUDA_ERROR_INVALID_VALUE;
+    end_primary(device);
     return CUDA_SUCCESS;
 }
 ENTRY(cuDevicePrimaryCtxReset)
@@ -595,12 +600,8 @@ IMPL CUresult impl_cuDevicePrimaryCtxRelease_v2(int device) {
     pthread_mutex_unlock(&lock);
     if (!held)
         return CUDA_ERROR_INVALID_CONTEXT;
-    if (last) {
-        destroy_ctx(PRIMARY(device));
-        pthread_mutex_lock(&lock);
-        primary_active[device] = 0;
-        pthread_mutex_unlock(&lock);
-    }
+    if (last)
+        end_primary(device);
     return CUDA_SUCCESS;
 }
 ENTRY(cuDevicePrimaryCtxRelease)
