@@ -51,6 +51,92 @@ fn pair() {
     }
 }
 
+type Alloc = unsafe extern "C" fn(*mut sys::CUdeviceptr, usize) -> sys::CUresult;
+type Free = unsafe extern "C" fn(sys::CUdeviceptr) -> sys::CUresult;
+
+/// One allocation and its free through the given pair of functions (the
+/// driver's entries as the process finds them, or memhook's originals).
+/// One function for both sides, out of line: the hooked and the unhooked
+/// pair run the same caller code from the same addresses, so that only
+/// the functions called differ (two inlined copies, each placed where the
+/// linker put it, had made the per-process figure depend on where each
+/// copy landed as well).
+#[inline(never)]
+fn sync_pair(alloc: Alloc, free: Free) {
+    let mut p = 0;
+    // SAFETY: the driver's allocation and free, with valid arguments (a
+    // current context exists).
+    unsafe {
+        assert_eq!(alloc(&mut p, 4096), sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(free(p), sys::CUresult::CUDA_SUCCESS);
+    }
+}
+
+/// A free of the null pointer through `free`: the hook's way in and out
+/// alone (it passes such a free straight to the original: no event), a
+/// driver call of about no work.
+#[inline(never)]
+fn free_null(free: Free) {
+    // SAFETY: freeing the null pointer is a no-op for the driver.
+    let _ = unsafe { free(0) };
+}
+
+type AllocAsync = unsafe extern "C" fn(*mut sys::CUdeviceptr, usize, sys::CUstream) -> sys::CUresult;
+type FreeAsync = unsafe extern "C" fn(sys::CUdeviceptr, sys::CUstream) -> sys::CUresult;
+
+/// A stream-ordered allocation and its free, as [`sync_pair`].
+#[inline(never)]
+fn async_pair(alloc: AllocAsync, free: FreeAsync, stream: sys::CUstream) {
+    let mut p = 0;
+    // SAFETY: a stream-ordered allocation and its free on a live stream.
+    unsafe {
+        assert_eq!(alloc(&mut p, 4096, stream), sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(free(p, stream), sys::CUresult::CUDA_SUCCESS);
+    }
+}
+
+/// memhook's originals of `cuMemAlloc_v2` and `cuMemFree_v2`, for the
+/// by-hand pair.
+static BY_HAND: [std::sync::atomic::AtomicUsize; 2] = [const { std::sync::atomic::AtomicUsize::new(0) }; 2];
+
+/// The by-hand pair's allocation: the original, then what the hook does
+/// besides calling it (the device query where `QUERY`, where the process
+/// sees more than one device; the map's insert where `MAP`). Called
+/// through [`sync_pair`], as the hooked pair is, so that the two differ
+/// only in what runs around the driver's calls.
+unsafe extern "C" fn by_hand_alloc<const QUERY: bool, const MAP: bool>(
+    dptr: *mut sys::CUdeviceptr,
+    size: usize,
+) -> sys::CUresult {
+    // SAFETY: BY_HAND holds the original of cuMemAlloc_v2 (main stores it
+    // before any by-hand pair), of this signature.
+    let orig = unsafe { std::mem::transmute::<usize, Alloc>(BY_HAND[0].load(Ordering::Relaxed)) };
+    // SAFETY: the caller's arguments.
+    let r = unsafe { orig(dptr, size) };
+    let mut device = 0;
+    if QUERY {
+        // SAFETY: a valid out-parameter.
+        let _ = unsafe { sys::cuCtxGetDevice(&mut device) };
+    }
+    if MAP {
+        // SAFETY: a successful call filled the caller's out-parameter.
+        let p = unsafe { *dptr };
+        let _ = memtype::insert(p as usize, size, memtype::MemType::Cuda, device);
+    }
+    r
+}
+
+/// The by-hand pair's free: the map's take where `MAP`, then the original.
+unsafe extern "C" fn by_hand_free<const MAP: bool>(dptr: sys::CUdeviceptr) -> sys::CUresult {
+    if MAP {
+        let _ = memtype::take(dptr as usize);
+    }
+    // SAFETY: as in by_hand_alloc, for cuMemFree_v2.
+    let orig = unsafe { std::mem::transmute::<usize, Free>(BY_HAND[1].load(Ordering::Relaxed)) };
+    // SAFETY: the caller's argument.
+    unsafe { orig(dptr) }
+}
+
 fn main() {
     // SAFETY: only probes for the library.
     if !unsafe { sys::is_culib_present() } {
@@ -81,24 +167,12 @@ fn main() {
         median(installs.clone())
     );
     let original = |name: &str| memhook::cuda::original(name).unwrap_or_else(|| panic!("{name} is hooked"));
-    type Alloc = unsafe extern "C" fn(*mut sys::CUdeviceptr, usize) -> sys::CUresult;
-    type Free = unsafe extern "C" fn(sys::CUdeviceptr) -> sys::CUresult;
     // SAFETY: the originals of these functions have their signatures.
     let (orig_alloc, orig_free) = unsafe {
         (
             std::mem::transmute::<usize, Alloc>(original("cuMemAlloc_v2")),
             std::mem::transmute::<usize, Free>(original("cuMemFree_v2")),
         )
-    };
-    // One allocation and its free through the given pair of functions (the
-    // driver's patched entries, or memhook's originals).
-    let sync_pair = |alloc: Alloc, free: Free| {
-        let mut p = 0;
-        // SAFETY: the driver's allocation and free, with valid arguments.
-        unsafe {
-            assert_eq!(alloc(&mut p, 4096), sys::CUresult::CUDA_SUCCESS);
-            assert_eq!(free(p), sys::CUresult::CUDA_SUCCESS);
-        }
     };
     let orig_pair = || sync_pair(orig_alloc, orig_free);
     // The hooked side calls the driver's functions the same way, through
@@ -157,26 +231,16 @@ fn main() {
     let mut devices = 0;
     // SAFETY: a valid out-parameter.
     unsafe { sys::cuDeviceGetCount(&mut devices) };
-    let by_hand = |query: bool, map: bool| {
-        let mut p = 0;
-        let mut device = 0;
-        // SAFETY: as for orig_pair; a valid out-parameter.
-        unsafe {
-            assert_eq!(orig_alloc(&mut p, 4096), sys::CUresult::CUDA_SUCCESS);
-            if query {
-                let _ = sys::cuCtxGetDevice(&mut device);
-            }
-            if map {
-                let _ = memtype::insert(p as usize, 4096, memtype::MemType::Cuda, device);
-                let _ = memtype::take(p as usize);
-            }
-            assert_eq!(orig_free(p), sys::CUresult::CUDA_SUCCESS);
-        }
-    };
+    BY_HAND[0].store(orig_alloc as usize, Ordering::Relaxed);
+    BY_HAND[1].store(orig_free as usize, Ordering::Relaxed);
     added_latency(
         &format!("  the original + the hooks' work by hand ({devices} device(s))"),
         20_000,
-        || by_hand(devices > 1, true),
+        if devices > 1 {
+            || sync_pair(by_hand_alloc::<true, true>, by_hand_free::<true>)
+        } else {
+            || sync_pair(by_hand_alloc::<false, true>, by_hand_free::<true>)
+        },
         orig_pair,
         || {},
     );
@@ -186,7 +250,7 @@ fn main() {
     added_latency(
         "  the original + cuCtxGetDevice",
         20_000,
-        || by_hand(true, false),
+        || sync_pair(by_hand_alloc::<true, false>, by_hand_free::<false>),
         orig_pair,
         || {},
     );
@@ -195,22 +259,14 @@ fn main() {
     added_latency(
         "  cuMemFree_v2(0), passed through",
         20_000,
-        // SAFETY: freeing the null pointer is a no-op for the driver.
-        || unsafe {
-            let _ = free(0);
-        },
-        // SAFETY: as above, past the hook.
-        || unsafe {
-            let _ = orig_free(0);
-        },
+        || free_null(free),
+        || free_null(orig_free),
         || {},
     );
     // The stream-ordered pair from the device's memory pool: the same hook
     // machinery around driver calls a hundred times cheaper and steadier
     // (its type is asked of the driver: a pool may hold host memory).
     let cu_stream = stream.cu_stream();
-    type AllocAsync = unsafe extern "C" fn(*mut sys::CUdeviceptr, usize, sys::CUstream) -> sys::CUresult;
-    type FreeAsync = unsafe extern "C" fn(sys::CUdeviceptr, sys::CUstream) -> sys::CUresult;
     // SAFETY: as above, for the entries.
     let (alloc_async, free_async) = unsafe {
         (
@@ -225,20 +281,12 @@ fn main() {
             std::mem::transmute::<usize, FreeAsync>(original("cuMemFreeAsync")),
         )
     };
-    let async_pair = |alloc: AllocAsync, free: FreeAsync| {
-        let mut p = 0;
-        // SAFETY: a stream-ordered allocation and its free on a live stream.
-        unsafe {
-            assert_eq!(alloc(&mut p, 4096, cu_stream), sys::CUresult::CUDA_SUCCESS);
-            assert_eq!(free(p, cu_stream), sys::CUresult::CUDA_SUCCESS);
-        }
-    };
     let rounds = std::cell::Cell::new(0u32);
     added_latency(
         "cuMemAllocAsync+cuMemFreeAsync 4KiB (pool)",
         20_000,
-        || async_pair(alloc_async, free_async),
-        || async_pair(orig_alloc_async, orig_free_async),
+        || async_pair(alloc_async, free_async, cu_stream),
+        || async_pair(orig_alloc_async, orig_free_async, cu_stream),
         || {
             // Keep the stream's queue short, rarely: a synchronize lets the
             // pool give its memory back, and the next pair maps it anew.
