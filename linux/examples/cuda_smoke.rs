@@ -311,6 +311,7 @@ fn main() {
         }),
     )
     .unwrap();
+    memhook::cuda::count_events_by_function().unwrap();
     let _ = pairs(200);
     println!(
         "events: {} allocs, {} frees (200 pairs hooked, with a handler)",

@@ -15,6 +15,7 @@ use memhook::config::HookMode;
 fn hooks_a_driver_loaded_after_install() {
     prepare();
     log_events();
+    memhook::cuda::count_events_by_function().expect("a free handler slot");
     memhook::install(&Config::parse("cuda=bistro;mmap=none").unwrap());
     assert_eq!(memhook::cuda::attached(), (false, false), "no CUDA library yet");
     let status = memhook::status();

@@ -38,6 +38,7 @@ fn a_runtime_call_reports_once_and_its_driver_calls_pass_through() {
     let _serial = serial();
     prepare();
     log_events();
+    let counting = memhook::cuda::count_events_by_function().expect("a free handler slot");
     let mut loaded = None;
     for mode in ["bistro", "bistro,reloc,procaddr"] {
         memhook::install(&Config::parse(&format!("cuda={mode};mmap=none")).unwrap());
@@ -122,4 +123,25 @@ fn a_runtime_call_reports_once_and_its_driver_calls_pass_through() {
         assert_eq!(counts(&take()), (1, 1), "mode {mode}");
         memhook::uninstall();
     }
+    // The count by function stops with its handler; the counts stay.
+    memhook::install(&Config::parse("cuda=bistro;mmap=none").unwrap());
+    memhook::unset_handler(counting).expect("registered above, outside any handler");
+    let before = counts_now();
+    assert!(before[2] > 0, "driver calls counted while the handler was registered");
+    // SAFETY: the fake driver's functions, of these types.
+    let (drv_alloc, drv_free) = unsafe {
+        (
+            cast::<DrvAlloc>(sym(libcuda(), c"cuMemAlloc_v2")),
+            cast::<DrvFree>(sym(libcuda(), c"cuMemFree_v2")),
+        )
+    };
+    let mut d = 0u64;
+    // SAFETY: the driver's allocation and its free.
+    unsafe {
+        assert_eq!(drv_alloc(&mut d, 4096), 0);
+        assert_eq!(drv_free(d), 0);
+    }
+    assert_eq!(counts(&take()), (1, 1), "the hooks still deliver");
+    assert_eq!(counts_now(), before, "and nothing counts by function any more");
+    memhook::uninstall();
 }

@@ -77,6 +77,7 @@ fn every_hooked_driver_function_on_the_gpu() {
     let Some(_ctx) = hooked_gpu() else {
         return;
     };
+    let counting = memhook::cuda::count_events_by_function().expect("a free handler slot");
     // SAFETY: (every call below) driver calls with valid arguments and a
     // current context.
     unsafe {
@@ -237,6 +238,7 @@ fn every_hooked_driver_function_on_the_gpu() {
             assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");
         }
     }
+    memhook::unset_handler(counting).expect("registered above, outside any handler");
     let by_function = memhook::cuda::events_by_function();
     eprintln!("gpu_driver: events by function: {by_function:?}");
     existing_gpu_mappings_replay_as_unknown();

@@ -42,6 +42,7 @@ fn runtime_allocations_through_cudarc_report_once() {
         return;
     }
     log_events();
+    let counting = memhook::cuda::count_events_by_function().expect("a free handler slot");
     memhook::install(&Config::parse("cuda=bistro,reloc,procaddr;mmap=none").unwrap());
     // cudarc loaded libcudart and libcuda from this program: hook them.
     memhook::refresh();
@@ -75,6 +76,7 @@ fn runtime_allocations_through_cudarc_report_once() {
         one(take(), bits::MEM_TYPE_FREE, p as usize, 4 << 20, MemType::Cuda);
         ok(rt::cudaStreamSynchronize(stream));
     }
+    memhook::unset_handler(counting).expect("registered above, outside any handler");
     eprintln!(
         "gpu_runtime: events by function: {:?}",
         memhook::cuda::events_by_function()

@@ -12,11 +12,12 @@ use std::time::Instant;
 /// own time for a pair varies by microseconds, far more than memhook adds,
 /// so block means of hooked and unhooked runs cannot show tens of ns;
 /// adjacent calls share the driver's state. Both sides should call one
-/// out-of-line function with different function pointers: two copies of
-/// the caller's code, each where the linker put it, add their own
-/// placement to the difference (run 76 on the H200, eight processes of
-/// each: +35 to +211 ns with a copy per side, +42 to +70 with one
-/// function for both). Prints the p10, p25 and median
+/// out-of-line function with different function pointers, so that the
+/// caller's code, and where it lies, is the same for both. (That is not
+/// what spreads the figure across processes, though: in run 76 on the
+/// H200, eight processes with a copy of the caller per side gave +35 to
+/// +211 ns and eight with one function +42 to +70, but in run 77 sixteen
+/// processes with one function, of two builds, gave -41 to +171.) Prints the p10, p25 and median
 /// of each side and the median of the per-round differences.
 pub fn added_latency(name: &str, n: usize, hooked: impl Fn(), original: impl Fn(), after_round: impl Fn()) {
     let (mut h, mut o, mut d) = (Vec::new(), Vec::new(), Vec::new());

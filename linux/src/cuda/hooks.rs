@@ -33,7 +33,7 @@
 
 use core::cell::Cell;
 use core::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::sys::{
     CUcontext, CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUlibrary, CUmemGenericAllocationHandle,
@@ -194,8 +194,6 @@ pub(crate) static ORIG: Aligned<[AtomicUsize; COUNT]> = Aligned([const { AtomicU
 pub(crate) static ENTRY: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
 /// Reloc's record of the original (used until [`ORIG`] is set).
 pub(crate) static RELOC: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
-/// Events each function emitted.
-pub(crate) static EVENTS: [AtomicU64; COUNT] = [const { AtomicU64::new(0) }; COUNT];
 
 /// The original of `id` as a function pointer of type `F`, if known.
 #[inline(always)]

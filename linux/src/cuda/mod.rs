@@ -32,14 +32,16 @@ mod hooks;
 mod procaddr;
 
 use core::ffi::CStr;
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use memhook_core::config::{HookMode, ModeSet};
+use memhook_core::event::{Event, HandlerId, RegisterError, bits};
 
 pub use driver::{PciBusId, pci_bus_id};
 pub(crate) use driver::{classify, load as load_driver};
-use hooks::{COUNT, ENTRY, EVENTS, Id, Kind, Lib, ORIG, RELOC};
+use hooks::{COUNT, ENTRY, Id, Kind, Lib, ORIG, RELOC};
 
+use crate::dispatch::HandlerFn;
 use crate::install::FunctionStatus;
 use crate::reloc;
 
@@ -376,13 +378,45 @@ fn detach(state: &mut State, lib: Lib) {
     state.attached[lib.index()] = None;
 }
 
-/// Events each hooked CUDA function delivered to handlers, by name
+/// `MEM_TYPE_*` events each hooked CUDA function delivered while
+/// [`count_events_by_function`]'s handler was registered.
+static BY_FUNCTION: [AtomicU64; COUNT] = [const { AtomicU64::new(0) }; COUNT];
+
+/// The counting handler: one more for the function whose event this is.
+fn count_by_function(_: &mut Event) {
+    if let Some(id) = events::reporting() {
+        BY_FUNCTION[id as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Starts counting, by hooked CUDA function, the `MEM_TYPE_ALLOC` and
+/// `MEM_TYPE_FREE` events the hooks deliver ([`events_by_function`] reads
+/// the counts): registers a handler that counts them, at priority 0.
+/// Unset it with the id returned ([`crate::unset_handler`]) to stop; the
+/// counts stay. The hooks keep no count of their own: a counter every
+/// delivery bumped was an atomic read-modify-write on a line all threads
+/// share, paid by every user of the events (`memhook run` counts through
+/// its own handler).
+///
+/// # Errors
+///
+/// As [`crate::set_handler`]: a full table, or a call from a handler.
+pub fn count_events_by_function() -> Result<HandlerId, RegisterError> {
+    crate::set_handler(
+        bits::MEM_TYPE_ALLOC | bits::MEM_TYPE_FREE,
+        0,
+        HandlerFn::Rust(&count_by_function),
+    )
+}
+
+/// The `MEM_TYPE_*` events each hooked CUDA function delivered while
+/// [`count_events_by_function`]'s handler was registered, by name
 /// (functions that delivered none are left out).
 pub fn events_by_function() -> heapless::Vec<(&'static str, u64), COUNT> {
     Id::ALL
         .into_iter()
         .filter_map(|id| {
-            let n = EVENTS[id as usize].load(Ordering::Relaxed);
+            let n = BY_FUNCTION[id as usize].load(Ordering::Relaxed);
             (n != 0).then(|| (id.name().to_str().unwrap_or("?"), n))
         })
         .collect()
