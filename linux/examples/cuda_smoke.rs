@@ -58,9 +58,7 @@ type Free = unsafe extern "C" fn(sys::CUdeviceptr) -> sys::CUresult;
 /// driver's entries as the process finds them, or memhook's originals).
 /// One function for both sides, out of line: the hooked and the unhooked
 /// pair run the same caller code from the same addresses, so that only
-/// the functions called differ (two inlined copies, each placed where the
-/// linker put it, had made the per-process figure depend on where each
-/// copy landed as well).
+/// the functions called differ (see `paired::added_latency`).
 #[inline(never)]
 fn sync_pair(alloc: Alloc, free: Free) {
     let mut p = 0;
@@ -118,7 +116,7 @@ unsafe extern "C" fn by_hand_alloc<const QUERY: bool, const MAP: bool>(
         // SAFETY: a valid out-parameter.
         let _ = unsafe { sys::cuCtxGetDevice(&mut device) };
     }
-    if MAP {
+    if MAP && r == sys::CUresult::CUDA_SUCCESS {
         // SAFETY: a successful call filled the caller's out-parameter.
         let p = unsafe { *dptr };
         let _ = memtype::insert(p as usize, size, memtype::MemType::Cuda, device);
