@@ -37,10 +37,26 @@ pub enum HandlerFn {
     },
 }
 
+/// Whether two Rust handlers are the same: one object. A handler with
+/// state is named by its address; a zero-sized one (a function, or a
+/// closure that captures nothing) has no address of its own (every
+/// reference to one is the same dangling address), so its type tells it
+/// apart: the vtable, compared with the address. (A type's vtable may be
+/// emitted more than once, in which case one zero-sized handler reached
+/// through two copies compares unequal; it is never mistaken for another
+/// handler, which is what an unset by function must not do.)
+fn same_rust_handler(x: &(dyn Fn(&mut Event) + Send + Sync), y: &(dyn Fn(&mut Event) + Send + Sync)) -> bool {
+    if size_of_val(x) == 0 && size_of_val(y) == 0 {
+        core::ptr::eq(x, y)
+    } else {
+        core::ptr::addr_eq(x, y)
+    }
+}
+
 impl PartialEq for HandlerFn {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
-            (HandlerFn::Rust(x), HandlerFn::Rust(y)) => core::ptr::addr_eq(*x as *const _, *y as *const _),
+            (HandlerFn::Rust(x), HandlerFn::Rust(y)) => same_rust_handler(*x, *y),
             (HandlerFn::Raw { func: f, a, b }, HandlerFn::Raw { func: g, a: c, b: d }) => {
                 core::ptr::fn_addr_eq(*f, *g) && a == c && b == d
             }
