@@ -43,8 +43,10 @@ pub enum HandlerFn {
 /// reference to one is the same dangling address), so its type tells it
 /// apart: the vtable, compared with the address. (A type's vtable may be
 /// emitted more than once, in which case one zero-sized handler reached
-/// through two copies compares unequal; it is never mistaken for another
-/// handler, which is what an unset by function must not do.)
+/// through two copies compares unequal; and two whose code is identical,
+/// which the compiler may merge, may compare equal. Neither removes a
+/// handler that does something else, which is what an unset by function
+/// must never do.)
 fn same_rust_handler(x: &(dyn Fn(&mut Event) + Send + Sync), y: &(dyn Fn(&mut Event) + Send + Sync)) -> bool {
     if size_of_val(x) == 0 && size_of_val(y) == 0 {
         core::ptr::eq(x, y)
