@@ -547,9 +547,25 @@ unsafe extern "C" fn brk_dispatched(addr: *mut c_void) -> c_int {
     result_of!(ev, Brk, -1)
 }
 
-/// Whether `advice` discards the pages' contents (so caches of them must go).
+/// `MADV_DONTNEED` that applies to locked pages too (Linux 5.18; not in
+/// the libc crate). The same value on x86_64 and aarch64
+/// (asm-generic/mman-common.h).
+const MADV_DONTNEED_LOCKED: c_int = 24;
+/// Replaces the range's pages by guard markers, which fault on access
+/// (Linux 6.13; not in the libc crate): what the pages held is gone.
+const MADV_GUARD_INSTALL: c_int = 102;
+
+/// Whether `advice` discards the pages' contents (so caches of them must
+/// go): `MADV_DONTNEED`, `MADV_FREE`, `MADV_REMOVE`, and the newer
+/// `MADV_DONTNEED_LOCKED` and `MADV_GUARD_INSTALL`, which a registration
+/// cache must hear of as surely (the pages it registered are replaced
+/// either way). Advices that keep the contents (`MADV_PAGEOUT`,
+/// `MADV_COLD`, ...) are not.
 fn discards(advice: c_int) -> bool {
-    matches!(advice, libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE)
+    matches!(
+        advice,
+        libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE | MADV_DONTNEED_LOCKED | MADV_GUARD_INSTALL
+    )
 }
 
 entry! {
