@@ -250,7 +250,10 @@ pub struct MadviseEvent {
 pub struct VmEvent {
     /// Start of the range.
     pub address: usize,
-    /// Length in bytes.
+    /// Length in bytes. memhook's host hooks report whole pages for the
+    /// calls that work in pages (mmap, munmap, mremap, madvise, shmat,
+    /// shmdt): `munmap(p, 100)` is `VM_UNMAPPED` of p's whole page. brk and
+    /// sbrk report the bytes the break moved.
     pub size: usize,
 }
 

@@ -19,6 +19,13 @@
 //! that kept it would go on using pages that are gone: these hooks report
 //! `VM_UNMAPPED` of the range they replace before the call (as UCM does
 //! for `MAP_FIXED`), whether or not anything was mapped there.
+//!
+//! The kernel maps, unmaps and discards whole pages: `munmap(p, 100)`
+//! unmaps all of p's page. `VM_MAPPED` and `VM_UNMAPPED` carry the range
+//! as the kernel acts on it, the end rounded up to a page boundary (UCM
+//! passes the call's length, and a cache that registered the rest of the
+//! page would keep a registration of memory that is gone); the call's
+//! own event (`MUNMAP`, `MADVISE`, ...) carries its arguments as given.
 
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -152,6 +159,50 @@ fn call_original(
     }
 }
 
+/// The base page size: 4 KiB on x86_64; elsewhere (arm64 kernels use 4,
+/// 16 or 64 KiB) the kernel's, asked once.
+#[inline(always)]
+fn page_size() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        4096
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        static PAGE: AtomicUsize = AtomicUsize::new(0);
+        match PAGE.load(Ordering::Relaxed) {
+            0 => {
+                // SAFETY: getauxval reads the process's auxiliary vector
+                // and has no preconditions.
+                let page = unsafe { libc::getauxval(libc::AT_PAGESZ) } as usize;
+                let page = if page.is_power_of_two() { page } else { 4096 };
+                PAGE.store(page, Ordering::Relaxed);
+                page
+            }
+            page => page,
+        }
+    }
+}
+
+/// `size` bytes from `address` with the end rounded up to a page
+/// boundary: what a call that works in whole pages (mmap, munmap,
+/// mremap, madvise, shmat) maps or unmaps. `munmap(p, 100)` unmaps all of
+/// p's page, and a cache that kept a registration in the rest of it must
+/// hear so. `size` as it is where the kernel refuses the call anyway: an
+/// address not on a page boundary, an end past the top of the address
+/// space.
+#[inline(always)]
+fn whole_pages(address: usize, size: usize) -> usize {
+    let page = page_size();
+    if address & (page - 1) != 0 {
+        return size;
+    }
+    address
+        .checked_add(size)
+        .and_then(|end| end.checked_next_multiple_of(page))
+        .map_or(size, |end| end - address)
+}
+
 /// `VM_MAPPED` for a range, if it is not empty.
 fn mapped(address: usize, size: usize) -> Option<Event> {
     (size != 0).then_some(Event::VmMapped(VmEvent { address, size }))
@@ -219,7 +270,7 @@ unsafe extern "C" fn mmap_dispatched(
     });
     // A fixed mapping replaces what lay there: unmapped before the call.
     let before = if mmap_replaces(flags) != 0 {
-        unmapped(addr as usize, len)
+        unmapped(addr as usize, whole_pages(addr as usize, len))
     } else {
         None
     };
@@ -233,7 +284,7 @@ unsafe extern "C" fn mmap_dispatched(
                 m.result = unsafe { orig(addr, len, prot, flags, fd, off) } as usize;
             }
         },
-        |e| succeeded(result_of!(*e, Mmap, INVALID_PTR)).and_then(|r| mapped(r, len)),
+        |e| succeeded(result_of!(*e, Mmap, INVALID_PTR)).and_then(|r| mapped(r, whole_pages(r, len))),
     );
     result_of!(ev, Mmap, INVALID_PTR) as *mut c_void
 }
@@ -254,7 +305,7 @@ unsafe extern "C" fn munmap_dispatched(addr: *mut c_void, len: usize) -> c_int {
         size: len,
     });
     call_original(
-        unmapped(addr as usize, len),
+        unmapped(addr as usize, whole_pages(addr as usize, len)),
         &mut ev,
         |e| {
             if let Event::Munmap(m) = e {
@@ -287,7 +338,10 @@ unsafe extern "C" fn mremap_dispatched(
     if flags & libc::MREMAP_FIXED != 0 && wants(bits::VM_UNMAPPED) {
         // The destination's old mapping goes first (before the source's,
         // which the call's own dispatch reports).
-        notify_keeping_errno(unmapped(new_address as usize, new_size));
+        notify_keeping_errno(unmapped(
+            new_address as usize,
+            whole_pages(new_address as usize, new_size),
+        ));
     }
     let mut ev = Event::Mremap(MremapEvent {
         result: INVALID_PTR,
@@ -298,7 +352,7 @@ unsafe extern "C" fn mremap_dispatched(
         new_address: new_address as usize,
     });
     call_original(
-        unmapped(old as usize, old_size),
+        unmapped(old as usize, whole_pages(old as usize, old_size)),
         &mut ev,
         |e| {
             if let Event::Mremap(m) = e {
@@ -306,13 +360,13 @@ unsafe extern "C" fn mremap_dispatched(
                 m.result = unsafe { orig(old, old_size, new_size, flags, new_address) } as usize;
             }
         },
-        |e| succeeded(result_of!(*e, Mremap, INVALID_PTR)).and_then(|r| mapped(r, new_size)),
+        |e| succeeded(result_of!(*e, Mremap, INVALID_PTR)).and_then(|r| mapped(r, whole_pages(r, new_size))),
     );
     let result = result_of!(ev, Mremap, INVALID_PTR);
     if flags & libc::MREMAP_DONTUNMAP != 0 && succeeded(result).is_some() && wants(bits::VM_MAPPED) {
         // The source stays mapped, emptied (its pages moved): a new
         // mapping where the call's dispatch reported one unmapped.
-        notify_keeping_errno(mapped(old as usize, old_size));
+        notify_keeping_errno(mapped(old as usize, whole_pages(old as usize, old_size)));
     }
     result as *mut c_void
 }
@@ -360,8 +414,7 @@ fn shmat_replaces(shmaddr: *const c_void, shmflg: c_int) -> u32 {
 /// the architectures memhook runs on: reporting a little more than was
 /// replaced is harmless, less is not).
 fn shmat_replaced(size: usize, shmaddr: *const c_void, shmflg: c_int) -> Option<Event> {
-    // SAFETY: sysconf has no preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let page = page_size();
     let at = shmaddr as usize;
     let start = if shmflg & libc::SHM_RND != 0 {
         at & !(4 * page - 1)
@@ -404,7 +457,7 @@ unsafe extern "C" fn shmat_dispatched(shmid: c_int, shmaddr: *const c_void, shmf
         |e| {
             succeeded(result_of!(*e, Shmat, INVALID_PTR))
                 .filter(|_| wants(bits::VM_MAPPED))
-                .and_then(|r| mapped(r, size.unwrap_or_else(|| shm_size(shmid))))
+                .and_then(|r| mapped(r, whole_pages(r, size.unwrap_or_else(|| shm_size(shmid)))))
         },
     );
     result_of!(ev, Shmat, INVALID_PTR) as *mut c_void
@@ -589,7 +642,7 @@ unsafe extern "C" fn madvise_dispatched(addr: *mut c_void, len: usize, advice: c
         advice,
     });
     call_original(
-        unmapped(addr as usize, len),
+        unmapped(addr as usize, whole_pages(addr as usize, len)),
         &mut ev,
         |e| {
             if let Event::Madvise(m) = e {

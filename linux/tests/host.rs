@@ -347,6 +347,29 @@ fn check_mode(mode: HookMode, events: u32) {
     let log = recorded(|| assert_eq!(unsafe { (h.madvise)(q, 4096, libc::MADV_WILLNEED) }, 0));
     assert!(about(&log, q, 4096).is_empty(), "{log:x?}");
 
+    // A length short of a page: the call's own event carries it as given;
+    // VM_UNMAPPED, the page the kernel discards or unmaps whole (a cache's
+    // registration in the rest of that page goes too).
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    // SAFETY: as above.
+    let log = recorded(|| assert_eq!(unsafe { (h.madvise)(q, 100, libc::MADV_DONTNEED) }, 0));
+    assert_eq!(
+        about(&log, q, page),
+        only(events, [(bits::VM_UNMAPPED, q, page, 0), (bits::MADVISE, q, 100, 0)])
+    );
+    // SAFETY: as above.
+    let r = unsafe { (h.mmap)(K64) };
+    assert_ne!(r, usize::MAX);
+    // SAFETY: as above (its first page).
+    let log = recorded(|| assert_eq!(unsafe { (h.munmap)(r, 100) }, 0));
+    assert_eq!(
+        about(&log, r, page),
+        only(events, [(bits::VM_UNMAPPED, r, page, 0), (bits::MUNMAP, r, 100, 0)])
+    );
+    // SAFETY: as above (the rest of the mapping).
+    assert_eq!(unsafe { (h.munmap)(r + page, K64 - page) }, 0);
+
     // munmap: VM_UNMAPPED before, MUNMAP with result 0. The caller's
     // errno survives a handler that ran before the call, too.
     let log = recorded(|| {
