@@ -203,13 +203,28 @@ fn whole_pages(address: usize, size: usize) -> usize {
         .map_or(size, |end| end - address)
 }
 
-/// `VM_MAPPED` for a range, if it is not empty.
+/// `VM_MAPPED` for what a call that works in whole pages maps at
+/// `address` for `size` bytes ([`whole_pages`]), if it is not empty.
 fn mapped(address: usize, size: usize) -> Option<Event> {
+    mapped_bytes(address, whole_pages(address, size))
+}
+
+/// `VM_UNMAPPED` for what a call that works in whole pages unmaps or
+/// discards at `address` for `size` bytes ([`whole_pages`]), if it is not
+/// empty.
+fn unmapped(address: usize, size: usize) -> Option<Event> {
+    unmapped_bytes(address, whole_pages(address, size))
+}
+
+/// `VM_MAPPED` for exactly `[address, address + size)`, if it is not empty
+/// (the bytes the break moved over, or a range already in pages).
+fn mapped_bytes(address: usize, size: usize) -> Option<Event> {
     (size != 0).then_some(Event::VmMapped(VmEvent { address, size }))
 }
 
-/// `VM_UNMAPPED` for a range, if it is not empty.
-fn unmapped(address: usize, size: usize) -> Option<Event> {
+/// `VM_UNMAPPED` for exactly `[address, address + size)`, if it is not
+/// empty (the bytes the break moved over, or a range already in pages).
+fn unmapped_bytes(address: usize, size: usize) -> Option<Event> {
     (size != 0).then_some(Event::VmUnmapped(VmEvent { address, size }))
 }
 
@@ -270,7 +285,7 @@ unsafe extern "C" fn mmap_dispatched(
     });
     // A fixed mapping replaces what lay there: unmapped before the call.
     let before = if mmap_replaces(flags) != 0 {
-        unmapped(addr as usize, whole_pages(addr as usize, len))
+        unmapped(addr as usize, len)
     } else {
         None
     };
@@ -284,7 +299,7 @@ unsafe extern "C" fn mmap_dispatched(
                 m.result = unsafe { orig(addr, len, prot, flags, fd, off) } as usize;
             }
         },
-        |e| succeeded(result_of!(*e, Mmap, INVALID_PTR)).and_then(|r| mapped(r, whole_pages(r, len))),
+        |e| succeeded(result_of!(*e, Mmap, INVALID_PTR)).and_then(|r| mapped(r, len)),
     );
     result_of!(ev, Mmap, INVALID_PTR) as *mut c_void
 }
@@ -305,7 +320,7 @@ unsafe extern "C" fn munmap_dispatched(addr: *mut c_void, len: usize) -> c_int {
         size: len,
     });
     call_original(
-        unmapped(addr as usize, whole_pages(addr as usize, len)),
+        unmapped(addr as usize, len),
         &mut ev,
         |e| {
             if let Event::Munmap(m) = e {
@@ -338,10 +353,7 @@ unsafe extern "C" fn mremap_dispatched(
     if flags & libc::MREMAP_FIXED != 0 && wants(bits::VM_UNMAPPED) {
         // The destination's old mapping goes first (before the source's,
         // which the call's own dispatch reports).
-        notify_keeping_errno(unmapped(
-            new_address as usize,
-            whole_pages(new_address as usize, new_size),
-        ));
+        notify_keeping_errno(unmapped(new_address as usize, new_size));
     }
     let mut ev = Event::Mremap(MremapEvent {
         result: INVALID_PTR,
@@ -352,7 +364,7 @@ unsafe extern "C" fn mremap_dispatched(
         new_address: new_address as usize,
     });
     call_original(
-        unmapped(old as usize, whole_pages(old as usize, old_size)),
+        unmapped(old as usize, old_size),
         &mut ev,
         |e| {
             if let Event::Mremap(m) = e {
@@ -360,13 +372,13 @@ unsafe extern "C" fn mremap_dispatched(
                 m.result = unsafe { orig(old, old_size, new_size, flags, new_address) } as usize;
             }
         },
-        |e| succeeded(result_of!(*e, Mremap, INVALID_PTR)).and_then(|r| mapped(r, whole_pages(r, new_size))),
+        |e| succeeded(result_of!(*e, Mremap, INVALID_PTR)).and_then(|r| mapped(r, new_size)),
     );
     let result = result_of!(ev, Mremap, INVALID_PTR);
     if flags & libc::MREMAP_DONTUNMAP != 0 && succeeded(result).is_some() && wants(bits::VM_MAPPED) {
         // The source stays mapped, emptied (its pages moved): a new
         // mapping where the call's dispatch reported one unmapped.
-        notify_keeping_errno(mapped(old as usize, whole_pages(old as usize, old_size)));
+        notify_keeping_errno(mapped(old as usize, old_size));
     }
     result as *mut c_void
 }
@@ -422,7 +434,7 @@ fn shmat_replaced(size: usize, shmaddr: *const c_void, shmflg: c_int) -> Option<
         at
     };
     let end = at.saturating_add(size.next_multiple_of(page));
-    unmapped(start, end - start)
+    unmapped_bytes(start, end - start)
 }
 
 entry! {
@@ -457,7 +469,7 @@ unsafe extern "C" fn shmat_dispatched(shmid: c_int, shmaddr: *const c_void, shmf
         |e| {
             succeeded(result_of!(*e, Shmat, INVALID_PTR))
                 .filter(|_| wants(bits::VM_MAPPED))
-                .and_then(|r| mapped(r, whole_pages(r, size.unwrap_or_else(|| shm_size(shmid)))))
+                .and_then(|r| mapped(r, size.unwrap_or_else(|| shm_size(shmid))))
         },
     );
     result_of!(ev, Shmat, INVALID_PTR) as *mut c_void
@@ -534,7 +546,7 @@ unsafe extern "C" fn sbrk_dispatched(increment: libc::intptr_t) -> *mut c_void {
     }
     let before = if increment < 0 && wants(bits::VM_UNMAPPED) {
         let shrink = increment.unsigned_abs();
-        unmapped(current_break().wrapping_sub(shrink), shrink)
+        unmapped_bytes(current_break().wrapping_sub(shrink), shrink)
     } else {
         None
     };
@@ -556,7 +568,7 @@ unsafe extern "C" fn sbrk_dispatched(increment: libc::intptr_t) -> *mut c_void {
         |e| {
             succeeded(result_of!(*e, Sbrk, INVALID_PTR))
                 .filter(|_| increment > 0)
-                .and_then(|r| mapped(r, increment as usize))
+                .and_then(|r| mapped_bytes(r, increment as usize))
         },
     );
     result_of!(ev, Sbrk, INVALID_PTR) as *mut c_void
@@ -578,7 +590,11 @@ unsafe extern "C" fn brk_dispatched(addr: *mut c_void) -> c_int {
     }
     let top = current_break();
     let new = addr as usize;
-    let before = if new < top { unmapped(new, top - new) } else { None };
+    let before = if new < top {
+        unmapped_bytes(new, top - new)
+    } else {
+        None
+    };
     let mut ev = Event::Brk(BrkEvent { result: -1, addr: new });
     call_original(
         before,
@@ -591,7 +607,7 @@ unsafe extern "C" fn brk_dispatched(addr: *mut c_void) -> c_int {
         },
         |e| {
             if result_of!(*e, Brk, -1) == 0 && new > top {
-                mapped(top, new - top)
+                mapped_bytes(top, new - top)
             } else {
                 None
             }
@@ -642,7 +658,7 @@ unsafe extern "C" fn madvise_dispatched(addr: *mut c_void, len: usize, advice: c
         advice,
     });
     call_original(
-        unmapped(addr as usize, whole_pages(addr as usize, len)),
+        unmapped(addr as usize, len),
         &mut ev,
         |e| {
             if let Event::Madvise(m) = e {

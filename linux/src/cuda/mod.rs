@@ -394,10 +394,10 @@ fn count_by_function(_: &mut Event) {
 /// the counts): registers a handler that counts them, at priority 0.
 /// Unset it with the id returned ([`crate::unset_handler`]) to stop; the
 /// counts stay. Each call registers one more counter (an event is then
-/// counted once for each): call it once. The hooks keep no count of their own: a counter every
-/// delivery bumped was an atomic read-modify-write on a line all threads
-/// share, paid by every user of the events (`memhook run` counts through
-/// its own handler).
+/// counted once for each): call it once. The hooks keep no count of their
+/// own: a counter every delivery bumped was an atomic read-modify-write
+/// on a line all threads share, paid by every user of the events
+/// (`memhook run` counts through its own handler).
 ///
 /// # Errors
 ///
