@@ -143,7 +143,8 @@
 
 /*
  A range is about to be unmapped: by munmap, mremap (its source),
- shmdt, a shrinking brk or sbrk, a discarding madvise, or a call that
+ shmdt, a shrinking brk or sbrk, a discarding madvise or
+ process_madvise (one event per range), or a call that
  maps at a fixed address over it (mmap with MAP_FIXED, mremap with
  MREMAP_FIXED at its destination, shmat with SHM_REMAP).
  */
@@ -612,7 +613,8 @@ int memhook_memtype_classify(const void *addr, size_t len, struct memhook_mem_in
  The address that runs `function` past memhook's hook, for calls that
  must go unreported (an allocator's own mappings, as UCM's
  `ucm_orig_mmap`): a host function (`"mmap"`, `"munmap"`, `"mremap"`,
- `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`) or a hooked CUDA
+ `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
+ `"process_madvise"`) or a hooked CUDA
  function (`"cuMemAlloc_v2"`, `"cudaMalloc"`, ...). Cast it to the
  function's own type. NULL, with `memhook_last_error` saying why, for a
  name memhook does not hook, or a function it has not hooked (yet). The

@@ -26,7 +26,8 @@ NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 "$NVCC" -O2 --default-stream per-thread -o runtime_ptsz src/runtime_prog.cu
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$(dirname "$NVCC")/../lib64
 
-for t in gpu_driver gpu_runtime gpu_multi cuda_modes cuda_memtype cuda_late_load dispatch_slots; do
+say "== kernel $(uname -r); $(ldd --version | head -1)"
+for t in gpu_driver gpu_runtime gpu_multi cuda_modes cuda_memtype cuda_late_load dispatch_slots host; do
     check "$t" ./"$t" --test-threads=1 --nocapture
 done
 
@@ -79,6 +80,7 @@ gcc -O1 -o entry_bytes src/entry_bytes.c -ldl &&
     ./entry_bytes libcuda.so.1 cuCtxDestroy_v2 cuCtxDestroy cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxReset \
         cuDevicePrimaryCtxRelease_v2 cuDevicePrimaryCtxRelease \
         2>&1 | sed 's/^/FIXTURE /' | tee -a "$results"
+./entry_bytes libc.so.6 process_madvise 2>&1 | sed 's/^/FIXTURE /' | tee -a "$results"
 ./memhook scan --json "$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')" 2>&1 | sed 's/^/SCAN libcuda /' | tee -a "$results"
 
 check "memhook demo (GPU part)" ./memhook demo

@@ -22,14 +22,17 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])')
 while read -r name exe; do cp "$exe" "$out/$name"; done <<<"$exes"
-# The dispatch stress and slot tests, on the device's 16 cores.
-slots=$(cargo test --release -p memhook --test dispatch_slots --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
+# The dispatch stress and slot tests, on the device's 16 cores; the host
+# hooks' tests on its kernel and glibc (2.39, with CET entries).
+for t in dispatch_slots host; do
+    exe=$(cargo test --release -p memhook --features bistro --test "$t" --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["executable"])')
-cp "$slots" "$out/dispatch_slots"
+    cp "$exe" "$out/$t"
+done
 cp target/release/libmemhook.so target/release/memhook target/release/examples/cuda_smoke target/release/examples/host_cost \
     target/release/examples/readers "$out/"
 cp "$(ls -t target/release/deps/cuda-* | grep -v '\.d$' | head -1)" "$out/bench_cuda"

@@ -78,7 +78,8 @@ pub mod bits {
     pub const VM_MAPPED: u32 = 1 << 16;
     /// A range of virtual memory is about to be unmapped: by `munmap`,
     /// `mremap` (its source), `shmdt`, a shrinking `brk`/`sbrk`, a
-    /// discarding `madvise`, or a call that maps at a fixed address over it
+    /// discarding `madvise` or `process_madvise` (one event per range),
+    /// or a call that maps at a fixed address over it
     /// (`mmap` with `MAP_FIXED`, `mremap` with `MREMAP_FIXED` at its
     /// destination, `shmat` with `SHM_REMAP`), reported whether or not
     /// anything was mapped there.
@@ -251,8 +252,8 @@ pub struct VmEvent {
     /// Start of the range.
     pub address: usize,
     /// Length in bytes. memhook's host hooks report whole pages for the
-    /// calls that work in pages (mmap, munmap, mremap, madvise, shmat,
-    /// shmdt): `munmap(p, 100)` is `VM_UNMAPPED` of p's whole page. brk and
+    /// calls that work in pages (mmap, munmap, mremap, madvise,
+    /// process_madvise, shmat, shmdt): `munmap(p, 100)` is `VM_UNMAPPED` of p's whole page. brk and
     /// sbrk report the bytes the break moved.
     pub size: usize,
 }

@@ -134,7 +134,8 @@ pub const MEMHOOK_EVENT_BRK: u32 = 1 << 7;
 /// A range became mapped.
 pub const MEMHOOK_EVENT_VM_MAPPED: u32 = 1 << 16;
 /// A range is about to be unmapped: by munmap, mremap (its source),
-/// shmdt, a shrinking brk or sbrk, a discarding madvise, or a call that
+/// shmdt, a shrinking brk or sbrk, a discarding madvise or
+/// process_madvise (one event per range), or a call that
 /// maps at a fixed address over it (mmap with MAP_FIXED, mremap with
 /// MREMAP_FIXED at its destination, shmat with SHM_REMAP).
 pub const MEMHOOK_EVENT_VM_UNMAPPED: u32 = 1 << 17;

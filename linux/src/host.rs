@@ -1,6 +1,9 @@
 //! Host memory events: hooks for mmap, munmap, mremap, shmat, shmdt, brk,
 //! sbrk and madvise, each emitting its own event and the aggregate
-//! `VM_MAPPED` (after the mapping exists) / `VM_UNMAPPED` (before it goes).
+//! `VM_MAPPED` (after the mapping exists) / `VM_UNMAPPED` (before it goes),
+//! and for process_madvise, whose discarding advices on the caller's own
+//! memory (Linux 6.13) are a `VM_UNMAPPED` per range (it has no event of
+//! its own in the C ABI).
 //!
 //! Every hook calls the function's original (the bistro trampoline or the
 //! pointer reloc found), never a raw system call: so glibc's own state (the
@@ -38,7 +41,8 @@ use memhook_core::event::{
 use crate::dispatch::{begin, finish, notify, wants};
 
 /// The address that runs `function`'s original (`"mmap"`, `"munmap"`,
-/// `"mremap"`, `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"` or `"madvise"`), past
+/// `"mremap"`, `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"` or
+/// `"process_madvise"`), past
 /// memhook's hook: with bistro, its trampoline (the relocated first
 /// instructions, then a jump into the function); with reloc, the
 /// definition it found. `None` for another name, or before memhook hooked
@@ -58,7 +62,7 @@ pub fn original(function: &str) -> Option<usize> {
 }
 
 /// The functions hooked, in install order, with their hooks.
-pub(crate) fn functions() -> [(&'static core::ffi::CStr, usize, &'static AtomicUsize); 8] {
+pub(crate) fn functions() -> [(&'static core::ffi::CStr, usize, &'static AtomicUsize); FUNCTIONS] {
     [
         (c"mmap", mmap_hook as *const () as usize, &ORIG_MMAP),
         (c"munmap", munmap_hook as *const () as usize, &ORIG_MUNMAP),
@@ -68,8 +72,16 @@ pub(crate) fn functions() -> [(&'static core::ffi::CStr, usize, &'static AtomicU
         (c"brk", brk_hook as *const () as usize, &ORIG_BRK),
         (c"sbrk", sbrk_hook as *const () as usize, &ORIG_SBRK),
         (c"madvise", madvise_hook as *const () as usize, &ORIG_MADVISE),
+        (
+            c"process_madvise",
+            process_madvise_hook as *const () as usize,
+            &ORIG_PROCESS_MADVISE,
+        ),
     ]
 }
+
+/// How many host functions memhook hooks.
+pub(crate) const FUNCTIONS: usize = 9;
 
 pub(crate) static ORIG_MMAP: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ORIG_MUNMAP: AtomicUsize = AtomicUsize::new(0);
@@ -79,6 +91,7 @@ pub(crate) static ORIG_SHMDT: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ORIG_BRK: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ORIG_SBRK: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ORIG_MADVISE: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_PROCESS_MADVISE: AtomicUsize = AtomicUsize::new(0);
 /// Reloc's record of `mmap64` (the same function as mmap in glibc).
 pub(crate) static ORIG_MMAP64: AtomicUsize = AtomicUsize::new(0);
 
@@ -90,6 +103,7 @@ type ShmdtFn = unsafe extern "C" fn(*const c_void) -> c_int;
 type BrkFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 type SbrkFn = unsafe extern "C" fn(libc::intptr_t) -> *mut c_void;
 type MadviseFn = unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int;
+type ProcessMadviseFn = unsafe extern "C" fn(c_int, *const libc::iovec, usize, c_int, libc::c_uint) -> isize;
 
 /// Loads an original. The hooks are only reachable once it is set (install
 /// stores it before any patch points to the hook).
@@ -669,4 +683,246 @@ unsafe extern "C" fn madvise_dispatched(addr: *mut c_void, len: usize, advice: c
         |_| None,
     );
     result_of!(ev, Madvise, -1)
+}
+
+/// The most ranges one `process_madvise` takes (`UIO_MAXIOV`): the kernel
+/// refuses more with `EINVAL`, before it acts on any.
+const UIO_MAXIOV: usize = 1024;
+
+/// The caller's ranges read per step, into the hook's stack (512 bytes).
+const RANGES_PER_STEP: usize = 32;
+
+entry! {
+    /// The `process_madvise` hook (glibc 2.36; an allocator's batch of
+    /// `MADV_DONTNEED`s on its own memory since Linux 6.13): for a
+    /// discarding advice, `VM_UNMAPPED` of each range, before the call.
+    process_madvise_hook => process_madvise_dispatched, ORIG_PROCESS_MADVISE as ProcessMadviseFn, bits::VM_UNMAPPED,
+    (pidfd: c_int, iov: *const libc::iovec, vlen: usize, advice: c_int, flags: libc::c_uint) -> isize
+}
+
+/// [`process_madvise_hook`] when a handler wants `VM_UNMAPPED`.
+///
+/// Whether `pidfd` names this process is not asked (that costs a read of
+/// `/proc/self/fdinfo`): the ranges are reported whatever it names, as
+/// they are on a kernel older than 6.13, which refuses these advices
+/// after the report. A report too many costs a cache a registration it
+/// makes again; one too few, pages used after they are gone. A call the
+/// kernel refuses before looking at the ranges (flags other than 0, more
+/// than `UIO_MAXIOV` ranges) reports nothing.
+#[inline(never)]
+unsafe extern "C" fn process_madvise_dispatched(
+    pidfd: c_int,
+    iov: *const libc::iovec,
+    vlen: usize,
+    advice: c_int,
+    flags: libc::c_uint,
+) -> isize {
+    let orig = original!(ORIG_PROCESS_MADVISE, ProcessMadviseFn);
+    if discards(advice) && flags == 0 && vlen <= UIO_MAXIOV {
+        report_ranges(iov as usize, vlen);
+    }
+    // SAFETY: forwarded.
+    unsafe { orig(pidfd, iov, vlen, advice, flags) }
+}
+
+/// Delivers `VM_UNMAPPED` for each of the `count` ranges (`struct iovec`)
+/// at `array` in the caller's memory, keeping the caller's errno. The
+/// array is read without trusting it ([`read_caller`]): where the kernel
+/// would answer `EFAULT`, the hook must not crash. The ranges are read
+/// and reported `RANGES_PER_STEP` at a time; at the first step that
+/// cannot be read whole, the rest is not reported (the call then fails
+/// with `EFAULT`, having discarded nothing).
+#[cold]
+fn report_ranges(array: usize, count: usize) {
+    // SAFETY: __errno_location has no preconditions.
+    let errno = unsafe { libc::__errno_location() };
+    // SAFETY: this thread's errno, which stays where it is.
+    let saved = unsafe { *errno };
+    let mut ranges = [libc::iovec {
+        iov_base: core::ptr::null_mut(),
+        iov_len: 0,
+    }; RANGES_PER_STEP];
+    let mut done = 0;
+    while done < count {
+        let n = (count - done).min(RANGES_PER_STEP);
+        let from = array.wrapping_add(done * size_of::<libc::iovec>());
+        if !read_caller(from, &mut ranges[..n]) {
+            break;
+        }
+        for range in &ranges[..n] {
+            if let Some(mut event) = unmapped(range.iov_base as usize, range.iov_len) {
+                notify(&mut event);
+            }
+        }
+        done += n;
+    }
+    // SAFETY: as above.
+    unsafe { *errno = saved };
+}
+
+/// Copies `out.len()` ranges from `from`, in the caller's memory, into
+/// `out`, if they can all be read: with `process_vm_readv` on this
+/// process (which answers `EFAULT` where a plain read would fault), or,
+/// where that call is refused (a seccomp filter, qemu-user), by reading
+/// them after `/proc/self/maps` shows them readable. `from` need not be
+/// aligned.
+fn read_caller(from: usize, out: &mut [libc::iovec]) -> bool {
+    read_by_kernel(from, out).unwrap_or_else(|| read_if_mapped(from, out))
+}
+
+/// [`read_caller`] by `process_vm_readv`: whether all of `out` was read,
+/// or `None` where the call is refused (not `EFAULT`).
+fn read_by_kernel(from: usize, out: &mut [libc::iovec]) -> Option<bool> {
+    let bytes = size_of_val(out);
+    let local = libc::iovec {
+        iov_base: out.as_mut_ptr().cast(),
+        iov_len: bytes,
+    };
+    let remote = libc::iovec {
+        iov_base: from as *mut c_void,
+        iov_len: bytes,
+    };
+    // SAFETY: `local` is `out`, writable for `bytes`; the kernel checks
+    // `remote` and fails where it cannot be read. getpid has no
+    // preconditions.
+    let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if got >= 0 {
+        return Some(got as usize == bytes);
+    }
+    // SAFETY: this thread's errno.
+    (unsafe { *libc::__errno_location() } == libc::EFAULT).then_some(false)
+}
+
+/// [`read_caller`] by a plain copy, if `/proc/self/maps` shows the whole
+/// range readable.
+fn read_if_mapped(from: usize, out: &mut [libc::iovec]) -> bool {
+    let bytes = size_of_val(out);
+    if !readable(from, bytes) {
+        return false;
+    }
+    // SAFETY: `[from, from + bytes)` lies in readable mappings (just
+    // checked; the caller's memory, which it passed to the call), `out`
+    // is as long, and they do not overlap (`out` is on this stack).
+    unsafe { core::ptr::copy_nonoverlapping(from as *const u8, out.as_mut_ptr().cast::<u8>(), bytes) };
+    true
+}
+
+/// Whether `[from, from + bytes)` lies in readable mappings, one after
+/// another, by `/proc/self/maps`.
+fn readable(from: usize, bytes: usize) -> bool {
+    let Some(end) = from.checked_add(bytes) else {
+        return false;
+    };
+    let mut at = from;
+    while at < end {
+        match crate::maps::find(at) {
+            Some(m) if m.prot & libc::PROT_READ != 0 => at = m.end,
+            _ => return false,
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::maps;
+
+    /// Two pages, the second `PROT_NONE`; unmapped when dropped.
+    struct Fence(usize);
+
+    impl Fence {
+        fn new() -> Fence {
+            // SAFETY: a fresh private anonymous mapping.
+            let p = unsafe {
+                libc::mmap(
+                    core::ptr::null_mut(),
+                    2 * page_size(),
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            let second = p as usize + page_size();
+            // SAFETY: the second page of the mapping just made.
+            let protected = unsafe { libc::mprotect(second as *mut c_void, page_size(), libc::PROT_NONE) };
+            assert_eq!(protected, 0);
+            Fence(p as usize)
+        }
+
+        /// The start of the `PROT_NONE` page.
+        fn edge(&self) -> usize {
+            self.0 + page_size()
+        }
+    }
+
+    impl Drop for Fence {
+        fn drop(&mut self) {
+            // SAFETY: the mapping `new` made.
+            unsafe { libc::munmap(self.0 as *mut c_void, 2 * page_size()) };
+        }
+    }
+
+    fn ranges(n: usize) -> Vec<libc::iovec> {
+        (0..n)
+            .map(|i| libc::iovec {
+                iov_base: (0x1000 * (i + 1)) as *mut c_void,
+                iov_len: i + 7,
+            })
+            .collect()
+    }
+
+    /// A way of reading the caller's array.
+    type Read<'a> = &'a dyn Fn(usize, &mut [libc::iovec]) -> bool;
+
+    fn same(a: &[libc::iovec], b: &[libc::iovec]) -> bool {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| x.iov_base == y.iov_base && x.iov_len == y.iov_len)
+    }
+
+    /// Both ways of reading the caller's array: what they read where it is
+    /// readable (aligned or not), and that they refuse, without a fault,
+    /// where it is not (null, a `PROT_NONE` page, an array that runs
+    /// into one).
+    #[test]
+    fn the_callers_ranges_are_read_where_readable_and_refused_where_not() {
+        let fence = Fence::new();
+        let want = ranges(4);
+        let bytes = size_of_val(&want[..]);
+        let read_kernel = |from: usize, out: &mut [libc::iovec]| read_by_kernel(from, out).unwrap();
+        let ways: [(&str, Read); 3] = [
+            ("kernel", &read_kernel),
+            ("maps", &read_if_mapped),
+            ("either", &read_caller),
+        ];
+        let mut probe = ranges(1);
+        let kernel_reads = read_by_kernel(probe.as_ptr() as usize, &mut probe).is_some();
+        if !kernel_reads {
+            // qemu-user answers ENOSYS; a seccomp filter may refuse it.
+            eprintln!("process_vm_readv refused here ({}): the maps way alone", maps::errno());
+        }
+        for (way, read) in ways.into_iter().filter(|(way, _)| kernel_reads || *way != "kernel") {
+            for from in [fence.edge() - bytes, fence.edge() - bytes - 3] {
+                // SAFETY: `bytes` bytes before the fence's edge, in its
+                // first (writable) page.
+                unsafe { core::ptr::copy_nonoverlapping(want.as_ptr().cast::<u8>(), from as *mut u8, bytes) };
+                let empty = libc::iovec {
+                    iov_base: core::ptr::null_mut(),
+                    iov_len: 0,
+                };
+                let mut out = vec![empty; 4];
+                assert!(read(from, &mut out), "{way}: {from:#x}");
+                assert!(same(&out, &want), "{way}: {from:#x}");
+            }
+            let mut out = ranges(4);
+            assert!(!read(0, &mut out), "{way}: null");
+            assert!(!read(fence.edge(), &mut out), "{way}: PROT_NONE");
+            assert!(!read(fence.edge() - 8, &mut out), "{way}: into PROT_NONE");
+            assert!(!read(usize::MAX - 8, &mut out), "{way}: past the top");
+        }
+    }
 }

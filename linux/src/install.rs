@@ -103,8 +103,8 @@ impl FunctionStatus {
     }
 }
 
-/// Status entries of the host hooks (eight functions, two modes).
-const HOST_STATUS: usize = 16;
+/// Status entries of the host hooks (each function in two modes).
+const HOST_STATUS: usize = 2 * crate::host::FUNCTIONS;
 
 /// Most entries [`status`] returns: every host and CUDA function in every
 /// mode that applies to it.
@@ -164,7 +164,7 @@ pub fn install(config: &Config) {
     let mmap = config.hooks.mmap;
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     if mmap.contains(HookMode::Bistro) {
-        for (name, hook, original) in functions() {
+        for (name, hook, original) in functions().into_iter().filter(|(name, _, _)| present(name)) {
             let function = name.to_str().unwrap_or("?");
             // SAFETY: each hook has its function's signature and calls the
             // original through `original`, which patch_with sets first.
@@ -193,13 +193,13 @@ pub fn install(config: &Config) {
                 usize,
                 &'static core::sync::atomic::AtomicUsize,
             ),
-            9,
+            { crate::host::FUNCTIONS + 1 },
         > = functions().into_iter().collect();
         // glibc's mmap64 is mmap under another name.
         let _ = hooks.push((c"mmap64", functions()[0].1, &crate::host::ORIG_MMAP64));
         // SAFETY: as for bistro.
         let result = unsafe { crate::reloc::install(&hooks) };
-        for (name, _, _) in functions() {
+        for (name, _, _) in functions().into_iter().filter(|(name, _, _)| present(name)) {
             let function = name.to_str().unwrap_or("?");
             match result {
                 Ok(()) => note(&mut state.status, function, HookMode::Reloc, None),
@@ -211,6 +211,16 @@ pub fn install(config: &Config) {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::cuda::install(config.hooks.cuda);
     state.config = Some(*config);
+}
+
+/// Whether the host function `name` is in this process's C library.
+/// `process_madvise` came with glibc 2.36: an older one has nothing to
+/// hook, and nothing can call it, so [`status`] leaves it out rather than
+/// list it as a failure. The others are in every glibc.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn present(name: &core::ffi::CStr) -> bool {
+    // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
+    name != c"process_madvise" || !unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }.is_null()
 }
 
 fn remove(state: &mut Installed) {
@@ -240,7 +250,9 @@ pub fn uninstall() {
     remove(&mut INSTALLED.lock());
 }
 
-/// Per hooked function: the mode tried, whether it took, and why not.
+/// Per hooked function: the mode tried, whether it took, and why not. A
+/// host function the C library lacks (`process_madvise` before glibc
+/// 2.36) has no entry: there is nothing to hook, and nothing calls it.
 pub fn status() -> Status {
     let mut all: Status = INSTALLED.lock().status.iter().cloned().collect();
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]

@@ -17,7 +17,13 @@ const HELPER: &str = r#"
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/shm.h>
+#include <sys/uio.h>
 #include <unistd.h>
+/* glibc 2.36 and later: absent from an older one (then -2). */
+extern ssize_t process_madvise(int, const struct iovec *, size_t, int, unsigned int) __attribute__((weak));
+long mhh_process_madvise(int pidfd, const struct iovec *iov, size_t n, int advice, unsigned flags) {
+    return process_madvise ? process_madvise(pidfd, iov, n, advice, flags) : -2;
+}
 void *mhh_mmap(size_t len) { return mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0); }
 int mhh_munmap(void *p, size_t len) { return munmap(p, len); }
 void *mhh_mremap(void *p, size_t o, size_t n) { return mremap(p, o, n, MREMAP_MAYMOVE); }
@@ -39,6 +45,7 @@ struct Helper {
     munmap: unsafe extern "C" fn(usize, usize) -> i32,
     mremap: unsafe extern "C" fn(usize, usize, usize) -> usize,
     madvise: unsafe extern "C" fn(usize, usize, i32) -> i32,
+    process_madvise: unsafe extern "C" fn(i32, *const libc::iovec, usize, i32, u32) -> isize,
     shmat: unsafe extern "C" fn(i32) -> usize,
     shmdt: unsafe extern "C" fn(usize) -> i32,
     sbrk: unsafe extern "C" fn(isize) -> usize,
@@ -97,6 +104,7 @@ fn helper() -> &'static Helper {
                 munmap: cast(sym(c"mhh_munmap")),
                 mremap: cast(sym(c"mhh_mremap")),
                 madvise: cast(sym(c"mhh_madvise")),
+                process_madvise: cast(sym(c"mhh_process_madvise")),
                 shmat: cast(sym(c"mhh_shmat")),
                 shmdt: cast(sym(c"mhh_shmdt")),
                 sbrk: cast(sym(c"mhh_sbrk")),
@@ -201,6 +209,135 @@ fn about(log: &[Rec], addr: usize, len: usize) -> Vec<Rec> {
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// How many host functions memhook hooks here: nine, or eight with a
+/// glibc older than 2.36 (no `process_madvise`, so nothing to hook).
+fn host_functions() -> usize {
+    // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
+    let present = !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"process_madvise".as_ptr()) }.is_null();
+    8 + usize::from(present)
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+fn iovec(base: usize, len: usize) -> libc::iovec {
+    libc::iovec {
+        iov_base: base as *mut libc::c_void,
+        iov_len: len,
+    }
+}
+
+/// process_madvise (glibc 2.36): a discarding advice on the caller's own
+/// memory (Linux 6.13; an allocator's batch of `MADV_DONTNEED`s) is a
+/// `VM_UNMAPPED` of each range, in order, before the call; the function
+/// has no event of its own. The result and errno are the kernel's (an
+/// older kernel, or qemu-user, refuses the advice: reported all the same,
+/// as the hook cannot know). A call the kernel refuses before it reads
+/// the ranges, or whose ranges it cannot read, reports nothing, and a bad
+/// array is `EFAULT`, not a crash in the hook.
+fn check_process_madvise(h: &Helper, events: u32) {
+    let page = page_size();
+    // SAFETY: pidfd_open of this process; closed below.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) } as i32;
+    assert!(pidfd >= 0, "pidfd_open: {}", errno());
+    // SAFETY: the helper wraps mmap; 48 pages, unmapped below.
+    let r = unsafe { (h.mmap)(48 * page) };
+    assert_ne!(r, usize::MAX);
+    // The call as the kernel answers it, by the system call (not hooked).
+    let kernel = |array: *const libc::iovec, n: usize, advice: i32, flags: u32| {
+        // SAFETY: process_madvise, which checks `array` itself.
+        let result = unsafe { libc::syscall(libc::SYS_process_madvise, pidfd, array, n, advice, flags) } as isize;
+        (result, if result < 0 { errno() } else { 77 })
+    };
+    // The call through glibc (hooked), from the helper library, with the
+    // events recorded; errno set to 77 first.
+    let hooked = |array: *const libc::iovec, n: usize, advice: i32, flags: u32| {
+        let mut out = (0, 0);
+        let log = recorded(|| {
+            set_errno(77);
+            // SAFETY: the helper wraps process_madvise, which checks
+            // `array` itself (a bad one is EFAULT).
+            out.0 = unsafe { (h.process_madvise)(pidfd, array, n, advice, flags) };
+            out.1 = errno();
+        });
+        (out, about(&log, r, 48 * page))
+    };
+    let (probe, _) = hooked(core::ptr::null(), 0, libc::MADV_DONTNEED, 0);
+    if probe.0 == -2 {
+        eprintln!("process_madvise: not in this glibc (older than 2.36), not checked");
+    } else {
+        // Two ranges, the first short of a page (the kernel discards it whole).
+        let iov = [iovec(r, 100), iovec(r + 2 * page, page)];
+        let want = kernel(iov.as_ptr(), 2, libc::MADV_DONTNEED, 0);
+        let (got, log) = hooked(iov.as_ptr(), 2, libc::MADV_DONTNEED, 0);
+        assert_eq!(got, want, "result and errno");
+        assert_eq!(
+            log,
+            only(
+                events,
+                [
+                    (bits::VM_UNMAPPED, r, page, 0),
+                    (bits::VM_UNMAPPED, r + 2 * page, page, 0)
+                ]
+            )
+        );
+        // Forty ranges (more than the hook reads at a time), each reported.
+        let many: Vec<libc::iovec> = (0..40).map(|i| iovec(r + i * page, page)).collect();
+        let want = kernel(many.as_ptr(), many.len(), libc::MADV_DONTNEED, 0);
+        let (got, log) = hooked(many.as_ptr(), many.len(), libc::MADV_DONTNEED, 0);
+        assert_eq!(got, want, "result and errno");
+        let each: Vec<Rec> = if events & bits::VM_UNMAPPED != 0 {
+            many.iter()
+                .map(|v| (bits::VM_UNMAPPED, v.iov_base as usize, page, 0))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        assert_eq!(log, each);
+        // An array the kernel cannot read: null, in a PROT_NONE page,
+        // running into one. EFAULT (where the kernel has the call),
+        // nothing reported, no crash.
+        let fenced = r + 47 * page;
+        // SAFETY: makes the last page of `r` inaccessible (unmapped with
+        // `r` below).
+        let protected = unsafe { libc::mprotect(fenced as *mut libc::c_void, page, libc::PROT_NONE) };
+        assert_eq!(protected, 0);
+        // SAFETY: one range written just before the PROT_NONE page.
+        unsafe { ((fenced - 16) as *mut libc::iovec).write(iovec(r, page)) };
+        for (array, n) in [(0, 1), (fenced, 1), (fenced - 16, 2)] {
+            let array = array as *const libc::iovec;
+            let want = kernel(array, n, libc::MADV_DONTNEED, 0);
+            assert!(
+                want.0 == -1 && [libc::EFAULT, libc::ENOSYS].contains(&want.1),
+                "{want:?}"
+            );
+            let (got, log) = hooked(array, n, libc::MADV_DONTNEED, 0);
+            assert_eq!(got, want, "array {array:?}, {n} ranges");
+            assert_eq!(log, [], "array {array:?}, {n} ranges");
+        }
+        // Calls refused before the ranges are read, and an advice that
+        // keeps the contents: nothing reported.
+        let one = [iovec(r, page)];
+        for (n, advice, flags) in [
+            (1, libc::MADV_DONTNEED, 1),
+            (1025, libc::MADV_DONTNEED, 0),
+            (1, libc::MADV_COLD, 0),
+        ] {
+            let want = kernel(one.as_ptr(), n, advice, flags);
+            let (got, log) = hooked(one.as_ptr(), n, advice, flags);
+            assert_eq!(got, want, "{n} ranges, advice {advice}, flags {flags}");
+            assert_eq!(log, [], "{n} ranges, advice {advice}, flags {flags}");
+        }
+    }
+    // SAFETY: the mapping made above, and the pidfd.
+    unsafe {
+        assert_eq!((h.munmap)(r, 48 * page), 0);
+        libc::close(pidfd);
+    }
+}
+
 /// A test's registrations and install, undone when it ends (also when it
 /// fails, so one failure does not leave handlers behind for the next).
 struct Session(Vec<memhook::event::HandlerId>);
@@ -262,7 +399,7 @@ fn check_mode(mode: HookMode, events: u32) {
     let h = helper();
     let mut session = Session::new(mode);
     let status = memhook::status();
-    assert_eq!(status.len(), 8, "{status:?}");
+    assert_eq!(status.len(), host_functions(), "{status:?}");
     assert!(status.iter().all(|s| s.installed && s.mode == mode), "{status:?}");
     session.handler(events, 0, &record);
 
@@ -414,6 +551,8 @@ fn check_mode(mode: HookMode, events: u32) {
             .collect::<Vec<_>>(),
         "{log:x?}"
     );
+
+    check_process_madvise(h, events);
 
     // shmat/shmdt: sizes from the segment and the mapping.
     // SAFETY: a private segment, removed below.
@@ -912,13 +1051,27 @@ fn entry_bytes(name: &std::ffi::CStr) -> [u8; 16] {
 fn install_uninstall_cycles_restore_the_bytes() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let names = [
-        c"mmap", c"munmap", c"mremap", c"shmat", c"shmdt", c"brk", c"sbrk", c"madvise",
+        c"mmap",
+        c"munmap",
+        c"mremap",
+        c"shmat",
+        c"shmdt",
+        c"brk",
+        c"sbrk",
+        c"madvise",
+        c"process_madvise",
     ];
+    // SAFETY: NUL-terminated names and the pseudo-handle RTLD_DEFAULT.
+    let names: Vec<_> = names
+        .into_iter()
+        .filter(|n| !unsafe { libc::dlsym(libc::RTLD_DEFAULT, n.as_ptr()) }.is_null())
+        .collect();
+    assert_eq!(names.len(), host_functions());
     let before: Vec<_> = names.iter().map(|n| entry_bytes(n)).collect();
     for _ in 0..5 {
         memhook::install(&config(HookMode::Bistro));
         memhook::install(&config(HookMode::Bistro)); // idempotent
-        assert_eq!(memhook::status().len(), 8);
+        assert_eq!(memhook::status().len(), host_functions());
         assert!(names.iter().zip(&before).any(|(n, b)| entry_bytes(n) != *b), "patched");
         memhook::uninstall();
         let after: Vec<_> = names.iter().map(|n| entry_bytes(n)).collect();
