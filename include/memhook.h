@@ -137,7 +137,7 @@
 #define MEMHOOK_EVENT_BRK (1 << 7)
 
 /*
- A range became mapped.
+ A range became mapped (a library dlopen loaded included).
  */
 #define MEMHOOK_EVENT_VM_MAPPED (1 << 16)
 
@@ -146,7 +146,9 @@
  shmdt, a shrinking brk or sbrk, a discarding madvise or
  process_madvise (one event per range), or a call that
  maps at a fixed address over it (mmap with MAP_FIXED, mremap with
- MREMAP_FIXED at its destination, shmat with SHM_REMAP).
+ MREMAP_FIXED at its destination, shmat with SHM_REMAP). One comes
+ after: a library dlclose unloaded (the loader unmaps it out of any
+ hook's sight).
  */
 #define MEMHOOK_EVENT_VM_UNMAPPED (1 << 17)
 

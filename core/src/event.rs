@@ -74,7 +74,8 @@ pub mod bits {
     pub const MADVISE: u32 = 1 << 6;
     /// `brk` was called.
     pub const BRK: u32 = 1 << 7;
-    /// A range of virtual memory became mapped (after the fact).
+    /// A range of virtual memory became mapped (after the fact), a
+    /// library the dynamic loader loaded (`dlopen`) included.
     pub const VM_MAPPED: u32 = 1 << 16;
     /// A range of virtual memory is about to be unmapped: by `munmap`,
     /// `mremap` (its source), `shmdt`, a shrinking `brk`/`sbrk`, a
@@ -82,7 +83,9 @@ pub mod bits {
     /// or a call that maps at a fixed address over it
     /// (`mmap` with `MAP_FIXED`, `mremap` with `MREMAP_FIXED` at its
     /// destination, `shmat` with `SHM_REMAP`), reported whether or not
-    /// anything was mapped there.
+    /// anything was mapped there. One exception comes after the range
+    /// went: a library the dynamic loader unloaded (`dlclose`), which it
+    /// unmaps out of any hook's sight.
     pub const VM_UNMAPPED: u32 = 1 << 17;
     /// A typed (e.g. CUDA) allocation succeeded.
     pub const MEM_TYPE_ALLOC: u32 = 1 << 20;

@@ -131,13 +131,15 @@ pub const MEMHOOK_EVENT_SBRK: u32 = 1 << 5;
 pub const MEMHOOK_EVENT_MADVISE: u32 = 1 << 6;
 /// brk.
 pub const MEMHOOK_EVENT_BRK: u32 = 1 << 7;
-/// A range became mapped.
+/// A range became mapped (a library dlopen loaded included).
 pub const MEMHOOK_EVENT_VM_MAPPED: u32 = 1 << 16;
 /// A range is about to be unmapped: by munmap, mremap (its source),
 /// shmdt, a shrinking brk or sbrk, a discarding madvise or
 /// process_madvise (one event per range), or a call that
 /// maps at a fixed address over it (mmap with MAP_FIXED, mremap with
-/// MREMAP_FIXED at its destination, shmat with SHM_REMAP).
+/// MREMAP_FIXED at its destination, shmat with SHM_REMAP). One comes
+/// after: a library dlclose unloaded (the loader unmaps it out of any
+/// hook's sight).
 pub const MEMHOOK_EVENT_VM_UNMAPPED: u32 = 1 << 17;
 /// A typed allocation succeeded.
 pub const MEMHOOK_EVENT_MEM_TYPE_ALLOC: u32 = 1 << 20;

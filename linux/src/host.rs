@@ -3,7 +3,9 @@
 //! `VM_MAPPED` (after the mapping exists) / `VM_UNMAPPED` (before it goes),
 //! and for process_madvise, whose discarding advices on the caller's own
 //! memory (Linux 6.13) are a `VM_UNMAPPED` per range (it has no event of
-//! its own in the C ABI).
+//! its own in the C ABI). What the dynamic loader maps and unmaps for
+//! `dlopen` and `dlclose` (through its own copies of mmap and munmap) is
+//! reported after those calls ([`loader_changed`]).
 //!
 //! Every hook calls the function's original (the bistro trampoline or the
 //! pointer reloc found), never a raw system call: so glibc's own state (the
@@ -410,6 +412,23 @@ fn notify_keeping_errno(event: Option<Event>) {
         // SAFETY: as above.
         unsafe { *errno = saved };
     }
+}
+
+/// What the dynamic loader mapped or unmapped for a library, which it
+/// does through its own copies of mmap and munmap, out of the hooks'
+/// sight: `VM_MAPPED` of a loaded object's span after the `dlopen` that
+/// loaded it, `VM_UNMAPPED` of an unloaded one's after the `dlclose` that
+/// unloaded it (late: the loader gives no public moment before it
+/// unmaps at which the objects it will unmap are known; but not lost).
+/// Found by reloc's rescan after every interposed `dlopen` and `dlclose`.
+pub(crate) fn loader_changed(mapped: bool, start: usize, end: usize) {
+    let size = end.saturating_sub(start);
+    let event = if mapped {
+        wants(bits::VM_MAPPED).then(|| mapped_bytes(start, size)).flatten()
+    } else {
+        wants(bits::VM_UNMAPPED).then(|| unmapped_bytes(start, size)).flatten()
+    };
+    notify_keeping_errno(event);
 }
 
 /// Size of the shared memory segment `shmid` (0 when unknown).

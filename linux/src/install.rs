@@ -209,8 +209,27 @@ pub fn install(config: &Config) {
         state.reloc = true;
     }
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    crate::cuda::install(config.hooks.cuda);
+    {
+        // The loader maps and unmaps libraries out of the hooks' sight:
+        // reloc's interposed dlopen/dlclose report what it did. The CUDA
+        // hooks install them in every mode; for host hooks alone they are
+        // installed here (bistro alone included).
+        let host = mmap.contains(HookMode::Bistro) || mmap.contains(HookMode::Reloc);
+        crate::reloc::LOADER_EVENTS.store(host, core::sync::atomic::Ordering::Release);
+        crate::cuda::install(config.hooks.cuda);
+        if host && !state.reloc && config.hooks.cuda.is_empty() {
+            // SAFETY: no symbol of its own: only reloc's dlopen, dlclose,
+            // dlsym and dlvsym hooks. Where there is no dynamic loader (a
+            // static program) there is nothing to report.
+            let _ = unsafe { crate::reloc::install_with(&[]) };
+            state.reloc = true;
+        }
+    }
     state.config = Some(*config);
+    drop(state);
+    // Loads on other threads that the install's rescans found.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    crate::reloc::report_changes();
 }
 
 /// Whether the host function `name` is in this process's C library.
@@ -235,6 +254,8 @@ fn remove(state: &mut Installed) {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::cuda::uninstall();
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    crate::reloc::LOADER_EVENTS.store(false, core::sync::atomic::Ordering::Release);
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if state.reloc || state.config.is_some_and(|c| !c.hooks.cuda.is_empty()) {
         crate::reloc::uninstall();
         state.reloc = false;
@@ -248,6 +269,8 @@ fn remove(state: &mut Installed) {
 /// back). Handlers stay registered.
 pub fn uninstall() {
     remove(&mut INSTALLED.lock());
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    crate::reloc::report_changes();
 }
 
 /// Per hooked function: the mode tried, whether it took, and why not. A

@@ -5,7 +5,11 @@
 //! object in one pass over each object's relocations; objects are
 //! remembered, so a later `dlopen` (interposed through reloc itself) scans
 //! only the new ones, and a `dlclose` makes memhook forget the objects that
-//! went away (they are never touched again). [`uninstall`] restores every
+//! went away (they are never touched again). With the host hooks
+//! installed, the spans of the objects that appeared or went are reported
+//! as `VM_MAPPED` / `VM_UNMAPPED` after the call (the loader maps and
+//! unmaps them through its own copies of mmap and munmap, which no hook
+//! sees). [`uninstall`] restores every
 //! slot it wrote. memhook's own object, the vDSO and the dynamic loader are
 //! skipped. A slot inside the object's RELRO region is written between two
 //! `mprotect` calls. The original of a symbol is what the global scope
@@ -125,9 +129,33 @@ struct Slot {
     symbol: u8,
 }
 
+/// A loaded object reloc knows, with the span the loader mapped for it
+/// (its first to its last load segment, in whole pages: what `dlclose`
+/// unmaps).
+#[derive(Clone, Copy)]
+struct Known {
+    id: ObjectId,
+    span: (usize, usize),
+}
+
+/// An object's span that the loader mapped (`dlopen`) or unmapped
+/// (`dlclose`), found by a rescan and waiting to be reported.
+#[derive(Clone, Copy)]
+struct Change {
+    mapped: bool,
+    span: (usize, usize),
+}
+
+/// Whether rescans after `dlopen`/`dlclose` record the loader's
+/// mappings as [`Change`]s (set while host events are installed).
+pub(crate) static LOADER_EVENTS: AtomicBool = AtomicBool::new(false);
+
 struct State {
     symbols: heapless::Vec<Symbol, MAX_SYMBOLS>,
-    objects: heapless::Vec<ObjectId, MAX_OBJECTS>,
+    objects: heapless::Vec<Known, MAX_OBJECTS>,
+    /// The loader's changes found and not yet reported (at most every
+    /// known object gone and as many new: never full).
+    changes: heapless::Deque<Change, { 2 * MAX_OBJECTS }>,
     slots: heapless::Vec<Slot, MAX_SLOTS>,
     overflow: bool,
     /// Objects skipped because their dynamic section was malformed.
@@ -137,6 +165,7 @@ struct State {
 static STATE: spin::Mutex<State> = spin::Mutex::new(State {
     symbols: heapless::Vec::new(),
     objects: heapless::Vec::new(),
+    changes: heapless::Deque::new(),
     slots: heapless::Vec::new(),
     overflow: false,
     malformed: 0,
@@ -322,20 +351,38 @@ fn patch_object(state: &mut State, o: &Object<'_>, from: usize) {
     state.overflow |= pending_overflow;
 }
 
+/// The span the loader mapped for `o`: its first to its last load
+/// segment, in whole pages (the holes between segments are the object's
+/// too, kept inaccessible).
+fn span_of(o: &Object<'_>) -> (usize, usize) {
+    let page = page_size();
+    let start = o.segments.iter().map(|&(s, _)| s).min().unwrap_or(0) & !(page - 1);
+    let end = o.segments.iter().map(|&(_, e)| e).max().unwrap_or(0);
+    (start, end.checked_next_multiple_of(page).unwrap_or(end))
+}
+
 /// Patches the objects not seen yet (all symbols) and, when `from` is below
 /// the symbol count, the known objects for the symbols from `from` on.
-fn scan(state: &mut State, from: usize) {
+/// With `report` (a rescan after `dlopen`/`dlclose`, not an install's
+/// first look) and [`LOADER_EVENTS`], records the spans of the objects
+/// that appeared and vanished as [`Change`]s.
+fn scan(state: &mut State, from: usize, report: bool) {
+    let report = report && LOADER_EVENTS.load(Ordering::Acquire);
     let mut seen: heapless::Vec<ObjectId, MAX_OBJECTS> = heapless::Vec::new();
     for_each_object(|o| {
         let _ = seen.push(o.id);
         if skipped(o) {
             return;
         }
-        let known = state.objects.contains(&o.id);
+        let known = state.objects.iter().any(|k| k.id == o.id);
         if !known {
-            if state.objects.push(o.id).is_err() {
+            let span = span_of(o);
+            if state.objects.push(Known { id: o.id, span }).is_err() {
                 state.overflow = true;
                 return;
+            }
+            if report {
+                let _ = state.changes.push_back(Change { mapped: true, span });
             }
             patch_object(state, o, 0);
         } else if from < state.symbols.len() {
@@ -343,9 +390,39 @@ fn scan(state: &mut State, from: usize) {
         }
     });
     // Objects that are gone (dlclose): forget them and their slots.
-    state.objects.retain(|id| seen.contains(id));
-    let alive = state.objects.clone();
-    state.slots.retain(|s| alive.contains(&s.object));
+    let State {
+        objects,
+        changes,
+        slots,
+        ..
+    } = state;
+    objects.retain(|k| {
+        let alive = seen.contains(&k.id);
+        if !alive && report {
+            let _ = changes.push_back(Change {
+                mapped: false,
+                span: k.span,
+            });
+        }
+        alive
+    });
+    slots.retain(|s| objects.iter().any(|k| k.id == s.object));
+}
+
+/// Reports the loader's changes that rescans recorded
+/// (`crate::host::loader_changed`), one at a time, outside the state's
+/// lock. Where another thread holds the state, they wait for the next
+/// call: after every interposed `dlopen` and `dlclose`, and at the end of
+/// an install or uninstall (whose rescans may have found changes for a
+/// `dlopen` on another thread), once no memhook lock is held: handlers
+/// run here.
+pub(crate) fn report_changes() {
+    loop {
+        let Some(change) = STATE.try_lock().and_then(|mut s| s.changes.pop_front()) else {
+            return;
+        };
+        crate::host::loader_changed(change.mapped, change.span.0, change.span.1);
+    }
 }
 
 /// Hooks each `(symbol, hook, original)` in every loaded object and in
@@ -417,7 +494,7 @@ pub unsafe fn install_with(entries: &[Entry]) -> Result<(), RelocError> {
     }
     ensure_dl_hooks(&mut state)?;
     publish(&state);
-    scan(&mut state, from);
+    scan(&mut state, from, false);
     rescan_pending(&mut state);
     if state.overflow {
         Err(RelocError::TooManySlots)
@@ -548,19 +625,21 @@ pub fn refresh() {
 /// constructor): the holder rescans before it lets go.
 static RESCAN: AtomicBool = AtomicBool::new(false);
 
-/// Scans for new and vanished objects, without ever waiting for the state.
+/// Scans for new and vanished objects, without ever waiting for the
+/// state, and reports what the loader mapped and unmapped.
 fn rescan() {
     RESCAN.store(true, Ordering::SeqCst);
     if let Some(mut state) = STATE.try_lock() {
         rescan_pending(&mut state);
     }
+    report_changes();
 }
 
 /// Runs the scans that dlopen/dlclose asked for while the state was held.
 fn rescan_pending(state: &mut State) {
     while RESCAN.swap(false, Ordering::SeqCst) {
         let n = state.symbols.len();
-        scan(state, n);
+        scan(state, n, true);
     }
 }
 

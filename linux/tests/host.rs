@@ -38,6 +38,9 @@ void *mhh_mremap_flags(void *p, size_t o, size_t n, int flags) { return mremap(p
 void *mhh_shmat_at(int id, void *at, int flags) { return shmat(id, at, flags); }
 void *mhh_malloc(size_t n) { return malloc(n); }
 void mhh_free(void *p) { free(p); }
+#include <dlfcn.h>
+void *mhh_dlopen(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
+int mhh_dlclose(void *handle) { return dlclose(handle); }
 "#;
 
 struct Helper {
@@ -56,6 +59,8 @@ struct Helper {
     shmat_at: unsafe extern "C" fn(i32, usize, i32) -> usize,
     malloc: unsafe extern "C" fn(usize) -> usize,
     free: unsafe extern "C" fn(usize),
+    dlopen: unsafe extern "C" fn(*const libc::c_char) -> usize,
+    dlclose: unsafe extern "C" fn(usize) -> i32,
 }
 
 /// A function pointer from an address.
@@ -69,22 +74,30 @@ unsafe fn cast<T>(p: usize) -> T {
     unsafe { std::mem::transmute_copy(&p) }
 }
 
+/// Builds `lib<name>.so` in `dir` from `source` with the C compiler (`CC`,
+/// else `cc`), with `extra` arguments after the source.
+fn build_library(dir: &std::path::Path, name: &str, source: &str, extra: &[&str]) -> std::path::PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let out = dir.join(format!("lib{name}.so"));
+    let ok = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(extra)
+        .status()
+        .expect("a C compiler (cc) builds the test's libraries")
+        .success();
+    assert!(ok, "building lib{name}.so");
+    out
+}
+
 fn helper() -> &'static Helper {
     static H: OnceLock<Helper> = OnceLock::new();
     H.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("memhook-host-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let src = dir.join("mhh.c");
-        std::fs::write(&src, HELPER).unwrap();
-        let out = dir.join("libmhh.so");
-        let ok = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-            .args(["-shared", "-fPIC", "-O1", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .status()
-            .expect("a C compiler (cc) builds the helper library")
-            .success();
-        assert!(ok);
+        let out = build_library(&dir, "mhh", HELPER, &["-ldl"]);
         let path = CString::new(out.to_str().unwrap()).unwrap();
         // SAFETY: a NUL-terminated path to the library just built.
         let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
@@ -115,6 +128,8 @@ fn helper() -> &'static Helper {
                 shmat_at: cast(sym(c"mhh_shmat_at")),
                 malloc: cast(sym(c"mhh_malloc")),
                 free: cast(sym(c"mhh_free")),
+                dlopen: cast(sym(c"mhh_dlopen")),
+                dlclose: cast(sym(c"mhh_dlclose")),
             }
         }
     })
@@ -1235,4 +1250,160 @@ fn a_panicking_handler_ends_the_process() {
     assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{out:?}");
     assert!(stderr.contains("a handler's bug"), "the panic is reported: {stderr}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("went on"));
+}
+
+/// A library with data of its own (a buffer a registration cache could
+/// have registered), and one that needs it: unloading the second
+/// unloads both.
+const PLUGIN_BASE: &str = "char mhl_buffer[1 << 16];\nint mhl_base(void) { return mhl_buffer[7]; }\n";
+const PLUGIN: &str = "int mhl_base(void);\nint mhl_plugin(void) { return mhl_base() + 1; }\n";
+
+/// The span of the loaded object whose path ends in `name`, by its
+/// program headers: its first to its last load segment, in whole pages.
+fn span_of_loaded(name: &str) -> Option<(usize, usize)> {
+    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _: libc::size_t, data: *mut libc::c_void) -> i32 {
+        // SAFETY: dl_iterate_phdr's arguments for this call; `data` is the
+        // pair below.
+        let (info, (name, out)) = unsafe { (&*info, &mut *(data as *mut (&str, Option<(usize, usize)>))) };
+        if info.dlpi_name.is_null() {
+            return 0;
+        }
+        // SAFETY: a non-null dlpi_name is NUL-terminated.
+        let path = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_string_lossy();
+        if !path.ends_with(*name) {
+            return 0;
+        }
+        let page = page_size();
+        let (mut lo, mut hi) = (usize::MAX, 0);
+        for i in 0..info.dlpi_phnum as usize {
+            // SAFETY: dlpi_phdr points to dlpi_phnum headers.
+            let ph = unsafe { &*info.dlpi_phdr.add(i) };
+            if ph.p_type == libc::PT_LOAD {
+                let start = info.dlpi_addr as usize + ph.p_vaddr as usize;
+                lo = lo.min(start & !(page - 1));
+                hi = hi.max((start + ph.p_memsz as usize).next_multiple_of(page));
+            }
+        }
+        *out = Some((lo, hi));
+        1
+    }
+    let mut data: (&str, Option<(usize, usize)>) = (name, None);
+    // SAFETY: `visit` has the callback's type; `data` outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut data as *mut (&str, Option<(usize, usize)>)).cast()) };
+    data.1
+}
+
+/// The `/proc/self/maps` ranges whose path ends in `name`.
+fn mapped_from(name: &str) -> Vec<(usize, usize)> {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| l.ends_with(name))
+        .map(|l| {
+            let (lo, hi) = l.split_whitespace().next().unwrap().split_once('-').unwrap();
+            (
+                usize::from_str_radix(lo, 16).unwrap(),
+                usize::from_str_radix(hi, 16).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The dynamic loader maps and unmaps libraries through its own copies
+/// of mmap and munmap, which no hook sees: `dlopen` reports `VM_MAPPED`
+/// of each object it loaded after the call, and `dlclose` `VM_UNMAPPED`
+/// of each it unloaded (the library's data included) after the call; a
+/// `dlclose` that leaves the library loaded reports nothing.
+fn check_loader(mode: HookMode, cuda: ModeSet) {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    memhook::install(&Config {
+        hooks: HookConfig {
+            mmap: ModeSet::of(&[mode]),
+            cuda,
+        },
+    });
+    let mut session = Session(Vec::new());
+    session.handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, &record);
+    let dir = std::env::temp_dir().join(format!(
+        "memhook-loader-{}-{}-{}",
+        std::process::id(),
+        mode.name(),
+        cuda.is_empty()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let base_lib = build_library(&dir, "mhl_base", PLUGIN_BASE, &[]);
+    let plugin = build_library(
+        &dir,
+        "mhl_plugin",
+        PLUGIN,
+        &["-L", dir.to_str().unwrap(), "-lmhl_base", "-Wl,-rpath,$ORIGIN"],
+    );
+    assert!(base_lib.exists());
+    let path = CString::new(plugin.to_str().unwrap()).unwrap();
+    let names = ["/libmhl_plugin.so", "/libmhl_base.so"];
+
+    let mut handle = 0;
+    // SAFETY: the helper wraps dlopen with a NUL-terminated path.
+    let log = recorded(|| handle = unsafe { (h.dlopen)(path.as_ptr()) });
+    assert_ne!(handle, 0, "dlopen of the plugin");
+    let spans: Vec<(usize, usize)> = names.iter().map(|n| span_of_loaded(n).unwrap()).collect();
+    for (name, &(lo, hi)) in names.iter().zip(&spans) {
+        let mapped: Vec<&Rec> = log.iter().filter(|r| r.1 == lo).collect();
+        assert_eq!(mapped, [&(bits::VM_MAPPED, lo, hi - lo, 0)], "{name}: {log:x?}");
+        let name = name.trim_start_matches('/');
+        for (a, b) in mapped_from(name) {
+            assert!(lo <= a && b <= hi, "{name}: {a:#x}-{b:#x} outside {lo:#x}-{hi:#x}");
+        }
+    }
+    let buffer = {
+        // SAFETY: a live handle and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(handle as *mut libc::c_void, c"mhl_buffer".as_ptr()) } as usize;
+        assert_ne!(p, 0);
+        p
+    };
+    assert!(
+        spans[1].0 <= buffer && buffer + (1 << 16) <= spans[1].1,
+        "the buffer lies in its library's span"
+    );
+
+    // A second reference: its dlclose unloads nothing, and says nothing.
+    let mut again = 0;
+    // SAFETY: as above.
+    let log = recorded(|| again = unsafe { (h.dlopen)(path.as_ptr()) });
+    assert_eq!(again, handle);
+    assert_eq!(log, []);
+    // SAFETY: the helper wraps dlclose of a handle dlopen returned.
+    let log = recorded(|| assert_eq!(unsafe { (h.dlclose)(again) }, 0));
+    assert_eq!(log, []);
+
+    // The last reference: both objects go, each reported once.
+    // SAFETY: as above.
+    let log = recorded(|| assert_eq!(unsafe { (h.dlclose)(handle) }, 0));
+    for (name, &(lo, hi)) in names.iter().zip(&spans) {
+        let unmapped: Vec<&Rec> = log.iter().filter(|r| r.1 == lo).collect();
+        assert_eq!(unmapped, [&(bits::VM_UNMAPPED, lo, hi - lo, 0)], "{name}: {log:x?}");
+        assert_eq!(mapped_from(name.trim_start_matches('/')), [], "{name} is unloaded");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn library_loads_and_unloads_in_bistro_mode() {
+    check_loader(HookMode::Bistro, ModeSet::NONE);
+}
+
+#[test]
+fn library_loads_and_unloads_in_reloc_mode() {
+    check_loader(HookMode::Reloc, ModeSet::NONE);
+}
+
+/// With the CUDA hooks too (which interpose dlopen and dlclose
+/// themselves, for libraries that load later).
+#[test]
+fn library_loads_and_unloads_beside_the_cuda_hooks() {
+    check_loader(
+        HookMode::Bistro,
+        ModeSet::of(&[HookMode::Bistro, HookMode::Reloc, HookMode::Procaddr]),
+    );
 }
