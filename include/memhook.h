@@ -144,7 +144,9 @@
 /*
  A range is about to be unmapped: by munmap, mremap (its source),
  shmdt, a shrinking brk or sbrk, a discarding madvise or
- process_madvise (one event per range), or a call that
+ process_madvise (one event per range), a fallocate, ftruncate or
+ truncate that discards pages of a mapped file (one per mapping), or a
+ call that
  maps at a fixed address over it (mmap with MAP_FIXED, mremap with
  MREMAP_FIXED at its destination, shmat with SHM_REMAP). One comes
  after: a library dlclose unloaded (the loader unmaps it out of any
@@ -616,7 +618,8 @@ int memhook_memtype_classify(const void *addr, size_t len, struct memhook_mem_in
  must go unreported (an allocator's own mappings, as UCM's
  `ucm_orig_mmap`): a host function (`"mmap"`, `"munmap"`, `"mremap"`,
  `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
- `"process_madvise"`) or a hooked CUDA
+ `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`) or a
+ hooked CUDA
  function (`"cuMemAlloc_v2"`, `"cudaMalloc"`, ...). Cast it to the
  function's own type. NULL, with `memhook_last_error` saying why, for a
  name memhook does not hook, or a function it has not hooked (yet). The

@@ -80,7 +80,9 @@ pub mod bits {
     /// A range of virtual memory is about to be unmapped: by `munmap`,
     /// `mremap` (its source), `shmdt`, a shrinking `brk`/`sbrk`, a
     /// discarding `madvise` or `process_madvise` (one event per range),
-    /// or a call that maps at a fixed address over it
+    /// a `fallocate`, `ftruncate` or `truncate` that discards pages of a
+    /// mapped file (one per mapping), or a call that maps at a fixed
+    /// address over it
     /// (`mmap` with `MAP_FIXED`, `mremap` with `MREMAP_FIXED` at its
     /// destination, `shmat` with `SHM_REMAP`), reported whether or not
     /// anything was mapped there. One exception comes after the range

@@ -135,7 +135,9 @@ pub const MEMHOOK_EVENT_BRK: u32 = 1 << 7;
 pub const MEMHOOK_EVENT_VM_MAPPED: u32 = 1 << 16;
 /// A range is about to be unmapped: by munmap, mremap (its source),
 /// shmdt, a shrinking brk or sbrk, a discarding madvise or
-/// process_madvise (one event per range), or a call that
+/// process_madvise (one event per range), a fallocate, ftruncate or
+/// truncate that discards pages of a mapped file (one per mapping), or a
+/// call that
 /// maps at a fixed address over it (mmap with MAP_FIXED, mremap with
 /// MREMAP_FIXED at its destination, shmat with SHM_REMAP). One comes
 /// after: a library dlclose unloaded (the loader unmaps it out of any

@@ -3,7 +3,11 @@
 //! `VM_MAPPED` (after the mapping exists) / `VM_UNMAPPED` (before it goes),
 //! and for process_madvise, whose discarding advices on the caller's own
 //! memory (Linux 6.13) are a `VM_UNMAPPED` per range (it has no event of
-//! its own in the C ABI). What the dynamic loader maps and unmaps for
+//! its own in the C ABI); and for fallocate, ftruncate and truncate,
+//! which take pages away from every mapping of a file (a punched hole,
+//! a shrunk end) with no call on the mappings: `VM_UNMAPPED` of each
+//! mapped range of the file they discard, before the call (no event of
+//! their own either). What the dynamic loader maps and unmaps for
 //! `dlopen` and `dlclose` (through its own copies of mmap and munmap) is
 //! reported after those calls ([`loader_changed`]).
 //!
@@ -43,8 +47,8 @@ use memhook_core::event::{
 use crate::dispatch::{begin, finish, notify, wants};
 
 /// The address that runs `function`'s original (`"mmap"`, `"munmap"`,
-/// `"mremap"`, `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"` or
-/// `"process_madvise"`), past
+/// `"mremap"`, `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
+/// `"process_madvise"`, `"fallocate"`, `"ftruncate"` or `"truncate"`), past
 /// memhook's hook: with bistro, its trampoline (the relocated first
 /// instructions, then a jump into the function); with reloc, the
 /// definition it found. `None` for another name, or before memhook hooked
@@ -79,11 +83,29 @@ pub(crate) fn functions() -> [(&'static core::ffi::CStr, usize, &'static AtomicU
             process_madvise_hook as *const () as usize,
             &ORIG_PROCESS_MADVISE,
         ),
+        (c"fallocate", fallocate_hook as *const () as usize, &ORIG_FALLOCATE),
+        (c"ftruncate", ftruncate_hook as *const () as usize, &ORIG_FTRUNCATE),
+        (c"truncate", truncate_hook as *const () as usize, &ORIG_TRUNCATE),
     ]
 }
 
 /// How many host functions memhook hooks.
-pub(crate) const FUNCTIONS: usize = 9;
+pub(crate) const FUNCTIONS: usize = 12;
+
+/// glibc's other names of hooked functions (the same functions on the
+/// 64-bit targets memhook runs on), with their hooks: reloc rewrites the
+/// slots that name them too; bistro's patch of the function covers them.
+pub(crate) fn aliases() -> [(&'static core::ffi::CStr, usize, &'static AtomicUsize); ALIASES] {
+    [
+        (c"mmap64", mmap_hook as *const () as usize, &ORIG_MMAP64),
+        (c"fallocate64", fallocate_hook as *const () as usize, &ORIG_FALLOCATE64),
+        (c"ftruncate64", ftruncate_hook as *const () as usize, &ORIG_FTRUNCATE64),
+        (c"truncate64", truncate_hook as *const () as usize, &ORIG_TRUNCATE64),
+    ]
+}
+
+/// How many aliases [`aliases`] names.
+pub(crate) const ALIASES: usize = 4;
 
 pub(crate) static ORIG_MMAP: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ORIG_MUNMAP: AtomicUsize = AtomicUsize::new(0);
@@ -94,8 +116,15 @@ pub(crate) static ORIG_BRK: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ORIG_SBRK: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ORIG_MADVISE: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ORIG_PROCESS_MADVISE: AtomicUsize = AtomicUsize::new(0);
-/// Reloc's record of `mmap64` (the same function as mmap in glibc).
+pub(crate) static ORIG_FALLOCATE: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_FTRUNCATE: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_TRUNCATE: AtomicUsize = AtomicUsize::new(0);
+/// Reloc's records of the aliases (the same functions in glibc): the
+/// hooks call the main name's original, which each install sets.
 pub(crate) static ORIG_MMAP64: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_FALLOCATE64: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_FTRUNCATE64: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_TRUNCATE64: AtomicUsize = AtomicUsize::new(0);
 
 type MmapFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, libc::off_t) -> *mut c_void;
 type MunmapFn = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
@@ -106,6 +135,9 @@ type BrkFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 type SbrkFn = unsafe extern "C" fn(libc::intptr_t) -> *mut c_void;
 type MadviseFn = unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int;
 type ProcessMadviseFn = unsafe extern "C" fn(c_int, *const libc::iovec, usize, c_int, libc::c_uint) -> isize;
+type FallocateFn = unsafe extern "C" fn(c_int, c_int, libc::off_t, libc::off_t) -> c_int;
+type FtruncateFn = unsafe extern "C" fn(c_int, libc::off_t) -> c_int;
+type TruncateFn = unsafe extern "C" fn(*const core::ffi::c_char, libc::off_t) -> c_int;
 
 /// Loads an original. The hooks are only reachable once it is set (install
 /// stores it before any patch points to the hook).
@@ -944,4 +976,150 @@ mod tests {
             assert!(!read(usize::MAX - 8, &mut out), "{way}: past the top");
         }
     }
+}
+
+/// The fallocate modes that take pages away from the file's mappings: a
+/// hole punched or zeroed in place, or the file's contents shifted from
+/// the offset on (collapse, insert). Allocation (mode 0, `KEEP_SIZE`)
+/// discards nothing.
+const FALLOCATE_DISCARDS: c_int = libc::FALLOC_FL_PUNCH_HOLE
+    | libc::FALLOC_FL_ZERO_RANGE
+    | libc::FALLOC_FL_COLLAPSE_RANGE
+    | libc::FALLOC_FL_INSERT_RANGE;
+
+entry! {
+    /// The `fallocate` hook: for a mode that discards, `VM_UNMAPPED` of
+    /// each mapped range of the file it discards, before the call.
+    fallocate_hook => fallocate_dispatched, ORIG_FALLOCATE as FallocateFn, bits::VM_UNMAPPED,
+    (fd: c_int, mode: c_int, offset: libc::off_t, len: libc::off_t) -> c_int
+}
+
+/// [`fallocate_hook`] when a handler wants `VM_UNMAPPED`.
+#[inline(never)]
+unsafe extern "C" fn fallocate_dispatched(fd: c_int, mode: c_int, offset: libc::off_t, len: libc::off_t) -> c_int {
+    let orig = original!(ORIG_FALLOCATE, FallocateFn);
+    if mode & FALLOCATE_DISCARDS != 0 && offset >= 0 && len > 0 {
+        // Collapse and insert move everything after the offset.
+        let end = if mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) != 0 {
+            u64::MAX
+        } else {
+            (offset as u64).saturating_add(len as u64)
+        };
+        report_file_discard(file_of_fd(fd), offset as u64, end);
+    }
+    // SAFETY: forwarded.
+    unsafe { orig(fd, mode, offset, len) }
+}
+
+entry! {
+    /// The `ftruncate` hook: a shrink takes the pages past the new end
+    /// from every mapping of the file (private copies too):
+    /// `VM_UNMAPPED` of each, before the call.
+    ftruncate_hook => ftruncate_dispatched, ORIG_FTRUNCATE as FtruncateFn, bits::VM_UNMAPPED,
+    (fd: c_int, length: libc::off_t) -> c_int
+}
+
+/// [`ftruncate_hook`] when a handler wants `VM_UNMAPPED`.
+#[inline(never)]
+unsafe extern "C" fn ftruncate_dispatched(fd: c_int, length: libc::off_t) -> c_int {
+    let orig = original!(ORIG_FTRUNCATE, FtruncateFn);
+    let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: fstat fills `st` or fails (a bad fd: the call fails too).
+    if length >= 0 && unsafe { libc::fstat(fd, st.as_mut_ptr()) } == 0 {
+        // SAFETY: filled by fstat.
+        report_shrink(&unsafe { st.assume_init() }, length as u64);
+    }
+    // SAFETY: forwarded.
+    unsafe { orig(fd, length) }
+}
+
+entry! {
+    /// The `truncate` hook: as [`ftruncate_hook`], the file named by a path.
+    truncate_hook => truncate_dispatched, ORIG_TRUNCATE as TruncateFn, bits::VM_UNMAPPED,
+    (path: *const core::ffi::c_char, length: libc::off_t) -> c_int
+}
+
+/// [`truncate_hook`] when a handler wants `VM_UNMAPPED`.
+#[inline(never)]
+unsafe extern "C" fn truncate_dispatched(path: *const core::ffi::c_char, length: libc::off_t) -> c_int {
+    let orig = original!(ORIG_TRUNCATE, TruncateFn);
+    let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: the kernel reads `path` (a bad pointer is EFAULT, as it is
+    // for the call) and fills `st` or fails.
+    if length >= 0 && unsafe { libc::stat(path, st.as_mut_ptr()) } == 0 {
+        // SAFETY: filled by stat.
+        report_shrink(&unsafe { st.assume_init() }, length as u64);
+    }
+    // SAFETY: forwarded.
+    unsafe { orig(path, length) }
+}
+
+/// A file's identity: its device (major, minor) and inode.
+type FileId = ((u32, u32), u64);
+
+/// The identity of a regular file from its `stat`, if it is one (a pipe
+/// or a device has no pages to take from a mapping).
+fn file_id(st: &libc::stat) -> Option<FileId> {
+    (st.st_mode & libc::S_IFMT == libc::S_IFREG).then(|| ((libc::major(st.st_dev), libc::minor(st.st_dev)), st.st_ino))
+}
+
+/// The identity of the regular file open at `fd`, if any.
+fn file_of_fd(fd: c_int) -> Option<FileId> {
+    let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: fstat fills `st` or fails.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: filled by fstat.
+    file_id(&unsafe { st.assume_init() })
+}
+
+/// A truncation of the file `st` describes to `length` bytes: the pages
+/// from the first page boundary at or past `length` go from every
+/// mapping of it, if the file shrinks.
+fn report_shrink(st: &libc::stat, length: u64) {
+    if length < st.st_size as u64 {
+        let from = length.checked_next_multiple_of(page_size() as u64).unwrap_or(u64::MAX);
+        report_file_discard(file_id(st), from, u64::MAX);
+    }
+}
+
+/// `VM_UNMAPPED` of each range of the process's mappings of `file` that
+/// maps bytes `[from, to)` of it, in whole pages, shared and private
+/// mappings alike (a private mapping's pages not yet copied are the
+/// file's), in address order; keeps the caller's errno. Reads
+/// `/proc/self/maps` (without allocating): these calls are rare, and
+/// slow themselves.
+#[cold]
+fn report_file_discard(file: Option<FileId>, from: u64, to: u64) {
+    let Some((dev, inode)) = file else {
+        return;
+    };
+    if from >= to {
+        return;
+    }
+    // SAFETY: __errno_location has no preconditions.
+    let errno = unsafe { libc::__errno_location() };
+    // SAFETY: this thread's errno, which stays where it is.
+    let saved = unsafe { *errno };
+    let page = page_size() as u64;
+    let _ = crate::maps::for_each(|m| {
+        if m.dev == dev && m.inode == inode {
+            let len = (m.end - m.start) as u64;
+            let lo = from.max(m.offset);
+            let hi = to.min(m.offset.saturating_add(len));
+            if lo < hi {
+                let start = m.start as u64 + ((lo - m.offset) & !(page - 1));
+                let end = (m.start as u64 + (hi - m.offset))
+                    .next_multiple_of(page)
+                    .min(m.end as u64);
+                if let Some(mut event) = unmapped_bytes(start as usize, (end - start) as usize) {
+                    notify(&mut event);
+                }
+            }
+        }
+        core::ops::ControlFlow::Continue(())
+    });
+    // SAFETY: as above.
+    unsafe { *errno = saved };
 }

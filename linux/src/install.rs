@@ -193,10 +193,10 @@ pub fn install(config: &Config) {
                 usize,
                 &'static core::sync::atomic::AtomicUsize,
             ),
-            { crate::host::FUNCTIONS + 1 },
+            { crate::host::FUNCTIONS + crate::host::ALIASES },
         > = functions().into_iter().collect();
-        // glibc's mmap64 is mmap under another name.
-        let _ = hooks.push((c"mmap64", functions()[0].1, &crate::host::ORIG_MMAP64));
+        // glibc's mmap64 is mmap under another name, and so on.
+        let _ = hooks.extend_from_slice(&crate::host::aliases());
         // SAFETY: as for bistro.
         let result = unsafe { crate::reloc::install(&hooks) };
         for (name, _, _) in functions().into_iter().filter(|(name, _, _)| present(name)) {

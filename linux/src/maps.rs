@@ -22,6 +22,10 @@ pub struct Mapping {
     pub shared: bool,
     /// Offset in the file.
     pub offset: u64,
+    /// The file's device (major, minor); (0, 0) for anonymous memory.
+    pub dev: (u32, u32),
+    /// The file's inode; 0 for anonymous memory.
+    pub inode: u64,
     path: [u8; PATH_CAPACITY],
     path_len: usize,
 }
@@ -70,14 +74,26 @@ fn hex(field: &[u8]) -> Option<u64> {
     Some(v)
 }
 
+fn decimal(field: &[u8]) -> Option<u64> {
+    if field.is_empty() || field.len() > 20 {
+        return None;
+    }
+    field.iter().try_fold(0u64, |v, &c| {
+        let d = (c as char).to_digit(10)?;
+        v.checked_mul(10)?.checked_add(u64::from(d))
+    })
+}
+
 /// Parses one line (without its newline).
 pub fn parse_line(line: &[u8]) -> Option<Mapping> {
     let mut fields = line.split(|&c| c == b' ').filter(|f| !f.is_empty());
     let range = fields.next()?;
     let perms = fields.next()?;
     let offset = hex(fields.next()?)?;
-    let _dev = fields.next()?;
-    let _inode = fields.next()?;
+    let dev = fields.next()?;
+    let colon = dev.iter().position(|&c| c == b':')?;
+    let dev = (hex(&dev[..colon])? as u32, hex(&dev[colon + 1..])? as u32);
+    let inode = decimal(fields.next()?)?;
     let dash = range.iter().position(|&c| c == b'-')?;
     let start = hex(&range[..dash])? as usize;
     let end = hex(&range[dash + 1..])? as usize;
@@ -101,6 +117,8 @@ pub fn parse_line(line: &[u8]) -> Option<Mapping> {
         prot,
         shared: perms[3] == b's',
         offset,
+        dev,
+        inode,
         path: [0; PATH_CAPACITY],
         path_len: 0,
     };
@@ -222,8 +240,14 @@ mod tests {
         assert_eq!((m.start, m.end, m.offset), (0x7f3a12000000, 0x7f3a12021000, 0x2000));
         assert_eq!(m.prot, libc::PROT_READ | libc::PROT_EXEC);
         assert_eq!(m.path(), b"/usr/lib/x86_64-linux-gnu/libc.so.6");
+        assert_eq!((m.dev, m.inode), ((8, 1), 1234));
         let m = parse_line(b"7ffd1000-7ffd3000 rw-s 00000000 00:00 0 ").unwrap();
         assert!(m.shared && m.path().is_empty());
+        assert_eq!((m.dev, m.inode), ((0, 0), 0));
+        let m = parse_line(b"1000-2000 rw-s 00000000 103:0a 18446744073709551615 /memfd:pool (deleted)").unwrap();
+        assert_eq!((m.dev, m.inode), ((0x103, 0xa), u64::MAX));
+        assert!(parse_line(b"1000-2000 rw-s 00000000 103:0a 18446744073709551616 /x").is_none());
+        assert!(parse_line(b"1000-2000 rw-s 00000000 1030a 1 /x").is_none());
         let m = parse_line(b"1000-2000 rw-p 00000000 00:00 0 /tmp/a file (deleted)").unwrap();
         assert_eq!(m.path(), b"/tmp/a file (deleted)");
         assert!(parse_line(b"garbage").is_none());

@@ -38,6 +38,11 @@ void *mhh_mremap_flags(void *p, size_t o, size_t n, int flags) { return mremap(p
 void *mhh_shmat_at(int id, void *at, int flags) { return shmat(id, at, flags); }
 void *mhh_malloc(size_t n) { return malloc(n); }
 void mhh_free(void *p) { free(p); }
+#include <fcntl.h>
+int mhh_fallocate(int fd, int mode, long off, long len) { return fallocate(fd, mode, off, len); }
+int mhh_ftruncate(int fd, long len) { return ftruncate(fd, len); }
+int mhh_ftruncate64(int fd, long len) { return ftruncate64(fd, len); }
+int mhh_truncate(const char *path, long len) { return truncate(path, len); }
 #include <dlfcn.h>
 void *mhh_dlopen(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
 int mhh_dlclose(void *handle) { return dlclose(handle); }
@@ -59,6 +64,10 @@ struct Helper {
     shmat_at: unsafe extern "C" fn(i32, usize, i32) -> usize,
     malloc: unsafe extern "C" fn(usize) -> usize,
     free: unsafe extern "C" fn(usize),
+    fallocate: unsafe extern "C" fn(i32, i32, i64, i64) -> i32,
+    ftruncate: unsafe extern "C" fn(i32, i64) -> i32,
+    ftruncate64: unsafe extern "C" fn(i32, i64) -> i32,
+    truncate: unsafe extern "C" fn(*const libc::c_char, i64) -> i32,
     dlopen: unsafe extern "C" fn(*const libc::c_char) -> usize,
     dlclose: unsafe extern "C" fn(usize) -> i32,
 }
@@ -128,6 +137,10 @@ fn helper() -> &'static Helper {
                 shmat_at: cast(sym(c"mhh_shmat_at")),
                 malloc: cast(sym(c"mhh_malloc")),
                 free: cast(sym(c"mhh_free")),
+                fallocate: cast(sym(c"mhh_fallocate")),
+                ftruncate: cast(sym(c"mhh_ftruncate")),
+                ftruncate64: cast(sym(c"mhh_ftruncate64")),
+                truncate: cast(sym(c"mhh_truncate")),
                 dlopen: cast(sym(c"mhh_dlopen")),
                 dlclose: cast(sym(c"mhh_dlclose")),
             }
@@ -224,12 +237,12 @@ fn about(log: &[Rec], addr: usize, len: usize) -> Vec<Rec> {
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// How many host functions memhook hooks here: nine, or eight with a
+/// How many host functions memhook hooks here: twelve, or eleven with a
 /// glibc older than 2.36 (no `process_madvise`, so nothing to hook).
 fn host_functions() -> usize {
     // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
     let present = !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"process_madvise".as_ptr()) }.is_null();
-    8 + usize::from(present)
+    11 + usize::from(present)
 }
 
 fn page_size() -> usize {
@@ -241,6 +254,133 @@ fn iovec(base: usize, len: usize) -> libc::iovec {
     libc::iovec {
         iov_base: base as *mut libc::c_void,
         iov_len: len,
+    }
+}
+
+/// Maps `pages` pages of `fd` from page `first` (`shared` or private).
+fn map_file(fd: i32, pages: usize, first: usize, shared: bool) -> usize {
+    let page = page_size();
+    let flags = if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
+    // SAFETY: a new mapping of the file; unmapped by the caller.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            pages * page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            fd,
+            (first * page) as libc::off_t,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    p as usize
+}
+
+/// fallocate, ftruncate and truncate take pages from every mapping of a
+/// file with no call on the mappings (a punched hole reads zeros, pages
+/// past a shrunk end are gone): `VM_UNMAPPED` of each mapped range of
+/// the file they discard, in whole pages, before the call, for shared
+/// and private mappings alike; nothing for a call that discards
+/// nothing (allocation, growth), a file not mapped, or a bad descriptor.
+fn check_file_discards(h: &Helper, events: u32) {
+    let page = page_size();
+    let p = |n: usize| (n * page) as i64;
+    let vm = |ranges: &[(usize, usize)]| -> Vec<Rec> {
+        let mut want: Vec<Rec> = ranges
+            .iter()
+            .filter(|_| events & bits::VM_UNMAPPED != 0)
+            .map(|&(a, n)| (bits::VM_UNMAPPED, a, n, 0))
+            .collect();
+        want.sort_by_key(|r| r.1);
+        want
+    };
+    // SAFETY: a new memfd, closed below.
+    let fd = unsafe { libc::memfd_create(c"memhook-host".as_ptr(), 0) };
+    assert!(fd >= 0);
+    // SAFETY: the helpers wrap the libc calls; each gets what it expects
+    // (a bad descriptor or path is the kernel's to refuse).
+    unsafe {
+        let log = recorded(|| assert_eq!((h.ftruncate)(fd, p(16)), 0));
+        assert_eq!(log, [], "growing discards nothing");
+        let shared = map_file(fd, 16, 0, true);
+        let private = map_file(fd, 16, 0, false);
+        let tail = map_file(fd, 8, 8, true);
+        std::ptr::write_bytes(shared as *mut u8, 0x5a, 16 * page);
+
+        // A hole from inside page 2 to inside page 4: whole pages 2 to 4
+        // of the mappings that map them (not `tail`, from page 8 on).
+        let mut result = -1;
+        let log = recorded(|| {
+            set_errno(77);
+            result = (h.fallocate)(
+                fd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                p(2) + 100,
+                p(3) - 200,
+            );
+            assert_eq!(errno(), 77, "errno survives the handlers before fallocate");
+        });
+        assert_eq!(result, 0);
+        assert_eq!(
+            log,
+            vm(&[(shared + 2 * page, 3 * page), (private + 2 * page, 3 * page)])
+        );
+        assert_eq!(*((shared + 3 * page) as *const u8), 0, "the hole reads zeros");
+        assert_eq!(*((shared + 6 * page) as *const u8), 0x5a);
+        // Allocation discards nothing.
+        let log = recorded(|| assert_eq!((h.fallocate)(fd, libc::FALLOC_FL_KEEP_SIZE, 0, p(16)), 0));
+        assert_eq!(log, []);
+
+        // A shrink to inside page 12, through glibc's other name
+        // (reloc rewrites its slots too): pages 13 on, of each mapping.
+        let log = recorded(|| assert_eq!((h.ftruncate64)(fd, p(12) + 100), 0));
+        assert_eq!(
+            log,
+            vm(&[
+                (shared + 13 * page, 3 * page),
+                (private + 13 * page, 3 * page),
+                (tail + 5 * page, 3 * page)
+            ])
+        );
+        // A shrink to inside page 10: pages 11 on, of each mapping.
+        let log = recorded(|| assert_eq!((h.ftruncate)(fd, p(10) + 100), 0));
+        assert_eq!(
+            log,
+            vm(&[
+                (shared + 11 * page, 5 * page),
+                (private + 11 * page, 5 * page),
+                (tail + 3 * page, 5 * page)
+            ])
+        );
+        // Not a file, or no file: nothing, and the call's own error.
+        let log = recorded(|| {
+            assert_eq!((h.ftruncate)(-1, 0), -1);
+            assert_eq!(errno(), libc::EBADF);
+            assert_eq!(
+                (h.fallocate)(-1, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, p(1)),
+                -1
+            );
+            assert_eq!(errno(), libc::EBADF);
+            assert_eq!((h.truncate)(std::ptr::null(), 0), -1);
+            assert_eq!(errno(), libc::EFAULT);
+        });
+        assert_eq!(log, []);
+        for (m, n) in [(shared, 16), (private, 16), (tail, 8)] {
+            libc::munmap(m as *mut libc::c_void, n * page);
+        }
+        libc::close(fd);
+
+        // truncate by path: a file mapped privately (its pages not yet
+        // copied are the file's), cut to one page.
+        let path = std::env::temp_dir().join(format!("memhook-truncate-{}", std::process::id()));
+        let c_path = CString::new(path.to_str().unwrap()).unwrap();
+        std::fs::write(&path, vec![1u8; 4 * page]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let m = map_file(std::os::fd::AsRawFd::as_raw_fd(&file), 4, 0, false);
+        let log = recorded(|| assert_eq!((h.truncate)(c_path.as_ptr(), p(1)), 0));
+        assert_eq!(log, vm(&[(m + page, 3 * page)]));
+        libc::munmap(m as *mut libc::c_void, 4 * page);
+        let _ = std::fs::remove_file(&path);
     }
 }
 
@@ -568,6 +708,7 @@ fn check_mode(mode: HookMode, events: u32) {
     );
 
     check_process_madvise(h, events);
+    check_file_discards(h, events);
 
     // shmat/shmdt: sizes from the segment and the mapping.
     // SAFETY: a private segment, removed below.
@@ -1075,6 +1216,9 @@ fn install_uninstall_cycles_restore_the_bytes() {
         c"sbrk",
         c"madvise",
         c"process_madvise",
+        c"fallocate",
+        c"ftruncate",
+        c"truncate",
     ];
     // SAFETY: NUL-terminated names and the pseudo-handle RTLD_DEFAULT.
     let names: Vec<_> = names
