@@ -1089,7 +1089,8 @@ fn report_shrink(st: &libc::stat, length: u64) {
 /// mappings alike (a private mapping's pages not yet copied are the
 /// file's), in address order; keeps the caller's errno. Reads
 /// `/proc/self/maps` (without allocating): these calls are rare, and
-/// slow themselves.
+/// slow themselves. Where it cannot be read (no descriptor left, no
+/// `/proc`), nothing is reported, as for `shmdt`'s size.
 #[cold]
 fn report_file_discard(file: Option<FileId>, from: u64, to: u64) {
     let Some((dev, inode)) = file else {
