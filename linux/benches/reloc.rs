@@ -7,7 +7,13 @@
 //! the caller (distinct files, so distinct objects), all `RTLD_LOCAL`, so
 //! originals come from bound slots. `install/30_symbols`
 //! times one `reloc::install` of all 30 (one pass over every object's
-//! relocations; the uninstall between samples is not timed).
+//! relocations; the uninstall between samples is not timed). With the
+//! `bistro` feature, `install/host_hooks_bistro` times `memhook::install`
+//! of the host hooks alone in bistro mode in the same process: twelve
+//! patches and, to follow the loader's `dlopen`/`dlclose`, reloc's pass
+//! for its four dl hooks over every object (the CUDA hooks, when on, make
+//! that pass anyway); `cargo bench -p memhook --features bistro --bench
+//! reloc`.
 #![cfg(target_arch = "x86_64")]
 
 use std::ffi::CString;
@@ -101,6 +107,27 @@ fn install(c: &mut Criterion) {
                 total += t.elapsed();
                 assert_eq!(reloc::slots_of(hooks[0].0), COPIES);
                 reloc::uninstall();
+            }
+            total
+        })
+    });
+    #[cfg(feature = "bistro")]
+    g.bench_function("host_hooks_bistro", |b| {
+        use memhook::config::{HookConfig, HookMode, ModeSet};
+        let config = memhook::Config {
+            hooks: HookConfig {
+                mmap: ModeSet::of(&[HookMode::Bistro]),
+                cuda: ModeSet::NONE,
+            },
+        };
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let t = Instant::now();
+                memhook::install(&config);
+                total += t.elapsed();
+                assert!(memhook::status().iter().all(|s| s.installed));
+                memhook::uninstall();
             }
             total
         })
