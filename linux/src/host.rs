@@ -45,6 +45,7 @@ use memhook_core::event::{
 };
 
 use crate::dispatch::{begin, finish, notify, wants};
+use crate::maps::page_size;
 
 /// The address that runs `function`'s original (`"mmap"`, `"munmap"`,
 /// `"mremap"`, `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
@@ -204,31 +205,6 @@ fn call_original(
     if called {
         // SAFETY: as above.
         unsafe { *errno = saved };
-    }
-}
-
-/// The base page size: 4 KiB on x86_64; elsewhere (arm64 kernels use 4,
-/// 16 or 64 KiB) the kernel's, asked once.
-#[inline(always)]
-fn page_size() -> usize {
-    #[cfg(target_arch = "x86_64")]
-    {
-        4096
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        static PAGE: AtomicUsize = AtomicUsize::new(0);
-        match PAGE.load(Ordering::Relaxed) {
-            0 => {
-                // SAFETY: getauxval reads the process's auxiliary vector
-                // and has no preconditions.
-                let page = unsafe { libc::getauxval(libc::AT_PAGESZ) } as usize;
-                let page = if page.is_power_of_two() { page } else { 4096 };
-                PAGE.store(page, Ordering::Relaxed);
-                page
-            }
-            page => page,
-        }
     }
 }
 
@@ -431,18 +407,24 @@ unsafe extern "C" fn mremap_dispatched(
     result as *mut c_void
 }
 
+/// Runs `f` (which delivers events outside a call's own dispatch) and
+/// puts back the caller's errno, whatever the handlers did to it.
+fn keeping_errno(f: impl FnOnce()) {
+    // SAFETY: __errno_location has no preconditions.
+    let errno = unsafe { libc::__errno_location() };
+    // SAFETY: this thread's errno, which stays where it is.
+    let saved = unsafe { *errno };
+    f();
+    // SAFETY: as above.
+    unsafe { *errno = saved };
+}
+
 /// Delivers `event` (if any) outside a call's own dispatch, keeping the
 /// caller's errno whatever the handlers do.
 #[cold]
 fn notify_keeping_errno(event: Option<Event>) {
     if let Some(mut event) = event {
-        // SAFETY: __errno_location has no preconditions.
-        let errno = unsafe { libc::__errno_location() };
-        // SAFETY: this thread's errno, which stays where it is.
-        let saved = unsafe { *errno };
-        notify(&mut event);
-        // SAFETY: as above.
-        unsafe { *errno = saved };
+        keeping_errno(|| notify(&mut event));
     }
 }
 
@@ -785,30 +767,26 @@ unsafe extern "C" fn process_madvise_dispatched(
 /// with `EFAULT`, having discarded nothing).
 #[cold]
 fn report_ranges(array: usize, count: usize) {
-    // SAFETY: __errno_location has no preconditions.
-    let errno = unsafe { libc::__errno_location() };
-    // SAFETY: this thread's errno, which stays where it is.
-    let saved = unsafe { *errno };
-    let mut ranges = [libc::iovec {
-        iov_base: core::ptr::null_mut(),
-        iov_len: 0,
-    }; RANGES_PER_STEP];
-    let mut done = 0;
-    while done < count {
-        let n = (count - done).min(RANGES_PER_STEP);
-        let from = array.wrapping_add(done * size_of::<libc::iovec>());
-        if !read_caller(from, &mut ranges[..n]) {
-            break;
-        }
-        for range in &ranges[..n] {
-            if let Some(mut event) = unmapped(range.iov_base as usize, range.iov_len) {
-                notify(&mut event);
+    keeping_errno(|| {
+        let mut ranges = [libc::iovec {
+            iov_base: core::ptr::null_mut(),
+            iov_len: 0,
+        }; RANGES_PER_STEP];
+        let mut done = 0;
+        while done < count {
+            let n = (count - done).min(RANGES_PER_STEP);
+            let from = array.wrapping_add(done * size_of::<libc::iovec>());
+            if !read_caller(from, &mut ranges[..n]) {
+                break;
             }
+            for range in &ranges[..n] {
+                if let Some(mut event) = unmapped(range.iov_base as usize, range.iov_len) {
+                    notify(&mut event);
+                }
+            }
+            done += n;
         }
-        done += n;
-    }
-    // SAFETY: as above.
-    unsafe { *errno = saved };
+    });
 }
 
 /// Copies `out.len()` ranges from `from`, in the caller's memory, into
@@ -1023,11 +1001,10 @@ entry! {
 #[inline(never)]
 unsafe extern "C" fn ftruncate_dispatched(fd: c_int, length: libc::off_t) -> c_int {
     let orig = original!(ORIG_FTRUNCATE, FtruncateFn);
-    let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
-    // SAFETY: fstat fills `st` or fails (a bad fd: the call fails too).
-    if length >= 0 && unsafe { libc::fstat(fd, st.as_mut_ptr()) } == 0 {
-        // SAFETY: filled by fstat.
-        report_shrink(&unsafe { st.assume_init() }, length as u64);
+    if length >= 0
+        && let Some(st) = stat_of_fd(fd)
+    {
+        report_shrink(&st, length as u64);
     }
     // SAFETY: forwarded.
     unsafe { orig(fd, length) }
@@ -1063,15 +1040,20 @@ fn file_id(st: &libc::stat) -> Option<FileId> {
     (st.st_mode & libc::S_IFMT == libc::S_IFREG).then(|| ((libc::major(st.st_dev), libc::minor(st.st_dev)), st.st_ino))
 }
 
-/// The identity of the regular file open at `fd`, if any.
-fn file_of_fd(fd: c_int) -> Option<FileId> {
+/// `fstat` of `fd`, if it succeeds (a bad fd: the hooked call fails too).
+fn stat_of_fd(fd: c_int) -> Option<libc::stat> {
     let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: fstat fills `st` or fails.
     if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
         return None;
     }
     // SAFETY: filled by fstat.
-    file_id(&unsafe { st.assume_init() })
+    Some(unsafe { st.assume_init() })
+}
+
+/// The identity of the regular file open at `fd`, if any.
+fn file_of_fd(fd: c_int) -> Option<FileId> {
+    stat_of_fd(fd).as_ref().and_then(file_id)
 }
 
 /// A truncation of the file `st` describes to `length` bytes: the pages
@@ -1099,28 +1081,24 @@ fn report_file_discard(file: Option<FileId>, from: u64, to: u64) {
     if from >= to {
         return;
     }
-    // SAFETY: __errno_location has no preconditions.
-    let errno = unsafe { libc::__errno_location() };
-    // SAFETY: this thread's errno, which stays where it is.
-    let saved = unsafe { *errno };
     let page = page_size() as u64;
-    let _ = crate::maps::for_each(|m| {
-        if m.dev == dev && m.inode == inode {
-            let len = (m.end - m.start) as u64;
-            let lo = from.max(m.offset);
-            let hi = to.min(m.offset.saturating_add(len));
-            if lo < hi {
-                let start = m.start as u64 + ((lo - m.offset) & !(page - 1));
-                let end = (m.start as u64 + (hi - m.offset))
-                    .next_multiple_of(page)
-                    .min(m.end as u64);
-                if let Some(mut event) = unmapped_bytes(start as usize, (end - start) as usize) {
-                    notify(&mut event);
+    keeping_errno(|| {
+        let _ = crate::maps::for_each(|m| {
+            if m.dev == dev && m.inode == inode {
+                let len = (m.end - m.start) as u64;
+                let lo = from.max(m.offset);
+                let hi = to.min(m.offset.saturating_add(len));
+                if lo < hi {
+                    let start = m.start as u64 + ((lo - m.offset) & !(page - 1));
+                    let end = (m.start as u64 + (hi - m.offset))
+                        .next_multiple_of(page)
+                        .min(m.end as u64);
+                    if let Some(mut event) = unmapped_bytes(start as usize, (end - start) as usize) {
+                        notify(&mut event);
+                    }
                 }
             }
-        }
-        core::ops::ControlFlow::Continue(())
+            core::ops::ControlFlow::Continue(())
+        });
     });
-    // SAFETY: as above.
-    unsafe { *errno = saved };
 }

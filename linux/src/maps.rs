@@ -218,10 +218,31 @@ pub fn find(addr: usize) -> Option<Mapping> {
     found
 }
 
-/// The system page size.
+/// The base page size: 4 KiB on x86_64; elsewhere (arm64 kernels use 4,
+/// 16 or 64 KiB) the kernel's, asked once. Cheap enough for the host
+/// hooks' paths, which round every range they report to it.
+#[inline(always)]
 pub fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+    #[cfg(target_arch = "x86_64")]
+    {
+        4096
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        use core::sync::atomic::{AtomicUsize, Ordering};
+        static PAGE: AtomicUsize = AtomicUsize::new(0);
+        match PAGE.load(Ordering::Relaxed) {
+            0 => {
+                // SAFETY: getauxval reads the process's auxiliary vector
+                // and has no preconditions.
+                let page = unsafe { libc::getauxval(libc::AT_PAGESZ) } as usize;
+                let page = if page.is_power_of_two() { page } else { 4096 };
+                PAGE.store(page, Ordering::Relaxed);
+                page
+            }
+            page => page,
+        }
+    }
 }
 
 pub(crate) fn errno() -> i32 {
