@@ -25,8 +25,8 @@ use core::fmt;
 use core::ops::ControlFlow;
 
 use goblin::elf::dynamic::{
-    DT_GNU_HASH, DT_HASH, DT_JMPREL, DT_NULL, DT_PLTREL, DT_PLTRELSZ, DT_RELA, DT_RELAENT, DT_RELASZ, DT_STRSZ,
-    DT_STRTAB, DT_SYMENT, DT_SYMTAB,
+    DT_GNU_HASH, DT_HASH, DT_JMPREL, DT_NULL, DT_PLTREL, DT_PLTRELSZ, DT_RELA, DT_RELAENT, DT_RELASZ, DT_RPATH,
+    DT_RUNPATH, DT_STRSZ, DT_STRTAB, DT_SYMENT, DT_SYMTAB,
 };
 use goblin::elf64::dynamic::SIZEOF_DYN;
 use goblin::elf64::reloc::SIZEOF_RELA;
@@ -221,6 +221,39 @@ pub fn read_dynamic<M: Memory>(mem: &M, base: usize, dynamic: usize, size: usize
     Ok(d)
 }
 
+/// Which library search paths an object's dynamic section names: what
+/// decides where a `dlopen` from inside the object looks (see
+/// [`search_paths`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SearchPaths {
+    /// `DT_RPATH` (the old form, searched for the object's own loads and,
+    /// where they have no `DT_RUNPATH`, for those of every object loaded
+    /// on its behalf).
+    pub rpath: bool,
+    /// `DT_RUNPATH` (searched for the object's own loads only).
+    pub runpath: bool,
+}
+
+/// Whether the dynamic section at `dynamic` (`size` bytes) names a
+/// `DT_RPATH` or a `DT_RUNPATH`. Reads the tags only, up to `DT_NULL` or
+/// the section's size.
+///
+/// # Errors
+///
+/// An [`ElfError`] for an entry outside the object.
+pub fn search_paths<M: Memory>(mem: &M, dynamic: usize, size: usize) -> Result<SearchPaths, ElfError> {
+    let mut paths = SearchPaths::default();
+    for i in 0..size / SIZEOF_DYN {
+        match read_u64(mem, addr(dynamic, i * SIZEOF_DYN, "PT_DYNAMIC address")?)? {
+            DT_NULL => break,
+            DT_RPATH => paths.rpath = true,
+            DT_RUNPATH => paths.runpath = true,
+            _ => {}
+        }
+    }
+    Ok(paths)
+}
+
 /// One RELA relocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reloc {
@@ -413,6 +446,38 @@ mod tests {
         // A dynamic section running off the object, without DT_NULL.
         let e = read_dynamic(&mem, base, base + bytes.len() - 8, 160).unwrap_err();
         assert_eq!(e.what, "read past the object");
+    }
+
+    #[test]
+    fn search_paths_reads_the_tags_up_to_dt_null() {
+        let dynamic = |tags: &[u64]| -> Vec<u8> {
+            let mut b = Vec::new();
+            for &t in tags {
+                b.extend_from_slice(&t.to_le_bytes());
+                b.extend_from_slice(&0x10u64.to_le_bytes());
+            }
+            b
+        };
+        let paths = |bytes: &[u8], size: usize| search_paths(&SliceMemory { base: 0x1000, bytes }, 0x1000, size);
+        let none = SearchPaths::default();
+        let both = SearchPaths {
+            rpath: true,
+            runpath: true,
+        };
+        let b = dynamic(&[DT_STRTAB, DT_NULL]);
+        assert_eq!(paths(&b, b.len()), Ok(none));
+        let b = dynamic(&[DT_STRTAB, DT_RUNPATH, DT_NULL]);
+        assert_eq!(paths(&b, b.len()), Ok(SearchPaths { runpath: true, ..none }));
+        let b = dynamic(&[DT_RPATH, DT_STRSZ, DT_RUNPATH, DT_NULL]);
+        assert_eq!(paths(&b, b.len()), Ok(both));
+        // A tag after DT_NULL, or past the section's size, is not the object's.
+        let b = dynamic(&[DT_STRTAB, DT_NULL, DT_RPATH]);
+        assert_eq!(paths(&b, b.len()), Ok(none));
+        let b = dynamic(&[DT_STRTAB, DT_RUNPATH]);
+        assert_eq!(paths(&b, 16), Ok(none));
+        // A section running off the object without DT_NULL: an error.
+        let b = dynamic(&[DT_STRTAB, DT_RPATH]);
+        assert_eq!(paths(&b, b.len() + 16).unwrap_err().what, "read past the object");
     }
 
     #[test]

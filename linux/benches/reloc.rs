@@ -14,6 +14,14 @@
 //! for its four dl hooks over every object (the CUDA hooks, when on, make
 //! that pass anyway); `cargo bench -p memhook --features bistro --bench
 //! reloc`.
+//!
+//! `dlopen/*` times what memhook's interposed `dlopen` and `dlclose` add:
+//! a `dlopen(RTLD_NOLOAD)` + `dlclose` of a loaded library from one of the
+//! caller libraries, by path and by bare name (the callers have a
+//! `DT_RUNPATH`, so a bare name goes on to glibc with the caller's return
+//! address and is scanned before the `dlclose`), without memhook's hooks
+//! and with the host hooks installed (reloc mode: the same dl hooks as in
+//! any mode), in turn in the same process.
 #![cfg(target_arch = "x86_64")]
 
 use std::ffi::CString;
@@ -55,11 +63,15 @@ fn setup() -> usize {
     cc("mhb_target", defs, &[]);
     let decls: String = (0..SYMBOLS).map(|i| format!("int mhb_f{i}(int);\n")).collect();
     let body: String = (0..SYMBOLS).map(|i| format!("s += mhb_f{i}(a);\n")).collect();
+    let reopen = "#include <dlfcn.h>\nint mhb_reopen(const char *name) {\n\
+        void *h = dlopen(name, RTLD_NOW | RTLD_NOLOAD);\n return h ? dlclose(h) : -1; }\n";
     let caller = cc(
         "mhb_caller",
-        format!("{decls}int mhb_sum(int a) {{ int s = 0;\n{body}return s; }}\n"),
-        &["-lmhb_target"],
+        format!("{decls}{reopen}int mhb_sum(int a) {{ int s = 0;\n{body}return s; }}\n"),
+        &["-lmhb_target", "-ldl"],
     );
+    let target = dir.join("libmhb_target.so");
+    let mut reopen = 0;
     for i in 0..COPIES {
         let copy = dir.join(format!("libmhb_caller{i}.so"));
         std::fs::copy(&caller, &copy).unwrap();
@@ -67,8 +79,15 @@ fn setup() -> usize {
         // SAFETY: a NUL-terminated path to a library just built.
         let h = unsafe { libc::dlopen(p.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
         assert!(!h.is_null());
+        if i == 0 {
+            // SAFETY: a live handle and a NUL-terminated name.
+            reopen = unsafe { libc::dlsym(h, c"mhb_reopen".as_ptr()) } as usize;
+            assert_ne!(reopen, 0);
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
+    REOPEN.store(reopen, std::sync::atomic::Ordering::Relaxed);
+    *TARGET.lock().unwrap() = Some(CString::new(target.to_str().unwrap()).unwrap());
     let mut objects = 0;
     // SAFETY: counting objects; the callback only increments.
     unsafe extern "C" fn count(_: *mut libc::dl_phdr_info, _: libc::size_t, data: *mut libc::c_void) -> libc::c_int {
@@ -82,6 +101,18 @@ fn setup() -> usize {
 }
 
 type Hook = (&'static std::ffi::CStr, usize, &'static AtomicUsize);
+
+/// The first caller copy's `mhb_reopen`, and the target library's path.
+static REOPEN: AtomicUsize = AtomicUsize::new(0);
+static TARGET: std::sync::Mutex<Option<CString>> = std::sync::Mutex::new(None);
+
+/// `mhb_reopen(name)` from the first caller copy: 0 when the library was
+/// loaded and closed again.
+fn reopen(name: &std::ffi::CStr) -> i32 {
+    let f = REOPEN.load(std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: mhb_reopen has this signature; `name` is NUL-terminated.
+    unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*const libc::c_char) -> i32>(f)(name.as_ptr()) }
+}
 
 fn names() -> [Hook; SYMBOLS] {
     std::array::from_fn(|i| {
@@ -135,9 +166,35 @@ fn install(c: &mut Criterion) {
     g.finish();
 }
 
+fn dlopen(c: &mut Criterion) {
+    use memhook::config::{HookConfig, HookMode, ModeSet};
+    let target = TARGET.lock().unwrap().clone().expect("install's setup ran");
+    let host = memhook::Config {
+        hooks: HookConfig {
+            mmap: ModeSet::of(&[HookMode::Reloc]),
+            cuda: ModeSet::NONE,
+        },
+    };
+    let mut g = c.benchmark_group("dlopen");
+    g.sample_size(20);
+    for (name, file) in [("path", target.as_c_str()), ("bare", c"libmhb_target.so")] {
+        for hooked in [false, true] {
+            if hooked {
+                memhook::install(&host);
+            } else {
+                memhook::uninstall();
+            }
+            let id = format!("{name}_{}", if hooked { "hooked" } else { "unhooked" });
+            g.bench_function(id, |b| b.iter(|| assert_eq!(reopen(file), 0)));
+        }
+    }
+    memhook::uninstall();
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = install
+    targets = install, dlopen
 }
 criterion_main!(benches);

@@ -5,7 +5,11 @@
 //! object in one pass over each object's relocations; objects are
 //! remembered, so a later `dlopen` (interposed through reloc itself) scans
 //! only the new ones, and a `dlclose` makes memhook forget the objects that
-//! went away (they are never touched again). With the host hooks
+//! went away (they are never touched again). A `dlopen` whose search
+//! depends on its caller (a bare name from a caller with a `DT_RUNPATH`,
+//! `$ORIGIN`, ...) goes on to glibc with the caller's return address intact,
+//! and what it loaded is scanned at the same thread's next `dlsym`,
+//! `dlvsym`, `dlopen` or `dlclose` (see the comment at `dlopen_decide`). With the host hooks
 //! installed, the spans of the objects that appeared or went are reported
 //! as `VM_MAPPED` / `VM_UNMAPPED` after the call (the loader maps and
 //! unmaps them through its own copies of mmap and munmap, which no hook
@@ -34,9 +38,11 @@
 
 use core::ffi::{CStr, c_char, c_int, c_void};
 use core::ops::ControlFlow;
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use memhook_core::elf::{ElfError, Memory, Reloc, for_each_reloc, read_dynamic, symbol_name};
+use memhook_core::elf::{
+    ElfError, Memory, Reloc, SearchPaths, for_each_reloc, read_dynamic, search_paths, symbol_name,
+};
 
 use crate::maps::page_size;
 
@@ -136,6 +142,8 @@ struct Slot {
 struct Known {
     id: ObjectId,
     span: (usize, usize),
+    /// The last scan that found it loaded (see `State::scans`).
+    seen: u32,
 }
 
 /// An object's span that the loader mapped (`dlopen`) or unmapped
@@ -160,6 +168,11 @@ struct State {
     overflow: bool,
     /// Objects skipped because their dynamic section was malformed.
     malformed: usize,
+    /// Scans made (each marks the known objects it finds).
+    scans: u32,
+    /// The loader's count of loads and unloads at the last full scan: a
+    /// rescan that finds them unchanged has nothing to do.
+    loads: Option<(u64, u64)>,
 }
 
 static STATE: spin::Mutex<State> = spin::Mutex::new(State {
@@ -169,11 +182,16 @@ static STATE: spin::Mutex<State> = spin::Mutex::new(State {
     slots: heapless::Vec::new(),
     overflow: false,
     malformed: 0,
+    scans: 0,
+    loads: None,
 });
 
 /// One loaded object, as `dl_iterate_phdr` shows it.
 pub(crate) struct Object<'a> {
     pub(crate) id: ObjectId,
+    /// The loader's counts of loads and unloads so far (`dlpi_adds`,
+    /// `dlpi_subs`), where it gives them.
+    loads: Option<(u64, u64)>,
     pub(crate) name: &'a [u8],
     pub(crate) segments: heapless::Vec<(usize, usize), MAX_SEGMENTS>,
     dynamic: Option<(usize, usize)>,
@@ -197,12 +215,47 @@ impl Memory for Object<'_> {
     }
 }
 
+impl Object<'_> {
+    /// Whether the object names a `DT_RPATH` or a `DT_RUNPATH`; both, as
+    /// the cautious answer, where its dynamic section cannot be read.
+    fn search_paths(&self) -> SearchPaths {
+        let worst = SearchPaths {
+            rpath: true,
+            runpath: true,
+        };
+        self.dynamic
+            .map_or(Ok(SearchPaths::default()), |(at, size)| search_paths(self, at, size))
+            .unwrap_or(worst)
+    }
+
+    fn holds(&self, addr: usize) -> bool {
+        self.segments.iter().any(|&(s, e)| (s..e).contains(&addr))
+    }
+}
+
 /// Calls `f` with every loaded object (under the loader's lock).
 pub(crate) fn for_each_object(mut f: impl FnMut(&Object<'_>)) {
-    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut c_void) -> c_int {
+    for_each_object_while(|o| {
+        f(o);
+        ControlFlow::Continue(())
+    });
+}
+
+/// Calls `f` with every loaded object (under the loader's lock) until it
+/// breaks.
+fn for_each_object_while(mut f: impl FnMut(&Object<'_>) -> ControlFlow<()>) {
+    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, size: libc::size_t, data: *mut c_void) -> c_int {
         // SAFETY: `data` is the closure passed below; `info` is valid for
         // this call (dl_iterate_phdr's contract).
-        let (f, info) = unsafe { (&mut *(data as *mut &mut dyn FnMut(&Object<'_>)), &*info) };
+        let (f, info) = unsafe {
+            (
+                &mut *(data as *mut &mut dyn FnMut(&Object<'_>) -> ControlFlow<()>),
+                &*info,
+            )
+        };
+        // The counters follow the first four fields (glibc since 2.4).
+        let loads = (size >= core::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) + 8)
+            .then_some((info.dlpi_adds, info.dlpi_subs));
         let name = if info.dlpi_name.is_null() {
             &[][..]
         } else {
@@ -215,6 +268,7 @@ pub(crate) fn for_each_object(mut f: impl FnMut(&Object<'_>)) {
                 base,
                 phdr: info.dlpi_phdr as usize,
             },
+            loads,
             name,
             segments: heapless::Vec::new(),
             dynamic: None,
@@ -234,12 +288,19 @@ pub(crate) fn for_each_object(mut f: impl FnMut(&Object<'_>)) {
                 _ => {}
             }
         }
-        f(&o);
-        0
+        match f(&o) {
+            ControlFlow::Continue(()) => 0,
+            ControlFlow::Break(()) => 1,
+        }
     }
-    let mut f: &mut dyn FnMut(&Object<'_>) = &mut f;
+    let mut f: &mut dyn FnMut(&Object<'_>) -> ControlFlow<()> = &mut f;
     // SAFETY: `visit` has the callback type and `f` outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut f as *mut &mut dyn FnMut(&Object<'_>)).cast()) };
+    unsafe {
+        libc::dl_iterate_phdr(
+            Some(visit),
+            (&mut f as *mut &mut dyn FnMut(&Object<'_>) -> ControlFlow<()>).cast(),
+        )
+    };
 }
 
 /// Whether memhook must leave `o` alone: itself, the vDSO, the loader.
@@ -365,48 +426,94 @@ fn span_of(o: &Object<'_>) -> (usize, usize) {
 /// the symbol count, the known objects for the symbols from `from` on.
 /// With `report` (a rescan after `dlopen`/`dlclose`, not an install's
 /// first look) and [`LOADER_EVENTS`], records the spans of the objects
-/// that appeared and vanished as [`Change`]s.
+/// that appeared and vanished as [`Change`]s. A rescan that finds the
+/// loader's counts of loads and unloads as the last scan left them stops
+/// at the first object: nothing came or went.
 fn scan(state: &mut State, from: usize, report: bool) {
     let report = report && LOADER_EVENTS.load(Ordering::Acquire);
-    let mut seen: heapless::Vec<ObjectId, MAX_OBJECTS> = heapless::Vec::new();
-    for_each_object(|o| {
-        let _ = seen.push(o.id);
+    let rescan = from >= state.symbols.len();
+    let scans = state.scans.wrapping_add(1);
+    state.scans = scans;
+    let (mut first, mut unchanged, mut loads) = (true, false, None);
+    // Objects come in load order, as they were recorded: the next known
+    // one is usually the one after the last found.
+    let mut next = 0;
+    for_each_object_while(|o| {
+        if core::mem::take(&mut first) {
+            loads = o.loads;
+            if rescan && loads.is_some() && loads == state.loads {
+                unchanged = true;
+                return ControlFlow::Break(());
+            }
+        }
         if skipped(o) {
-            return;
+            return ControlFlow::Continue(());
         }
-        let known = state.objects.iter().any(|k| k.id == o.id);
-        if !known {
-            let span = span_of(o);
-            if state.objects.push(Known { id: o.id, span }).is_err() {
-                state.overflow = true;
-                return;
+        let objects = &mut state.objects;
+        let known = if objects.get(next).is_some_and(|k| k.id == o.id) {
+            Some(next)
+        } else {
+            objects.iter().position(|k| k.id == o.id)
+        };
+        match known {
+            Some(i) => {
+                objects[i].seen = scans;
+                next = i + 1;
+                if !rescan {
+                    patch_object(state, o, from);
+                }
             }
-            if report {
-                let _ = state.changes.push_back(Change { mapped: true, span });
+            None => {
+                let span = span_of(o);
+                if objects
+                    .push(Known {
+                        id: o.id,
+                        span,
+                        seen: scans,
+                    })
+                    .is_err()
+                {
+                    state.overflow = true;
+                    return ControlFlow::Continue(());
+                }
+                next = objects.len();
+                if report {
+                    let _ = state.changes.push_back(Change { mapped: true, span });
+                }
+                patch_object(state, o, 0);
             }
-            patch_object(state, o, 0);
-        } else if from < state.symbols.len() {
-            patch_object(state, o, from);
         }
+        ControlFlow::Continue(())
     });
+    if unchanged {
+        return;
+    }
+    state.loads = loads;
     // Objects that are gone (dlclose): forget them and their slots.
+    if state.objects.iter().all(|k| k.seen == scans) {
+        return;
+    }
     let State {
         objects,
         changes,
         slots,
         ..
     } = state;
+    let mut gone: heapless::Vec<ObjectId, MAX_OBJECTS> = heapless::Vec::new();
     objects.retain(|k| {
-        let alive = seen.contains(&k.id);
-        if !alive && report {
-            let _ = changes.push_back(Change {
-                mapped: false,
-                span: k.span,
-            });
+        let alive = k.seen == scans;
+        if !alive {
+            let _ = gone.push(k.id);
+            if report {
+                let _ = changes.push_back(Change {
+                    mapped: false,
+                    span: k.span,
+                });
+            }
         }
         alive
     });
-    slots.retain(|s| objects.iter().any(|k| k.id == s.object));
+    slots.retain(|s| !gone.contains(&s.object));
 }
 
 /// Reports the loader's changes that rescans recorded
@@ -524,6 +631,7 @@ pub fn uninstall() {
     }
     state.symbols.clear();
     state.objects.clear();
+    state.loads = None;
     state.overflow = false;
     publish(&state);
 }
@@ -562,8 +670,26 @@ pub fn slots_of(symbol: &CStr) -> usize {
     s.slots.iter().filter(|x| x.symbol as usize == i).count()
 }
 
-// dlopen and dlclose, interposed through reloc so that objects loaded later
+// dlopen and dlclose, interposed through reloc, so that objects loaded later
 // are patched as they appear, and unloaded ones forgotten.
+//
+// glibc's dlopen takes its caller from its return address, and the caller
+// decides three things: where a bare name is searched (the caller's
+// DT_RUNPATH, or else the DT_RPATHs of the caller and of the objects that
+// loaded it), what `$ORIGIN` means, and the namespace the object joins. A
+// hook that calls dlopen itself is the caller: a
+// library with `RUNPATH=$ORIGIN` that opens a sibling by name would fail
+// to find it, under memhook only. So dlopen's entry, like dlsym's, is a
+// few instructions of assembly that ask `dlopen_decide`: where memhook's
+// call finds exactly what the caller's would (no `$` in the name, the
+// caller in memhook's namespace, and for a bare name no DT_RUNPATH in the
+// caller or in memhook's own object and no DT_RPATH outside the main
+// program: a cautious condition, as no object's chain of loaders can be
+// read),
+// the hook calls dlopen and rescans when it returns; otherwise the entry
+// tail-jumps into the real dlopen, which then sees the caller's return
+// address as without memhook, and the objects it loads are scanned at this
+// thread's next dlsym, dlvsym, dlopen or dlclose (or `refresh`).
 
 static REAL_DLOPEN: AtomicUsize = AtomicUsize::new(0);
 static REAL_DLCLOSE: AtomicUsize = AtomicUsize::new(0);
@@ -571,6 +697,118 @@ static REAL_DLCLOSE: AtomicUsize = AtomicUsize::new(0);
 type DlopenFn = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;
 type DlcloseFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 
+/// `dlopen_decide`'s answer meaning "call dlopen from the hook".
+const THROUGH: usize = 0;
+
+/// Set once a dlopen has been passed to the real function unwatched: from
+/// then on a dlclose rescans before it runs as well, so that an object that
+/// was loaded that way and not scanned since is known, and its unload
+/// reported.
+static PASSED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// Set when this thread passed a dlopen to the real function: its
+    /// next dlsym, dlvsym, dlopen or dlclose (necessarily after that
+    /// dlopen's objects are in the loader's list) rescans.
+    static UNSEEN: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+}
+
+/// Rescans if this thread passed a dlopen since its last rescan.
+fn catch_up() {
+    if UNSEEN.try_with(|u| u.replace(false)).unwrap_or(false) {
+        rescan();
+        changed();
+    }
+}
+
+/// Called by the dlopen entry with dlopen's `file` and the caller's
+/// return address: [`THROUGH`] when memhook's own call to dlopen finds
+/// exactly what the caller's would, else [`PASS`] (the entry then
+/// tail-jumps into the real dlopen).
+extern "C" fn dlopen_decide(file: *const c_char, caller: usize) -> usize {
+    catch_up();
+    // SAFETY: dlopen's contract: `file` is null or a NUL-terminated string.
+    if file.is_null() || same_from_memhook(unsafe { CStr::from_ptr(file) }.to_bytes(), caller) {
+        return THROUGH;
+    }
+    PASSED.store(true, Ordering::SeqCst);
+    let _ = UNSEEN.try_with(|u| u.set(true));
+    PASS
+}
+
+/// Whether an object other than the main program has a `DT_RPATH`, as
+/// the last look found it: `rpath_key` of the loader's counts then, with
+/// the answer in bit 0 (all ones: no look yet).
+static RPATH_SEEN: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// The loader's counts of loads and unloads, folded into one word with
+/// bit 0 clear (a count would have to wrap 2^31 times to repeat one).
+fn rpath_key((adds, subs): (u64, u64)) -> u64 {
+    (adds << 32 | (subs & 0x7fff_ffff) << 1) & !1 & !(1 << 63)
+}
+
+/// Whether glibc's dlopen of `file` from memhook's object loads what it
+/// would from the object that holds `caller` (see the comment above).
+fn same_from_memhook(file: &[u8], caller: usize) -> bool {
+    if file.contains(&b'$') {
+        return false;
+    }
+    // A path is opened as it is: only the namespace is the caller's (the
+    // new object's own dependencies are not searched from the caller:
+    // glibc forgets the caller once the file is found).
+    let bare = !file.contains(&b'/');
+    let me = memhook_dlopen as *const () as usize;
+    let (mut caller_runpath, mut my_runpath) = (None, None);
+    // Whether some library has a DT_RPATH: from the last look while the
+    // loader's counts are the same, else looked for now.
+    let (mut key, mut known, mut rpath) = (None, None, false);
+    let mut first = true;
+    for_each_object(|o| {
+        let (is_caller, is_me) = (o.holds(caller), o.holds(me));
+        if !bare {
+            if is_caller {
+                caller_runpath = Some(false);
+            }
+            return;
+        }
+        // The main program comes first; its DT_RPATH is searched from any
+        // caller without a DT_RUNPATH, memhook's object included.
+        let main = core::mem::take(&mut first);
+        if main {
+            key = o.loads.map(rpath_key);
+            let seen = RPATH_SEEN.load(Ordering::Relaxed);
+            known = key.filter(|&k| seen & !1 == k).map(|_| seen & 1 == 1);
+        }
+        if (main || known.is_some()) && !is_caller && !is_me {
+            return;
+        }
+        let paths = o.search_paths();
+        rpath |= paths.rpath && !main;
+        if is_caller {
+            caller_runpath = Some(paths.runpath);
+        }
+        if is_me {
+            my_runpath = Some(paths.runpath);
+        }
+    });
+    let rpath = match (known, key) {
+        (Some(seen), _) => seen,
+        (None, Some(key)) => {
+            RPATH_SEEN.store(key | u64::from(rpath), Ordering::Relaxed);
+            rpath
+        }
+        (None, None) => rpath,
+    };
+    match (caller_runpath, my_runpath) {
+        // The caller is not in memhook's namespace (or in no object).
+        (None, _) => false,
+        _ if !bare => true,
+        (Some(theirs), Some(mine)) => !rpath && !theirs && !mine,
+        (Some(_), None) => false,
+    }
+}
+
+/// dlopen called from the hook (what the entry jumps to for [`THROUGH`]).
 unsafe extern "C" fn memhook_dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
     // SAFETY: REAL_DLOPEN holds dlopen's original (set before this hook is
     // installed) and the arguments are the caller's.
@@ -583,6 +821,12 @@ unsafe extern "C" fn memhook_dlopen(file: *const c_char, mode: c_int) -> *mut c_
 }
 
 unsafe extern "C" fn memhook_dlclose(handle: *mut c_void) -> c_int {
+    catch_up();
+    if PASSED.load(Ordering::SeqCst) {
+        // Another thread's unwatched dlopen may have loaded what this
+        // unloads: know it first, so that its unmapping is reported.
+        rescan();
+    }
     // SAFETY: as for dlopen.
     let rc = unsafe { core::mem::transmute::<usize, DlcloseFn>(REAL_DLCLOSE.load(Ordering::Acquire))(handle) };
     rescan();
@@ -595,7 +839,9 @@ static ON_CHANGE: AtomicUsize = AtomicUsize::new(0);
 
 /// Has `f` called after every `dlopen` and `dlclose` that went through a
 /// slot memhook rewrote (once reloc is installed), after reloc has patched
-/// the new objects. `f` runs on the caller's thread, outside memhook's
+/// the new objects (for a `dlopen` passed on to glibc with its caller's
+/// return address, at that thread's next `dlsym`, `dlvsym`, `dlopen` or
+/// `dlclose`). `f` runs on the caller's thread, outside memhook's
 /// locks, possibly inside a library constructor that holds the loader's
 /// lock: it must not wait for a lock that a thread calling into the loader
 /// may hold.
@@ -648,11 +894,12 @@ fn ensure_dl_hooks(state: &mut State) -> Result<(), RelocError> {
         return Ok(());
     }
     unsafe extern "C" {
+        fn memhook_dlopen_entry();
         fn memhook_dlsym_entry();
         fn memhook_dlvsym_entry();
     }
     for (name, hook, real) in [
-        (c"dlopen", memhook_dlopen as *const () as usize, &REAL_DLOPEN),
+        (c"dlopen", memhook_dlopen_entry as *const () as usize, &REAL_DLOPEN),
         (c"dlclose", memhook_dlclose as *const () as usize, &REAL_DLCLOSE),
         (c"dlsym", memhook_dlsym_entry as *const () as usize, &REAL_DLSYM),
         (c"dlvsym", memhook_dlvsym_entry as *const () as usize, &REAL_DLVSYM),
@@ -701,6 +948,25 @@ const RTLD_NEXT: usize = usize::MAX;
 #[cfg(target_arch = "x86_64")]
 core::arch::global_asm!(
     ".text",
+    ".globl memhook_dlopen_entry",
+    ".hidden memhook_dlopen_entry",
+    ".type memhook_dlopen_entry, @function",
+    ".p2align 4",
+    "memhook_dlopen_entry:",
+    "endbr64",
+    "push rdi",
+    "push rsi",
+    "sub rsp, 8",
+    "mov rsi, [rsp + 24]", // the caller's return address
+    "call {decide_open}",
+    "add rsp, 8",
+    "pop rsi",
+    "pop rdi",
+    "cmp rax, 1",
+    "je 4f",
+    "jmp {through}", // THROUGH: the hook, with this return address
+    "4:",
+    "jmp qword ptr [rip + {real_dlopen}]",
     ".globl memhook_dlsym_entry",
     ".hidden memhook_dlsym_entry",
     ".type memhook_dlsym_entry, @function",
@@ -742,6 +1008,9 @@ core::arch::global_asm!(
     "3:",
     "jmp qword ptr [rip + {real_dlvsym}]",
     decide = sym dl_decide,
+    decide_open = sym dlopen_decide,
+    through = sym memhook_dlopen,
+    real_dlopen = sym REAL_DLOPEN,
     real_dlsym = sym REAL_DLSYM,
     real_dlvsym = sym REAL_DLVSYM,
 );
@@ -752,6 +1021,27 @@ core::arch::global_asm!(
 #[cfg(target_arch = "aarch64")]
 core::arch::global_asm!(
     ".text",
+    ".globl memhook_dlopen_entry",
+    ".hidden memhook_dlopen_entry",
+    ".type memhook_dlopen_entry, %function",
+    ".p2align 4",
+    "memhook_dlopen_entry:",
+    "bti c",
+    "stp x29, x30, [sp, #-32]!",
+    "mov x29, sp",
+    "stp x0, x1, [sp, #16]",
+    "mov x1, x30", // the caller's return address
+    "bl {decide_open}",
+    "mov x16, x0",
+    "ldp x0, x1, [sp, #16]",
+    "ldp x29, x30, [sp], #32",
+    "cmp x16, #1",
+    "b.eq 4f",
+    "b {through}", // THROUGH: the hook, with this return address
+    "4:",
+    "adrp x16, {real_dlopen}",
+    "ldr x16, [x16, :lo12:{real_dlopen}]",
+    "br x16",
     ".globl memhook_dlsym_entry",
     ".hidden memhook_dlsym_entry",
     ".type memhook_dlsym_entry, %function",
@@ -799,6 +1089,9 @@ core::arch::global_asm!(
     "ldr x16, [x16, :lo12:{real_dlvsym}]",
     "br x16",
     decide = sym dl_decide,
+    decide_open = sym dlopen_decide,
+    through = sym memhook_dlopen,
+    real_dlopen = sym REAL_DLOPEN,
     real_dlsym = sym REAL_DLSYM,
     real_dlvsym = sym REAL_DLVSYM,
 );
@@ -920,6 +1213,7 @@ fn next_definition(name: *const c_char, version: *const c_char, caller: usize) -
 /// Called by the dlsym/dlvsym entries: the answer, or [`PASS`] to let the
 /// real function answer (with the caller's return address intact).
 extern "C" fn dl_decide(handle: *mut c_void, name: *const c_char, caller: usize, version: *const c_char) -> usize {
+    catch_up();
     if name.is_null() {
         return PASS;
     }

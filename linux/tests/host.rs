@@ -1551,3 +1551,223 @@ fn library_loads_and_unloads_beside_the_cuda_hooks() {
         ModeSet::of(&[HookMode::Bistro, HookMode::Reloc, HookMode::Procaddr]),
     );
 }
+
+// dlopen asks who called it: the caller's DT_RUNPATH, or else its DT_RPATH,
+// is where a bare name is searched, and `$ORIGIN` is the caller's
+// directory. memhook's interposed dlopen must leave both as they are
+// without it.
+
+const SIBLING: &str = "char mhc_buffer[1 << 16];\nint mhc_sibling(void) { return 42 + mhc_buffer[3]; }\n";
+const SIBLING2: &str = "int mhc_sibling2(void) { return 43; }\n";
+const DEP: &str = "int mhc_dep(void) { return 7; }\n";
+/// Opens `file` and calls `symbol` in it (none: only opens), keeping the
+/// handle for `mhc_close`: the way a library loads its plugins.
+const OPENER: &str = r#"
+#include <dlfcn.h>
+static void *opened;
+int mhc_open(const char *file, const char *symbol) {
+    opened = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    if (!opened) return -1;
+    if (!symbol) return 0;
+    int (*f)(void) = (int (*)(void))dlsym(opened, symbol);
+    return f ? f() : -2;
+}
+int mhc_close(void) { return dlclose(opened); }
+"#;
+
+struct Opener {
+    handle: usize,
+    open: unsafe extern "C" fn(*const libc::c_char, *const libc::c_char) -> i32,
+    close: unsafe extern "C" fn() -> i32,
+}
+
+/// Loads an opener library through the helper (an ordinary caller).
+fn load_opener(path: &std::path::Path) -> Opener {
+    let path = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: the helper wraps dlopen with a NUL-terminated path.
+    let handle = unsafe { (helper().dlopen)(path.as_ptr()) };
+    assert_ne!(handle, 0, "dlopen of {path:?}");
+    let sym = |name: &std::ffi::CStr| {
+        // SAFETY: a live handle and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(handle as *mut libc::c_void, name.as_ptr()) } as usize;
+        assert_ne!(p, 0, "{name:?}");
+        p
+    };
+    // SAFETY: the opener's functions, of these signatures.
+    unsafe {
+        Opener {
+            handle,
+            open: std::mem::transmute::<usize, unsafe extern "C" fn(*const libc::c_char, *const libc::c_char) -> i32>(
+                sym(c"mhc_open"),
+            ),
+            close: std::mem::transmute::<usize, unsafe extern "C" fn() -> i32>(sym(c"mhc_close")),
+        }
+    }
+}
+
+/// The events of `log` at the start of `span` (an object's whole span).
+fn at_span(log: &[Rec], span: (usize, usize)) -> Vec<Rec> {
+    log.iter().filter(|r| r.1 == span.0).copied().collect()
+}
+
+/// How `open_and_close` opens.
+struct Open<'a> {
+    /// The symbol to call after the open (none: only open).
+    symbol: Option<&'a std::ffi::CStr>,
+    /// What the open (and the call) answers.
+    want: i32,
+    /// Open on another thread.
+    elsewhere: bool,
+    /// The load is reported by the time the open returns.
+    reported: bool,
+}
+
+/// Opens `file` from `opener` as `how` says, then closes it on this
+/// thread; asserts that the object named `name` was reported mapped (by
+/// the time the open returned, when `how.reported`), then unmapped, once
+/// each, with its whole span.
+fn open_and_close(opener: &Opener, file: &std::ffi::CStr, name: &str, how: Open<'_>) {
+    let Open {
+        symbol,
+        want,
+        elsewhere,
+        reported,
+    } = how;
+    let (open, symbol_ptr) = (opener.open, symbol.map_or(0, |s| s.as_ptr() as usize));
+    let file_ptr = file.as_ptr() as usize;
+    // SAFETY: NUL-terminated strings (or null) for the opener's dlopen and dlsym.
+    let call = move || unsafe { open(file_ptr as *const libc::c_char, symbol_ptr as *const libc::c_char) };
+    let mut got = 0;
+    let opened = recorded(|| {
+        got = if elsewhere {
+            std::thread::spawn(call).join().unwrap()
+        } else {
+            call()
+        }
+    });
+    assert_eq!(got, want, "{file:?} opened from the opener's own place");
+    let span = span_of_loaded(name).unwrap();
+    let size = span.1 - span.0;
+    if reported {
+        assert_eq!(
+            at_span(&opened, span),
+            [(bits::VM_MAPPED, span.0, size, 0)],
+            "{name}: {opened:x?}"
+        );
+    }
+    // SAFETY: the opener closes the handle its open kept.
+    let closed = recorded(|| assert_eq!(unsafe { (opener.close)() }, 0));
+    let log: Vec<Rec> = opened.into_iter().chain(closed).collect();
+    assert_eq!(
+        at_span(&log, span),
+        [(bits::VM_MAPPED, span.0, size, 0), (bits::VM_UNMAPPED, span.0, size, 0)],
+        "{name}: {log:x?}"
+    );
+    assert_eq!(mapped_from(name.trim_start_matches('/')), [], "{name} is unloaded");
+}
+
+fn check_dlopen_caller(mode: HookMode, cuda: ModeSet) {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    memhook::install(&Config {
+        hooks: HookConfig {
+            mmap: ModeSet::of(&[mode]),
+            cuda,
+        },
+    });
+    let mut session = Session(Vec::new());
+    session.handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, &record);
+    let dir = std::env::temp_dir().join(format!(
+        "memhook-caller-{}-{}-{}",
+        std::process::id(),
+        mode.name(),
+        cuda.is_empty()
+    ));
+    for sub in ["sib", "dep"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+    }
+    build_library(&dir.join("sib"), "mhc_sib", SIBLING, &[]);
+    build_library(&dir.join("sib"), "mhc_sib2", SIBLING2, &[]);
+    build_library(&dir.join("dep"), "mhc_dep", DEP, &[]);
+    let runpath = build_library(
+        &dir,
+        "mhc_runpath",
+        OPENER,
+        &["-ldl", "-Wl,--enable-new-dtags,-rpath,$ORIGIN/sib"],
+    );
+    let rpath = build_library(
+        &dir,
+        "mhc_rpath",
+        OPENER,
+        &["-ldl", "-Wl,--disable-new-dtags,-rpath,$ORIGIN/dep"],
+    );
+
+    let opener = load_opener(&runpath);
+    // A bare name, found through the opener's DT_RUNPATH; its dlsym follows
+    // (and reports the load).
+    let then_call = |symbol, want| Open {
+        symbol: Some(symbol),
+        want,
+        elsewhere: false,
+        reported: true,
+    };
+    open_and_close(
+        &opener,
+        c"libmhc_sib.so",
+        "/libmhc_sib.so",
+        then_call(c"mhc_sibling", 42),
+    );
+    // `$ORIGIN`, the opener's directory; opened on another thread, with no
+    // dlsym after it: this thread's dlclose finds it first, and reports
+    // both.
+    let only_open = Open {
+        symbol: None,
+        want: 0,
+        elsewhere: true,
+        reported: false,
+    };
+    open_and_close(&opener, c"$ORIGIN/sib/libmhc_sib2.so", "/libmhc_sib2.so", only_open);
+    // A name found nowhere: the failure the caller would get, no event.
+    let mut got = 0;
+    // SAFETY: a NUL-terminated name and no symbol, for the opener's dlopen.
+    let log = recorded(|| got = unsafe { (opener.open)(c"libmhc_nowhere.so".as_ptr(), std::ptr::null()) });
+    assert_eq!(got, -1);
+    assert_eq!(log, []);
+
+    // A bare name found through the opener's DT_RPATH (the old form).
+    let old = load_opener(&rpath);
+    open_and_close(&old, c"libmhc_dep.so", "/libmhc_dep.so", then_call(c"mhc_dep", 7));
+    // A path, with a DT_RPATH among the objects: the caller does not
+    // matter, memhook opens it and reports it as the call returns.
+    let path = CString::new(dir.join("sib/libmhc_sib2.so").to_str().unwrap()).unwrap();
+    let at_return = Open {
+        symbol: None,
+        want: 0,
+        elsewhere: false,
+        reported: true,
+    };
+    open_and_close(&old, &path, "/libmhc_sib2.so", at_return);
+    for o in [old, opener] {
+        // SAFETY: the helper wraps dlclose of a handle its dlopen returned.
+        assert_eq!(unsafe { (h.dlclose)(o.handle) }, 0);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn dlopen_searches_from_its_caller_in_bistro_mode() {
+    check_dlopen_caller(HookMode::Bistro, ModeSet::NONE);
+}
+
+#[test]
+fn dlopen_searches_from_its_caller_in_reloc_mode() {
+    check_dlopen_caller(HookMode::Reloc, ModeSet::NONE);
+}
+
+#[test]
+fn dlopen_searches_from_its_caller_beside_the_cuda_hooks() {
+    check_dlopen_caller(
+        HookMode::Bistro,
+        ModeSet::of(&[HookMode::Bistro, HookMode::Reloc, HookMode::Procaddr]),
+    );
+}

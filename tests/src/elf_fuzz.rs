@@ -6,7 +6,7 @@
 
 use core::ops::ControlFlow;
 
-use memhook_core::elf::{SliceMemory, for_each_reloc, read_dynamic, symbol_name};
+use memhook_core::elf::{SliceMemory, for_each_reloc, read_dynamic, search_paths, symbol_name};
 
 /// Where the fuzzed object is placed.
 pub const BASE: usize = 0x40_0000;
@@ -23,6 +23,9 @@ pub fn fuzz_elf(data: &[u8]) -> usize {
         base: BASE,
         bytes: &data[4..],
     };
+    // The search-path tags (what memhook's dlopen asks of the caller's
+    // object): a result or an error, whatever the bytes.
+    let _ = search_paths(&mem, BASE + offset, size);
     let Ok(d) = read_dynamic(&mem, BASE, BASE + offset, size) else {
         return 0;
     };

@@ -67,6 +67,9 @@ struct State {
     #[cfg(feature = "bistro")]
     bistro: heapless::Vec<(Id, crate::bistro::Hook), COUNT>,
     status: heapless::Vec<FunctionStatus, STATUS>,
+    /// Per library: its functions' status already says it is not loaded
+    /// (written once, not at every load or unload of another library).
+    absent_noted: [bool; 2],
 }
 
 static STATE: spin::Mutex<State> = spin::Mutex::new(State {
@@ -75,6 +78,7 @@ static STATE: spin::Mutex<State> = spin::Mutex::new(State {
     #[cfg(feature = "bistro")]
     bistro: heapless::Vec::new(),
     status: heapless::Vec::new(),
+    absent_noted: [false, false],
 });
 
 /// Set when a load or unload was seen while the state was held.
@@ -197,6 +201,7 @@ pub(crate) fn uninstall() {
     state.attached = [None, None];
     state.modes = ModeSet::of(&[]);
     state.status.clear();
+    state.absent_noted = [false, false];
 }
 
 /// Per function and mode: installed, or why not.
@@ -251,7 +256,8 @@ fn sync(state: &mut State) {
         match &found[lib.index()] {
             Some(f) if before != now => attach(state, lib, f),
             #[cfg(feature = "bistro")]
-            None if before.is_none() && state.modes.contains(HookMode::Bistro) => {
+            None if before.is_none() && !state.absent_noted[lib.index()] && state.modes.contains(HookMode::Bistro) => {
+                state.absent_noted[lib.index()] = true;
                 for f in Id::ALL
                     .into_iter()
                     .filter(|f| f.lib() == lib && f.kind() != Kind::ProcAddr)
@@ -376,6 +382,7 @@ fn detach(state: &mut State, lib: Lib) {
         driver::forget();
     }
     state.attached[lib.index()] = None;
+    state.absent_noted[lib.index()] = true;
 }
 
 /// `MEM_TYPE_*` events each hooked CUDA function delivered while
