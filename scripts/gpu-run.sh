@@ -68,6 +68,10 @@ done
 # PyTorch, under memhook run, with a lookup from inside Python.
 if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     check torch env MEMHOOK_LIB_PATH="$here/libmemhook.so" ./memhook run -- python3 src/torch_check.py
+    # cuDNN, cuBLAS and a backward pass, without and with memhook: the
+    # libraries they dlopen by name are found from their callers' RUNPATH.
+    check "torch work (no memhook)" python3 src/torch_work.py
+    check "torch work under memhook run" ./memhook run -- python3 src/torch_work.py
     j=$(./memhook run --json --mmap-mode none -- python3 -c "import torch; x = torch.empty(1 << 26, device='cuda'); torch.cuda.synchronize()" 2>/dev/null)
     say "TORCH $(echo "$j" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("exit", j["exit_status"], "events", j["events"], "functions", j["functions"], "bytes_alive", j["bytes_alive"])')"
 else
