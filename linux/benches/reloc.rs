@@ -10,10 +10,10 @@
 //! relocations; the uninstall between samples is not timed). With the
 //! `bistro` feature, `install/host_hooks_bistro` times `memhook::install`
 //! of the host hooks alone in bistro mode in the same process: twelve
-//! patches and, to follow the loader's `dlopen`/`dlclose`, reloc's pass
-//! for its four dl hooks over every object (the CUDA hooks, when on, make
-//! that pass anyway); `cargo bench -p memhook --features bistro --bench
-//! reloc`.
+//! patches and, to follow the loader's `dlopen`/`dlclose`, four more (of
+//! the loader's functions) and a look at every object's program headers
+//! (no pass over their relocations; the CUDA hooks, when on, make that
+//! pass); `cargo bench -p memhook --features bistro --bench reloc`.
 //!
 //! `dlopen/*` times what memhook's interposed `dlopen` and `dlclose` add:
 //! a `dlopen(RTLD_NOLOAD)` + `dlclose` of a loaded library from one of the

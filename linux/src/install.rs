@@ -125,6 +125,10 @@ struct Installed {
     status: heapless::Vec<FunctionStatus, HOST_STATUS>,
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     hooks: BistroHooks,
+    /// dlopen, dlclose, dlsym and dlvsym, patched for the host hooks
+    /// alone in bistro mode (see `follow_loader`).
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    loader: heapless::Vec<crate::bistro::Hook, 4>,
     reloc: bool,
 }
 
@@ -133,6 +137,8 @@ static INSTALLED: spin::Mutex<Installed> = spin::Mutex::new(Installed {
     status: heapless::Vec::new(),
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     hooks: heapless::Vec::new(),
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    loader: heapless::Vec::new(),
     reloc: false,
 });
 
@@ -212,16 +218,26 @@ pub fn install(config: &Config) {
     {
         // The loader maps and unmaps libraries out of the hooks' sight:
         // reloc's interposed dlopen/dlclose report what it did. The CUDA
-        // hooks install them in every mode; for host hooks alone they are
-        // installed here (bistro alone included).
+        // hooks install them (GOT slots) in every mode; for host hooks
+        // alone they are installed here: bistro patches of the loader's
+        // functions in bistro mode, GOT slots otherwise.
         let host = mmap.contains(HookMode::Bistro) || mmap.contains(HookMode::Reloc);
         crate::reloc::LOADER_EVENTS.store(host, core::sync::atomic::Ordering::Release);
         crate::cuda::install(config.hooks.cuda);
         if host && !state.reloc && config.hooks.cuda.is_empty() {
-            // SAFETY: no symbol of its own: only reloc's dlopen, dlclose,
-            // dlsym and dlvsym hooks. Where there is no dynamic loader (a
-            // static program) there is nothing to report.
-            let _ = unsafe { crate::reloc::install_with(&[]) };
+            #[cfg(feature = "bistro")]
+            let patched = mmap.contains(HookMode::Bistro) && follow_loader(&mut state);
+            #[cfg(not(feature = "bistro"))]
+            let patched = false;
+            if patched {
+                crate::reloc::follow_objects();
+            } else {
+                // SAFETY: no symbol of its own: only reloc's dlopen,
+                // dlclose, dlsym and dlvsym hooks. Where there is no
+                // dynamic loader (a static program) there is nothing to
+                // report.
+                let _ = unsafe { crate::reloc::install_with(&[]) };
+            }
             state.reloc = true;
         }
     }
@@ -230,6 +246,47 @@ pub fn install(config: &Config) {
     // Loads on other threads that the install's rescans found.
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::reloc::report_changes();
+}
+
+/// Bistro-patches the loader's dlopen, dlclose, dlsym and dlvsym to
+/// reloc's entries for them, for the host hooks alone in bistro mode:
+/// four patches instead of a pass over every object's relocations (a
+/// millisecond and more in a process of a few hundred libraries). All or
+/// none: where one cannot be patched, the ones done are undone and reloc's
+/// GOT hooks follow the loader instead.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn follow_loader(state: &mut Installed) -> bool {
+    for (name, entry, real) in crate::reloc::dl_entries() {
+        // SAFETY: each entry has its function's signature and reaches the
+        // function through `real`, which patch_symbol sets to the
+        // trampoline before the patch.
+        match unsafe { crate::bistro::Hook::patch_symbol(name, entry, real) } {
+            Ok(h) => {
+                crate::reloc::BISTRO_DL.store(true, core::sync::atomic::Ordering::Release);
+                let _ = state.loader.push(h);
+            }
+            Err(_) => {
+                unfollow_loader(state);
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// Undoes [`follow_loader`]'s patches. A patch another hooker patched
+/// over stays (working, through its trampoline), and so does
+/// `reloc::BISTRO_DL`: reloc must keep finding the functions through
+/// their trampolines, not through their patched entries.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn unfollow_loader(state: &mut Installed) {
+    while let Some(h) = state.loader.pop() {
+        if let Err((h, _)) = h.unpatch() {
+            let _ = state.loader.push(h);
+            return;
+        }
+    }
+    crate::reloc::BISTRO_DL.store(false, core::sync::atomic::Ordering::Release);
 }
 
 /// Whether the host function `name` is in this process's C library.
@@ -243,6 +300,8 @@ fn present(name: &core::ffi::CStr) -> bool {
 }
 
 fn remove(state: &mut Installed) {
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    unfollow_loader(state);
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     while let Some(h) = state.hooks.pop() {
         if let Err((h, _)) = h.unpatch() {

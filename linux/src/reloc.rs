@@ -3,8 +3,9 @@
 //!
 //! [`install`] adds (symbol → hook) pairs and applies them to every loaded
 //! object in one pass over each object's relocations; objects are
-//! remembered, so a later `dlopen` (interposed through reloc itself) scans
-//! only the new ones, and a `dlclose` makes memhook forget the objects that
+//! remembered, so a later `dlopen` (interposed through reloc itself, or,
+//! for the host hooks alone in bistro mode, through bistro patches of the
+//! loader's functions to the same entries) scans only the new ones, and a `dlclose` makes memhook forget the objects that
 //! went away (they are never touched again). A `dlopen` whose search
 //! depends on its caller (a bare name from a caller with a `DT_RUNPATH`,
 //! `$ORIGIN`, ...) goes on to glibc with the caller's return address intact,
@@ -346,6 +347,9 @@ fn patch_object(state: &mut State, o: &Object<'_>, from: usize) {
     let Some((dynamic, size)) = o.dynamic else {
         return;
     };
+    if !state.symbols[from..].iter().any(|s| s.slots) {
+        return; // nothing to look for
+    }
     let d = match read_dynamic(o, o.id.base, dynamic, size) {
         Ok(d) => d,
         Err(_) => {
@@ -889,23 +893,50 @@ fn rescan_pending(state: &mut State) {
     }
 }
 
-fn ensure_dl_hooks(state: &mut State) -> Result<(), RelocError> {
-    if state.symbols.iter().any(|s| s.name == c"dlopen") {
-        return Ok(());
-    }
+/// The loader's four functions memhook interposes: name, memhook's entry
+/// for it, and where the entry finds the function it stands for.
+pub(crate) fn dl_entries() -> [(&'static CStr, usize, &'static AtomicUsize); 4] {
     unsafe extern "C" {
         fn memhook_dlopen_entry();
         fn memhook_dlsym_entry();
         fn memhook_dlvsym_entry();
     }
-    for (name, hook, real) in [
+    [
         (c"dlopen", memhook_dlopen_entry as *const () as usize, &REAL_DLOPEN),
         (c"dlclose", memhook_dlclose as *const () as usize, &REAL_DLCLOSE),
         (c"dlsym", memhook_dlsym_entry as *const () as usize, &REAL_DLSYM),
         (c"dlvsym", memhook_dlvsym_entry as *const () as usize, &REAL_DLVSYM),
-    ] {
-        // SAFETY: as in install.
-        let original = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+    ]
+}
+
+/// Set while the four functions of [`dl_entries`] are bistro-patched to
+/// the entries (the host hooks alone, in bistro mode), which then find
+/// the functions in their trampolines: a reloc install keeps those as
+/// the originals (the functions' own addresses lead back into the
+/// entries).
+pub(crate) static BISTRO_DL: AtomicBool = AtomicBool::new(false);
+
+/// Records the loaded objects (their spans, for the loader's events)
+/// without hooking anything in them: for the host hooks alone in bistro
+/// mode, where bistro patches of the loader's functions call the rescans.
+pub(crate) fn follow_objects() {
+    let mut state = STATE.lock();
+    let n = state.symbols.len();
+    scan(&mut state, n, false);
+    rescan_pending(&mut state);
+}
+
+fn ensure_dl_hooks(state: &mut State) -> Result<(), RelocError> {
+    if state.symbols.iter().any(|s| s.name == c"dlopen") {
+        return Ok(());
+    }
+    for (name, hook, real) in dl_entries() {
+        let original = if BISTRO_DL.load(Ordering::Acquire) {
+            real.load(Ordering::Acquire)
+        } else {
+            // SAFETY: as in install.
+            unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
+        };
         if original == 0 {
             return Err(RelocError::NoDefinition);
         }

@@ -1226,15 +1226,24 @@ fn install_uninstall_cycles_restore_the_bytes() {
         .filter(|n| !unsafe { libc::dlsym(libc::RTLD_DEFAULT, n.as_ptr()) }.is_null())
         .collect();
     assert_eq!(names.len(), host_functions());
+    // The loader's functions, which the host hooks alone in bistro mode
+    // patch too (to follow dlopen and dlclose).
+    let loader = [c"dlopen", c"dlclose", c"dlsym", c"dlvsym"];
     let before: Vec<_> = names.iter().map(|n| entry_bytes(n)).collect();
+    let loader_before: Vec<_> = loader.iter().map(|n| entry_bytes(n)).collect();
     for _ in 0..5 {
         memhook::install(&config(HookMode::Bistro));
         memhook::install(&config(HookMode::Bistro)); // idempotent
         assert_eq!(memhook::status().len(), host_functions());
         assert!(names.iter().zip(&before).any(|(n, b)| entry_bytes(n) != *b), "patched");
+        for (n, b) in loader.iter().zip(&loader_before) {
+            assert_ne!(entry_bytes(n), *b, "{n:?} patched");
+        }
         memhook::uninstall();
         let after: Vec<_> = names.iter().map(|n| entry_bytes(n)).collect();
         assert_eq!(after, before);
+        let after: Vec<_> = loader.iter().map(|n| entry_bytes(n)).collect();
+        assert_eq!(after, loader_before);
     }
 }
 
@@ -1467,6 +1476,15 @@ fn check_loader(mode: HookMode, cuda: ModeSet) {
             cuda,
         },
     });
+    // The host hooks alone in bistro mode follow the loader through bistro
+    // patches of its functions (no pass over the objects' relocations);
+    // otherwise through GOT slots.
+    let slots = memhook::reloc::status().slots;
+    if mode == HookMode::Bistro && cuda.is_empty() {
+        assert_eq!(slots, 0, "no GOT slot rewritten");
+    } else {
+        assert!(slots > 0, "reloc's dl hooks");
+    }
     let mut session = Session(Vec::new());
     session.handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, &record);
     let dir = std::env::temp_dir().join(format!(
