@@ -142,9 +142,60 @@ struct Slot {
 #[derive(Clone, Copy)]
 struct Known {
     id: ObjectId,
+    /// A hash of its path: another library loaded at the address of one
+    /// unloaded since the last scan has the same id, not the same path.
+    name: u64,
     span: (usize, usize),
     /// The last scan that found it loaded (see `State::scans`).
     seen: u32,
+    /// One slot memhook wrote in it, and the hook written: the same
+    /// library unloaded and loaded again at the same address since the
+    /// last scan has the same id and path, and a fresh GOT.
+    check: Option<(usize, usize)>,
+}
+
+/// FNV-1a of `bytes`.
+fn name_hash(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// glibc's `_dl_find_object` (2.35 and later), looked up at install: 0
+/// before, 1 where the C library lacks it.
+static FIND_OBJECT: AtomicUsize = AtomicUsize::new(0);
+
+/// Looks `_dl_find_object` up (once; outside every loader callback, as
+/// `dlsym` takes the loader's lock).
+fn look_up_find_object() {
+    if FIND_OBJECT.load(Ordering::Acquire) == 0 {
+        // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
+        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) } as usize;
+        FIND_OBJECT.store(if f == 0 { 1 } else { f }, Ordering::Release);
+    }
+}
+
+/// Whether the loader has finished loading `o` (relocated it): a
+/// `dlopen` on another thread puts its objects in the list before it
+/// relocates them, and a GOT slot written before the relocation would be
+/// overwritten (a lazily bound one gets the load base added: a wild
+/// call). glibc's `_dl_find_object` knows an object only from the end of
+/// its relocation on. Without it (glibc before 2.35) every listed object
+/// counts as loaded.
+fn settled(o: &Object<'_>) -> bool {
+    let f = FIND_OBJECT.load(Ordering::Acquire);
+    let Some(&(start, _)) = o.segments.first() else {
+        return true;
+    };
+    if f <= 1 {
+        return true;
+    }
+    type FindObject = unsafe extern "C" fn(*mut c_void, *mut u64) -> c_int;
+    // `struct dl_find_object` is 96 bytes on 64-bit targets; room to spare.
+    let mut result = [0u64; 32];
+    // SAFETY: `f` is `_dl_find_object` (lock-free, safe inside
+    // dl_iterate_phdr); `result` is larger than its result struct.
+    unsafe { core::mem::transmute::<usize, FindObject>(f)(start as *mut c_void, result.as_mut_ptr()) == 0 }
 }
 
 /// An object's span that the loader mapped (`dlopen`) or unmapped
@@ -439,6 +490,9 @@ fn scan(state: &mut State, from: usize, report: bool) {
     let scans = state.scans.wrapping_add(1);
     state.scans = scans;
     let (mut first, mut unchanged, mut loads) = (true, false, None);
+    // An object still being loaded is left for a later scan (which then
+    // must not stop early).
+    let mut unsettled = false;
     // Objects come in load order, as they were recorded: the next known
     // one is usually the one after the last found.
     let mut next = 0;
@@ -453,46 +507,78 @@ fn scan(state: &mut State, from: usize, report: bool) {
         if skipped(o) {
             return ControlFlow::Continue(());
         }
+        let name = name_hash(o.name);
         let objects = &mut state.objects;
         let known = if objects.get(next).is_some_and(|k| k.id == o.id) {
             Some(next)
         } else {
             objects.iter().position(|k| k.id == o.id)
         };
-        match known {
-            Some(i) => {
-                objects[i].seen = scans;
-                next = i + 1;
-                if !rescan {
-                    patch_object(state, o, from);
-                }
+        // Another library at the address of one unloaded since the last
+        // scan: the old one went, a new one came.
+        let replaced = known.filter(|&i| {
+            objects[i].name != name
+                || objects[i]
+                    .check
+                    .is_some_and(|(slot, hook)| !o.holds(slot) || read_slot(slot) != hook)
+        });
+        if let (Some(i), None) = (known, replaced) {
+            objects[i].seen = scans;
+            next = i + 1;
+            if !rescan {
+                patch_object(state, o, from);
             }
-            None => {
-                let span = span_of(o);
-                if objects
-                    .push(Known {
-                        id: o.id,
-                        span,
-                        seen: scans,
-                    })
-                    .is_err()
-                {
-                    state.overflow = true;
-                    return ControlFlow::Continue(());
-                }
-                next = objects.len();
-                if report {
-                    let _ = state.changes.push_back(Change { mapped: true, span });
-                }
-                patch_object(state, o, 0);
+            return ControlFlow::Continue(());
+        }
+        if !settled(o) {
+            unsettled = true;
+            return ControlFlow::Continue(());
+        }
+        let span = span_of(o);
+        let new = Known {
+            id: o.id,
+            name,
+            span,
+            seen: scans,
+            check: None,
+        };
+        if let Some(i) = replaced {
+            let old = core::mem::replace(&mut objects[i], new);
+            next = i + 1;
+            state.slots.retain(|s| s.object != old.id);
+            if report {
+                let _ = state.changes.push_back(Change {
+                    mapped: false,
+                    span: old.span,
+                });
             }
+        } else {
+            if objects.push(new).is_err() {
+                state.overflow = true;
+                return ControlFlow::Continue(());
+            }
+            next = objects.len();
+        }
+        if report {
+            let _ = state.changes.push_back(Change { mapped: true, span });
+        }
+        patch_object(state, o, 0);
+        let check = state
+            .slots
+            .iter()
+            .rev()
+            .take_while(|s| s.object == o.id)
+            .last()
+            .map(|s| (s.slot, state.symbols[s.symbol as usize].hook));
+        if let Some(k) = state.objects.get_mut(next - 1) {
+            k.check = check;
         }
         ControlFlow::Continue(())
     });
     if unchanged {
         return;
     }
-    state.loads = loads;
+    state.loads = if unsettled { None } else { loads };
     // Objects that are gone (dlclose): forget them and their slots.
     if state.objects.iter().all(|k| k.seen == scans) {
         return;
@@ -579,6 +665,20 @@ pub unsafe fn install(hooks: &[(&'static CStr, usize, &'static AtomicUsize)]) ->
 ///
 /// As for [`install`].
 pub unsafe fn install_with(entries: &[Entry]) -> Result<(), RelocError> {
+    look_up_find_object();
+    INSTALLING.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: forwarded from the caller.
+    let result = unsafe { install_locked(entries) };
+    INSTALLING.fetch_sub(1, Ordering::SeqCst);
+    result
+}
+
+/// [`install_with`] itself, marked as an install in progress.
+///
+/// # Safety
+///
+/// As for [`install`].
+unsafe fn install_locked(entries: &[Entry]) -> Result<(), RelocError> {
     let mut state = STATE.lock();
     let from = state.symbols.len();
     for e in entries {
@@ -875,12 +975,29 @@ pub fn refresh() {
 /// constructor): the holder rescans before it lets go.
 static RESCAN: AtomicBool = AtomicBool::new(false);
 
-/// Scans for new and vanished objects, without ever waiting for the
-/// state, and reports what the loader mapped and unmapped.
+/// Installs in progress: they hold the state while they call `dlsym`,
+/// which takes the loader's lock.
+static INSTALLING: AtomicUsize = AtomicUsize::new(0);
+
+/// Scans for new and vanished objects and reports what the loader mapped
+/// and unmapped. Where another thread's scan holds the state, waits for
+/// it (a scan never waits for the loader's lock), so that the objects
+/// this thread's dlopen loaded are hooked before the caller can call into
+/// them; where an install holds it, does not wait (the install may be
+/// waiting for the loader lock this thread holds inside a constructor):
+/// the install rescans before it lets go.
 fn rescan() {
     RESCAN.store(true, Ordering::SeqCst);
-    if let Some(mut state) = STATE.try_lock() {
-        rescan_pending(&mut state);
+    loop {
+        if let Some(mut state) = STATE.try_lock() {
+            rescan_pending(&mut state);
+            break;
+        }
+        if INSTALLING.load(Ordering::SeqCst) != 0 {
+            break;
+        }
+        // SAFETY: sched_yield has no preconditions.
+        unsafe { libc::sched_yield() };
     }
     report_changes();
 }
@@ -920,6 +1037,7 @@ pub(crate) static BISTRO_DL: AtomicBool = AtomicBool::new(false);
 /// without hooking anything in them: for the host hooks alone in bistro
 /// mode, where bistro patches of the loader's functions call the rescans.
 pub(crate) fn follow_objects() {
+    look_up_find_object();
     let mut state = STATE.lock();
     let n = state.symbols.len();
     scan(&mut state, n, false);

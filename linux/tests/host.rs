@@ -1789,3 +1789,225 @@ fn dlopen_searches_from_its_caller_beside_the_cuda_hooks() {
         ModeSet::of(&[HookMode::Bistro, HookMode::Reloc, HookMode::Procaddr]),
     );
 }
+
+// Loads on two threads at once: a library another thread's dlopen has
+// mapped but not yet relocated is in the loader's list already; a GOT
+// slot reloc wrote then would be overwritten by the relocation (a lazy
+// one gets the load base added to memhook's hook: a wild call).
+
+/// Maps and unmaps three pages through its PLT (lazily bound).
+const RACER: &str = "#include <sys/mman.h>\nint mhr_map(void) {\n    \
+    void *p = mmap(0, 3 << 12, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);\n    \
+    return p != MAP_FAILED && munmap(p, 3 << 12) == 0;\n}\n";
+/// Loads a library lazily, calls its `mhr_map`, unloads it.
+const CYCLER: &str = r#"
+#include <dlfcn.h>
+int mhr_cycle(const char *path) {
+    void *h = dlopen(path, RTLD_LAZY | RTLD_LOCAL);
+    if (!h) return -1;
+    int (*f)(void) = (int (*)(void))dlsym(h, "mhr_map");
+    int r = f ? f() : -2;
+    return dlclose(h) == 0 ? r : -3;
+}
+"#;
+
+static RACE_MAPS: AtomicUsize = AtomicUsize::new(0);
+
+fn count_race_maps(e: &mut Event) {
+    if let Event::Mmap(m) = *e
+        && m.size == 3 << 12
+    {
+        RACE_MAPS.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn libraries_loaded_on_two_threads_at_once_are_hooked_once_relocated() {
+    const CYCLES: usize = 1500;
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    let mut session = Session::new(HookMode::Reloc);
+    session.handler(bits::MMAP, 0, &count_race_maps);
+    let dir = std::env::temp_dir().join(format!("memhook-race-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let racers: Vec<CString> = ["mhr_a", "mhr_b"]
+        .iter()
+        .map(|n| CString::new(build_library(&dir, n, RACER, &["-Wl,-z,lazy"]).to_str().unwrap()).unwrap())
+        .collect();
+    let cycler = build_library(&dir, "mhr_cycler", CYCLER, &["-ldl", "-Wl,-z,lazy"]);
+    let cycler = CString::new(cycler.to_str().unwrap()).unwrap();
+    // SAFETY: the helper wraps dlopen with a NUL-terminated path.
+    let handle = unsafe { (h.dlopen)(cycler.as_ptr()) };
+    assert_ne!(handle, 0);
+    // SAFETY: a live handle and a NUL-terminated name.
+    let cycle = unsafe { libc::dlsym(handle as *mut libc::c_void, c"mhr_cycle".as_ptr()) } as usize;
+    assert_ne!(cycle, 0);
+    RACE_MAPS.store(0, Ordering::SeqCst);
+    let threads: Vec<_> = racers
+        .iter()
+        .map(|path| {
+            let path = path.as_ptr() as usize;
+            std::thread::spawn(move || {
+                // SAFETY: mhr_cycle has this signature; `path` is a
+                // NUL-terminated path that outlives the thread.
+                let cycle: unsafe extern "C" fn(*const libc::c_char) -> i32 = unsafe { std::mem::transmute(cycle) };
+                for _ in 0..CYCLES {
+                    // SAFETY: as above.
+                    assert_eq!(unsafe { cycle(path as *const libc::c_char) }, 1);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // Every load's mmap went through the hook: each library was hooked
+    // after its relocation, never before.
+    assert_eq!(RACE_MAPS.load(Ordering::SeqCst), 2 * CYCLES);
+    drop(session);
+    // SAFETY: the helper wraps dlclose of a handle its dlopen returned.
+    assert_eq!(unsafe { (h.dlclose)(handle) }, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A library that needs `libmhf_dep.so` (found through its RUNPATH).
+const NEEDS_DEP: &str = "int mhf_dep(void);\nint mhf_lib(void) { return mhf_dep() + 1; }\n";
+
+/// A library the loader has put in its list but not yet relocated (its
+/// dependency's file is a FIFO, so the loader waits in `open`): a scan
+/// then must neither hook it nor report it; the failed load leaves no
+/// trace either.
+#[test]
+fn a_library_still_being_loaded_is_left_alone() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    let mut session = Session::new(HookMode::Reloc);
+    session.handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, &record);
+    let dir = std::env::temp_dir().join(format!("memhook-unsettled-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dep = build_library(&dir, "mhf_dep", "int mhf_dep(void) { return 1; }\n", &[]);
+    let lib = build_library(
+        &dir,
+        "mhf_lib",
+        NEEDS_DEP,
+        &[
+            "-L",
+            dir.to_str().unwrap(),
+            "-lmhf_dep",
+            "-Wl,--enable-new-dtags,-rpath,$ORIGIN",
+        ],
+    );
+    std::fs::remove_file(&dep).unwrap();
+    let fifo = CString::new(dep.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let objects = memhook::reloc::status().objects;
+    let path = CString::new(lib.to_str().unwrap()).unwrap();
+    let open = h.dlopen;
+    let loading = std::thread::spawn(move || {
+        // SAFETY: the helper wraps dlopen with a NUL-terminated path.
+        unsafe { open(path.as_ptr()) }
+    });
+    // The library is in the loader's list while its dependency's open
+    // waits for a writer.
+    let span = loop {
+        if let Some(span) = span_of_loaded("/libmhf_lib.so") {
+            break span;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    let log = recorded(memhook::refresh);
+    let taken_in = memhook::reloc::status().objects;
+    // Let the loader read garbage: the load fails, the library goes. (Done
+    // before any assertion: a thread left inside the loader would hang
+    // the test program's exit.)
+    std::fs::write(&dep, b"not an ELF file").unwrap();
+    assert_eq!(loading.join().unwrap(), 0, "the load fails");
+    assert_eq!(at_span(&log, span), [], "{log:x?}");
+    assert_eq!(taken_in, objects, "not taken in");
+    assert_eq!(span_of_loaded("/libmhf_lib.so"), None);
+    let log = recorded(memhook::refresh);
+    assert_eq!(at_span(&log, span), [], "{log:x?}");
+    assert_eq!(memhook::reloc::status().objects, objects);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One library unloaded and the next of `order` (0: `libmhr_one.so`, 1:
+/// `libmhr_two.so`, built from `source`) loaded, likely at its address,
+/// each out of memhook's sight (the test program's own dlopen and
+/// dlclose, which reloc leaves alone): the next scan reports the old one's
+/// unmapping and the new one's mapping, and, where `source` is [`RACER`],
+/// the new one's mmap is seen.
+fn check_reuse(source: &str, order: [usize; 2]) {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut session = Session::new(HookMode::Reloc);
+    session.handler(bits::VM_MAPPED | bits::VM_UNMAPPED | bits::MMAP, 0, &record);
+    let dir = std::env::temp_dir().join(format!("memhook-reuse-{}-{}", std::process::id(), order[1]));
+    std::fs::create_dir_all(&dir).unwrap();
+    let paths: Vec<CString> = ["mhr_one", "mhr_two"]
+        .iter()
+        .map(|n| CString::new(build_library(&dir, n, source, &[]).to_str().unwrap()).unwrap())
+        .collect();
+    // SAFETY: NUL-terminated paths of libraries just built.
+    let load = |p: &CString| unsafe { libc::dlopen(p.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    let mut handle = load(&paths[0]);
+    assert!(!handle.is_null());
+    let _ = recorded(memhook::refresh);
+    let mut was = span_of_loaded("/libmhr_one.so").unwrap();
+    let mut reused = 0;
+    for next in order {
+        let name = ["/libmhr_one.so", "/libmhr_two.so"][next];
+        let next = &paths[next];
+        // SAFETY: the handle the last load returned.
+        assert_eq!(unsafe { libc::dlclose(handle) }, 0);
+        handle = load(next);
+        assert!(!handle.is_null());
+        let span = span_of_loaded(name).unwrap();
+        let log = recorded(memhook::refresh);
+        let gone = (bits::VM_UNMAPPED, was.0, was.1 - was.0, 0);
+        let came = (bits::VM_MAPPED, span.0, span.1 - span.0, 0);
+        if span == was {
+            reused += 1;
+            assert_eq!(at_span(&log, span), [gone, came], "{name}: {log:x?}");
+        } else {
+            assert_eq!(at_span(&log, was), [gone], "{name}: {log:x?}");
+            assert_eq!(at_span(&log, span), [came], "{name}: {log:x?}");
+        }
+        was = span;
+        if source != RACER {
+            continue;
+        }
+        // Hooked: its mmap is seen.
+        // SAFETY: a live handle and a NUL-terminated name.
+        let map = unsafe { libc::dlsym(handle, c"mhr_map".as_ptr()) } as usize;
+        // SAFETY: mhr_map has this signature.
+        let map: unsafe extern "C" fn() -> i32 = unsafe { std::mem::transmute(map) };
+        // SAFETY: as above.
+        let log = recorded(|| assert_eq!(unsafe { map() }, 1));
+        assert!(
+            log.iter().any(|r| r.0 == bits::MMAP && r.2 == 3 << 12),
+            "{name}: {log:x?}"
+        );
+    }
+    if reused == 0 {
+        eprintln!("no library was loaded where the last one was: the reuse itself went unchecked");
+    }
+    // SAFETY: the handle the last load returned.
+    assert_eq!(unsafe { libc::dlclose(handle) }, 0);
+    let _ = recorded(memhook::refresh);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Another library where one was, neither calling anything memhook hooks
+/// (no GOT slot written that could tell them apart): their paths do.
+#[test]
+fn a_library_loaded_where_another_was_is_a_new_one() {
+    check_reuse("int mhr_value(void) { return 7; }\n", [1, 0]);
+}
+
+/// The same library loaded again where it was: same address, same path, a
+/// fresh GOT, without the slot memhook wrote.
+#[test]
+fn the_same_library_loaded_again_is_a_new_one() {
+    check_reuse(RACER, [0, 0]);
+}
