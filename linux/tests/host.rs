@@ -1467,15 +1467,32 @@ fn mapped_from(name: &str) -> Vec<(usize, usize)> {
 /// of each object it loaded after the call, and `dlclose` `VM_UNMAPPED`
 /// of each it unloaded (the library's data included) after the call; a
 /// `dlclose` that leaves the library loaded reports nothing.
-fn check_loader(mode: HookMode, cuda: ModeSet) {
-    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let h = helper();
+/// Installs the host hooks in `mode` beside the CUDA hooks of `cuda`,
+/// registers a handler that records the loader's events, and makes a
+/// fresh folder named for `what` and the configuration.
+fn loader_setup(what: &str, mode: HookMode, cuda: ModeSet) -> (Session, std::path::PathBuf) {
     memhook::install(&Config {
         hooks: HookConfig {
             mmap: ModeSet::of(&[mode]),
             cuda,
         },
     });
+    let mut session = Session(Vec::new());
+    session.handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, &record);
+    let dir = std::env::temp_dir().join(format!(
+        "memhook-{what}-{}-{}-{}",
+        std::process::id(),
+        mode.name(),
+        cuda.is_empty()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    (session, dir)
+}
+
+fn check_loader(mode: HookMode, cuda: ModeSet) {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    let (_session, dir) = loader_setup("loader", mode, cuda);
     // The host hooks alone in bistro mode follow the loader through bistro
     // patches of its functions (no pass over the objects' relocations);
     // otherwise through GOT slots.
@@ -1485,15 +1502,6 @@ fn check_loader(mode: HookMode, cuda: ModeSet) {
     } else {
         assert!(slots > 0, "reloc's dl hooks");
     }
-    let mut session = Session(Vec::new());
-    session.handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, &record);
-    let dir = std::env::temp_dir().join(format!(
-        "memhook-loader-{}-{}-{}",
-        std::process::id(),
-        mode.name(),
-        cuda.is_empty()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
     let base_lib = build_library(&dir, "mhl_base", PLUGIN_BASE, &[]);
     let plugin = build_library(
         &dir,
@@ -1687,20 +1695,7 @@ fn open_and_close(opener: &Opener, file: &std::ffi::CStr, name: &str, how: Open<
 fn check_dlopen_caller(mode: HookMode, cuda: ModeSet) {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let h = helper();
-    memhook::install(&Config {
-        hooks: HookConfig {
-            mmap: ModeSet::of(&[mode]),
-            cuda,
-        },
-    });
-    let mut session = Session(Vec::new());
-    session.handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, &record);
-    let dir = std::env::temp_dir().join(format!(
-        "memhook-caller-{}-{}-{}",
-        std::process::id(),
-        mode.name(),
-        cuda.is_empty()
-    ));
+    let (_session, dir) = loader_setup("caller", mode, cuda);
     for sub in ["sib", "dep"] {
         std::fs::create_dir_all(dir.join(sub)).unwrap();
     }
