@@ -120,7 +120,9 @@ pub struct Dynamic {
     pub jmprel: Option<(usize, usize)>,
     /// `DT_RELA` with `DT_RELASZ`.
     pub rela: Option<(usize, usize)>,
-    /// Dynamic symbols, from `DT_GNU_HASH` or `DT_HASH` (`None`: neither).
+    /// Dynamic symbols, from `DT_GNU_HASH` or `DT_HASH` (`None`: neither,
+    /// or a GNU hash table that hashes no symbol and no `DT_HASH`: then
+    /// only the object's bounds limit a symbol index).
     pub nsyms: Option<usize>,
 }
 
@@ -128,8 +130,10 @@ pub struct Dynamic {
 const MAX_SYMBOLS: usize = 1 << 24;
 
 /// The object's symbol count from its GNU hash table: one past the highest
-/// symbol any bucket's chain reaches.
-fn gnu_hash_symbols<M: Memory>(mem: &M, table: usize) -> Result<usize, ElfError> {
+/// symbol any bucket's chain reaches. `None` when it hashes no symbol: its
+/// `symoffset` is then no count (ld.bfd writes 1 in a program that exports
+/// nothing, whatever it imports).
+fn gnu_hash_symbols<M: Memory>(mem: &M, table: usize) -> Result<Option<usize>, ElfError> {
     let nbuckets = read_u32(mem, table)? as usize;
     let symoffset = read_u32(mem, addr(table, 4, "DT_GNU_HASH address")?)? as usize;
     let bloom = read_u32(mem, addr(table, 8, "DT_GNU_HASH address")?)? as usize;
@@ -141,8 +145,11 @@ fn gnu_hash_symbols<M: Memory>(mem: &M, table: usize) -> Result<usize, ElfError>
     for i in 0..nbuckets {
         last = last.max(read_u32(mem, addr(buckets, i * 4, "DT_GNU_HASH buckets")?)? as usize);
     }
+    if last == 0 {
+        return Ok(None);
+    }
     if last < symoffset {
-        return Ok(symoffset);
+        return Ok(Some(symoffset));
     }
     let chains = addr(buckets, nbuckets * 4, "DT_GNU_HASH chains")?;
     let mut index = last;
@@ -153,7 +160,7 @@ fn gnu_hash_symbols<M: Memory>(mem: &M, table: usize) -> Result<usize, ElfError>
         let h = read_u32(mem, addr(chains, (index - symoffset) * 4, "DT_GNU_HASH chains")?)?;
         index += 1;
         if h & 1 == 1 {
-            return Ok(index);
+            return Ok(Some(index));
         }
     }
 }
@@ -213,8 +220,12 @@ pub fn read_dynamic<M: Memory>(mem: &M, base: usize, dynamic: usize, size: usize
     if d.symtab.is_some() && d.strtab.is_none() {
         return Err(ElfError::new("DT_SYMTAB without DT_STRTAB", 0));
     }
-    d.nsyms = match (gnu_hash, hash) {
-        (Some(t), _) => Some(gnu_hash_symbols(mem, t)?),
+    let from_gnu = match gnu_hash {
+        Some(t) => gnu_hash_symbols(mem, t)?,
+        None => None,
+    };
+    d.nsyms = match (from_gnu, hash) {
+        (Some(n), _) => Some(n),
         (None, Some(t)) => Some(read_u32(mem, addr(t, 4, "DT_HASH address")?)? as usize),
         (None, None) => None,
     };
@@ -446,6 +457,28 @@ mod tests {
         // A dynamic section running off the object, without DT_NULL.
         let e = read_dynamic(&mem, base, base + bytes.len() - 8, 160).unwrap_err();
         assert_eq!(e.what, "read past the object");
+    }
+
+    /// A program that exports nothing: its GNU hash table hashes no symbol
+    /// and says `symoffset` 1 (as ld.bfd writes it), while it imports
+    /// three. The count is unknown, not 1: every import is named.
+    #[test]
+    fn an_empty_gnu_hash_table_counts_no_symbols() {
+        let (mut bytes, base) = object(&["mmap", "munmap", "dlsym"]);
+        // Bucket 0 (after nbuckets, symoffset, bloom size, shift and one
+        // bloom word): no chain.
+        bytes[160 + 24..160 + 28].copy_from_slice(&0u32.to_le_bytes());
+        let mem = SliceMemory { base, bytes: &bytes };
+        let d = read_dynamic(&mem, base, base, 160).unwrap();
+        assert_eq!(d.nsyms, None);
+        let mut names = Vec::new();
+        for_each_reloc(&mem, base, &d, |r| {
+            let mut buf = [0u8; 64];
+            names.push(symbol_name(&mem, &d, r.sym, &mut buf).unwrap().to_vec());
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(names, [b"mmap".to_vec(), b"munmap".to_vec(), b"dlsym".to_vec()]);
     }
 
     #[test]

@@ -29,8 +29,13 @@ fn out_dir() -> PathBuf {
 }
 
 fn cc(src: &str, out: &Path, link_memhook: bool) {
+    cc_with(src, out, link_memhook, &[]);
+}
+
+fn cc_with(src: &str, out: &Path, link_memhook: bool, extra: &[&str]) {
     let mut c = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
-    c.args(["-O2", "-Wall", "-Werror", "-I"])
+    c.args(extra)
+        .args(["-O2", "-Wall", "-Werror", "-I"])
         .arg(root().join("include"))
         .arg(root().join("ffi/examples").join(src))
         .arg("-o")
@@ -98,4 +103,31 @@ fn trace_of_an_unmodified_program_under_ld_preload() {
     assert!(o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("unknown hook mode `bistr`"), "{err}");
+}
+
+/// Reloc mode rewrites the program's own GOT slots, position-independent
+/// or not: a program that exports nothing has a GNU hash table that
+/// hashes no symbol (ld.bfd then writes a `symoffset` of 1), which once
+/// hid every import of a non-PIE program from reloc.
+#[test]
+fn reloc_mode_hooks_the_program_itself_pie_or_not() {
+    for (name, flags) in [("trace_pie", "-pie"), ("trace_no_pie", "-no-pie")] {
+        let out = out_dir().join(name);
+        cc_with("trace_preload.c", &out, false, &["-fPIE", flags]);
+        let o = Command::new(&out)
+            .env("LD_PRELOAD", lib_dir().join("libmemhook.so"))
+            .env("MEMHOOK_TRACE", "1")
+            .env("MEMHOOK_MMAP_HOOK_MODE", "reloc")
+            .env("MEMHOOK_CUDA_HOOK_MODE", "none")
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        for line in ["MMAP addr=0x0 size=0x13000", "MUNMAP addr="] {
+            assert!(
+                err.lines().any(|l| l.contains(line) && l.contains("0x13000")),
+                "{name}: no `{line}` line in the trace:\n{err}"
+            );
+        }
+    }
 }
