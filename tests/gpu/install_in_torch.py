@@ -1,0 +1,32 @@
+"""Install time in a large process: PyTorch imported and its CUDA
+libraries loaded (cuDNN, cuBLAS) before libmemhook.so is loaded with
+ctypes and installed through the C ABI: the default configuration (the
+CUDA hooks' reloc pass walks every loaded object's relocations), then
+the host hooks alone in bistro mode. Prints the figures; exits non-zero
+only if an install fails."""
+import ctypes
+import os
+import sys
+import time
+
+import torch
+
+torch.nn.functional.conv2d(torch.randn(1, 1, 8, 8).cuda(), torch.randn(1, 1, 3, 3).cuda())
+(torch.randn(64, 64).cuda() @ torch.randn(64, 64).cuda()).sum().item()
+torch.cuda.synchronize()
+objects = len({l.split()[-1] for l in open("/proc/self/maps") if ".so" in l.split()[-1]})
+
+t = time.perf_counter()
+lib = ctypes.CDLL(os.environ["MEMHOOK_LIB"])
+load_ms = (time.perf_counter() - t) * 1e3
+lib.memhook_install.argtypes = [ctypes.c_char_p]
+results = []
+for config in (None, b"mmap=bistro;cuda=none", None):
+    lib.memhook_uninstall()
+    t = time.perf_counter()
+    rc = lib.memhook_install(config)
+    results.append(((time.perf_counter() - t) * 1e3, rc, config))
+print(f"install_in_torch: {objects} shared objects mapped; loading libmemhook.so {load_ms:.2f} ms")
+for ms, rc, config in results:
+    print(f"install_in_torch: memhook_install({config}) {ms:.2f} ms rc={rc}")
+sys.exit(0 if all(rc == 0 for _, rc, _ in results) else 1)
