@@ -25,8 +25,8 @@ use core::fmt;
 use core::ops::ControlFlow;
 
 use goblin::elf::dynamic::{
-    DT_GNU_HASH, DT_HASH, DT_JMPREL, DT_NULL, DT_PLTREL, DT_PLTRELSZ, DT_RELA, DT_RELAENT, DT_RELASZ, DT_RPATH,
-    DT_RUNPATH, DT_STRSZ, DT_STRTAB, DT_SYMENT, DT_SYMTAB,
+    DT_GNU_HASH, DT_HASH, DT_JMPREL, DT_NULL, DT_PLTREL, DT_PLTRELSZ, DT_RELA, DT_RELACOUNT, DT_RELAENT, DT_RELASZ,
+    DT_RPATH, DT_RUNPATH, DT_STRSZ, DT_STRTAB, DT_SYMENT, DT_SYMTAB,
 };
 use goblin::elf64::dynamic::SIZEOF_DYN;
 use goblin::elf64::reloc::SIZEOF_RELA;
@@ -120,6 +120,10 @@ pub struct Dynamic {
     pub jmprel: Option<(usize, usize)>,
     /// `DT_RELA` with `DT_RELASZ`.
     pub rela: Option<(usize, usize)>,
+    /// `DT_RELACOUNT`: how many `R_*_RELATIVE` relocations open the RELA
+    /// table (the linker sorts them first), which name no symbol. A C++
+    /// library's are most of its relocations (95% of LLVM's).
+    pub relacount: usize,
     /// Dynamic symbols, from `DT_GNU_HASH` or `DT_HASH` (`None`: neither,
     /// or a GNU hash table that hashes no symbol and no `DT_HASH`: then
     /// only the object's bounds limit a symbol index).
@@ -203,6 +207,7 @@ pub fn read_dynamic<M: Memory>(mem: &M, base: usize, dynamic: usize, size: usize
             DT_RELASZ => relasz = Some(val as usize),
             DT_GNU_HASH => gnu_hash = Some(fix(val)?),
             DT_HASH => hash = Some(fix(val)?),
+            DT_RELACOUNT => d.relacount = val as usize,
             DT_PLTREL if val != DT_RELA => return Err(ElfError::new("DT_PLTREL is not DT_RELA", val)),
             DT_RELAENT if val as usize != SIZEOF_RELA => return Err(ElfError::new("DT_RELAENT", val)),
             DT_SYMENT if val as usize != SIZEOF_SYM => return Err(ElfError::new("DT_SYMENT", val)),
@@ -265,6 +270,41 @@ pub fn search_paths<M: Memory>(mem: &M, dynamic: usize, size: usize) -> Result<S
     Ok(paths)
 }
 
+/// Where symbol `index`'s name starts: the string table and the offset.
+fn name_offset<M: Memory>(mem: &M, d: &Dynamic, index: u32) -> Result<(usize, usize), ElfError> {
+    let (Some(symtab), Some(strtab)) = (d.symtab, d.strtab) else {
+        return Err(ElfError::new("symbol without DT_SYMTAB/DT_STRTAB", index as u64));
+    };
+    if let Some(n) = d.nsyms
+        && index as usize >= n
+    {
+        return Err(ElfError::new("symbol index past the symbol table", index as u64));
+    }
+    let st_name = read_u32(mem, addr(symtab, index as usize * SIZEOF_SYM, "DT_SYMTAB address")?)? as usize;
+    if st_name >= d.strsz {
+        return Err(ElfError::new("st_name past DT_STRSZ", st_name as u64));
+    }
+    Ok((strtab, st_name))
+}
+
+/// The first two bytes of symbol `index`'s name (0 past its end): a cheap
+/// first look, before [`symbol_name`], for a walk that wants a few names
+/// among many (a C++ library's imports mostly begin with `_Z`).
+///
+/// # Errors
+///
+/// As for [`symbol_name`], bar the name's length.
+pub fn symbol_prefix<M: Memory>(mem: &M, d: &Dynamic, index: u32) -> Result<[u8; 2], ElfError> {
+    let (strtab, st_name) = name_offset(mem, d, index)?;
+    let mut prefix = [0u8; 2];
+    let n = prefix.len().min(d.strsz - st_name);
+    mem.read(addr(strtab, st_name, "DT_STRTAB address")?, &mut prefix[..n])?;
+    if prefix[0] == 0 {
+        prefix[1] = 0;
+    }
+    Ok(prefix)
+}
+
 /// One RELA relocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reloc {
@@ -279,7 +319,8 @@ pub struct Reloc {
 }
 
 /// Calls `f` with every relocation of the PLT table, then of the RELA
-/// table, until it breaks.
+/// table past the `DT_RELACOUNT` relative ones that open it, until it
+/// breaks.
 ///
 /// # Errors
 ///
@@ -290,12 +331,14 @@ pub fn for_each_reloc<M: Memory>(
     d: &Dynamic,
     mut f: impl FnMut(Reloc) -> ControlFlow<()>,
 ) -> Result<(), ElfError> {
-    for (start, size) in [d.jmprel, d.rela].into_iter().flatten() {
-        for i in 0..size / SIZEOF_RELA {
+    let tables = [d.jmprel.map(|t| (t, 0)), d.rela.map(|t| (t, d.relacount))];
+    for ((start, size), skip) in tables.into_iter().flatten() {
+        for i in skip.min(size / SIZEOF_RELA)..size / SIZEOF_RELA {
             let at = addr(start, i * SIZEOF_RELA, "relocation table address")?;
-            let offset = read_u64(mem, at)?;
-            let info = read_u64(mem, addr(at, 8, "relocation table address")?)?;
-            let addend = read_u64(mem, addr(at, 16, "relocation table address")?)? as i64;
+            let mut entry = [0u8; SIZEOF_RELA];
+            mem.read(at, &mut entry)?;
+            let word = |k: usize| u64::from_le_bytes(entry[k..k + 8].try_into().unwrap_or([0; 8]));
+            let (offset, info, addend) = (word(0), word(8), word(16) as i64);
             let slot = base.wrapping_add(offset as usize);
             let r = Reloc {
                 slot,
@@ -319,18 +362,7 @@ pub fn for_each_reloc<M: Memory>(
 /// offset past `DT_STRSZ`, or the name has no NUL within the string table or
 /// `buf`.
 pub fn symbol_name<'b, M: Memory>(mem: &M, d: &Dynamic, index: u32, buf: &'b mut [u8]) -> Result<&'b [u8], ElfError> {
-    let (Some(symtab), Some(strtab)) = (d.symtab, d.strtab) else {
-        return Err(ElfError::new("symbol without DT_SYMTAB/DT_STRTAB", index as u64));
-    };
-    if let Some(n) = d.nsyms
-        && index as usize >= n
-    {
-        return Err(ElfError::new("symbol index past the symbol table", index as u64));
-    }
-    let st_name = read_u32(mem, addr(symtab, index as usize * SIZEOF_SYM, "DT_SYMTAB address")?)? as usize;
-    if st_name >= d.strsz {
-        return Err(ElfError::new("st_name past DT_STRSZ", st_name as u64));
-    }
+    let (strtab, st_name) = name_offset(mem, d, index)?;
     let max = buf.len().min(d.strsz - st_name);
     let mut len = 0;
     // Read in small chunks so that a short name near the end of the
@@ -479,6 +511,54 @@ mod tests {
         })
         .unwrap();
         assert_eq!(names, [b"mmap".to_vec(), b"munmap".to_vec(), b"dlsym".to_vec()]);
+    }
+
+    /// The RELA table's leading relative relocations (`DT_RELACOUNT`) are
+    /// passed over; a count past the table's end passes over it all.
+    #[test]
+    fn the_leading_relative_relocations_are_skipped() {
+        let (mut bytes, base) = object(&["mmap", "munmap", "dlsym"]);
+        let put = |bytes: &mut Vec<u8>, entry: usize, tag: u64, val: u64| {
+            bytes[entry * 16..entry * 16 + 8].copy_from_slice(&tag.to_le_bytes());
+            bytes[entry * 16 + 8..entry * 16 + 16].copy_from_slice(&val.to_le_bytes());
+        };
+        // The PLT table becomes the RELA table, its first entry counted as
+        // relative.
+        let jmprel = u64::from_le_bytes(bytes[4 * 16 + 8..4 * 16 + 16].try_into().unwrap());
+        put(&mut bytes, 4, DT_RELA, jmprel);
+        put(&mut bytes, 5, DT_RELASZ, (3 * SIZEOF_RELA) as u64);
+        put(&mut bytes, 6, DT_RELACOUNT, 1);
+        let walked = |bytes: &[u8]| {
+            let mem = SliceMemory { base, bytes };
+            let d = read_dynamic(&mem, base, base, 160).unwrap();
+            let mut names = Vec::new();
+            for_each_reloc(&mem, base, &d, |r| {
+                let mut buf = [0u8; 64];
+                names.push(symbol_name(&mem, &d, r.sym, &mut buf).unwrap().to_vec());
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+            names
+        };
+        assert_eq!(walked(&bytes), [b"munmap".to_vec(), b"dlsym".to_vec()]);
+        bytes[6 * 16 + 8] = 9;
+        assert_eq!(walked(&bytes), Vec::<Vec<u8>>::new());
+    }
+
+    #[test]
+    fn symbol_prefix_is_the_names_first_two_bytes() {
+        let (bytes, base) = object(&["mmap", "x", "cuMemAlloc_v2"]);
+        let mem = SliceMemory { base, bytes: &bytes };
+        let d = read_dynamic(&mem, base, base, 160).unwrap();
+        assert_eq!(symbol_prefix(&mem, &d, 1), Ok(*b"mm"));
+        assert_eq!(symbol_prefix(&mem, &d, 2), Ok([b'x', 0]));
+        assert_eq!(symbol_prefix(&mem, &d, 3), Ok(*b"cu"));
+        // Symbol 0's name is the empty string.
+        assert_eq!(symbol_prefix(&mem, &d, 0), Ok([0, 0]));
+        assert_eq!(
+            symbol_prefix(&mem, &d, 9).unwrap_err().what,
+            "symbol index past the symbol table"
+        );
     }
 
     #[test]

@@ -42,7 +42,7 @@ use core::ops::ControlFlow;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use memhook_core::elf::{
-    ElfError, Memory, Reloc, SearchPaths, for_each_reloc, read_dynamic, search_paths, symbol_name,
+    ElfError, Memory, Reloc, SearchPaths, for_each_reloc, read_dynamic, search_paths, symbol_name, symbol_prefix,
 };
 
 use crate::maps::page_size;
@@ -225,6 +225,40 @@ struct State {
     /// The loader's count of loads and unloads at the last full scan: a
     /// rescan that finds them unchanged has nothing to do.
     loads: Option<(u64, u64)>,
+    /// The first two bytes of the names whose slots are rewritten, as bits
+    /// (see `prefix_key`): a relocation whose name starts otherwise is
+    /// passed over without reading its name.
+    prefixes: [u64; 1024],
+    /// How many symbols `prefixes` was made for (symbols only grow, or
+    /// all go).
+    indexed: usize,
+}
+
+/// A name's first two bytes (0 past its end) as an index into
+/// `State::prefixes`.
+fn prefix_key(name: &[u8]) -> usize {
+    let first = name.first().copied().unwrap_or(0);
+    let second = if first == 0 {
+        0
+    } else {
+        name.get(1).copied().unwrap_or(0)
+    };
+    usize::from(first) << 8 | usize::from(second)
+}
+
+impl State {
+    /// Recomputes `prefixes` from the symbols, if they changed.
+    fn index_prefixes(&mut self) {
+        if self.indexed == self.symbols.len() {
+            return;
+        }
+        self.indexed = self.symbols.len();
+        self.prefixes = [0; 1024];
+        for s in self.symbols.iter().filter(|s| s.slots) {
+            let key = prefix_key(s.name.to_bytes());
+            self.prefixes[key >> 6] |= 1 << (key & 63);
+        }
+    }
 }
 
 static STATE: spin::Mutex<State> = spin::Mutex::new(State {
@@ -236,6 +270,8 @@ static STATE: spin::Mutex<State> = spin::Mutex::new(State {
     malformed: 0,
     scans: 0,
     loads: None,
+    prefixes: [0; 1024],
+    indexed: 0,
 });
 
 /// One loaded object, as `dl_iterate_phdr` shows it.
@@ -409,10 +445,18 @@ fn patch_object(state: &mut State, o: &Object<'_>, from: usize) {
         }
     };
     let symbols = &state.symbols[from..];
+    let prefixes = &state.prefixes;
     let mut found: heapless::Vec<(usize, u8), 256> = heapless::Vec::new();
     let mut pending_overflow = false;
     let walk = for_each_reloc(o, o.id.base, &d, |r: Reloc| {
         if r.r_type != R_JUMP_SLOT && r.r_type != R_GLOB_DAT || r.sym == 0 {
+            return ControlFlow::Continue(());
+        }
+        let Ok(prefix) = symbol_prefix(o, &d, r.sym) else {
+            return ControlFlow::Continue(());
+        };
+        let key = prefix_key(&prefix);
+        if prefixes[key >> 6] & 1 << (key & 63) == 0 {
             return ControlFlow::Continue(());
         }
         let mut buf = [0u8; 256];
@@ -485,6 +529,7 @@ fn span_of(o: &Object<'_>) -> (usize, usize) {
 /// loader's counts of loads and unloads as the last scan left them stops
 /// at the first object: nothing came or went.
 fn scan(state: &mut State, from: usize, report: bool) {
+    state.index_prefixes();
     let report = report && LOADER_EVENTS.load(Ordering::Acquire);
     let rescan = from >= state.symbols.len();
     let scans = state.scans.wrapping_add(1);
@@ -734,6 +779,7 @@ pub fn uninstall() {
         }
     }
     state.symbols.clear();
+    state.indexed = usize::MAX; // the next symbols, however many, are new
     state.objects.clear();
     state.loads = None;
     state.overflow = false;

@@ -1,8 +1,7 @@
 """Install time in a large process: PyTorch imported and its CUDA
 libraries loaded (cuDNN, cuBLAS) before libmemhook.so is loaded with
-ctypes and installed through the C ABI: the default configuration (the
-CUDA hooks' reloc pass walks every loaded object's relocations), then
-the host hooks alone in bistro mode. Prints the figures; exits non-zero
+ctypes and installed through the C ABI: the default configuration, the
+host hooks alone in bistro mode, and each CUDA mode and host mode alone. Prints the figures; exits non-zero
 only if an install fails."""
 import ctypes
 import os
@@ -21,12 +20,15 @@ lib = ctypes.CDLL(os.environ["MEMHOOK_LIB"])
 load_ms = (time.perf_counter() - t) * 1e3
 lib.memhook_install.argtypes = [ctypes.c_char_p]
 results = []
-for config in (None, b"mmap=bistro;cuda=none", None):
+configs = (None, b"mmap=bistro;cuda=none", None, b"cuda=bistro;mmap=none", b"cuda=reloc;mmap=none",
+           b"cuda=procaddr;mmap=none", b"mmap=reloc;cuda=none")
+for config in configs:
     lib.memhook_uninstall()
     t = time.perf_counter()
     rc = lib.memhook_install(config)
     results.append(((time.perf_counter() - t) * 1e3, rc, config))
-print(f"install_in_torch: {objects} shared objects mapped; loading libmemhook.so {load_ms:.2f} ms")
+threads = next(l.split()[1] for l in open("/proc/self/status") if l.startswith("Threads:"))
+print(f"install_in_torch: {objects} shared objects mapped, {threads} threads; loading libmemhook.so {load_ms:.2f} ms")
 for ms, rc, config in results:
     print(f"install_in_torch: memhook_install({config}) {ms:.2f} ms rc={rc}")
 sys.exit(0 if all(rc == 0 for _, rc, _ in results) else 1)

@@ -6,7 +6,7 @@
 
 use core::ops::ControlFlow;
 
-use memhook_core::elf::{SliceMemory, for_each_reloc, read_dynamic, search_paths, symbol_name};
+use memhook_core::elf::{SliceMemory, for_each_reloc, read_dynamic, search_paths, symbol_name, symbol_prefix};
 
 /// Where the fuzzed object is placed.
 pub const BASE: usize = 0x40_0000;
@@ -32,6 +32,7 @@ pub fn fuzz_elf(data: &[u8]) -> usize {
     let mut named = 0;
     let mut walked = 0;
     let _ = for_each_reloc(&mem, BASE, &d, |r| {
+        let _ = symbol_prefix(&mem, &d, r.sym);
         let mut buf = [0u8; 256];
         if symbol_name(&mem, &d, r.sym, &mut buf).is_ok() {
             named += 1;
