@@ -191,6 +191,16 @@ pub fn doctor() -> i32 {
         },
     );
     line("memtype map:", &map_pages());
+    line(
+        "loader:",
+        if memhook::reloc::sees_relocation() {
+            "_dl_find_object present: reloc hooks a library only once the loader has relocated it"
+        } else {
+            "no _dl_find_object (glibc before 2.35): with loads on several threads at once, reloc may \
+             write a GOT slot the loader then relocates (the dl hooks that come with the CUDA hooks \
+             too; the host hooks alone in bistro mode write none)"
+        },
+    );
     match driver_version() {
         Some(v) => line(
             "libcuda:",

@@ -141,6 +141,7 @@ fn doctor_names_each_check() {
         "membarrier:",
         "dispatch readers:",
         "memtype map:",
+        "loader:",
         "libcuda:",
         "GPUs:",
         "bistro dry run:",

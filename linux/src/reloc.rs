@@ -175,6 +175,16 @@ fn look_up_find_object() {
     }
 }
 
+/// Whether this C library lets reloc tell a loaded object from one
+/// another thread's `dlopen` has listed but not yet relocated (glibc's
+/// `_dl_find_object`, 2.35 and later). Without it a rescan may write the
+/// GOT of an object the loader is about to relocate (loads on several
+/// threads at once).
+pub fn sees_relocation() -> bool {
+    look_up_find_object();
+    FIND_OBJECT.load(Ordering::Acquire) > 1
+}
+
 /// Whether the loader has finished loading `o` (relocated it): a
 /// `dlopen` on another thread puts its objects in the list before it
 /// relocates them, and a GOT slot written before the relocation would be
