@@ -196,9 +196,8 @@ pub fn doctor() -> i32 {
         if memhook::reloc::sees_relocation() {
             "_dl_find_object present: reloc hooks a library only once the loader has relocated it"
         } else {
-            "no _dl_find_object (glibc before 2.35): with loads on several threads at once, reloc may \
-             write a GOT slot the loader then relocates (the dl hooks that come with the CUDA hooks \
-             too; the host hooks alone in bistro mode write none)"
+            "no _dl_find_object (glibc before 2.35): a rescan waits for the loads in progress on other \
+             threads (a dlopen(NULL)) and hooks only the libraries listed before the wait"
         },
     );
     match driver_version() {

@@ -165,6 +165,88 @@ fn name_hash(bytes: &[u8]) -> u64 {
 /// before, 1 where the C library lacks it.
 static FIND_OBJECT: AtomicUsize = AtomicUsize::new(0);
 
+/// Has reloc ignore `_dl_find_object` (`false`) or look it up again
+/// (`true`): for tests of the fallback that older C libraries get.
+#[doc(hidden)]
+pub fn use_find_object(on: bool) {
+    FIND_OBJECT.store(if on { 0 } else { 1 }, Ordering::Release);
+    look_up_find_object();
+}
+
+/// The objects a scan may take in where `_dl_find_object` is missing:
+/// those listed before a wait for the loads in progress (see
+/// `listed_settled`), with the loader's count of unloads before the
+/// listing and of loads after the wait.
+struct Listed {
+    ids: heapless::Vec<ObjectId, MAX_OBJECTS>,
+    subs_before: Option<u64>,
+    adds_after: Option<u64>,
+}
+
+impl Listed {
+    /// Whether `o` was listed and has been relocated since. An id is an
+    /// address: where a listed object went (unloads counted since the
+    /// listing) and a load began after the wait (loads counted since),
+    /// an object with a listed id may be a new one still loading, so none
+    /// counts as loaded (the next scan lists afresh).
+    fn holds(&self, o: &Object<'_>) -> bool {
+        let reused = match (o.loads, self.subs_before, self.adds_after) {
+            (Some((adds, subs)), Some(before), Some(after)) => subs != before && adds != after,
+            _ => false,
+        };
+        !reused && self.ids.contains(&o.id)
+    }
+}
+
+/// Where `_dl_find_object` is missing (glibc before 2.35): lists the
+/// loaded objects, then waits until any load in progress on another
+/// thread has finished (a `dlopen(NULL)` takes the loader's lock, which a
+/// `dlopen` holds from mapping to relocation and beyond): every object
+/// listed has been relocated by then. Called before the state is taken
+/// (an install or a scan never waits for the loader's lock while it holds
+/// the state). `None` where `_dl_find_object` answers.
+fn listed_settled() -> Option<Listed> {
+    if FIND_OBJECT.load(Ordering::Acquire) != 1 {
+        return None;
+    }
+    let mut listed = Listed {
+        ids: heapless::Vec::new(),
+        subs_before: None,
+        adds_after: None,
+    };
+    for_each_object(|o| {
+        listed.subs_before = o.loads.map(|(_, subs)| subs);
+        let _ = listed.ids.push(o.id);
+    });
+    let (open, close) = (
+        REAL_DLOPEN.load(Ordering::Acquire),
+        REAL_DLCLOSE.load(Ordering::Acquire),
+    );
+    // SAFETY: REAL_DLOPEN and REAL_DLCLOSE, where set, hold dlopen and
+    // dlclose themselves (or their bistro trampolines), never memhook's
+    // entries; dlopen(NULL, RTLD_NOLOAD) returns the main program's handle,
+    // which dlclose gives back.
+    unsafe {
+        let h = if open != 0 {
+            core::mem::transmute::<usize, DlopenFn>(open)(core::ptr::null(), libc::RTLD_LAZY | libc::RTLD_NOLOAD)
+        } else {
+            libc::dlopen(core::ptr::null(), libc::RTLD_LAZY | libc::RTLD_NOLOAD)
+        };
+        if !h.is_null() {
+            if close != 0 {
+                core::mem::transmute::<usize, DlcloseFn>(close)(h);
+            } else {
+                libc::dlclose(h);
+            }
+        }
+    }
+    for_each_object_while(|o| {
+        listed.adds_after = o.loads.map(|(adds, _)| adds);
+        ControlFlow::Break(())
+    });
+    Some(listed)
+}
+
 /// Looks `_dl_find_object` up (once; outside every loader callback, as
 /// `dlsym` takes the loader's lock).
 fn look_up_find_object() {
@@ -177,9 +259,10 @@ fn look_up_find_object() {
 
 /// Whether this C library lets reloc tell a loaded object from one
 /// another thread's `dlopen` has listed but not yet relocated (glibc's
-/// `_dl_find_object`, 2.35 and later). Without it a rescan may write the
-/// GOT of an object the loader is about to relocate (loads on several
-/// threads at once).
+/// `_dl_find_object`, 2.35 and later). Without it a scan lists the
+/// objects, waits for the loads in progress on other threads (a
+/// `dlopen(NULL)`, which takes the loader's lock) and takes in only the
+/// objects listed before the wait.
 pub fn sees_relocation() -> bool {
     look_up_find_object();
     FIND_OBJECT.load(Ordering::Acquire) > 1
@@ -190,15 +273,16 @@ pub fn sees_relocation() -> bool {
 /// relocates them, and a GOT slot written before the relocation would be
 /// overwritten (a lazily bound one gets the load base added: a wild
 /// call). glibc's `_dl_find_object` knows an object only from the end of
-/// its relocation on. Without it (glibc before 2.35) every listed object
-/// counts as loaded.
-fn settled(o: &Object<'_>) -> bool {
+/// its relocation on. Without it (glibc before 2.35), the objects listed
+/// before the scan's wait for the loads in progress (`listed`, see
+/// `listed_settled`) count as loaded, and no other.
+fn settled(o: &Object<'_>, listed: Option<&Listed>) -> bool {
     let f = FIND_OBJECT.load(Ordering::Acquire);
     let Some(&(start, _)) = o.segments.first() else {
         return true;
     };
     if f <= 1 {
-        return true;
+        return listed.is_none_or(|l| l.holds(o));
     }
     type FindObject = unsafe extern "C" fn(*mut c_void, *mut u64) -> c_int;
     // `struct dl_find_object` is 96 bytes on 64-bit targets; room to spare.
@@ -538,7 +622,7 @@ fn span_of(o: &Object<'_>) -> (usize, usize) {
 /// that appeared and vanished as [`Change`]s. A rescan that finds the
 /// loader's counts of loads and unloads as the last scan left them stops
 /// at the first object: nothing came or went.
-fn scan(state: &mut State, from: usize, report: bool) {
+fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
     state.index_prefixes();
     let report = report && LOADER_EVENTS.load(Ordering::Acquire);
     let rescan = from >= state.symbols.len();
@@ -585,7 +669,7 @@ fn scan(state: &mut State, from: usize, report: bool) {
             }
             return ControlFlow::Continue(());
         }
-        if !settled(o) {
+        if !settled(o, listed) {
             unsettled = true;
             return ControlFlow::Continue(());
         }
@@ -721,9 +805,10 @@ pub unsafe fn install(hooks: &[(&'static CStr, usize, &'static AtomicUsize)]) ->
 /// As for [`install`].
 pub unsafe fn install_with(entries: &[Entry]) -> Result<(), RelocError> {
     look_up_find_object();
+    let listed = listed_settled();
     INSTALLING.fetch_add(1, Ordering::SeqCst);
     // SAFETY: forwarded from the caller.
-    let result = unsafe { install_locked(entries) };
+    let result = unsafe { install_locked(entries, listed.as_ref()) };
     INSTALLING.fetch_sub(1, Ordering::SeqCst);
     result
 }
@@ -733,7 +818,7 @@ pub unsafe fn install_with(entries: &[Entry]) -> Result<(), RelocError> {
 /// # Safety
 ///
 /// As for [`install`].
-unsafe fn install_locked(entries: &[Entry]) -> Result<(), RelocError> {
+unsafe fn install_locked(entries: &[Entry], listed: Option<&Listed>) -> Result<(), RelocError> {
     let mut state = STATE.lock();
     let from = state.symbols.len();
     for e in entries {
@@ -760,8 +845,8 @@ unsafe fn install_locked(entries: &[Entry]) -> Result<(), RelocError> {
     }
     ensure_dl_hooks(&mut state)?;
     publish(&state);
-    scan(&mut state, from, false);
-    rescan_pending(&mut state);
+    scan(&mut state, from, false, listed);
+    rescan_pending(&mut state, listed);
     if state.overflow {
         Err(RelocError::TooManySlots)
     } else {
@@ -1044,9 +1129,10 @@ static INSTALLING: AtomicUsize = AtomicUsize::new(0);
 /// the install rescans before it lets go.
 fn rescan() {
     RESCAN.store(true, Ordering::SeqCst);
+    let listed = listed_settled();
     loop {
         if let Some(mut state) = STATE.try_lock() {
-            rescan_pending(&mut state);
+            rescan_pending(&mut state, listed.as_ref());
             break;
         }
         if INSTALLING.load(Ordering::SeqCst) != 0 {
@@ -1059,10 +1145,10 @@ fn rescan() {
 }
 
 /// Runs the scans that dlopen/dlclose asked for while the state was held.
-fn rescan_pending(state: &mut State) {
+fn rescan_pending(state: &mut State, listed: Option<&Listed>) {
     while RESCAN.swap(false, Ordering::SeqCst) {
         let n = state.symbols.len();
-        scan(state, n, true);
+        scan(state, n, true, listed);
     }
 }
 
@@ -1094,10 +1180,11 @@ pub(crate) static BISTRO_DL: AtomicBool = AtomicBool::new(false);
 /// mode, where bistro patches of the loader's functions call the rescans.
 pub(crate) fn follow_objects() {
     look_up_find_object();
+    let listed = listed_settled();
     let mut state = STATE.lock();
     let n = state.symbols.len();
-    scan(&mut state, n, false);
-    rescan_pending(&mut state);
+    scan(&mut state, n, false, listed.as_ref());
+    rescan_pending(&mut state, listed.as_ref());
 }
 
 fn ensure_dl_hooks(state: &mut State) -> Result<(), RelocError> {
@@ -1436,4 +1523,52 @@ extern "C" fn dl_decide(handle: *mut c_void, name: *const c_char, caller: usize,
     };
     // (An answer of 1 cannot be a symbol; PASS would only repeat it.)
     if real != 0 && real == original { hook } else { real }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(base: usize, loads: Option<(u64, u64)>) -> Object<'static> {
+        Object {
+            id: ObjectId { base, phdr: base + 64 },
+            loads,
+            name: b"",
+            segments: heapless::Vec::new(),
+            dynamic: None,
+            relro: None,
+        }
+    }
+
+    /// Listed at base 0x1000 with 7 unloads before the listing and 20
+    /// loads after the wait.
+    fn listed() -> Listed {
+        let mut ids = heapless::Vec::new();
+        ids.push(object(0x1000, None).id).unwrap();
+        Listed {
+            ids,
+            subs_before: Some(7),
+            adds_after: Some(20),
+        }
+    }
+
+    #[test]
+    fn a_listed_object_counts_as_loaded_unless_its_address_may_be_reused() {
+        let l = listed();
+        assert!(l.holds(&object(0x1000, Some((20, 7)))), "nothing came or went");
+        assert!(
+            l.holds(&object(0x1000, Some((20, 8)))),
+            "a load in progress failed: none began since"
+        );
+        assert!(
+            l.holds(&object(0x1000, Some((21, 7)))),
+            "a load began: nothing listed went"
+        );
+        assert!(
+            !l.holds(&object(0x1000, Some((21, 8)))),
+            "something listed went and a load began: the id may name a new object"
+        );
+        assert!(l.holds(&object(0x1000, None)), "no counters: the list decides");
+        assert!(!l.holds(&object(0x2000, Some((20, 7)))), "not listed: loading");
+    }
 }
