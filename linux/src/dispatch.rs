@@ -88,6 +88,12 @@ struct Local {
     errno: core::cell::Cell<*mut core::ffi::c_int>,
 }
 
+// A thread-local with a destructor would be registered on a thread's first
+// use (glibc's `__cxa_thread_atexit_impl`, which takes the loader's lock and
+// may allocate): a hook on a thread that waits for a `dlopen` in progress
+// elsewhere could then wait on the loader. `Local` has none.
+const _: () = assert!(!core::mem::needs_drop::<Local>());
+
 thread_local! {
     static LOCAL: Local = const {
         Local {

@@ -6,7 +6,7 @@
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use memhook::config::{HookConfig, HookMode, ModeSet};
 use memhook::event::{Event, bits};
@@ -1901,16 +1901,29 @@ fn check_unsettled(find_object: bool) {
     let objects = memhook::reloc::status().objects;
     // Lets the loader read garbage, 200 ms after it is told to: the load
     // fails, the library goes. (Written whatever the scan does: a thread
-    // left inside the loader would hang the test program's exit.) Started
-    // before the load: a thread cannot start while a dlopen holds the
-    // loader's TLS lock.
+    // left inside the loader would hang the test program's exit.) Started,
+    // and past its start-up, before the load: while a dlopen is in
+    // progress a thread can neither start (the loader's TLS lock) nor
+    // register a thread-local destructor (glibc's
+    // `__cxa_thread_atexit_impl` takes the loader's lock; Rust's thread
+    // start-up and an mpsc channel's first use do), so from then on the
+    // writer touches only atomics, sleeps and writes.
     let garbage = dep.clone();
-    let (go, told) = std::sync::mpsc::channel::<()>();
-    let writer = std::thread::spawn(move || {
-        let _ = told.recv();
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        std::fs::write(&garbage, b"not an ELF file").unwrap();
+    let (ready, go) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let writer = std::thread::spawn({
+        let (ready, go) = (ready.clone(), go.clone());
+        move || {
+            ready.store(true, Ordering::SeqCst);
+            while !go.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            std::fs::write(&garbage, b"not an ELF file").unwrap();
+        }
     });
+    while !ready.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     let path = CString::new(lib.to_str().unwrap()).unwrap();
     let open = h.dlopen;
     let loading = std::thread::spawn(move || {
@@ -1925,7 +1938,7 @@ fn check_unsettled(find_object: bool) {
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
     };
-    go.send(()).unwrap();
+    go.store(true, Ordering::SeqCst);
     let log = recorded(memhook::refresh);
     let taken_in = memhook::reloc::status().objects;
     writer.join().unwrap();
