@@ -1907,20 +1907,38 @@ fn check_unsettled(find_object: bool) {
     // register a thread-local destructor (glibc's
     // `__cxa_thread_atexit_impl` takes the loader's lock; Rust's thread
     // start-up and an mpsc channel's first use do), so from then on the
-    // writer touches only atomics, sleeps and writes.
+    // writer touches only atomics, sleeps and writes. It is the test's
+    // watchdog too: a load still unfinished a minute after the write ends
+    // the process with a message (with `_exit`: an exit would wait for
+    // the loader's lock), not a hang of the test run.
     let garbage = dep.clone();
-    let (ready, go) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let flags = Arc::new([AtomicBool::new(false), AtomicBool::new(false), AtomicBool::new(false)]);
     let writer = std::thread::spawn({
-        let (ready, go) = (ready.clone(), go.clone());
+        let flags = flags.clone();
         move || {
+            let [ready, go, done] = &*flags;
             ready.store(true, Ordering::SeqCst);
             while !go.load(Ordering::SeqCst) {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
             std::thread::sleep(std::time::Duration::from_millis(200));
             std::fs::write(&garbage, b"not an ELF file").unwrap();
+            let since = std::time::Instant::now();
+            while !done.load(Ordering::SeqCst) {
+                if since.elapsed() > std::time::Duration::from_secs(60) {
+                    let msg = b"check_unsettled: the load has not ended a minute after its FIFO was written\n";
+                    // SAFETY: a buffer of its length; _exit ends the
+                    // process without running anything.
+                    unsafe {
+                        libc::write(2, msg.as_ptr().cast(), msg.len());
+                        libc::_exit(101);
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
         }
     });
+    let [ready, go, done] = &*flags;
     while !ready.load(Ordering::SeqCst) {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
@@ -1932,17 +1950,25 @@ fn check_unsettled(find_object: bool) {
     });
     // The library is in the loader's list while its dependency's open
     // waits for a writer.
+    let since = std::time::Instant::now();
     let span = loop {
         if let Some(span) = span_of_loaded("/libmhf_lib.so") {
             break span;
+        }
+        if since.elapsed() > std::time::Duration::from_secs(60) {
+            go.store(true, Ordering::SeqCst);
+            done.store(true, Ordering::SeqCst);
+            panic!("the library was never listed while its dependency's open waited");
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
     };
     go.store(true, Ordering::SeqCst);
     let log = recorded(memhook::refresh);
     let taken_in = memhook::reloc::status().objects;
+    let loaded = loading.join().unwrap();
+    done.store(true, Ordering::SeqCst);
     writer.join().unwrap();
-    assert_eq!(loading.join().unwrap(), 0, "the load fails");
+    assert_eq!(loaded, 0, "the load fails");
     memhook::reloc::use_find_object(true);
     assert_eq!(at_span(&log, span), [], "{log:x?}");
     assert_eq!(taken_in, objects, "not taken in");
