@@ -7,9 +7,10 @@
 //! which take pages away from every mapping of a file (a punched hole,
 //! a shrunk end) with no call on the mappings: `VM_UNMAPPED` of each
 //! mapped range of the file they discard, before the call (no event of
-//! their own either). What the dynamic loader maps and unmaps for
+//! their own either), and again after it where a mapping of a file was
+//! made or moved meanwhile (`FILE_MAPPINGS`). What the dynamic loader maps and unmaps for
 //! `dlopen` and `dlclose` (through its own copies of mmap and munmap) is
-//! reported after those calls ([`loader_changed`]).
+//! reported after those calls (`loader_changed`).
 //!
 //! Every hook calls the function's original (the bistro trampoline or the
 //! pointer reloc found), never a raw system call: so glibc's own state (the
@@ -37,7 +38,7 @@
 //! own event (`MUNMAP`, `MADVISE`, ...) carries its arguments as given.
 
 use core::ffi::{c_int, c_void};
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use memhook_core::event::{
     BrkEvent, Event, INVALID_PTR, MadviseEvent, MmapEvent, MremapEvent, MunmapEvent, SbrkEvent, ShmatEvent, ShmdtEvent,
@@ -281,9 +282,37 @@ fn mmap_replaces(flags: c_int) -> u32 {
     }
 }
 
+/// Whether `mmap` with `flags` and `fd` maps a file (or a device).
+#[inline(always)]
+fn maps_file(flags: c_int, fd: c_int) -> bool {
+    flags & libc::MAP_ANONYMOUS == 0 && fd >= 0
+}
+
+/// `bits::VM_UNMAPPED` if a mapping of a file matters to a file-discarding
+/// call in flight ([`FILE_MAPPINGS`]), else 0: a handler of unmaps alone
+/// (a registration cache) sends file mappings through the dispatch, to
+/// be counted.
+#[inline(always)]
+fn mmap_counts(flags: c_int, fd: c_int) -> u32 {
+    if maps_file(flags, fd) { bits::VM_UNMAPPED } else { 0 }
+}
+
+/// Mappings of files made or moved (mmap of a file, any mremap),
+/// counted after the call, so that a file-discarding call
+/// ([`report_file_discard`]) learns that its look at `/proc/self/maps`,
+/// made before it ran, may have missed one.
+static FILE_MAPPINGS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a mapping of a file made or moved, after the call made it.
+#[cold]
+fn file_mapping_changed() {
+    FILE_MAPPINGS.fetch_add(1, Ordering::SeqCst);
+}
+
 entry! {
     /// The `mmap` hook.
-    mmap_hook => mmap_dispatched, ORIG_MMAP as MmapFn, bits::MMAP | bits::VM_MAPPED | mmap_replaces(flags),
+    mmap_hook => mmap_dispatched, ORIG_MMAP as MmapFn,
+    bits::MMAP | bits::VM_MAPPED | mmap_replaces(flags) | mmap_counts(flags, fd),
     (addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off_t) -> *mut c_void
 }
 
@@ -321,6 +350,9 @@ unsafe extern "C" fn mmap_dispatched(
                 // SAFETY: as above (a pre-handler cannot change the
                 // arguments the original gets: they are copies).
                 m.result = unsafe { orig(addr, len, prot, flags, fd, off) } as usize;
+                if maps_file(flags, fd) && m.result != INVALID_PTR {
+                    file_mapping_changed();
+                }
             }
         },
         |e| succeeded(result_of!(*e, Mmap, INVALID_PTR)).and_then(|r| mapped(r, len)),
@@ -394,6 +426,10 @@ unsafe extern "C" fn mremap_dispatched(
             if let Event::Mremap(m) = e {
                 // SAFETY: forwarded.
                 m.result = unsafe { orig(old, old_size, new_size, flags, new_address) } as usize;
+                if m.result != INVALID_PTR {
+                    // It may have moved a mapping of a file.
+                    file_mapping_changed();
+                }
             }
         },
         |e| succeeded(result_of!(*e, Mremap, INVALID_PTR)).and_then(|r| mapped(r, new_size)),
@@ -983,7 +1019,13 @@ unsafe extern "C" fn fallocate_dispatched(fd: c_int, mode: c_int, offset: libc::
         } else {
             (offset as u64).saturating_add(len as u64)
         };
-        report_file_discard(file_of_fd(fd), offset as u64, end);
+        let first = report_file_discard(file_of_fd(fd), offset as u64, end);
+        // SAFETY: forwarded.
+        let result = unsafe { orig(fd, mode, offset, len) };
+        if result == 0 {
+            report_late_discard(first);
+        }
+        return result;
     }
     // SAFETY: forwarded.
     unsafe { orig(fd, mode, offset, len) }
@@ -1001,13 +1043,19 @@ entry! {
 #[inline(never)]
 unsafe extern "C" fn ftruncate_dispatched(fd: c_int, length: libc::off_t) -> c_int {
     let orig = original!(ORIG_FTRUNCATE, FtruncateFn);
-    if length >= 0
+    let first = if length >= 0
         && let Some(st) = stat_of_fd(fd)
     {
-        report_shrink(&st, length as u64);
-    }
+        report_shrink(&st, length as u64)
+    } else {
+        None
+    };
     // SAFETY: forwarded.
-    unsafe { orig(fd, length) }
+    let result = unsafe { orig(fd, length) };
+    if result == 0 {
+        report_late_discard(first);
+    }
+    result
 }
 
 entry! {
@@ -1023,12 +1071,18 @@ unsafe extern "C" fn truncate_dispatched(path: *const core::ffi::c_char, length:
     let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: the kernel reads `path` (a bad pointer is EFAULT, as it is
     // for the call) and fills `st` or fails.
-    if length >= 0 && unsafe { libc::stat(path, st.as_mut_ptr()) } == 0 {
+    let first = if length >= 0 && unsafe { libc::stat(path, st.as_mut_ptr()) } == 0 {
         // SAFETY: filled by stat.
-        report_shrink(&unsafe { st.assume_init() }, length as u64);
-    }
+        report_shrink(&unsafe { st.assume_init() }, length as u64)
+    } else {
+        None
+    };
     // SAFETY: forwarded.
-    unsafe { orig(path, length) }
+    let result = unsafe { orig(path, length) };
+    if result == 0 {
+        report_late_discard(first);
+    }
+    result
 }
 
 /// A file's identity: its device (major, minor) and inode.
@@ -1059,11 +1113,22 @@ fn file_of_fd(fd: c_int) -> Option<FileId> {
 /// A truncation of the file `st` describes to `length` bytes: the pages
 /// from the first page boundary at or past `length` go from every
 /// mapping of it, if the file shrinks.
-fn report_shrink(st: &libc::stat, length: u64) {
+fn report_shrink(st: &libc::stat, length: u64) -> Option<Discard> {
     if length < st.st_size as u64 {
         let from = length.checked_next_multiple_of(page_size() as u64).unwrap_or(u64::MAX);
-        report_file_discard(file_id(st), from, u64::MAX);
+        return report_file_discard(file_id(st), from, u64::MAX);
     }
+    None
+}
+
+/// A file-discarding call's report before the call: what the second look
+/// after it needs.
+struct Discard {
+    file: FileId,
+    from: u64,
+    to: u64,
+    /// [`FILE_MAPPINGS`] before the first look.
+    mappings: u64,
 }
 
 /// `VM_UNMAPPED` of each range of the process's mappings of `file` that
@@ -1072,15 +1137,50 @@ fn report_shrink(st: &libc::stat, length: u64) {
 /// file's), in address order; keeps the caller's errno. Reads
 /// `/proc/self/maps` (without allocating): these calls are rare, and
 /// slow themselves. Where it cannot be read (no descriptor left, no
-/// `/proc`), nothing is reported, as for `shmdt`'s size.
+/// `/proc`), nothing is reported, as for `shmdt`'s size. What
+/// [`report_late_discard`] needs after the call.
 #[cold]
-fn report_file_discard(file: Option<FileId>, from: u64, to: u64) {
-    let Some((dev, inode)) = file else {
+fn report_file_discard(file: Option<FileId>, from: u64, to: u64) -> Option<Discard> {
+    let file = file?;
+    if from >= to {
+        return None;
+    }
+    // Before the look: a mapping made after this load may be missed by
+    // the look, and is counted after it (the second look's cue).
+    let mappings = FILE_MAPPINGS.load(Ordering::SeqCst);
+    report_discarded_ranges(file, from, to);
+    Some(Discard {
+        file,
+        from,
+        to,
+        mappings,
+    })
+}
+
+/// After a file-discarding call that succeeded: where a mapping of a file
+/// was made or moved since the first look (by another thread, or by a
+/// handler of the first report), a second look reports the ranges of
+/// `file` again. Late for a mapping the first look missed (the call has
+/// taken its pages) but not lost, as the loader's unmaps are: a
+/// registration cache that pinned pages of it in between drops them.
+/// Every range is reported again, those the first look reported too: a
+/// range the same can be a new mapping made where one was unmapped, and
+/// a report too many costs a cache a re-registration, one too few a
+/// stale one.
+#[cold]
+fn report_late_discard(first: Option<Discard>) {
+    let Some(first) = first else {
         return;
     };
-    if from >= to {
+    if FILE_MAPPINGS.load(Ordering::SeqCst) == first.mappings {
         return;
     }
+    report_discarded_ranges(first.file, first.from, first.to);
+}
+
+/// `VM_UNMAPPED` of each range of the mappings of `file` that map its
+/// bytes `[from, to)`, in whole pages, in address order.
+fn report_discarded_ranges((dev, inode): FileId, from: u64, to: u64) {
     let page = page_size() as u64;
     keeping_errno(|| {
         let _ = crate::maps::for_each(|m| {

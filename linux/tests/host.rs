@@ -43,6 +43,7 @@ int mhh_fallocate(int fd, int mode, long off, long len) { return fallocate(fd, m
 int mhh_ftruncate(int fd, long len) { return ftruncate(fd, len); }
 int mhh_ftruncate64(int fd, long len) { return ftruncate64(fd, len); }
 int mhh_truncate(const char *path, long len) { return truncate(path, len); }
+void *mhh_mmap_file(void *at, size_t len, int flags, int fd, long off) { return mmap(at, len, PROT_READ | PROT_WRITE, flags, fd, off); }
 #include <dlfcn.h>
 void *mhh_dlopen(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
 int mhh_dlclose(void *handle) { return dlclose(handle); }
@@ -68,6 +69,7 @@ struct Helper {
     ftruncate: unsafe extern "C" fn(i32, i64) -> i32,
     ftruncate64: unsafe extern "C" fn(i32, i64) -> i32,
     truncate: unsafe extern "C" fn(*const libc::c_char, i64) -> i32,
+    mmap_file: unsafe extern "C" fn(usize, usize, i32, i32, i64) -> usize,
     dlopen: unsafe extern "C" fn(*const libc::c_char) -> usize,
     dlclose: unsafe extern "C" fn(usize) -> i32,
 }
@@ -141,6 +143,7 @@ fn helper() -> &'static Helper {
                 ftruncate: cast(sym(c"mhh_ftruncate")),
                 ftruncate64: cast(sym(c"mhh_ftruncate64")),
                 truncate: cast(sym(c"mhh_truncate")),
+                mmap_file: cast(sym(c"mhh_mmap_file")),
                 dlopen: cast(sym(c"mhh_dlopen")),
                 dlclose: cast(sym(c"mhh_dlclose")),
             }
@@ -982,6 +985,140 @@ fn check_replacing_calls_for_unmaps_alone(mode: HookMode) {
     let mut session = Session::new(mode);
     session.handler(bits::VM_UNMAPPED, 0, &record);
     check_replacing_calls(helper(), bits::VM_UNMAPPED);
+}
+
+/// What the handler of [`check_mapping_during_a_discard`] does at the
+/// first `VM_UNMAPPED` it records.
+static DURING_DISCARD: Mutex<Option<Box<dyn Fn() + Send>>> = Mutex::new(None);
+
+/// [`record`], and at the first `VM_UNMAPPED` recorded, the action in
+/// `DURING_DISCARD` (once).
+fn record_then_act(e: &mut Event) {
+    record(e);
+    if matches!(e, Event::VmUnmapped(_))
+        && RECORDING.load(Ordering::Acquire)
+        && RECORDER.load(Ordering::Acquire) == thread_id()
+    {
+        // Taken, and the lock let go, before the action (whose own
+        // unmaps come here again).
+        let act = DURING_DISCARD.lock().unwrap().take();
+        if let Some(act) = act {
+            act();
+        }
+    }
+}
+
+/// A mapping of a file made, or moved, while a call that discards its
+/// pages runs (after the hook looked at `/proc/self/maps`, before the
+/// call: here by the handler of the hook's first report, at an address
+/// below the ones reported, which the look has passed; or a reported one
+/// moved there) is reported after
+/// the call, with every range of the file again: late, not lost. For a
+/// handler of `VM_UNMAPPED` alone, a registration cache's subscription,
+/// whose hooks of mmap otherwise would not dispatch a plain mmap.
+fn check_mapping_during_a_discard(mode: HookMode) {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    let mut session = Session::new(mode);
+    session.handler(bits::VM_UNMAPPED, 0, &record_then_act);
+    let page = page_size();
+    let p = |n: usize| (n * page) as i64;
+    // SAFETY: a new memfd, closed below; the mappings are the test's own,
+    // inside a reservation of its own, unmapped below; the helpers pass
+    // what libc expects.
+    unsafe {
+        let fd = libc::memfd_create(c"memhook-during".as_ptr(), 0);
+        assert!(fd >= 0);
+        assert_eq!(libc::ftruncate(fd, p(16)), 0);
+        // 64 pages: two holes (0-15, 16-31) below a shared (32-47) and a
+        // private (48-63) mapping of the file.
+        let r = libc::mmap(
+            std::ptr::null_mut(),
+            64 * page,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        ) as usize;
+        assert_ne!(r, libc::MAP_FAILED as usize);
+        let (low, hole, shared, private) = (r, r + 16 * page, r + 32 * page, r + 48 * page);
+        for (at, flags) in [(shared, libc::MAP_SHARED), (private, libc::MAP_PRIVATE)] {
+            assert_eq!((h.mmap_file)(at, 16 * page, flags | libc::MAP_FIXED, fd, 0), at);
+        }
+        let punch = |fd: i32| (h.fallocate)(fd, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, p(2), p(3));
+        let pages_2_to_4 = |m: usize| (bits::VM_UNMAPPED, m + 2 * page, 3 * page, 0);
+
+        // A new shared mapping in the upper hole (a hint, with no fixed
+        // flag: the dispatch of a plain mmap of a file is what is tested).
+        assert_eq!(libc::munmap(low as *mut libc::c_void, 32 * page), 0);
+        let made = Arc::new(AtomicUsize::new(0));
+        let m = made.clone();
+        *DURING_DISCARD.lock().unwrap() = Some(Box::new(move || {
+            m.store(
+                (h.mmap_file)(hole, 16 * page, libc::MAP_SHARED, fd, 0),
+                Ordering::SeqCst,
+            );
+        }));
+        let log = recorded(|| assert_eq!(punch(fd), 0));
+        assert_eq!(made.load(Ordering::SeqCst), hole, "the hint was taken");
+        assert_eq!(
+            about(&log, low, 64 * page),
+            [
+                pages_2_to_4(shared),
+                pages_2_to_4(private),
+                pages_2_to_4(hole),
+                pages_2_to_4(shared),
+                pages_2_to_4(private)
+            ],
+            "{log:x?}"
+        );
+        assert_eq!(DURING_DISCARD.lock().unwrap().take().map(|_| ()), None);
+
+        // The first mapping reported (the new one) moved down into the
+        // lower hole (mremap) by the handler of its report.
+        *DURING_DISCARD.lock().unwrap() = Some(Box::new(move || {
+            assert_eq!((h.mremap_to)(hole, 16 * page, 16 * page, low), low);
+        }));
+        let log = recorded(|| assert_eq!(punch(fd), 0));
+        assert_eq!(
+            about(&log, low, 64 * page),
+            [
+                pages_2_to_4(hole),
+                // The move: the destination's range, then the source.
+                (bits::VM_UNMAPPED, low, 16 * page, 0),
+                (bits::VM_UNMAPPED, hole, 16 * page, 0),
+                pages_2_to_4(shared),
+                pages_2_to_4(private),
+                pages_2_to_4(low),
+                pages_2_to_4(shared),
+                pages_2_to_4(private)
+            ],
+            "{log:x?}"
+        );
+
+        // No mapping made meanwhile: one report of each.
+        let log = recorded(|| assert_eq!(punch(fd), 0));
+        assert_eq!(
+            about(&log, low, 64 * page),
+            [pages_2_to_4(low), pages_2_to_4(shared), pages_2_to_4(private)],
+            "{log:x?}"
+        );
+        *DURING_DISCARD.lock().unwrap() = None;
+        for m in [low, shared, private] {
+            assert_eq!(libc::munmap(m as *mut libc::c_void, 16 * page), 0);
+        }
+        libc::close(fd);
+    }
+}
+
+#[test]
+fn a_mapping_made_during_a_discard_is_reported_in_bistro_mode() {
+    check_mapping_during_a_discard(HookMode::Bistro);
+}
+
+#[test]
+fn a_mapping_made_during_a_discard_is_reported_in_reloc_mode() {
+    check_mapping_during_a_discard(HookMode::Reloc);
 }
 
 #[test]
