@@ -297,6 +297,17 @@ fn mmap_counts(flags: c_int, fd: c_int) -> u32 {
     if maps_file(flags, fd) { bits::VM_UNMAPPED } else { 0 }
 }
 
+/// [`mmap_replaces`] and [`mmap_counts`]: what `mmap` with `flags` and
+/// `fd` matters to a handler of `VM_UNMAPPED`. One test for the common
+/// call, an anonymous mapping where the kernel chooses the address.
+#[inline(always)]
+fn mmap_unmap_bits(flags: c_int, fd: c_int) -> u32 {
+    if flags & (libc::MAP_FIXED | libc::MAP_ANONYMOUS) == libc::MAP_ANONYMOUS {
+        return 0;
+    }
+    mmap_replaces(flags) | mmap_counts(flags, fd)
+}
+
 /// Mappings of files made or moved (mmap of a file, any mremap),
 /// counted after the call, so that a file-discarding call
 /// ([`report_file_discard`]) learns that its look at `/proc/self/maps`,
@@ -312,7 +323,7 @@ fn file_mapping_changed() {
 entry! {
     /// The `mmap` hook.
     mmap_hook => mmap_dispatched, ORIG_MMAP as MmapFn,
-    bits::MMAP | bits::VM_MAPPED | mmap_replaces(flags) | mmap_counts(flags, fd),
+    bits::MMAP | bits::VM_MAPPED | mmap_unmap_bits(flags, fd),
     (addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off_t) -> *mut c_void
 }
 
