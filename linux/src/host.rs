@@ -288,24 +288,23 @@ fn maps_file(flags: c_int, fd: c_int) -> bool {
     flags & libc::MAP_ANONYMOUS == 0 && fd >= 0
 }
 
-/// `bits::VM_UNMAPPED` if a mapping of a file matters to a file-discarding
-/// call in flight ([`FILE_MAPPINGS`]), else 0: a handler of unmaps alone
-/// (a registration cache) sends file mappings through the dispatch, to
-/// be counted.
-#[inline(always)]
-fn mmap_counts(flags: c_int, fd: c_int) -> u32 {
-    if maps_file(flags, fd) { bits::VM_UNMAPPED } else { 0 }
-}
-
-/// [`mmap_replaces`] and [`mmap_counts`]: what `mmap` with `flags` and
-/// `fd` matters to a handler of `VM_UNMAPPED`. One test for the common
-/// call, an anonymous mapping where the kernel chooses the address.
+/// `bits::VM_UNMAPPED` if `mmap` with `flags` and `fd` matters to a
+/// handler of unmaps: it replaces what lies at its address
+/// ([`mmap_replaces`]), or it maps a file, which a file-discarding call
+/// in flight must learn of ([`FILE_MAPPINGS`]: a handler of unmaps alone,
+/// a registration cache, sends it through the dispatch to be counted).
+/// Else 0, after one test for the common call, an anonymous mapping
+/// where the kernel chooses the address.
 #[inline(always)]
 fn mmap_unmap_bits(flags: c_int, fd: c_int) -> u32 {
     if flags & (libc::MAP_FIXED | libc::MAP_ANONYMOUS) == libc::MAP_ANONYMOUS {
         return 0;
     }
-    mmap_replaces(flags) | mmap_counts(flags, fd)
+    if maps_file(flags, fd) {
+        bits::VM_UNMAPPED
+    } else {
+        mmap_replaces(flags)
+    }
 }
 
 /// Mappings of files made or moved (mmap of a file, any mremap),
@@ -1032,11 +1031,7 @@ unsafe extern "C" fn fallocate_dispatched(fd: c_int, mode: c_int, offset: libc::
         };
         let first = report_file_discard(file_of_fd(fd), offset as u64, end);
         // SAFETY: forwarded.
-        let result = unsafe { orig(fd, mode, offset, len) };
-        if result == 0 {
-            report_late_discard(first);
-        }
-        return result;
+        return discarding(first, || unsafe { orig(fd, mode, offset, len) });
     }
     // SAFETY: forwarded.
     unsafe { orig(fd, mode, offset, len) }
@@ -1062,11 +1057,7 @@ unsafe extern "C" fn ftruncate_dispatched(fd: c_int, length: libc::off_t) -> c_i
         None
     };
     // SAFETY: forwarded.
-    let result = unsafe { orig(fd, length) };
-    if result == 0 {
-        report_late_discard(first);
-    }
-    result
+    discarding(first, || unsafe { orig(fd, length) })
 }
 
 entry! {
@@ -1089,11 +1080,7 @@ unsafe extern "C" fn truncate_dispatched(path: *const core::ffi::c_char, length:
         None
     };
     // SAFETY: forwarded.
-    let result = unsafe { orig(path, length) };
-    if result == 0 {
-        report_late_discard(first);
-    }
-    result
+    discarding(first, || unsafe { orig(path, length) })
 }
 
 /// A file's identity: its device (major, minor) and inode.
@@ -1166,6 +1153,16 @@ fn report_file_discard(file: Option<FileId>, from: u64, to: u64) -> Option<Disca
         to,
         mappings,
     })
+}
+
+/// Makes a file-discarding call (`call`, 0 on success) whose first report
+/// was `first`, then [`report_late_discard`] if it succeeded.
+fn discarding(first: Option<Discard>, call: impl FnOnce() -> c_int) -> c_int {
+    let result = call();
+    if result == 0 {
+        report_late_discard(first);
+    }
+    result
 }
 
 /// After a file-discarding call that succeeded: where a mapping of a file
