@@ -42,7 +42,7 @@ use core::ops::ControlFlow;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use memhook_core::elf::{
-    ElfError, Memory, Reloc, SearchPaths, for_each_reloc, read_dynamic, search_paths, symbol_name, symbol_prefix,
+    ElfError, Memory, Reloc, SearchPaths, for_each_symbol_reloc, read_dynamic, search_paths, symbol_name,
 };
 
 use crate::maps::page_size;
@@ -395,6 +395,10 @@ impl Memory for Object<'_> {
         unsafe { core::ptr::copy_nonoverlapping(addr as *const u8, buf.as_mut_ptr(), buf.len()) };
         Ok(())
     }
+
+    fn prefetch(&self, addr: usize) {
+        memhook_core::prefetch(addr as *const u8, 1);
+    }
 }
 
 impl Object<'_> {
@@ -542,13 +546,7 @@ fn patch_object(state: &mut State, o: &Object<'_>, from: usize) {
     let prefixes = &state.prefixes;
     let mut found: heapless::Vec<(usize, u8), 256> = heapless::Vec::new();
     let mut pending_overflow = false;
-    let walk = for_each_reloc(o, o.id.base, &d, |r: Reloc| {
-        if r.r_type != R_JUMP_SLOT && r.r_type != R_GLOB_DAT || r.sym == 0 {
-            return ControlFlow::Continue(());
-        }
-        let Ok(prefix) = symbol_prefix(o, &d, r.sym) else {
-            return ControlFlow::Continue(());
-        };
+    let walk = for_each_symbol_reloc(o, o.id.base, &d, &[R_JUMP_SLOT, R_GLOB_DAT], |r: Reloc, prefix| {
         let key = prefix_key(&prefix);
         if prefixes[key >> 6] & 1 << (key & 63) == 0 {
             return ControlFlow::Continue(());
