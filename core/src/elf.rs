@@ -153,9 +153,12 @@ fn gnu_hash_symbols<M: Memory>(mem: &M, table: usize) -> Result<Option<usize>, E
     }
     let buckets = addr(table, 16 + bloom * 8, "DT_GNU_HASH buckets")?;
     let mut last = 0usize;
-    for i in 0..nbuckets {
-        last = last.max(read_u32(mem, addr(buckets, i * 4, "DT_GNU_HASH buckets")?)? as usize);
-    }
+    let mut chunk = [0u8; 1024];
+    // Every bucket is read (the walk never breaks).
+    let _ = for_each_entry::<_, 4>(mem, buckets, 0..nbuckets, &mut chunk, "DT_GNU_HASH buckets", |b| {
+        last = last.max(u32::from_le_bytes(*b) as usize);
+        ControlFlow::Continue(())
+    })?;
     if last == 0 {
         return Ok(None);
     }
@@ -326,9 +329,10 @@ pub struct Reloc {
 }
 
 /// Relocations read from the object at once by [`for_each_reloc`]: 1.5
-/// KiB of stack. One read a relocation (a bounds check and a copy each)
-/// was most of an install's time in a process of large C++ libraries
-/// (three libLLVMs: 60,000 relocations past the relative ones).
+/// KiB of stack. One read a relocation (a bounds check and a call to copy
+/// 24 bytes each) took a third of an install's time in a process of large
+/// C++ libraries (three libLLVMs: 60,000 relocations past the relative
+/// ones).
 const RELOCS_PER_READ: usize = 64;
 
 /// Calls `f` with every relocation of the PLT table, then of the RELA
@@ -349,34 +353,69 @@ pub fn for_each_reloc<M: Memory>(
     let mut chunk = [0u8; RELOCS_PER_READ * SIZEOF_RELA];
     for ((start, size), skip) in tables.into_iter().flatten() {
         let count = size / SIZEOF_RELA;
-        let mut i = skip.min(count);
-        while i < count {
-            let at = addr(start, i * SIZEOF_RELA, "relocation table address")?;
-            let mut n = (count - i).min(RELOCS_PER_READ);
-            if mem.read(at, &mut chunk[..n * SIZEOF_RELA]).is_err() {
-                // A table that runs out of the object: one entry at a
-                // time, so that the error comes at the first unreadable
-                // one, as it lies.
-                n = 1;
-                mem.read(at, &mut chunk[..SIZEOF_RELA])?;
-            }
-            for entry in chunk[..n * SIZEOF_RELA].chunks_exact(SIZEOF_RELA) {
+        let walked = for_each_entry::<_, SIZEOF_RELA>(
+            mem,
+            start,
+            skip.min(count)..count,
+            &mut chunk,
+            "relocation table address",
+            |entry| {
                 let word = |k: usize| u64::from_le_bytes(entry[k..k + 8].try_into().unwrap_or([0; 8]));
                 let (offset, info, addend) = (word(0), word(8), word(16) as i64);
-                let r = Reloc {
+                f(Reloc {
                     slot: base.wrapping_add(offset as usize),
                     r_type: info as u32,
                     sym: (info >> 32) as u32,
                     addend,
-                };
-                if f(r).is_break() {
-                    return Ok(());
-                }
-            }
-            i += n;
+                })
+            },
+        )?;
+        if walked.is_break() {
+            return Ok(());
         }
     }
     Ok(())
+}
+
+/// Calls `f` with entries `range` of the table of `SIZE`-byte entries at
+/// `table`, read as many at a time as `chunk` holds (one read each was
+/// most of the time of a walk over a large library's tables), until it
+/// breaks.
+///
+/// # Errors
+///
+/// An [`ElfError`] for the first entry that cannot be read (after `f` has
+/// had every one before it), or whose address overflows (naming `what`).
+fn for_each_entry<M: Memory, const SIZE: usize>(
+    mem: &M,
+    table: usize,
+    range: core::ops::Range<usize>,
+    chunk: &mut [u8],
+    what: &'static str,
+    mut f: impl FnMut(&[u8; SIZE]) -> ControlFlow<()>,
+) -> Result<ControlFlow<()>, ElfError> {
+    let per_read = (chunk.len() / SIZE).max(1);
+    let mut i = range.start;
+    while i < range.end {
+        let at = i
+            .checked_mul(SIZE)
+            .and_then(|off| table.checked_add(off))
+            .ok_or(ElfError::new(what, table as u64))?;
+        let mut n = (range.end - i).min(per_read);
+        if mem.read(at, &mut chunk[..n * SIZE]).is_err() {
+            // A table that runs out of the object: one entry at a time, so
+            // that the error comes at the first unreadable one, as it lies.
+            n = 1;
+            mem.read(at, &mut chunk[..SIZE])?;
+        }
+        for entry in chunk[..n * SIZE].chunks_exact(SIZE) {
+            if f(entry.try_into().unwrap_or(&[0; SIZE])).is_break() {
+                return Ok(ControlFlow::Break(()));
+            }
+        }
+        i += n;
+    }
+    Ok(ControlFlow::Continue(()))
 }
 
 /// How far ahead of the relocation it hands on [`for_each_symbol_reloc`]
@@ -693,6 +732,49 @@ mod tests {
         let (want_cut, r) = in_turn(cut);
         assert!(r.is_err());
         assert_eq!(ahead(cut, usize::MAX), (want_cut, r));
+    }
+
+    /// Entries read many at a time come as read one by one: across reads,
+    /// from an offset, up to a break, and up to the first unreadable one.
+    #[test]
+    fn table_entries_read_in_chunks() {
+        const BASE: usize = 0x1000;
+        let bytes: Vec<u8> = (0..600u32).flat_map(|v| v.to_le_bytes()).collect();
+        let walk = |bytes: &[u8], range: core::ops::Range<usize>, stop: u32| {
+            let mem = SliceMemory { base: BASE, bytes };
+            let mut seen = Vec::new();
+            let mut chunk = [0u8; 64];
+            let r = for_each_entry::<_, 4>(&mem, BASE, range, &mut chunk, "test table", |e| {
+                seen.push(u32::from_le_bytes(*e));
+                if seen.len() as u32 == stop {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            });
+            (seen, r)
+        };
+        let (seen, r) = walk(&bytes, 3..600, u32::MAX);
+        assert_eq!((seen, r), ((3..600).collect(), Ok(ControlFlow::Continue(()))));
+        let (seen, r) = walk(&bytes, 0..600, 20);
+        assert_eq!((seen, r), ((0..20).collect(), Ok(ControlFlow::Break(()))));
+        // The table runs two bytes past the object's end.
+        let (seen, r) = walk(&bytes[..598], 0..600, u32::MAX);
+        assert_eq!(seen, (0..149).collect::<Vec<_>>());
+        assert_eq!(r.unwrap_err().what, "read past the object");
+        // An address that overflows names the table.
+        let mem = SliceMemory {
+            base: BASE,
+            bytes: &bytes,
+        };
+        let r = for_each_entry::<_, 4>(&mem, usize::MAX - 8, 0..4, &mut [0u8; 64], "test table", |_| {
+            ControlFlow::Continue(())
+        });
+        assert_eq!(r.unwrap_err().what, "read past the object");
+        let r = for_each_entry::<_, 4>(&mem, usize::MAX - 8, 3..4, &mut [0u8; 64], "test table", |_| {
+            ControlFlow::Continue(())
+        });
+        assert_eq!(r.unwrap_err().what, "test table");
     }
 
     /// A program that exports nothing: its GNU hash table hashes no symbol
