@@ -331,7 +331,7 @@ pub struct Reloc {
 /// Relocations read from the object at once by [`for_each_reloc`]: 1.5
 /// KiB of stack. One read a relocation (a bounds check and a call to copy
 /// 24 bytes each) took a third of an install's time in a process of large
-/// C++ libraries (three libLLVMs: 60,000 relocations past the relative
+/// C++ libraries (three libLLVMs: 65,000 relocations past the relative
 /// ones).
 const RELOCS_PER_READ: usize = 64;
 
