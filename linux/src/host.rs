@@ -69,27 +69,60 @@ pub fn original(function: &str) -> Option<usize> {
         .filter(|&p| p != 0)
 }
 
-/// The functions hooked, in install order, with their hooks.
+/// The functions hooked, in install order, with their hooks: the C
+/// library of the main namespace.
 pub(crate) fn functions() -> [(&'static core::ffi::CStr, usize, &'static AtomicUsize); FUNCTIONS] {
+    functions_in::<0>()
+}
+
+/// A hooked function: its name, memhook's hook for it, and where the hook
+/// finds the original.
+pub(crate) type Hooked = (&'static core::ffi::CStr, usize, &'static AtomicUsize);
+
+/// The functions hooked in the C library of loader namespace `NS` (0 is
+/// the main one; see `crate::namespace`): each namespace's copy of libc
+/// has its own functions, so its hooks call its own originals, and each
+/// hook is compiled once per namespace (a constant index into the
+/// originals: the main namespace's hooks are what they would be alone).
+pub(crate) fn functions_in<const NS: usize>() -> [Hooked; FUNCTIONS] {
     [
-        (c"mmap", mmap_hook as *const () as usize, &ORIG_MMAP),
-        (c"munmap", munmap_hook as *const () as usize, &ORIG_MUNMAP),
-        (c"mremap", mremap_hook as *const () as usize, &ORIG_MREMAP),
-        (c"shmat", shmat_hook as *const () as usize, &ORIG_SHMAT),
-        (c"shmdt", shmdt_hook as *const () as usize, &ORIG_SHMDT),
-        (c"brk", brk_hook as *const () as usize, &ORIG_BRK),
-        (c"sbrk", sbrk_hook as *const () as usize, &ORIG_SBRK),
-        (c"madvise", madvise_hook as *const () as usize, &ORIG_MADVISE),
+        (c"mmap", mmap_hook::<NS> as *const () as usize, &ORIG_MMAP[NS]),
+        (c"munmap", munmap_hook::<NS> as *const () as usize, &ORIG_MUNMAP[NS]),
+        (c"mremap", mremap_hook::<NS> as *const () as usize, &ORIG_MREMAP[NS]),
+        (c"shmat", shmat_hook::<NS> as *const () as usize, &ORIG_SHMAT[NS]),
+        (c"shmdt", shmdt_hook::<NS> as *const () as usize, &ORIG_SHMDT[NS]),
+        (c"brk", brk_hook::<NS> as *const () as usize, &ORIG_BRK[NS]),
+        (c"sbrk", sbrk_hook::<NS> as *const () as usize, &ORIG_SBRK[NS]),
+        (c"madvise", madvise_hook::<NS> as *const () as usize, &ORIG_MADVISE[NS]),
         (
             c"process_madvise",
-            process_madvise_hook as *const () as usize,
-            &ORIG_PROCESS_MADVISE,
+            process_madvise_hook::<NS> as *const () as usize,
+            &ORIG_PROCESS_MADVISE[NS],
         ),
-        (c"fallocate", fallocate_hook as *const () as usize, &ORIG_FALLOCATE),
-        (c"ftruncate", ftruncate_hook as *const () as usize, &ORIG_FTRUNCATE),
-        (c"truncate", truncate_hook as *const () as usize, &ORIG_TRUNCATE),
+        (
+            c"fallocate",
+            fallocate_hook::<NS> as *const () as usize,
+            &ORIG_FALLOCATE[NS],
+        ),
+        (
+            c"ftruncate",
+            ftruncate_hook::<NS> as *const () as usize,
+            &ORIG_FTRUNCATE[NS],
+        ),
+        (
+            c"truncate",
+            truncate_hook::<NS> as *const () as usize,
+            &ORIG_TRUNCATE[NS],
+        ),
     ]
 }
+
+/// Loader namespaces whose C library memhook can hook: glibc's limit
+/// (`DL_NNS`), the main namespace included.
+pub(crate) const NAMESPACES: usize = 16;
+
+/// One function's originals, one per namespace.
+pub(crate) type Originals = [AtomicUsize; NAMESPACES];
 
 /// How many host functions memhook hooks.
 pub(crate) const FUNCTIONS: usize = 12;
@@ -99,28 +132,40 @@ pub(crate) const FUNCTIONS: usize = 12;
 /// slots that name them too; bistro's patch of the function covers them.
 pub(crate) fn aliases() -> [(&'static core::ffi::CStr, usize, &'static AtomicUsize); ALIASES] {
     [
-        (c"mmap64", mmap_hook as *const () as usize, &ORIG_MMAP64),
-        (c"fallocate64", fallocate_hook as *const () as usize, &ORIG_FALLOCATE64),
-        (c"ftruncate64", ftruncate_hook as *const () as usize, &ORIG_FTRUNCATE64),
-        (c"truncate64", truncate_hook as *const () as usize, &ORIG_TRUNCATE64),
+        (c"mmap64", mmap_hook::<0> as *const () as usize, &ORIG_MMAP64),
+        (
+            c"fallocate64",
+            fallocate_hook::<0> as *const () as usize,
+            &ORIG_FALLOCATE64,
+        ),
+        (
+            c"ftruncate64",
+            ftruncate_hook::<0> as *const () as usize,
+            &ORIG_FTRUNCATE64,
+        ),
+        (
+            c"truncate64",
+            truncate_hook::<0> as *const () as usize,
+            &ORIG_TRUNCATE64,
+        ),
     ]
 }
 
 /// How many aliases [`aliases`] names.
 pub(crate) const ALIASES: usize = 4;
 
-pub(crate) static ORIG_MMAP: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static ORIG_MUNMAP: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static ORIG_MREMAP: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static ORIG_SHMAT: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static ORIG_SHMDT: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static ORIG_BRK: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static ORIG_SBRK: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static ORIG_MADVISE: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static ORIG_PROCESS_MADVISE: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static ORIG_FALLOCATE: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static ORIG_FTRUNCATE: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static ORIG_TRUNCATE: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_MMAP: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
+pub(crate) static ORIG_MUNMAP: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
+pub(crate) static ORIG_MREMAP: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
+pub(crate) static ORIG_SHMAT: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
+pub(crate) static ORIG_SHMDT: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
+pub(crate) static ORIG_BRK: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
+pub(crate) static ORIG_SBRK: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
+pub(crate) static ORIG_MADVISE: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
+pub(crate) static ORIG_PROCESS_MADVISE: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
+pub(crate) static ORIG_FALLOCATE: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
+pub(crate) static ORIG_FTRUNCATE: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
+pub(crate) static ORIG_TRUNCATE: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
 /// Reloc's records of the aliases (the same functions in glibc): the
 /// hooks call the main name's original, which each install sets.
 pub(crate) static ORIG_MMAP64: AtomicUsize = AtomicUsize::new(0);
@@ -161,14 +206,14 @@ macro_rules! original {
 macro_rules! entry {
     ($(#[$doc:meta])* $hook:ident => $dispatched:ident, $orig:ident as $ty:ty, $events:expr, ($($a:ident: $t:ty),*) -> $r:ty) => {
         $(#[$doc])*
-        pub(crate) unsafe extern "C" fn $hook($($a: $t),*) -> $r {
+        pub(crate) unsafe extern "C" fn $hook<const NS: usize>($($a: $t),*) -> $r {
             if !wants($events) {
-                let orig = original!($orig, $ty);
+                let orig = original!($orig[NS], $ty);
                 // SAFETY: the caller's arguments, forwarded to the original.
                 return unsafe { orig($($a),*) };
             }
             // SAFETY: the same arguments, for the same call.
-            unsafe { $dispatched($($a),*) }
+            unsafe { $dispatched::<NS>($($a),*) }
         }
     };
 }
@@ -328,7 +373,7 @@ entry! {
 
 /// [`mmap_hook`] when a handler wants its events.
 #[inline(never)]
-unsafe extern "C" fn mmap_dispatched(
+unsafe extern "C" fn mmap_dispatched<const NS: usize>(
     addr: *mut c_void,
     len: usize,
     prot: c_int,
@@ -336,7 +381,7 @@ unsafe extern "C" fn mmap_dispatched(
     fd: c_int,
     off: libc::off_t,
 ) -> *mut c_void {
-    let orig = original!(ORIG_MMAP, MmapFn);
+    let orig = original!(ORIG_MMAP[NS], MmapFn);
     let mut ev = Event::Mmap(MmapEvent {
         result: INVALID_PTR,
         address: addr as usize,
@@ -378,8 +423,8 @@ entry! {
 
 /// [`munmap_hook`] when a handler wants its events.
 #[inline(never)]
-unsafe extern "C" fn munmap_dispatched(addr: *mut c_void, len: usize) -> c_int {
-    let orig = original!(ORIG_MUNMAP, MunmapFn);
+unsafe extern "C" fn munmap_dispatched<const NS: usize>(addr: *mut c_void, len: usize) -> c_int {
+    let orig = original!(ORIG_MUNMAP[NS], MunmapFn);
     let mut ev = Event::Munmap(MunmapEvent {
         result: -1,
         address: addr as usize,
@@ -408,14 +453,14 @@ entry! {
 
 /// [`mremap_hook`] when a handler wants its events.
 #[inline(never)]
-unsafe extern "C" fn mremap_dispatched(
+unsafe extern "C" fn mremap_dispatched<const NS: usize>(
     old: *mut c_void,
     old_size: usize,
     new_size: usize,
     flags: c_int,
     new_address: *mut c_void,
 ) -> *mut c_void {
-    let orig = original!(ORIG_MREMAP, MremapFn);
+    let orig = original!(ORIG_MREMAP[NS], MremapFn);
     if flags & libc::MREMAP_FIXED != 0 && wants(bits::VM_UNMAPPED) {
         // The destination's old mapping goes first (before the source's,
         // which the call's own dispatch reports).
@@ -538,8 +583,12 @@ entry! {
 
 /// [`shmat_hook`] when a handler wants its events.
 #[inline(never)]
-unsafe extern "C" fn shmat_dispatched(shmid: c_int, shmaddr: *const c_void, shmflg: c_int) -> *mut c_void {
-    let orig = original!(ORIG_SHMAT, ShmatFn);
+unsafe extern "C" fn shmat_dispatched<const NS: usize>(
+    shmid: c_int,
+    shmaddr: *const c_void,
+    shmflg: c_int,
+) -> *mut c_void {
+    let orig = original!(ORIG_SHMAT[NS], ShmatFn);
     let mut ev = Event::Shmat(ShmatEvent {
         result: INVALID_PTR,
         shmid,
@@ -576,8 +625,8 @@ entry! {
 
 /// [`shmdt_hook`] when a handler wants its events.
 #[inline(never)]
-unsafe extern "C" fn shmdt_dispatched(shmaddr: *const c_void) -> c_int {
-    let orig = original!(ORIG_SHMDT, ShmdtFn);
+unsafe extern "C" fn shmdt_dispatched<const NS: usize>(shmaddr: *const c_void) -> c_int {
+    let orig = original!(ORIG_SHMDT[NS], ShmdtFn);
     let before = if wants(bits::VM_UNMAPPED) {
         let at = shmaddr as usize;
         let size = crate::maps::find(at)
@@ -606,8 +655,8 @@ unsafe extern "C" fn shmdt_dispatched(shmaddr: *const c_void) -> c_int {
 }
 
 /// The current program break, without going through the hooks.
-fn current_break() -> usize {
-    let sbrk = ORIG_SBRK.load(Ordering::Acquire);
+fn current_break<const NS: usize>() -> usize {
+    let sbrk = ORIG_SBRK[NS].load(Ordering::Acquire);
     if sbrk != 0 {
         // SAFETY: glibc's sbrk (or what a prior hooker put before it);
         // sbrk(0) only reads the break.
@@ -631,15 +680,15 @@ entry! {
 
 /// [`sbrk_hook`] when a handler wants its events (sbrk(0) only reads the break: just the call).
 #[inline(never)]
-unsafe extern "C" fn sbrk_dispatched(increment: libc::intptr_t) -> *mut c_void {
-    let orig = original!(ORIG_SBRK, SbrkFn);
+unsafe extern "C" fn sbrk_dispatched<const NS: usize>(increment: libc::intptr_t) -> *mut c_void {
+    let orig = original!(ORIG_SBRK[NS], SbrkFn);
     if increment == 0 {
         // SAFETY: forwarded.
         return unsafe { orig(increment) };
     }
     let before = if increment < 0 && wants(bits::VM_UNMAPPED) {
         let shrink = increment.unsigned_abs();
-        unmapped_bytes(current_break().wrapping_sub(shrink), shrink)
+        unmapped_bytes(current_break::<NS>().wrapping_sub(shrink), shrink)
     } else {
         None
     };
@@ -675,13 +724,13 @@ entry! {
 
 /// [`brk_hook`] when a handler wants its events (sbrk's own call of brk is sbrk's, already reported: just the call).
 #[inline(never)]
-unsafe extern "C" fn brk_dispatched(addr: *mut c_void) -> c_int {
-    let orig = original!(ORIG_BRK, BrkFn);
+unsafe extern "C" fn brk_dispatched<const NS: usize>(addr: *mut c_void) -> c_int {
+    let orig = original!(ORIG_BRK[NS], BrkFn);
     if IN_SBRK.try_with(|f| f.get()).unwrap_or(false) {
         // SAFETY: forwarded.
         return unsafe { orig(addr) };
     }
-    let top = current_break();
+    let top = current_break::<NS>();
     let new = addr as usize;
     let before = if new < top {
         unmapped_bytes(new, top - new)
@@ -738,8 +787,8 @@ entry! {
 
 /// [`madvise_hook`] when a handler wants its events (only the discarding advices have events: the others just the call).
 #[inline(never)]
-unsafe extern "C" fn madvise_dispatched(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
-    let orig = original!(ORIG_MADVISE, MadviseFn);
+unsafe extern "C" fn madvise_dispatched<const NS: usize>(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    let orig = original!(ORIG_MADVISE[NS], MadviseFn);
     if !discards(advice) {
         // SAFETY: forwarded.
         return unsafe { orig(addr, len, advice) };
@@ -789,14 +838,14 @@ entry! {
 /// kernel refuses before looking at the ranges (flags other than 0, more
 /// than `UIO_MAXIOV` ranges) reports nothing.
 #[inline(never)]
-unsafe extern "C" fn process_madvise_dispatched(
+unsafe extern "C" fn process_madvise_dispatched<const NS: usize>(
     pidfd: c_int,
     iov: *const libc::iovec,
     vlen: usize,
     advice: c_int,
     flags: libc::c_uint,
 ) -> isize {
-    let orig = original!(ORIG_PROCESS_MADVISE, ProcessMadviseFn);
+    let orig = original!(ORIG_PROCESS_MADVISE[NS], ProcessMadviseFn);
     if discards(advice) && flags == 0 && vlen <= UIO_MAXIOV {
         report_ranges(iov as usize, vlen);
     }
@@ -1020,8 +1069,13 @@ entry! {
 
 /// [`fallocate_hook`] when a handler wants `VM_UNMAPPED`.
 #[inline(never)]
-unsafe extern "C" fn fallocate_dispatched(fd: c_int, mode: c_int, offset: libc::off_t, len: libc::off_t) -> c_int {
-    let orig = original!(ORIG_FALLOCATE, FallocateFn);
+unsafe extern "C" fn fallocate_dispatched<const NS: usize>(
+    fd: c_int,
+    mode: c_int,
+    offset: libc::off_t,
+    len: libc::off_t,
+) -> c_int {
+    let orig = original!(ORIG_FALLOCATE[NS], FallocateFn);
     if mode & FALLOCATE_DISCARDS != 0 && offset >= 0 && len > 0 {
         // Collapse and insert move everything after the offset.
         let end = if mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) != 0 {
@@ -1047,8 +1101,8 @@ entry! {
 
 /// [`ftruncate_hook`] when a handler wants `VM_UNMAPPED`.
 #[inline(never)]
-unsafe extern "C" fn ftruncate_dispatched(fd: c_int, length: libc::off_t) -> c_int {
-    let orig = original!(ORIG_FTRUNCATE, FtruncateFn);
+unsafe extern "C" fn ftruncate_dispatched<const NS: usize>(fd: c_int, length: libc::off_t) -> c_int {
+    let orig = original!(ORIG_FTRUNCATE[NS], FtruncateFn);
     let first = if length >= 0
         && let Some(st) = stat_of_fd(fd)
     {
@@ -1068,8 +1122,11 @@ entry! {
 
 /// [`truncate_hook`] when a handler wants `VM_UNMAPPED`.
 #[inline(never)]
-unsafe extern "C" fn truncate_dispatched(path: *const core::ffi::c_char, length: libc::off_t) -> c_int {
-    let orig = original!(ORIG_TRUNCATE, TruncateFn);
+unsafe extern "C" fn truncate_dispatched<const NS: usize>(
+    path: *const core::ffi::c_char,
+    length: libc::off_t,
+) -> c_int {
+    let orig = original!(ORIG_TRUNCATE[NS], TruncateFn);
     let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: the kernel reads `path` (a bad pointer is EFAULT, as it is
     // for the call) and fills `st` or fails.

@@ -129,7 +129,52 @@ struct Installed {
     /// alone in bistro mode (see `follow_loader`).
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     loader: heapless::Vec<crate::bistro::Hook, 4>,
+    /// The libc functions of the loader's other namespaces, patched (see
+    /// `crate::namespace`), and how each namespace stands.
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    namespace_hooks: heapless::Vec<crate::bistro::Hook, NAMESPACE_HOOKS>,
+    namespaces: heapless::Vec<NamespaceStatus, { crate::host::NAMESPACES - 1 }>,
     reloc: bool,
+}
+
+/// Most patches in the libc of other namespaces: every function in each.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+const NAMESPACE_HOOKS: usize = (crate::host::NAMESPACES - 1) * crate::host::FUNCTIONS;
+
+/// How the C library of one of the loader's other namespaces (a
+/// `dlmopen`) stands: its functions, and how many of them are hooked
+/// (bistro, the mode of the main namespace's host hooks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamespaceStatus {
+    /// The namespace (`Lmid_t`, 1 to 15).
+    pub namespace: usize,
+    /// The host functions its libc defines.
+    pub functions: usize,
+    /// How many of them are hooked.
+    pub hooked: usize,
+    /// Why one is not (the first that failed), empty when all are.
+    pub reason: heapless::String<REASON>,
+}
+
+/// Set while a thread holds [`INSTALLED`] and may call into the loader
+/// (an install, an uninstall, the hooking of a namespace): a loader call
+/// that looks for new namespaces then does not wait for the state (its
+/// thread may hold the loader's lock the holder waits for).
+static BUSY: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Holds [`BUSY`] set while it lives, restoring what it found.
+struct Busy(bool);
+
+impl Busy {
+    fn new() -> Busy {
+        Busy(BUSY.swap(true, core::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        BUSY.store(self.0, core::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 static INSTALLED: spin::Mutex<Installed> = spin::Mutex::new(Installed {
@@ -139,6 +184,9 @@ static INSTALLED: spin::Mutex<Installed> = spin::Mutex::new(Installed {
     hooks: heapless::Vec::new(),
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     loader: heapless::Vec::new(),
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    namespace_hooks: heapless::Vec::new(),
+    namespaces: heapless::Vec::new(),
     reloc: false,
 });
 
@@ -164,6 +212,7 @@ pub fn install(config: &Config) {
     if state.config == Some(*config) {
         return;
     }
+    let _busy = Busy::new();
     if state.config.is_some() {
         remove(&mut state);
     }
@@ -241,6 +290,11 @@ pub fn install(config: &Config) {
             state.reloc = true;
         }
     }
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    if mmap.contains(HookMode::Bistro) {
+        crate::namespace::FOLLOW.store(true, core::sync::atomic::Ordering::Release);
+        hook_namespaces(&mut state);
+    }
     state.config = Some(*config);
     drop(state);
     // Loads on other threads that the install's rescans found.
@@ -301,6 +355,8 @@ fn present(name: &core::ffi::CStr) -> bool {
 
 fn remove(state: &mut Installed) {
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    unhook_namespaces(state);
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     unfollow_loader(state);
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     while let Some(h) = state.hooks.pop() {
@@ -327,7 +383,11 @@ fn remove(state: &mut Installed) {
 /// Undoes every patch (bistro entries restored exactly, reloc slots put
 /// back). Handlers stay registered.
 pub fn uninstall() {
-    remove(&mut INSTALLED.lock());
+    let mut state = INSTALLED.lock();
+    let busy = Busy::new();
+    remove(&mut state);
+    drop(busy);
+    drop(state);
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::reloc::report_changes();
 }
@@ -349,6 +409,113 @@ pub fn status() -> Status {
 pub fn refresh() {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::reloc::refresh();
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    crate::namespace::check();
+}
+
+/// How the C library of each of the loader's other namespaces stands
+/// (`dlmopen`; see [`install`]): those hooked so far, in the order found.
+/// Empty unless the host hooks are installed in bistro mode and a
+/// namespace other than the main one holds a libc.
+pub fn namespaces() -> heapless::Vec<NamespaceStatus, { crate::host::NAMESPACES - 1 }> {
+    INSTALLED.lock().namespaces.clone()
+}
+
+/// Hooks the libc of namespaces that came since the last look: called by
+/// [`crate::namespace::check`] from the loader's functions memhook
+/// interposes. Waits for the state unless its holder may be waiting for
+/// the loader (then the holder looks itself before it lets go, or the
+/// next loader call does).
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub(crate) fn follow_namespaces() {
+    loop {
+        if let Some(mut state) = INSTALLED.try_lock() {
+            if state.config.is_some() {
+                let _busy = Busy::new();
+                hook_namespaces(&mut state);
+            }
+            return;
+        }
+        if BUSY.load(core::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        // SAFETY: sched_yield has no preconditions.
+        unsafe { libc::sched_yield() };
+    }
+}
+
+/// Patches, in every namespace in use that is not hooked yet, the host
+/// functions of its libc with that namespace's hooks. A namespace that
+/// holds no libc yet is looked at again next time; one whose libc is
+/// hooked is not (a function that could not be patched is in its
+/// [`NamespaceStatus`]).
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn hook_namespaces(state: &mut Installed) {
+    use core::sync::atomic::Ordering;
+
+    let new = crate::namespace::unhooked();
+    for ns in (1..crate::host::NAMESPACES).filter(|ns| new & (1 << ns) != 0) {
+        let (Some(lib), Some(functions)) = (crate::namespace::libc_of(ns), crate::namespace::functions(ns)) else {
+            continue;
+        };
+        let mut stands = NamespaceStatus {
+            namespace: ns,
+            functions: 0,
+            hooked: 0,
+            reason: heapless::String::new(),
+        };
+        for (name, hook, original) in functions {
+            let target = crate::reloc::real_dlsym(lib, name);
+            if target == 0 {
+                continue; // process_madvise before glibc 2.36
+            }
+            stands.functions += 1;
+            // SAFETY: as for the main namespace's hooks: each has its
+            // function's signature and calls this namespace's original
+            // through `original`, which patch_with sets first.
+            let why = match unsafe { crate::bistro::Hook::patch_with(target, hook, original) } {
+                Ok(h) => match state.namespace_hooks.push(h) {
+                    Ok(()) => {
+                        stands.hooked += 1;
+                        continue;
+                    }
+                    Err(h) => {
+                        // Cannot happen (room for every function of every
+                        // namespace); undone rather than lost.
+                        let _ = h.unpatch();
+                        None
+                    }
+                },
+                Err(e) => Some(e),
+            };
+            if stands.reason.is_empty() {
+                let name = name.to_str().unwrap_or("?");
+                let _ = match why {
+                    Some(e) => fmt::Write::write_fmt(&mut stands.reason, format_args!("{name}: {e}")),
+                    None => fmt::Write::write_fmt(&mut stands.reason, format_args!("{name}: too many bistro hooks")),
+                };
+            }
+        }
+        crate::namespace::HOOKED.fetch_or(1 << ns, Ordering::AcqRel);
+        let _ = state.namespaces.push(stands);
+    }
+}
+
+/// Undoes [`hook_namespaces`]'s patches (a patch another hooker patched
+/// over stays, working). The namespaces' libcs stay open.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn unhook_namespaces(state: &mut Installed) {
+    use core::sync::atomic::Ordering;
+
+    crate::namespace::FOLLOW.store(false, Ordering::Release);
+    while let Some(h) = state.namespace_hooks.pop() {
+        if let Err((h, _)) = h.unpatch() {
+            let _ = state.namespace_hooks.push(h);
+            break;
+        }
+    }
+    crate::namespace::HOOKED.store(0, Ordering::Release);
+    state.namespaces.clear();
 }
 
 /// The config installed, if any.

@@ -25,6 +25,8 @@ mod install;
 pub mod maps;
 mod membarrier;
 pub mod memtype;
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+mod namespace;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub mod reloc;
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -36,7 +38,8 @@ pub use dispatch::{
     HandlerFn, MAX_HANDLERS, nested_overflows, report_event, set_handler, unset_handler, unset_handler_fn,
 };
 pub use install::{
-    Config, FunctionStatus, MAX_STATUS, Status, install, installed, prepared, refresh, status, uninstall,
+    Config, FunctionStatus, MAX_STATUS, NamespaceStatus, Status, install, installed, namespaces, prepared, refresh,
+    status, uninstall,
 };
 
 /// The hook modes this build supports: bistro only with the `bistro`

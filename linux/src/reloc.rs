@@ -962,6 +962,21 @@ fn catch_up() {
         rescan();
         changed();
     }
+    // A library opened with dlmopen, in a namespace of its own, is looked
+    // into with dlsym before it is called: its libc is hooked by then.
+    #[cfg(feature = "bistro")]
+    crate::namespace::check();
+}
+
+/// The real `dlsym` of `name` in `handle`, past memhook's interposition.
+#[cfg(feature = "bistro")]
+pub(crate) fn real_dlsym(handle: *mut c_void, name: &CStr) -> usize {
+    if REAL_DLSYM.load(Ordering::Acquire) == 0 {
+        // SAFETY: a NUL-terminated name; dlsym is not interposed (no entry
+        // has found it yet), so this is the loader's.
+        return unsafe { libc::dlsym(handle, name.as_ptr()) } as usize;
+    }
+    real_lookup(handle, name.as_ptr(), core::ptr::null())
 }
 
 /// Called by the dlopen entry with dlopen's `file` and the caller's

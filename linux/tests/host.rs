@@ -2207,3 +2207,177 @@ fn a_library_loaded_where_another_was_is_a_new_one() {
 fn the_same_library_loaded_again_is_a_new_one() {
     check_reuse(RACER, [0, 0]);
 }
+
+/// A library for a namespace of its own: calls into its own copy of libc.
+const NS_LIBRARY: &str = r#"
+#include <errno.h>
+#include <stddef.h>
+#include <sys/mman.h>
+void *mhn_mmap(size_t len) { return mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0); }
+int mhn_munmap(void *p, size_t len) { return munmap(p, len); }
+int mhn_madvise(void *p, size_t len, int advice) { return madvise(p, len, advice); }
+int mhn_errno(void) { return errno; }
+void mhn_set_errno(int e) { errno = e; }
+"#;
+
+/// The library's functions in one namespace.
+struct InNamespace {
+    lmid: libc::Lmid_t,
+    mmap: unsafe extern "C" fn(usize) -> usize,
+    munmap: unsafe extern "C" fn(usize, usize) -> i32,
+    madvise: unsafe extern "C" fn(usize, usize, i32) -> i32,
+    errno: unsafe extern "C" fn() -> i32,
+    set_errno: unsafe extern "C" fn(i32),
+    /// The first bytes of the namespace's libc `mmap`.
+    libc_mmap: usize,
+}
+
+/// Opens `path` with `dlmopen` in a new namespace (its functions found
+/// with `dlsym`, as a user of the library finds them).
+fn open_in_new_namespace(path: &std::path::Path) -> InNamespace {
+    let path = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path to a library built for the test.
+    let h = unsafe { libc::dlmopen(libc::LM_ID_NEWLM, path.as_ptr(), libc::RTLD_NOW) };
+    assert!(!h.is_null(), "dlmopen");
+    let mut lmid: libc::Lmid_t = 0;
+    // SAFETY: a live handle; RTLD_DI_LMID writes an Lmid_t.
+    let rc = unsafe { libc::dlinfo(h, libc::RTLD_DI_LMID, (&raw mut lmid).cast()) };
+    assert_eq!(rc, 0);
+    assert_ne!(lmid, libc::LM_ID_BASE, "a namespace of its own");
+    let sym = |h: *mut libc::c_void, name: &std::ffi::CStr| {
+        // SAFETY: a live handle and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(h, name.as_ptr()) } as usize;
+        assert_ne!(p, 0, "{name:?}");
+        p
+    };
+    // SAFETY: the namespace's libc, already loaded there (RTLD_NOLOAD).
+    let libc_handle = unsafe { libc::dlmopen(lmid, c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    assert!(!libc_handle.is_null(), "the namespace has a libc of its own");
+    let libc_mmap = sym(libc_handle, c"mmap");
+    // SAFETY: a live handle, also held by `h`.
+    unsafe { libc::dlclose(libc_handle) };
+    // SAFETY: each symbol is the library function of the stated
+    // signature; the library is never closed.
+    unsafe {
+        InNamespace {
+            lmid,
+            mmap: cast(sym(h, c"mhn_mmap")),
+            munmap: cast(sym(h, c"mhn_munmap")),
+            madvise: cast(sym(h, c"mhn_madvise")),
+            errno: cast(sym(h, c"mhn_errno")),
+            set_errno: cast(sym(h, c"mhn_set_errno")),
+            libc_mmap,
+        }
+    }
+}
+
+/// The first 16 bytes at `at` (a function entry).
+fn bytes_at(at: usize) -> [u8; 16] {
+    // SAFETY: a function's entry, in a mapped, readable code page.
+    unsafe { *(at as *const [u8; 16]) }
+}
+
+/// Checks that calls from `ns`'s library reach the handler, once each,
+/// with the namespace's errno its own.
+fn check_namespace_calls(ns: &InNamespace) {
+    let mut p = 0;
+    // SAFETY: the library wraps mmap.
+    let log = recorded(|| p = unsafe { (ns.mmap)(K64) });
+    assert_ne!(p as isize, -1);
+    assert_eq!(
+        about(&log, p, K64),
+        [(bits::MMAP, 0, K64, p as isize), (bits::VM_MAPPED, p, K64, 0)],
+        "namespace {}: mmap",
+        ns.lmid
+    );
+    // SAFETY: discarding and unmapping what was mapped.
+    let log = recorded(|| unsafe {
+        assert_eq!((ns.madvise)(p, K64, libc::MADV_DONTNEED), 0);
+        assert_eq!((ns.munmap)(p, K64), 0);
+    });
+    assert_eq!(
+        about(&log, p, K64),
+        [
+            (bits::VM_UNMAPPED, p, K64, 0),
+            (bits::MADVISE, p, K64, 0),
+            (bits::VM_UNMAPPED, p, K64, 0),
+            (bits::MUNMAP, p, K64, 0),
+        ],
+        "namespace {}: madvise and munmap",
+        ns.lmid
+    );
+    // A failing call: the namespace's errno is the call's, and the main
+    // namespace's stays as it was, whatever the handler (which sets the
+    // main errno) did.
+    set_errno(1234);
+    // SAFETY: the library's errno setter.
+    unsafe { (ns.set_errno)(0) };
+    let page = page_size();
+    // SAFETY: munmap of an address off a page boundary fails with EINVAL
+    // and touches nothing.
+    let log = recorded(|| assert_eq!(unsafe { (ns.munmap)(p + 1, page) }, -1));
+    // SAFETY: the library's errno getter.
+    assert_eq!(unsafe { (ns.errno)() }, libc::EINVAL, "the namespace's errno");
+    assert_eq!(errno(), 1234, "the main namespace's errno");
+    assert_eq!(
+        about(&log, p + 1, page),
+        [(bits::VM_UNMAPPED, p + 1, page, 0), (bits::MUNMAP, p + 1, page, -1)]
+    );
+}
+
+/// A library opened with `dlmopen` has a libc of its own: in bistro mode
+/// memhook hooks it too, whether the namespace came before the install or
+/// after it (found at the `dlsym` that looks into the library), and
+/// uninstall restores its bytes. In reloc mode it is not reached (the
+/// namespace's objects are not among those reloc rewrites).
+#[test]
+fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_mode() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("memhook-ns-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = build_library(&dir, "mhn", NS_LIBRARY, &[]);
+    let events = bits::MMAP | bits::MUNMAP | bits::MADVISE | bits::VM_MAPPED | bits::VM_UNMAPPED;
+
+    // A namespace made before the install.
+    let first = open_in_new_namespace(&lib);
+    let unpatched = bytes_at(first.libc_mmap);
+    {
+        let mut session = Session::new(HookMode::Bistro);
+        session.handler(events, 0, &record);
+        assert_ne!(bytes_at(first.libc_mmap), unpatched, "the namespace's mmap is patched");
+        check_namespace_calls(&first);
+
+        // A namespace made while installed.
+        let second = open_in_new_namespace(&lib);
+        assert_ne!(second.lmid, first.lmid);
+        check_namespace_calls(&second);
+
+        let namespaces = memhook::namespaces();
+        for ns in [&first, &second] {
+            let stands = namespaces
+                .iter()
+                .find(|s| s.namespace == ns.lmid as usize)
+                .unwrap_or_else(|| panic!("namespace {} in {namespaces:?}", ns.lmid));
+            assert_eq!(stands.functions, host_functions(), "{stands:?}");
+            assert_eq!(stands.hooked, stands.functions, "{stands:?}");
+            assert!(stands.reason.is_empty(), "{stands:?}");
+        }
+        assert_eq!(memhook::status().len(), host_functions(), "the main namespace's");
+    }
+    assert_eq!(bytes_at(first.libc_mmap), unpatched, "uninstall restores the bytes");
+    assert!(memhook::namespaces().is_empty());
+
+    // Reloc mode does not reach a namespace's objects.
+    {
+        let mut session = Session::new(HookMode::Reloc);
+        session.handler(events, 0, &record);
+        let mut p = 0;
+        // SAFETY: the library wraps mmap.
+        let log = recorded(|| p = unsafe { (first.mmap)(K64) });
+        assert!(about(&log, p, K64).is_empty(), "{log:?}");
+        // SAFETY: unmapping what was mapped.
+        assert_eq!(unsafe { (first.munmap)(p, K64) }, 0);
+        assert!(memhook::namespaces().is_empty());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

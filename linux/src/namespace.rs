@@ -1,0 +1,204 @@
+//! The C libraries of the loader's other namespaces (`dlmopen`).
+//!
+//! `dlmopen(LM_ID_NEWLM, ...)` loads a library into a namespace of its
+//! own, with its own copy of every dependency, libc included: the
+//! library's calls of `mmap`, `munmap`, ... go to that copy, which the
+//! bistro patches of the main namespace's libc do not touch. With the
+//! host hooks in bistro mode, memhook patches every namespace's libc as
+//! well, with hooks of its own ([`crate::host::functions_in`]) that call
+//! that copy's originals: its `errno` and its notion of the program break
+//! stay its own.
+//!
+//! Namespaces are found through the loader's interface for debuggers,
+//! `struct r_debug_extended` (glibc 2.35 and later), reached through the
+//! main program's `DT_DEBUG` entry (the loader stores its own address
+//! there; the exported `_r_debug` may be a copy the program made at link
+//! time, which the loader never updates): one entry per namespace,
+//! chained in namespace order as each is first used, and never freed.
+//! An entry's `r_map` is non-null while its namespace holds objects.
+//! Reading the chain is a handful of loads, made at every `dlopen`,
+//! `dlclose`, `dlsym` and `dlvsym` memhook interposes (a library opened
+//! with `dlmopen` is looked into with `dlsym` before it is called), at
+//! install and at [`crate::refresh`]. A namespace found in use and not
+//! yet hooked has its libc opened with `RTLD_NOLOAD` (never loaded by
+//! memhook; the handle is kept, so that the patched copy stays mapped as
+//! long as the process runs) and patched. With an older glibc, or a main
+//! program without `DT_DEBUG`, no namespace is seen and nothing changes.
+//!
+//! What this does not cover: calls made by a library's constructors
+//! during the `dlmopen` that creates its namespace (before memhook can
+//! see the namespace), the loader's own mappings of a namespace's objects
+//! (their `VM_MAPPED`/`VM_UNMAPPED`, which the main namespace's objects
+//! get after `dlopen`/`dlclose`), reloc mode (the GOT slots of a
+//! namespace's objects are not rewritten), and the CUDA hooks.
+
+use core::ffi::{c_int, c_void};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+
+use crate::host::{FUNCTIONS, Hooked, NAMESPACES, functions_in};
+
+/// The head of `struct r_debug_extended` on 64-bit targets: `struct
+/// r_debug` (`r_version` at 0, `r_map` at 8, ...) and, from version 2,
+/// `r_next` at 40.
+const R_VERSION: usize = 0;
+const R_MAP: usize = 8;
+const R_NEXT: usize = 40;
+/// `DT_DEBUG`: the dynamic entry the loader points at its `r_debug`.
+const DT_DEBUG: i64 = 21;
+
+/// The loader's `r_debug_extended` of the main namespace: 0 not looked
+/// for yet, 1 none found.
+static R_DEBUG: AtomicUsize = AtomicUsize::new(0);
+
+/// Namespaces whose libc is hooked (bit `k` for namespace `k`).
+pub(crate) static HOOKED: AtomicU32 = AtomicU32::new(0);
+
+/// Whether namespaces are followed: the host hooks are installed in
+/// bistro mode.
+pub(crate) static FOLLOW: AtomicBool = AtomicBool::new(false);
+
+/// Each namespace's libc, opened with `RTLD_NOLOAD` and kept (0 not
+/// opened).
+static LIBC: [AtomicUsize; NAMESPACES] = [const { AtomicUsize::new(0) }; NAMESPACES];
+
+/// A word the loader may be writing meanwhile.
+///
+/// # Safety
+///
+/// `at` is an aligned, readable word that stays mapped.
+unsafe fn word(at: usize) -> usize {
+    // SAFETY: the caller's contract; an atomic load, as the loader stores
+    // these words with release stores.
+    unsafe { AtomicUsize::from_ptr(at as *mut usize) }.load(Ordering::Acquire)
+}
+
+/// The main program's `DT_DEBUG` value (the loader's `r_debug`), or 1.
+fn find_r_debug() -> usize {
+    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut c_void) -> c_int {
+        // SAFETY: dl_iterate_phdr's contract: `info` is valid for this call;
+        // `data` is the `usize` passed below.
+        let (info, out) = unsafe { (&*info, &mut *(data as *mut usize)) };
+        for i in 0..usize::from(info.dlpi_phnum) {
+            // SAFETY: dlpi_phdr points to dlpi_phnum headers.
+            let ph = unsafe { &*info.dlpi_phdr.add(i) };
+            if ph.p_type != libc::PT_DYNAMIC {
+                continue;
+            }
+            let dynamic = (info.dlpi_addr as usize).wrapping_add(ph.p_vaddr as usize);
+            for entry in 0..ph.p_memsz as usize / 16 {
+                // SAFETY: the main program's dynamic section, mapped and
+                // of `p_memsz` bytes: 16-byte entries (tag, value).
+                let (tag, value) = unsafe { (word(dynamic + 16 * entry) as i64, word(dynamic + 16 * entry + 8)) };
+                match tag {
+                    0 => break,
+                    DT_DEBUG if value > 1 && value % 8 == 0 => *out = value,
+                    _ => {}
+                }
+            }
+        }
+        1 // the main program comes first: stop after it
+    }
+    let mut found = 1usize;
+    // SAFETY: `first` matches the callback type and reads `found` only
+    // during the call.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut found).cast()) };
+    found
+}
+
+/// Namespaces other than the main one that hold objects now (bit `k` for
+/// namespace `k`): a walk of the loader's chain of `r_debug_extended`.
+pub(crate) fn in_use() -> u32 {
+    let mut r = R_DEBUG.load(Ordering::Acquire);
+    if r == 0 {
+        r = find_r_debug();
+        R_DEBUG.store(r, Ordering::Release);
+    }
+    if r == 1 {
+        return 0;
+    }
+    // SAFETY: the loader's r_debug, static in ld.so: aligned and mapped
+    // for the process's life.
+    // (`r_version` is an int: the word's low half on little-endian targets.)
+    if (unsafe { word(r + R_VERSION) } as u32) < 2 {
+        return 0; // no r_next: one namespace, or a glibc before 2.35
+    }
+    let mut mask = 0;
+    // SAFETY: version 2 has r_next; each entry is the loader's static
+    // state of one namespace (GL(dl_ns)[k]._ns_debug), never freed.
+    let mut next = unsafe { word(r + R_NEXT) };
+    for k in 1..NAMESPACES {
+        if next == 0 || !next.is_multiple_of(8) {
+            break;
+        }
+        // SAFETY: as above.
+        if unsafe { word(next + R_MAP) } != 0 {
+            mask |= 1 << k;
+        }
+        // SAFETY: as above.
+        next = unsafe { word(next + R_NEXT) };
+    }
+    mask
+}
+
+/// Namespaces in use whose libc is not hooked (and should be).
+pub(crate) fn unhooked() -> u32 {
+    if !FOLLOW.load(Ordering::Acquire) {
+        return 0;
+    }
+    in_use() & !HOOKED.load(Ordering::Acquire)
+}
+
+/// Hooks the libc of the namespaces that came since the last look, if
+/// any: called where memhook interposes the loader's functions.
+pub(crate) fn check() {
+    if unhooked() != 0 {
+        crate::install::follow_namespaces();
+    }
+}
+
+/// Namespace `ns`'s libc, opened once with `RTLD_NOLOAD` and kept open.
+/// `None` where the namespace holds no libc.
+pub(crate) fn libc_of(ns: usize) -> Option<*mut c_void> {
+    let slot = LIBC.get(ns)?;
+    let h = slot.load(Ordering::Acquire);
+    if h != 0 {
+        return Some(h as *mut c_void);
+    }
+    // SAFETY: a NUL-terminated name; RTLD_NOLOAD only finds a libc the
+    // namespace already holds (and fails without an error where it holds
+    // none). `ns` is a namespace in use, so a valid target.
+    let h = unsafe {
+        libc::dlmopen(
+            ns as libc::Lmid_t,
+            c"libc.so.6".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        )
+    };
+    if h.is_null() {
+        return None;
+    }
+    slot.store(h as usize, Ordering::Release);
+    Some(h)
+}
+
+/// The hooks of namespace `ns` (1 to 15) for its libc's functions.
+pub(crate) fn functions(ns: usize) -> Option<[Hooked; FUNCTIONS]> {
+    Some(match ns {
+        1 => functions_in::<1>(),
+        2 => functions_in::<2>(),
+        3 => functions_in::<3>(),
+        4 => functions_in::<4>(),
+        5 => functions_in::<5>(),
+        6 => functions_in::<6>(),
+        7 => functions_in::<7>(),
+        8 => functions_in::<8>(),
+        9 => functions_in::<9>(),
+        10 => functions_in::<10>(),
+        11 => functions_in::<11>(),
+        12 => functions_in::<12>(),
+        13 => functions_in::<13>(),
+        14 => functions_in::<14>(),
+        15 => functions_in::<15>(),
+        _ => return None,
+    })
+}
