@@ -25,7 +25,7 @@ mod install;
 pub mod maps;
 mod membarrier;
 pub mod memtype;
-#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod namespace;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub mod reloc;

@@ -33,9 +33,11 @@
 //! namespace's objects are not rewritten), and the CUDA hooks.
 
 use core::ffi::{c_int, c_void};
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::host::{FUNCTIONS, Hooked, NAMESPACES, functions_in};
+use crate::host::NAMESPACES;
+#[cfg(feature = "bistro")]
+pub(crate) use hooks::*;
 
 /// The head of `struct r_debug_extended` on 64-bit targets: `struct
 /// r_debug` (`r_version` at 0, `r_map` at 8, ...) and, from version 2,
@@ -49,17 +51,6 @@ const DT_DEBUG: i64 = 21;
 /// The loader's `r_debug_extended` of the main namespace: 0 not looked
 /// for yet, 1 none found.
 static R_DEBUG: AtomicUsize = AtomicUsize::new(0);
-
-/// Namespaces whose libc is hooked (bit `k` for namespace `k`).
-pub(crate) static HOOKED: AtomicU32 = AtomicU32::new(0);
-
-/// Whether namespaces are followed: the host hooks are installed in
-/// bistro mode.
-pub(crate) static FOLLOW: AtomicBool = AtomicBool::new(false);
-
-/// Each namespace's libc, opened with `RTLD_NOLOAD` and kept (0 not
-/// opened).
-static LIBC: [AtomicUsize; NAMESPACES] = [const { AtomicUsize::new(0) }; NAMESPACES];
 
 /// A word the loader may be writing meanwhile.
 ///
@@ -140,65 +131,135 @@ pub(crate) fn in_use() -> u32 {
     mask
 }
 
-/// Namespaces in use whose libc is not hooked (and should be).
-pub(crate) fn unhooked() -> u32 {
-    if !FOLLOW.load(Ordering::Acquire) {
-        return 0;
-    }
-    in_use() & !HOOKED.load(Ordering::Acquire)
+/// The public head of a `struct link_map`, as read.
+pub(crate) struct LinkMap {
+    /// The map's own address.
+    pub(crate) map: usize,
+    /// `l_addr`: the load bias.
+    pub(crate) addr: usize,
+    /// `l_name`: the path (a C string), or 0.
+    pub(crate) name: usize,
+    /// `l_ld`: the dynamic section.
+    pub(crate) ld: usize,
 }
 
-/// Hooks the libc of the namespaces that came since the last look, if
-/// any: called where memhook interposes the loader's functions.
-pub(crate) fn check() {
-    if unhooked() != 0 {
-        crate::install::follow_namespaces();
+/// Most objects one namespace's list is followed for (a bound on a walk
+/// that reads what the loader writes).
+const MAX_OBJECTS: usize = 4096;
+
+/// Calls `f` with every object listed in the namespaces other than the
+/// main one, namespace by namespace, in load order.
+///
+/// Must run under the loader's lock (inside a `dl_iterate_phdr`
+/// callback): `dlclose` unlinks and frees a `link_map` under it.
+pub(crate) fn for_each_link_map(mut f: impl FnMut(&LinkMap)) {
+    if in_use() == 0 {
+        return; // also: the chain exists (r_debug found, version 2)
+    }
+    let mut next = R_DEBUG.load(Ordering::Acquire);
+    for _ in 1..NAMESPACES {
+        // SAFETY: `in_use` found r_debug at version 2, which has r_next;
+        // each entry is the loader's static state of one namespace.
+        next = unsafe { word(next + R_NEXT) };
+        if next == 0 || !next.is_multiple_of(8) {
+            return;
+        }
+        // SAFETY: as above; r_map and the list it heads are stable while
+        // the loader's lock is held (the caller's contract).
+        let mut l = unsafe { word(next + R_MAP) };
+        for _ in 0..MAX_OBJECTS {
+            if l == 0 || !l.is_multiple_of(8) {
+                break;
+            }
+            // SAFETY: a listed link_map, alive under the lock: l_addr,
+            // l_name, l_ld and l_next are its first four words.
+            let (addr, name, ld, after) = unsafe { (word(l), word(l + 8), word(l + 16), word(l + 24)) };
+            f(&LinkMap { map: l, addr, name, ld });
+            l = after;
+        }
     }
 }
 
-/// Namespace `ns`'s libc, opened once with `RTLD_NOLOAD` and kept open.
-/// `None` where the namespace holds no libc.
-pub(crate) fn libc_of(ns: usize) -> Option<*mut c_void> {
-    let slot = LIBC.get(ns)?;
-    let h = slot.load(Ordering::Acquire);
-    if h != 0 {
-        return Some(h as *mut c_void);
-    }
-    // SAFETY: a NUL-terminated name; RTLD_NOLOAD only finds a libc the
-    // namespace already holds (and fails without an error where it holds
-    // none). `ns` is a namespace in use, so a valid target.
-    let h = unsafe {
-        libc::dlmopen(
-            ns as libc::Lmid_t,
-            c"libc.so.6".as_ptr(),
-            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
-        )
-    };
-    if h.is_null() {
-        return None;
-    }
-    slot.store(h as usize, Ordering::Release);
-    Some(h)
-}
+/// Hooking each namespace's libc (bistro).
+#[cfg(feature = "bistro")]
+mod hooks {
+    use core::ffi::c_void;
+    use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
-/// The hooks of namespace `ns` (1 to 15) for its libc's functions.
-pub(crate) fn functions(ns: usize) -> Option<[Hooked; FUNCTIONS]> {
-    Some(match ns {
-        1 => functions_in::<1>(),
-        2 => functions_in::<2>(),
-        3 => functions_in::<3>(),
-        4 => functions_in::<4>(),
-        5 => functions_in::<5>(),
-        6 => functions_in::<6>(),
-        7 => functions_in::<7>(),
-        8 => functions_in::<8>(),
-        9 => functions_in::<9>(),
-        10 => functions_in::<10>(),
-        11 => functions_in::<11>(),
-        12 => functions_in::<12>(),
-        13 => functions_in::<13>(),
-        14 => functions_in::<14>(),
-        15 => functions_in::<15>(),
-        _ => return None,
-    })
+    use super::in_use;
+    use crate::host::{FUNCTIONS, Hooked, NAMESPACES, functions_in};
+
+    /// Namespaces whose libc is hooked (bit `k` for namespace `k`).
+    pub(crate) static HOOKED: AtomicU32 = AtomicU32::new(0);
+
+    /// Whether namespaces are followed: the host hooks are installed in
+    /// bistro mode.
+    pub(crate) static FOLLOW: AtomicBool = AtomicBool::new(false);
+
+    /// Each namespace's libc, opened with `RTLD_NOLOAD` and kept (0 not
+    /// opened).
+    static LIBC: [AtomicUsize; NAMESPACES] = [const { AtomicUsize::new(0) }; NAMESPACES];
+
+    /// Namespaces in use whose libc is not hooked (and should be).
+    pub(crate) fn unhooked() -> u32 {
+        if !FOLLOW.load(Ordering::Acquire) {
+            return 0;
+        }
+        in_use() & !HOOKED.load(Ordering::Acquire)
+    }
+
+    /// Hooks the libc of the namespaces that came since the last look, if
+    /// any: called where memhook interposes the loader's functions.
+    pub(crate) fn check() {
+        if unhooked() != 0 {
+            crate::install::follow_namespaces();
+        }
+    }
+
+    /// Namespace `ns`'s libc, opened once with `RTLD_NOLOAD` and kept open.
+    /// `None` where the namespace holds no libc.
+    pub(crate) fn libc_of(ns: usize) -> Option<*mut c_void> {
+        let slot = LIBC.get(ns)?;
+        let h = slot.load(Ordering::Acquire);
+        if h != 0 {
+            return Some(h as *mut c_void);
+        }
+        // SAFETY: a NUL-terminated name; RTLD_NOLOAD only finds a libc the
+        // namespace already holds (and fails without an error where it holds
+        // none). `ns` is a namespace in use, so a valid target.
+        let h = unsafe {
+            libc::dlmopen(
+                ns as libc::Lmid_t,
+                c"libc.so.6".as_ptr(),
+                libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+            )
+        };
+        if h.is_null() {
+            return None;
+        }
+        slot.store(h as usize, Ordering::Release);
+        Some(h)
+    }
+
+    /// The hooks of namespace `ns` (1 to 15) for its libc's functions.
+    pub(crate) fn functions(ns: usize) -> Option<[Hooked; FUNCTIONS]> {
+        Some(match ns {
+            1 => functions_in::<1>(),
+            2 => functions_in::<2>(),
+            3 => functions_in::<3>(),
+            4 => functions_in::<4>(),
+            5 => functions_in::<5>(),
+            6 => functions_in::<6>(),
+            7 => functions_in::<7>(),
+            8 => functions_in::<8>(),
+            9 => functions_in::<9>(),
+            10 => functions_in::<10>(),
+            11 => functions_in::<11>(),
+            12 => functions_in::<12>(),
+            13 => functions_in::<13>(),
+            14 => functions_in::<14>(),
+            15 => functions_in::<15>(),
+            _ => return None,
+        })
+    }
 }

@@ -148,6 +148,9 @@ struct Known {
     span: (usize, usize),
     /// The last scan that found it loaded (see `State::scans`).
     seen: u32,
+    /// In another of the loader's namespaces (see
+    /// [`for_each_namespace_object`]).
+    foreign: bool,
     /// One slot memhook wrote in it, and the hook written: the same
     /// library unloaded and loaded again at the same address since the
     /// last scan has the same id and path, and a fresh GOT.
@@ -378,6 +381,9 @@ pub(crate) struct Object<'a> {
     pub(crate) segments: heapless::Vec<(usize, usize), MAX_SEGMENTS>,
     dynamic: Option<(usize, usize)>,
     relro: Option<(usize, usize)>,
+    /// In another of the loader's namespaces (known by its `link_map`,
+    /// not listed by `dl_iterate_phdr`): nothing is patched in it.
+    foreign: bool,
 }
 
 impl Memory for Object<'_> {
@@ -459,6 +465,7 @@ fn for_each_object_while(mut f: impl FnMut(&Object<'_>) -> ControlFlow<()>) {
             segments: heapless::Vec::new(),
             dynamic: None,
             relro: None,
+            foreign: false,
         };
         for i in 0..info.dlpi_phnum as usize {
             // SAFETY: dlpi_phdr points to dlpi_phnum headers.
@@ -487,6 +494,86 @@ fn for_each_object_while(mut f: impl FnMut(&Object<'_>) -> ControlFlow<()>) {
             (&mut f as *mut &mut dyn FnMut(&Object<'_>) -> ControlFlow<()>).cast(),
         )
     };
+}
+
+/// Calls `f` with every object of the loader's other namespaces (those
+/// `dlmopen` made; see `crate::namespace`), in each namespace's load
+/// order, under the loader's lock (the one `dl_iterate_phdr` holds, which
+/// `dlclose` takes to unlink and free an object). Such an object is
+/// known by its load bias and dynamic section (`link_map`'s public
+/// fields) and spans what `_dl_find_object` says the loader mapped for it;
+/// it has no dynamic section here, so nothing is patched in it. An object
+/// `_dl_find_object` does not know yet (still being loaded) is left out
+/// and the answer is `true`; so is a namespace's entry for an object of
+/// another (the loader itself, listed in every namespace). `None`, and
+/// nothing walked, without `_dl_find_object` (glibc before 2.35, which
+/// has no list of namespaces either; or reloc told to do without it).
+fn for_each_namespace_object(mut f: impl FnMut(&Object<'_>)) -> Option<bool> {
+    let find = FIND_OBJECT.load(Ordering::Acquire);
+    if find <= 1 {
+        return None;
+    }
+    if crate::namespace::in_use() == 0 {
+        return Some(false);
+    }
+    struct Walk<'a> {
+        f: &'a mut dyn FnMut(&Object<'_>),
+        find: usize,
+        unsettled: bool,
+    }
+    unsafe extern "C" fn visit(_info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut c_void) -> c_int {
+        // SAFETY: `data` is the Walk passed below, alive for the call.
+        let walk = unsafe { &mut *(data as *mut Walk<'_>) };
+        crate::namespace::for_each_link_map(|l| {
+            type FindObject = unsafe extern "C" fn(*mut c_void, *mut u64) -> c_int;
+            let mut result = [0u64; 32];
+            // SAFETY: `_dl_find_object` (lock-free, safe inside
+            // dl_iterate_phdr); `result` is larger than its struct.
+            let found = unsafe {
+                core::mem::transmute::<usize, FindObject>(walk.find)(l.ld as *mut c_void, result.as_mut_ptr())
+            } == 0;
+            // dlfo_map_start, dlfo_map_end, dlfo_link_map.
+            let (start, end, map) = (result[1] as usize, result[2] as usize, result[3] as usize);
+            if !found {
+                walk.unsettled = true;
+                return;
+            }
+            if map != l.map || start >= end {
+                return;
+            }
+            let name = if l.name == 0 {
+                &[][..]
+            } else {
+                // SAFETY: a link_map's l_name is null or NUL-terminated,
+                // and lives while the object is listed (the lock is held).
+                unsafe { CStr::from_ptr(l.name as *const c_char) }.to_bytes()
+            };
+            let mut o = Object {
+                id: ObjectId {
+                    base: l.addr,
+                    phdr: l.ld,
+                },
+                loads: None,
+                name,
+                segments: heapless::Vec::new(),
+                dynamic: None,
+                relro: None,
+                foreign: true,
+            };
+            let _ = o.segments.push((start, end));
+            (walk.f)(&o);
+        });
+        1 // one call: the walk above covers every namespace
+    }
+    let mut walk = Walk {
+        f: &mut f,
+        find,
+        unsettled: false,
+    };
+    // SAFETY: `visit` matches the callback type and uses `walk` only
+    // during the call.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut walk).cast()) };
+    Some(walk.unsettled)
 }
 
 /// Whether memhook must leave `o` alone: itself, the vDSO, the loader.
@@ -626,18 +713,18 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
     let rescan = from >= state.symbols.len();
     let scans = state.scans.wrapping_add(1);
     state.scans = scans;
-    let (mut first, mut unchanged, mut loads) = (true, false, None);
+    let (mut first, unchanged, mut loads) = (true, core::cell::Cell::new(false), None);
     // An object still being loaded is left for a later scan (which then
     // must not stop early).
     let mut unsettled = false;
     // Objects come in load order, as they were recorded: the next known
     // one is usually the one after the last found.
     let mut next = 0;
-    for_each_object_while(|o| {
+    let mut visit = |o: &Object<'_>| {
         if core::mem::take(&mut first) {
             loads = o.loads;
             if rescan && loads.is_some() && loads == state.loads {
-                unchanged = true;
+                unchanged.set(true);
                 return ControlFlow::Break(());
             }
         }
@@ -677,6 +764,7 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
             name,
             span,
             seen: scans,
+            foreign: o.foreign,
             check: None,
         };
         if let Some(i) = replaced {
@@ -711,9 +799,24 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
             k.check = check;
         }
         ControlFlow::Continue(())
-    });
-    if unchanged {
+    };
+    for_each_object_while(&mut visit);
+    // The other namespaces' objects: known, and their loads and unloads
+    // reported, as the main namespace's; nothing patched. (Not when the
+    // loader's counts say nothing came or went: they count every
+    // namespace's.)
+    if unchanged.get() {
         return;
+    }
+    let walked = for_each_namespace_object(|o| {
+        let _ = visit(o);
+    });
+    unsettled |= walked == Some(true);
+    if walked.is_none() {
+        // Not looked at: not gone.
+        for k in state.objects.iter_mut().filter(|k| k.foreign) {
+            k.seen = scans;
+        }
     }
     state.loads = if unsettled { None } else { loads };
     // Objects that are gone (dlclose): forget them and their slots.
@@ -963,9 +1066,15 @@ fn catch_up() {
         changed();
     }
     // A library opened with dlmopen, in a namespace of its own, is looked
-    // into with dlsym before it is called: its libc is hooked by then.
-    #[cfg(feature = "bistro")]
-    crate::namespace::check();
+    // into with dlsym before it is called: its libc is hooked by then,
+    // and the objects dlmopen loaded are known (and reported). dlmopen
+    // itself is not interposed. A rescan that finds the loader's counts
+    // unchanged stops at the first object.
+    if crate::namespace::in_use() != 0 {
+        #[cfg(feature = "bistro")]
+        crate::namespace::check();
+        rescan();
+    }
 }
 
 /// The real `dlsym` of `name` in `handle`, past memhook's interposition.
@@ -1080,9 +1189,11 @@ unsafe extern "C" fn memhook_dlopen(file: *const c_char, mode: c_int) -> *mut c_
 
 unsafe extern "C" fn memhook_dlclose(handle: *mut c_void) -> c_int {
     catch_up();
-    if PASSED.load(Ordering::SeqCst) {
+    if PASSED.load(Ordering::SeqCst) && crate::namespace::in_use() == 0 {
         // Another thread's unwatched dlopen may have loaded what this
         // unloads: know it first, so that its unmapping is reported.
+        // (Where namespaces are in use, catch_up has just rescanned: a
+        // dlmopen is never watched.)
         rescan();
     }
     // SAFETY: as for dlopen.
@@ -1550,6 +1661,7 @@ mod tests {
             segments: heapless::Vec::new(),
             dynamic: None,
             relro: None,
+            foreign: false,
         }
     }
 

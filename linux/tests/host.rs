@@ -2223,6 +2223,7 @@ void mhn_set_errno(int e) { errno = e; }
 /// The library's functions in one namespace.
 struct InNamespace {
     lmid: libc::Lmid_t,
+    handle: usize,
     mmap: unsafe extern "C" fn(usize) -> usize,
     munmap: unsafe extern "C" fn(usize, usize) -> i32,
     madvise: unsafe extern "C" fn(usize, usize, i32) -> i32,
@@ -2261,6 +2262,7 @@ fn open_in_new_namespace(path: &std::path::Path) -> InNamespace {
     unsafe {
         InNamespace {
             lmid,
+            handle: h as usize,
             mmap: cast(sym(h, c"mhn_mmap")),
             munmap: cast(sym(h, c"mhn_munmap")),
             madvise: cast(sym(h, c"mhn_madvise")),
@@ -2269,6 +2271,41 @@ fn open_in_new_namespace(path: &std::path::Path) -> InNamespace {
             libc_mmap,
         }
     }
+}
+
+/// The span the loader mapped for the object of `handle` (a `dlopen` or
+/// `dlmopen` handle), by its program headers: its first to its last load
+/// segment, in whole pages.
+fn span_of_handle(handle: usize) -> (usize, usize) {
+    // The head of glibc's struct link_map: l_addr comes first.
+    let mut map: *const usize = std::ptr::null();
+    // SAFETY: a live handle; RTLD_DI_LINKMAP writes a link_map pointer.
+    let rc = unsafe {
+        libc::dlinfo(
+            handle as *mut libc::c_void,
+            libc::RTLD_DI_LINKMAP,
+            (&raw mut map).cast(),
+        )
+    };
+    assert_eq!(rc, 0);
+    // SAFETY: the object's link_map; a library built by the test has its
+    // ELF header at its load bias (its first segment maps the file from
+    // offset 0 at address 0) and its program headers in that page.
+    let (start, end) = unsafe {
+        let base = *map;
+        let eh = &*(base as *const libc::Elf64_Ehdr);
+        assert_eq!(&eh.e_ident[..4], b"\x7fELF");
+        let phdrs = std::slice::from_raw_parts(
+            (base + eh.e_phoff as usize) as *const libc::Elf64_Phdr,
+            usize::from(eh.e_phnum),
+        );
+        let loads = phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD);
+        let start = loads.clone().map(|p| p.p_vaddr as usize).min().unwrap();
+        let end = loads.map(|p| (p.p_vaddr + p.p_memsz) as usize).max().unwrap();
+        (base + start, base + end)
+    };
+    let page = page_size();
+    (start & !(page - 1), end.next_multiple_of(page))
 }
 
 /// The first 16 bytes at `at` (a function entry).
@@ -2352,8 +2389,32 @@ fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_mode() {
         assert_ne!(second.lmid, first.lmid);
         check_namespace_calls(&second);
 
+        // The loader's mappings of a namespace's objects are reported as
+        // the main namespace's are: after the dlsym that looks into it,
+        // and after the dlclose that unloads it.
+        let mut third = None;
+        let log = recorded(|| third = Some(open_in_new_namespace(&lib)));
+        let third = third.unwrap();
+        let (start, end) = span_of_handle(third.handle);
+        assert_eq!(
+            about(&log, start, end - start),
+            [(bits::VM_MAPPED, start, end - start, 0)],
+            "namespace {}: the library's load, in {log:x?}",
+            third.lmid
+        );
+        check_namespace_calls(&third);
+        // SAFETY: the handle dlmopen returned; nothing of the library is
+        // used after this.
+        let log = recorded(|| assert_eq!(unsafe { libc::dlclose(third.handle as *mut libc::c_void) }, 0));
+        assert_eq!(
+            about(&log, start, end - start),
+            [(bits::VM_UNMAPPED, start, end - start, 0)],
+            "namespace {}: the library's unload",
+            third.lmid
+        );
+
         let namespaces = memhook::namespaces();
-        for ns in [&first, &second] {
+        for ns in [&first, &second, &third] {
             let stands = namespaces
                 .iter()
                 .find(|s| s.namespace == ns.lmid as usize)
