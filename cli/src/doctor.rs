@@ -200,6 +200,16 @@ pub fn doctor() -> i32 {
              threads (a dlopen(NULL)) and hooks only the libraries listed before the wait"
         },
     );
+    line(
+        "loader namespaces:",
+        if memhook::reloc::sees_namespaces() {
+            "followed: a library opened with dlmopen has its own libc, which the host hooks patch too \
+             (bistro), and its objects' loads and unloads are reported"
+        } else {
+            "not followed (glibc before 2.35, or no DT_DEBUG in the program): a library opened with \
+             dlmopen calls a libc of its own that memhook does not see"
+        },
+    );
     match driver_version() {
         Some(v) => line(
             "libcuda:",

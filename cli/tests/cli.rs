@@ -142,6 +142,7 @@ fn doctor_names_each_check() {
         "dispatch readers:",
         "memtype map:",
         "loader:",
+        "loader namespaces:",
         "libcuda:",
         "GPUs:",
         "bistro dry run:",

@@ -10,7 +10,10 @@
 //! their own either), and again after it where a mapping of a file was
 //! made or moved meanwhile (`FILE_MAPPINGS`). What the dynamic loader maps and unmaps for
 //! `dlopen` and `dlclose` (through its own copies of mmap and munmap) is
-//! reported after those calls (`loader_changed`).
+//! reported after those calls (`loader_changed`). A library opened with
+//! `dlmopen` in a namespace of its own calls that namespace's copy of
+//! libc: in bistro mode its functions are patched too, with these hooks
+//! compiled for the namespace (`functions_in`; see `crate::namespace`).
 //!
 //! Every hook calls the function's original (the bistro trampoline or the
 //! pointer reloc found), never a raw system call: so glibc's own state (the

@@ -96,14 +96,25 @@ fn find_r_debug() -> usize {
     found
 }
 
-/// Namespaces other than the main one that hold objects now (bit `k` for
-/// namespace `k`): a walk of the loader's chain of `r_debug_extended`.
-pub(crate) fn in_use() -> u32 {
+/// The loader's `r_debug`, found once.
+fn r_debug() -> usize {
     let mut r = R_DEBUG.load(Ordering::Acquire);
     if r == 0 {
         r = find_r_debug();
         R_DEBUG.store(r, Ordering::Release);
     }
+    r
+}
+
+/// Whether the main program's `DT_DEBUG` leads to the loader's `r_debug`.
+pub(crate) fn debugger_interface() -> bool {
+    r_debug() != 1
+}
+
+/// Namespaces other than the main one that hold objects now (bit `k` for
+/// namespace `k`): a walk of the loader's chain of `r_debug_extended`.
+pub(crate) fn in_use() -> u32 {
+    let r = r_debug();
     if r == 1 {
         return 0;
     }

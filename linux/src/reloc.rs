@@ -271,6 +271,16 @@ pub fn sees_relocation() -> bool {
     FIND_OBJECT.load(Ordering::Acquire) > 1
 }
 
+/// Whether memhook can follow the loader's other namespaces (`dlmopen`):
+/// the loader's list of them (`r_debug_extended`, glibc 2.35 and later,
+/// through the main program's `DT_DEBUG`) and `_dl_find_object`. Where it
+/// can, the host hooks in bistro mode hook each namespace's libc, and the
+/// loader's mappings of its objects are reported; where it cannot, a
+/// library opened with `dlmopen` calls a libc memhook does not see.
+pub fn sees_namespaces() -> bool {
+    sees_relocation() && crate::namespace::debugger_interface()
+}
+
 /// Whether the loader has finished loading `o` (relocated it): a
 /// `dlopen` on another thread puts its objects in the list before it
 /// relocates them, and a GOT slot written before the relocation would be

@@ -2370,6 +2370,12 @@ fn check_namespace_calls(ns: &InNamespace) {
 #[test]
 fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_mode() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !memhook::reloc::sees_namespaces() {
+        // glibc before 2.35: no list of namespaces to follow (the doctor
+        // says so).
+        eprintln!("skipped: this C library does not let memhook follow dlmopen's namespaces");
+        return;
+    }
     let dir = std::env::temp_dir().join(format!("memhook-ns-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let lib = build_library(&dir, "mhn", NS_LIBRARY, &[]);
