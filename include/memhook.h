@@ -67,7 +67,8 @@
 #define MEMHOOK_ERR_HANDLER -9
 
 /*
- No such entry (`memhook_status` past the last one).
+ No such entry (`memhook_status` or `memhook_namespace_status` past the
+ last one).
  */
 #define MEMHOOK_ERR_NOT_FOUND -10
 
@@ -501,6 +502,30 @@ typedef struct memhook_hook_status_t {
   char reason[200];
 } memhook_hook_status_t;
 
+/*
+ How the C library of one of the loader's other namespaces (a library
+ opened with `dlmopen(LM_ID_NEWLM, ...)` gets a libc of its own) stands,
+ as [`memhook_namespace_status`] reports it.
+ */
+typedef struct memhook_namespace_status_t {
+  /*
+   The namespace (an `Lmid_t`, 1 to 15).
+   */
+  int64_t namespace_id;
+  /*
+   The host functions its libc defines.
+   */
+  uint32_t functions;
+  /*
+   How many of them are hooked (bistro, as the main namespace's).
+   */
+  uint32_t hooked;
+  /*
+   Why one is not (the first that failed; empty when all are).
+   */
+  char reason[200];
+} memhook_namespace_status_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -642,6 +667,18 @@ void *memhook_original(const char *function);
  `status` is valid for a write.
  */
 int memhook_status(size_t index, struct memhook_hook_status_t *status);
+
+/*
+ The `index`-th of the loader's other namespaces whose libc memhook
+ hooked (in the order found; with the host hooks installed in bistro
+ mode). Iterate from 0 until `MEMHOOK_ERR_NOT_FOUND`; none in a process
+ that never called `dlmopen`.
+
+ # Safety
+
+ `status` is valid for a write.
+ */
+int memhook_namespace_status(size_t index, struct memhook_namespace_status_t *status);
 
 /*
  memhook's version, `"MAJOR.MINOR.PATCH"` (a static string).

@@ -101,7 +101,8 @@ pub const MEMHOOK_ERR_CONFIG: c_int = -8;
 /// A handler could not be registered (table full, or called from inside a
 /// handler, or no event named).
 pub const MEMHOOK_ERR_HANDLER: c_int = -9;
-/// No such entry (`memhook_status` past the last one).
+/// No such entry (`memhook_status` or `memhook_namespace_status` past the
+/// last one).
 pub const MEMHOOK_ERR_NOT_FOUND: c_int = -10;
 
 /// Memory types (`memhook_mem_info_t::mem_type`).

@@ -79,6 +79,59 @@ pub unsafe extern "C" fn memhook_status(index: usize, status: *mut memhook_hook_
     })
 }
 
+/// How the C library of one of the loader's other namespaces (a library
+/// opened with `dlmopen(LM_ID_NEWLM, ...)` gets a libc of its own) stands,
+/// as [`memhook_namespace_status`] reports it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct memhook_namespace_status_t {
+    /// The namespace (an `Lmid_t`, 1 to 15).
+    pub namespace_id: i64,
+    /// The host functions its libc defines.
+    pub functions: u32,
+    /// How many of them are hooked (bistro, as the main namespace's).
+    pub hooked: u32,
+    /// Why one is not (the first that failed; empty when all are).
+    pub reason: [c_char; 200],
+}
+
+/// The `index`-th of the loader's other namespaces whose libc memhook
+/// hooked (in the order found; with the host hooks installed in bistro
+/// mode). Iterate from 0 until `MEMHOOK_ERR_NOT_FOUND`; none in a process
+/// that never called `dlmopen`.
+///
+/// # Safety
+///
+/// `status` is valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memhook_namespace_status(index: usize, status: *mut memhook_namespace_status_t) -> c_int {
+    if status.is_null() {
+        return fail(
+            MEMHOOK_ERR_INVALID,
+            format_args!("memhook_namespace_status: status is NULL"),
+        );
+    }
+    guard(|| {
+        let all = memhook::namespaces();
+        let Some(s) = all.get(index) else {
+            return fail(
+                MEMHOOK_ERR_NOT_FOUND,
+                format_args!("memhook_namespace_status: no entry {index} ({} in all)", all.len()),
+            );
+        };
+        let mut out = memhook_namespace_status_t {
+            namespace_id: s.namespace as i64,
+            functions: s.functions as u32,
+            hooked: s.hooked as u32,
+            reason: [0; 200],
+        };
+        copy(&mut out.reason, &s.reason);
+        // SAFETY: non-null and the caller's to write.
+        unsafe { *status = out };
+        MEMHOOK_OK
+    })
+}
+
 /// memhook's version, `"MAJOR.MINOR.PATCH"` (a static string).
 #[unsafe(no_mangle)]
 pub extern "C" fn memhook_version() -> *const c_char {

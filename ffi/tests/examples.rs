@@ -1,6 +1,7 @@
 //! The C programs of `ffi/examples/`, built with the system C compiler
 //! against `include/memhook.h` and `libmemhook.so`, and run: a handler
-//! counting events, the CUDA hooks on the fake driver, and an unmodified
+//! counting events, a second namespace's libc (`dlmopen`), the CUDA hooks
+//! on the fake driver, and an unmodified
 //! program under `LD_PRELOAD=libmemhook.so MEMHOOK_TRACE=1`.
 
 use std::path::{Path, PathBuf};
@@ -54,6 +55,16 @@ fn count_events() {
     cc("count_events.c", &out, true);
     let o = Command::new(&out).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn a_second_namespace_libc_is_hooked() {
+    let out = out_dir().join("namespaces");
+    cc("namespaces.c", &out, true);
+    let o = Command::new(&out).output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("1 mapped, 2 unmapped"), "{stdout}");
 }
 
 #[test]
