@@ -2379,6 +2379,8 @@ fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_mode() {
     let dir = std::env::temp_dir().join(format!("memhook-ns-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let lib = build_library(&dir, "mhn", NS_LIBRARY, &[]);
+    let lib2 = build_library(&dir, "mhn2", NS_LIBRARY, &[]);
+    let mut loaded = 0;
     let events = bits::MMAP | bits::MUNMAP | bits::MADVISE | bits::VM_MAPPED | bits::VM_UNMAPPED;
 
     // A namespace made before the install.
@@ -2419,6 +2421,26 @@ fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_mode() {
             third.lmid
         );
 
+        // A library loaded into a namespace that exists: its load is
+        // reported at the dlsym that looks into it.
+        let path = CString::new(lib2.to_str().unwrap()).unwrap();
+        let log = recorded(|| {
+            // SAFETY: a NUL-terminated path to a library built for the
+            // test, into a namespace in use; never closed.
+            let h = unsafe { libc::dlmopen(first.lmid, path.as_ptr(), libc::RTLD_NOW) };
+            assert!(!h.is_null());
+            loaded = h as usize;
+            // SAFETY: a live handle and a NUL-terminated name.
+            assert!(!unsafe { libc::dlsym(h, c"mhn_errno".as_ptr()) }.is_null());
+        });
+        let (start, end) = span_of_handle(loaded);
+        assert_eq!(
+            about(&log, start, end - start),
+            [(bits::VM_MAPPED, start, end - start, 0)],
+            "a second library in namespace {}",
+            first.lmid
+        );
+
         let namespaces = memhook::namespaces();
         for ns in [&first, &second, &third] {
             let stands = namespaces
@@ -2446,5 +2468,14 @@ fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_mode() {
         assert_eq!(unsafe { (first.munmap)(p, K64) }, 0);
         assert!(memhook::namespaces().is_empty());
     }
+
+    // Installed again: the namespace's libc is hooked again.
+    {
+        let mut session = Session::new(HookMode::Bistro);
+        session.handler(events, 0, &record);
+        assert_ne!(bytes_at(first.libc_mmap), unpatched, "patched again");
+        check_namespace_calls(&first);
+    }
+    assert_eq!(bytes_at(first.libc_mmap), unpatched);
     let _ = std::fs::remove_dir_all(&dir);
 }
