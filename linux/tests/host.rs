@@ -2479,3 +2479,93 @@ fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_mode() {
     assert_eq!(bytes_at(first.libc_mmap), unpatched);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Namespaces looked for on every loader call while other threads look
+/// symbols up and another installs and uninstalls over and over: no
+/// deadlock (a watchdog ends the process with a message after a minute),
+/// and once the install settles a namespace made meanwhile is hooked in
+/// full and its calls reported.
+#[test]
+fn namespaces_are_followed_while_threads_look_up_symbols_and_reinstall() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !memhook::reloc::sees_namespaces() {
+        eprintln!("skipped: this C library does not let memhook follow dlmopen's namespaces");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("memhook-ns-race-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = build_library(&dir, "mhnr", NS_LIBRARY, &[]);
+    let events = bits::MMAP | bits::MUNMAP | bits::MADVISE | bits::VM_MAPPED | bits::VM_UNMAPPED;
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(events, 0, &record);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicBool::new(false));
+    let watchdog = std::thread::spawn({
+        let finished = finished.clone();
+        move || {
+            let since = std::time::Instant::now();
+            while !finished.load(Ordering::SeqCst) {
+                if since.elapsed() > std::time::Duration::from_secs(60) {
+                    let msg = b"namespaces race: not done after a minute (deadlock?)\n";
+                    // SAFETY: a buffer of its length; _exit ends the
+                    // process without running anything.
+                    unsafe {
+                        libc::write(2, msg.as_ptr().cast(), msg.len());
+                        libc::_exit(101);
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+    });
+    let lookups: Vec<_> = (0..3)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    // SAFETY: a NUL-terminated name and RTLD_DEFAULT.
+                    assert!(!unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) }.is_null());
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let reinstaller = std::thread::spawn({
+        let stop = stop.clone();
+        move || {
+            let mut cycles = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                memhook::install(&config(HookMode::Reloc));
+                memhook::install(&config(HookMode::Bistro));
+                cycles += 1;
+            }
+            cycles
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let ns = open_in_new_namespace(&lib);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    stop.store(true, Ordering::SeqCst);
+    let cycles = reinstaller.join().unwrap();
+    let lookups: u64 = lookups.into_iter().map(|t| t.join().unwrap()).sum();
+    finished.store(true, Ordering::SeqCst);
+    watchdog.join().unwrap();
+    eprintln!("{cycles} install cycles, {lookups} lookups");
+    assert!(cycles > 0 && lookups > 0, "{cycles} install cycles, {lookups} lookups");
+
+    // Settled in bistro mode: the next loader call hooks the namespace (if
+    // the last install did not already).
+    memhook::install(&config(HookMode::Bistro));
+    memhook::refresh();
+    let stands = memhook::namespaces()
+        .into_iter()
+        .find(|s| s.namespace == ns.lmid as usize)
+        .expect("the namespace is hooked");
+    assert_eq!((stands.hooked, stands.functions), (host_functions(), host_functions()));
+    check_namespace_calls(&ns);
+    drop(session);
+    let _ = std::fs::remove_dir_all(&dir);
+}
