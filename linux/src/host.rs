@@ -22,7 +22,7 @@
 //! left it is what the caller sees, whatever the handlers did. When no
 //! handler wants any of a hook's events, the hook is the original's load,
 //! two loads from one cache line, a test and a jump to the original: the
-//! events are built in a function of their own (`*_dispatched`), which
+//! events are built in a function of their own (each hook's `dispatched`), which
 //! alone sets up a stack frame.
 //!
 //! A call that puts a mapping at a fixed address replaces whatever lay
@@ -216,9 +216,25 @@ macro_rules! original {
 /// a process whose handlers want none of these events pays for the hook
 /// no stack traffic.
 macro_rules! entry {
-    ($(#[$doc:meta])* $hook:ident => $dispatched:ident / $dispatched_ns:ident, $orig:ident as $ty:ty, $events:expr, ($($a:ident: $t:ty),*) -> $r:ty) => {
+    ($(#[$doc:meta])* $hook:ident => $body:ident, $orig:ident as $ty:ty, $events:expr, ($($a:ident: $t:ty),*) -> $r:ty) => {
         $(#[$doc])*
         pub(crate) unsafe extern "C" fn $hook<const NS: usize>($($a: $t),*) -> $r {
+            /// The hook when a handler wants its events, for the main
+            /// namespace's libc: the events are built here, in a frame of
+            /// its own. (An item inside a generic function is not
+            /// generic: one copy.)
+            #[inline(never)]
+            unsafe extern "C" fn dispatched($($a: $t),*) -> $r {
+                // SAFETY: forwarded.
+                unsafe { $body(0, $($a),*) }
+            }
+            /// The same for another namespace's libc (`ns`, 1 to 15): one
+            /// copy for them all, the namespace an argument.
+            #[inline(never)]
+            unsafe extern "C" fn dispatched_ns(ns: usize, $($a: $t),*) -> $r {
+                // SAFETY: forwarded.
+                unsafe { $body(ns, $($a),*) }
+            }
             if !wants($events) {
                 let orig = original!($orig[NS], $ty);
                 // SAFETY: the caller's arguments, forwarded to the original.
@@ -226,10 +242,10 @@ macro_rules! entry {
             }
             if NS == 0 {
                 // SAFETY: the same arguments, for the same call.
-                unsafe { $dispatched($($a),*) }
+                unsafe { dispatched($($a),*) }
             } else {
                 // SAFETY: as above.
-                unsafe { $dispatched_ns(NS, $($a),*) }
+                unsafe { dispatched_ns(NS, $($a),*) }
             }
         }
     };
@@ -383,42 +399,12 @@ fn file_mapping_changed() {
 
 entry! {
     /// The `mmap` hook.
-    mmap_hook => mmap_dispatched / mmap_dispatched_ns, ORIG_MMAP as MmapFn,
+    mmap_hook => mmap_body, ORIG_MMAP as MmapFn,
     bits::MMAP | bits::VM_MAPPED | mmap_unmap_bits(flags, fd),
     (addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off_t) -> *mut c_void
 }
 
-/// [`mmap_hook`] when a handler wants its events.
-#[inline(never)]
-unsafe extern "C" fn mmap_dispatched(
-    addr: *mut c_void,
-    len: usize,
-    prot: c_int,
-    flags: c_int,
-    fd: c_int,
-    off: libc::off_t,
-) -> *mut c_void {
-    // SAFETY: forwarded, for the main namespace's libc.
-    unsafe { mmap_body(0, addr, len, prot, flags, fd, off) }
-}
-
-/// [`mmap_dispatched`] for another namespace's libc (`ns`, 1 to 15): one
-/// copy for them all, the namespace an argument.
-#[inline(never)]
-unsafe extern "C" fn mmap_dispatched_ns(
-    ns: usize,
-    addr: *mut c_void,
-    len: usize,
-    prot: c_int,
-    flags: c_int,
-    fd: c_int,
-    off: libc::off_t,
-) -> *mut c_void {
-    // SAFETY: forwarded.
-    unsafe { mmap_body(ns, addr, len, prot, flags, fd, off) }
-}
-
-/// The work of [`mmap_dispatched`] for namespace `ns`'s libc.
+/// [`mmap_hook`] when a handler wants its events, for namespace `ns`'s libc.
 #[inline(always)]
 unsafe fn mmap_body(
     ns: usize,
@@ -465,26 +451,11 @@ unsafe fn mmap_body(
 
 entry! {
     /// The `munmap` hook.
-    munmap_hook => munmap_dispatched / munmap_dispatched_ns, ORIG_MUNMAP as MunmapFn, bits::MUNMAP | bits::VM_UNMAPPED,
+    munmap_hook => munmap_body, ORIG_MUNMAP as MunmapFn, bits::MUNMAP | bits::VM_UNMAPPED,
     (addr: *mut c_void, len: usize) -> c_int
 }
 
-/// [`munmap_hook`] when a handler wants its events.
-#[inline(never)]
-unsafe extern "C" fn munmap_dispatched(addr: *mut c_void, len: usize) -> c_int {
-    // SAFETY: forwarded, for the main namespace's libc.
-    unsafe { munmap_body(0, addr, len) }
-}
-
-/// [`munmap_dispatched`] for another namespace's libc (`ns`, 1 to 15): one
-/// copy for them all, the namespace an argument.
-#[inline(never)]
-unsafe extern "C" fn munmap_dispatched_ns(ns: usize, addr: *mut c_void, len: usize) -> c_int {
-    // SAFETY: forwarded.
-    unsafe { munmap_body(ns, addr, len) }
-}
-
-/// The work of [`munmap_dispatched`] for namespace `ns`'s libc.
+/// [`munmap_hook`] when a handler wants its events, for namespace `ns`'s libc.
 #[inline(always)]
 unsafe fn munmap_body(ns: usize, addr: *mut c_void, len: usize) -> c_int {
     let orig = original!(ORIG_MUNMAP[slot(ns)], MunmapFn);
@@ -510,39 +481,11 @@ unsafe fn munmap_body(ns: usize, addr: *mut c_void, len: usize) -> c_int {
 entry! {
     /// The `mremap` hook (glibc's is variadic: the fifth argument, the new
     /// address, is read only with `MREMAP_FIXED`, and forwarded as it came).
-    mremap_hook => mremap_dispatched / mremap_dispatched_ns, ORIG_MREMAP as MremapFn, bits::MREMAP | bits::VM_MAPPED | bits::VM_UNMAPPED,
+    mremap_hook => mremap_body, ORIG_MREMAP as MremapFn, bits::MREMAP | bits::VM_MAPPED | bits::VM_UNMAPPED,
     (old: *mut c_void, old_size: usize, new_size: usize, flags: c_int, new_address: *mut c_void) -> *mut c_void
 }
 
-/// [`mremap_hook`] when a handler wants its events.
-#[inline(never)]
-unsafe extern "C" fn mremap_dispatched(
-    old: *mut c_void,
-    old_size: usize,
-    new_size: usize,
-    flags: c_int,
-    new_address: *mut c_void,
-) -> *mut c_void {
-    // SAFETY: forwarded, for the main namespace's libc.
-    unsafe { mremap_body(0, old, old_size, new_size, flags, new_address) }
-}
-
-/// [`mremap_dispatched`] for another namespace's libc (`ns`, 1 to 15): one
-/// copy for them all, the namespace an argument.
-#[inline(never)]
-unsafe extern "C" fn mremap_dispatched_ns(
-    ns: usize,
-    old: *mut c_void,
-    old_size: usize,
-    new_size: usize,
-    flags: c_int,
-    new_address: *mut c_void,
-) -> *mut c_void {
-    // SAFETY: forwarded.
-    unsafe { mremap_body(ns, old, old_size, new_size, flags, new_address) }
-}
-
-/// The work of [`mremap_dispatched`] for namespace `ns`'s libc.
+/// [`mremap_hook`] when a handler wants its events, for namespace `ns`'s libc.
 #[inline(always)]
 unsafe fn mremap_body(
     ns: usize,
@@ -669,31 +612,11 @@ fn shmat_replaced(size: usize, shmaddr: *const c_void, shmflg: c_int) -> Option<
 
 entry! {
     /// The `shmat` hook.
-    shmat_hook => shmat_dispatched / shmat_dispatched_ns, ORIG_SHMAT as ShmatFn, bits::SHMAT | bits::VM_MAPPED | shmat_replaces(shmaddr, shmflg),
+    shmat_hook => shmat_body, ORIG_SHMAT as ShmatFn, bits::SHMAT | bits::VM_MAPPED | shmat_replaces(shmaddr, shmflg),
     (shmid: c_int, shmaddr: *const c_void, shmflg: c_int) -> *mut c_void
 }
 
-/// [`shmat_hook`] when a handler wants its events.
-#[inline(never)]
-unsafe extern "C" fn shmat_dispatched(shmid: c_int, shmaddr: *const c_void, shmflg: c_int) -> *mut c_void {
-    // SAFETY: forwarded, for the main namespace's libc.
-    unsafe { shmat_body(0, shmid, shmaddr, shmflg) }
-}
-
-/// [`shmat_dispatched`] for another namespace's libc (`ns`, 1 to 15): one
-/// copy for them all, the namespace an argument.
-#[inline(never)]
-unsafe extern "C" fn shmat_dispatched_ns(
-    ns: usize,
-    shmid: c_int,
-    shmaddr: *const c_void,
-    shmflg: c_int,
-) -> *mut c_void {
-    // SAFETY: forwarded.
-    unsafe { shmat_body(ns, shmid, shmaddr, shmflg) }
-}
-
-/// The work of [`shmat_dispatched`] for namespace `ns`'s libc.
+/// [`shmat_hook`] when a handler wants its events, for namespace `ns`'s libc.
 #[inline(always)]
 unsafe fn shmat_body(ns: usize, shmid: c_int, shmaddr: *const c_void, shmflg: c_int) -> *mut c_void {
     let orig = original!(ORIG_SHMAT[slot(ns)], ShmatFn);
@@ -727,26 +650,11 @@ unsafe fn shmat_body(ns: usize, shmid: c_int, shmaddr: *const c_void, shmflg: c_
 
 entry! {
     /// The `shmdt` hook (the size comes from the mapping at the address).
-    shmdt_hook => shmdt_dispatched / shmdt_dispatched_ns, ORIG_SHMDT as ShmdtFn, bits::SHMDT | bits::VM_UNMAPPED,
+    shmdt_hook => shmdt_body, ORIG_SHMDT as ShmdtFn, bits::SHMDT | bits::VM_UNMAPPED,
     (shmaddr: *const c_void) -> c_int
 }
 
-/// [`shmdt_hook`] when a handler wants its events.
-#[inline(never)]
-unsafe extern "C" fn shmdt_dispatched(shmaddr: *const c_void) -> c_int {
-    // SAFETY: forwarded, for the main namespace's libc.
-    unsafe { shmdt_body(0, shmaddr) }
-}
-
-/// [`shmdt_dispatched`] for another namespace's libc (`ns`, 1 to 15): one
-/// copy for them all, the namespace an argument.
-#[inline(never)]
-unsafe extern "C" fn shmdt_dispatched_ns(ns: usize, shmaddr: *const c_void) -> c_int {
-    // SAFETY: forwarded.
-    unsafe { shmdt_body(ns, shmaddr) }
-}
-
-/// The work of [`shmdt_dispatched`] for namespace `ns`'s libc.
+/// [`shmdt_hook`] when a handler wants its events, for namespace `ns`'s libc.
 #[inline(always)]
 unsafe fn shmdt_body(ns: usize, shmaddr: *const c_void) -> c_int {
     let orig = original!(ORIG_SHMDT[slot(ns)], ShmdtFn);
@@ -797,26 +705,11 @@ thread_local! {
 
 entry! {
     /// The `sbrk` hook.
-    sbrk_hook => sbrk_dispatched / sbrk_dispatched_ns, ORIG_SBRK as SbrkFn, bits::SBRK | bits::VM_MAPPED | bits::VM_UNMAPPED,
+    sbrk_hook => sbrk_body, ORIG_SBRK as SbrkFn, bits::SBRK | bits::VM_MAPPED | bits::VM_UNMAPPED,
     (increment: libc::intptr_t) -> *mut c_void
 }
 
-/// [`sbrk_hook`] when a handler wants its events (sbrk(0) only reads the break: just the call).
-#[inline(never)]
-unsafe extern "C" fn sbrk_dispatched(increment: libc::intptr_t) -> *mut c_void {
-    // SAFETY: forwarded, for the main namespace's libc.
-    unsafe { sbrk_body(0, increment) }
-}
-
-/// [`sbrk_dispatched`] for another namespace's libc (`ns`, 1 to 15): one
-/// copy for them all, the namespace an argument.
-#[inline(never)]
-unsafe extern "C" fn sbrk_dispatched_ns(ns: usize, increment: libc::intptr_t) -> *mut c_void {
-    // SAFETY: forwarded.
-    unsafe { sbrk_body(ns, increment) }
-}
-
-/// The work of [`sbrk_dispatched`] for namespace `ns`'s libc.
+/// [`sbrk_hook`] when a handler wants its events, for namespace `ns`'s libc (sbrk(0) only reads the break: just the call).
 #[inline(always)]
 unsafe fn sbrk_body(ns: usize, increment: libc::intptr_t) -> *mut c_void {
     let orig = original!(ORIG_SBRK[slot(ns)], SbrkFn);
@@ -856,26 +749,11 @@ unsafe fn sbrk_body(ns: usize, increment: libc::intptr_t) -> *mut c_void {
 
 entry! {
     /// The `brk` hook.
-    brk_hook => brk_dispatched / brk_dispatched_ns, ORIG_BRK as BrkFn, bits::BRK | bits::VM_MAPPED | bits::VM_UNMAPPED,
+    brk_hook => brk_body, ORIG_BRK as BrkFn, bits::BRK | bits::VM_MAPPED | bits::VM_UNMAPPED,
     (addr: *mut c_void) -> c_int
 }
 
-/// [`brk_hook`] when a handler wants its events (sbrk's own call of brk is sbrk's, already reported: just the call).
-#[inline(never)]
-unsafe extern "C" fn brk_dispatched(addr: *mut c_void) -> c_int {
-    // SAFETY: forwarded, for the main namespace's libc.
-    unsafe { brk_body(0, addr) }
-}
-
-/// [`brk_dispatched`] for another namespace's libc (`ns`, 1 to 15): one
-/// copy for them all, the namespace an argument.
-#[inline(never)]
-unsafe extern "C" fn brk_dispatched_ns(ns: usize, addr: *mut c_void) -> c_int {
-    // SAFETY: forwarded.
-    unsafe { brk_body(ns, addr) }
-}
-
-/// The work of [`brk_dispatched`] for namespace `ns`'s libc.
+/// [`brk_hook`] when a handler wants its events, for namespace `ns`'s libc (sbrk's own call of brk is sbrk's, already reported: just the call).
 #[inline(always)]
 unsafe fn brk_body(ns: usize, addr: *mut c_void) -> c_int {
     let orig = original!(ORIG_BRK[slot(ns)], BrkFn);
@@ -934,26 +812,11 @@ fn discards(advice: c_int) -> bool {
 
 entry! {
     /// The `madvise` hook: events only for the discarding advices.
-    madvise_hook => madvise_dispatched / madvise_dispatched_ns, ORIG_MADVISE as MadviseFn, bits::MADVISE | bits::VM_UNMAPPED,
+    madvise_hook => madvise_body, ORIG_MADVISE as MadviseFn, bits::MADVISE | bits::VM_UNMAPPED,
     (addr: *mut c_void, len: usize, advice: c_int) -> c_int
 }
 
-/// [`madvise_hook`] when a handler wants its events (only the discarding advices have events: the others just the call).
-#[inline(never)]
-unsafe extern "C" fn madvise_dispatched(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
-    // SAFETY: forwarded, for the main namespace's libc.
-    unsafe { madvise_body(0, addr, len, advice) }
-}
-
-/// [`madvise_dispatched`] for another namespace's libc (`ns`, 1 to 15): one
-/// copy for them all, the namespace an argument.
-#[inline(never)]
-unsafe extern "C" fn madvise_dispatched_ns(ns: usize, addr: *mut c_void, len: usize, advice: c_int) -> c_int {
-    // SAFETY: forwarded.
-    unsafe { madvise_body(ns, addr, len, advice) }
-}
-
-/// The work of [`madvise_dispatched`] for namespace `ns`'s libc.
+/// [`madvise_hook`] when a handler wants its events, for namespace `ns`'s libc (only the discarding advices have events: the others just the call).
 #[inline(always)]
 unsafe fn madvise_body(ns: usize, addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     let orig = original!(ORIG_MADVISE[slot(ns)], MadviseFn);
@@ -992,11 +855,11 @@ entry! {
     /// The `process_madvise` hook (glibc 2.36; an allocator's batch of
     /// `MADV_DONTNEED`s on its own memory since Linux 6.13): for a
     /// discarding advice, `VM_UNMAPPED` of each range, before the call.
-    process_madvise_hook => process_madvise_dispatched / process_madvise_dispatched_ns, ORIG_PROCESS_MADVISE as ProcessMadviseFn, bits::VM_UNMAPPED,
+    process_madvise_hook => process_madvise_body, ORIG_PROCESS_MADVISE as ProcessMadviseFn, bits::VM_UNMAPPED,
     (pidfd: c_int, iov: *const libc::iovec, vlen: usize, advice: c_int, flags: libc::c_uint) -> isize
 }
 
-/// [`process_madvise_hook`] when a handler wants `VM_UNMAPPED`.
+/// [`process_madvise_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
 ///
 /// Whether `pidfd` names this process is not asked (that costs a read of
 /// `/proc/self/fdinfo`): the ranges are reported whatever it names, as
@@ -1005,34 +868,6 @@ entry! {
 /// makes again; one too few, pages used after they are gone. A call the
 /// kernel refuses before looking at the ranges (flags other than 0, more
 /// than `UIO_MAXIOV` ranges) reports nothing.
-#[inline(never)]
-unsafe extern "C" fn process_madvise_dispatched(
-    pidfd: c_int,
-    iov: *const libc::iovec,
-    vlen: usize,
-    advice: c_int,
-    flags: libc::c_uint,
-) -> isize {
-    // SAFETY: forwarded, for the main namespace's libc.
-    unsafe { process_madvise_body(0, pidfd, iov, vlen, advice, flags) }
-}
-
-/// [`process_madvise_dispatched`] for another namespace's libc (`ns`, 1 to 15): one
-/// copy for them all, the namespace an argument.
-#[inline(never)]
-unsafe extern "C" fn process_madvise_dispatched_ns(
-    ns: usize,
-    pidfd: c_int,
-    iov: *const libc::iovec,
-    vlen: usize,
-    advice: c_int,
-    flags: libc::c_uint,
-) -> isize {
-    // SAFETY: forwarded.
-    unsafe { process_madvise_body(ns, pidfd, iov, vlen, advice, flags) }
-}
-
-/// The work of [`process_madvise_dispatched`] for namespace `ns`'s libc.
 #[inline(always)]
 unsafe fn process_madvise_body(
     ns: usize,
@@ -1260,32 +1095,11 @@ const FALLOCATE_DISCARDS: c_int = libc::FALLOC_FL_PUNCH_HOLE
 entry! {
     /// The `fallocate` hook: for a mode that discards, `VM_UNMAPPED` of
     /// each mapped range of the file it discards, before the call.
-    fallocate_hook => fallocate_dispatched / fallocate_dispatched_ns, ORIG_FALLOCATE as FallocateFn, bits::VM_UNMAPPED,
+    fallocate_hook => fallocate_body, ORIG_FALLOCATE as FallocateFn, bits::VM_UNMAPPED,
     (fd: c_int, mode: c_int, offset: libc::off_t, len: libc::off_t) -> c_int
 }
 
-/// [`fallocate_hook`] when a handler wants `VM_UNMAPPED`.
-#[inline(never)]
-unsafe extern "C" fn fallocate_dispatched(fd: c_int, mode: c_int, offset: libc::off_t, len: libc::off_t) -> c_int {
-    // SAFETY: forwarded, for the main namespace's libc.
-    unsafe { fallocate_body(0, fd, mode, offset, len) }
-}
-
-/// [`fallocate_dispatched`] for another namespace's libc (`ns`, 1 to 15): one
-/// copy for them all, the namespace an argument.
-#[inline(never)]
-unsafe extern "C" fn fallocate_dispatched_ns(
-    ns: usize,
-    fd: c_int,
-    mode: c_int,
-    offset: libc::off_t,
-    len: libc::off_t,
-) -> c_int {
-    // SAFETY: forwarded.
-    unsafe { fallocate_body(ns, fd, mode, offset, len) }
-}
-
-/// The work of [`fallocate_dispatched`] for namespace `ns`'s libc.
+/// [`fallocate_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
 #[inline(always)]
 unsafe fn fallocate_body(ns: usize, fd: c_int, mode: c_int, offset: libc::off_t, len: libc::off_t) -> c_int {
     let orig = original!(ORIG_FALLOCATE[slot(ns)], FallocateFn);
@@ -1308,26 +1122,11 @@ entry! {
     /// The `ftruncate` hook: a shrink takes the pages past the new end
     /// from every mapping of the file (private copies too):
     /// `VM_UNMAPPED` of each, before the call.
-    ftruncate_hook => ftruncate_dispatched / ftruncate_dispatched_ns, ORIG_FTRUNCATE as FtruncateFn, bits::VM_UNMAPPED,
+    ftruncate_hook => ftruncate_body, ORIG_FTRUNCATE as FtruncateFn, bits::VM_UNMAPPED,
     (fd: c_int, length: libc::off_t) -> c_int
 }
 
-/// [`ftruncate_hook`] when a handler wants `VM_UNMAPPED`.
-#[inline(never)]
-unsafe extern "C" fn ftruncate_dispatched(fd: c_int, length: libc::off_t) -> c_int {
-    // SAFETY: forwarded, for the main namespace's libc.
-    unsafe { ftruncate_body(0, fd, length) }
-}
-
-/// [`ftruncate_dispatched`] for another namespace's libc (`ns`, 1 to 15): one
-/// copy for them all, the namespace an argument.
-#[inline(never)]
-unsafe extern "C" fn ftruncate_dispatched_ns(ns: usize, fd: c_int, length: libc::off_t) -> c_int {
-    // SAFETY: forwarded.
-    unsafe { ftruncate_body(ns, fd, length) }
-}
-
-/// The work of [`ftruncate_dispatched`] for namespace `ns`'s libc.
+/// [`ftruncate_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
 #[inline(always)]
 unsafe fn ftruncate_body(ns: usize, fd: c_int, length: libc::off_t) -> c_int {
     let orig = original!(ORIG_FTRUNCATE[slot(ns)], FtruncateFn);
@@ -1344,26 +1143,11 @@ unsafe fn ftruncate_body(ns: usize, fd: c_int, length: libc::off_t) -> c_int {
 
 entry! {
     /// The `truncate` hook: as [`ftruncate_hook`], the file named by a path.
-    truncate_hook => truncate_dispatched / truncate_dispatched_ns, ORIG_TRUNCATE as TruncateFn, bits::VM_UNMAPPED,
+    truncate_hook => truncate_body, ORIG_TRUNCATE as TruncateFn, bits::VM_UNMAPPED,
     (path: *const core::ffi::c_char, length: libc::off_t) -> c_int
 }
 
-/// [`truncate_hook`] when a handler wants `VM_UNMAPPED`.
-#[inline(never)]
-unsafe extern "C" fn truncate_dispatched(path: *const core::ffi::c_char, length: libc::off_t) -> c_int {
-    // SAFETY: forwarded, for the main namespace's libc.
-    unsafe { truncate_body(0, path, length) }
-}
-
-/// [`truncate_dispatched`] for another namespace's libc (`ns`, 1 to 15): one
-/// copy for them all, the namespace an argument.
-#[inline(never)]
-unsafe extern "C" fn truncate_dispatched_ns(ns: usize, path: *const core::ffi::c_char, length: libc::off_t) -> c_int {
-    // SAFETY: forwarded.
-    unsafe { truncate_body(ns, path, length) }
-}
-
-/// The work of [`truncate_dispatched`] for namespace `ns`'s libc.
+/// [`truncate_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
 #[inline(always)]
 unsafe fn truncate_body(ns: usize, path: *const core::ffi::c_char, length: libc::off_t) -> c_int {
     let orig = original!(ORIG_TRUNCATE[slot(ns)], TruncateFn);
