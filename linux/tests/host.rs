@@ -2308,6 +2308,17 @@ fn span_of_handle(handle: usize) -> (usize, usize) {
     (start & !(page - 1), end.next_multiple_of(page))
 }
 
+/// Whether memhook can follow dlmopen's namespaces here; says why a test
+/// skips where it cannot (glibc before 2.35: no list of namespaces to
+/// follow; the doctor says so too).
+fn namespaces_followed() -> bool {
+    let followed = memhook::reloc::sees_namespaces();
+    if !followed {
+        eprintln!("skipped: this C library does not let memhook follow dlmopen's namespaces");
+    }
+    followed
+}
+
 /// The first 16 bytes at `at` (a function entry).
 fn bytes_at(at: usize) -> [u8; 16] {
     // SAFETY: a function's entry, in a mapped, readable code page.
@@ -2370,10 +2381,7 @@ fn check_namespace_calls(ns: &InNamespace) {
 #[test]
 fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_mode() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !memhook::reloc::sees_namespaces() {
-        // glibc before 2.35: no list of namespaces to follow (the doctor
-        // says so).
-        eprintln!("skipped: this C library does not let memhook follow dlmopen's namespaces");
+    if !namespaces_followed() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("memhook-ns-{}", std::process::id()));
@@ -2488,8 +2496,7 @@ fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_mode() {
 #[test]
 fn namespaces_are_followed_while_threads_look_up_symbols_and_reinstall() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !memhook::reloc::sees_namespaces() {
-        eprintln!("skipped: this C library does not let memhook follow dlmopen's namespaces");
+    if !namespaces_followed() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("memhook-ns-race-{}", std::process::id()));
