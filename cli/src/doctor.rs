@@ -204,7 +204,7 @@ pub fn doctor() -> i32 {
         "loader namespaces:",
         if memhook::reloc::sees_namespaces() {
             "followed: a library opened with dlmopen has its own libc, which the host hooks patch too \
-             (bistro), and its objects' loads and unloads are reported"
+             (bistro; in reloc mode, its objects' GOT slots), and its objects' loads and unloads are reported"
         } else {
             "not followed (glibc before 2.35, or no DT_DEBUG in the program): a library opened with \
              dlmopen calls a libc of its own that memhook does not see"

@@ -252,6 +252,10 @@ pub fn install(config: &Config) {
         > = functions().into_iter().collect();
         // glibc's mmap64 is mmap under another name, and so on.
         let _ = hooks.extend_from_slice(&crate::host::aliases());
+        // The other namespaces' objects get their namespace's hooks, whose
+        // originals are set first (outside reloc's lock).
+        crate::namespace::RELOC.store(true, core::sync::atomic::Ordering::Release);
+        crate::namespace::prepare_originals();
         // SAFETY: as for bistro.
         let result = unsafe { crate::reloc::install(&hooks) };
         for (name, _, _) in functions().into_iter().filter(|(name, _, _)| present(name)) {
@@ -367,6 +371,8 @@ fn remove(state: &mut Installed) {
         }
     }
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    crate::namespace::RELOC.store(false, core::sync::atomic::Ordering::Release);
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::cuda::uninstall();
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::reloc::LOADER_EVENTS.store(false, core::sync::atomic::Ordering::Release);
@@ -407,6 +413,8 @@ pub fn status() -> Status {
 /// memhook is linked into it as a Rust crate, since reloc leaves that
 /// object alone). Loads through any other object are seen as they happen.
 pub fn refresh() {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    crate::namespace::prepare_originals();
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::reloc::refresh();
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]

@@ -25,17 +25,22 @@
 //! long as the process runs) and patched. With an older glibc, or a main
 //! program without `DT_DEBUG`, no namespace is seen and nothing changes.
 //!
+//! In reloc mode (host hooks in reloc mode and not in bistro mode) the
+//! namespaces' objects have their GOT slots of the host functions
+//! rewritten as the main namespace's are, to that namespace's hooks,
+//! whose originals are its libc's definitions ([`prepare_originals`],
+//! [`reloc_hook`]). In either mode reloc's rescans walk the namespaces'
+//! objects (`crate::reloc`), so that the loader's mappings of them are
+//! reported as the main namespace's are.
+//!
 //! What this does not cover: calls made by a library's constructors
 //! during the `dlmopen` that creates its namespace (before memhook can
-//! see the namespace), the loader's own mappings of a namespace's objects
-//! (their `VM_MAPPED`/`VM_UNMAPPED`, which the main namespace's objects
-//! get after `dlopen`/`dlclose`), reloc mode (the GOT slots of a
-//! namespace's objects are not rewritten), and the CUDA hooks.
+//! see the namespace), and the CUDA hooks.
 
 use core::ffi::{c_int, c_void};
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
-use crate::host::NAMESPACES;
+use crate::host::{FUNCTIONS, Hooked, NAMESPACES, functions_in};
 #[cfg(feature = "bistro")]
 pub(crate) use hooks::*;
 
@@ -144,6 +149,8 @@ pub(crate) fn in_use() -> u32 {
 
 /// The public head of a `struct link_map`, as read.
 pub(crate) struct LinkMap {
+    /// Its namespace (1 to 15).
+    pub(crate) namespace: usize,
     /// The map's own address.
     pub(crate) map: usize,
     /// `l_addr`: the load bias.
@@ -168,7 +175,7 @@ pub(crate) fn for_each_link_map(mut f: impl FnMut(&LinkMap)) {
         return; // also: the chain exists (r_debug found, version 2)
     }
     let mut next = R_DEBUG.load(Ordering::Acquire);
-    for _ in 1..NAMESPACES {
+    for namespace in 1..NAMESPACES {
         // SAFETY: `in_use` found r_debug at version 2, which has r_next;
         // each entry is the loader's static state of one namespace.
         next = unsafe { word(next + R_NEXT) };
@@ -185,31 +192,142 @@ pub(crate) fn for_each_link_map(mut f: impl FnMut(&LinkMap)) {
             // SAFETY: a listed link_map, alive under the lock: l_addr,
             // l_name, l_ld and l_next are its first four words.
             let (addr, name, ld, after) = unsafe { (word(l), word(l + 8), word(l + 16), word(l + 24)) };
-            f(&LinkMap { map: l, addr, name, ld });
+            f(&LinkMap {
+                namespace,
+                map: l,
+                addr,
+                name,
+                ld,
+            });
             l = after;
         }
     }
 }
 
+/// Whether namespaces are followed: the host hooks are installed in
+/// bistro mode.
+pub(crate) static FOLLOW: AtomicBool = AtomicBool::new(false);
+
+/// Each namespace's libc, opened with `RTLD_NOLOAD` and kept (0 not
+/// opened).
+static LIBC: [AtomicUsize; NAMESPACES] = [const { AtomicUsize::new(0) }; NAMESPACES];
+
+/// Namespace `ns`'s libc, opened once with `RTLD_NOLOAD` and kept open.
+/// `None` where the namespace holds no libc.
+pub(crate) fn libc_of(ns: usize) -> Option<*mut c_void> {
+    let slot = LIBC.get(ns)?;
+    let h = slot.load(Ordering::Acquire);
+    if h != 0 {
+        return Some(h as *mut c_void);
+    }
+    // SAFETY: a NUL-terminated name; RTLD_NOLOAD only finds a libc the
+    // namespace already holds (and fails without an error where it holds
+    // none). `ns` is a namespace in use, so a valid target.
+    let h = unsafe {
+        libc::dlmopen(
+            ns as libc::Lmid_t,
+            c"libc.so.6".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        )
+    };
+    if h.is_null() {
+        return None;
+    }
+    slot.store(h as usize, Ordering::Release);
+    Some(h)
+}
+
+/// The hooks of namespace `ns` (1 to 15) for its libc's functions.
+pub(crate) fn functions(ns: usize) -> Option<[Hooked; FUNCTIONS]> {
+    Some(match ns {
+        1 => functions_in::<1>(),
+        2 => functions_in::<2>(),
+        3 => functions_in::<3>(),
+        4 => functions_in::<4>(),
+        5 => functions_in::<5>(),
+        6 => functions_in::<6>(),
+        7 => functions_in::<7>(),
+        8 => functions_in::<8>(),
+        9 => functions_in::<9>(),
+        10 => functions_in::<10>(),
+        11 => functions_in::<11>(),
+        12 => functions_in::<12>(),
+        13 => functions_in::<13>(),
+        14 => functions_in::<14>(),
+        15 => functions_in::<15>(),
+        _ => return None,
+    })
+}
+
+/// Whether the host hooks are installed in reloc mode: the GOT slots of
+/// the other namespaces' objects are rewritten too, to hooks that call
+/// their namespace's libc (unless bistro follows the namespaces).
+pub(crate) static RELOC: AtomicBool = AtomicBool::new(false);
+
+/// Namespaces whose hooks' originals are set (bit `k` for namespace `k`).
+static PREPARED: AtomicU32 = AtomicU32::new(0);
+
+/// Whether reloc rewrites the slots of the other namespaces' objects.
+pub(crate) fn reloc_follows() -> bool {
+    RELOC.load(Ordering::Acquire) && !FOLLOW.load(Ordering::Acquire)
+}
+
+/// For reloc mode: makes each namespace's libc definitions the originals
+/// of its hooks (where no original is set yet), once per namespace. It
+/// opens the namespace's libc and looks the functions up, which takes
+/// the loader's lock: called outside memhook's locks and the loader's
+/// callbacks, before the scans that may write those hooks into slots.
+pub(crate) fn prepare_originals() {
+    if !reloc_follows() {
+        return;
+    }
+    let todo = in_use() & !PREPARED.load(Ordering::Acquire);
+    for ns in (1..NAMESPACES).filter(|ns| todo & (1 << ns) != 0) {
+        let (Some(lib), Some(functions)) = (libc_of(ns), functions(ns)) else {
+            continue; // no libc there yet: looked at again next time
+        };
+        for (name, _, original) in functions {
+            let at = crate::reloc::real_dlsym(lib, name);
+            if at != 0 {
+                let _ = original.compare_exchange(0, at, Ordering::AcqRel, Ordering::Acquire);
+            }
+        }
+        PREPARED.fetch_or(1 << ns, Ordering::AcqRel);
+    }
+}
+
+/// glibc's other names of hooked functions (the same functions on the
+/// 64-bit targets memhook runs on).
+const ALIASES: [(&[u8], &[u8]); 4] = [
+    (b"mmap64", b"mmap"),
+    (b"fallocate64", b"fallocate"),
+    (b"ftruncate64", b"ftruncate"),
+    (b"truncate64", b"truncate"),
+];
+
+/// For reloc: namespace `ns`'s hook for the symbol `name` (a host
+/// function, or another name of one) and where it finds its original;
+/// `None` for any other symbol.
+pub(crate) fn reloc_hook(ns: usize, name: &[u8]) -> Option<(usize, &'static AtomicUsize)> {
+    let name = ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == name)
+        .map_or(name, |&(_, main)| main);
+    functions(ns)?
+        .into_iter()
+        .find(|(n, _, _)| n.to_bytes() == name)
+        .map(|(_, hook, original)| (hook, original))
+}
+
 /// Hooking each namespace's libc (bistro).
 #[cfg(feature = "bistro")]
 mod hooks {
-    use core::ffi::c_void;
-    use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+    use core::sync::atomic::{AtomicU32, Ordering};
 
-    use super::in_use;
-    use crate::host::{FUNCTIONS, Hooked, NAMESPACES, functions_in};
+    use super::{FOLLOW, in_use};
 
     /// Namespaces whose libc is hooked (bit `k` for namespace `k`).
     pub(crate) static HOOKED: AtomicU32 = AtomicU32::new(0);
-
-    /// Whether namespaces are followed: the host hooks are installed in
-    /// bistro mode.
-    pub(crate) static FOLLOW: AtomicBool = AtomicBool::new(false);
-
-    /// Each namespace's libc, opened with `RTLD_NOLOAD` and kept (0 not
-    /// opened).
-    static LIBC: [AtomicUsize; NAMESPACES] = [const { AtomicUsize::new(0) }; NAMESPACES];
 
     /// Namespaces in use whose libc is not hooked (and should be).
     pub(crate) fn unhooked() -> u32 {
@@ -225,52 +343,5 @@ mod hooks {
         if unhooked() != 0 {
             crate::install::follow_namespaces();
         }
-    }
-
-    /// Namespace `ns`'s libc, opened once with `RTLD_NOLOAD` and kept open.
-    /// `None` where the namespace holds no libc.
-    pub(crate) fn libc_of(ns: usize) -> Option<*mut c_void> {
-        let slot = LIBC.get(ns)?;
-        let h = slot.load(Ordering::Acquire);
-        if h != 0 {
-            return Some(h as *mut c_void);
-        }
-        // SAFETY: a NUL-terminated name; RTLD_NOLOAD only finds a libc the
-        // namespace already holds (and fails without an error where it holds
-        // none). `ns` is a namespace in use, so a valid target.
-        let h = unsafe {
-            libc::dlmopen(
-                ns as libc::Lmid_t,
-                c"libc.so.6".as_ptr(),
-                libc::RTLD_LAZY | libc::RTLD_NOLOAD,
-            )
-        };
-        if h.is_null() {
-            return None;
-        }
-        slot.store(h as usize, Ordering::Release);
-        Some(h)
-    }
-
-    /// The hooks of namespace `ns` (1 to 15) for its libc's functions.
-    pub(crate) fn functions(ns: usize) -> Option<[Hooked; FUNCTIONS]> {
-        Some(match ns {
-            1 => functions_in::<1>(),
-            2 => functions_in::<2>(),
-            3 => functions_in::<3>(),
-            4 => functions_in::<4>(),
-            5 => functions_in::<5>(),
-            6 => functions_in::<6>(),
-            7 => functions_in::<7>(),
-            8 => functions_in::<8>(),
-            9 => functions_in::<9>(),
-            10 => functions_in::<10>(),
-            11 => functions_in::<11>(),
-            12 => functions_in::<12>(),
-            13 => functions_in::<13>(),
-            14 => functions_in::<14>(),
-            15 => functions_in::<15>(),
-            _ => return None,
-        })
     }
 }

@@ -134,6 +134,9 @@ struct Slot {
     slot: usize,
     old: usize,
     symbol: u8,
+    /// The hook written (the symbol's, or in another namespace's object
+    /// that namespace's: see `crate::namespace::reloc_hook`).
+    hook: usize,
 }
 
 /// A loaded object reloc knows, with the span the loader mapped for it
@@ -274,9 +277,10 @@ pub fn sees_relocation() -> bool {
 /// Whether memhook can follow the loader's other namespaces (`dlmopen`):
 /// the loader's list of them (`r_debug_extended`, glibc 2.35 and later,
 /// through the main program's `DT_DEBUG`) and `_dl_find_object`. Where it
-/// can, the host hooks in bistro mode hook each namespace's libc, and the
-/// loader's mappings of its objects are reported; where it cannot, a
-/// library opened with `dlmopen` calls a libc memhook does not see.
+/// can, the host hooks in bistro mode hook each namespace's libc (in
+/// reloc mode, its objects' GOT slots), and the loader's mappings of its
+/// objects are reported; where it cannot, a library opened with `dlmopen`
+/// calls a libc memhook does not see.
 pub fn sees_namespaces() -> bool {
     sees_relocation() && crate::namespace::debugger_interface()
 }
@@ -391,9 +395,11 @@ pub(crate) struct Object<'a> {
     pub(crate) segments: heapless::Vec<(usize, usize), MAX_SEGMENTS>,
     dynamic: Option<(usize, usize)>,
     relro: Option<(usize, usize)>,
-    /// In another of the loader's namespaces (known by its `link_map`,
-    /// not listed by `dl_iterate_phdr`): nothing is patched in it.
-    foreign: bool,
+    /// Its loader namespace: 0 for the main one (listed by
+    /// `dl_iterate_phdr`), else another (known by its `link_map`; only
+    /// the host functions' slots are rewritten in it, to that namespace's
+    /// hooks).
+    namespace: usize,
 }
 
 impl Memory for Object<'_> {
@@ -475,7 +481,7 @@ fn for_each_object_while(mut f: impl FnMut(&Object<'_>) -> ControlFlow<()>) {
             segments: heapless::Vec::new(),
             dynamic: None,
             relro: None,
-            foreign: false,
+            namespace: 0,
         };
         for i in 0..info.dlpi_phnum as usize {
             // SAFETY: dlpi_phdr points to dlpi_phnum headers.
@@ -568,9 +574,15 @@ fn for_each_namespace_object(mut f: impl FnMut(&Object<'_>)) -> Option<bool> {
                 segments: heapless::Vec::new(),
                 dynamic: None,
                 relro: None,
-                foreign: true,
+                namespace: l.namespace,
             };
-            let _ = o.segments.push((start, end));
+            if !read_headers(&mut o, start) {
+                // Its span alone: known and reported, nothing patched.
+                o.segments.clear();
+                o.dynamic = None;
+                o.relro = None;
+                let _ = o.segments.push((start, end));
+            }
             (walk.f)(&o);
         });
         1 // one call: the walk above covers every namespace
@@ -584,6 +596,58 @@ fn for_each_namespace_object(mut f: impl FnMut(&Object<'_>)) -> Option<bool> {
     // during the call.
     unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut walk).cast()) };
     Some(walk.unsettled)
+}
+
+/// Fills `o`'s segments, dynamic section and RELRO range from its
+/// program headers, read from its ELF header at `start` (where the loader
+/// mapped its first segment: the file's first page, for an object whose
+/// first segment maps the file from offset 0), as `dl_iterate_phdr` gives
+/// them for the main namespace's objects. `false`, with `o` partly
+/// filled, where the first page holds no ELF header of this target or
+/// its program headers lie past that page.
+fn read_headers(o: &mut Object<'_>, start: usize) -> bool {
+    let page = page_size();
+    if start == 0 || !start.is_multiple_of(page) {
+        return false;
+    }
+    // SAFETY: the first page of a loaded object's first segment, which
+    // the loader keeps mapped and readable (it holds the headers it read)
+    // while the object is listed; the caller holds the loader's lock.
+    let first = unsafe { core::slice::from_raw_parts(start as *const u8, page) };
+    let u16_at = |at: usize| first.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
+    let u64_at = |at: usize| {
+        first
+            .get(at..at + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as usize)
+    };
+    // e_ident: the magic, ELFCLASS64, little-endian.
+    if first.get(..6) != Some(&b"\x7fELF\x02\x01"[..]) {
+        return false;
+    }
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(32), u16_at(54), u16_at(56)) else {
+        return false;
+    };
+    if phentsize != size_of::<libc::Elf64_Phdr>() || phoff.checked_add(phnum * phentsize).is_none_or(|e| e > page) {
+        return false;
+    }
+    o.id.phdr = start + phoff;
+    for i in 0..phnum {
+        let at = phoff + i * phentsize;
+        let kind = first[at..at + 4].try_into().map_or(0, u32::from_le_bytes);
+        let (Some(vaddr), Some(memsz)) = (u64_at(at + 16), u64_at(at + 40)) else {
+            return false;
+        };
+        let from = o.id.base.wrapping_add(vaddr);
+        let end = from.wrapping_add(memsz);
+        match kind {
+            libc::PT_LOAD if o.segments.push((from, end)).is_err() => return false,
+            libc::PT_LOAD => {}
+            libc::PT_DYNAMIC => o.dynamic = Some((from, memsz)),
+            libc::PT_GNU_RELRO => o.relro = Some((from, end)),
+            _ => {}
+        }
+    }
+    !o.segments.is_empty()
 }
 
 /// Whether memhook must leave `o` alone: itself, the vDSO, the loader.
@@ -629,6 +693,9 @@ fn patch_object(state: &mut State, o: &Object<'_>, from: usize) {
     let Some((dynamic, size)) = o.dynamic else {
         return;
     };
+    if o.namespace != 0 && !crate::namespace::reloc_follows() {
+        return; // another namespace's object: its span alone
+    }
     if !state.symbols[from..].iter().any(|s| s.slots) {
         return; // nothing to look for
     }
@@ -668,20 +735,29 @@ fn patch_object(state: &mut State, o: &Object<'_>, from: usize) {
             continue;
         }
         let sym = state.symbols[symbol as usize];
+        // In another namespace's object, only the host functions, and
+        // their hooks for that namespace (calling its libc).
+        let (hook, original) = if o.namespace == 0 {
+            (sym.hook, sym.original)
+        } else {
+            match crate::namespace::reloc_hook(o.namespace, sym.name.to_bytes()) {
+                Some(h) => h,
+                None => continue,
+            }
+        };
         let old = read_slot(slot);
-        if old == sym.hook {
+        if old == hook {
             continue;
         }
-        if sym.original.load(Ordering::Acquire) == 0 {
+        if original.load(Ordering::Acquire) == 0 {
             // Not in the global scope: a slot bound to another object's
             // definition gives it. A value inside this object is its own
             // PLT stub (lazy binding): leave the slot for now.
             if o.segments.iter().any(|&(s, e)| (s..e).contains(&old)) {
                 continue;
             }
-            sym.original.store(old, Ordering::Release);
+            original.store(old, Ordering::Release);
         }
-        let hook = sym.hook;
         if state
             .slots
             .push(Slot {
@@ -689,6 +765,7 @@ fn patch_object(state: &mut State, o: &Object<'_>, from: usize) {
                 slot,
                 old,
                 symbol,
+                hook,
             })
             .is_err()
         {
@@ -774,7 +851,7 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
             name,
             span,
             seen: scans,
-            foreign: o.foreign,
+            foreign: o.namespace != 0,
             check: None,
         };
         if let Some(i) = replaced {
@@ -804,7 +881,7 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
             .rev()
             .take_while(|s| s.object == o.id)
             .last()
-            .map(|s| (s.slot, state.symbols[s.symbol as usize].hook));
+            .map(|s| (s.slot, s.hook));
         if let Some(k) = state.objects.get_mut(next - 1) {
             k.check = check;
         }
@@ -974,13 +1051,17 @@ pub fn uninstall() {
     for_each_object(|o| {
         let _ = loaded.push((o.id, o.relro));
     });
+    // The other namespaces' objects. (Their list cannot be walked
+    // without _dl_find_object, and then none was patched.)
+    let _ = for_each_namespace_object(|o| {
+        let _ = loaded.push((o.id, o.relro));
+    });
     // Newest first, so a slot patched twice ends with its first value.
     while let Some(s) = state.slots.pop() {
         let Some(&(_, relro)) = loaded.iter().find(|(id, _)| *id == s.object) else {
             continue; // unloaded: never touched again
         };
-        let hook = state.symbols[s.symbol as usize].hook;
-        if read_slot(s.slot) == hook {
+        if read_slot(s.slot) == s.hook {
             write_slot(relro, s.slot, s.old);
         }
     }
@@ -1083,12 +1164,12 @@ fn catch_up() {
     if crate::namespace::in_use() != 0 {
         #[cfg(feature = "bistro")]
         crate::namespace::check();
+        crate::namespace::prepare_originals();
         rescan();
     }
 }
 
 /// The real `dlsym` of `name` in `handle`, past memhook's interposition.
-#[cfg(feature = "bistro")]
 pub(crate) fn real_dlsym(handle: *mut c_void, name: &CStr) -> usize {
     if REAL_DLSYM.load(Ordering::Acquire) == 0 {
         // SAFETY: a NUL-terminated name; dlsym is not interposed (no entry
@@ -1671,7 +1752,7 @@ mod tests {
             segments: heapless::Vec::new(),
             dynamic: None,
             relro: None,
-            foreign: false,
+            namespace: 0,
         }
     }
 

@@ -47,6 +47,7 @@ void *mhh_mmap_file(void *at, size_t len, int flags, int fd, long off) { return 
 #include <dlfcn.h>
 void *mhh_dlopen(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
 int mhh_dlclose(void *handle) { return dlclose(handle); }
+void *mhh_dlsym(void *handle, const char *name) { return dlsym(handle, name); }
 "#;
 
 struct Helper {
@@ -72,6 +73,7 @@ struct Helper {
     mmap_file: unsafe extern "C" fn(usize, usize, i32, i32, i64) -> usize,
     dlopen: unsafe extern "C" fn(*const libc::c_char) -> usize,
     dlclose: unsafe extern "C" fn(usize) -> i32,
+    dlsym: unsafe extern "C" fn(usize, *const libc::c_char) -> usize,
 }
 
 /// A function pointer from an address.
@@ -146,6 +148,7 @@ fn helper() -> &'static Helper {
                 mmap_file: cast(sym(c"mhh_mmap_file")),
                 dlopen: cast(sym(c"mhh_dlopen")),
                 dlclose: cast(sym(c"mhh_dlclose")),
+                dlsym: cast(sym(c"mhh_dlsym")),
             }
         }
     })
@@ -2319,6 +2322,42 @@ fn namespaces_followed() -> bool {
     followed
 }
 
+/// The address of the GOT slot through which the library file `path`,
+/// loaded at bias `base`, calls `name` (its `JUMP_SLOT` relocation).
+fn got_slot(path: &std::path::Path, base: usize, name: &str) -> usize {
+    let bytes = std::fs::read(path).unwrap();
+    let elf = goblin::elf::Elf::parse(&bytes).unwrap();
+    let r = elf
+        .pltrelocs
+        .iter()
+        .find(|r| elf.dynsyms.get(r.r_sym).and_then(|s| elf.dynstrtab.get_at(s.st_name)) == Some(name))
+        .unwrap_or_else(|| panic!("no PLT relocation of {name} in {}", path.display()));
+    base + r.r_offset as usize
+}
+
+/// The load bias of the object of `handle`.
+fn load_bias(handle: usize) -> usize {
+    // The head of glibc's struct link_map: l_addr comes first.
+    let mut map: *const usize = std::ptr::null();
+    // SAFETY: a live handle; RTLD_DI_LINKMAP writes a link_map pointer.
+    let rc = unsafe {
+        libc::dlinfo(
+            handle as *mut libc::c_void,
+            libc::RTLD_DI_LINKMAP,
+            (&raw mut map).cast(),
+        )
+    };
+    assert_eq!(rc, 0);
+    // SAFETY: the object's link_map, alive while the handle is.
+    unsafe { *map }
+}
+
+/// The word at `at` (a GOT slot).
+fn word_at(at: usize) -> usize {
+    // SAFETY: a GOT slot of a loaded library: aligned and mapped.
+    unsafe { std::ptr::read_volatile(at as *const usize) }
+}
+
 /// The first 16 bytes at `at` (a function entry).
 fn bytes_at(at: usize) -> [u8; 16] {
     // SAFETY: a function's entry, in a mapped, readable code page.
@@ -2376,14 +2415,16 @@ fn check_namespace_calls(ns: &InNamespace) {
 /// A library opened with `dlmopen` has a libc of its own: in bistro mode
 /// memhook hooks it too, whether the namespace came before the install or
 /// after it (found at the `dlsym` that looks into the library), and
-/// uninstall restores its bytes. In reloc mode it is not reached (the
-/// namespace's objects are not among those reloc rewrites).
+/// uninstall restores its bytes; in reloc mode the library's GOT slots are
+/// rewritten to that namespace's hooks, and put back by uninstall.
 #[test]
-fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_mode() {
+fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_and_reloc_modes() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !namespaces_followed() {
         return;
     }
+    // Loaded before the installs, so that reloc rewrites its slots.
+    let h = helper();
     let dir = std::env::temp_dir().join(format!("memhook-ns-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let lib = build_library(&dir, "mhn", NS_LIBRARY, &[]);
@@ -2464,20 +2505,31 @@ fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_mode() {
     assert_eq!(bytes_at(first.libc_mmap), unpatched, "uninstall restores the bytes");
     assert!(memhook::namespaces().is_empty());
 
-    // Reloc mode does not reach a namespace's objects.
+    // Reloc mode rewrites the GOT slots of a namespace's objects too, to
+    // that namespace's hooks: in namespaces made before the install and
+    // after it. (Its libc itself stays as it is: `namespaces()` lists
+    // bistro's patches.) Uninstall puts the slots back.
+    let slot = got_slot(&lib, load_bias(first.handle), "mmap");
+    let bound = word_at(slot);
+    assert_eq!(bound, first.libc_mmap, "bound to the namespace's own libc");
     {
         let mut session = Session::new(HookMode::Reloc);
         session.handler(events, 0, &record);
-        let mut p = 0;
-        // SAFETY: the library wraps mmap.
-        let log = recorded(|| p = unsafe { (first.mmap)(K64) });
-        assert!(about(&log, p, K64).is_empty(), "{log:?}");
-        // SAFETY: unmapping what was mapped.
-        assert_eq!(unsafe { (first.munmap)(p, K64) }, 0);
+        assert_eq!(bytes_at(first.libc_mmap), unpatched);
+        assert_ne!(word_at(slot), bound, "rewritten");
+        check_namespace_calls(&first);
+        let fourth = open_in_new_namespace(&lib);
+        // Looked into by a library whose dlsym reloc interposes (this
+        // test program's own calls are not: it holds memhook).
+        // SAFETY: a live handle and a NUL-terminated name.
+        assert_ne!(unsafe { (h.dlsym)(fourth.handle, c"mhn_mmap".as_ptr()) }, 0);
+        check_namespace_calls(&fourth);
         assert!(memhook::namespaces().is_empty());
     }
+    assert_eq!(word_at(slot), bound, "put back");
 
-    // Installed again: the namespace's libc is hooked again.
+    // Installed again (bistro): the namespace's libc is hooked again, and
+    // each call reported once (reloc's slots were put back).
     {
         let mut session = Session::new(HookMode::Bistro);
         session.handler(events, 0, &record);
