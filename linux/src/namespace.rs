@@ -116,34 +116,43 @@ pub(crate) fn debugger_interface() -> bool {
     r_debug() != 1
 }
 
-/// Namespaces other than the main one that hold objects now (bit `k` for
-/// namespace `k`): a walk of the loader's chain of `r_debug_extended`.
-pub(crate) fn in_use() -> u32 {
+/// Calls `f` with each namespace other than the main one that the loader
+/// has set up (`k`, 1 to 15) and its `r_map` (0 while it holds no object):
+/// a walk of the loader's chain of `r_debug_extended`, in namespace order.
+fn for_each_namespace(mut f: impl FnMut(usize, usize)) {
     let r = r_debug();
     if r == 1 {
-        return 0;
+        return;
     }
     // SAFETY: the loader's r_debug, static in ld.so: aligned and mapped
     // for the process's life.
     // (`r_version` is an int: the word's low half on little-endian targets.)
     if (unsafe { word(r + R_VERSION) } as u32) < 2 {
-        return 0; // no r_next: one namespace, or a glibc before 2.35
+        return; // no r_next: one namespace, or a glibc before 2.35
     }
-    let mut mask = 0;
     // SAFETY: version 2 has r_next; each entry is the loader's static
     // state of one namespace (GL(dl_ns)[k]._ns_debug), never freed.
     let mut next = unsafe { word(r + R_NEXT) };
     for k in 1..NAMESPACES {
         if next == 0 || !next.is_multiple_of(8) {
-            break;
+            return;
         }
         // SAFETY: as above.
-        if unsafe { word(next + R_MAP) } != 0 {
-            mask |= 1 << k;
-        }
+        f(k, unsafe { word(next + R_MAP) });
         // SAFETY: as above.
         next = unsafe { word(next + R_NEXT) };
     }
+}
+
+/// Namespaces other than the main one that hold objects now (bit `k` for
+/// namespace `k`).
+pub(crate) fn in_use() -> u32 {
+    let mut mask = 0;
+    for_each_namespace(|k, map| {
+        if map != 0 {
+            mask |= 1 << k;
+        }
+    });
     mask
 }
 
@@ -171,26 +180,14 @@ const MAX_OBJECTS: usize = 4096;
 /// Must run under the loader's lock (inside a `dl_iterate_phdr`
 /// callback): `dlclose` unlinks and frees a `link_map` under it.
 pub(crate) fn for_each_link_map(mut f: impl FnMut(&LinkMap)) {
-    if in_use() == 0 {
-        return; // also: the chain exists (r_debug found, version 2)
-    }
-    let mut next = R_DEBUG.load(Ordering::Acquire);
-    for namespace in 1..NAMESPACES {
-        // SAFETY: `in_use` found r_debug at version 2, which has r_next;
-        // each entry is the loader's static state of one namespace.
-        next = unsafe { word(next + R_NEXT) };
-        if next == 0 || !next.is_multiple_of(8) {
-            return;
-        }
-        // SAFETY: as above; r_map and the list it heads are stable while
-        // the loader's lock is held (the caller's contract).
-        let mut l = unsafe { word(next + R_MAP) };
+    for_each_namespace(|namespace, mut l| {
         for _ in 0..MAX_OBJECTS {
             if l == 0 || !l.is_multiple_of(8) {
                 break;
             }
-            // SAFETY: a listed link_map, alive under the lock: l_addr,
-            // l_name, l_ld and l_next are its first four words.
+            // SAFETY: a listed link_map, alive under the loader's lock (the
+            // caller's contract): l_addr, l_name, l_ld and l_next are its
+            // first four words.
             let (addr, name, ld, after) = unsafe { (word(l), word(l + 8), word(l + 16), word(l + 24)) };
             f(&LinkMap {
                 namespace,
@@ -201,7 +198,7 @@ pub(crate) fn for_each_link_map(mut f: impl FnMut(&LinkMap)) {
             });
             l = after;
         }
-    }
+    });
 }
 
 /// Whether namespaces are followed: the host hooks are installed in
