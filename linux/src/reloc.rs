@@ -301,12 +301,21 @@ fn settled(o: &Object<'_>, listed: Option<&Listed>) -> bool {
     if f <= 1 {
         return listed.is_none_or(|l| l.holds(o));
     }
+    find_object(f, start).is_some()
+}
+
+/// What glibc's `_dl_find_object` (`f`, as [`FIND_OBJECT`] holds it) says
+/// of the object that holds `addr`: `dlfo_map_start`, `dlfo_map_end` and
+/// `dlfo_link_map`, or `None` where it knows no such object (none there,
+/// or one still being loaded).
+fn find_object(f: usize, addr: usize) -> Option<(usize, usize, usize)> {
     type FindObject = unsafe extern "C" fn(*mut c_void, *mut u64) -> c_int;
     // `struct dl_find_object` is 96 bytes on 64-bit targets; room to spare.
     let mut result = [0u64; 32];
     // SAFETY: `f` is `_dl_find_object` (lock-free, safe inside
     // dl_iterate_phdr); `result` is larger than its result struct.
-    unsafe { core::mem::transmute::<usize, FindObject>(f)(start as *mut c_void, result.as_mut_ptr()) == 0 }
+    let found = unsafe { core::mem::transmute::<usize, FindObject>(f)(addr as *mut c_void, result.as_mut_ptr()) } == 0;
+    found.then_some((result[1] as usize, result[2] as usize, result[3] as usize))
 }
 
 /// An object's span that the loader mapped (`dlopen`) or unmapped
@@ -424,6 +433,24 @@ impl Memory for Object<'_> {
 }
 
 impl Object<'_> {
+    /// Takes its load segments, dynamic section and RELRO range from its
+    /// program headers (at its load bias, `id.base`). `false` where it has
+    /// more load segments than room (those past it are left out).
+    fn take_program_headers(&mut self, phdrs: &[libc::Elf64_Phdr]) -> bool {
+        let mut room = true;
+        for ph in phdrs {
+            let start = self.id.base.wrapping_add(ph.p_vaddr as usize);
+            let end = start.wrapping_add(ph.p_memsz as usize);
+            match ph.p_type {
+                libc::PT_LOAD => room &= self.segments.push((start, end)).is_ok(),
+                libc::PT_DYNAMIC => self.dynamic = Some((start, ph.p_memsz as usize)),
+                libc::PT_GNU_RELRO => self.relro = Some((start, end)),
+                _ => {}
+            }
+        }
+        room
+    }
+
     /// Whether the object names a `DT_RPATH` or a `DT_RUNPATH`; both, as
     /// the cautious answer, where its dynamic section cannot be read.
     fn search_paths(&self) -> SearchPaths {
@@ -483,20 +510,9 @@ fn for_each_object_while(mut f: impl FnMut(&Object<'_>) -> ControlFlow<()>) {
             relro: None,
             namespace: 0,
         };
-        for i in 0..info.dlpi_phnum as usize {
-            // SAFETY: dlpi_phdr points to dlpi_phnum headers.
-            let ph = unsafe { &*info.dlpi_phdr.add(i) };
-            let start = base.wrapping_add(ph.p_vaddr as usize);
-            let end = start.wrapping_add(ph.p_memsz as usize);
-            match ph.p_type {
-                libc::PT_LOAD => {
-                    let _ = o.segments.push((start, end));
-                }
-                libc::PT_DYNAMIC => o.dynamic = Some((start, ph.p_memsz as usize)),
-                libc::PT_GNU_RELRO => o.relro = Some((start, end)),
-                _ => {}
-            }
-        }
+        // SAFETY: dlpi_phdr points to dlpi_phnum headers.
+        let phdrs = unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        let _ = o.take_program_headers(phdrs);
         match f(&o) {
             ControlFlow::Continue(()) => 0,
             ControlFlow::Break(()) => 1,
@@ -516,9 +532,10 @@ fn for_each_object_while(mut f: impl FnMut(&Object<'_>) -> ControlFlow<()>) {
 /// `dlmopen` made; see `crate::namespace`), in each namespace's load
 /// order, under the loader's lock (the one `dl_iterate_phdr` holds, which
 /// `dlclose` takes to unlink and free an object). Such an object is
-/// known by its load bias and dynamic section (`link_map`'s public
-/// fields) and spans what `_dl_find_object` says the loader mapped for it;
-/// it has no dynamic section here, so nothing is patched in it. An object
+/// found through `link_map`'s public fields; its program headers come
+/// from its ELF header ([`read_headers`]), and where they cannot, it is
+/// its span alone (what `_dl_find_object` says the loader mapped for it),
+/// with no dynamic section, so nothing is patched in it. An object
 /// `_dl_find_object` does not know yet (still being loaded) is left out
 /// and the answer is `true`; so is a namespace's entry for an object of
 /// another (the loader itself, listed in every namespace). `None`, and
@@ -541,19 +558,10 @@ fn for_each_namespace_object(mut f: impl FnMut(&Object<'_>)) -> Option<bool> {
         // SAFETY: `data` is the Walk passed below, alive for the call.
         let walk = unsafe { &mut *(data as *mut Walk<'_>) };
         crate::namespace::for_each_link_map(|l| {
-            type FindObject = unsafe extern "C" fn(*mut c_void, *mut u64) -> c_int;
-            let mut result = [0u64; 32];
-            // SAFETY: `_dl_find_object` (lock-free, safe inside
-            // dl_iterate_phdr); `result` is larger than its struct.
-            let found = unsafe {
-                core::mem::transmute::<usize, FindObject>(walk.find)(l.ld as *mut c_void, result.as_mut_ptr())
-            } == 0;
-            // dlfo_map_start, dlfo_map_end, dlfo_link_map.
-            let (start, end, map) = (result[1] as usize, result[2] as usize, result[3] as usize);
-            if !found {
+            let Some((start, end, map)) = find_object(walk.find, l.ld) else {
                 walk.unsettled = true;
                 return;
-            }
+            };
             if map != l.map || start >= end {
                 return;
             }
@@ -627,27 +635,17 @@ fn read_headers(o: &mut Object<'_>, start: usize) -> bool {
     let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(32), u16_at(54), u16_at(56)) else {
         return false;
     };
-    if phentsize != size_of::<libc::Elf64_Phdr>() || phoff.checked_add(phnum * phentsize).is_none_or(|e| e > page) {
+    if phentsize != size_of::<libc::Elf64_Phdr>()
+        || !phoff.is_multiple_of(align_of::<libc::Elf64_Phdr>())
+        || phoff.checked_add(phnum * phentsize).is_none_or(|e| e > page)
+    {
         return false;
     }
     o.id.phdr = start + phoff;
-    for i in 0..phnum {
-        let at = phoff + i * phentsize;
-        let kind = first[at..at + 4].try_into().map_or(0, u32::from_le_bytes);
-        let (Some(vaddr), Some(memsz)) = (u64_at(at + 16), u64_at(at + 40)) else {
-            return false;
-        };
-        let from = o.id.base.wrapping_add(vaddr);
-        let end = from.wrapping_add(memsz);
-        match kind {
-            libc::PT_LOAD if o.segments.push((from, end)).is_err() => return false,
-            libc::PT_LOAD => {}
-            libc::PT_DYNAMIC => o.dynamic = Some((from, memsz)),
-            libc::PT_GNU_RELRO => o.relro = Some((from, end)),
-            _ => {}
-        }
-    }
-    !o.segments.is_empty()
+    // SAFETY: `phnum` headers of their size, aligned, inside the page
+    // checked above.
+    let phdrs = unsafe { core::slice::from_raw_parts(o.id.phdr as *const libc::Elf64_Phdr, phnum) };
+    o.take_program_headers(phdrs) && !o.segments.is_empty()
 }
 
 /// Whether memhook must leave `o` alone: itself, the vDSO, the loader.
@@ -889,7 +887,8 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
     };
     for_each_object_while(&mut visit);
     // The other namespaces' objects: known, and their loads and unloads
-    // reported, as the main namespace's; nothing patched. (Not when the
+    // reported, as the main namespace's; in reloc mode their host
+    // functions' slots patched (see `patch_object`). (Not when the
     // loader's counts say nothing came or went: they count every
     // namespace's.)
     if unchanged.get() {
