@@ -2008,6 +2008,25 @@ fn libraries_loaded_on_two_threads_at_once_are_hooked_once_relocated() {
 /// A library that needs `libmhf_dep.so` (found through its RUNPATH).
 const NEEDS_DEP: &str = "int mhf_dep(void);\nint mhf_lib(void) { return mhf_dep() + 1; }\n";
 
+/// A test's watchdog: waits until `done` is set, and ends the process with
+/// `msg` if a minute passes first (with `_exit`: an exit would wait for
+/// locks a hung thread may hold). Touches only atomics, sleeps and a
+/// write, so it may run while a `dlopen` is in progress.
+fn exit_unless_done_in_a_minute(done: &AtomicBool, msg: &[u8]) {
+    let since = std::time::Instant::now();
+    while !done.load(Ordering::SeqCst) {
+        if since.elapsed() > std::time::Duration::from_secs(60) {
+            // SAFETY: a buffer of its length; _exit ends the process
+            // without running anything.
+            unsafe {
+                libc::write(2, msg.as_ptr().cast(), msg.len());
+                libc::_exit(101);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// A library the loader has put in its list but not yet relocated (its
 /// dependency's file is a FIFO, so the loader waits in `open`): a scan
 /// then must neither hook it nor report it; the failed load leaves no
@@ -2063,19 +2082,10 @@ fn check_unsettled(find_object: bool) {
             }
             std::thread::sleep(std::time::Duration::from_millis(200));
             std::fs::write(&garbage, b"not an ELF file").unwrap();
-            let since = std::time::Instant::now();
-            while !done.load(Ordering::SeqCst) {
-                if since.elapsed() > std::time::Duration::from_secs(60) {
-                    let msg = b"check_unsettled: the load has not ended a minute after its FIFO was written\n";
-                    // SAFETY: a buffer of its length; _exit ends the
-                    // process without running anything.
-                    unsafe {
-                        libc::write(2, msg.as_ptr().cast(), msg.len());
-                        libc::_exit(101);
-                    }
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
+            exit_unless_done_in_a_minute(
+                done,
+                b"check_unsettled: the load has not ended a minute after its FIFO was written\n",
+            );
         }
     });
     let [ready, go, done] = &*flags;
@@ -2562,21 +2572,7 @@ fn namespaces_are_followed_while_threads_look_up_symbols_and_reinstall() {
     let finished = Arc::new(AtomicBool::new(false));
     let watchdog = std::thread::spawn({
         let finished = finished.clone();
-        move || {
-            let since = std::time::Instant::now();
-            while !finished.load(Ordering::SeqCst) {
-                if since.elapsed() > std::time::Duration::from_secs(60) {
-                    let msg = b"namespaces race: not done after a minute (deadlock?)\n";
-                    // SAFETY: a buffer of its length; _exit ends the
-                    // process without running anything.
-                    unsafe {
-                        libc::write(2, msg.as_ptr().cast(), msg.len());
-                        libc::_exit(101);
-                    }
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-        }
+        move || exit_unless_done_in_a_minute(&finished, b"namespaces race: not done after a minute (deadlock?)\n")
     });
     let lookups: Vec<_> = (0..3)
         .map(|_| {
