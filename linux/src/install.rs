@@ -481,7 +481,8 @@ fn hook_namespaces(state: &mut Installed) {
             // SAFETY: as for the main namespace's hooks: each has its
             // function's signature and calls this namespace's original
             // through `original`, which patch_with sets first.
-            let why = match unsafe { crate::bistro::Hook::patch_with(target, hook, original) } {
+            let patched = unsafe { crate::bistro::Hook::patch_with(target, hook, original) };
+            let why: &dyn fmt::Display = match patched {
                 Ok(h) => match state.namespace_hooks.push(h) {
                     Ok(()) => {
                         stands.hooked += 1;
@@ -491,17 +492,14 @@ fn hook_namespaces(state: &mut Installed) {
                         // Cannot happen (room for every function of every
                         // namespace); undone rather than lost.
                         let _ = h.unpatch();
-                        None
+                        &"too many bistro hooks"
                     }
                 },
-                Err(e) => Some(e),
+                Err(ref e) => e,
             };
             if stands.reason.is_empty() {
                 let name = name.to_str().unwrap_or("?");
-                let _ = match why {
-                    Some(e) => fmt::Write::write_fmt(&mut stands.reason, format_args!("{name}: {e}")),
-                    None => fmt::Write::write_fmt(&mut stands.reason, format_args!("{name}: too many bistro hooks")),
-                };
+                let _ = fmt::Write::write_fmt(&mut stands.reason, format_args!("{name}: {why}"));
             }
         }
         crate::namespace::HOOKED.fetch_or(1 << ns, Ordering::AcqRel);
