@@ -140,27 +140,28 @@ const _: () = assert!(NAMESPACES.is_power_of_two());
 pub(crate) const FUNCTIONS: usize = 12;
 
 /// glibc's other names of hooked functions (the same functions on the
-/// 64-bit targets memhook runs on), with their hooks: reloc rewrites the
-/// slots that name them too; bistro's patch of the function covers them.
-pub(crate) fn aliases() -> [(&'static core::ffi::CStr, usize, &'static AtomicUsize); ALIASES] {
-    [
-        (c"mmap64", mmap_hook::<0> as *const () as usize, &ORIG_MMAP64),
-        (
-            c"fallocate64",
-            fallocate_hook::<0> as *const () as usize,
-            &ORIG_FALLOCATE64,
-        ),
-        (
-            c"ftruncate64",
-            ftruncate_hook::<0> as *const () as usize,
-            &ORIG_FTRUNCATE64,
-        ),
-        (
-            c"truncate64",
-            truncate_hook::<0> as *const () as usize,
-            &ORIG_TRUNCATE64,
-        ),
-    ]
+/// 64-bit targets memhook runs on), each with the function's own name.
+pub(crate) const ALIAS_OF: [(&core::ffi::CStr, &core::ffi::CStr); ALIASES] = [
+    (c"mmap64", c"mmap"),
+    (c"fallocate64", c"fallocate"),
+    (c"ftruncate64", c"ftruncate"),
+    (c"truncate64", c"truncate"),
+];
+
+/// The aliases of [`ALIAS_OF`] with their functions' hooks: reloc rewrites
+/// the slots that name them too (recording each in its own original);
+/// bistro's patch of the function covers them.
+pub(crate) fn aliases() -> [Hooked; ALIASES] {
+    let records = [&ORIG_MMAP64, &ORIG_FALLOCATE64, &ORIG_FTRUNCATE64, &ORIG_TRUNCATE64];
+    let hooks = functions();
+    core::array::from_fn(|i| {
+        let (alias, main) = ALIAS_OF[i];
+        let hook = hooks
+            .iter()
+            .find(|(name, _, _)| *name == main)
+            .map_or(0, |&(_, hook, _)| hook);
+        (alias, hook, records[i])
+    })
 }
 
 /// How many aliases [`aliases`] names.
@@ -983,6 +984,33 @@ fn readable(from: usize, bytes: usize) -> bool {
 mod tests {
     use super::*;
     use crate::maps;
+
+    #[test]
+    fn each_alias_has_its_functions_hook_and_a_record_of_its_own() {
+        let hooks = functions();
+        let hook_of = |name: &str| {
+            hooks
+                .iter()
+                .find(|(n, _, _)| n.to_bytes() == name.as_bytes())
+                .unwrap()
+                .1
+        };
+        let aliases = aliases();
+        let want = [
+            ("mmap64", hook_of("mmap")),
+            ("fallocate64", hook_of("fallocate")),
+            ("ftruncate64", hook_of("ftruncate")),
+            ("truncate64", hook_of("truncate")),
+        ];
+        for ((alias, hook, record), (name, main_hook)) in aliases.iter().zip(want) {
+            assert_eq!(alias.to_bytes(), name.as_bytes());
+            assert_eq!(*hook, main_hook, "{name}");
+            assert!(
+                !hooks.iter().any(|(_, _, o)| core::ptr::eq(*o, *record)),
+                "{name}: a record of its own"
+            );
+        }
+    }
 
     /// Two pages, the second `PROT_NONE`; unmapped when dropped.
     struct Fence(usize);

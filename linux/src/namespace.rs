@@ -293,23 +293,14 @@ pub(crate) fn prepare_originals() {
     }
 }
 
-/// glibc's other names of hooked functions (the same functions on the
-/// 64-bit targets memhook runs on).
-const ALIASES: [(&[u8], &[u8]); 4] = [
-    (b"mmap64", b"mmap"),
-    (b"fallocate64", b"fallocate"),
-    (b"ftruncate64", b"ftruncate"),
-    (b"truncate64", b"truncate"),
-];
-
 /// For reloc: namespace `ns`'s hook for the symbol `name` (a host
 /// function, or another name of one) and where it finds its original;
 /// `None` for any other symbol.
 pub(crate) fn reloc_hook(ns: usize, name: &[u8]) -> Option<(usize, &'static AtomicUsize)> {
-    let name = ALIASES
+    let name = crate::host::ALIAS_OF
         .iter()
-        .find(|(alias, _)| *alias == name)
-        .map_or(name, |&(_, main)| main);
+        .find(|(alias, _)| alias.to_bytes() == name)
+        .map_or(name, |(_, main)| main.to_bytes());
     functions(ns)?
         .into_iter()
         .find(|(n, _, _)| n.to_bytes() == name)
