@@ -672,7 +672,8 @@ int memhook_status(size_t index, struct memhook_hook_status_t *status);
  The `index`-th of the loader's other namespaces whose libc memhook
  hooked (in the order found; with the host hooks installed in bistro
  mode). Iterate from 0 until `MEMHOOK_ERR_NOT_FOUND`; none in a process
- that never called `dlmopen`.
+ that never called `dlmopen`. A namespace the loader freed (the program
+ closed its last library in it) is not listed.
 
  # Safety
 

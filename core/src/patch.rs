@@ -340,12 +340,17 @@ impl RestorePoint {
     /// [`PatchError::EntryChanged`] if the bytes are no longer ours (then
     /// nothing is written), or a protection error.
     pub fn undo<M: CodeMemory>(&self, mem: &mut M, lock: &[u8]) -> Result<(), PatchError> {
-        let mut now = [0u8; MAX_PATCH];
-        let n = self.patched.len();
-        mem.read(self.at, &mut now[..n]);
-        if now[..n] != self.patched[..] {
+        if !self.in_place(mem) {
             return Err(PatchError::EntryChanged { address: self.at });
         }
         write_locked(mem, self.at, &self.original, lock)
+    }
+
+    /// Whether the entry still holds the bytes written.
+    pub fn in_place<M: CodeMemory>(&self, mem: &M) -> bool {
+        let mut now = [0u8; MAX_PATCH];
+        let n = self.patched.len();
+        mem.read(self.at, &mut now[..n]);
+        now[..n] == self.patched[..]
     }
 }

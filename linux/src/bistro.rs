@@ -427,6 +427,18 @@ impl Hook {
         }
     }
 
+    /// Whether the function's entry still holds this patch's jump (not
+    /// when another hooker patched over it, or when the code there is no
+    /// longer the code patched: a library unloaded and another loaded at
+    /// its address).
+    ///
+    /// # Safety
+    ///
+    /// The entry's bytes are mapped and readable.
+    pub unsafe fn in_place(&self) -> bool {
+        self.restore.in_place(&LinuxCode::with_protection(self.prot))
+    }
+
     /// The patched function.
     pub fn target(&self) -> usize {
         self.target

@@ -132,7 +132,7 @@ struct Installed {
     /// The libc functions of the loader's other namespaces, patched (see
     /// `crate::namespace`), and how each namespace stands.
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-    namespace_hooks: heapless::Vec<crate::bistro::Hook, NAMESPACE_HOOKS>,
+    namespace_hooks: heapless::Vec<(usize, crate::bistro::Hook), NAMESPACE_HOOKS>,
     namespaces: heapless::Vec<NamespaceStatus, { crate::host::NAMESPACES - 1 }>,
     reloc: bool,
 }
@@ -254,8 +254,7 @@ pub fn install(config: &Config) {
         let _ = hooks.extend_from_slice(&crate::host::aliases());
         // The other namespaces' objects get their namespace's hooks, whose
         // originals are set first (outside reloc's lock).
-        crate::namespace::RELOC.store(true, core::sync::atomic::Ordering::Release);
-        crate::namespace::prepare_originals();
+        crate::namespace::follow_in_reloc_mode();
         // SAFETY: as for bistro.
         let result = unsafe { crate::reloc::install(&hooks) };
         for (name, _, _) in functions().into_iter().filter(|(name, _, _)| present(name)) {
@@ -418,11 +417,14 @@ pub fn refresh() {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::reloc::refresh();
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    release_namespaces();
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     crate::namespace::check();
 }
 
 /// How the C library of each of the loader's other namespaces stands
-/// (`dlmopen`; see [`install`]): those hooked so far, in the order found.
+/// (`dlmopen`; see [`install`]): those hooked now (a namespace the loader
+/// freed is not listed), in the order found.
 /// Empty unless the host hooks are installed in bistro mode and a
 /// namespace other than the main one holds a libc.
 pub fn namespaces() -> heapless::Vec<NamespaceStatus, { crate::host::NAMESPACES - 1 }> {
@@ -483,12 +485,12 @@ fn hook_namespaces(state: &mut Installed) {
             // through `original`, which patch_with sets first.
             let patched = unsafe { crate::bistro::Hook::patch_with(target, hook, original) };
             let why: &dyn fmt::Display = match patched {
-                Ok(h) => match state.namespace_hooks.push(h) {
+                Ok(h) => match state.namespace_hooks.push((ns, h)) {
                     Ok(()) => {
                         stands.hooked += 1;
                         continue;
                     }
-                    Err(h) => {
+                    Err((_, h)) => {
                         // Cannot happen (room for every function of every
                         // namespace); undone rather than lost.
                         let _ = h.unpatch();
@@ -508,20 +510,94 @@ fn hook_namespaces(state: &mut Installed) {
 }
 
 /// Undoes [`hook_namespaces`]'s patches (a patch another hooker patched
-/// over stays, working). The namespaces' libcs stay open.
+/// over stays, working), and closes memhook's handle of each namespace's
+/// libc that holds none (one that does stays open, so that the patch
+/// stays mapped).
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn unhook_namespaces(state: &mut Installed) {
     use core::sync::atomic::Ordering;
 
     crate::namespace::FOLLOW.store(false, Ordering::Release);
-    while let Some(h) = state.namespace_hooks.pop() {
+    while let Some((ns, h)) = state.namespace_hooks.pop() {
         if let Err((h, _)) = h.unpatch() {
-            let _ = state.namespace_hooks.push(h);
+            let _ = state.namespace_hooks.push((ns, h));
             break;
         }
     }
-    crate::namespace::HOOKED.store(0, Ordering::Release);
+    let hooked = crate::namespace::HOOKED.swap(0, Ordering::AcqRel);
+    for ns in (1..crate::host::NAMESPACES).filter(|ns| hooked & (1 << ns) != 0) {
+        if !state.namespace_hooks.iter().any(|&(n, _)| n == ns) {
+            crate::namespace::unpin(ns);
+        }
+    }
     state.namespaces.clear();
+}
+
+/// Lets go of the libc of each hooked namespace whose program closed its
+/// last library in it (`crate::namespace::idle`), so that the loader
+/// frees the namespace as it would without memhook: called after each
+/// `dlclose` memhook interposes, and at [`refresh`]. Where the program
+/// still holds that libc, its patches stay; where the libc went, memhook
+/// forgets them. Then hooks any namespace that came meanwhile.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub(crate) fn release_namespaces() {
+    use core::sync::atomic::Ordering;
+
+    if crate::namespace::idle(crate::namespace::HOOKED.load(Ordering::Acquire)) == 0 {
+        return;
+    }
+    loop {
+        if let Some(mut state) = INSTALLED.try_lock() {
+            let _busy = Busy::new();
+            release_idle(&mut state);
+            if state.config.is_some() {
+                hook_namespaces(&mut state);
+            }
+            return;
+        }
+        if BUSY.load(Ordering::SeqCst) {
+            return; // the holder may wait for the loader: the next dlclose looks again
+        }
+        // SAFETY: sched_yield has no preconditions.
+        unsafe { libc::sched_yield() };
+    }
+}
+
+/// [`release_namespaces`]'s work, under the state's lock.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn release_idle(state: &mut Installed) {
+    use core::sync::atomic::Ordering;
+
+    let idle = crate::namespace::idle(crate::namespace::HOOKED.load(Ordering::Acquire));
+    for ns in (1..crate::host::NAMESPACES).filter(|ns| idle & (1 << ns) != 0) {
+        let hooks = &state.namespace_hooks;
+        let kept = crate::namespace::release_pin(ns, |lib| {
+            let mut map: usize = 0;
+            // SAFETY: a live handle; RTLD_DI_LINKMAP writes a link_map
+            // pointer.
+            if unsafe { libc::dlinfo(lib, libc::RTLD_DI_LINKMAP, (&raw mut map).cast()) } != 0 {
+                return false;
+            }
+            // Its code still holds a jump of memhook's. (A libc loaded
+            // again at the same address holds none; one that another
+            // hooker patched over in part still holds the others. Patches
+            // forgotten on a libc that holds them would be patched over
+            // by memhook's next look, and a call would loop.)
+            hooks.iter().filter(|(n, _)| *n == ns).any(|(_, h)| {
+                // SAFETY: checked first to lie in the libc `lib` holds
+                // loaded: mapped code.
+                crate::reloc::object_map_at(h.target()) == Some(map) && unsafe { h.in_place() }
+            })
+        });
+        if kept {
+            continue;
+        }
+        // The libc went, and the code the patches were written in with it:
+        // forgotten, never written again.
+        state.namespace_hooks.retain(|(n, _)| *n != ns);
+        state.namespaces.retain(|s| s.namespace != ns);
+        crate::namespace::HOOKED.fetch_and(!(1 << ns), Ordering::AcqRel);
+    }
 }
 
 /// The config installed, if any.

@@ -21,9 +21,21 @@
 //! with `dlmopen` is looked into with `dlsym` before it is called), at
 //! install and at [`crate::refresh`]. A namespace found in use and not
 //! yet hooked has its libc opened with `RTLD_NOLOAD` (never loaded by
-//! memhook; the handle is kept, so that the patched copy stays mapped as
-//! long as the process runs) and patched. With an older glibc, or a main
-//! program without `DT_DEBUG`, no namespace is seen and nothing changes.
+//! memhook; the handle is kept, so that the patched copy stays mapped)
+//! and patched. With an older glibc, or a main program without
+//! `DT_DEBUG`, no namespace is seen and nothing changes.
+//!
+//! A namespace lives as long as something holds its objects: once the
+//! last library a program opened in it is closed, the loader frees it and
+//! the next `dlmopen(LM_ID_NEWLM, ...)` reuses its index. So memhook's
+//! handle must not keep it: after each `dlclose` it interposes (and at
+//! [`crate::refresh`]) a hooked namespace that holds nothing but its libc
+//! and the loader ([`idle`]) has the handle closed. Where the program
+//! still holds that libc (it opened it itself), the patches stay; where
+//! the libc went, memhook forgets them (the code they were written in is
+//! gone) and the namespace is free. (Without this, a program that opens
+//! and closes a plugin in a namespace of its own over and over would run
+//! out of namespaces under memhook after a dozen rounds.)
 //!
 //! In reloc mode (host hooks in reloc mode and not in bistro mode) the
 //! namespaces' objects have their GOT slots of the host functions
@@ -205,21 +217,17 @@ pub(crate) fn for_each_link_map(mut f: impl FnMut(&LinkMap)) {
 /// bistro mode.
 pub(crate) static FOLLOW: AtomicBool = AtomicBool::new(false);
 
-/// Each namespace's libc, opened with `RTLD_NOLOAD` and kept (0 not
-/// opened).
-static LIBC: [AtomicUsize; NAMESPACES] = [const { AtomicUsize::new(0) }; NAMESPACES];
-
-/// Namespace `ns`'s libc, opened once with `RTLD_NOLOAD` and kept open.
-/// `None` where the namespace holds no libc.
-pub(crate) fn libc_of(ns: usize) -> Option<*mut c_void> {
-    let slot = LIBC.get(ns)?;
-    let h = slot.load(Ordering::Acquire);
-    if h != 0 {
-        return Some(h as *mut c_void);
+/// Namespace `ns`'s libc, opened with `RTLD_NOLOAD` (never loaded by
+/// memhook): a handle for [`close_libc`]. `None` where the namespace
+/// holds no libc (or `ns` is not a namespace in use).
+pub(crate) fn open_libc(ns: usize) -> Option<*mut c_void> {
+    if !(1..NAMESPACES).contains(&ns) || in_use() & (1 << ns) == 0 {
+        return None;
     }
     // SAFETY: a NUL-terminated name; RTLD_NOLOAD only finds a libc the
-    // namespace already holds (and fails without an error where it holds
-    // none). `ns` is a namespace in use, so a valid target.
+    // namespace already holds (and fails where it holds none). `ns` is
+    // a namespace index the loader has set up; one that emptied since the
+    // look above is refused with an error, not a crash.
     let h = unsafe {
         libc::dlmopen(
             ns as libc::Lmid_t,
@@ -228,10 +236,18 @@ pub(crate) fn libc_of(ns: usize) -> Option<*mut c_void> {
         )
     };
     if h.is_null() {
+        // The failure's message is memhook's, not the program's: the
+        // program's next dlerror() must not find it.
+        // SAFETY: dlerror has no preconditions.
+        let _ = unsafe { libc::dlerror() };
         return None;
     }
-    slot.store(h as usize, Ordering::Release);
     Some(h)
+}
+
+/// Closes a handle of [`open_libc`].
+pub(crate) fn close_libc(h: *mut c_void) {
+    crate::reloc::real_dlclose(h);
 }
 
 /// The hooks of namespace `ns` (1 to 15) for its libc's functions.
@@ -262,7 +278,19 @@ pub(crate) fn functions(ns: usize) -> Option<[Hooked; FUNCTIONS]> {
 pub(crate) static RELOC: AtomicBool = AtomicBool::new(false);
 
 /// Namespaces whose hooks' originals are set (bit `k` for namespace `k`).
+/// A namespace that empties loses its bit: the next one at its index has
+/// a libc of its own.
 static PREPARED: AtomicU32 = AtomicU32::new(0);
+
+/// Starts reloc's following of the namespaces (an install in reloc
+/// mode): each namespace in use is prepared afresh ([`prepare_originals`];
+/// a bistro install since the last may have set its originals to
+/// trampolines).
+pub(crate) fn follow_in_reloc_mode() {
+    RELOC.store(true, Ordering::Release);
+    PREPARED.store(0, Ordering::Release);
+    prepare_originals();
+}
 
 /// Whether reloc rewrites the slots of the other namespaces' objects.
 pub(crate) fn reloc_follows() -> bool {
@@ -270,27 +298,61 @@ pub(crate) fn reloc_follows() -> bool {
 }
 
 /// For reloc mode: makes each namespace's libc definitions the originals
-/// of its hooks (where no original is set yet), once per namespace. It
-/// opens the namespace's libc and looks the functions up, which takes
-/// the loader's lock: called outside memhook's locks and the loader's
-/// callbacks, before the scans that may write those hooks into slots.
+/// of its hooks, once per namespace (again for a namespace that emptied
+/// and was made again since). It opens the namespace's libc for the
+/// lookup (and closes it: reloc keeps no namespace alive) and looks the
+/// functions up, which takes the loader's lock: called outside memhook's
+/// locks and the loader's callbacks, before the scans that may write
+/// those hooks into slots.
 pub(crate) fn prepare_originals() {
     if !reloc_follows() {
         return;
     }
-    let todo = in_use() & !PREPARED.load(Ordering::Acquire);
+    let used = in_use();
+    let todo = used & !PREPARED.fetch_and(used, Ordering::AcqRel);
     for ns in (1..NAMESPACES).filter(|ns| todo & (1 << ns) != 0) {
-        let (Some(lib), Some(functions)) = (libc_of(ns), functions(ns)) else {
+        let (Some(lib), Some(functions)) = (open_libc(ns), functions(ns)) else {
             continue; // no libc there yet: looked at again next time
         };
         for (name, _, original) in functions {
             let at = crate::reloc::real_dlsym(lib, name);
+            // Over a value of an earlier libc at this index (or a bistro
+            // trampoline of an earlier install): each is a working
+            // function while anything can call through it.
             if at != 0 {
-                let _ = original.compare_exchange(0, at, Ordering::AcqRel, Ordering::Acquire);
+                original.store(at, Ordering::Release);
             }
         }
+        close_libc(lib);
         PREPARED.fetch_or(1 << ns, Ordering::AcqRel);
     }
+}
+
+/// For reloc's scans, under the loader's lock: whether namespace `ns`'s
+/// originals are its present libc's (unset, or inside one of its
+/// objects). Where they are not (the namespace emptied and was made again
+/// between two looks, or they are trampolines of an earlier bistro
+/// install), the namespace is prepared again at the next
+/// [`prepare_originals`], and reloc leaves its objects for the scan after.
+pub(crate) fn originals_current(ns: usize) -> bool {
+    let Some(functions) = functions(ns) else {
+        return false;
+    };
+    let Some(at) = functions
+        .iter()
+        .map(|(_, _, o)| o.load(Ordering::Acquire))
+        .find(|&a| a != 0)
+    else {
+        return true;
+    };
+    let mut current = false;
+    if let Some(owner) = crate::reloc::object_map_at(at) {
+        for_each_link_map(|l| current |= l.namespace == ns && l.map == owner);
+    }
+    if !current {
+        PREPARED.fetch_and(!(1 << ns), Ordering::AcqRel);
+    }
+    current
 }
 
 /// For reloc: namespace `ns`'s hook for the symbol `name` (a host
@@ -310,9 +372,115 @@ pub(crate) fn reloc_hook(ns: usize, name: &[u8]) -> Option<(usize, &'static Atom
 /// Hooking each namespace's libc (bistro).
 #[cfg(feature = "bistro")]
 mod hooks {
-    use core::sync::atomic::{AtomicU32, Ordering};
+    use core::ffi::{c_int, c_void};
+    use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
-    use super::{FOLLOW, in_use};
+    use super::{FOLLOW, NAMESPACES, close_libc, for_each_link_map, in_use, open_libc};
+
+    /// Each hooked namespace's libc, opened with `RTLD_NOLOAD` and kept while
+    /// its patches are in place (0 not opened), and its `link_map`.
+    static LIBC: [AtomicUsize; NAMESPACES] = [const { AtomicUsize::new(0) }; NAMESPACES];
+    static LIBC_MAP: [AtomicUsize; NAMESPACES] = [const { AtomicUsize::new(0) }; NAMESPACES];
+
+    /// Namespace `ns`'s libc, opened once with `RTLD_NOLOAD` and kept open
+    /// (see [`release_pin`]): for bistro's patches, which must stay mapped.
+    /// `None` where the namespace holds no libc.
+    pub(crate) fn libc_of(ns: usize) -> Option<*mut c_void> {
+        let slot = LIBC.get(ns)?;
+        let h = slot.load(Ordering::Acquire);
+        if h != 0 {
+            return Some(h as *mut c_void);
+        }
+        let h = open_libc(ns)?;
+        let mut map: usize = 0;
+        // SAFETY: a live handle; RTLD_DI_LINKMAP writes a link_map pointer.
+        if unsafe { libc::dlinfo(h, libc::RTLD_DI_LINKMAP, (&raw mut map).cast()) } != 0 {
+            map = 0;
+        }
+        LIBC_MAP[ns].store(map, Ordering::Release);
+        slot.store(h as usize, Ordering::Release);
+        Some(h)
+    }
+
+    /// Closes memhook's handle of namespace `ns`'s libc ([`libc_of`]), and
+    /// says whether the libc is still loaded (then the handle is taken again:
+    /// the program holds it too). Called under the install's lock, with the
+    /// namespace [`idle`].
+    pub(crate) fn release_pin(ns: usize, still_hooked: impl FnOnce(*mut c_void) -> bool) -> bool {
+        let Some(slot) = LIBC.get(ns) else {
+            return false;
+        };
+        let h = slot.swap(0, Ordering::AcqRel);
+        if h != 0 {
+            close_libc(h as *mut c_void);
+        }
+        // The same libc, still loaded, if the namespace still holds a libc
+        // whose code holds the patches (a new libc at the same address would
+        // hold its own bytes).
+        match open_libc(ns) {
+            Some(again) if still_hooked(again) => {
+                slot.store(again as usize, Ordering::Release);
+                true
+            }
+            Some(other) => {
+                close_libc(other);
+                LIBC_MAP[ns].store(0, Ordering::Release);
+                false
+            }
+            None => {
+                LIBC_MAP[ns].store(0, Ordering::Release);
+                false
+            }
+        }
+    }
+
+    /// Closes memhook's handle of namespace `ns`'s libc, if it holds one
+    /// (uninstall, once no patch of memhook's is left in it).
+    pub(crate) fn unpin(ns: usize) {
+        let Some(slot) = LIBC.get(ns) else {
+            return;
+        };
+        let h = slot.swap(0, Ordering::AcqRel);
+        if h != 0 {
+            LIBC_MAP[ns].store(0, Ordering::Release);
+            close_libc(h as *mut c_void);
+        }
+    }
+
+    /// Hooked namespaces (of `hooked`) that hold nothing but their libc (the
+    /// one memhook holds open) and the loader's entry: their programs' last
+    /// library in them is closed. Walked under the loader's lock.
+    pub(crate) fn idle(hooked: u32) -> u32 {
+        if hooked == 0 {
+            return 0;
+        }
+        struct Walk {
+            hooked: u32,
+            busy: u32,
+        }
+        unsafe extern "C" fn visit(_info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut c_void) -> c_int {
+            // SAFETY: `data` is the Walk passed below, alive for the call.
+            let walk = unsafe { &mut *(data as *mut Walk) };
+            for_each_link_map(|l| {
+                if walk.hooked & (1 << l.namespace) == 0 {
+                    return;
+                }
+                let libc = LIBC_MAP[l.namespace].load(Ordering::Acquire);
+                // The loader's entry in a namespace is a copy of its own map:
+                // the object at its dynamic section is another map.
+                let loader = crate::reloc::object_map_at(l.ld).is_some_and(|m| m != l.map);
+                if libc == 0 || (l.map != libc && !loader) {
+                    walk.busy |= 1 << l.namespace;
+                }
+            });
+            1 // one call: the walk covers every namespace
+        }
+        let mut walk = Walk { hooked, busy: 0 };
+        // SAFETY: `visit` matches the callback type and uses `walk` only
+        // during the call.
+        unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut walk).cast()) };
+        hooked & in_use() & !walk.busy
+    }
 
     /// Namespaces whose libc is hooked (bit `k` for namespace `k`).
     pub(crate) static HOOKED: AtomicU32 = AtomicU32::new(0);

@@ -318,6 +318,16 @@ fn find_object(f: usize, addr: usize) -> Option<(usize, usize, usize)> {
     found.then_some((result[1] as usize, result[2] as usize, result[3] as usize))
 }
 
+/// The `link_map` of the object that holds `addr`, as `_dl_find_object`
+/// says (`None` without it, or where no loaded object holds `addr`).
+pub(crate) fn object_map_at(addr: usize) -> Option<usize> {
+    let f = FIND_OBJECT.load(Ordering::Acquire);
+    if f <= 1 {
+        return None;
+    }
+    find_object(f, addr).map(|(_, _, map)| map)
+}
+
 /// An object's span that the loader mapped (`dlopen`) or unmapped
 /// (`dlclose`), found by a rescan and waiting to be reported.
 #[derive(Clone, Copy)]
@@ -805,6 +815,24 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
     // Objects come in load order, as they were recorded: the next known
     // one is usually the one after the last found.
     let mut next = 0;
+    // In reloc mode, another namespace's objects are taken in (and their
+    // slots rewritten) only once its hooks' originals are its present
+    // libc's (looked at once per namespace and scan); else a later scan
+    // takes them, after `prepare_originals`.
+    let mut fresh: [Option<bool>; crate::host::NAMESPACES] = [None; crate::host::NAMESPACES];
+    let mut current = |ns: usize| {
+        if ns == 0 || !crate::namespace::reloc_follows() {
+            return true;
+        }
+        let known = &mut fresh[ns & (crate::host::NAMESPACES - 1)];
+        *known.get_or_insert_with(|| {
+            let current = crate::namespace::originals_current(ns);
+            if !current {
+                STALE.store(true, Ordering::Release);
+            }
+            current
+        })
+    };
     let mut visit = |o: &Object<'_>| {
         if core::mem::take(&mut first) {
             loads = o.loads;
@@ -839,7 +867,7 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
             }
             return ControlFlow::Continue(());
         }
-        if !settled(o, listed) {
+        if !settled(o, listed) || !current(o.namespace) {
             unsettled = true;
             return ControlFlow::Continue(());
         }
@@ -1149,6 +1177,11 @@ thread_local! {
     static UNSEEN: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
 }
 
+/// Set by a scan that left another namespace's objects for later: its
+/// hooks' originals were an earlier libc's (see
+/// `crate::namespace::originals_current`).
+static STALE: AtomicBool = AtomicBool::new(false);
+
 /// Rescans if this thread passed a dlopen since its last rescan.
 fn catch_up() {
     if UNSEEN.try_with(|u| u.replace(false)).unwrap_or(false) {
@@ -1165,7 +1198,26 @@ fn catch_up() {
         crate::namespace::check();
         crate::namespace::prepare_originals();
         rescan();
+        if STALE.swap(false, Ordering::AcqRel) {
+            crate::namespace::prepare_originals();
+            rescan();
+        }
     }
+}
+
+/// Closes a handle memhook opened, past memhook's interposition of
+/// `dlclose` (whose bistro patch memhook's own calls would reach).
+pub(crate) fn real_dlclose(handle: *mut c_void) {
+    let real = REAL_DLCLOSE.load(Ordering::Acquire);
+    if real == 0 {
+        // SAFETY: a handle memhook opened; dlclose is not interposed (no
+        // entry has found it yet), so this is the loader's.
+        unsafe { libc::dlclose(handle) };
+        return;
+    }
+    // SAFETY: REAL_DLCLOSE holds dlclose's original (the function, or its
+    // trampoline) and `handle` is one memhook opened.
+    unsafe { core::mem::transmute::<usize, DlcloseFn>(real)(handle) };
 }
 
 /// The real `dlsym` of `name` in `handle`, past memhook's interposition.
@@ -1288,6 +1340,10 @@ unsafe extern "C" fn memhook_dlclose(handle: *mut c_void) -> c_int {
     }
     // SAFETY: as for dlopen.
     let rc = unsafe { core::mem::transmute::<usize, DlcloseFn>(REAL_DLCLOSE.load(Ordering::Acquire))(handle) };
+    // A namespace whose last library went: memhook lets go of its libc,
+    // so that the loader frees it as without memhook.
+    #[cfg(feature = "bistro")]
+    crate::install::release_namespaces();
     rescan();
     changed();
     rc

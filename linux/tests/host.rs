@@ -2271,7 +2271,7 @@ fn open_in_new_namespace(path: &std::path::Path) -> InNamespace {
     // SAFETY: a live handle, also held by `h`.
     unsafe { libc::dlclose(libc_handle) };
     // SAFETY: each symbol is the library function of the stated
-    // signature; the library is never closed.
+    // signature; a test that closes the library uses none of them after.
     unsafe {
         InNamespace {
             lmid,
@@ -2501,7 +2501,13 @@ fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_and_reloc_modes() {
         );
 
         let namespaces = memhook::namespaces();
-        for ns in [&first, &second, &third] {
+        // The third namespace went with its library (see
+        // a_namespace_is_freed_when_its_last_library_is_closed_...).
+        assert!(
+            namespaces.iter().all(|s| s.namespace != third.lmid as usize),
+            "{namespaces:?}"
+        );
+        for ns in [&first, &second] {
             let stands = namespaces
                 .iter()
                 .find(|s| s.namespace == ns.lmid as usize)
@@ -2547,6 +2553,129 @@ fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_and_reloc_modes() {
         check_namespace_calls(&first);
     }
     assert_eq!(bytes_at(first.libc_mmap), unpatched);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The loader frees a namespace once its last object is closed, and the
+/// next `dlmopen(LM_ID_NEWLM, ...)` reuses its index. memhook's hold on a
+/// namespace's libc must not keep it: a program that opens a plugin in a
+/// namespace of its own and closes it, over and over (more rounds than
+/// glibc has room for namespaces: about a dozen), keeps working in both
+/// modes, each round's namespace at the same index, its calls reported
+/// (whether its libc comes back at the same address or not). In bistro
+/// mode a namespace whose program still holds its libc keeps its patches
+/// after its last library goes, and is freed when the libc goes too.
+#[test]
+fn a_namespace_is_freed_when_its_last_library_is_closed_in_bistro_and_reloc_modes() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !namespaces_followed() {
+        return;
+    }
+    let h = helper();
+    let dir = std::env::temp_dir().join(format!("memhook-ns-free-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = build_library(&dir, "mhnf", NS_LIBRARY, &[]);
+    let events = bits::MMAP | bits::MUNMAP | bits::MADVISE | bits::VM_MAPPED | bits::VM_UNMAPPED;
+    let listed = |lmid: libc::Lmid_t| memhook::namespaces().iter().any(|s| s.namespace == lmid as usize);
+    for mode in [HookMode::Bistro, HookMode::Reloc] {
+        let mut session = Session::new(mode);
+        session.handler(events, 0, &record);
+        let mut index = None;
+        let mut holes = Vec::new();
+        let mut libcs = std::collections::BTreeSet::new();
+        for round in 0..24 {
+            let ns = open_in_new_namespace(&lib);
+            // Looked into through a library whose dlsym reloc interposes
+            // (this test program's own calls are not: it holds memhook).
+            // SAFETY: a live handle and a NUL-terminated name.
+            assert_ne!(unsafe { (h.dlsym)(ns.handle, c"mhn_mmap".as_ptr()) }, 0);
+            assert_eq!(
+                *index.get_or_insert(ns.lmid),
+                ns.lmid,
+                "{mode:?}, round {round}: the index reused"
+            );
+            libcs.insert(ns.libc_mmap);
+            if mode == HookMode::Bistro {
+                assert!(listed(ns.lmid), "{mode:?}, round {round}");
+            }
+            check_namespace_calls(&ns);
+            // SAFETY: the handle dlmopen returned; nothing of the library
+            // is used after this.
+            assert_eq!(unsafe { libc::dlclose(ns.handle as *mut libc::c_void) }, 0);
+            assert!(!listed(ns.lmid), "{mode:?}, round {round}: forgotten");
+            // Every other round, a page in the hole the namespace's libc
+            // left is taken, so that the next one's libc comes elsewhere.
+            if round % 2 == 0 {
+                let at = ns.libc_mmap & !(page_size() - 1);
+                // SAFETY: an anonymous page where nothing is mapped now
+                // (MAP_FIXED_NOREPLACE), unmapped at the end.
+                let hole = unsafe {
+                    libc::mmap(
+                        at as *mut libc::c_void,
+                        page_size(),
+                        libc::PROT_NONE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                        -1,
+                        0,
+                    )
+                };
+                assert_eq!(hole as usize, at);
+                holes.push(at);
+            }
+        }
+        // SAFETY: the pages mapped above, used by nothing.
+        holes
+            .drain(..)
+            .for_each(|p| assert_eq!(unsafe { libc::munmap(p as *mut libc::c_void, page_size()) }, 0));
+        eprintln!(
+            "{mode:?}: 24 rounds in namespace {index:?}, its libc at {} addresses",
+            libcs.len()
+        );
+        assert!(libcs.len() > 1, "{mode:?}: the namespace's libc never moved");
+    }
+
+    // Bistro: the program holds the namespace's libc itself.
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(events, 0, &record);
+    // SAFETY: a NUL-terminated name.
+    let own = unsafe { libc::dlmopen(libc::LM_ID_NEWLM, c"libc.so.6".as_ptr(), libc::RTLD_NOW) };
+    assert!(!own.is_null());
+    let mut lmid: libc::Lmid_t = 0;
+    // SAFETY: a live handle; RTLD_DI_LMID writes an Lmid_t.
+    let rc = unsafe { libc::dlinfo(own, libc::RTLD_DI_LMID, (&raw mut lmid).cast()) };
+    assert_eq!(rc, 0);
+    let path = CString::new(lib.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path to a library built for the test, into
+    // the namespace just made.
+    let plugin = unsafe { libc::dlmopen(lmid, path.as_ptr(), libc::RTLD_NOW) };
+    assert!(!plugin.is_null());
+    // SAFETY: a live handle and a NUL-terminated name.
+    let ns_munmap = unsafe { libc::dlsym(own, c"munmap".as_ptr()) } as usize;
+    assert_ne!(ns_munmap, 0);
+    assert!(listed(lmid));
+    // SAFETY: the handle dlmopen returned; its library is not used again.
+    assert_eq!(unsafe { libc::dlclose(plugin) }, 0);
+    assert!(listed(lmid), "the program's own libc handle keeps the patches");
+    // SAFETY: munmap of the namespace's libc, with its signature.
+    let ns_munmap: unsafe extern "C" fn(usize, usize) -> i32 = unsafe { cast(ns_munmap) };
+    // SAFETY: an anonymous mapping, unmapped through the namespace's libc.
+    let p = unsafe { (h.mmap)(K64) };
+    // SAFETY: the mapping just made.
+    let log = recorded(|| assert_eq!(unsafe { ns_munmap(p, K64) }, 0));
+    assert_eq!(
+        about(&log, p, K64),
+        [(bits::VM_UNMAPPED, p, K64, 0), (bits::MUNMAP, p, K64, 0)],
+        "still reported"
+    );
+    // SAFETY: the handle dlmopen returned; nothing of it is used after.
+    assert_eq!(unsafe { libc::dlclose(own) }, 0);
+    assert!(!listed(lmid), "freed with its libc");
+    let again = open_in_new_namespace(&lib);
+    assert_eq!(again.lmid, lmid, "the index reused");
+    check_namespace_calls(&again);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::dlclose(again.handle as *mut libc::c_void) }, 0);
+    drop(session);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
