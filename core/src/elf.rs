@@ -315,6 +315,73 @@ pub fn symbol_prefix<M: Memory>(mem: &M, d: &Dynamic, index: u32) -> Result<[u8;
     Ok(prefix)
 }
 
+/// `STT_FUNC`: a symbol that is a function (`STT_GNU_IFUNC`, 10, names a
+/// resolver that returns one).
+const STT_FUNC: u8 = 2;
+
+/// Most names [`find_functions`] looks up in one pass.
+pub const MAX_LOOKUPS: usize = 64;
+
+/// Finds, in one pass over the dynamic symbol table, the functions
+/// `names` the object defines: `found[i]` gets the `st_value` of
+/// `names[i]` (relative to the load bias in a shared object). It stays
+/// `None` where the object defines no plain function of that name: no
+/// definition, or one that is not `STT_FUNC` (an indirect function's value
+/// is its resolver), or two (versions) at different values.
+///
+/// # Errors
+///
+/// An [`ElfError`] for an object whose symbol count is unknown (no hash
+/// table), for more than [`MAX_LOOKUPS`] names or fewer slots in `found`
+/// than names, or for an unreadable symbol.
+pub fn find_functions<M: Memory>(
+    mem: &M,
+    d: &Dynamic,
+    names: &[&[u8]],
+    found: &mut [Option<u64>],
+) -> Result<(), ElfError> {
+    if names.len() > MAX_LOOKUPS || found.len() < names.len() {
+        return Err(ElfError::new("too many names to look up", names.len() as u64));
+    }
+    let Some(symtab) = d.symtab else {
+        return Ok(());
+    };
+    let Some(count) = d.nsyms else {
+        return Err(ElfError::new("no symbol count (no DT_GNU_HASH or DT_HASH)", 0));
+    };
+    let mut unusable = 0u64;
+    let mut buf = [0u8; 64];
+    for index in 1..count.min(MAX_SYMBOLS) {
+        // st_name (4), st_info, st_other, st_shndx (2), st_value (8).
+        let mut sym = [0u8; 16];
+        mem.read(addr(symtab, index * SIZEOF_SYM, "DT_SYMTAB address")?, &mut sym)?;
+        if u16::from_le_bytes([sym[6], sym[7]]) == 0 {
+            continue; // undefined here
+        }
+        let prefix = symbol_prefix(mem, d, index as u32)?;
+        if !names.iter().any(|n| n.len() >= 2 && n[..2] == prefix) {
+            continue;
+        }
+        let Ok(name) = symbol_name(mem, d, index as u32, &mut buf) else {
+            continue; // longer than any name looked up
+        };
+        let Some(i) = names.iter().position(|n| *n == name) else {
+            continue;
+        };
+        let value = u64::from_le_bytes([sym[8], sym[9], sym[10], sym[11], sym[12], sym[13], sym[14], sym[15]]);
+        if sym[4] & 0xf != STT_FUNC || found[i].is_some_and(|v| v != value) {
+            unusable |= 1 << i;
+        }
+        found[i] = Some(value);
+    }
+    for (i, f) in found.iter_mut().enumerate().take(names.len()) {
+        if unusable & (1 << i) != 0 {
+            *f = None;
+        }
+    }
+    Ok(())
+}
+
 /// One RELA relocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reloc {
@@ -830,6 +897,73 @@ mod tests {
         assert_eq!(walked(&bytes), [b"munmap".to_vec(), b"dlsym".to_vec()]);
         bytes[6 * 16 + 8] = 9;
         assert_eq!(walked(&bytes), Vec::<Vec<u8>>::new());
+    }
+
+    #[test]
+    fn find_functions_finds_plain_function_definitions_only() {
+        let names = ["mmap", "munmap", "madvise", "brk", "sbrk", "shmat", "undef"];
+        let (mut bytes, base) = object(&names);
+        let d = read_dynamic(&SliceMemory { base, bytes: &bytes }, base, base, 160).unwrap();
+        let sym_at = d.symtab.unwrap() - base;
+        // (symbol, st_info, st_shndx, st_value)
+        let defs: [(usize, u8, u16, u64); 7] = [
+            (1, 0x12, 12, 0x1000), // mmap: global function
+            (2, 0x22, 12, 0x2000), // munmap: weak function
+            (3, 0x1a, 12, 0x3000), // madvise: an indirect function
+            (4, 0x11, 20, 0x4000), // brk: an object, not a function
+            (5, 0x12, 12, 0x5000), // sbrk: two versions...
+            (6, 0x12, 12, 0x6000), // shmat
+            (7, 0x12, 0, 0),       // undef: not defined here
+        ];
+        for (i, info, shndx, value) in defs {
+            let at = sym_at + i * SIZEOF_SYM;
+            bytes[at + 4] = info;
+            bytes[at + 6..at + 8].copy_from_slice(&shndx.to_le_bytes());
+            bytes[at + 8..at + 16].copy_from_slice(&value.to_le_bytes());
+        }
+        let mem = SliceMemory { base, bytes: &bytes };
+        let look = |want: &[&[u8]]| {
+            let mut found = [None; 8];
+            find_functions(&mem, &d, want, &mut found).unwrap();
+            found
+        };
+        let found = look(&[
+            b"shmat", b"mmap", b"munmap", b"madvise", b"brk", b"undef", b"absent", b"sbrk",
+        ]);
+        assert_eq!(
+            found,
+            [
+                Some(0x6000),
+                Some(0x1000),
+                Some(0x2000),
+                None,
+                None,
+                None,
+                None,
+                Some(0x5000)
+            ]
+        );
+        // A second definition of sbrk (another version) at another value:
+        // no answer rather than a guess; at the same value, the answer.
+        let mut two = bytes.clone();
+        let at = sym_at + 6 * SIZEOF_SYM;
+        let sbrk = u32::from_le_bytes(two[sym_at + 5 * SIZEOF_SYM..][..4].try_into().unwrap());
+        two[at..at + 4].copy_from_slice(&sbrk.to_le_bytes());
+        let mem2 = SliceMemory { base, bytes: &two };
+        let mut found = [None; 1];
+        find_functions(&mem2, &d, &[b"sbrk"], &mut found).unwrap();
+        assert_eq!(found, [None]);
+        two[at + 8..at + 16].copy_from_slice(&0x5000u64.to_le_bytes());
+        let mem2 = SliceMemory { base, bytes: &two };
+        find_functions(&mem2, &d, &[b"sbrk"], &mut found).unwrap();
+        assert_eq!(found, [Some(0x5000)]);
+        // Bad requests are errors, not panics.
+        let many = [b"x".as_slice(); MAX_LOOKUPS + 1];
+        assert!(find_functions(&mem, &d, &many, &mut [None; MAX_LOOKUPS + 1]).is_err());
+        assert!(find_functions(&mem, &d, &[b"mmap", b"brk"], &mut [None; 1]).is_err());
+        // Without a symbol count nothing is read past the table's end.
+        let no_count = Dynamic { nsyms: None, ..d };
+        assert!(find_functions(&mem, &no_count, &[b"mmap"], &mut [None; 1]).is_err());
     }
 
     #[test]

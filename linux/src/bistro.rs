@@ -46,10 +46,10 @@ pub type NativeArch = memhook_aarch64::Aarch64;
 
 /// How far a near jump reaches, with a margin for the slot's own size.
 #[cfg(target_arch = "x86_64")]
-const NEAR_REACH: usize = (1 << 31) - (1 << 20);
+pub(crate) const NEAR_REACH: usize = (1 << 31) - (1 << 20);
 /// How far a near jump (`b imm26`, ±128 MiB) reaches, with a margin.
 #[cfg(target_arch = "aarch64")]
-const NEAR_REACH: usize = (128 << 20) - (1 << 20);
+pub(crate) const NEAR_REACH: usize = (128 << 20) - (1 << 20);
 
 /// Bytes of the entry read for relocation.
 const READ: usize = 64;

@@ -124,17 +124,24 @@ pub(crate) fn functions_in<const NS: usize>() -> [Hooked; FUNCTIONS] {
 /// (`DL_NNS`), the main namespace included.
 pub(crate) const NAMESPACES: usize = 16;
 
-/// One function's originals, one per namespace.
-pub(crate) type Originals = [AtomicUsize; NAMESPACES];
+/// Each function's hooks and originals: one per namespace for bistro's
+/// patches of the namespace's libc (0 to 15, the main namespace's shared
+/// with reloc), and one per other namespace for reloc's slots in its
+/// objects (16 + the namespace): the two modes never write each other's
+/// originals (a reloc scan and a bistro install may overlap).
+pub(crate) const HOOK_SLOTS: usize = 2 * NAMESPACES;
 
-/// Namespace `ns`'s index into [`Originals`] (`ns` is one of them: the
+/// One function's originals, one per hook slot ([`HOOK_SLOTS`]).
+pub(crate) type Originals = [AtomicUsize; HOOK_SLOTS];
+
+/// Hook slot `ns`'s index into [`Originals`] (`ns` is one of them: the
 /// mask keeps a bounds check, and its panic, off the hooks' paths).
 #[inline(always)]
 const fn slot(ns: usize) -> usize {
-    ns & (NAMESPACES - 1)
+    ns & (HOOK_SLOTS - 1)
 }
 
-const _: () = assert!(NAMESPACES.is_power_of_two());
+const _: () = assert!(HOOK_SLOTS.is_power_of_two());
 
 /// How many host functions memhook hooks.
 pub(crate) const FUNCTIONS: usize = 12;
@@ -167,18 +174,18 @@ pub(crate) fn aliases() -> [Hooked; ALIASES] {
 /// How many aliases [`aliases`] names.
 pub(crate) const ALIASES: usize = 4;
 
-pub(crate) static ORIG_MMAP: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
-pub(crate) static ORIG_MUNMAP: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
-pub(crate) static ORIG_MREMAP: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
-pub(crate) static ORIG_SHMAT: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
-pub(crate) static ORIG_SHMDT: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
-pub(crate) static ORIG_BRK: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
-pub(crate) static ORIG_SBRK: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
-pub(crate) static ORIG_MADVISE: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
-pub(crate) static ORIG_PROCESS_MADVISE: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
-pub(crate) static ORIG_FALLOCATE: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
-pub(crate) static ORIG_FTRUNCATE: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
-pub(crate) static ORIG_TRUNCATE: Originals = [const { AtomicUsize::new(0) }; NAMESPACES];
+pub(crate) static ORIG_MMAP: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_MUNMAP: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_MREMAP: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_SHMAT: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_SHMDT: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_BRK: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_SBRK: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_MADVISE: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_PROCESS_MADVISE: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_FALLOCATE: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_FTRUNCATE: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_TRUNCATE: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 /// Reloc's records of the aliases (the same functions in glibc): the
 /// hooks call the main name's original, which each install sets.
 pub(crate) static ORIG_MMAP64: AtomicUsize = AtomicUsize::new(0);

@@ -133,6 +133,10 @@ struct Installed {
     /// `crate::namespace`), and how each namespace stands.
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     namespace_hooks: heapless::Vec<(usize, crate::bistro::Hook), NAMESPACE_HOOKS>,
+    /// Which libc each namespace's hooks are in (its load bias and
+    /// dynamic section; zeros for none).
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    namespace_libcs: [(usize, usize); crate::host::NAMESPACES],
     namespaces: heapless::Vec<NamespaceStatus, { crate::host::NAMESPACES - 1 }>,
     reloc: bool,
 }
@@ -186,6 +190,8 @@ static INSTALLED: spin::Mutex<Installed> = spin::Mutex::new(Installed {
     loader: heapless::Vec::new(),
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     namespace_hooks: heapless::Vec::new(),
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    namespace_libcs: [(0, 0); crate::host::NAMESPACES],
     namespaces: heapless::Vec::new(),
     reloc: false,
 });
@@ -212,7 +218,7 @@ pub fn install(config: &Config) {
     if state.config == Some(*config) {
         return;
     }
-    let _busy = Busy::new();
+    let busy = Busy::new();
     if state.config.is_some() {
         remove(&mut state);
     }
@@ -254,7 +260,7 @@ pub fn install(config: &Config) {
         let _ = hooks.extend_from_slice(&crate::host::aliases());
         // The other namespaces' objects get their namespace's hooks, whose
         // originals are set first (outside reloc's lock).
-        crate::namespace::follow_in_reloc_mode();
+        crate::namespace::RELOC.store(true, core::sync::atomic::Ordering::Release);
         // SAFETY: as for bistro.
         let result = unsafe { crate::reloc::install(&hooks) };
         for (name, _, _) in functions().into_iter().filter(|(name, _, _)| present(name)) {
@@ -299,6 +305,7 @@ pub fn install(config: &Config) {
         hook_namespaces(&mut state);
     }
     state.config = Some(*config);
+    drop(busy);
     drop(state);
     // Loads on other threads that the install's rescans found.
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -413,11 +420,7 @@ pub fn status() -> Status {
 /// object alone). Loads through any other object are seen as they happen.
 pub fn refresh() {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    crate::namespace::prepare_originals();
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::reloc::refresh();
-    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-    release_namespaces();
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     crate::namespace::check();
 }
@@ -431,11 +434,11 @@ pub fn namespaces() -> heapless::Vec<NamespaceStatus, { crate::host::NAMESPACES 
     INSTALLED.lock().namespaces.clone()
 }
 
-/// Hooks the libc of namespaces that came since the last look: called by
-/// [`crate::namespace::check`] from the loader's functions memhook
-/// interposes. Waits for the state unless its holder may be waiting for
-/// the loader (then the holder looks itself before it lets go, or the
-/// next loader call does).
+/// Hooks the libc of namespaces that came since the last look, and
+/// forgets those that went: called by [`crate::namespace::check`] from the
+/// loader's functions memhook interposes. Waits for the state unless its
+/// holder may be waiting for the loader (then the holder looks itself
+/// before it lets go, or the next loader call does).
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub(crate) fn follow_namespaces() {
     loop {
@@ -454,149 +457,180 @@ pub(crate) fn follow_namespaces() {
     }
 }
 
-/// Patches, in every namespace in use that is not hooked yet, the host
-/// functions of its libc with that namespace's hooks. A namespace that
-/// holds no libc yet is looked at again next time; one whose libc is
-/// hooked is not (a function that could not be patched is in its
-/// [`NamespaceStatus`]).
+/// Brings the namespaces' hooks up to date (bistro): forgets the patches
+/// of a libc that went (the loader unmapped it with its namespace, once
+/// the program closed its last library there; nothing is written to
+/// where it was), and patches, in every namespace that holds a libc not
+/// hooked yet, its host functions with that namespace's hooks.
+///
+/// memhook holds no handle in any namespace: every look at a namespace's
+/// libc, and every write to it, is made under the loader's write lock
+/// ([`crate::reloc::with_namespace_libcs`]), under which the loader never
+/// unmaps an object. A libc found again at the same address is taken for
+/// the one hooked only while a patch of memhook's is in its code (another
+/// loaded there later holds its own bytes). The trampolines are set aside
+/// before, outside that lock (mapping one sends an event), and a libc
+/// that went between the two looks is not patched.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn hook_namespaces(state: &mut Installed) {
     use core::sync::atomic::Ordering;
 
-    let new = crate::namespace::unhooked();
-    for ns in (1..crate::host::NAMESPACES).filter(|ns| new & (1 << ns) != 0) {
-        let (Some(lib), Some(functions)) = (crate::namespace::libc_of(ns), crate::namespace::functions(ns)) else {
-            continue;
-        };
-        let mut stands = NamespaceStatus {
-            namespace: ns,
-            functions: 0,
-            hooked: 0,
-            reason: heapless::String::new(),
-        };
-        for (name, hook, original) in functions {
-            let target = crate::reloc::real_dlsym(lib, name);
-            if target == 0 {
-                continue; // process_madvise before glibc 2.36
-            }
-            stands.functions += 1;
-            // SAFETY: as for the main namespace's hooks: each has its
-            // function's signature and calls this namespace's original
-            // through `original`, which patch_with sets first.
-            let patched = unsafe { crate::bistro::Hook::patch_with(target, hook, original) };
-            let why: &dyn fmt::Display = match patched {
-                Ok(h) => match state.namespace_hooks.push((ns, h)) {
-                    Ok(()) => {
-                        stands.hooked += 1;
-                        continue;
-                    }
-                    Err((_, h)) => {
-                        // Cannot happen (room for every function of every
-                        // namespace); undone rather than lost.
-                        let _ = h.unpatch();
-                        &"too many bistro hooks"
-                    }
-                },
-                Err(ref e) => e,
-            };
-            if stands.reason.is_empty() {
-                let name = name.to_str().unwrap_or("?");
-                let _ = fmt::Write::write_fmt(&mut stands.reason, format_args!("{name}: {why}"));
-            }
+    let subs = crate::namespace::unloads();
+    // The libcs to hook: namespace, which libc, and where it lies.
+    let mut todo: heapless::Vec<(usize, (usize, usize)), { crate::host::NAMESPACES - 1 }> = heapless::Vec::new();
+    let mut present = 0u32;
+    let walked = crate::reloc::with_namespace_libcs(|libc| {
+        let ns = libc.namespace;
+        present |= 1 << ns;
+        let hooked = crate::namespace::HOOKED.load(Ordering::Acquire) & (1 << ns) != 0;
+        if hooked && state.namespace_libcs[ns] == libc.id && still_hooked(state, libc) {
+            return;
         }
-        crate::namespace::HOOKED.fetch_or(1 << ns, Ordering::AcqRel);
-        let _ = state.namespaces.push(stands);
+        forget_namespace(state, ns);
+        let _ = todo.push((ns, libc.id));
+    });
+    if !walked {
+        return;
     }
+    // Hooked namespaces that hold no libc now.
+    let gone = crate::namespace::HOOKED.load(Ordering::Acquire) & !present;
+    for ns in (1..crate::host::NAMESPACES).filter(|ns| gone & (1 << ns) != 0) {
+        forget_namespace(state, ns);
+    }
+    crate::namespace::looked(subs);
+    if todo.is_empty() {
+        return;
+    }
+    for &(_, (base, _)) in &todo {
+        // Each function's trampoline and, for a hook out of a near jump's
+        // reach, a far slot.
+        let _ = crate::trampoline::reserve_near(base, crate::bistro::NEAR_REACH, 2 * crate::host::FUNCTIONS);
+    }
+    crate::reloc::with_namespace_libcs(|libc| {
+        let ns = libc.namespace;
+        if !todo.iter().any(|&(n, id)| n == ns && id == libc.id) {
+            return; // went since the first look, or already hooked
+        }
+        let Some(functions) = crate::namespace::functions(ns) else {
+            return;
+        };
+        hook_namespace(state, libc, &functions);
+    });
 }
 
-/// Undoes [`hook_namespaces`]'s patches (a patch another hooker patched
-/// over stays, working), and closes memhook's handle of each namespace's
-/// libc that holds none (one that does stays open, so that the patch
-/// stays mapped).
+/// Whether `libc`'s code still holds a jump of memhook's: a patch of its
+/// namespace's in place (another hooker may have patched over some; a
+/// libc loaded again at the same address holds none). Under the loader's
+/// write lock, `libc` listed.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn still_hooked(state: &Installed, libc: &crate::reloc::NamespaceLibc) -> bool {
+    let patch = memhook_core::patch::MAX_PATCH;
+    state
+        .namespace_hooks
+        .iter()
+        .filter(|(n, _)| *n == libc.namespace)
+        // SAFETY: the entry lies in the listed libc's load segments, which
+        // stay mapped under the loader's write lock.
+        .any(|(_, h)| libc.holds(h.target(), patch) && unsafe { h.in_place() })
+}
+
+/// Forgets namespace `ns`'s patches without writing them (the code they
+/// were made in is gone, or is another libc's), and its status.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn forget_namespace(state: &mut Installed, ns: usize) {
+    state.namespace_hooks.retain(|(n, _)| *n != ns);
+    state.namespaces.retain(|s| s.namespace != ns);
+    state.namespace_libcs[ns] = (0, 0);
+    crate::namespace::HOOKED.fetch_and(!(1 << ns), core::sync::atomic::Ordering::AcqRel);
+}
+
+/// Patches `libc`'s host functions with its namespace's hooks, under the
+/// loader's write lock, and records how the namespace stands.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn hook_namespace(state: &mut Installed, libc: &crate::reloc::NamespaceLibc, functions: &[crate::host::Hooked]) {
+    let ns = libc.namespace;
+    let mut stands = NamespaceStatus {
+        namespace: ns,
+        functions: 0,
+        hooked: 0,
+        reason: heapless::String::new(),
+    };
+    for (&(name, hook, original), &target) in functions.iter().zip(&libc.functions) {
+        if target == 0 {
+            continue; // process_madvise before glibc 2.36
+        }
+        stands.functions += 1;
+        // SAFETY: as for the main namespace's hooks: each has its
+        // function's signature and calls this namespace's original through
+        // `original`, which patch_with sets first. The entry is in the
+        // libc's code, mapped while the loader's write lock is held.
+        let patched = unsafe { crate::bistro::Hook::patch_with(target, hook, original) };
+        let why: &dyn fmt::Display = match patched {
+            Ok(h) => match state.namespace_hooks.push((ns, h)) {
+                Ok(()) => {
+                    stands.hooked += 1;
+                    continue;
+                }
+                Err((_, h)) => {
+                    // Cannot happen (room for every function of every
+                    // namespace); undone rather than lost.
+                    let _ = h.unpatch();
+                    &"too many bistro hooks"
+                }
+            },
+            Err(ref e) => e,
+        };
+        if stands.reason.is_empty() {
+            let name = name.to_str().unwrap_or("?");
+            let _ = fmt::Write::write_fmt(&mut stands.reason, format_args!("{name}: {why}"));
+        }
+    }
+    state.namespace_libcs[ns] = libc.id;
+    crate::namespace::HOOKED.fetch_or(1 << ns, core::sync::atomic::Ordering::AcqRel);
+    let _ = state.namespaces.push(stands);
+}
+
+/// Undoes [`hook_namespaces`]'s patches, under the loader's write lock, in
+/// each libc that is still the one patched (a patch another hooker
+/// patched over stays, working, and is kept); the patches of a libc that
+/// went are forgotten.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn unhook_namespaces(state: &mut Installed) {
     use core::sync::atomic::Ordering;
 
     crate::namespace::FOLLOW.store(false, Ordering::Release);
-    while let Some((ns, h)) = state.namespace_hooks.pop() {
-        if let Err((h, _)) = h.unpatch() {
-            let _ = state.namespace_hooks.push((ns, h));
-            break;
-        }
-    }
-    let hooked = crate::namespace::HOOKED.swap(0, Ordering::AcqRel);
-    for ns in (1..crate::host::NAMESPACES).filter(|ns| hooked & (1 << ns) != 0) {
-        if !state.namespace_hooks.iter().any(|&(n, _)| n == ns) {
-            crate::namespace::unpin(ns);
-        }
-    }
-    state.namespaces.clear();
-}
-
-/// Lets go of the libc of each hooked namespace whose program closed its
-/// last library in it (`crate::namespace::idle`), so that the loader
-/// frees the namespace as it would without memhook: called after each
-/// `dlclose` memhook interposes, and at [`refresh`]. Where the program
-/// still holds that libc, its patches stay; where the libc went, memhook
-/// forgets them. Then hooks any namespace that came meanwhile.
-#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-pub(crate) fn release_namespaces() {
-    use core::sync::atomic::Ordering;
-
-    if crate::namespace::idle(crate::namespace::HOOKED.load(Ordering::Acquire)) == 0 {
-        return;
-    }
-    loop {
-        if let Some(mut state) = INSTALLED.try_lock() {
-            let _busy = Busy::new();
-            release_idle(&mut state);
-            if state.config.is_some() {
-                hook_namespaces(&mut state);
-            }
+    let mut kept: heapless::Vec<(usize, crate::bistro::Hook), NAMESPACE_HOOKS> = heapless::Vec::new();
+    crate::reloc::with_namespace_libcs(|libc| {
+        let ns = libc.namespace;
+        if state.namespace_libcs[ns] != libc.id || !still_hooked(state, libc) {
             return;
         }
-        if BUSY.load(Ordering::SeqCst) {
-            return; // the holder may wait for the loader: the next dlclose looks again
-        }
-        // SAFETY: sched_yield has no preconditions.
-        unsafe { libc::sched_yield() };
-    }
-}
-
-/// [`release_namespaces`]'s work, under the state's lock.
-#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-fn release_idle(state: &mut Installed) {
-    use core::sync::atomic::Ordering;
-
-    let idle = crate::namespace::idle(crate::namespace::HOOKED.load(Ordering::Acquire));
-    for ns in (1..crate::host::NAMESPACES).filter(|ns| idle & (1 << ns) != 0) {
-        let hooks = &state.namespace_hooks;
-        let kept = crate::namespace::release_pin(ns, |lib| {
-            let mut map: usize = 0;
-            // SAFETY: a live handle; RTLD_DI_LINKMAP writes a link_map
-            // pointer.
-            if unsafe { libc::dlinfo(lib, libc::RTLD_DI_LINKMAP, (&raw mut map).cast()) } != 0 {
-                return false;
+        let mut i = 0;
+        while i < state.namespace_hooks.len() {
+            let (n, ref h) = state.namespace_hooks[i];
+            if n != ns || !libc.holds(h.target(), memhook_core::patch::MAX_PATCH) {
+                i += 1;
+                continue;
             }
-            // Its code still holds a jump of memhook's. (A libc loaded
-            // again at the same address holds none; one that another
-            // hooker patched over in part still holds the others. Patches
-            // forgotten on a libc that holds them would be patched over
-            // by memhook's next look, and a call would loop.)
-            hooks.iter().filter(|(n, _)| *n == ns).any(|(_, h)| {
-                // SAFETY: checked first to lie in the libc `lib` holds
-                // loaded: mapped code.
-                crate::reloc::object_map_at(h.target()) == Some(map) && unsafe { h.in_place() }
-            })
-        });
-        if kept {
-            continue;
+            let (_, h) = state.namespace_hooks.swap_remove(i);
+            if let Err((h, _)) = h.unpatch() {
+                let _ = kept.push((ns, h));
+            }
         }
-        // The libc went, and the code the patches were written in with it:
-        // forgotten, never written again.
-        state.namespace_hooks.retain(|(n, _)| *n != ns);
-        state.namespaces.retain(|s| s.namespace != ns);
-        crate::namespace::HOOKED.fetch_and(!(1 << ns), Ordering::AcqRel);
+    });
+    // What is left is in libcs that went: forgotten.
+    state.namespace_hooks.clear();
+    let mut hooked = 0;
+    for (ns, h) in kept {
+        hooked |= 1 << ns;
+        let _ = state.namespace_hooks.push((ns, h));
+    }
+    crate::namespace::HOOKED.store(hooked, Ordering::Release);
+    state.namespaces.retain(|s| hooked & (1 << s.namespace) != 0);
+    for (ns, libc) in state.namespace_libcs.iter_mut().enumerate() {
+        if hooked & (1 << ns) == 0 {
+            *libc = (0, 0);
+        }
     }
 }
 

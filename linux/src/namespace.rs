@@ -19,38 +19,40 @@
 //! Reading the chain is a handful of loads, made at every `dlopen`,
 //! `dlclose`, `dlsym` and `dlvsym` memhook interposes (a library opened
 //! with `dlmopen` is looked into with `dlsym` before it is called), at
-//! install and at [`crate::refresh`]. A namespace found in use and not
-//! yet hooked has its libc opened with `RTLD_NOLOAD` (never loaded by
-//! memhook; the handle is kept, so that the patched copy stays mapped)
-//! and patched. With an older glibc, or a main program without
-//! `DT_DEBUG`, no namespace is seen and nothing changes.
+//! install and at [`crate::refresh`]. With an older glibc, or a main
+//! program without `DT_DEBUG`, no namespace is seen and nothing changes.
 //!
-//! A namespace lives as long as something holds its objects: once the
-//! last library a program opened in it is closed, the loader frees it and
-//! the next `dlmopen(LM_ID_NEWLM, ...)` reuses its index. So memhook's
-//! handle must not keep it: after each `dlclose` it interposes (and at
-//! [`crate::refresh`]) a hooked namespace that holds nothing but its libc
-//! and the loader ([`idle`]) has the handle closed. Where the program
-//! still holds that libc (it opened it itself), the patches stay; where
-//! the libc went, memhook forgets them (the code they were written in is
-//! gone) and the namespace is free. (Without this, a program that opens
-//! and closes a plugin in a namespace of its own over and over would run
-//! out of namespaces under memhook after a dozen rounds.)
+//! memhook holds nothing in a namespace: a namespace lives as long as its
+//! program holds objects in it, and once the program closes its last
+//! library there the loader frees it, its libc with it, and the next
+//! `dlmopen(LM_ID_NEWLM, ...)` reuses its index, as without memhook.
+//! (glibc has room for about a dozen namespaces; a handle of memhook's
+//! would make a program that opens and closes a plugin in a namespace of
+//! its own, round after round, run out of them.) Nor does memhook ever
+//! `dlmopen` into a namespace: glibc refuses one into a namespace that
+//! emptied meanwhile with the loader's lock still held, for good. So
+//! every look at a namespace's libc, and every write to its code, is made
+//! under the loader's write lock (inside a `dl_iterate_phdr` callback;
+//! the loader unmaps objects under it), with the libc's functions read
+//! from its own symbol table ([`crate::reloc::with_namespace_libcs`]).
+//! A hooked libc that went is noticed at the next look (an unload
+//! counted since: [`check`]) and its patches forgotten, never written.
 //!
 //! In reloc mode (host hooks in reloc mode and not in bistro mode) the
 //! namespaces' objects have their GOT slots of the host functions
-//! rewritten as the main namespace's are, to that namespace's hooks,
-//! whose originals are its libc's definitions ([`prepare_originals`],
-//! [`reloc_hook`]). In either mode reloc's rescans walk the namespaces'
-//! objects (`crate::reloc`), so that the loader's mappings of them are
-//! reported as the main namespace's are.
+//! rewritten as the main namespace's are, to that namespace's reloc hooks
+//! ([`reloc_hook`]), whose originals its libc's definitions are, set in
+//! the same walk, under the same lock, as the slots
+//! ([`refresh_reloc_originals`]). In either mode reloc's rescans walk the
+//! namespaces' objects (`crate::reloc`), so that the loader's mappings of
+//! them are reported as the main namespace's are.
 //!
 //! What this does not cover: calls made by a library's constructors
 //! during the `dlmopen` that creates its namespace (before memhook can
 //! see the namespace), and the CUDA hooks.
 
 use core::ffi::{c_int, c_void};
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::host::{FUNCTIONS, Hooked, NAMESPACES, functions_in};
 #[cfg(feature = "bistro")]
@@ -217,40 +219,8 @@ pub(crate) fn for_each_link_map(mut f: impl FnMut(&LinkMap)) {
 /// bistro mode.
 pub(crate) static FOLLOW: AtomicBool = AtomicBool::new(false);
 
-/// Namespace `ns`'s libc, opened with `RTLD_NOLOAD` (never loaded by
-/// memhook): a handle for [`close_libc`]. `None` where the namespace
-/// holds no libc (or `ns` is not a namespace in use).
-pub(crate) fn open_libc(ns: usize) -> Option<*mut c_void> {
-    if !(1..NAMESPACES).contains(&ns) || in_use() & (1 << ns) == 0 {
-        return None;
-    }
-    // SAFETY: a NUL-terminated name; RTLD_NOLOAD only finds a libc the
-    // namespace already holds (and fails where it holds none). `ns` is
-    // a namespace index the loader has set up; one that emptied since the
-    // look above is refused with an error, not a crash.
-    let h = unsafe {
-        libc::dlmopen(
-            ns as libc::Lmid_t,
-            c"libc.so.6".as_ptr(),
-            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
-        )
-    };
-    if h.is_null() {
-        // The failure's message is memhook's, not the program's: the
-        // program's next dlerror() must not find it.
-        // SAFETY: dlerror has no preconditions.
-        let _ = unsafe { libc::dlerror() };
-        return None;
-    }
-    Some(h)
-}
-
-/// Closes a handle of [`open_libc`].
-pub(crate) fn close_libc(h: *mut c_void) {
-    crate::reloc::real_dlclose(h);
-}
-
 /// The hooks of namespace `ns` (1 to 15) for its libc's functions.
+#[cfg(feature = "bistro")]
 pub(crate) fn functions(ns: usize) -> Option<[Hooked; FUNCTIONS]> {
     Some(match ns {
         1 => functions_in::<1>(),
@@ -272,87 +242,61 @@ pub(crate) fn functions(ns: usize) -> Option<[Hooked; FUNCTIONS]> {
     })
 }
 
+/// Namespace `ns`'s hooks (1 to 15) for reloc's slots in its objects:
+/// their own originals, apart from bistro's ([`crate::host::HOOK_SLOTS`]).
+pub(crate) fn reloc_functions(ns: usize) -> Option<[Hooked; FUNCTIONS]> {
+    Some(match ns {
+        1 => functions_in::<17>(),
+        2 => functions_in::<18>(),
+        3 => functions_in::<19>(),
+        4 => functions_in::<20>(),
+        5 => functions_in::<21>(),
+        6 => functions_in::<22>(),
+        7 => functions_in::<23>(),
+        8 => functions_in::<24>(),
+        9 => functions_in::<25>(),
+        10 => functions_in::<26>(),
+        11 => functions_in::<27>(),
+        12 => functions_in::<28>(),
+        13 => functions_in::<29>(),
+        14 => functions_in::<30>(),
+        15 => functions_in::<31>(),
+        _ => return None,
+    })
+}
+
 /// Whether the host hooks are installed in reloc mode: the GOT slots of
 /// the other namespaces' objects are rewritten too, to hooks that call
 /// their namespace's libc (unless bistro follows the namespaces).
 pub(crate) static RELOC: AtomicBool = AtomicBool::new(false);
-
-/// Namespaces whose hooks' originals are set (bit `k` for namespace `k`).
-/// A namespace that empties loses its bit: the next one at its index has
-/// a libc of its own.
-static PREPARED: AtomicU32 = AtomicU32::new(0);
-
-/// Starts reloc's following of the namespaces (an install in reloc
-/// mode): each namespace in use is prepared afresh ([`prepare_originals`];
-/// a bistro install since the last may have set its originals to
-/// trampolines).
-pub(crate) fn follow_in_reloc_mode() {
-    RELOC.store(true, Ordering::Release);
-    PREPARED.store(0, Ordering::Release);
-    prepare_originals();
-}
 
 /// Whether reloc rewrites the slots of the other namespaces' objects.
 pub(crate) fn reloc_follows() -> bool {
     RELOC.load(Ordering::Acquire) && !FOLLOW.load(Ordering::Acquire)
 }
 
-/// For reloc mode: makes each namespace's libc definitions the originals
-/// of its hooks, once per namespace (again for a namespace that emptied
-/// and was made again since). It opens the namespace's libc for the
-/// lookup (and closes it: reloc keeps no namespace alive) and looks the
-/// functions up, which takes the loader's lock: called outside memhook's
-/// locks and the loader's callbacks, before the scans that may write
-/// those hooks into slots.
-pub(crate) fn prepare_originals() {
-    if !reloc_follows() {
-        return;
-    }
-    let used = in_use();
-    let todo = used & !PREPARED.fetch_and(used, Ordering::AcqRel);
-    for ns in (1..NAMESPACES).filter(|ns| todo & (1 << ns) != 0) {
-        let (Some(lib), Some(functions)) = (open_libc(ns), functions(ns)) else {
-            continue; // no libc there yet: looked at again next time
+/// For reloc's scans, under the loader's write lock, before they write
+/// any namespace's hooks into slots: makes each namespace's libc
+/// definitions (read from its own symbol table: memhook holds no handle
+/// in a namespace) the originals of its reloc hooks. A namespace the
+/// loader freed and made again at the same index has another libc: its
+/// hooks call the new one's functions from then on (no object of the old
+/// one is left to call the old). Returns the namespaces that hold a libc
+/// (bit `k` for namespace `k`): only their objects' slots are rewritten.
+pub(crate) fn refresh_reloc_originals() -> u32 {
+    let mut found = 0;
+    crate::reloc::with_namespace_libcs(|libc| {
+        let Some(functions) = reloc_functions(libc.namespace) else {
+            return;
         };
-        for (name, _, original) in functions {
-            let at = crate::reloc::real_dlsym(lib, name);
-            // Over a value of an earlier libc at this index (or a bistro
-            // trampoline of an earlier install): each is a working
-            // function while anything can call through it.
+        for ((_, _, original), at) in functions.iter().zip(libc.functions) {
             if at != 0 {
                 original.store(at, Ordering::Release);
             }
         }
-        close_libc(lib);
-        PREPARED.fetch_or(1 << ns, Ordering::AcqRel);
-    }
-}
-
-/// For reloc's scans, under the loader's lock: whether namespace `ns`'s
-/// originals are its present libc's (unset, or inside one of its
-/// objects). Where they are not (the namespace emptied and was made again
-/// between two looks, or they are trampolines of an earlier bistro
-/// install), the namespace is prepared again at the next
-/// [`prepare_originals`], and reloc leaves its objects for the scan after.
-pub(crate) fn originals_current(ns: usize) -> bool {
-    let Some(functions) = functions(ns) else {
-        return false;
-    };
-    let Some(at) = functions
-        .iter()
-        .map(|(_, _, o)| o.load(Ordering::Acquire))
-        .find(|&a| a != 0)
-    else {
-        return true;
-    };
-    let mut current = false;
-    if let Some(owner) = crate::reloc::object_map_at(at) {
-        for_each_link_map(|l| current |= l.namespace == ns && l.map == owner);
-    }
-    if !current {
-        PREPARED.fetch_and(!(1 << ns), Ordering::AcqRel);
-    }
-    current
+        found |= 1 << libc.namespace;
+    });
+    found
 }
 
 /// For reloc: namespace `ns`'s hook for the symbol `name` (a host
@@ -363,7 +307,7 @@ pub(crate) fn reloc_hook(ns: usize, name: &[u8]) -> Option<(usize, &'static Atom
         .iter()
         .find(|(alias, _)| alias.to_bytes() == name)
         .map_or(name, |(_, main)| main.to_bytes());
-    functions(ns)?
+    reloc_functions(ns)?
         .into_iter()
         .find(|(n, _, _)| n.to_bytes() == name)
         .map(|(_, hook, original)| (hook, original))
@@ -373,130 +317,61 @@ pub(crate) fn reloc_hook(ns: usize, name: &[u8]) -> Option<(usize, &'static Atom
 #[cfg(feature = "bistro")]
 mod hooks {
     use core::ffi::{c_int, c_void};
-    use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+    use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-    use super::{FOLLOW, NAMESPACES, close_libc, for_each_link_map, in_use, open_libc};
+    use super::{FOLLOW, in_use};
 
-    /// Each hooked namespace's libc, opened with `RTLD_NOLOAD` and kept while
-    /// its patches are in place (0 not opened), and its `link_map`.
-    static LIBC: [AtomicUsize; NAMESPACES] = [const { AtomicUsize::new(0) }; NAMESPACES];
-    static LIBC_MAP: [AtomicUsize; NAMESPACES] = [const { AtomicUsize::new(0) }; NAMESPACES];
-
-    /// Namespace `ns`'s libc, opened once with `RTLD_NOLOAD` and kept open
-    /// (see [`release_pin`]): for bistro's patches, which must stay mapped.
-    /// `None` where the namespace holds no libc.
-    pub(crate) fn libc_of(ns: usize) -> Option<*mut c_void> {
-        let slot = LIBC.get(ns)?;
-        let h = slot.load(Ordering::Acquire);
-        if h != 0 {
-            return Some(h as *mut c_void);
-        }
-        let h = open_libc(ns)?;
-        let mut map: usize = 0;
-        // SAFETY: a live handle; RTLD_DI_LINKMAP writes a link_map pointer.
-        if unsafe { libc::dlinfo(h, libc::RTLD_DI_LINKMAP, (&raw mut map).cast()) } != 0 {
-            map = 0;
-        }
-        LIBC_MAP[ns].store(map, Ordering::Release);
-        slot.store(h as usize, Ordering::Release);
-        Some(h)
-    }
-
-    /// Closes memhook's handle of namespace `ns`'s libc ([`libc_of`]), and
-    /// says whether the libc is still loaded (then the handle is taken again:
-    /// the program holds it too). Called under the install's lock, with the
-    /// namespace [`idle`].
-    pub(crate) fn release_pin(ns: usize, still_hooked: impl FnOnce(*mut c_void) -> bool) -> bool {
-        let Some(slot) = LIBC.get(ns) else {
-            return false;
-        };
-        let h = slot.swap(0, Ordering::AcqRel);
-        if h != 0 {
-            close_libc(h as *mut c_void);
-        }
-        // The same libc, still loaded, if the namespace still holds a libc
-        // whose code holds the patches (a new libc at the same address would
-        // hold its own bytes).
-        match open_libc(ns) {
-            Some(again) if still_hooked(again) => {
-                slot.store(again as usize, Ordering::Release);
-                true
-            }
-            Some(other) => {
-                close_libc(other);
-                LIBC_MAP[ns].store(0, Ordering::Release);
-                false
-            }
-            None => {
-                LIBC_MAP[ns].store(0, Ordering::Release);
-                false
-            }
-        }
-    }
-
-    /// Closes memhook's handle of namespace `ns`'s libc, if it holds one
-    /// (uninstall, once no patch of memhook's is left in it).
-    pub(crate) fn unpin(ns: usize) {
-        let Some(slot) = LIBC.get(ns) else {
-            return;
-        };
-        let h = slot.swap(0, Ordering::AcqRel);
-        if h != 0 {
-            LIBC_MAP[ns].store(0, Ordering::Release);
-            close_libc(h as *mut c_void);
-        }
-    }
-
-    /// Hooked namespaces (of `hooked`) that hold nothing but their libc (the
-    /// one memhook holds open) and the loader's entry: their programs' last
-    /// library in them is closed. Walked under the loader's lock.
-    pub(crate) fn idle(hooked: u32) -> u32 {
-        if hooked == 0 {
-            return 0;
-        }
-        struct Walk {
-            hooked: u32,
-            busy: u32,
-        }
-        unsafe extern "C" fn visit(_info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut c_void) -> c_int {
-            // SAFETY: `data` is the Walk passed below, alive for the call.
-            let walk = unsafe { &mut *(data as *mut Walk) };
-            for_each_link_map(|l| {
-                if walk.hooked & (1 << l.namespace) == 0 {
-                    return;
-                }
-                let libc = LIBC_MAP[l.namespace].load(Ordering::Acquire);
-                // The loader's entry in a namespace is a copy of its own map:
-                // the object at its dynamic section is another map.
-                let loader = crate::reloc::object_map_at(l.ld).is_some_and(|m| m != l.map);
-                if libc == 0 || (l.map != libc && !loader) {
-                    walk.busy |= 1 << l.namespace;
-                }
-            });
-            1 // one call: the walk covers every namespace
-        }
-        let mut walk = Walk { hooked, busy: 0 };
-        // SAFETY: `visit` matches the callback type and uses `walk` only
-        // during the call.
-        unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut walk).cast()) };
-        hooked & in_use() & !walk.busy
-    }
-
-    /// Namespaces whose libc is hooked (bit `k` for namespace `k`).
+    /// Namespaces whose libc is hooked (bit `k` for namespace `k`), as the
+    /// last look found them.
     pub(crate) static HOOKED: AtomicU32 = AtomicU32::new(0);
 
-    /// Namespaces in use whose libc is not hooked (and should be).
-    pub(crate) fn unhooked() -> u32 {
-        if !FOLLOW.load(Ordering::Acquire) {
-            return 0;
+    /// The loader's count of unloads (`dlpi_subs`) at the last look.
+    static SUBS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+    /// The loader's count of objects unloaded so far (`u64::MAX` where it
+    /// gives none).
+    pub(crate) fn unloads() -> u64 {
+        unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, size: libc::size_t, data: *mut c_void) -> c_int {
+            // SAFETY: dl_iterate_phdr's contract: `info` is valid for this
+            // call and `size` bytes long; `data` is the u64 passed below.
+            unsafe {
+                if size >= core::mem::size_of::<libc::dl_phdr_info>() {
+                    *(data as *mut u64) = (*info).dlpi_subs;
+                }
+            }
+            1
         }
-        in_use() & !HOOKED.load(Ordering::Acquire)
+        let mut subs = u64::MAX;
+        // SAFETY: `first` matches the callback type and writes `subs` only
+        // during the call.
+        unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut subs).cast()) };
+        subs
     }
 
-    /// Hooks the libc of the namespaces that came since the last look, if
-    /// any: called where memhook interposes the loader's functions.
+    /// Records the loader's count of unloads for the next [`check`]
+    /// (taken before a look, so that an unload during it is looked at
+    /// again).
+    pub(crate) fn looked(subs: u64) {
+        SUBS.store(subs, Ordering::Release);
+    }
+
+    /// Whether the namespaces should be looked at again: one in use whose
+    /// libc is not hooked, or an object unloaded since the last look (a
+    /// hooked libc may have gone, its namespace freed, and another made
+    /// at its index).
+    pub(crate) fn due() -> bool {
+        if !FOLLOW.load(Ordering::Acquire) {
+            return false;
+        }
+        let hooked = HOOKED.load(Ordering::Acquire);
+        in_use() & !hooked != 0 || (hooked != 0 && unloads() != SUBS.load(Ordering::Acquire))
+    }
+
+    /// Hooks the libc of the namespaces that came since the last look, and
+    /// forgets those that went: called where memhook interposes the
+    /// loader's functions.
     pub(crate) fn check() {
-        if unhooked() != 0 {
+        if due() {
             crate::install::follow_namespaces();
         }
     }

@@ -318,16 +318,6 @@ fn find_object(f: usize, addr: usize) -> Option<(usize, usize, usize)> {
     found.then_some((result[1] as usize, result[2] as usize, result[3] as usize))
 }
 
-/// The `link_map` of the object that holds `addr`, as `_dl_find_object`
-/// says (`None` without it, or where no loaded object holds `addr`).
-pub(crate) fn object_map_at(addr: usize) -> Option<usize> {
-    let f = FIND_OBJECT.load(Ordering::Acquire);
-    if f <= 1 {
-        return None;
-    }
-    find_object(f, addr).map(|(_, _, map)| map)
-}
-
 /// An object's span that the loader mapped (`dlopen`) or unmapped
 /// (`dlclose`), found by a rescan and waiting to be reported.
 #[derive(Clone, Copy)]
@@ -616,6 +606,79 @@ fn for_each_namespace_object(mut f: impl FnMut(&Object<'_>)) -> Option<bool> {
     Some(walk.unsettled)
 }
 
+/// One namespace's C library, as [`with_namespace_libcs`] finds it.
+pub(crate) struct NamespaceLibc {
+    /// Its namespace (1 to 15).
+    pub(crate) namespace: usize,
+    /// Its load bias and dynamic section: which libc it is. (Another
+    /// loaded later at the same address has the same; bistro tells them
+    /// apart by whether its patches are in the code.)
+    #[cfg_attr(not(feature = "bistro"), expect(dead_code, reason = "bistro's"))]
+    pub(crate) id: (usize, usize),
+    /// Its load segments.
+    #[cfg_attr(not(feature = "bistro"), expect(dead_code, reason = "bistro's"))]
+    pub(crate) segments: heapless::Vec<(usize, usize), MAX_SEGMENTS>,
+    /// The entries of the host functions (in the order of
+    /// `crate::host::functions`), 0 where it defines no plain function of
+    /// that name inside its segments.
+    pub(crate) functions: [usize; crate::host::FUNCTIONS],
+}
+
+#[cfg(feature = "bistro")]
+impl NamespaceLibc {
+    /// Whether `at` and the `len` bytes from it lie in one of its load
+    /// segments.
+    pub(crate) fn holds(&self, at: usize, len: usize) -> bool {
+        at.checked_add(len)
+            .is_some_and(|end| self.segments.iter().any(|&(s, e)| s <= at && end <= e))
+    }
+}
+
+/// Calls `f` with the C library (an object whose path ends in
+/// `libc.so.6`) of each of the loader's other namespaces that holds one,
+/// under the loader's write lock, inside a `dl_iterate_phdr` callback: the
+/// loader unmaps objects under the same lock, so the library's code stays
+/// mapped until `f` returns, and `f` may read and write it. `f` must not
+/// call into the loader (nor wait for a thread that may). Its functions
+/// are found in its own symbol table: no `dlmopen` or `dlsym` into a
+/// namespace (a `dlmopen` into one that emptied meanwhile would leave the
+/// loader's lock held for good: glibc signals that error without
+/// releasing it). `false` where the namespaces cannot be walked.
+pub(crate) fn with_namespace_libcs(mut f: impl FnMut(&NamespaceLibc)) -> bool {
+    let hooks = crate::host::functions();
+    let names: [&[u8]; crate::host::FUNCTIONS] = core::array::from_fn(|i| hooks[i].0.to_bytes());
+    for_each_namespace_object(|o| {
+        let file = o.name.rsplit(|&c| c == b'/').next().unwrap_or(o.name);
+        let Some((dynamic, size)) = o.dynamic else {
+            return;
+        };
+        if file != b"libc.so.6" {
+            return;
+        }
+        let Ok(d) = read_dynamic(o, o.id.base, dynamic, size) else {
+            return;
+        };
+        let mut found = [None; crate::host::FUNCTIONS];
+        if memhook_core::elf::find_functions(o, &d, &names, &mut found).is_err() {
+            return;
+        }
+        let mut libc = NamespaceLibc {
+            namespace: o.namespace,
+            id: (o.id.base, o.id.phdr),
+            segments: o.segments.clone(),
+            functions: [0; crate::host::FUNCTIONS],
+        };
+        let entries = found.map(|v| v.map_or(0, |v| o.id.base.wrapping_add(v as usize)));
+        for (at, entry) in libc.functions.iter_mut().zip(entries) {
+            if o.segments.iter().any(|&(s, e)| s <= entry && entry < e) {
+                *at = entry;
+            }
+        }
+        f(&libc);
+    })
+    .is_some()
+}
+
 /// Fills `o`'s segments, dynamic section and RELRO range from its
 /// program headers, read from its ELF header at `start` (where the loader
 /// mapped its first segment: the file's first page, for an object whose
@@ -697,11 +760,25 @@ fn read_slot(slot: usize) -> usize {
 
 /// One pass over `o`'s relocations: patches every slot that names one of
 /// `symbols[from..]`.
-fn patch_object(state: &mut State, o: &Object<'_>, from: usize) {
+/// For another namespace's object in reloc mode: the namespaces that hold
+/// a libc, after their hooks' originals are refreshed (once per scan, on
+/// the first such object: see `crate::namespace::refresh_reloc_originals`).
+fn libcs_for(o: &Object<'_>, refreshed: &mut Option<u32>) -> u32 {
+    if o.namespace == 0 || !crate::namespace::reloc_follows() {
+        return 0;
+    }
+    *refreshed.get_or_insert_with(crate::namespace::refresh_reloc_originals)
+}
+
+/// Patches `o`'s slots of the symbols from `from` on. In another
+/// namespace's object, only the host functions' slots, and only where
+/// the namespace holds a libc (`libcs`, bit per namespace) whose
+/// definitions its hooks' originals are.
+fn patch_object(state: &mut State, o: &Object<'_>, from: usize, libcs: u32) {
     let Some((dynamic, size)) = o.dynamic else {
         return;
     };
-    if o.namespace != 0 && !crate::namespace::reloc_follows() {
+    if o.namespace != 0 && (!crate::namespace::reloc_follows() || libcs & (1 << o.namespace) == 0) {
         return; // another namespace's object: its span alone
     }
     if !state.symbols[from..].iter().any(|s| s.slots) {
@@ -756,6 +833,9 @@ fn patch_object(state: &mut State, o: &Object<'_>, from: usize) {
         let old = read_slot(slot);
         if old == hook {
             continue;
+        }
+        if o.namespace != 0 && original.load(Ordering::Acquire) == 0 {
+            continue; // its libc defines no such function
         }
         if original.load(Ordering::Acquire) == 0 {
             // Not in the global scope: a slot bound to another object's
@@ -815,24 +895,11 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
     // Objects come in load order, as they were recorded: the next known
     // one is usually the one after the last found.
     let mut next = 0;
-    // In reloc mode, another namespace's objects are taken in (and their
-    // slots rewritten) only once its hooks' originals are its present
-    // libc's (looked at once per namespace and scan); else a later scan
-    // takes them, after `prepare_originals`.
-    let mut fresh: [Option<bool>; crate::host::NAMESPACES] = [None; crate::host::NAMESPACES];
-    let mut current = |ns: usize| {
-        if ns == 0 || !crate::namespace::reloc_follows() {
-            return true;
-        }
-        let known = &mut fresh[ns & (crate::host::NAMESPACES - 1)];
-        *known.get_or_insert_with(|| {
-            let current = crate::namespace::originals_current(ns);
-            if !current {
-                STALE.store(true, Ordering::Release);
-            }
-            current
-        })
-    };
+    // In reloc mode, the other namespaces' hooks get their libcs'
+    // definitions as originals before the first of their objects is
+    // looked at, in the walk of those objects (under the loader's write
+    // lock, so that the libcs are the ones whose objects are patched).
+    let mut with_libc: Option<u32> = None;
     let mut visit = |o: &Object<'_>| {
         if core::mem::take(&mut first) {
             loads = o.loads;
@@ -863,11 +930,12 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
             objects[i].seen = scans;
             next = i + 1;
             if !rescan {
-                patch_object(state, o, from);
+                let libcs = libcs_for(o, &mut with_libc);
+                patch_object(state, o, from, libcs);
             }
             return ControlFlow::Continue(());
         }
-        if !settled(o, listed) || !current(o.namespace) {
+        if !settled(o, listed) {
             unsettled = true;
             return ControlFlow::Continue(());
         }
@@ -900,7 +968,8 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
         if report {
             let _ = state.changes.push_back(Change { mapped: true, span });
         }
-        patch_object(state, o, 0);
+        let libcs = libcs_for(o, &mut with_libc);
+        patch_object(state, o, 0, libcs);
         let check = state
             .slots
             .iter()
@@ -1177,11 +1246,6 @@ thread_local! {
     static UNSEEN: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
 }
 
-/// Set by a scan that left another namespace's objects for later: its
-/// hooks' originals were an earlier libc's (see
-/// `crate::namespace::originals_current`).
-static STALE: AtomicBool = AtomicBool::new(false);
-
 /// Rescans if this thread passed a dlopen since its last rescan.
 fn catch_up() {
     if UNSEEN.try_with(|u| u.replace(false)).unwrap_or(false) {
@@ -1196,38 +1260,8 @@ fn catch_up() {
     if crate::namespace::in_use() != 0 {
         #[cfg(feature = "bistro")]
         crate::namespace::check();
-        crate::namespace::prepare_originals();
         rescan();
-        if STALE.swap(false, Ordering::AcqRel) {
-            crate::namespace::prepare_originals();
-            rescan();
-        }
     }
-}
-
-/// Closes a handle memhook opened, past memhook's interposition of
-/// `dlclose` (whose bistro patch memhook's own calls would reach).
-pub(crate) fn real_dlclose(handle: *mut c_void) {
-    let real = REAL_DLCLOSE.load(Ordering::Acquire);
-    if real == 0 {
-        // SAFETY: a handle memhook opened; dlclose is not interposed (no
-        // entry has found it yet), so this is the loader's.
-        unsafe { libc::dlclose(handle) };
-        return;
-    }
-    // SAFETY: REAL_DLCLOSE holds dlclose's original (the function, or its
-    // trampoline) and `handle` is one memhook opened.
-    unsafe { core::mem::transmute::<usize, DlcloseFn>(real)(handle) };
-}
-
-/// The real `dlsym` of `name` in `handle`, past memhook's interposition.
-pub(crate) fn real_dlsym(handle: *mut c_void, name: &CStr) -> usize {
-    if REAL_DLSYM.load(Ordering::Acquire) == 0 {
-        // SAFETY: a NUL-terminated name; dlsym is not interposed (no entry
-        // has found it yet), so this is the loader's.
-        return unsafe { libc::dlsym(handle, name.as_ptr()) } as usize;
-    }
-    real_lookup(handle, name.as_ptr(), core::ptr::null())
 }
 
 /// Called by the dlopen entry with dlopen's `file` and the caller's
@@ -1340,10 +1374,11 @@ unsafe extern "C" fn memhook_dlclose(handle: *mut c_void) -> c_int {
     }
     // SAFETY: as for dlopen.
     let rc = unsafe { core::mem::transmute::<usize, DlcloseFn>(REAL_DLCLOSE.load(Ordering::Acquire))(handle) };
-    // A namespace whose last library went: memhook lets go of its libc,
-    // so that the loader frees it as without memhook.
+    // A namespace whose last library went took its libc with it: its
+    // patches are forgotten (and a namespace made at its index later is
+    // hooked afresh).
     #[cfg(feature = "bistro")]
-    crate::install::release_namespaces();
+    crate::namespace::check();
     rescan();
     changed();
     rc

@@ -123,6 +123,29 @@ pub fn alloc_near(near: usize, reach: usize) -> Option<usize> {
     Some(base)
 }
 
+/// Makes sure `slots` slots within `reach` of `near` can be handed out
+/// without mapping a region (one with room, or a new one): for patches
+/// made where a mapping, and the events it sends, is unwelcome (under the
+/// loader's lock). `false` where no region can be mapped there.
+pub fn reserve_near(near: usize, reach: usize, slots: usize) -> bool {
+    let mut regions = REGIONS.lock();
+    if regions.iter().any(|r| {
+        r.next + slots * SLOT <= REGION
+            && within(r.base + r.next, near, reach)
+            && within(r.base + REGION - SLOT, near, reach)
+    }) {
+        return true;
+    }
+    if regions.is_full() {
+        return false;
+    }
+    let Some(base) = map_near(near, reach) else {
+        return false;
+    };
+    let _ = regions.push(Region { base, next: 0 });
+    true
+}
+
 /// Gives back the tail of `slot` past its first `used` bytes (rounded up
 /// to [`GRAIN`]), when it is the last slot handed out from its region:
 /// the trampolines of one library then sit next to each other, and a hook
