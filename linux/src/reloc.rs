@@ -1142,25 +1142,25 @@ unsafe fn install_locked(entries: &[Entry], listed: Option<&Listed>) -> Result<(
 /// forgets every symbol (the dlopen/dlclose hooks included).
 pub fn uninstall() {
     let mut state = STATE.lock();
-    // Objects still loaded, with their RELRO ranges, in one pass.
-    let mut loaded: heapless::Vec<(ObjectId, Option<(usize, usize)>), MAX_OBJECTS> = heapless::Vec::new();
-    for_each_object(|o| {
-        let _ = loaded.push((o.id, o.relro));
-    });
+    // Object by object, inside the loader's walk of them: under its write
+    // lock, which a dlclose takes before it unmaps anything, so an object
+    // listed stays mapped while its slots are put back (another thread's
+    // dlclose can come between a walk and a later write). An object not
+    // listed is gone: its slots are never touched again.
+    let slots = &state.slots;
+    let put_back = |o: &Object<'_>| {
+        // Newest first, so a slot patched twice ends with its first value.
+        for s in slots.iter().rev().filter(|s| s.object == o.id) {
+            if o.holds(s.slot) && read_slot(s.slot) == s.hook {
+                write_slot(o.relro, s.slot, s.old);
+            }
+        }
+    };
+    for_each_object(put_back);
     // The other namespaces' objects. (Their list cannot be walked
     // without _dl_find_object, and then none was patched.)
-    let _ = for_each_namespace_object(|o| {
-        let _ = loaded.push((o.id, o.relro));
-    });
-    // Newest first, so a slot patched twice ends with its first value.
-    while let Some(s) = state.slots.pop() {
-        let Some(&(_, relro)) = loaded.iter().find(|(id, _)| *id == s.object) else {
-            continue; // unloaded: never touched again
-        };
-        if read_slot(s.slot) == s.hook {
-            write_slot(relro, s.slot, s.old);
-        }
-    }
+    let _ = for_each_namespace_object(put_back);
+    state.slots.clear();
     state.symbols.clear();
     state.indexed = usize::MAX; // the next symbols, however many, are new
     state.objects.clear();
