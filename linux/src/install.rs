@@ -258,8 +258,9 @@ pub fn install(config: &Config) {
         > = functions().into_iter().collect();
         // glibc's mmap64 is mmap under another name, and so on.
         let _ = hooks.extend_from_slice(&crate::host::aliases());
-        // The other namespaces' objects get their namespace's hooks, whose
-        // originals are set first (outside reloc's lock).
+        // The other namespaces' objects get their namespace's reloc hooks,
+        // whose originals each scan sets from their libcs
+        // (`namespace::refresh_reloc_originals`).
         crate::namespace::RELOC.store(true, core::sync::atomic::Ordering::Release);
         // SAFETY: as for bistro.
         let result = unsafe { crate::reloc::install(&hooks) };

@@ -649,12 +649,12 @@ pub(crate) fn with_namespace_libcs(mut f: impl FnMut(&NamespaceLibc)) -> bool {
     let names: [&[u8]; crate::host::FUNCTIONS] = core::array::from_fn(|i| hooks[i].0.to_bytes());
     for_each_namespace_object(|o| {
         let file = o.name.rsplit(|&c| c == b'/').next().unwrap_or(o.name);
-        let Some((dynamic, size)) = o.dynamic else {
-            return;
-        };
         if file != b"libc.so.6" {
             return;
         }
+        let Some((dynamic, size)) = o.dynamic else {
+            return;
+        };
         let Ok(d) = read_dynamic(o, o.id.base, dynamic, size) else {
             return;
         };
@@ -670,7 +670,7 @@ pub(crate) fn with_namespace_libcs(mut f: impl FnMut(&NamespaceLibc)) -> bool {
         };
         let entries = found.map(|v| v.map_or(0, |v| o.id.base.wrapping_add(v as usize)));
         for (at, entry) in libc.functions.iter_mut().zip(entries) {
-            if o.segments.iter().any(|&(s, e)| s <= entry && entry < e) {
+            if o.holds(entry) {
                 *at = entry;
             }
         }
@@ -758,8 +758,6 @@ fn read_slot(slot: usize) -> usize {
     unsafe { (*(slot as *const AtomicUsize)).load(Ordering::Acquire) }
 }
 
-/// One pass over `o`'s relocations: patches every slot that names one of
-/// `symbols[from..]`.
 /// For another namespace's object in reloc mode: the namespaces that hold
 /// a libc, after their hooks' originals are refreshed (once per scan, on
 /// the first such object: see `crate::namespace::refresh_reloc_originals`).
@@ -770,15 +768,16 @@ fn libcs_for(o: &Object<'_>, refreshed: &mut Option<u32>) -> u32 {
     *refreshed.get_or_insert_with(crate::namespace::refresh_reloc_originals)
 }
 
-/// Patches `o`'s slots of the symbols from `from` on. In another
-/// namespace's object, only the host functions' slots, and only where
-/// the namespace holds a libc (`libcs`, bit per namespace) whose
-/// definitions its hooks' originals are.
+/// One pass over `o`'s relocations: patches every slot that names one of
+/// `symbols[from..]`. In another namespace's object, only the host
+/// functions' slots, and only where the namespace holds a libc (`libcs`,
+/// bit per namespace, from [`libcs_for`]: none unless reloc follows the
+/// namespaces) whose definitions its hooks' originals are.
 fn patch_object(state: &mut State, o: &Object<'_>, from: usize, libcs: u32) {
     let Some((dynamic, size)) = o.dynamic else {
         return;
     };
-    if o.namespace != 0 && (!crate::namespace::reloc_follows() || libcs & (1 << o.namespace) == 0) {
+    if o.namespace != 0 && libcs & (1 << o.namespace) == 0 {
         return; // another namespace's object: its span alone
     }
     if !state.symbols[from..].iter().any(|s| s.slots) {
@@ -834,14 +833,14 @@ fn patch_object(state: &mut State, o: &Object<'_>, from: usize, libcs: u32) {
         if old == hook {
             continue;
         }
-        if o.namespace != 0 && original.load(Ordering::Acquire) == 0 {
-            continue; // its libc defines no such function
-        }
         if original.load(Ordering::Acquire) == 0 {
+            if o.namespace != 0 {
+                continue; // its libc defines no such function
+            }
             // Not in the global scope: a slot bound to another object's
             // definition gives it. A value inside this object is its own
             // PLT stub (lazy binding): leave the slot for now.
-            if o.segments.iter().any(|&(s, e)| (s..e).contains(&old)) {
+            if o.holds(old) {
                 continue;
             }
             original.store(old, Ordering::Release);

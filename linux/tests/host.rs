@@ -2237,6 +2237,14 @@ int mhn_errno(void) { return errno; }
 void mhn_set_errno(int e) { errno = e; }
 "#;
 
+/// The events a namespace library's calls make.
+const NS_EVENTS: u32 = bits::MMAP | bits::MUNMAP | bits::MADVISE | bits::VM_MAPPED | bits::VM_UNMAPPED;
+
+/// How namespace `lmid` stands in [`memhook::namespaces`], if it is listed.
+fn namespace_stands(lmid: libc::Lmid_t) -> Option<memhook::NamespaceStatus> {
+    memhook::namespaces().into_iter().find(|s| s.namespace == lmid as usize)
+}
+
 /// The library's functions in one namespace.
 struct InNamespace {
     lmid: libc::Lmid_t,
@@ -2464,7 +2472,7 @@ fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_and_reloc_modes() {
     let h = helper();
     let lib2 = build_library(&dir, "mhn2", NS_LIBRARY, &[]);
     let mut loaded = 0;
-    let events = bits::MMAP | bits::MUNMAP | bits::MADVISE | bits::VM_MAPPED | bits::VM_UNMAPPED;
+    let events = NS_EVENTS;
 
     // A namespace made before the install.
     let first = open_in_new_namespace(&lib);
@@ -2581,8 +2589,8 @@ fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_and_reloc_modes() {
 }
 
 /// The loader frees a namespace once its last object is closed, and the
-/// next `dlmopen(LM_ID_NEWLM, ...)` reuses its index. memhook's hold on a
-/// namespace's libc must not keep it: a program that opens a plugin in a
+/// next `dlmopen(LM_ID_NEWLM, ...)` reuses its index. memhook must not
+/// keep a namespace alive: a program that opens a plugin in a
 /// namespace of its own and closes it, over and over (more rounds than
 /// glibc has room for namespaces: about a dozen), keeps working in both
 /// modes, each round's namespace at the same index, its calls reported
@@ -2595,8 +2603,8 @@ fn a_namespace_is_freed_when_its_last_library_is_closed_in_bistro_and_reloc_mode
         return;
     };
     let h = helper();
-    let events = bits::MMAP | bits::MUNMAP | bits::MADVISE | bits::VM_MAPPED | bits::VM_UNMAPPED;
-    let listed = |lmid: libc::Lmid_t| memhook::namespaces().iter().any(|s| s.namespace == lmid as usize);
+    let events = NS_EVENTS;
+    let listed = |lmid: libc::Lmid_t| namespace_stands(lmid).is_some();
     for mode in [HookMode::Bistro, HookMode::Reloc] {
         let mut session = Session::new(mode);
         session.handler(events, 0, &record);
@@ -2750,7 +2758,7 @@ fn namespaces_come_and_go_while_threads_reinstall_and_look_up_symbols() {
         return;
     };
     let h = helper();
-    let events = bits::MMAP | bits::MUNMAP | bits::MADVISE | bits::VM_MAPPED | bits::VM_UNMAPPED;
+    let events = NS_EVENTS;
     let mut session = Session::new(HookMode::Bistro);
     session.handler(events, 0, &record);
 
@@ -2833,18 +2841,12 @@ fn namespaces_come_and_go_while_threads_reinstall_and_look_up_symbols() {
     memhook::install(&config(HookMode::Bistro));
     memhook::refresh();
     for ns in &left {
-        let stands = memhook::namespaces()
-            .into_iter()
-            .find(|s| s.namespace == ns.lmid as usize)
-            .expect("the namespace made meanwhile is hooked");
+        let stands = namespace_stands(ns.lmid).expect("the namespace made meanwhile is hooked");
         assert_eq!((stands.hooked, stands.functions), (host_functions(), host_functions()));
         check_namespace_calls(ns);
     }
     let ns = open_in_new_namespace(&lib);
-    let stands = memhook::namespaces()
-        .into_iter()
-        .find(|s| s.namespace == ns.lmid as usize)
-        .expect("the namespace is hooked");
+    let stands = namespace_stands(ns.lmid).expect("the namespace is hooked");
     assert_eq!((stands.hooked, stands.functions), (host_functions(), host_functions()));
     check_namespace_calls(&ns);
     // SAFETY: as above.
