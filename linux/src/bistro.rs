@@ -177,7 +177,7 @@ struct State {
 }
 
 /// Serialises patching: install paths only, never a hook path.
-static STATE: spin::Mutex<State> = spin::Mutex::new(State {
+static STATE: crate::fork::Mutex<State> = crate::fork::Mutex::new(State {
     trampolines: heapless::Vec::new(),
     far_slots: heapless::Vec::new(),
 });
@@ -254,7 +254,7 @@ fn code_mapping(addr: usize) -> Option<(i32, usize)> {
     };
     // SAFETY: `visit` matches dl_iterate_phdr's callback type and only
     // reads what the loader hands it; `search` outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search).cast()) };
+    unsafe { crate::fork::iterate_phdr(visit, (&mut search as *mut Search).cast()) };
     search.found.or_else(|| maps::find(addr).map(|m| (m.prot, m.end)))
 }
 

@@ -181,7 +181,7 @@ impl Drop for Busy {
     }
 }
 
-static INSTALLED: spin::Mutex<Installed> = spin::Mutex::new(Installed {
+static INSTALLED: crate::fork::Mutex<Installed> = crate::fork::Mutex::new(Installed {
     config: None,
     status: heapless::Vec::new(),
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -666,7 +666,7 @@ mod warm_up {
 
     static WARMING: AtomicBool = AtomicBool::new(false);
     static DONE: AtomicBool = AtomicBool::new(false);
-    static PENDING: spin::Mutex<Option<Config>> = spin::Mutex::new(None);
+    static PENDING: crate::fork::Mutex<Option<Config>> = crate::fork::Mutex::new(None);
 
     /// Records `config` for after the warm-up if one is running now.
     pub(super) fn defer(config: &Config) -> bool {

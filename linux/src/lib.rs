@@ -11,6 +11,8 @@
 //!   including objects loaded later.
 //! - [`maps`]: allocation-free `/proc/self/maps` reading.
 //! - [`host`]: the host hooks; [`host::original`] calls past them.
+//! - [`fork`]: forks wait for memhook's loader work, so a child finds its
+//!   locks free.
 pub use memhook_core::{config, event, patch};
 
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -20,6 +22,7 @@ pub mod code;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub mod cuda;
 pub mod dispatch;
+pub mod fork;
 pub mod host;
 mod install;
 pub mod maps;

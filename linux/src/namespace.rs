@@ -111,7 +111,7 @@ fn find_r_debug() -> usize {
     let mut found = 1usize;
     // SAFETY: `first` matches the callback type and reads `found` only
     // during the call.
-    unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut found).cast()) };
+    unsafe { crate::fork::iterate_phdr(first, (&raw mut found).cast()) };
     found
 }
 
@@ -344,7 +344,7 @@ mod hooks {
         let mut subs = u64::MAX;
         // SAFETY: `first` matches the callback type and writes `subs` only
         // during the call.
-        unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut subs).cast()) };
+        unsafe { crate::fork::iterate_phdr(first, (&raw mut subs).cast()) };
         subs
     }
 

@@ -381,7 +381,7 @@ impl State {
     }
 }
 
-static STATE: spin::Mutex<State> = spin::Mutex::new(State {
+static STATE: crate::fork::Mutex<State> = crate::fork::Mutex::new(State {
     symbols: heapless::Vec::new(),
     objects: heapless::Vec::new(),
     changes: heapless::Deque::new(),
@@ -521,8 +521,8 @@ fn for_each_object_while(mut f: impl FnMut(&Object<'_>) -> ControlFlow<()>) {
     let mut f: &mut dyn FnMut(&Object<'_>) -> ControlFlow<()> = &mut f;
     // SAFETY: `visit` has the callback type and `f` outlives the call.
     unsafe {
-        libc::dl_iterate_phdr(
-            Some(visit),
+        crate::fork::iterate_phdr(
+            visit,
             (&mut f as *mut &mut dyn FnMut(&Object<'_>) -> ControlFlow<()>).cast(),
         )
     };
@@ -602,7 +602,7 @@ fn for_each_namespace_object(mut f: impl FnMut(&Object<'_>)) -> Option<bool> {
     };
     // SAFETY: `visit` matches the callback type and uses `walk` only
     // during the call.
-    unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut walk).cast()) };
+    unsafe { crate::fork::iterate_phdr(visit, (&raw mut walk).cast()) };
     Some(walk.unsettled)
 }
 

@@ -33,7 +33,7 @@ struct Region {
     next: usize,
 }
 
-static REGIONS: spin::Mutex<heapless::Vec<Region, MAX_REGIONS>> = spin::Mutex::new(heapless::Vec::new());
+static REGIONS: crate::fork::Mutex<heapless::Vec<Region, MAX_REGIONS>> = crate::fork::Mutex::new(heapless::Vec::new());
 
 /// Whether `[slot, slot + SLOT)` lies entirely within `reach` of `near`.
 fn within(slot: usize, near: usize, reach: usize) -> bool {
@@ -175,7 +175,7 @@ pub fn write(slot: usize, code: &[u8]) -> Result<(), PatchError> {
     assert!(code.len() <= SLOT, "trampoline of {} bytes", code.len());
     // Two writers of slots on one page would race on its protection (one
     // making it read-only again while the other still writes).
-    static WRITING: spin::Mutex<()> = spin::Mutex::new(());
+    static WRITING: crate::fork::Mutex<()> = crate::fork::Mutex::new(());
     let _writing = WRITING.lock();
     protect(slot, code.len(), libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC)?;
     // SAFETY: the slot lies in a region we mapped and just made writable;

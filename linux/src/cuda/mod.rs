@@ -72,7 +72,7 @@ struct State {
     absent_noted: [bool; 2],
 }
 
-static STATE: spin::Mutex<State> = spin::Mutex::new(State {
+static STATE: crate::fork::Mutex<State> = crate::fork::Mutex::new(State {
     modes: ModeSet::of(&[]),
     attached: [None, None],
     #[cfg(feature = "bistro")]
