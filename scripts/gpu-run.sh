@@ -72,6 +72,10 @@ if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     # libraries they dlopen by name are found from their callers' RUNPATH.
     check "torch work (no memhook)" python3 src/torch_work.py
     check "torch work under memhook run" ./memhook run -- python3 src/torch_work.py
+    # DataLoader workers forked from a process that used CUDA, while
+    # another thread keeps the loader (and memhook's rescans) busy.
+    check "torch DataLoader fork workers (no memhook)" timeout 300 python3 src/torch_fork.py
+    check "torch DataLoader fork workers under memhook run" timeout 300 ./memhook run -- python3 src/torch_fork.py
     # Install time in a process that has loaded PyTorch's CUDA libraries.
     python3 src/install_in_torch.py 2>&1 | grep install_in_torch | tee -a "$results"
     j=$(./memhook run --json --mmap-mode none -- python3 -c "import torch; x = torch.empty(1 << 26, device='cuda'); torch.cuda.synchronize()" 2>/dev/null)
