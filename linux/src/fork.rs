@@ -10,28 +10,29 @@
 //!   `refresh`, would wait on them forever;
 //! - the loader's lock that `dl_iterate_phdr` holds for its whole walk
 //!   (`dl_load_write_lock`), which glibc, unlike its other loader lock,
-//!   does not reset in the child (up to 2.39 at least; Julia hit the same,
-//!   JuliaLang/julia#57017). memhook walks the loaded objects often, and a
-//!   walk that reads relocations is long: a fork during one leaves the
-//!   child hanging at its next `dlopen` (memhook's, which walks), or at
-//!   anything else that walks (an unwinder, another `dlopen`). Measured:
+//!   does not reset in the child (2.36 and 2.39, measured). memhook
+//!   walks the loaded objects often, and a walk that reads relocations is
+//!   long: a fork during one leaves the child hanging at its next
+//!   `dlopen` (memhook's, which walks), or at anything else that walks
+//!   (an unwinder, another `dlopen`). Measured:
 //!   a thread loading and unloading a library while the main thread forks
 //!   200 children, each of which opens a library already loaded: glibc
 //!   alone, 0 of 2,000 children hang; memhook installed, 23 to 31 of 200.
 //!
 //! So every stretch of memhook's work that holds one of those locks, or
-//! walks the objects, is a *section* ([`Mutex`], [`iterate_phdr`]), and a
-//! `pthread_atfork` handler registered at load makes `fork` wait, before
-//! it forks, for the sections other threads are in to end, while new ones
-//! wait for the fork to be over. The child then finds memhook's locks
-//! free and no walk of memhook's holding the loader's. (The loader's own
-//! holders, another library's `dl_iterate_phdr` or a `dlclose` in
-//! progress, are glibc's to fix: they hang the child without memhook.)
+//! walks the objects, is a *section* (`fork::Mutex`,
+//! `fork::iterate_phdr`), and a `pthread_atfork` handler registered at
+//! load makes `fork` wait, before it forks, for the sections other
+//! threads are in to end, while new ones wait for the fork to be over.
+//! The child then finds memhook's locks free and no walk of memhook's
+//! holding the loader's. (The loader's own holders, another library's
+//! `dl_iterate_phdr` or a `dlclose` in progress, are glibc's to fix: they
+//! hang the child without memhook.)
 //!
-//! The wait is bounded ([`LIMIT_NS`]): a section may itself wait for what the
-//! forking thread holds (an install asks the loader for a symbol while the
-//! forking thread runs a library constructor, which holds the loader's
-//! lock), and the fork then goes ahead after the bound, as it did before,
+//! The wait is bounded ([`LIMIT_NS`]): a section may itself wait for what
+//! the forking thread holds (an install asks the loader for a symbol
+//! while the forking thread runs a library constructor, which holds the
+//! loader's lock), and the fork then goes ahead after the bound, as it did before,
 //! counted in [`waits_given_up`]. A thread that forks from inside a
 //! section (a handler of an event memhook sends while it holds a lock:
 //! the mapping of a trampoline page during an install) does not wait for
