@@ -231,3 +231,124 @@ pub(crate) unsafe fn iterate_phdr(
     // SAFETY: forwarded from the caller.
     unsafe { libc::dl_iterate_phdr(Some(callback), data) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Arc, Barrier};
+
+    /// The tests fork and read the global counters: one at a time.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Forks; the child exits with `child()`'s answer (0: right); returns
+    /// the child's exit status.
+    fn fork_and_check(child: impl FnOnce() -> i32) -> i32 {
+        // SAFETY: the child runs `child`, which touches only memory
+        // inherited from this thread, and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let code = child();
+            // SAFETY: leaving the child without the parent's atexit.
+            unsafe { libc::_exit(code) };
+        }
+        assert!(pid > 0, "fork failed");
+        let mut status = 0;
+        // SAFETY: waiting for the child just forked.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status), "child status {status:#x}");
+        libc::WEXITSTATUS(status)
+    }
+
+    #[test]
+    fn a_fork_waits_for_another_threads_section_to_end() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let given_up = waits_given_up();
+        let entered = Arc::new(Barrier::new(2));
+        let left = Arc::new(AtomicBool::new(false));
+        let holder = {
+            let (entered, left) = (entered.clone(), left.clone());
+            std::thread::spawn(move || {
+                let section = section();
+                entered.wait();
+                // Long enough that a fork not waiting would come first.
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                left.store(true, Ordering::SeqCst);
+                drop(section);
+            })
+        };
+        entered.wait();
+        // The child is a copy of the parent as the fork found it: the
+        // section had ended, and the child is in none.
+        let code = fork_and_check(|| {
+            let ended = left.load(Ordering::SeqCst);
+            let free = ACTIVE.load(Ordering::SeqCst) == 0 && FORKING.load(Ordering::SeqCst) == 0;
+            i32::from(!ended) | i32::from(!free) << 1
+        });
+        assert_eq!(
+            code, 0,
+            "1: forked inside the other thread's section, 2: counters not reset"
+        );
+        assert!(left.load(Ordering::SeqCst));
+        holder.join().unwrap();
+        assert_eq!(waits_given_up(), given_up);
+        // New sections go ahead after the fork.
+        drop(section());
+    }
+
+    #[test]
+    fn a_thread_forking_from_inside_a_section_does_not_wait_for_itself() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let given_up = waits_given_up();
+        let outer = section();
+        let inner = section(); // nested: counted once
+        assert_eq!(DEPTH.with(|d| d.get()), 2);
+        let code = fork_and_check(|| {
+            // The child's thread is still in its two sections, counted once.
+            let counted = ACTIVE.load(Ordering::SeqCst) == 1 && DEPTH.with(|d| d.get()) == 2;
+            drop(section());
+            i32::from(!counted)
+        });
+        assert_eq!(code, 0);
+        assert_eq!(
+            waits_given_up(),
+            given_up,
+            "no wait given up: it did not wait for itself"
+        );
+        drop(inner);
+        drop(outer);
+        assert_eq!(DEPTH.with(|d| d.get()), 0);
+    }
+
+    #[test]
+    fn a_fork_gives_up_waiting_after_the_limit_and_counts_it() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let given_up = waits_given_up();
+        let entered = Arc::new(Barrier::new(2));
+        let release = Arc::new(AtomicBool::new(false));
+        let holder = {
+            let (entered, release) = (entered.clone(), release.clone());
+            std::thread::spawn(move || {
+                let _section = section();
+                entered.wait();
+                // A section that waits for what the forking thread holds
+                // (here: a flag it sets only after the fork).
+                while !release.load(Ordering::SeqCst) {
+                    std::thread::yield_now();
+                }
+            })
+        };
+        entered.wait();
+        let start = std::time::Instant::now();
+        let code = fork_and_check(|| i32::from(release.load(Ordering::SeqCst)));
+        let waited = start.elapsed();
+        release.store(true, Ordering::SeqCst);
+        holder.join().unwrap();
+        assert_eq!(code, 0);
+        assert_eq!(waits_given_up(), given_up + 1);
+        assert!(
+            waited >= std::time::Duration::from_nanos(LIMIT_NS),
+            "gave up after {waited:?}, before the limit"
+        );
+    }
+}
