@@ -619,18 +619,15 @@ fn unhook_namespaces(state: &mut Installed) {
             }
         }
     });
-    // What is left is in libcs that went: forgotten.
+    // What is left is in libcs that went: forgotten, as is every
+    // namespace with no patch kept.
     state.namespace_hooks.clear();
-    let mut hooked = 0;
     for (ns, h) in kept {
-        hooked |= 1 << ns;
         let _ = state.namespace_hooks.push((ns, h));
     }
-    crate::namespace::HOOKED.store(hooked, Ordering::Release);
-    state.namespaces.retain(|s| hooked & (1 << s.namespace) != 0);
-    for (ns, libc) in state.namespace_libcs.iter_mut().enumerate() {
-        if hooked & (1 << ns) == 0 {
-            *libc = (0, 0);
+    for ns in 1..crate::host::NAMESPACES {
+        if !state.namespace_hooks.iter().any(|&(n, _)| n == ns) {
+            forget_namespace(state, ns);
         }
     }
 }
