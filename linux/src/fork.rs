@@ -39,8 +39,12 @@
 //! itself.
 //!
 //! The hooks themselves never enter a section: dispatch takes no lock.
-//! (The memory-type map's writer lock is not a section either: CUDA does
-//! not work in a child of a process that used it.)
+//! The memory-type map's writer lock is not a section either: the CUDA
+//! hooks take it after each allocation and free, and a fork need not wait
+//! for them. The child mends the map instead (`memtype::after_fork_in_child`):
+//! a writer changes only the table readers are not using, so the live
+//! table is whole at any moment, and the child lets the lock go and
+//! copies the live table over the spare one.
 
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -145,11 +149,13 @@ extern "C" fn parent() {
 extern "C" fn child() {
     ACTIVE.store(own(), Ordering::SeqCst);
     FORKING.store(0, Ordering::SeqCst);
+    crate::memtype::after_fork_in_child();
 }
 
 extern "C" fn register_at_load() {
-    // SAFETY: the three handlers touch only this module's atomics and the
-    // calling thread's section depth, and never fail.
+    // SAFETY: the three handlers touch only this module's atomics, the
+    // calling thread's section depth and (the child's) the memory-type
+    // map, and never fail.
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
 }
 

@@ -15,7 +15,7 @@
 
 pub use memhook_core::memtype::{Inserted, Lookup, MapError, MemInfo, MemType, MemtypeMap};
 
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use memhook_core::event::Event;
 
@@ -154,6 +154,37 @@ pub fn remove(start: usize, len: usize) -> Result<(), MapError> {
 /// it (`None`, changing nothing, when none starts there).
 pub fn take(start: usize) -> Option<MemInfo> {
     MAP.take(start)
+}
+
+/// Children of `fork` (this process, or its forebears since their own
+/// fork) in which the map had to be mended.
+static MENDED: AtomicU64 = AtomicU64::new(0);
+
+/// In the child of a `fork`, from `fork`'s child handler: a thread of the
+/// parent that was updating the map (a CUDA hook recording an allocation,
+/// an embedder's `report_event`) left its lock held and its spare table
+/// half-written, and the child's next update would wait forever. The map
+/// lets the lock go and mends the spare from the live table
+/// ([`MemtypeMap::reset_after_fork`]).
+///
+/// Not covered: a thread that forks from a signal handler that
+/// interrupted its own update of the map (the update, resumed in the
+/// parent and the child, would finish on a mended table).
+pub(crate) fn after_fork_in_child() {
+    // SAFETY: only the forking thread exists in the child, and it is not
+    // inside an update of the map (see above: the hooks' updates do not
+    // fork, and this runs from `fork` itself).
+    if unsafe { MAP.reset_after_fork() } {
+        MENDED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// How many times the map was mended in a child of `fork` because a
+/// thread of the parent was updating it at the fork (see
+/// [`crate::fork`]): 1 in such a child, 0 in a process none of whose
+/// forks came at such a moment.
+pub fn mended_after_fork() -> u64 {
+    MENDED.load(Ordering::Relaxed)
 }
 
 /// Ranges dropped because the map was full.

@@ -2970,6 +2970,105 @@ fn check_fork_during_loader_work(mode: HookMode) {
     assert_eq!(memhook::fork::waits_given_up(), 0);
 }
 
+/// A child forked while another thread updates the memory-type map (as
+/// the CUDA hooks do after each allocation and free, or an embedder's
+/// `report_event`) finds the map whole and its lock free: the lookups of
+/// ranges recorded before agree, and its own updates go through, on both
+/// of the map's tables. Without the mend, every such child waited forever
+/// at its first update.
+#[test]
+fn a_child_forked_while_the_memtype_map_is_updated_finds_it_whole() {
+    use memhook::memtype::{self, Lookup, MemType};
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Two regions of cells far from anything else recorded: the first
+    // fixed, the second churned by the writer.
+    const CELLS: usize = 64;
+    let fixed = |i: usize| 0x7a00_0000_0000 + i * 0x10_0000;
+    let churned = |i: usize| 0x7b00_0000_0000 + i * 0x10_0000;
+    for i in 0..CELLS {
+        memtype::insert(fixed(i), 0x1000 + i * 0x100, MemType::Cuda, (i % 4) as i32).unwrap();
+    }
+    let fixed_whole = move || {
+        (0..CELLS).all(|i| {
+            matches!(memtype::lookup(fixed(i) + 0x800, 8),
+                Lookup::Found(f) if f.base == fixed(i) && f.len == 0x1000 + i * 0x100 && f.device == (i % 4) as i32)
+        })
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut updates = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for i in 0..CELLS {
+                    memtype::insert(churned(i), 0x2000, MemType::CudaManaged, 1).unwrap();
+                    if i % 2 == 0 {
+                        memtype::remove(churned(i), 0x2000).unwrap();
+                    } else {
+                        assert!(memtype::take(churned(i)).is_some());
+                    }
+                    updates += 2;
+                }
+            }
+            updates
+        })
+    };
+    let (mut hung, mut mended, mut forks) = (0, 0, 0);
+    let start = std::time::Instant::now();
+    while forks < 100 || start.elapsed() < std::time::Duration::from_millis(500) {
+        forks += 1;
+        // SAFETY: the child makes the calls below and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let mut code = i32::from(!fixed_whole());
+            // Updates that publish each table in turn, each followed by
+            // the lookups: the writer's cells go, a cell of the child's
+            // own comes and goes.
+            memtype::remove(churned(0), CELLS * 0x10_0000).unwrap();
+            code |=
+                i32::from(!fixed_whole() || (0..CELLS).any(|i| memtype::lookup(churned(i), 8) != Lookup::Absent)) << 1;
+            memtype::insert(churned(3), 0x3000, MemType::CudaHost, -1).unwrap();
+            code |= i32::from(
+                !fixed_whole()
+                    || !matches!(memtype::lookup(churned(3) + 0x2fff, 1), Lookup::Found(f) if f.mem_type == MemType::CudaHost),
+            ) << 2;
+            memtype::remove(churned(3), 0x3000).unwrap();
+            code |= i32::from(!fixed_whole() || memtype::lookup(churned(3), 8) != Lookup::Absent) << 3;
+            memtype::insert(churned(5), 0x1000, MemType::Cuda, 2).unwrap();
+            code |= i32::from(!fixed_whole()) << 4;
+            if memtype::mended_after_fork() == 1 {
+                code |= 1 << 6;
+            }
+            // SAFETY: leaving the child without the parent's atexit.
+            unsafe { libc::_exit(code) };
+        }
+        match wait_for_child(pid, std::time::Duration::from_secs(5)) {
+            None => hung += 1,
+            Some(status) => {
+                assert!(libc::WIFEXITED(status), "child status {status:#x}");
+                let code = libc::WEXITSTATUS(status);
+                assert_eq!(
+                    code & 0x3f,
+                    0,
+                    "child's failed checks {code:#b} (bit n: the nth round of lookups)"
+                );
+                mended += i32::from(code & 1 << 6 != 0);
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let updates = writer.join().unwrap();
+    assert_eq!(hung, 0, "children that hung, of {forks} ({updates} updates beside)");
+    assert!(
+        mended > 0,
+        "no fork of {forks} came while the map was updated: the mend went untested"
+    );
+    assert_eq!(memtype::mended_after_fork(), 0, "the parent's map needs no mend");
+    eprintln!("{mended} of {forks} children mended the map");
+    memtype::remove(fixed(0), CELLS * 0x10_0000).unwrap();
+    memtype::remove(churned(0), CELLS * 0x10_0000).unwrap();
+}
+
 #[test]
 fn a_child_forked_during_loader_work_finds_memhooks_locks_free_in_bistro_mode() {
     check_fork_during_loader_work(HookMode::Bistro);
