@@ -2160,7 +2160,6 @@ mod tests {
         assert_eq!(m.lookup(0x1800, 8), Lookup::Absent);
     }
 
-    /// A pseudo-random sequence (xorshift64) from `seed`.
     /// Checks one table's layout: sorted starts, gaps that repeat the
     /// start of the entry after them, an entry in the last slot in use,
     /// entries that do not overlap, the entry count, free slots past the
@@ -2249,10 +2248,6 @@ mod tests {
         }
     }
 
-    /// Random inserts, removals and takes, small and large, overlapping
-    /// and not, on maps small enough to fill: after every update both
-    /// tables hold the same slots, well formed, and every lookup agrees
-    /// with a plain list of the entries.
     /// A new map is zero bytes (a `static` one lies in `.bss`), its
     /// tables not yet laid out: it answers Absent everywhere, and readers
     /// racing its first writer (which lays them out) see Absent or the
@@ -2435,6 +2430,10 @@ mod tests {
         }
     }
 
+    /// Random inserts, removals and takes, small and large, overlapping
+    /// and not, on maps small enough to fill: after every update both
+    /// tables hold the same slots, well formed, and every lookup agrees
+    /// with a plain list of the entries.
     #[test]
     fn both_tables_stay_identical_and_well_formed() {
         fn run<const N: usize>(seed: u64, ops: usize, span: usize) {
@@ -2595,6 +2594,7 @@ mod tests {
         check_table(&T);
     }
 
+    /// A pseudo-random sequence (xorshift64) from `x`.
     fn xorshift(mut x: u64) -> impl FnMut() -> usize {
         move || {
             x ^= x << 13;
