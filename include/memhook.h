@@ -192,6 +192,14 @@
 #define MEMHOOK_RECORD_STATUS 2
 
 /*
+ A record of `MEMHOOK_REPORT_FD`: one of the loader's other namespaces
+ whose libc memhook hooked, as [`memhook_namespace_status`] reports it
+ (`address`: the namespace, `size`: the host functions its libc
+ defines, `value`: how many are hooked, `reason`: why one is not).
+ */
+#define MEMHOOK_RECORD_NAMESPACE 3
+
+/*
  A bistro patch made by [`memhook_patch`] (opaque to C).
  */
 typedef struct memhook_patch_t memhook_patch_t;

@@ -30,6 +30,7 @@ pub struct Options {
 const RECORD: usize = 256;
 const KIND_EVENT: u32 = 1;
 const KIND_STATUS: u32 = 2;
+const KIND_NAMESPACE: u32 = 3;
 
 struct Record {
     kind: u32,
@@ -120,6 +121,9 @@ struct Summary {
     typed: Alive,
     /// (function, mode) -> (library, state: 1 installed, 2 pending, 0 failed, reason)
     hooks: BTreeMap<(String, String), (String, u32, String)>,
+    /// The loader's other namespaces whose libc is hooked, as last
+    /// reported (at exit): namespace -> (functions, hooked, reason).
+    namespaces: BTreeMap<u64, (u64, u32, String)>,
     total: u64,
 }
 
@@ -162,6 +166,9 @@ impl Summary {
             KIND_STATUS => {
                 self.hooks.insert((r.function, r.mode), (r.library, r.value, r.reason));
             }
+            KIND_NAMESPACE => {
+                self.namespaces.insert(r.address, (r.size, r.value, r.reason));
+            }
             _ => {}
         }
     }
@@ -201,8 +208,19 @@ impl Summary {
             })
             .collect::<Vec<_>>()
             .join(", ");
+        let namespaces = self
+            .namespaces
+            .iter()
+            .map(|(n, (functions, hooked, why))| {
+                format!(
+                    "{{\"namespace\": {n}, \"functions\": {functions}, \"hooked\": {hooked}, \"reason\": {}}}",
+                    json_string(why)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
         format!(
-            "{{\"exit_status\": {exit_status}, \"events\": {{{}}}, \"functions\": {{{}}}, \"bytes_alive\": {{{alive}}}, \"hooks\": [{hooks}]}}",
+            "{{\"exit_status\": {exit_status}, \"events\": {{{}}}, \"functions\": {{{}}}, \"bytes_alive\": {{{alive}}}, \"hooks\": [{hooks}], \"namespaces\": [{namespaces}]}}",
             map(&self.events),
             map(&self.functions)
         )
@@ -242,6 +260,17 @@ impl Summary {
             if *state == 0 {
                 let _ = writeln!(o, "  not hooked: {f} ({l}, {m}): {why}");
             }
+        }
+        if !self.namespaces.is_empty() {
+            let _ = writeln!(o, "loader namespaces of their own (dlmopen), at exit:");
+        }
+        for (n, (functions, hooked, why)) in &self.namespaces {
+            let why = if why.is_empty() {
+                String::new()
+            } else {
+                format!(": {why}")
+            };
+            let _ = writeln!(o, "  namespace {n}: {hooked} of {functions} host functions hooked{why}");
         }
         o
     }

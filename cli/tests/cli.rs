@@ -117,6 +117,78 @@ fn run_counts_events_by_kind_and_function() {
     assert!(t.contains("reloc"), "{t}");
 }
 
+/// A program that opens a second libc in a loader namespace of its own
+/// and maps and unmaps through it, keeping the namespace open to exit.
+const NAMESPACE_PROGRAM: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <sys/mman.h>
+int main(void) {
+    void *h = dlmopen(LM_ID_NEWLM, "libc.so.6", RTLD_NOW);
+    if (!h) return 10;
+    void *(*ns_mmap)(void *, size_t, int, int, int, long) = (void *(*)(void *, size_t, int, int, int, long))dlsym(h, "mmap");
+    int (*ns_munmap)(void *, size_t) = (int (*)(void *, size_t))dlsym(h, "munmap");
+    if (!ns_mmap || !ns_munmap) return 11;
+    void *p = ns_mmap(0, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED || ns_munmap(p, 1 << 16) != 0) return 12;
+    return 0;
+}
+"#;
+
+/// `memhook run` says how the libc of each loader namespace the program
+/// opened stands at its exit, in the JSON (`namespaces`) and the text
+/// summary; a program that opens none has an empty list.
+#[test]
+fn run_reports_the_loader_namespaces_a_program_opened() {
+    with_library();
+    let doctor = text(&memhook().arg("doctor").output().unwrap());
+    if !doctor
+        .lines()
+        .any(|l| l.contains("loader namespaces:") && l.contains("followed:"))
+    {
+        eprintln!("skipped: this glibc's namespaces are not followed ({doctor})");
+        return;
+    }
+    let dir = work();
+    let src = dir.join("namespace.c");
+    std::fs::write(&src, NAMESPACE_PROGRAM).unwrap();
+    let prog = dir.join("namespace");
+    let ok = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .arg(&src)
+        .arg("-ldl")
+        .arg("-o")
+        .arg(&prog)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let o = memhook().args(["run", "--json", "--"]).arg(&prog).output().unwrap();
+    let json = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", text(&o));
+    let at = json.find("\"namespaces\": [{").expect("a namespace listed");
+    let listed = &json[at..];
+    let (functions, hooked) = (field(listed, "functions").unwrap(), field(listed, "hooked").unwrap());
+    assert!(field(listed, "namespace").unwrap() >= 1, "{json}");
+    assert!(functions >= 8 && hooked == functions, "{json}");
+    assert!(listed.contains("\"reason\": \"\""), "{json}");
+    let o = memhook().args(["run", "--"]).arg(&prog).output().unwrap();
+    let t = text(&o);
+    assert!(
+        t.contains("loader namespaces of their own")
+            && t.contains(&format!(": {functions} of {functions} host functions hooked")),
+        "{t}"
+    );
+    // None opened: an empty list, and no such section.
+    let o = memhook().args(["run", "--json", "--", "true"]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("\"namespaces\": []"),
+        "{}",
+        text(&o)
+    );
+    let o = memhook().args(["run", "--", "true"]).output().unwrap();
+    assert!(!text(&o).contains("loader namespaces"), "{}", text(&o));
+}
+
 #[test]
 fn run_keeps_the_exit_status() {
     with_library();

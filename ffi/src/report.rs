@@ -143,6 +143,11 @@ pub extern "C" fn memhook_version() -> *const c_char {
 pub const MEMHOOK_RECORD_EVENT: u32 = 1;
 /// A record of `MEMHOOK_REPORT_FD`: one [`memhook_hook_status_t`] entry.
 pub const MEMHOOK_RECORD_STATUS: u32 = 2;
+/// A record of `MEMHOOK_REPORT_FD`: one of the loader's other namespaces
+/// whose libc memhook hooked, as [`memhook_namespace_status`] reports it
+/// (`address`: the namespace, `size`: the host functions its libc
+/// defines, `value`: how many are hooked, `reason`: why one is not).
+pub const MEMHOOK_RECORD_NAMESPACE: u32 = 3;
 
 /// One fixed-size (256-byte) record written to the file descriptor named
 /// by `MEMHOOK_REPORT_FD` with a single `write` (so records of several
@@ -157,11 +162,13 @@ pub struct memhook_record_t {
     /// The process that wrote it.
     pub pid: u32,
     /// The memory type (`MEM_TYPE_*` events); for status: 1 when the hook
-    /// took, 2 when it waits for its library to load, 0 when it failed.
+    /// took, 2 when it waits for its library to load, 0 when it failed;
+    /// for a namespace, how many of its functions are hooked.
     pub value: u32,
-    /// The range's start (events).
+    /// The range's start (events); the namespace (namespaces).
     pub address: u64,
-    /// The range's length (events; 0 when unknown).
+    /// The range's length (events; 0 when unknown); the host functions
+    /// the namespace's libc defines (namespaces).
     pub size: u64,
     /// The call's result (events that have one).
     pub result: i64,
@@ -172,7 +179,8 @@ pub struct memhook_record_t {
     pub library: [c_char; 24],
     /// The mode (status).
     pub mode: [c_char; 16],
-    /// Why the mode did not take (status).
+    /// Why the mode did not take (status), or why a function of a
+    /// namespace is not hooked (namespaces).
     pub reason: [c_char; 128],
 }
 
@@ -245,7 +253,8 @@ unsafe fn report(fd: usize, _: usize, e: &mut Event) {
 /// The descriptor of `MEMHOOK_REPORT_FD`, once read.
 static REPORT_FD: core::sync::atomic::AtomicI32 = core::sync::atomic::AtomicI32::new(-1);
 
-/// Writes every status entry as a record.
+/// Writes every status entry as a record, then one record per loader
+/// namespace besides the main one whose libc is hooked.
 fn write_status(fd: c_int) {
     for s in memhook::status().iter() {
         let c = to_c_status(s);
@@ -261,6 +270,14 @@ fn write_status(fd: c_int) {
             0
         };
         copy(&mut r.reason, &s.reason);
+        write_record(fd, &r);
+    }
+    for n in memhook::namespaces().iter() {
+        let mut r = empty_record(MEMHOOK_RECORD_NAMESPACE);
+        r.address = n.namespace as u64;
+        r.size = n.functions as u64;
+        r.value = n.hooked as u32;
+        copy(&mut r.reason, &n.reason);
         write_record(fd, &r);
     }
 }
