@@ -1,6 +1,7 @@
 //! The C programs of `ffi/examples/`, built with the system C compiler
 //! against `include/memhook.h` and `libmemhook.so`, and run: a handler
-//! counting events, a second namespace's libc (`dlmopen`), the CUDA hooks
+//! counting events, a second namespace's libc (`dlmopen`), libmemhook.so
+//! closed after install (it stays loaded), the CUDA hooks
 //! on the fake driver, and an unmodified
 //! program under `LD_PRELOAD=libmemhook.so MEMHOOK_TRACE=1`.
 
@@ -55,6 +56,35 @@ fn count_events() {
     cc("count_events.c", &out, true);
     let o = Command::new(&out).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A program opens libmemhook.so with `dlopen`, installs (both host
+/// modes, in turn), registers a handler and closes it: the library stays
+/// (`-z nodelete`), so the hooked `mmap`, a fork and a later `dlopen` keep
+/// working and the handler still sees the events. Before the flag, the
+/// first `mmap` after the `dlclose` crashed the process.
+#[test]
+fn closing_libmemhook_after_install_leaves_it_loaded_and_working() {
+    let out = out_dir().join("unload");
+    cc_with("unload.c", &out, false, &["-ldl"]);
+    for config in ["mmap=bistro;cuda=none", "mmap=reloc;cuda=none"] {
+        let o = Command::new(&out)
+            .arg(lib_dir().join("libmemhook.so"))
+            .arg(config)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{config}: {:?} {stdout}{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            stdout.contains("1 mapped, 1 unmapped, library still loaded"),
+            "{config}: {stdout}"
+        );
+    }
 }
 
 #[test]

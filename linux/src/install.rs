@@ -209,6 +209,13 @@ fn note(
 /// config again does nothing; a different one replaces the first. Thread
 /// safe. A function a mode cannot hook is reported in [`status`] with the
 /// reason, and the others are installed.
+///
+/// From then on memhook's code must stay mapped, even after
+/// [`uninstall`]: patched entries and GOT slots lead into it, and a
+/// program or the CUDA runtime may keep a hook's address it was given. A
+/// shared object that contains this crate (a `cdylib`) is to be linked
+/// with `-Wl,-z,nodelete`, as `libmemhook.so` is: a `dlclose` that
+/// unmapped it would crash the process at its next hooked call.
 pub fn install(config: &Config) {
     #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
     if warm_up::defer(config) {
