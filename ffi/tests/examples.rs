@@ -1,7 +1,8 @@
 //! The C programs of `ffi/examples/`, built with the system C compiler
 //! against `include/memhook.h` and `libmemhook.so`, and run: a handler
 //! counting events, a second namespace's libc (`dlmopen`), libmemhook.so
-//! closed after install (it stays loaded), the CUDA hooks
+//! closed after install (it stays loaded), a program with an `mmap` of
+//! its own, two copies of memhook in one process, the CUDA hooks
 //! on the fake driver, and an unmodified
 //! program under `LD_PRELOAD=libmemhook.so MEMHOOK_TRACE=1`.
 
@@ -84,6 +85,107 @@ fn closing_libmemhook_after_install_leaves_it_loaded_and_working() {
             stdout.contains("1 mapped, 1 unmapped, library still loaded"),
             "{config}: {stdout}"
         );
+    }
+}
+
+/// A program with an `mmap` of its own that forwards to the C library's:
+/// bistro patches the C library's entry (found in its symbol table), not
+/// the program's, so `malloc`'s `mmap` of a large block and `free`'s
+/// `munmap` inside the C library are reported, and the program's own
+/// calls once each. Patched where `dlsym(RTLD_DEFAULT, "mmap")` pointed
+/// (the program's), memhook missed `malloc`'s map.
+#[test]
+fn bistro_patches_the_c_librarys_mmap_past_an_interposer() {
+    let out = out_dir().join("own_mmap");
+    cc("own_mmap.c", &out, true);
+    let o = Command::new(&out).arg("mmap=bistro;cuda=none").output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("malloc and free: 1 mapped, 1 unmapped"), "{stdout}");
+    assert!(
+        stdout.contains("the program's mmap and munmap: 1 mapped, 1 unmapped"),
+        "{stdout}"
+    );
+}
+
+/// Runs `cmd`, killing it after `limit`: its output, or `None` when it
+/// hung.
+fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Option<std::process::Output> {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+/// Two independent copies of memhook in one process (two libraries that
+/// each embed it), every pair of host modes, uninstalled in either
+/// order: each sees each `mmap` once while installed; the one left
+/// installed keeps seeing them whatever the other did (a bistro copy over
+/// a reloc one used to patch the reloc copy's hook, which `dlsym`
+/// answered, and went blind when that copy uninstalled); and a copy
+/// whose bistro patch the other patched over gets it back at its next
+/// install (it used to patch over its own jump, and the process hung).
+#[test]
+fn two_copies_of_memhook_each_see_every_mmap() {
+    let out = out_dir().join("two_instances");
+    cc("two_instances.c", &out, true);
+    let copy = out_dir().join("libmemhook-copy.so");
+    std::fs::copy(lib_dir().join("libmemhook.so"), &copy).unwrap();
+    let modes = ["mmap=bistro;cuda=none", "mmap=reloc;cuda=none"];
+    for a in modes {
+        for b in modes {
+            for order in ["0", "1"] {
+                let case = format!("A {a}, B {b}, order {order}");
+                let o = output_within(
+                    Command::new(&out).arg(&copy).args([a, b, order]),
+                    std::time::Duration::from_secs(20),
+                )
+                .unwrap_or_else(|| panic!("{case}: hung"));
+                let stdout = String::from_utf8_lossy(&o.stdout);
+                assert!(
+                    o.status.success(),
+                    "{case}: {:?}\n{stdout}{}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                let seen = |what: &str| {
+                    let line = stdout
+                        .lines()
+                        .find(|l| l.starts_with(&format!("{what}: ")))
+                        .unwrap_or_else(|| panic!("{case}: no line {what}:\n{stdout}"));
+                    let count = |k: &str| {
+                        line.split(k)
+                            .nth(1)
+                            .and_then(|v| v.split(' ').next()?.parse::<u32>().ok())
+                    };
+                    (count("a=").unwrap(), count("b=").unwrap())
+                };
+                assert_eq!(seen("A installed"), (1, 0), "{case}\n{stdout}");
+                assert_eq!(seen("both installed"), (1, 1), "{case}\n{stdout}");
+                if order == "0" {
+                    // A's patch may be kept (B patched over it, or holds
+                    // A's hook as its original): then A still sees it.
+                    assert_eq!(seen("A uninstalled").1, 1, "{case}: B sees on\n{stdout}");
+                    assert_eq!(seen("B uninstalled").1, 0, "{case}\n{stdout}");
+                    assert_eq!(seen("A installed again"), (1, 0), "{case}\n{stdout}");
+                    assert_eq!(seen("B installed again"), (1, 1), "{case}\n{stdout}");
+                } else {
+                    assert_eq!(seen("B uninstalled"), (1, 0), "{case}\n{stdout}");
+                    assert_eq!(seen("A uninstalled"), (0, 0), "{case}\n{stdout}");
+                }
+            }
+        }
     }
 }
 

@@ -228,15 +228,38 @@ pub fn install(config: &Config) {
     let busy = Busy::new();
     if state.config.is_some() {
         remove(&mut state);
+    } else {
+        // Patches an uninstall had to keep: undone now if the hooker
+        // that patched over them has let go (those still covered are
+        // taken back below).
+        #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            unfollow_loader(&mut state);
+            unpatch_all(&mut state.hooks);
+        }
     }
     let mmap = config.hooks.mmap;
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     if mmap.contains(HookMode::Bistro) {
-        for (name, hook, original) in functions().into_iter().filter(|(name, _, _)| present(name)) {
+        let names = functions().map(|(name, _, _)| name.to_bytes());
+        let in_libc = crate::reloc::main_libc_entries(&names);
+        for (i, (name, hook, original)) in functions().into_iter().enumerate() {
+            if !present(name) {
+                continue;
+            }
             let function = name.to_str().unwrap_or("?");
+            let target = entry_of(name, in_libc.map_or(0, |e| e[i]));
+            if target != 0 && state.hooks.iter().any(|h| h.target() == target) {
+                // Our patch from before, kept at an uninstall because
+                // another hooker had patched over it: still in place and
+                // working, and a second patch over it would lead into
+                // itself.
+                note(&mut state.status, function, HookMode::Bistro, None);
+                continue;
+            }
             // SAFETY: each hook has its function's signature and calls the
             // original through `original`, which patch_with sets first.
-            match unsafe { crate::bistro::Hook::patch_symbol(name, hook, original) } {
+            match unsafe { patch_at(target, hook, original) } {
                 Ok(h) => {
                     if state.hooks.push(h).is_err() {
                         note(
@@ -328,11 +351,17 @@ pub fn install(config: &Config) {
 /// GOT hooks follow the loader instead.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn follow_loader(state: &mut Installed) -> bool {
-    for (name, entry, real) in crate::reloc::dl_entries() {
+    let entries = crate::reloc::dl_entries();
+    let in_libc = crate::reloc::main_libc_entries(&entries.map(|(name, _, _)| name.to_bytes()));
+    for (i, (name, entry, real)) in entries.into_iter().enumerate() {
+        let target = entry_of(name, in_libc.map_or(0, |e| e[i]));
+        if target != 0 && state.loader.iter().any(|h| h.target() == target) {
+            continue; // kept from before (see `install`)
+        }
         // SAFETY: each entry has its function's signature and reaches the
-        // function through `real`, which patch_symbol sets to the
+        // function through `real`, which patch_with sets to the
         // trampoline before the patch.
-        match unsafe { crate::bistro::Hook::patch_symbol(name, entry, real) } {
+        match unsafe { patch_at(target, entry, real) } {
             Ok(h) => {
                 crate::reloc::BISTRO_DL.store(true, core::sync::atomic::Ordering::Release);
                 let _ = state.loader.push(h);
@@ -352,13 +381,59 @@ fn follow_loader(state: &mut Installed) -> bool {
 /// their trampolines, not through their patched entries.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn unfollow_loader(state: &mut Installed) {
-    while let Some(h) = state.loader.pop() {
+    if unpatch_all(&mut state.loader) {
+        crate::reloc::BISTRO_DL.store(false, core::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Undoes every patch of `hooks`, last first, and keeps those another
+/// hooker patched over (in place, still working, through their
+/// trampolines: an install finds them there and takes them back rather
+/// than patching over its own jump). Whether none was kept.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn unpatch_all<const N: usize>(hooks: &mut heapless::Vec<crate::bistro::Hook, N>) -> bool {
+    let mut kept = heapless::Vec::<crate::bistro::Hook, N>::new();
+    while let Some(h) = hooks.pop() {
         if let Err((h, _)) = h.unpatch() {
-            let _ = state.loader.push(h);
-            return;
+            let _ = kept.push(h);
         }
     }
-    crate::reloc::BISTRO_DL.store(false, core::sync::atomic::Ordering::Release);
+    while let Some(h) = kept.pop() {
+        let _ = hooks.push(h);
+    }
+    hooks.is_empty()
+}
+
+/// Where bistro patches the function `name`: its entry in the main
+/// namespace's C library (`in_libc`, read from the library's own symbol
+/// table; see `reloc::main_libc_entries`), or, where that table does not
+/// say (0: glibc before 2.34 defines the loader's functions in libdl), the
+/// definition `dlsym(RTLD_DEFAULT, ...)` finds. 0 where neither knows it.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn entry_of(name: &core::ffi::CStr, in_libc: usize) -> usize {
+    if in_libc != 0 {
+        return in_libc;
+    }
+    // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
+}
+
+/// [`crate::bistro::Hook::patch_with`] at `target`, refused for 0.
+///
+/// # Safety
+///
+/// As for `patch_with`.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+unsafe fn patch_at(
+    target: usize,
+    hook: usize,
+    original: &'static core::sync::atomic::AtomicUsize,
+) -> Result<crate::bistro::Hook, crate::bistro::BistroError> {
+    if target == 0 {
+        return Err(crate::bistro::BistroError::NoSymbol);
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { crate::bistro::Hook::patch_with(target, hook, original) }
 }
 
 /// Whether the host function `name` is in this process's C library.
@@ -377,13 +452,7 @@ fn remove(state: &mut Installed) {
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     unfollow_loader(state);
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-    while let Some(h) = state.hooks.pop() {
-        if let Err((h, _)) = h.unpatch() {
-            // Someone patched over it: leave ours in place, still working.
-            let _ = state.hooks.push(h);
-            break;
-        }
-    }
+    unpatch_all(&mut state.hooks);
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::namespace::RELOC.store(false, core::sync::atomic::Ordering::Release);
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -397,11 +466,26 @@ fn remove(state: &mut Installed) {
     }
     // The originals stay set: a thread may still be inside a hook.
     state.status.clear();
+    // A patch kept because another hooker patched over it is installed
+    // still, and reports: status says so.
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    for i in 0..state.hooks.len() {
+        let hook = state.hooks[i].hook();
+        if let Some((name, _, _)) = functions().into_iter().find(|&(_, h, _)| h == hook) {
+            note(&mut state.status, name.to_str().unwrap_or("?"), HookMode::Bistro, None);
+        }
+    }
     state.config = None;
 }
 
 /// Undoes every patch (bistro entries restored exactly, reloc slots put
 /// back). Handlers stay registered.
+///
+/// A bistro patch another hooker has patched over since cannot be undone
+/// without undoing theirs: it stays in place and keeps reporting (its
+/// hook is on their path), and [`status`] lists it as installed. The next
+/// [`install`] undoes it if the other hooker has let go, or takes it back
+/// as it is.
 pub fn uninstall() {
     let mut state = INSTALLED.lock();
     let busy = Busy::new();

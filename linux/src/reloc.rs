@@ -648,35 +648,62 @@ pub(crate) fn with_namespace_libcs(mut f: impl FnMut(&NamespaceLibc)) -> bool {
     let hooks = crate::host::functions();
     let names: [&[u8]; crate::host::FUNCTIONS] = core::array::from_fn(|i| hooks[i].0.to_bytes());
     for_each_namespace_object(|o| {
-        let file = o.name.rsplit(|&c| c == b'/').next().unwrap_or(o.name);
-        if file != b"libc.so.6" {
-            return;
-        }
-        let Some((dynamic, size)) = o.dynamic else {
+        let Some(functions) = libc_entries(o, &names) else {
             return;
         };
-        let Ok(d) = read_dynamic(o, o.id.base, dynamic, size) else {
-            return;
-        };
-        let mut found = [None; crate::host::FUNCTIONS];
-        if memhook_core::elf::find_functions(o, &d, &names, &mut found).is_err() {
-            return;
-        }
-        let mut libc = NamespaceLibc {
+        f(&NamespaceLibc {
             namespace: o.namespace,
             id: (o.id.base, o.id.phdr),
             segments: o.segments.clone(),
-            functions: [0; crate::host::FUNCTIONS],
-        };
-        let entries = found.map(|v| v.map_or(0, |v| o.id.base.wrapping_add(v as usize)));
-        for (at, entry) in libc.functions.iter_mut().zip(entries) {
-            if o.holds(entry) {
-                *at = entry;
-            }
-        }
-        f(&libc);
+            functions,
+        });
     })
     .is_some()
+}
+
+/// Where `o`, when it is a C library (its path ends in `libc.so.6`),
+/// defines `names`, from its own symbol table: each entry 0 where it
+/// defines no plain function of that name inside its segments. `None`
+/// for another object, or a C library whose dynamic section cannot be
+/// read.
+fn libc_entries<const K: usize>(o: &Object<'_>, names: &[&[u8]; K]) -> Option<[usize; K]> {
+    let file = o.name.rsplit(|&c| c == b'/').next().unwrap_or(o.name);
+    if file != b"libc.so.6" {
+        return None;
+    }
+    let (dynamic, size) = o.dynamic?;
+    let d = read_dynamic(o, o.id.base, dynamic, size).ok()?;
+    let mut found = [None; K];
+    memhook_core::elf::find_functions(o, &d, names, &mut found).ok()?;
+    Some(found.map(|v| {
+        let entry = v.map_or(0, |v| o.id.base.wrapping_add(v as usize));
+        if o.holds(entry) { entry } else { 0 }
+    }))
+}
+
+/// Where the main namespace's C library (the first object
+/// `dl_iterate_phdr` lists whose path ends in `libc.so.6`) defines
+/// `names`, read from its own symbol table (see [`libc_entries`]): what
+/// bistro patches, so that glibc's own calls (`malloc`'s `mmap`) are
+/// caught wherever the global scope's definition lies. `dlsym(RTLD_DEFAULT,
+/// ...)` answers an interposer's definition where one comes first (an
+/// `mmap` of the program's own, of a preloaded library, or the hook of
+/// another instance of memhook in reloc mode, which answers `dlsym` with
+/// its hook): a patch there would miss every call glibc makes inside
+/// itself, and, for another memhook's hook, every call once that one is
+/// uninstalled. `None` where no such object is listed (a static program,
+/// another C library) or its symbols cannot be read.
+#[cfg(feature = "bistro")]
+pub(crate) fn main_libc_entries<const K: usize>(names: &[&[u8]; K]) -> Option<[usize; K]> {
+    let mut entries = None;
+    for_each_object_while(|o| match libc_entries(o, names) {
+        Some(found) => {
+            entries = Some(found);
+            ControlFlow::Break(())
+        }
+        None => ControlFlow::Continue(()),
+    });
+    entries
 }
 
 /// Fills `o`'s segments, dynamic section and RELRO range from its

@@ -1433,6 +1433,62 @@ fn coexists_with_a_hooker_that_patched_mmap_first() {
     other.unpatch().map_err(|(_, e)| e).unwrap();
 }
 
+/// Another hooker patches over memhook's patch of `mmap` after memhook
+/// installed. An uninstall cannot undo memhook's patch without undoing
+/// theirs: it stays, still reporting, and `status` lists it as
+/// installed. An install meanwhile takes it back (a second patch over
+/// its own jump would lead into itself: the next `mmap` would never
+/// return), and once the other hooker lets go, the next install undoes it
+/// and the entry's bytes come back exactly.
+#[test]
+fn a_patch_another_hooker_covered_is_kept_listed_and_taken_back() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    let before = entry_bytes(c"mmap");
+    let handler = memhook::set_handler(bits::MMAP, 0, HandlerFn::Rust(&record)).unwrap();
+    // Sees one mmap: how many times the other hooker and memhook did.
+    let one_mmap = || {
+        let n = OTHER_CALLS.load(Ordering::SeqCst);
+        let mut p = 0;
+        // SAFETY: the helper wraps mmap.
+        let log = recorded(|| p = unsafe { (h.mmap)(K64) });
+        // SAFETY: unmapping what was mapped.
+        unsafe { (h.munmap)(p, K64) };
+        (OTHER_CALLS.load(Ordering::SeqCst) - n, about(&log, p, K64).len())
+    };
+    memhook::install(&config(HookMode::Bistro));
+    // SAFETY: other_mmap has mmap's signature and calls its original.
+    let other =
+        unsafe { memhook::bistro::Hook::patch_symbol(c"mmap", other_mmap as *const () as usize, &OTHER_ORIGINAL) }
+            .unwrap();
+    assert_eq!(one_mmap(), (1, 1));
+    memhook::uninstall();
+    let status = memhook::status();
+    assert!(
+        status.iter().any(|f| f.function == "mmap" && f.installed),
+        "the kept patch is listed: {status:?}"
+    );
+    assert!(
+        !status.iter().any(|f| f.function == "munmap"),
+        "the others are undone: {status:?}"
+    );
+    assert_eq!(one_mmap(), (1, 1), "the kept patch still reports");
+    memhook::install(&config(HookMode::Bistro));
+    assert_eq!(one_mmap(), (1, 1), "taken back, not patched over");
+    assert!(memhook::status().iter().all(|f| f.installed));
+    memhook::uninstall();
+    other.unpatch().map_err(|(_, e)| e).unwrap();
+    // Uncovered now: the next install undoes the kept patch and patches
+    // afresh, and its uninstall leaves the bytes as they were.
+    memhook::install(&config(HookMode::Bistro));
+    assert_eq!(one_mmap(), (0, 1));
+    memhook::uninstall();
+    assert_eq!(entry_bytes(c"mmap"), before);
+    assert!(memhook::status().is_empty());
+    assert_eq!(one_mmap(), (0, 0));
+    memhook::unset_handler(handler).unwrap();
+}
+
 static SIG_MAPS: AtomicUsize = AtomicUsize::new(0);
 const SIG_SIZE: usize = 11 * 4096;
 
