@@ -1,5 +1,5 @@
 //! `memhook run`: runs a command with libmemhook preloaded and
-//! `MEMHOOK_REPORT_FD` pointing at a pipe, reads the records, shows a live
+//! `MEMHOOK_REPORT_FD` naming one end of a socket pair, reads the records, shows a live
 //! line on a terminal, and summarises.
 
 use std::collections::{BTreeMap, HashMap};
@@ -304,9 +304,13 @@ fn library() -> Result<PathBuf, String> {
 pub fn run(opts: Options) -> Result<i32, String> {
     let lib = library()?;
     let mut fds = [0; 2];
-    // SAFETY: a two-element array for the pipe's ends.
-    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
-        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    // A socket pair of records, not a pipe: a record is one message,
+    // never split or interleaved, and the program's `send(MSG_NOSIGNAL)`
+    // gets an error, not a SIGPIPE that ends it, if this process goes
+    // away first.
+    // SAFETY: a two-element array for the pair's ends.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, fds.as_mut_ptr()) } != 0 {
+        return Err(format!("socketpair: {}", std::io::Error::last_os_error()));
     }
     let (read_fd, write_fd) = (fds[0], fds[1]);
     // The read end stays in this process only.
@@ -339,9 +343,9 @@ pub fn run(opts: Options) -> Result<i32, String> {
         let summary = summary.clone();
         std::thread::spawn(move || {
             // SAFETY: the read end, owned by this thread from now on.
-            let mut pipe = unsafe { std::fs::File::from_raw_fd(read_fd) };
+            let mut records = unsafe { std::fs::File::from_raw_fd(read_fd) };
             let mut buf = [0u8; RECORD];
-            while pipe.read_exact(&mut buf).is_ok() {
+            while records.read_exact(&mut buf).is_ok() {
                 summary.lock().unwrap().add(parse(&buf));
             }
         })
@@ -369,7 +373,7 @@ pub fn run(opts: Options) -> Result<i32, String> {
         })
     });
     let status = child.wait().map_err(|e| format!("waiting for the command: {e}"))?;
-    // Grandchildren may hold the pipe: give them a moment, then summarise.
+    // Grandchildren may hold the socket: give them a moment, then summarise.
     let deadline = Instant::now() + Duration::from_millis(500);
     while !reader.is_finished() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));

@@ -189,6 +189,110 @@ fn run_reports_the_loader_namespaces_a_program_opened() {
     assert!(!text(&o).contains("loader namespaces"), "{}", text(&o));
 }
 
+/// Builds C `source` into the work folder as `name`.
+fn build_c(name: &str, source: &str) -> PathBuf {
+    let dir = work();
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let out = dir.join(name);
+    let ok = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "building {name}");
+    out
+}
+
+/// A daemon's start: it closes the descriptor it inherited for the
+/// records and opens its log on that number, then maps and unmaps; the
+/// log must hold only what the program wrote.
+const REUSES_THE_DESCRIPTOR: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    const char *v = getenv("MEMHOOK_REPORT_FD");
+    if (!v) return 10;
+    int fd = atoi(v);
+    close(fd);
+    int f = open(argv[1], O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    if (f < 0 || (f != fd && (dup2(f, fd) != fd || close(f) != 0))) return 11;
+    for (int i = 0; i < 10; i++) {
+        void *p = mmap(0, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED || munmap(p, 1 << 20) != 0) return 12;
+    }
+    if (write(fd, "log\n", 4) != 4 || close(fd) != 0) return 13;
+    struct stat st;
+    return stat(argv[1], &st) == 0 && st.st_size == 4 ? 0 : 14;
+}
+"#;
+
+/// A program that outlives `memhook run` (killed): after a pause it maps
+/// and unmaps, then leaves a mark.
+const OUTLIVES_THE_READER: &str = r#"
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    usleep(500 * 1000);
+    for (int i = 0; i < 100; i++) {
+        void *p = mmap(0, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED || munmap(p, 1 << 16) != 0) return 12;
+    }
+    int f = open(argv[1], O_CREAT | O_WRONLY, 0644);
+    return f >= 0 && close(f) == 0 ? 0 : 13;
+}
+"#;
+
+/// The records' descriptor is the program's to close: a file that gets
+/// its number afterwards receives no record (it used to get every event
+/// as 256 bytes of binary), and the program runs on. And a program that
+/// outlives `memhook run` is not ended by a SIGPIPE at its next event.
+#[test]
+fn run_never_writes_into_the_programs_files_nor_ends_it() {
+    with_library();
+    let prog = build_c("reuse", REUSES_THE_DESCRIPTOR);
+    let log = work().join("reuse.log");
+    let o = memhook()
+        .args(["run", "--json", "--"])
+        .arg(&prog)
+        .arg(&log)
+        .output()
+        .unwrap();
+    let json = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        field(&json, "exit_status"),
+        Some(0),
+        "the program's checks (14: its log held more than its line): {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&log).unwrap(),
+        b"log\n",
+        "the log holds the program's line only"
+    );
+
+    let prog = build_c("outlive", OUTLIVES_THE_READER);
+    let mark = work().join("outlived");
+    let _ = std::fs::remove_file(&mark);
+    let mut run = memhook().args(["run", "--"]).arg(&prog).arg(&mark).spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !mark.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(mark.exists(), "the program ran to its end after memhook run was killed");
+}
+
 #[test]
 fn run_keeps_the_exit_status() {
     with_library();

@@ -150,8 +150,11 @@ pub const MEMHOOK_RECORD_STATUS: u32 = 2;
 pub const MEMHOOK_RECORD_NAMESPACE: u32 = 3;
 
 /// One fixed-size (256-byte) record written to the file descriptor named
-/// by `MEMHOOK_REPORT_FD` with a single `write` (so records of several
-/// threads never interleave on a pipe).
+/// by `MEMHOOK_REPORT_FD` with a single `write`, or `send` on a socket (so
+/// records of several threads never interleave on a pipe or a
+/// `SOCK_SEQPACKET` socket, which `memhook run` uses). Reporting stops
+/// when a write fails or the descriptor is no longer the one it began
+/// with (the program closed it, and its number may name another file).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct memhook_record_t {
@@ -203,16 +206,66 @@ fn empty_record(kind: u32) -> memhook_record_t {
     }
 }
 
+/// What the descriptor of `MEMHOOK_REPORT_FD` was when reporting began:
+/// its device and inode (from `fstat`), and whether it is a socket.
+static REPORT_DEV: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+static REPORT_INO: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+static REPORT_SOCKET: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// The device and inode of `fd`, and whether it is a socket (`None`: not
+/// open).
+fn identity(fd: c_int) -> Option<(u64, u64, bool)> {
+    let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: fstat only writes `st`.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: zero-initialised, then filled by a successful fstat.
+    let st = unsafe { st.assume_init() };
+    Some((st.st_dev, st.st_ino, st.st_mode & libc::S_IFMT == libc::S_IFSOCK))
+}
+
+/// Writes one record to `fd`, if it is still what reporting began with.
+///
+/// A program may close the descriptor it inherited (a daemon closing
+/// every descriptor but its own) and open a file that gets its number:
+/// memhook then wrote its records into that file. So each write first
+/// checks the descriptor's device and inode, and reporting stops for good
+/// at the first mismatch or failed write. On a socket (`memhook run`'s),
+/// the record goes with `send(MSG_NOSIGNAL)`: a reader that went away is
+/// an error, not a `SIGPIPE` that ends the program. errno is left as it
+/// was.
 fn write_record(fd: c_int, r: &memhook_record_t) {
-    // SAFETY: writes the record's bytes; a failed write is dropped (the
-    // reader went away: the program must keep running).
-    unsafe {
-        libc::write(
-            fd,
-            (r as *const memhook_record_t).cast::<c_void>(),
-            size_of::<memhook_record_t>(),
-        )
+    use core::sync::atomic::Ordering;
+    if REPORT_FD.load(Ordering::Acquire) != fd {
+        return;
+    }
+    // SAFETY: this thread's errno.
+    let errno = unsafe { *libc::__errno_location() };
+    let same = identity(fd).is_some_and(|(dev, ino, _)| {
+        (dev, ino) == (REPORT_DEV.load(Ordering::Relaxed), REPORT_INO.load(Ordering::Relaxed))
+    });
+    let (at, len) = (
+        (r as *const memhook_record_t).cast::<c_void>(),
+        size_of::<memhook_record_t>(),
+    );
+    let sent = if !same {
+        -1
+    } else if REPORT_SOCKET.load(Ordering::Relaxed) {
+        // SAFETY: sends the record's bytes.
+        unsafe { libc::send(fd, at, len, libc::MSG_NOSIGNAL) }
+    } else {
+        // SAFETY: writes the record's bytes.
+        unsafe { libc::write(fd, at, len) }
     };
+    let written = sent >= 0;
+    if !written {
+        // The reader went away, or the descriptor is another's now: the
+        // program keeps running, unreported.
+        REPORT_FD.store(-1, Ordering::Release);
+    }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
 }
 
 /// The record of one event.
@@ -302,10 +355,12 @@ pub(crate) fn start_from_env() -> Result<(), &'static str> {
         .and_then(|s| s.trim().parse().ok())
         .filter(|&fd| fd >= 0)
         .ok_or("MEMHOOK_REPORT_FD is not a file descriptor number")?;
-    // SAFETY: F_GETFD only asks whether the descriptor is open.
-    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+    let Some((dev, ino, socket)) = identity(fd) else {
         return Err("MEMHOOK_REPORT_FD names a descriptor that is not open");
-    }
+    };
+    REPORT_DEV.store(dev, core::sync::atomic::Ordering::Relaxed);
+    REPORT_INO.store(ino, core::sync::atomic::Ordering::Relaxed);
+    REPORT_SOCKET.store(socket, core::sync::atomic::Ordering::Relaxed);
     REPORT_FD.store(fd, core::sync::atomic::Ordering::Release);
     let h = HandlerFn::Raw {
         func: report,
