@@ -240,15 +240,19 @@ pub fn install(config: &Config) {
     }
     let mmap = config.hooks.mmap;
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let in_libc = if mmap.contains(HookMode::Bistro) {
+        bistro_targets_in_libc()
+    } else {
+        [0; LIBC_TARGETS]
+    };
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     if mmap.contains(HookMode::Bistro) {
-        let names = functions().map(|(name, _, _)| name.to_bytes());
-        let in_libc = crate::reloc::main_libc_entries(&names);
         for (i, (name, hook, original)) in functions().into_iter().enumerate() {
             if !present(name) {
                 continue;
             }
             let function = name.to_str().unwrap_or("?");
-            let target = entry_of(name, in_libc.map_or(0, |e| e[i]));
+            let target = entry_of(name, in_libc[i]);
             if target != 0 && state.hooks.iter().any(|h| h.target() == target) {
                 // Our patch from before, kept at an uninstall because
                 // another hooker had patched over it: still in place and
@@ -315,7 +319,7 @@ pub fn install(config: &Config) {
         crate::cuda::install(config.hooks.cuda);
         if host && !state.reloc && config.hooks.cuda.is_empty() {
             #[cfg(feature = "bistro")]
-            let patched = mmap.contains(HookMode::Bistro) && follow_loader(&mut state);
+            let patched = mmap.contains(HookMode::Bistro) && follow_loader(&mut state, &in_libc);
             #[cfg(not(feature = "bistro"))]
             let patched = false;
             if patched {
@@ -350,11 +354,9 @@ pub fn install(config: &Config) {
 /// none: where one cannot be patched, the ones done are undone and reloc's
 /// GOT hooks follow the loader instead.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-fn follow_loader(state: &mut Installed) -> bool {
-    let entries = crate::reloc::dl_entries();
-    let in_libc = crate::reloc::main_libc_entries(&entries.map(|(name, _, _)| name.to_bytes()));
-    for (i, (name, entry, real)) in entries.into_iter().enumerate() {
-        let target = entry_of(name, in_libc.map_or(0, |e| e[i]));
+fn follow_loader(state: &mut Installed, in_libc: &[usize; LIBC_TARGETS]) -> bool {
+    for (i, (name, entry, real)) in crate::reloc::dl_entries().into_iter().enumerate() {
+        let target = entry_of(name, in_libc[crate::host::FUNCTIONS + i]);
         if target != 0 && state.loader.iter().any(|h| h.target() == target) {
             continue; // kept from before (see `install`)
         }
@@ -402,6 +404,24 @@ fn unpatch_all<const N: usize>(hooks: &mut heapless::Vec<crate::bistro::Hook, N>
         let _ = hooks.push(h);
     }
     hooks.is_empty()
+}
+
+/// The host functions, then the loader's four (`reloc::dl_entries`).
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+const LIBC_TARGETS: usize = crate::host::FUNCTIONS + 4;
+
+/// Where the main namespace's C library defines the host functions and
+/// the loader's four, in that order (0 where unknown), from one pass over
+/// its symbol table (`reloc::main_libc_entries`; about 30 µs for libc's
+/// on the dev VM).
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn bistro_targets_in_libc() -> [usize; LIBC_TARGETS] {
+    let (host, loader) = (functions(), crate::reloc::dl_entries());
+    let names: [&[u8]; LIBC_TARGETS] = core::array::from_fn(|i| match host.get(i) {
+        Some(&(name, _, _)) => name.to_bytes(),
+        None => loader[i - host.len()].0.to_bytes(),
+    });
+    crate::reloc::main_libc_entries(&names).unwrap_or([0; LIBC_TARGETS])
 }
 
 /// Where bistro patches the function `name`: its entry in the main
