@@ -238,6 +238,8 @@ pub fn install(config: &Config) {
             unpatch_all(&mut state.hooks);
         }
     }
+    // Made anew below (an uninstall leaves the kept patches listed).
+    state.status.clear();
     let mmap = config.hooks.mmap;
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     let in_libc = if mmap.contains(HookMode::Bistro) {

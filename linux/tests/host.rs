@@ -1475,7 +1475,9 @@ fn a_patch_another_hooker_covered_is_kept_listed_and_taken_back() {
     assert_eq!(one_mmap(), (1, 1), "the kept patch still reports");
     memhook::install(&config(HookMode::Bistro));
     assert_eq!(one_mmap(), (1, 1), "taken back, not patched over");
-    assert!(memhook::status().iter().all(|f| f.installed));
+    let status = memhook::status();
+    assert!(status.iter().all(|f| f.installed), "{status:?}");
+    assert_eq!(status.len(), host_functions(), "one entry a function: {status:?}");
     memhook::uninstall();
     other.unpatch().map_err(|(_, e)| e).unwrap();
     // Uncovered now: the next install undoes the kept patch and patches
