@@ -249,17 +249,29 @@ fn write_record(fd: c_int, r: &memhook_record_t) {
         (r as *const memhook_record_t).cast::<c_void>(),
         size_of::<memhook_record_t>(),
     );
-    let sent = if !same {
-        -1
-    } else if REPORT_SOCKET.load(Ordering::Relaxed) {
-        // SAFETY: sends the record's bytes.
-        unsafe { libc::send(fd, at, len, libc::MSG_NOSIGNAL) }
-    } else {
-        // SAFETY: writes the record's bytes.
-        unsafe { libc::write(fd, at, len) }
-    };
-    let written = sent >= 0;
-    if !written {
+    let failed = same
+        && loop {
+            let sent = if REPORT_SOCKET.load(Ordering::Relaxed) {
+                // SAFETY: sends the record's bytes.
+                unsafe { libc::send(fd, at, len, libc::MSG_NOSIGNAL) }
+            } else {
+                // SAFETY: writes the record's bytes.
+                unsafe { libc::write(fd, at, len) }
+            };
+            if sent >= 0 {
+                break None;
+            }
+            // SAFETY: this thread's errno, set by the failed call.
+            match unsafe { *libc::__errno_location() } {
+                libc::EINTR => continue,
+                // A full non-blocking descriptor: this record is lost,
+                // the next may go.
+                e if e == libc::EAGAIN || e == libc::EWOULDBLOCK => break None,
+                e => break Some(e),
+            }
+        }
+        .is_some();
+    if !same || failed {
         // The reader went away, or the descriptor is another's now: the
         // program keeps running, unreported.
         REPORT_FD.store(-1, Ordering::Release);
