@@ -189,6 +189,42 @@ fn two_copies_of_memhook_each_see_every_mmap() {
     }
 }
 
+/// Two copies of memhook with the CUDA hooks, on the fake driver: the
+/// second copy's bistro and procaddr hooks are refused, with a reason
+/// that names the cause (`dlsym` answers with the first copy's hooks,
+/// which lie outside libcuda), and both copies see the allocation.
+#[test]
+fn two_copies_of_memhook_with_the_cuda_hooks() {
+    let dir = out_dir();
+    let fake = memhook_tests::fakecuda::build(&dir.join("fakecuda-two"));
+    let out = dir.join("two_instances_cuda");
+    let rpath = format!("-Wl,-rpath,{}", fake.dir.display());
+    // (The library comes before the program's object: kept with
+    // --no-as-needed.)
+    let libcuda = fake.libcuda.to_str().unwrap();
+    cc_with(
+        "two_instances_cuda.c",
+        &out,
+        true,
+        &["-Wl,--no-as-needed", libcuda, &rpath],
+    );
+    let copy = dir.join("libmemhook-copy-cuda.so");
+    std::fs::copy(lib_dir().join("libmemhook.so"), &copy).unwrap();
+    let o = output_within(Command::new(&out).arg(&copy), std::time::Duration::from_secs(20)).expect("hung");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("allocations seen: a=1 b=1"), "{stdout}");
+    for mode in ["bistro", "procaddr"] {
+        assert!(
+            stdout.contains(&format!(
+                "B: cuMemAlloc_v2 {mode} installed=0 dlsym answers a definition outside libcuda.so.1 (another hooker's)"
+            )),
+            "{stdout}"
+        );
+    }
+    assert!(stdout.contains("B: cuMemAlloc_v2 reloc installed=1"), "{stdout}");
+}
+
 #[test]
 fn a_second_namespace_libc_is_hooked() {
     let out = out_dir().join("namespaces");

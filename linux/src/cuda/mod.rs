@@ -313,21 +313,23 @@ fn attach(state: &mut State, lib: Lib, found: &Found) {
         let entry = lookup(id.name());
         ENTRY[id as usize].store(entry, Ordering::Release);
         if entry == 0 {
-            if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
-                note(
-                    state,
-                    id,
-                    HookMode::Bistro,
-                    Some(&format_args!("not exported by {}", lib.soname())),
-                );
-            }
-            if state.modes.contains(HookMode::Procaddr) && lib == Lib::Driver {
-                note(
-                    state,
-                    id,
-                    HookMode::Procaddr,
-                    Some(&format_args!("not exported by {}", lib.soname())),
-                );
+            // SAFETY: as in `lookup`.
+            let elsewhere = !unsafe { libc::dlsym(handle, id.name().as_ptr()) }.is_null();
+            // (Found elsewhere: another hooker interposes dlsym, such as
+            // a second copy of memhook in reloc or procaddr mode.)
+            let (why, other) = if elsewhere {
+                ("dlsym answers a definition outside", " (another hooker's)")
+            } else {
+                ("not exported by", "")
+            };
+            for mode in [HookMode::Bistro, HookMode::Procaddr] {
+                let applies = match mode {
+                    HookMode::Bistro => id.kind() != Kind::ProcAddr,
+                    _ => lib == Lib::Driver,
+                };
+                if state.modes.contains(mode) && applies {
+                    note(state, id, mode, Some(&format_args!("{why} {}{other}", lib.soname())));
+                }
             }
             continue;
         }
