@@ -234,13 +234,16 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// A program that outlives `memhook run` (killed): after a pause it maps
-/// and unmaps, then leaves a mark.
+/// A program that outlives `memhook run` (killed): it says it started
+/// (`argv[2]`), and after a pause maps and unmaps, then leaves a mark
+/// (`argv[1]`).
 const OUTLIVES_THE_READER: &str = r#"
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 int main(int argc, char **argv) {
+    int s = open(argv[2], O_CREAT | O_WRONLY, 0644);
+    if (s < 0 || close(s) != 0) return 11;
     usleep(500 * 1000);
     for (int i = 0; i < 100; i++) {
         void *p = mmap(0, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -280,10 +283,22 @@ fn run_never_writes_into_the_programs_files_nor_ends_it() {
     );
 
     let prog = build_c("outlive", OUTLIVES_THE_READER);
-    let mark = work().join("outlived");
+    let (mark, started) = (work().join("outlived"), work().join("started"));
     let _ = std::fs::remove_file(&mark);
-    let mut run = memhook().args(["run", "--"]).arg(&prog).arg(&mark).spawn().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(150));
+    let _ = std::fs::remove_file(&started);
+    let mut run = memhook()
+        .args(["run", "--"])
+        .arg(&prog)
+        .arg(&mark)
+        .arg(&started)
+        .spawn()
+        .unwrap();
+    // Killed once the program runs (and before its pause ends).
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !started.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(started.exists(), "the program started under memhook run");
     run.kill().unwrap();
     run.wait().unwrap();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
