@@ -259,18 +259,17 @@ fn write_record(fd: c_int, r: &memhook_record_t) {
                 unsafe { libc::write(fd, at, len) }
             };
             if sent >= 0 {
-                break None;
+                break false;
             }
             // SAFETY: this thread's errno, set by the failed call.
             match unsafe { *libc::__errno_location() } {
                 libc::EINTR => continue,
                 // A full non-blocking descriptor: this record is lost,
                 // the next may go.
-                e if e == libc::EAGAIN || e == libc::EWOULDBLOCK => break None,
-                e => break Some(e),
+                e if e == libc::EAGAIN || e == libc::EWOULDBLOCK => break false,
+                _ => break true,
             }
-        }
-        .is_some();
+        };
     if !same || failed {
         // The reader went away, or the descriptor is another's now: the
         // program keeps running, unreported.

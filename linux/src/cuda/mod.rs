@@ -301,35 +301,42 @@ fn attach(state: &mut State, lib: Lib, found: &Found) {
     }
     let segments = &found.segments;
     let inside = |p: usize| segments.iter().any(|&(s, e)| (s..e).contains(&p));
+    // SAFETY: a live handle and a NUL-terminated name.
+    let answer = |symbol: &CStr| unsafe { libc::dlsym(handle, symbol.as_ptr()) } as usize;
     let lookup = |symbol: &CStr| {
-        // SAFETY: a live handle and a NUL-terminated name.
-        let p = unsafe { libc::dlsym(handle, symbol.as_ptr()) } as usize;
+        let p = answer(symbol);
         if inside(p) { p } else { 0 }
     };
     if lib == Lib::Driver {
         driver::resolve(lookup);
     }
     for id in Id::ALL.into_iter().filter(|id| id.lib() == lib) {
-        let entry = lookup(id.name());
+        let found = answer(id.name());
+        let entry = if inside(found) { found } else { 0 };
         ENTRY[id as usize].store(entry, Ordering::Release);
         if entry == 0 {
-            // SAFETY: as in `lookup`.
-            let elsewhere = !unsafe { libc::dlsym(handle, id.name().as_ptr()) }.is_null();
-            // (Found elsewhere: another hooker interposes dlsym, such as
-            // a second copy of memhook in reloc or procaddr mode.)
-            let (why, other) = if elsewhere {
+            // Found elsewhere: another hooker interposes dlsym, such as a
+            // second copy of memhook in reloc or procaddr mode.
+            let (why, other) = if found != 0 {
                 ("dlsym answers a definition outside", " (another hooker's)")
             } else {
                 ("not exported by", "")
             };
-            for mode in [HookMode::Bistro, HookMode::Procaddr] {
-                let applies = match mode {
-                    HookMode::Bistro => id.kind() != Kind::ProcAddr,
-                    _ => lib == Lib::Driver,
-                };
-                if state.modes.contains(mode) && applies {
-                    note(state, id, mode, Some(&format_args!("{why} {}{other}", lib.soname())));
-                }
+            if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
+                note(
+                    state,
+                    id,
+                    HookMode::Bistro,
+                    Some(&format_args!("{why} {}{other}", lib.soname())),
+                );
+            }
+            if state.modes.contains(HookMode::Procaddr) && lib == Lib::Driver {
+                note(
+                    state,
+                    id,
+                    HookMode::Procaddr,
+                    Some(&format_args!("{why} {}{other}", lib.soname())),
+                );
             }
             continue;
         }
