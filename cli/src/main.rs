@@ -84,10 +84,10 @@ fn main() {
         Some("run") => {
             let opts = parse_run(rest);
             match run::run(opts) {
-                Ok(code) => std::process::exit(code),
+                Ok(ended) => run::leave(ended),
                 Err(e) => {
-                    eprintln!("memhook run: {e}");
-                    std::process::exit(1);
+                    eprintln!("memhook run: {}", e.message);
+                    std::process::exit(e.code);
                 }
             }
         }

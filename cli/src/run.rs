@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Read};
 use std::os::fd::FromRawFd;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -181,7 +181,12 @@ impl Summary {
         )
     }
 
-    fn json(&self, exit_status: i32) -> String {
+    fn json(&self, ended: Ended) -> String {
+        let exit_status = ended.code();
+        let signal = match ended {
+            Ended::Killed(sig) => sig.to_string(),
+            Ended::Exited(_) => "null".into(),
+        };
         let map = |m: &BTreeMap<String, u64>| {
             m.iter()
                 .map(|(k, v)| format!("{}: {v}", json_string(k)))
@@ -220,15 +225,22 @@ impl Summary {
             .collect::<Vec<_>>()
             .join(", ");
         format!(
-            "{{\"exit_status\": {exit_status}, \"events\": {{{}}}, \"functions\": {{{}}}, \"bytes_alive\": {{{alive}}}, \"hooks\": [{hooks}], \"namespaces\": [{namespaces}]}}",
+            "{{\"exit_status\": {exit_status}, \"signal\": {signal}, \"events\": {{{}}}, \"functions\": {{{}}}, \"bytes_alive\": {{{alive}}}, \"hooks\": [{hooks}], \"namespaces\": [{namespaces}]}}",
             map(&self.events),
             map(&self.functions)
         )
     }
 
-    fn table(&self, command: &str, exit_status: i32) -> String {
+    fn table(&self, command: &str, ended: Ended) -> String {
         let mut o = String::new();
-        let _ = writeln!(o, "memhook run: `{command}` exited with status {exit_status}");
+        let _ = match ended {
+            Ended::Exited(code) => writeln!(o, "memhook run: `{command}` exited with status {code}"),
+            Ended::Killed(sig) => writeln!(
+                o,
+                "memhook run: `{command}` was killed by signal {sig} ({})",
+                signal_name(sig)
+            ),
+        };
         let _ = writeln!(o, "events by kind ({} in all):", self.total);
         for (k, v) in &self.events {
             let _ = writeln!(o, "  {k:<16} {v:>10}");
@@ -300,8 +312,115 @@ fn library() -> Result<PathBuf, String> {
     ))
 }
 
-/// Runs the command; returns the exit status to leave with.
-pub fn run(opts: Options) -> Result<i32, String> {
+/// A signal's name (`SIGSEGV`), or `signal N` for one without a common name.
+fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("signal {sig}"),
+    };
+    name.into()
+}
+
+/// Why `run` could not run the command: a message, and the status to
+/// leave with (126: the command cannot be executed; 127: it is not found,
+/// as `env`, `nohup` and `timeout` say; 1 otherwise).
+pub struct Failed {
+    pub message: String,
+    pub code: i32,
+}
+
+impl From<String> for Failed {
+    fn from(message: String) -> Self {
+        Failed { message, code: 1 }
+    }
+}
+
+/// How the command ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// It exited with this status.
+    Exited(i32),
+    /// A signal ended it.
+    Killed(i32),
+}
+
+impl Ended {
+    /// The shell's number for it: the status, or 128 plus the signal.
+    pub fn code(self) -> i32 {
+        match self {
+            Ended::Exited(code) => code,
+            Ended::Killed(signal) => 128 + signal,
+        }
+    }
+}
+
+/// The signals a terminal sends to its whole foreground group (Ctrl-C,
+/// Ctrl-\\): the command gets them itself, and decides what they mean;
+/// `memhook run` waits for it to end, and then summarises.
+const TERMINAL_SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGQUIT];
+
+/// Ignores [`TERMINAL_SIGNALS`] in this process and returns their actions
+/// as they were, for the command to start with.
+fn ignore_terminal_signals() -> [libc::sigaction; 2] {
+    TERMINAL_SIGNALS.map(|sig| {
+        // SAFETY: an all-zero sigaction is a valid value (SIG_DFL, no
+        // flags, empty mask), overwritten by the call.
+        let mut old: libc::sigaction = unsafe { core::mem::zeroed() };
+        // SAFETY: as above; SIG_IGN needs no handler.
+        let mut ignore: libc::sigaction = unsafe { core::mem::zeroed() };
+        ignore.sa_sigaction = libc::SIG_IGN;
+        // SAFETY: valid signal number and pointers to locals.
+        unsafe { libc::sigaction(sig, &ignore, &mut old) };
+        old
+    })
+}
+
+/// Leaves as `ended` says: the status, or, when a signal ended the
+/// command, that signal, raised on this process with its default action
+/// (so that a shell that runs `memhook run` sees what it would have seen
+/// of the command alone, and a script interrupted by Ctrl-C stops), and
+/// no core file of memhook's own. 128 plus the signal if it does not end
+/// this process.
+pub fn leave(ended: Ended) -> ! {
+    if let Ended::Killed(sig) = ended {
+        let no_core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: a valid resource and a pointer to a local; the default
+        // action is restored and the signal unblocked before it is raised.
+        unsafe {
+            libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+            libc::signal(sig, libc::SIG_DFL);
+            let mut set: libc::sigset_t = core::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, core::ptr::null_mut());
+            libc::raise(sig);
+        }
+    }
+    std::process::exit(ended.code())
+}
+
+/// Runs the command and summarises its events; returns how it ended.
+pub fn run(opts: Options) -> Result<Ended, Failed> {
     let lib = library()?;
     let mut fds = [0; 2];
     // A socket pair of records, not a pipe: a record is one message,
@@ -310,7 +429,7 @@ pub fn run(opts: Options) -> Result<i32, String> {
     // away first.
     // SAFETY: a two-element array for the pair's ends.
     if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, fds.as_mut_ptr()) } != 0 {
-        return Err(format!("socketpair: {}", std::io::Error::last_os_error()));
+        return Err(format!("socketpair: {}", std::io::Error::last_os_error()).into());
     }
     let (read_fd, write_fd) = (fds[0], fds[1]);
     // The read end stays in this process only.
@@ -333,10 +452,31 @@ pub fn run(opts: Options) -> Result<i32, String> {
     if opts.trace {
         cmd.env("MEMHOOK_TRACE", "1");
     }
+    // Ignored here from before the command starts (no moment at which
+    // Ctrl-C ends memhook run and leaves the command running unwatched);
+    // the command starts with them as they were.
+    let terminal_signals = ignore_terminal_signals();
+    // SAFETY: runs in the child between fork and exec, and calls only
+    // sigaction, which is async-signal-safe, with a copy it owns.
+    unsafe {
+        cmd.pre_exec(move || {
+            for (sig, action) in TERMINAL_SIGNALS.iter().zip(&terminal_signals) {
+                libc::sigaction(*sig, action, core::ptr::null_mut());
+            }
+            Ok(())
+        })
+    };
     let spawned = cmd.spawn();
     // SAFETY: the write end belongs to the child now.
     unsafe { libc::close(write_fd) };
-    let mut child = spawned.map_err(|e| format!("cannot run {}: {e}", opts.command[0]))?;
+    let mut child = spawned.map_err(|e| Failed {
+        message: format!("cannot run {}: {e}", opts.command[0]),
+        code: match e.kind() {
+            std::io::ErrorKind::NotFound => 127,
+            _ if e.raw_os_error().is_some() => 126,
+            _ => 1,
+        },
+    })?;
 
     let summary = Arc::new(Mutex::new(Summary::default()));
     let reader = {
@@ -382,12 +522,16 @@ pub fn run(opts: Options) -> Result<i32, String> {
     if let Some(l) = live {
         let _ = l.join();
     }
-    let exit = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    let ended = match (status.code(), status.signal()) {
+        (Some(code), _) => Ended::Exited(code),
+        (None, Some(sig)) => Ended::Killed(sig),
+        (None, None) => Ended::Exited(1),
+    };
     let s = summary.lock().unwrap();
     if opts.json {
-        println!("{}", s.json(exit));
+        println!("{}", s.json(ended));
     } else {
-        eprint!("{}", s.table(&opts.command.join(" "), exit));
+        eprint!("{}", s.table(&opts.command.join(" "), ended));
     }
-    Ok(exit)
+    Ok(ended)
 }

@@ -308,8 +308,13 @@ fn run_never_writes_into_the_programs_files_nor_ends_it() {
     assert!(mark.exists(), "the program ran to its end after memhook run was killed");
 }
 
+/// `memhook run` ends as the command did: with its status, or by its
+/// signal (which a shell reads as 128 plus the signal, and a script
+/// interrupted by Ctrl-C stops at), naming the signal; a command that is
+/// not there or cannot be run gives 127 or 126, as `env` and `timeout` do.
 #[test]
 fn run_keeps_the_exit_status() {
+    use std::os::unix::process::ExitStatusExt;
     with_library();
     let o = memhook().args(["run", "--", "sh", "-c", "exit 3"]).output().unwrap();
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
@@ -317,8 +322,102 @@ fn run_keeps_the_exit_status() {
         .args(["run", "--json", "sh", "-c", "kill -9 $$"])
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(128 + 9), "{}", text(&o));
-    assert_eq!(field(&String::from_utf8_lossy(&o.stdout), "exit_status"), Some(137));
+    assert_eq!(o.status.signal(), Some(9), "{}", text(&o));
+    let json = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(field(&json, "exit_status"), Some(137), "{json}");
+    assert_eq!(field(&json, "signal"), Some(9), "{json}");
+    let o = memhook().args(["run", "sh", "-c", "kill -TERM $$"]).output().unwrap();
+    assert_eq!(o.status.signal(), Some(libc::SIGTERM), "{}", text(&o));
+    assert!(!o.status.core_dumped(), "no core file of memhook's own");
+    assert!(text(&o).contains("was killed by signal 15 (SIGTERM)"), "{}", text(&o));
+    let o = memhook()
+        .args(["run", "--json", "sh", "-c", "exit 4"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("\"signal\": null,"));
+
+    let o = memhook().args(["run", "--", "/nonexistent/program"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(127), "{}", text(&o));
+    assert!(text(&o).contains("cannot run /nonexistent/program"), "{}", text(&o));
+    let not_executable = work().join("not-executable");
+    std::fs::write(&not_executable, "data").unwrap();
+    let o = memhook().arg("run").arg(&not_executable).output().unwrap();
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
+}
+
+/// Ctrl-C reaches the terminal's whole foreground group: the command,
+/// which decides what it means, and `memhook run`, which must not die
+/// of it before the command ends, or its summary is lost. And a command
+/// that ignores Ctrl-C because its caller did (a background job of a
+/// script) still does under `memhook run`.
+#[test]
+fn ctrl_c_ends_the_command_not_the_summary() {
+    use std::os::unix::process::CommandExt;
+    with_library();
+    let started = work().join("interrupted-started");
+    let _ = std::fs::remove_file(&started);
+    let script = format!(
+        "trap 'exit 5' INT; touch {}; while :; do sleep 0.05; done",
+        started.display()
+    );
+    let run = memhook()
+        .args(["run", "--", "sh", "-c", &script])
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !started.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(started.exists(), "the command started under memhook run");
+    // SAFETY: signals the group just made (memhook run and its command).
+    assert_eq!(unsafe { libc::kill(-(run.id() as i32), libc::SIGINT) }, 0);
+    let o = run.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(5), "the command's trap decided: {}", text(&o));
+    assert!(text(&o).contains("exited with status 5"), "summarised: {}", text(&o));
+    assert!(text(&o).contains("hooks:"), "{}", text(&o));
+
+    // Started with Ctrl-C ignored: the command inherits that (and its
+    // `trap` cannot take it back), so it runs on; a TERM then ends it.
+    let _ = std::fs::remove_file(&started);
+    let mut ignoring = memhook();
+    ignoring
+        .args(["run", "--", "sh", "-c", &script])
+        .process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: runs in the child before exec; sigaction is
+    // async-signal-safe.
+    unsafe {
+        ignoring.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            Ok(())
+        })
+    };
+    let mut run = ignoring.spawn().unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !started.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(started.exists(), "the command started under memhook run");
+    let group = -(run.id() as i32);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(group, libc::SIGINT) }, 0);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        run.try_wait().unwrap().is_none(),
+        "the command ignores Ctrl-C as its caller did"
+    );
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(group, libc::SIGTERM) }, 0);
+    let status = run.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        status.signal() == Some(libc::SIGTERM) || status.code() == Some(128 + libc::SIGTERM),
+        "{status:?}"
+    );
 }
 
 #[test]
