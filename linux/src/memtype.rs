@@ -95,6 +95,14 @@ pub fn lookup(addr: usize, len: usize) -> Lookup {
 ///
 /// This calls the driver (about 0.1 to 1.2 µs on an H200 host) and may
 /// load it: [`lookup`] first, `classify` when it says Unknown.
+///
+/// Ask only about memory the caller knows to be allocated. A free of
+/// the same allocation on another thread at the same moment (a
+/// use-after-free in the caller) can end between the driver's answer
+/// and its recording, and leave the freed range recorded, where only a
+/// later allocation there (which the hooks record over it) corrects it.
+/// The hooks' own records have no such window: a free hook takes its
+/// range out before the free.
 pub fn classify(addr: usize, len: usize) -> Lookup {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     {
