@@ -65,11 +65,22 @@ print(f"{verdict} matrix {prog} {mode}: alloc/free {got} (want {want}), by funct
     done
 done
 
+# Memory another process exported (CUDA IPC), opened in a child with
+# memhook installed in each mode; "none" shows what a lookup said with
+# the open unhooked (host: absent from the map), and must fail.
+gcc -O2 -Wall -I src -o ipc src/ipc.c -L. -lmemhook -ldl -Wl,-rpath,"$here"
+for mode in bistro procaddr bistro,reloc,procaddr; do
+    check "ipc $mode" ./ipc "$mode"
+done
+./ipc none 2>&1 | sed 's/^/IPC-UNHOOKED /' | tee -a "$results"
+
 # PyTorch, under memhook run, with a lookup from inside Python.
 if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     check torch env MEMHOOK_LIB_PATH="$here/libmemhook.so" ./memhook run -- python3 src/torch_check.py
     # cuDNN, cuBLAS and a backward pass, without and with memhook: the
     # libraries they dlopen by name are found from their callers' RUNPATH.
+    # A CUDA tensor shared with a spawned process (cudaIpcOpenMemHandle).
+    check "torch IPC" env MEMHOOK_LIB_PATH="$here/libmemhook.so" ./memhook run -- python3 src/torch_ipc.py
     check "torch work (no memhook)" python3 src/torch_work.py
     check "torch work under memhook run" ./memhook run -- python3 src/torch_work.py
     # DataLoader workers forked from a process that used CUDA, while
@@ -89,6 +100,7 @@ fi
 gcc -O1 -o entry_bytes src/entry_bytes.c -ldl &&
     ./entry_bytes libcuda.so.1 cuCtxDestroy_v2 cuCtxDestroy cuDevicePrimaryCtxReset_v2 cuDevicePrimaryCtxReset \
         cuDevicePrimaryCtxRelease_v2 cuDevicePrimaryCtxRelease \
+        cuIpcOpenMemHandle_v2 cuIpcOpenMemHandle cuIpcCloseMemHandle cuMemPoolImportPointer \
         2>&1 | sed 's/^/FIXTURE /' | tee -a "$results"
 ./entry_bytes libc.so.6 process_madvise fallocate ftruncate truncate dlopen dlclose dlsym dlvsym 2>&1 | sed 's/^/FIXTURE /' | tee -a "$results"
 ./memhook scan --json "$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')" 2>&1 | sed 's/^/SCAN libcuda /' | tee -a "$results"

@@ -134,6 +134,52 @@ int cudaFree(void *p) {
         return 1;
     return drv_free((CUdeviceptr)p) == 0 ? 0 : 1;
 }
+
+/* Memory another process exported: the handle (64 bytes) passed by
+ * value, to the driver's function cuGetProcAddress gives. */
+typedef struct {
+    char reserved[64];
+} ipc_handle;
+typedef CUresult (*ipc_open_fn)(CUdeviceptr *, ipc_handle, unsigned);
+typedef CUresult (*ipc_close_fn)(CUdeviceptr);
+typedef CUresult (*pool_import_fn)(CUdeviceptr *, void *, ipc_handle *);
+
+/* The driver's `name` through cuGetProcAddress (NULL if not found). */
+static void *driver_proc(const char *name) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!h)
+        return NULL;
+    gpa_fn first = (gpa_fn)dlsym(h, "cuGetProcAddress_v2");
+    gpa_fn gpa = NULL;
+    void *f = NULL;
+    if (first && first("cuGetProcAddress", (void **)&gpa, 13000, 0, NULL) == 0 && gpa)
+        gpa(name, &f, 13000, 0, NULL);
+    dlclose(h);
+    return f;
+}
+
+int cudaIpcOpenMemHandle(void **p, ipc_handle handle, unsigned flags) {
+    ipc_open_fn open = (ipc_open_fn)driver_proc("cuIpcOpenMemHandle");
+    CUdeviceptr d = 0;
+    if (!p || !open || open(&d, handle, flags) != 0)
+        return 1;
+    *p = (void *)d;
+    return 0;
+}
+
+int cudaIpcCloseMemHandle(void *p) {
+    ipc_close_fn close = (ipc_close_fn)driver_proc("cuIpcCloseMemHandle");
+    return close && close((CUdeviceptr)p) == 0 ? 0 : 1;
+}
+
+int cudaMemPoolImportPointer(void **p, void *pool, ipc_handle *data) {
+    pool_import_fn import = (pool_import_fn)driver_proc("cuMemPoolImportPointer");
+    CUdeviceptr d = 0;
+    if (!p || !import || import(&d, pool, data) != 0)
+        return 1;
+    *p = (void *)d;
+    return 0;
+}
 #endif
 
 #ifdef CLIENT_LOADER

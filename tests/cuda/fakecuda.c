@@ -37,6 +37,9 @@ enum {
     CUDA_ERROR_NOT_FOUND = 500,
 };
 enum { T_NONE = 0, T_HOST = 1, T_DEVICE = 2, T_MANAGED = 4 };
+/* Device memory another process exported, opened here: only
+ * cuIpcCloseMemHandle ends it. */
+#define T_IPC (T_DEVICE + 32)
 
 /* The word the entries compare: 0x321cba00 means "torn down". */
 __attribute__((used, visibility("hidden"))) uint32_t fake_state;
@@ -135,6 +138,8 @@ struct alloc {
 #define PRIMARY(d) ((uintptr_t)0x1000 + (uintptr_t)(d))
 static __thread uintptr_t current_ctx;
 static __thread int in_pool_alloc;
+/* Set while memory another process exported is opened: its device. */
+static __thread int exporter_device = -1;
 static int primary_active[8];
 static int primary_refs[8];
 static uintptr_t next_ctx = 0x2000;
@@ -212,7 +217,8 @@ static int record(uintptr_t base, size_t size, int type) {
         primary_active[current_device] = 1;
         primary_refs[current_device] = 1;
     }
-    allocs[nallocs++] = (struct alloc){base, size, type, type == T_HOST ? -1 : current_device, ctx};
+    int device = type == T_HOST ? -1 : exporter_device >= 0 ? exporter_device : current_device;
+    allocs[nallocs++] = (struct alloc){base, size, type, device, ctx};
     return 0;
 }
 
@@ -270,7 +276,7 @@ static CUresult free_at(uintptr_t p, int type) {
     pthread_mutex_lock(&lock);
     struct alloc *a = find(p);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    if (a && a->base == p && (type == 0 || a->type == type)) {
+    if (a && a->base == p && (type == 0 ? a->type != T_IPC : a->type == type)) {
         uintptr_t base = a->base;
         size_t size = a->size;
         int t = a->type;
@@ -497,6 +503,70 @@ IMPL CUresult impl_cuMemHostUnregister(void *p) {
     return rc;
 }
 
+/* ---- Memory another process exported. ---- */
+/* A fake IPC handle or pool export: the size in its first 8 bytes, the
+ * exporter's device in the next 4 (64 bytes in all, passed by value, as
+ * the driver's CUipcMemHandle is). */
+typedef struct {
+    char reserved[64];
+} fake_handle;
+
+static size_t handle_size(const char *h) {
+    size_t size;
+    memcpy(&size, h, sizeof size);
+    return size;
+}
+static int handle_device(const char *h) {
+    int device;
+    memcpy(&device, h + 8, sizeof device);
+    return device;
+}
+
+static CUresult ipc_open(CUdeviceptr *dptr, fake_handle handle) {
+    exporter_device = handle_device(handle.reserved);
+    CUresult rc = dev_alloc(dptr, handle_size(handle.reserved), T_IPC);
+    exporter_device = -1;
+    return rc;
+}
+/* The export: a handle that names the allocation's size and device. */
+ENTRY(cuIpcGetMemHandle)
+IMPL CUresult impl_cuIpcGetMemHandle(fake_handle *handle, CUdeviceptr p) {
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find(p);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (handle && a && a->base == p && a->type == T_DEVICE) {
+        memset(handle, 0, sizeof *handle);
+        memcpy(handle->reserved, &a->size, sizeof a->size);
+        memcpy(handle->reserved + 8, &a->device, sizeof a->device);
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+ENTRY(cuIpcOpenMemHandle_v2)
+IMPL CUresult impl_cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, fake_handle handle, unsigned flags) {
+    (void)flags;
+    return ipc_open(dptr, handle);
+}
+ENTRY(cuIpcOpenMemHandle)
+IMPL CUresult impl_cuIpcOpenMemHandle(CUdeviceptr *dptr, fake_handle handle, unsigned flags) {
+    (void)flags;
+    return ipc_open(dptr, handle);
+}
+ENTRY(cuIpcCloseMemHandle)
+IMPL CUresult impl_cuIpcCloseMemHandle(CUdeviceptr p) { return free_at(p, T_IPC); }
+/* One allocation of a pool another process shares (bit 0 of the pool
+ * handle: a pool of host memory); freed by cuMemFree*. */
+ENTRY(cuMemPoolImportPointer)
+IMPL CUresult impl_cuMemPoolImportPointer(CUdeviceptr *dptr, void *pool, fake_handle *share) {
+    if (!share)
+        return CUDA_ERROR_INVALID_VALUE;
+    exporter_device = handle_device(share->reserved);
+    CUresult rc = pool_alloc(dptr, handle_size(share->reserved), ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
+    exporter_device = -1;
+    return rc;
+}
+
 /* ---- Contexts. ---- */
 /* Frees everything allocated in `ctx` (host memory unmapped, registered
  * memory forgotten), as destroying it does. */
@@ -656,7 +726,7 @@ IMPL CUresult impl_cuPointerGetAttributes(unsigned n, int *attributes, void **da
     struct alloc none = {0, 0, T_NONE, -2, 0};
     if (!a)
         a = &none;
-    int type = a->type == T_HOST + 16 ? T_HOST : a->type;
+    int type = a->type == T_HOST + 16 ? T_HOST : a->type == T_IPC ? T_DEVICE : a->type;
     for (unsigned i = 0; i < n; i++) {
         switch (attributes[i]) {
         case 1: /* CU_POINTER_ATTRIBUTE_CONTEXT */
@@ -712,7 +782,7 @@ extern char cuMemAlloc[], cuMemAlloc_v2[], cuMemAllocManaged[], cuMemAllocPitch[
     cuDeviceGetAttribute[], cuGetProcAddress[], cuGetProcAddress_v2[], cuCtxCreate_v2[], cuCtxSetCurrent[],
     cuCtxDestroy_v2[], cuCtxDestroy[], cuDevicePrimaryCtxReset_v2[], cuDevicePrimaryCtxReset[],
     cuDevicePrimaryCtxGetState[], cuDevicePrimaryCtxRetain[], cuDevicePrimaryCtxRelease_v2[], cuDevicePrimaryCtxRelease[], cuModuleUnload[],
-    cuLibraryUnload[];
+    cuLibraryUnload[], cuIpcOpenMemHandle_v2[], cuIpcOpenMemHandle[], cuIpcCloseMemHandle[], cuMemPoolImportPointer[];
 
 static const struct {
     const char *name;
@@ -728,7 +798,8 @@ static const struct {
     P(cuGetProcAddress_v2), P(cuCtxCreate_v2), P(cuCtxSetCurrent), P(cuCtxDestroy_v2), P(cuCtxDestroy),
     P(cuDevicePrimaryCtxReset_v2), P(cuDevicePrimaryCtxReset), P(cuDevicePrimaryCtxGetState),
     P(cuDevicePrimaryCtxRetain), P(cuDevicePrimaryCtxRelease_v2), P(cuDevicePrimaryCtxRelease), P(cuModuleUnload),
-    P(cuLibraryUnload),
+    P(cuLibraryUnload), P(cuIpcOpenMemHandle_v2), P(cuIpcOpenMemHandle), P(cuIpcCloseMemHandle),
+    P(cuMemPoolImportPointer),
 #undef P
 };
 

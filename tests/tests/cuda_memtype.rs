@@ -22,6 +22,21 @@ fn f<T>(h: *mut c_void, name: &CStr) -> T {
     unsafe { cast(sym(h, name)) }
 }
 
+/// An IPC handle or a pool's export data, as the fake driver reads them:
+/// the size, then the exporter's device (64 bytes, as the driver's).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Handle {
+    reserved: [u8; 64],
+}
+
+fn handle(size: usize, device: i32) -> Handle {
+    let mut h = Handle { reserved: [0; 64] };
+    h.reserved[..8].copy_from_slice(&(size as u64).to_ne_bytes());
+    h.reserved[8..12].copy_from_slice(&device.to_ne_bytes());
+    h
+}
+
 fn found(addr: usize, len: usize) -> MemInfo {
     match memtype::lookup(addr, len) {
         Lookup::Found(i) => i,
@@ -56,6 +71,8 @@ fn every_driver_function_reports_its_type_size_and_device() {
     let free_v1: unsafe extern "C" fn(u32) -> u32 = f(h, c"cuMemFree");
     let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
     let ev = |kind: u32, addr: usize, size: usize, t: MemType| (kind, addr, size, t as u32);
+    let ipc_close: unsafe extern "C" fn(Dptr) -> u32 = f(h, c"cuIpcCloseMemHandle");
+    let import: unsafe extern "C" fn(*mut Dptr, *mut c_void, *mut Handle) -> u32 = f(h, c"cuMemPoolImportPointer");
     const A: u32 = bits::MEM_TYPE_ALLOC;
     const F: u32 = bits::MEM_TYPE_FREE;
     let _ = take();
@@ -166,6 +183,44 @@ fn every_driver_function_reports_its_type_size_and_device() {
         assert_eq!(unregister(b as *mut c_void), 0);
         assert_eq!(take(), [ev(F, b, 3 * 4096, MemType::CudaHost)]);
         assert_eq!(memtype::lookup(b, 1), Lookup::Absent);
+
+        // Memory another process exported (how PyTorch shares CUDA
+        // tensors): an IPC handle, 64 bytes passed by value, opens it
+        // here, on the exporter's device (3), not this thread's (0), and
+        // only its close ends it. Both names of the open.
+        for name in [c"cuIpcOpenMemHandle_v2", c"cuIpcOpenMemHandle"] {
+            let open: unsafe extern "C" fn(*mut Dptr, Handle, c_uint) -> u32 = f(h, name);
+            let mut ip: Dptr = 0;
+            assert_eq!(open(&mut ip, handle(1 << 21, 3), 1), 0, "{name:?}");
+            let ip = ip as usize;
+            assert_eq!(take(), [ev(A, ip, 1 << 21, MemType::Cuda)], "{name:?}");
+            let info = found(ip + 4096, 64);
+            assert_eq!(
+                (info.mem_type, info.device, info.base, info.len),
+                (MemType::Cuda, 3, ip, 1 << 21),
+                "{name:?}: the exporter's device"
+            );
+            assert_eq!(ipc_close(ip as Dptr), 0);
+            assert_eq!(take(), [ev(F, ip, 1 << 21, MemType::Cuda)], "{name:?}");
+            assert_eq!(memtype::lookup(ip, 1), Lookup::Absent, "{name:?}");
+        }
+        // An allocation of a pool another process shares: the pool's
+        // kind of memory, on the exporter's device; the ordinary free
+        // ends it.
+        let mut share = handle(8192, 5);
+        let mut ip: Dptr = 0;
+        assert_eq!(import(&mut ip, std::ptr::null_mut(), &mut share), 0);
+        assert_eq!(take(), [ev(A, ip as usize, 8192, MemType::Cuda)]);
+        assert_eq!(found(ip as usize, 8192).device, 5);
+        assert_eq!(free_async(ip, std::ptr::null_mut()), 0);
+        assert_eq!(take(), [ev(F, ip as usize, 8192, MemType::Cuda)]);
+        let mut hp: Dptr = 0;
+        assert_eq!(import(&mut hp, std::ptr::without_provenance_mut(1), &mut share), 0);
+        assert_eq!(take(), [ev(A, hp as usize, 8192, MemType::CudaHost)]);
+        // A failed open or import reports nothing.
+        let mut none: Dptr = 0;
+        assert_ne!(import(&mut none, std::ptr::null_mut(), std::ptr::null_mut()), 0);
+        assert_eq!(take(), []);
 
         // The legacy 32-bit calls.
         let mut l: u32 = 0;

@@ -145,3 +145,91 @@ fn a_runtime_call_reports_once_and_its_driver_calls_pass_through() {
     assert_eq!(counts_now(), before, "and nothing counts by function any more");
     memhook::uninstall();
 }
+
+/// An IPC handle or a pool's export data, as the fake driver reads them:
+/// the size, then the exporter's device (64 bytes, as the driver's).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Handle {
+    reserved: [u8; 64],
+}
+
+/// The runtime's opening of memory another process exported (its IPC
+/// handle passed by value through the runtime's hook and the driver's)
+/// reports once, as the runtime function's, on the exporter's device;
+/// its close once; and an imported pool allocation once.
+#[test]
+fn memory_another_process_exported_is_reported_once_through_the_runtime() {
+    type Open = unsafe extern "C" fn(*mut *mut c_void, Handle, u32) -> i32;
+    type Close = unsafe extern "C" fn(*mut c_void) -> i32;
+    type Import = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *mut Handle) -> i32;
+    let _serial = serial();
+    prepare();
+    log_events();
+    let counting = memhook::cuda::count_events_by_function().expect("a free handler slot");
+    let names = [
+        "cudaIpcOpenMemHandle",
+        "cudaIpcCloseMemHandle",
+        "cudaMemPoolImportPointer",
+        "cuIpcOpenMemHandle_v2",
+        "cuIpcCloseMemHandle",
+        "cuMemPoolImportPointer",
+    ];
+    let by_function = || names.map(delivered);
+    let mut share = Handle { reserved: [0; 64] };
+    share.reserved[..8].copy_from_slice(&(1u64 << 20).to_ne_bytes());
+    share.reserved[8..12].copy_from_slice(&6i32.to_ne_bytes());
+    for mode in ["bistro", "bistro,reloc,procaddr", "reloc,procaddr"] {
+        memhook::install(&Config::parse(&format!("cuda={mode};mmap=none")).unwrap());
+        let _ = open(&fake().plt);
+        let cudart = open(&fake().cudart);
+        assert_eq!(memhook::cuda::attached(), (true, true), "mode {mode}");
+        // SAFETY: the fake runtime's functions, of these types.
+        let (ipc_open, ipc_close, import) = unsafe {
+            (
+                cast::<Open>(sym(cudart, c"cudaIpcOpenMemHandle")),
+                cast::<Close>(sym(cudart, c"cudaIpcCloseMemHandle")),
+                cast::<Import>(sym(cudart, c"cudaMemPoolImportPointer")),
+            )
+        };
+        let _ = take();
+        let before = by_function();
+        let mut p = std::ptr::null_mut();
+        // SAFETY: a valid out-parameter and a handle by value.
+        assert_eq!(unsafe { ipc_open(&mut p, share, 1) }, 0, "mode {mode}");
+        match memtype::lookup(p as usize, 1 << 20) {
+            Lookup::Found(info) => assert_eq!(
+                (info.mem_type, info.device, info.base, info.len),
+                (MemType::Cuda, 6, p as usize, 1 << 20),
+                "mode {mode}"
+            ),
+            other => panic!("mode {mode}: lookup of an opened IPC pointer: {other:?}"),
+        }
+        // SAFETY: closes what the open returned.
+        assert_eq!(unsafe { ipc_close(p) }, 0, "mode {mode}");
+        assert_eq!(memtype::lookup(p as usize, 1), Lookup::Absent, "mode {mode}");
+        let mut q = std::ptr::null_mut();
+        // SAFETY: valid out-parameter and export data.
+        let imported = unsafe { import(&mut q, std::ptr::null_mut(), &mut share) };
+        assert_eq!(imported, 0, "mode {mode}");
+        assert!(
+            matches!(memtype::lookup(q as usize, 1 << 20), Lookup::Found(i) if i.device == 6),
+            "mode {mode}"
+        );
+        let recs = take();
+        assert_eq!(counts(&recs), (2, 1), "mode {mode}: each once: {recs:?}");
+        let added: Vec<u64> = by_function().iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert_eq!(
+            [added[0] + added[3], added[1] + added[4], added[2] + added[5]],
+            [1, 1, 1],
+            "mode {mode}: each call's event once, from the runtime's hook or the driver's: {added:?}"
+        );
+        if mode.contains("bistro") {
+            // Every caller of the runtime reaches its hook: the nested
+            // driver calls pass through.
+            assert_eq!(added, [1, 1, 1, 0, 0, 0], "mode {mode}: the runtime's events");
+        }
+        memhook::uninstall();
+    }
+    memhook::unset_handler(counting).expect("registered above, outside any handler");
+}

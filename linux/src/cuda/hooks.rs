@@ -36,10 +36,10 @@ use core::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::sys::{
-    CUcontext, CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUlibrary, CUmemGenericAllocationHandle,
-    CUmemoryPool, CUmodule, CUstream, cuuint64_t,
+    CUcontext, CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUipcMemHandle, CUlibrary,
+    CUmemGenericAllocationHandle, CUmemPoolPtrExportData, CUmemoryPool, CUmodule, CUstream, cuuint64_t,
 };
-use cudarc::runtime::sys::{cudaMemPool_t, cudaStream_t};
+use cudarc::runtime::sys::{cudaIpcMemHandle_t, cudaMemPool_t, cudaMemPoolPtrExportData, cudaStream_t};
 use memhook_core::memtype::MemType;
 
 use super::driver;
@@ -153,6 +153,10 @@ functions! {
     Driver Free cuMemFreeHost,
     Driver Free cuMemUnmap,
     Driver Free cuMemHostUnregister,
+    Driver Alloc cuIpcOpenMemHandle_v2,
+    Driver Alloc cuIpcOpenMemHandle,
+    Driver Free cuIpcCloseMemHandle,
+    Driver Alloc cuMemPoolImportPointer,
     Driver Teardown cuCtxDestroy_v2,
     Driver Teardown cuCtxDestroy,
     Driver Teardown cuDevicePrimaryCtxReset_v2,
@@ -175,6 +179,9 @@ functions! {
     Runtime Free cudaFreeAsync_ptsz,
     Runtime Free cudaFreeHost,
     Runtime Free cudaHostUnregister,
+    Runtime Alloc cudaIpcOpenMemHandle,
+    Runtime Free cudaIpcCloseMemHandle,
+    Runtime Alloc cudaMemPoolImportPointer,
 }
 
 /// A value that starts a cache line.
@@ -379,6 +386,21 @@ hook!(cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) free => (dptr as 
 hook!(cuMemFreeHost(p: *mut c_void) free => (p as usize, None));
 hook!(cuMemUnmap(ptr: CUdeviceptr, size: usize) free => (ptr as usize, Some(size)));
 hook!(cuMemHostUnregister(p: *mut c_void) free => (p as usize, None));
+// Memory another process exported, mapped into this one: an IPC handle
+// (passed by value, 64 bytes) opens the exporter's whole allocation, and a
+// pool's export data one allocation of a shared pool. Type, device and
+// size are the driver's: the memory lies on the exporter's device, which
+// need not be this thread's. (PyTorch shares CUDA tensors between
+// processes this way; without these, such memory would be absent from
+// the map, which reads as host.) An imported pool allocation is freed
+// by `cuMemFree*` / `cuMemFreeAsync*`.
+hook!(cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint)
+    alloc Unknown => (out(pdptr) as usize, 0));
+hook!(cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint)
+    alloc Unknown => (out(pdptr) as usize, 0));
+hook!(cuIpcCloseMemHandle(dptr: CUdeviceptr) free => (dptr as usize, None));
+hook!(cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, share_data: *mut CUmemPoolPtrExportData)
+    alloc Unknown => (out(ptr_out) as usize, 0));
 
 /// Defines a hook of context teardown: `$context` (an expression over the
 /// argument) names the context the call destroys, if any.
@@ -504,6 +526,11 @@ hook!(cudaFreeAsync(p: *mut c_void, stream: CudaStream) free => (p as usize, Non
 hook!(cudaFreeAsync_ptsz(p: *mut c_void, stream: CudaStream) free => (p as usize, None));
 hook!(cudaFreeHost(p: *mut c_void) free => (p as usize, None));
 hook!(cudaHostUnregister(p: *mut c_void) free => (p as usize, None));
+hook!(cudaIpcOpenMemHandle(p: *mut *mut c_void, handle: cudaIpcMemHandle_t, flags: c_uint)
+    alloc Unknown => (out_ptr(p), 0));
+hook!(cudaIpcCloseMemHandle(p: *mut c_void) free => (p as usize, None));
+hook!(cudaMemPoolImportPointer(p: *mut *mut c_void, pool: cudaMemPool_t, export_data: *mut cudaMemPoolPtrExportData)
+    alloc Unknown => (out_ptr(p), 0));
 
 /// `cuGetProcAddress` (CUDA 11.3's, without the status out-parameter).
 pub(crate) unsafe extern "C" fn cuGetProcAddress(

@@ -340,6 +340,21 @@ fn attach(state: &mut State, lib: Lib, found: &Found) {
             }
             continue;
         }
+        if let Some(first) = Id::ALL
+            .into_iter()
+            .take_while(|&o| o != id)
+            .find(|&o| o.lib() == lib && ENTRY[o as usize].load(Ordering::Acquire) == entry)
+        {
+            // One definition under two names (an alias): patched once, as
+            // `first`, whose hook reports its calls; this one's hook, which
+            // reloc and procaddr may hand out, calls what `first`'s calls,
+            // so that no call reports twice.
+            ORIG[id as usize].store(ORIG[first as usize].load(Ordering::Acquire), Ordering::Release);
+            if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
+                note(state, id, HookMode::Bistro, None);
+            }
+            continue;
+        }
         #[cfg_attr(not(feature = "bistro"), expect(unused_mut, reason = "only bistro patches"))]
         let mut patched = false;
         #[cfg(feature = "bistro")]

@@ -1,0 +1,158 @@
+/* Memory another process exported, on the real driver. The parent
+ * allocates device memory and exports an IPC handle; a child process
+ * (this program again, given the handle in hex) installs memhook in the
+ * mode asked for, opens the handle, and checks: one MEM_TYPE_ALLOC for
+ * the opened range, with the allocation's size; a lookup that says CUDA
+ * on device 0 (before memhook hooked the open it said host: absent from
+ * the map); one MEM_TYPE_FREE at the close, and the range absent after.
+ *
+ *   gcc -O2 -I. ipc.c -L. -lmemhook -ldl -Wl,-rpath,'$ORIGIN' -o ipc
+ *   ./ipc bistro        (or procaddr, a comma list; none: what a lookup
+ *                        said with the open unhooked)
+ *
+ * The driver's functions are found with dlsym, as a program that loads
+ * the driver itself does: procaddr answers dlsym with its hooks, bistro
+ * patches the entries; reloc alone reaches only callers through a PLT. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "memhook.h"
+
+extern char **environ;
+
+typedef unsigned long long CUdeviceptr;
+typedef struct {
+    char reserved[64];
+} CUipcMemHandle;
+
+static void *cuda;
+
+static void *fn(const char *name) {
+    void *f = dlsym(cuda, name);
+    if (!f) {
+        fprintf(stderr, "ipc: %s not found\n", name);
+        exit(2);
+    }
+    return f;
+}
+
+#define CHECK(call)                                                          \
+    do {                                                                     \
+        int rc_ = (call);                                                    \
+        if (rc_ != 0) {                                                      \
+            fprintf(stderr, "ipc: %s = %d\n", #call, rc_);                   \
+            exit(3);                                                         \
+        }                                                                    \
+    } while (0)
+
+static const size_t SIZE = (size_t)8 << 20;
+
+/* The events delivered, in order (a handler must not allocate). */
+static struct {
+    uint32_t type;
+    uintptr_t address;
+    size_t size;
+} events[256];
+static atomic_int nevents;
+
+static void on_event(uint32_t type, memhook_event_t *e, void *arg) {
+    (void)arg;
+    int i = atomic_fetch_add(&nevents, 1);
+    if (i < 256) {
+        events[i].type = type;
+        events[i].address = (uintptr_t)e->mem_type.address;
+        events[i].size = e->mem_type.size;
+    }
+}
+
+/* Events of `type` at `address` so far; the size of the last in *size. */
+static int seen(uint32_t type, uintptr_t address, size_t *size) {
+    int n = 0, total = atomic_load(&nevents);
+    for (int i = 0; i < total && i < 256; i++) {
+        if (events[i].type == type && events[i].address == address) {
+            n++;
+            if (size)
+                *size = events[i].size;
+        }
+    }
+    return n;
+}
+
+static void init_driver(void) {
+    cuda = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!cuda) {
+        fprintf(stderr, "ipc: no libcuda.so.1\n");
+        exit(2);
+    }
+    void *ctx = NULL;
+    CHECK(((int (*)(unsigned))fn("cuInit"))(0));
+    CHECK(((int (*)(void **, int))fn("cuDevicePrimaryCtxRetain"))(&ctx, 0));
+    CHECK(((int (*)(void *))fn("cuCtxSetCurrent"))(ctx));
+}
+
+static int child(const char *mode, const char *hex) {
+    CUipcMemHandle handle;
+    for (int i = 0; i < 64; i++) {
+        unsigned byte;
+        if (sscanf(hex + 2 * i, "%2x", &byte) != 1)
+            return 5;
+        handle.reserved[i] = (char)byte;
+    }
+    char config[128];
+    snprintf(config, sizeof config, "cuda=%s;mmap=none", mode);
+    if (memhook_install(config) != 0) {
+        fprintf(stderr, "ipc: install %s: %s\n", config, memhook_last_error());
+        return 4;
+    }
+    CHECK(memhook_set_event_handler(MEMHOOK_EVENT_MEM_TYPE_ALLOC | MEMHOOK_EVENT_MEM_TYPE_FREE, 0, on_event, NULL));
+    init_driver(); /* loaded after the install: hooked as it loads */
+    int (*open)(CUdeviceptr *, CUipcMemHandle, unsigned) = fn("cuIpcOpenMemHandle_v2");
+    int (*close)(CUdeviceptr) = fn("cuIpcCloseMemHandle");
+    CUdeviceptr p = 0;
+    CHECK(open(&p, handle, 1 /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */));
+    size_t size = 0;
+    int allocs = seen(MEMHOOK_EVENT_MEM_TYPE_ALLOC, p, &size);
+    memhook_mem_info_t info;
+    CHECK(memhook_memtype_lookup((void *)(uintptr_t)p, 4096, &info));
+    printf("ipc %s: opened %#llx: %d alloc event(s) of %zu bytes; lookup type %u device %d base %p len %zu\n", mode,
+           p, allocs, size, info.mem_type, info.device, info.base, info.len);
+    int ok = allocs == 1 && size == SIZE && info.mem_type == MEMHOOK_MEM_TYPE_CUDA && info.device == 0 &&
+             (uintptr_t)info.base == p && info.len == SIZE;
+    CHECK(close(p));
+    int frees = seen(MEMHOOK_EVENT_MEM_TYPE_FREE, p, &size);
+    CHECK(memhook_memtype_lookup((void *)(uintptr_t)p, 4096, &info));
+    printf("ipc %s: closed: %d free event(s) of %zu bytes; lookup type %u\n", mode, frees, size, info.mem_type);
+    ok = ok && frees == 1 && size == SIZE && info.mem_type == MEMHOOK_MEM_TYPE_HOST;
+    printf("ipc %s: %s\n", mode, ok ? "ok" : "FAILED");
+    return ok ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "child") == 0)
+        return child(argv[2], argv[3]);
+    const char *mode = argc > 1 ? argv[1] : "bistro";
+    init_driver();
+    CUdeviceptr d = 0;
+    CUipcMemHandle handle;
+    CHECK(((int (*)(CUdeviceptr *, size_t))fn("cuMemAlloc_v2"))(&d, SIZE));
+    CHECK(((int (*)(CUipcMemHandle *, CUdeviceptr))fn("cuIpcGetMemHandle"))(&handle, d));
+    char hex[129];
+    for (int i = 0; i < 64; i++)
+        snprintf(hex + 2 * i, 3, "%02x", (unsigned char)handle.reserved[i]);
+    char *child_argv[] = {argv[0], "child", (char *)mode, hex, NULL};
+    pid_t pid;
+    if (posix_spawn(&pid, "/proc/self/exe", NULL, NULL, child_argv, environ) != 0) {
+        perror("ipc: posix_spawn");
+        return 6;
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(((int (*)(CUdeviceptr))fn("cuMemFree_v2"))(d));
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 7;
+}
