@@ -419,6 +419,21 @@ pub fn leave(ended: Ended) -> ! {
     std::process::exit(ended.code())
 }
 
+/// `DEVICE:INODE` of the socket `fd`, for `MEMHOOK_REPORT_ID`: a process
+/// that inherits `MEMHOOK_REPORT_FD` but whose descriptor of that number
+/// is another file (its parent closed ours and opened the file there)
+/// then writes no record into it.
+fn report_id(fd: libc::c_int) -> Result<String, Failed> {
+    let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: fstat only writes `st`.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return Err(format!("fstat of the report socket: {}", std::io::Error::last_os_error()).into());
+    }
+    // SAFETY: zero-initialised, then filled by a successful fstat.
+    let st = unsafe { st.assume_init() };
+    Ok(format!("{}:{}", st.st_dev, st.st_ino))
+}
+
 /// Runs the command and summarises its events; returns how it ended.
 pub fn run(opts: Options) -> Result<Ended, Failed> {
     let lib = library()?;
@@ -442,7 +457,8 @@ pub fn run(opts: Options) -> Result<Ended, Failed> {
     let mut cmd = Command::new(&opts.command[0]);
     cmd.args(&opts.command[1..])
         .env("LD_PRELOAD", preload)
-        .env("MEMHOOK_REPORT_FD", write_fd.to_string());
+        .env("MEMHOOK_REPORT_FD", write_fd.to_string())
+        .env("MEMHOOK_REPORT_ID", report_id(write_fd)?);
     if let Some(m) = &opts.cuda_mode {
         cmd.env("MEMHOOK_CUDA_HOOK_MODE", m);
     }

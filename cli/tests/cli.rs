@@ -308,6 +308,41 @@ fn run_never_writes_into_the_programs_files_nor_ends_it() {
     assert!(mark.exists(), "the program ran to its end after memhook run was killed");
 }
 
+/// A program started by one that closed the report descriptor and
+/// opened a file on its number (a script's `exec 4>log`) inherits the
+/// variable that names it: its records must not go into that file (they
+/// did: every status record and event, 3.4 MB for a short Python run).
+#[test]
+fn a_program_that_inherits_the_number_but_not_the_socket_writes_nothing_there() {
+    with_library();
+    let log = work().join("reused-number.log");
+    let _ = std::fs::remove_file(&log);
+    let o = memhook()
+        .args([
+            "run",
+            "--",
+            "sh",
+            "-c",
+            r#"eval "exec ${MEMHOOK_REPORT_FD}>\"\$0\""; exec true"#,
+        ])
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let written = std::fs::metadata(&log).map(|m| m.len());
+    assert_eq!(
+        written.ok(),
+        Some(0),
+        "the file on the reused number stays empty: {}",
+        text(&o)
+    );
+    assert!(
+        !text(&o).contains("not open"),
+        "and the program says nothing of it: {}",
+        text(&o)
+    );
+}
+
 /// `memhook run` ends as the command did: with its status, or by its
 /// signal (which a shell reads as 128 plus the signal, and a script
 /// interrupted by Ctrl-C stops at), naming the signal; a command that is

@@ -353,10 +353,31 @@ extern "C" fn status_at_exit() {
     }
 }
 
+/// `MEMHOOK_REPORT_ID=dev:ino`, if set: the device and inode of the
+/// descriptor `MEMHOOK_REPORT_FD` names in the process it was made for
+/// (`memhook run` sets both). `Err` for a value that is not that.
+fn report_id() -> Result<Option<(u64, u64)>, &'static str> {
+    let Some(v) = std::env::var_os("MEMHOOK_REPORT_ID") else {
+        return Ok(None);
+    };
+    v.to_str()
+        .and_then(|s| s.trim().split_once(':'))
+        .and_then(|(dev, ino)| Some((dev.parse().ok()?, ino.parse().ok()?)))
+        .map(Some)
+        .ok_or("MEMHOOK_REPORT_ID is not DEVICE:INODE")
+}
+
 /// Starts `MEMHOOK_REPORT_FD=n` reporting if the variable names a
 /// descriptor: every event as a record (priority 1000: after every other
 /// handler, with the final result), the status now and at exit. Returns
 /// an error message for a bad value.
+///
+/// The variable outlives the descriptor: a program started by one that
+/// closed the descriptor and opened a file on its number (a script's
+/// `exec 4>log`) inherits both, and would write its records into that
+/// file. With `MEMHOOK_REPORT_ID` set, a descriptor that is not the one
+/// named is left alone, and this process reports nothing (nor says so:
+/// such descendants are expected).
 pub(crate) fn start_from_env() -> Result<(), &'static str> {
     let Some(v) = std::env::var_os("MEMHOOK_REPORT_FD") else {
         return Ok(());
@@ -366,9 +387,16 @@ pub(crate) fn start_from_env() -> Result<(), &'static str> {
         .and_then(|s| s.trim().parse().ok())
         .filter(|&fd| fd >= 0)
         .ok_or("MEMHOOK_REPORT_FD is not a file descriptor number")?;
+    let id = report_id()?;
     let Some((dev, ino, socket)) = identity(fd) else {
-        return Err("MEMHOOK_REPORT_FD names a descriptor that is not open");
+        return match id {
+            Some(_) => Ok(()),
+            None => Err("MEMHOOK_REPORT_FD names a descriptor that is not open"),
+        };
     };
+    if id.is_some_and(|id| id != (dev, ino)) {
+        return Ok(());
+    }
     REPORT_DEV.store(dev, core::sync::atomic::Ordering::Relaxed);
     REPORT_INO.store(ino, core::sync::atomic::Ordering::Relaxed);
     REPORT_SOCKET.store(socket, core::sync::atomic::Ordering::Relaxed);
