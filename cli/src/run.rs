@@ -9,7 +9,7 @@ use std::os::fd::FromRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,7 @@ const KIND_NAMESPACE: u32 = 3;
 struct Record {
     kind: u32,
     event_type: u32,
+    pid: u32,
     value: u32,
     address: u64,
     size: u64,
@@ -55,6 +56,7 @@ fn parse(b: &[u8; RECORD]) -> Record {
     Record {
         kind: u32_at(0),
         event_type: u32_at(4),
+        pid: u32_at(8),
         value: u32_at(12),
         address: u64_at(16),
         size: u64_at(24),
@@ -65,51 +67,62 @@ fn parse(b: &[u8; RECORD]) -> Record {
     }
 }
 
-/// Ranges alive, per memory type, with the peak.
+/// Ranges alive, per process (each has its own address space: a child's
+/// unmap of what it inherited leaves its parent's mapping counted) and
+/// per memory type, with the bytes of all processes and their peak.
 #[derive(Default)]
 struct Alive {
-    /// start -> (end, type name)
-    ranges: BTreeMap<u64, (u64, &'static str)>,
+    /// pid -> start -> (end, type name)
+    ranges: HashMap<u32, BTreeMap<u64, (u64, &'static str)>>,
     bytes: HashMap<&'static str, u64>,
     peak: HashMap<&'static str, u64>,
 }
 
 impl Alive {
-    fn remove(&mut self, start: u64, end: u64) {
-        let overlapping: Vec<(u64, (u64, &'static str))> = self
-            .ranges
+    fn remove(&mut self, pid: u32, start: u64, end: u64) {
+        let Some(ranges) = self.ranges.get_mut(&pid) else {
+            return;
+        };
+        let overlapping: Vec<(u64, (u64, &'static str))> = ranges
             .range(..end)
             .rev()
             .take_while(|(_, (e, _))| *e > start)
             .map(|(s, v)| (*s, *v))
             .collect();
+        for &(s, _) in &overlapping {
+            ranges.remove(&s);
+        }
         for (s, (e, t)) in overlapping {
-            self.ranges.remove(&s);
             *self.bytes.entry(t).or_default() -= e - s;
             if s < start {
-                self.add_raw(s, start, t);
+                self.add_raw(pid, s, start, t);
             }
             if e > end {
-                self.add_raw(end, e, t);
+                self.add_raw(pid, end, e, t);
             }
         }
     }
 
-    fn add_raw(&mut self, start: u64, end: u64, t: &'static str) {
-        self.ranges.insert(start, (end, t));
+    fn add_raw(&mut self, pid: u32, start: u64, end: u64, t: &'static str) {
+        self.ranges.entry(pid).or_default().insert(start, (end, t));
         let b = self.bytes.entry(t).or_default();
         *b += end - start;
         let p = self.peak.entry(t).or_default();
         *p = (*p).max(*b);
     }
 
-    fn add(&mut self, start: u64, size: u64, t: &'static str) {
+    fn add(&mut self, pid: u32, start: u64, size: u64, t: &'static str) {
         if size == 0 {
             return;
         }
         let end = start.saturating_add(size);
-        self.remove(start, end);
-        self.add_raw(start, end, t);
+        self.remove(pid, start, end);
+        self.add_raw(pid, start, end, t);
+    }
+
+    /// The end of `pid`'s range that starts at `start` (`start` if none).
+    fn end_of(&self, pid: u32, start: u64) -> u64 {
+        self.ranges.get(&pid).and_then(|r| r.get(&start)).map_or(start, |v| v.0)
     }
 }
 
@@ -148,17 +161,17 @@ impl Summary {
                     *self.functions.entry(r.function.clone()).or_default() += 1;
                 }
                 match r.event_type {
-                    bits::VM_MAPPED => self.host.add(r.address, r.size, "host"),
-                    bits::VM_UNMAPPED => self.host.remove(r.address, r.address.saturating_add(r.size)),
-                    bits::MEM_TYPE_ALLOC => self.typed.add(r.address, r.size, type_name(r.value)),
+                    bits::VM_MAPPED => self.host.add(r.pid, r.address, r.size, "host"),
+                    bits::VM_UNMAPPED => self.host.remove(r.pid, r.address, r.address.saturating_add(r.size)),
+                    bits::MEM_TYPE_ALLOC => self.typed.add(r.pid, r.address, r.size, type_name(r.value)),
                     bits::MEM_TYPE_FREE => {
                         let end = if r.size == 0 {
                             // Size unknown: the allocation that starts here.
-                            self.typed.ranges.get(&r.address).map_or(r.address, |v| v.0)
+                            self.typed.end_of(r.pid, r.address)
                         } else {
                             r.address.saturating_add(r.size)
                         };
-                        self.typed.remove(r.address, end);
+                        self.typed.remove(r.pid, r.address, end);
                     }
                     _ => {}
                 }
@@ -434,6 +447,122 @@ fn report_id(fd: libc::c_int) -> Result<String, Failed> {
     Ok(format!("{}:{}", st.st_dev, st.st_ino))
 }
 
+/// A listening `SOCK_SEQPACKET` socket in the abstract namespace, named
+/// for this run (`MEMHOOK_REPORT_SOCKET`): where a descendant that does
+/// not have the pair's end (its parent closed it, as Python's
+/// `multiprocessing` does for a spawned child, or put a file on its
+/// number) connects to report. Returns the socket and its name.
+fn listen_for_descendants() -> Result<(libc::c_int, String), Failed> {
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let name = format!("memhook-run-{}-{nonce:08x}", std::process::id());
+    // SAFETY: an all-zero sockaddr_un is valid; filled below.
+    let mut addr: libc::sockaddr_un = unsafe { core::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    // The abstract namespace: a NUL, then the name (no terminator).
+    for (dst, b) in addr.sun_path[1..].iter_mut().zip(name.bytes()) {
+        *dst = b as libc::c_char;
+    }
+    let len = core::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
+    let os_error = |what: &str| Failed::from(format!("{what}: {}", std::io::Error::last_os_error()));
+    // SAFETY: plain flags.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(os_error("socket"));
+    }
+    // SAFETY: `addr` is a sockaddr_un of which `len` bytes are the
+    // address; `fd` is the socket made above.
+    let bound = unsafe { libc::bind(fd, (&raw const addr).cast(), len as libc::socklen_t) } == 0;
+    // SAFETY: the socket made and bound above.
+    if !bound || unsafe { libc::listen(fd, 128) } != 0 {
+        let e = os_error("the descendants' socket");
+        // SAFETY: the socket made above, closed once.
+        unsafe { libc::close(fd) };
+        return Err(e);
+    }
+    Ok((fd, name))
+}
+
+/// Reads records from `fd` into `summary` until the writers are gone,
+/// then closes it.
+fn read_records(fd: libc::c_int, summary: &Mutex<Summary>) {
+    // SAFETY: `fd` is owned by the caller's thread from now on.
+    let mut records = unsafe { std::fs::File::from_raw_fd(fd) };
+    let mut buf = [0u8; RECORD];
+    while records.read_exact(&mut buf).is_ok() {
+        summary.lock().unwrap().add(parse(&buf));
+    }
+}
+
+/// Whether a connection waits on `listener` to be accepted.
+fn pending(listener: libc::c_int) -> bool {
+    let mut p = libc::pollfd {
+        fd: listener,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, no wait.
+    unsafe { libc::poll(&mut p, 1, 0) > 0 }
+}
+
+/// Accepts connections from this user's processes on `listener`, each
+/// read on a thread of its own. `open` counts the connections being
+/// accepted or read.
+fn accept_descendants(listener: libc::c_int, summary: Arc<Mutex<Summary>>, open: Arc<AtomicUsize>) {
+    loop {
+        let mut p = libc::pollfd {
+            fd: listener,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd.
+        if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return;
+        }
+        // Counted before the accept: a wait for the readers that finds
+        // nothing pending finds this count.
+        open.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: accepts on the listening socket; no peer address asked.
+        let c = unsafe {
+            libc::accept4(
+                listener,
+                core::ptr::null_mut(),
+                core::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if c < 0 || !same_user(c) {
+            if c >= 0 {
+                // SAFETY: the connection just accepted, closed once.
+                unsafe { libc::close(c) };
+            }
+            open.fetch_sub(1, Ordering::SeqCst);
+            continue;
+        }
+        let (summary, open) = (summary.clone(), open.clone());
+        std::thread::spawn(move || {
+            read_records(c, &summary);
+            open.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+}
+
+/// Whether the process at the other end of `c` runs as this user (the
+/// abstract namespace has no file permissions: anyone may connect).
+fn same_user(c: libc::c_int) -> bool {
+    // SAFETY: an all-zero ucred is valid; filled by getsockopt.
+    let mut cred: libc::ucred = unsafe { core::mem::zeroed() };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of `len` bytes.
+    let rc = unsafe { libc::getsockopt(c, libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut cred).cast(), &mut len) };
+    // SAFETY: getuid cannot fail.
+    rc == 0 && cred.uid == unsafe { libc::getuid() }
+}
+
 /// Runs the command and summarises its events; returns how it ended.
 pub fn run(opts: Options) -> Result<Ended, Failed> {
     let lib = library()?;
@@ -450,6 +579,7 @@ pub fn run(opts: Options) -> Result<Ended, Failed> {
     // The read end stays in this process only.
     // SAFETY: sets a flag on a descriptor this function owns.
     unsafe { libc::fcntl(read_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let (listener, socket_name) = listen_for_descendants()?;
     let mut preload = lib.display().to_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD") {
         preload = format!("{preload}:{}", old.to_string_lossy());
@@ -458,7 +588,8 @@ pub fn run(opts: Options) -> Result<Ended, Failed> {
     cmd.args(&opts.command[1..])
         .env("LD_PRELOAD", preload)
         .env("MEMHOOK_REPORT_FD", write_fd.to_string())
-        .env("MEMHOOK_REPORT_ID", report_id(write_fd)?);
+        .env("MEMHOOK_REPORT_ID", report_id(write_fd)?)
+        .env("MEMHOOK_REPORT_SOCKET", &socket_name);
     if let Some(m) = &opts.cuda_mode {
         cmd.env("MEMHOOK_CUDA_HOOK_MODE", m);
     }
@@ -497,15 +628,14 @@ pub fn run(opts: Options) -> Result<Ended, Failed> {
     let summary = Arc::new(Mutex::new(Summary::default()));
     let reader = {
         let summary = summary.clone();
-        std::thread::spawn(move || {
-            // SAFETY: the read end, owned by this thread from now on.
-            let mut records = unsafe { std::fs::File::from_raw_fd(read_fd) };
-            let mut buf = [0u8; RECORD];
-            while records.read_exact(&mut buf).is_ok() {
-                summary.lock().unwrap().add(parse(&buf));
-            }
-        })
+        // The read end, owned by this thread from now on.
+        std::thread::spawn(move || read_records(read_fd, &summary))
     };
+    let open = Arc::new(AtomicUsize::new(0));
+    {
+        let (summary, open) = (summary.clone(), open.clone());
+        std::thread::spawn(move || accept_descendants(listener, summary, open));
+    }
     let done = Arc::new(AtomicBool::new(false));
     let live = std::io::stderr().is_terminal().then(|| {
         let (summary, done) = (summary.clone(), done.clone());
@@ -529,9 +659,11 @@ pub fn run(opts: Options) -> Result<Ended, Failed> {
         })
     });
     let status = child.wait().map_err(|e| format!("waiting for the command: {e}"))?;
-    // Grandchildren may hold the socket: give them a moment, then summarise.
+    // Descendants may still hold the pair or a connection: give them a
+    // moment, then summarise.
     let deadline = Instant::now() + Duration::from_millis(500);
-    while !reader.is_finished() && Instant::now() < deadline {
+    let reading = || !reader.is_finished() || pending(listener) || open.load(Ordering::SeqCst) > 0;
+    while reading() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
     done.store(true, Ordering::Relaxed);

@@ -308,38 +308,82 @@ fn run_never_writes_into_the_programs_files_nor_ends_it() {
     assert!(mark.exists(), "the program ran to its end after memhook run was killed");
 }
 
-/// A program started by one that closed the report descriptor and
-/// opened a file on its number (a script's `exec 4>log`) inherits the
+/// A program started by one that closed the report descriptor, or
+/// opened a file on its number (a script's `exec 4>log`), inherits the
 /// variable that names it: its records must not go into that file (they
-/// did: every status record and event, 3.4 MB for a short Python run).
+/// did: every status record and event, 3.4 MB for a short Python run),
+/// and it reports through `MEMHOOK_REPORT_SOCKET` instead, so that its
+/// events are counted (they were not).
 #[test]
-fn a_program_that_inherits_the_number_but_not_the_socket_writes_nothing_there() {
+fn a_program_that_inherits_the_number_but_not_the_socket_reports_through_the_run_socket() {
     with_library();
+    let prog = program();
     let log = work().join("reused-number.log");
-    let _ = std::fs::remove_file(&log);
-    let o = memhook()
-        .args([
-            "run",
-            "--",
-            "sh",
-            "-c",
-            r#"eval "exec ${MEMHOOK_REPORT_FD}>\"\$0\""; exec true"#,
-        ])
-        .arg(&log)
-        .output()
-        .unwrap();
+    for (script, file) in [
+        (r#"eval "exec ${MEMHOOK_REPORT_FD}>\"\$1\""; exec "$0""#, true),
+        (r#"eval "exec ${MEMHOOK_REPORT_FD}>&-"; exec "$0""#, false),
+    ] {
+        let _ = std::fs::remove_file(&log);
+        let o = memhook()
+            .args(["run", "--json", "--", "sh", "-c", script])
+            .arg(&prog)
+            .arg(&log)
+            .output()
+            .unwrap();
+        let json = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(o.status.success(), "{script}: {}", text(&o));
+        if file {
+            let written = std::fs::metadata(&log).map(|m| m.len());
+            assert_eq!(
+                written.ok(),
+                Some(0),
+                "the file on the reused number stays empty: {json}"
+            );
+        }
+        assert!(!text(&o).contains("not open"), "nothing said of it: {}", text(&o));
+        assert_eq!(field(&json, "MEM_TYPE_ALLOC"), Some(5), "{script}: counted: {json}");
+        assert_eq!(field(&json, "MEM_TYPE_FREE"), Some(3), "{script}: {json}");
+        assert_eq!(
+            field(&json, "cuda"),
+            Some(2 << 20),
+            "{script}: two allocations alive: {json}"
+        );
+    }
+}
+
+/// Each process has its own address space: a forked child's unmap of
+/// a mapping it inherited does not end its parent's, and the bytes alive
+/// at exit are every process's.
+const FORKS_AND_UNMAPS: &str = r#"
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int main(void) {
+    void *p = mmap(0, 1 << 24, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return 10;
+    pid_t pid = fork();
+    if (pid == 0) {
+        munmap(p, 1 << 24); /* the child's copy */
+        void *q = mmap(0, 1 << 23, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        _exit(q == MAP_FAILED ? 11 : 0); /* q stays mapped to its end */
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 12;
+}
+"#;
+
+#[test]
+fn bytes_alive_are_counted_per_process() {
+    with_library();
+    let prog = build_c("forks_and_unmaps", FORKS_AND_UNMAPS);
+    let o = memhook().args(["run", "--json", "--"]).arg(&prog).output().unwrap();
+    let json = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(o.status.success(), "{}", text(&o));
-    let written = std::fs::metadata(&log).map(|m| m.len());
-    assert_eq!(
-        written.ok(),
-        Some(0),
-        "the file on the reused number stays empty: {}",
-        text(&o)
-    );
+    let host = field(&json, "host").unwrap();
     assert!(
-        !text(&o).contains("not open"),
-        "and the program says nothing of it: {}",
-        text(&o)
+        host >= (1 << 24) + (1 << 23),
+        "the parent's 16 MiB and the child's 8 MiB alive: {host}: {json}"
     );
 }
 

@@ -79,7 +79,8 @@ fn preloaded() -> bool {
 
 extern "C" fn at_load() {
     let trace_on = env_is("MEMHOOK_TRACE", "1");
-    let report_on = std::env::var_os("MEMHOOK_REPORT_FD").is_some();
+    let report_on =
+        std::env::var_os("MEMHOOK_REPORT_FD").is_some() || std::env::var_os("MEMHOOK_REPORT_SOCKET").is_some();
     if !preloaded() && !trace_on && !report_on {
         return;
     }

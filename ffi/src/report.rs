@@ -367,6 +367,58 @@ fn report_id() -> Result<Option<(u64, u64)>, &'static str> {
         .ok_or("MEMHOOK_REPORT_ID is not DEVICE:INODE")
 }
 
+/// The descriptor to report on: `MEMHOOK_REPORT_FD`'s, if this process
+/// has it (the one `MEMHOOK_REPORT_ID` names, when set); else a new
+/// connection to `MEMHOOK_REPORT_SOCKET`; else none.
+fn report_fd() -> Result<Option<c_int>, &'static str> {
+    let socket = std::env::var_os("MEMHOOK_REPORT_SOCKET");
+    if let Some(v) = std::env::var_os("MEMHOOK_REPORT_FD") {
+        let fd: c_int = v
+            .to_str()
+            .and_then(|s| s.trim().parse().ok())
+            .filter(|&fd| fd >= 0)
+            .ok_or("MEMHOOK_REPORT_FD is not a file descriptor number")?;
+        match (identity(fd), report_id()?) {
+            (Some((dev, ino, _)), Some(id)) if id != (dev, ino) => {}
+            (Some(_), _) => return Ok(Some(fd)),
+            (None, Some(_)) => {}
+            (None, None) if socket.is_some() => {}
+            (None, None) => return Err("MEMHOOK_REPORT_FD names a descriptor that is not open"),
+        }
+    }
+    Ok(socket.and_then(|name| connect_abstract(name.as_encoded_bytes())))
+}
+
+/// A `SOCK_SEQPACKET` connection (close-on-exec: a program this one
+/// starts connects for itself) to the socket named `name` in the
+/// abstract namespace; `None` if there is none, or it refuses.
+fn connect_abstract(name: &[u8]) -> Option<c_int> {
+    // SAFETY: an all-zero sockaddr_un is valid; filled below.
+    let mut addr: libc::sockaddr_un = unsafe { core::mem::zeroed() };
+    if name.is_empty() || name.len() + 1 > addr.sun_path.len() {
+        return None;
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    // The abstract namespace: a NUL, then the name (no terminator).
+    for (dst, &b) in addr.sun_path[1..].iter_mut().zip(name) {
+        *dst = b as c_char;
+    }
+    let len = core::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
+    // SAFETY: plain flags.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `addr` is a sockaddr_un of which `len` bytes are the address.
+    let rc = unsafe { libc::connect(fd, (&raw const addr).cast(), len as libc::socklen_t) };
+    if rc != 0 {
+        // SAFETY: the socket made above, closed once.
+        unsafe { libc::close(fd) };
+        return None;
+    }
+    Some(fd)
+}
+
 /// Starts `MEMHOOK_REPORT_FD=n` reporting if the variable names a
 /// descriptor: every event as a record (priority 1000: after every other
 /// handler, with the final result), the status now and at exit. Returns
@@ -378,25 +430,19 @@ fn report_id() -> Result<Option<(u64, u64)>, &'static str> {
 /// file. With `MEMHOOK_REPORT_ID` set, a descriptor that is not the one
 /// named is left alone, and this process reports nothing (nor says so:
 /// such descendants are expected).
+///
+/// Such a process, and one whose parent closed the descriptor before
+/// starting it (Python's `multiprocessing` spawn children), connects to
+/// `MEMHOOK_REPORT_SOCKET` instead when that names a listening socket in
+/// the abstract namespace (`memhook run` sets it), so that its events
+/// are counted too.
 pub(crate) fn start_from_env() -> Result<(), &'static str> {
-    let Some(v) = std::env::var_os("MEMHOOK_REPORT_FD") else {
+    let Some(fd) = report_fd()? else {
         return Ok(());
     };
-    let fd: c_int = v
-        .to_str()
-        .and_then(|s| s.trim().parse().ok())
-        .filter(|&fd| fd >= 0)
-        .ok_or("MEMHOOK_REPORT_FD is not a file descriptor number")?;
-    let id = report_id()?;
     let Some((dev, ino, socket)) = identity(fd) else {
-        return match id {
-            Some(_) => Ok(()),
-            None => Err("MEMHOOK_REPORT_FD names a descriptor that is not open"),
-        };
+        return Err("MEMHOOK_REPORT_FD names a descriptor that is not open");
     };
-    if id.is_some_and(|id| id != (dev, ino)) {
-        return Ok(());
-    }
     REPORT_DEV.store(dev, core::sync::atomic::Ordering::Relaxed);
     REPORT_INO.store(ino, core::sync::atomic::Ordering::Relaxed);
     REPORT_SOCKET.store(socket, core::sync::atomic::Ordering::Relaxed);
