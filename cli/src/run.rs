@@ -579,7 +579,18 @@ pub fn run(opts: Options) -> Result<Ended, Failed> {
     // The read end stays in this process only.
     // SAFETY: sets a flag on a descriptor this function owns.
     unsafe { libc::fcntl(read_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-    let (listener, socket_name) = listen_for_descendants()?;
+    // Without it (a sandbox that refuses the socket), descendants that
+    // lack the pair's end are not counted, and the run goes on.
+    let descendants = match listen_for_descendants() {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!(
+                "memhook run: {} (descendants without the report socket are not counted)",
+                e.message
+            );
+            None
+        }
+    };
     let mut preload = lib.display().to_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD") {
         preload = format!("{preload}:{}", old.to_string_lossy());
@@ -588,8 +599,10 @@ pub fn run(opts: Options) -> Result<Ended, Failed> {
     cmd.args(&opts.command[1..])
         .env("LD_PRELOAD", preload)
         .env("MEMHOOK_REPORT_FD", write_fd.to_string())
-        .env("MEMHOOK_REPORT_ID", report_id(write_fd)?)
-        .env("MEMHOOK_REPORT_SOCKET", &socket_name);
+        .env("MEMHOOK_REPORT_ID", report_id(write_fd)?);
+    if let Some((_, name)) = &descendants {
+        cmd.env("MEMHOOK_REPORT_SOCKET", name);
+    }
     if let Some(m) = &opts.cuda_mode {
         cmd.env("MEMHOOK_CUDA_HOOK_MODE", m);
     }
@@ -634,7 +647,9 @@ pub fn run(opts: Options) -> Result<Ended, Failed> {
     let open = Arc::new(AtomicUsize::new(0));
     {
         let (summary, open) = (summary.clone(), open.clone());
-        std::thread::spawn(move || accept_descendants(listener, summary, open));
+        if let Some(&(listener, _)) = descendants.as_ref() {
+            std::thread::spawn(move || accept_descendants(listener, summary, open));
+        }
     }
     let done = Arc::new(AtomicBool::new(false));
     let live = std::io::stderr().is_terminal().then(|| {
@@ -662,7 +677,11 @@ pub fn run(opts: Options) -> Result<Ended, Failed> {
     // Descendants may still hold the pair or a connection: give them a
     // moment, then summarise.
     let deadline = Instant::now() + Duration::from_millis(500);
-    let reading = || !reader.is_finished() || pending(listener) || open.load(Ordering::SeqCst) > 0;
+    let reading = || {
+        !reader.is_finished()
+            || descendants.as_ref().is_some_and(|&(l, _)| pending(l))
+            || open.load(Ordering::SeqCst) > 0
+    };
     while reading() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
