@@ -428,8 +428,8 @@ fn connect_abstract(name: &[u8]) -> Option<c_int> {
 /// closed the descriptor and opened a file on its number (a script's
 /// `exec 4>log`) inherits both, and would write its records into that
 /// file. With `MEMHOOK_REPORT_ID` set, a descriptor that is not the one
-/// named is left alone, and this process reports nothing (nor says so:
-/// such descendants are expected).
+/// named is left alone (and nothing is said: such descendants are
+/// expected).
 ///
 /// Such a process, and one whose parent closed the descriptor before
 /// starting it (Python's `multiprocessing` spawn children), connects to
