@@ -57,7 +57,14 @@ int main(void) {
 }
 "#;
 
+/// The program, built once (tests run on threads of one process, and
+/// two builds into one folder at once would link half-written files).
 fn program() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_program).clone()
+}
+
+fn build_program() -> PathBuf {
     let dir = work();
     let fake = memhook_tests::fakecuda::build(&dir.join("fakecuda"));
     let src = dir.join("prog.c");
