@@ -138,6 +138,9 @@ struct Summary {
     /// reported (at exit): namespace -> (functions, hooked, reason).
     namespaces: BTreeMap<u64, (u64, u32, String)>,
     total: u64,
+    /// The processes that sent records (the command, and its descendants
+    /// that load libmemhook).
+    processes: std::collections::HashSet<u32>,
 }
 
 fn type_name(t: u32) -> &'static str {
@@ -152,6 +155,7 @@ fn type_name(t: u32) -> &'static str {
 
 impl Summary {
     fn add(&mut self, r: Record) {
+        self.processes.insert(r.pid);
         match r.kind {
             KIND_EVENT => {
                 self.total += 1;
@@ -238,7 +242,8 @@ impl Summary {
             .collect::<Vec<_>>()
             .join(", ");
         format!(
-            "{{\"exit_status\": {exit_status}, \"signal\": {signal}, \"events\": {{{}}}, \"functions\": {{{}}}, \"bytes_alive\": {{{alive}}}, \"hooks\": [{hooks}], \"namespaces\": [{namespaces}]}}",
+            "{{\"exit_status\": {exit_status}, \"signal\": {signal}, \"processes\": {}, \"events\": {{{}}}, \"functions\": {{{}}}, \"bytes_alive\": {{{alive}}}, \"hooks\": [{hooks}], \"namespaces\": [{namespaces}]}}",
+            self.processes.len(),
             map(&self.events),
             map(&self.functions)
         )
@@ -254,7 +259,13 @@ impl Summary {
                 signal_name(sig)
             ),
         };
-        let _ = writeln!(o, "events by kind ({} in all):", self.total);
+        let _ = writeln!(
+            o,
+            "events by kind ({} in all, from {} process{}):",
+            self.total,
+            self.processes.len(),
+            if self.processes.len() == 1 { "" } else { "es" }
+        );
         for (k, v) in &self.events {
             let _ = writeln!(o, "  {k:<16} {v:>10}");
         }

@@ -349,6 +349,11 @@ fn a_program_that_inherits_the_number_but_not_the_socket_reports_through_the_run
         }
         assert!(!text(&o).contains("not open"), "nothing said of it: {}", text(&o));
         assert_eq!(field(&json, "MEM_TYPE_ALLOC"), Some(5), "{script}: counted: {json}");
+        assert_eq!(
+            field(&json, "processes"),
+            Some(1),
+            "{script}: one process, exec'd: {json}"
+        );
         assert_eq!(field(&json, "MEM_TYPE_FREE"), Some(3), "{script}: {json}");
         assert_eq!(
             field(&json, "cuda"),
@@ -387,6 +392,11 @@ fn bytes_alive_are_counted_per_process() {
     let o = memhook().args(["run", "--json", "--"]).arg(&prog).output().unwrap();
     let json = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        field(&json, "processes"),
+        Some(2),
+        "the parent and its child reported: {json}"
+    );
     let host = field(&json, "host").unwrap();
     assert!(
         host >= (1 << 24) + (1 << 23),
