@@ -125,6 +125,8 @@ struct alloc {
     int type;
     int device;
     uintptr_t ctx; /* the context it belongs to; 0: a stream-ordered pool's */
+    unsigned long long ipc_id; /* T_IPC: the handle's export (0: none) */
+    int opens;                 /* T_IPC: opens not yet closed */
 };
 
 /* Contexts: device d's primary context is PRIMARY(d), current unless the
@@ -505,8 +507,10 @@ IMPL CUresult impl_cuMemHostUnregister(void *p) {
 
 /* ---- Memory another process exported. ---- */
 /* A fake IPC handle or pool export: the size in its first 8 bytes, the
- * exporter's device in the next 4 (64 bytes in all, passed by value, as
- * the driver's CUipcMemHandle is). */
+ * exporter's device in the next 4, and an export id in the 8 after
+ * (64 bytes in all, passed by value, as the driver's CUipcMemHandle is).
+ * As driver 580 does, a second open of a handle (same nonzero id) gives
+ * the same address, and only the last close unmaps it. */
 typedef struct {
     char reserved[64];
 } fake_handle;
@@ -522,10 +526,36 @@ static int handle_device(const char *h) {
     return device;
 }
 
+static unsigned long long handle_id(const char *h) {
+    unsigned long long id;
+    memcpy(&id, h + 12, sizeof id);
+    return id;
+}
+
 static CUresult ipc_open(CUdeviceptr *dptr, fake_handle handle) {
+    unsigned long long id = handle_id(handle.reserved);
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; id && i < nallocs; i++) {
+        if (allocs[i].type == T_IPC && allocs[i].ipc_id == id) {
+            allocs[i].opens++;
+            *dptr = allocs[i].base;
+            pthread_mutex_unlock(&lock);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&lock);
     exporter_device = handle_device(handle.reserved);
     CUresult rc = dev_alloc(dptr, handle_size(handle.reserved), T_IPC);
     exporter_device = -1;
+    if (rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&lock);
+        struct alloc *a = find(*dptr);
+        a->ipc_id = id;
+        a->opens = 1;
+        pthread_mutex_unlock(&lock);
+    }
     return rc;
 }
 /* The export: a handle that names the allocation's size and device. */
@@ -535,9 +565,11 @@ IMPL CUresult impl_cuIpcGetMemHandle(fake_handle *handle, CUdeviceptr p) {
     struct alloc *a = find(p);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     if (handle && a && a->base == p && a->type == T_DEVICE) {
+        unsigned long long id = a->base;
         memset(handle, 0, sizeof *handle);
         memcpy(handle->reserved, &a->size, sizeof a->size);
         memcpy(handle->reserved + 8, &a->device, sizeof a->device);
+        memcpy(handle->reserved + 12, &id, sizeof id);
         rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&lock);
@@ -554,7 +586,15 @@ IMPL CUresult impl_cuIpcOpenMemHandle(CUdeviceptr *dptr, fake_handle handle, uns
     return ipc_open(dptr, handle);
 }
 ENTRY(cuIpcCloseMemHandle)
-IMPL CUresult impl_cuIpcCloseMemHandle(CUdeviceptr p) { return free_at(p, T_IPC); }
+IMPL CUresult impl_cuIpcCloseMemHandle(CUdeviceptr p) {
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find(p);
+    int more = a && a->base == p && a->type == T_IPC && a->opens > 1;
+    if (more)
+        a->opens--;
+    pthread_mutex_unlock(&lock);
+    return more ? CUDA_SUCCESS : free_at(p, T_IPC);
+}
 /* One allocation of a pool another process shares (bit 0 of the pool
  * handle: a pool of host memory); freed by cuMemFree*. */
 ENTRY(cuMemPoolImportPointer)

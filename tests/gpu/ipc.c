@@ -4,7 +4,10 @@
  * mode asked for, opens the handle, and checks: one MEM_TYPE_ALLOC for
  * the opened range, with the allocation's size; a lookup that says CUDA
  * on device 0 (before memhook hooked the open it said host: absent from
- * the map); one MEM_TYPE_FREE at the close, and the range absent after.
+ * the map); a second open of the handle (the driver counts opens and
+ * gives the same address) that reports nothing, and a first close that
+ * leaves the range CUDA; one MEM_TYPE_FREE at the last close, and the
+ * range absent after.
  *
  *   gcc -O2 -I. ipc.c -L. -lmemhook -ldl -Wl,-rpath,'$ORIGIN' -o ipc
  *   ./ipc bistro        (or procaddr, a comma list; none: what a lookup
@@ -124,6 +127,17 @@ static int child(const char *mode, const char *hex) {
            p, allocs, size, info.mem_type, info.device, info.base, info.len);
     int ok = allocs == 1 && size == SIZE && info.mem_type == MEMHOOK_MEM_TYPE_CUDA && info.device == 0 &&
              (uintptr_t)info.base == p && info.len == SIZE;
+    /* The driver counts opens of one handle: a second gives the same
+     * address, and the first close leaves it mapped. */
+    CUdeviceptr again = 0;
+    CHECK(open(&again, handle, 1));
+    allocs = seen(MEMHOOK_EVENT_MEM_TYPE_ALLOC, p, NULL);
+    CHECK(close(p));
+    int early = seen(MEMHOOK_EVENT_MEM_TYPE_FREE, p, NULL);
+    CHECK(memhook_memtype_lookup((void *)(uintptr_t)p, 4096, &info));
+    printf("ipc %s: opened again at %#llx: %d alloc event(s) in all; one close: %d free event(s), lookup type %u\n",
+           mode, again, allocs, early, info.mem_type);
+    ok = ok && again == p && allocs == 1 && early == 0 && info.mem_type == MEMHOOK_MEM_TYPE_CUDA;
     CHECK(close(p));
     int frees = seen(MEMHOOK_EVENT_MEM_TYPE_FREE, p, &size);
     CHECK(memhook_memtype_lookup((void *)(uintptr_t)p, 4096, &info));

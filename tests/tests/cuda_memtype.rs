@@ -37,6 +37,14 @@ fn handle(size: usize, device: i32) -> Handle {
     h
 }
 
+/// A handle of one export (`id`): its opens share one mapping, as the
+/// driver's do.
+fn handle_of(size: usize, device: i32, id: u64) -> Handle {
+    let mut h = handle(size, device);
+    h.reserved[12..20].copy_from_slice(&id.to_ne_bytes());
+    h
+}
+
 fn found(addr: usize, len: usize) -> MemInfo {
     match memtype::lookup(addr, len) {
         Lookup::Found(i) => i,
@@ -204,6 +212,24 @@ fn every_driver_function_reports_its_type_size_and_device() {
             assert_eq!(take(), [ev(F, ip, 1 << 21, MemType::Cuda)], "{name:?}");
             assert_eq!(memtype::lookup(ip, 1), Lookup::Absent, "{name:?}");
         }
+        // The driver counts the opens of one handle: a second gives the
+        // same address and reports nothing new; the first close leaves
+        // it mapped (and CUDA in the map), the last one ends it.
+        let open: unsafe extern "C" fn(*mut Dptr, Handle, c_uint) -> u32 = f(h, c"cuIpcOpenMemHandle_v2");
+        let shared = handle_of(1 << 20, 1, 0xabc);
+        let (mut first, mut second): (Dptr, Dptr) = (0, 0);
+        assert_eq!(open(&mut first, shared, 1), 0);
+        assert_eq!(open(&mut second, shared, 1), 0);
+        assert_eq!(first, second, "one mapping");
+        let ip = first as usize;
+        assert_eq!(take(), [ev(A, ip, 1 << 20, MemType::Cuda)], "reported once");
+        assert_eq!(ipc_close(first), 0);
+        assert_eq!(take(), [], "not the last close");
+        assert_eq!(found(ip, 4096).mem_type, MemType::Cuda, "still mapped");
+        assert_eq!(ipc_close(first), 0);
+        assert_eq!(take(), [ev(F, ip, 1 << 20, MemType::Cuda)], "the last close");
+        assert_eq!(memtype::lookup(ip, 1), Lookup::Absent);
+
         // An allocation of a pool another process shares: the pool's
         // kind of memory, on the exporter's device; the ordinary free
         // ends it.

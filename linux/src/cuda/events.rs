@@ -218,6 +218,8 @@ fn end_entries(id: Id, mut which: impl FnMut(&MemInfo) -> bool) {
 /// free hook on another thread that took it first reported it: one event
 /// either way.
 fn ended(id: Id, info: MemInfo) {
+    // An IPC mapping ends with its context, however many opens it had.
+    super::ipc::forget(info.base);
     let Some(info) = memtype::map().take(info.base) else {
         return;
     };

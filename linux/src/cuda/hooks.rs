@@ -294,6 +294,42 @@ fn on_free(id: Id, address: usize, size: Option<usize>, call: impl FnOnce() -> S
     })
 }
 
+/// An open of memory another process exported: the original, then
+/// `MEM_TYPE_ALLOC` (type, size and device the driver's) when it is the
+/// first open of the mapping it returned (see [`super::ipc`]).
+#[inline(always)]
+fn on_open(id: Id, call: impl FnOnce() -> Status, result: impl FnOnce() -> usize) -> Status {
+    with_guard(|flag| {
+        if flag.is_some_and(Cell::get) {
+            return call(); // inside a hooked call, whose hook reports
+        }
+        let status = guarded(id, flag, call);
+        if status == SUCCESS {
+            let address = result();
+            if address != 0 && super::ipc::opened(address) {
+                allocated(id, address, 0, MemType::Unknown);
+            }
+        }
+        status
+    })
+}
+
+/// A close of such memory: `MEM_TYPE_FREE`, and the range out of the
+/// map, only when it is the last close of the mapping; then the
+/// original.
+#[inline(always)]
+fn on_close(id: Id, address: usize, call: impl FnOnce() -> Status) -> Status {
+    with_guard(|flag| {
+        if address == 0 || flag.is_some_and(Cell::get) {
+            return call();
+        }
+        if super::ipc::closing(address) {
+            freeing(id, address, None);
+        }
+        guarded(id, flag, call)
+    })
+}
+
 /// Reads an out-parameter the original filled (0 for a null pointer).
 ///
 /// # Safety
@@ -342,6 +378,28 @@ macro_rules! hook {
                 // SAFETY: the out-parameters a successful call filled.
                 || unsafe { ($addr, $size) },
             )
+        }
+    };
+    ($name:ident($($a:ident: $t:ty),*) open => $addr:expr) => {
+        #[allow(unused_unsafe)]
+        pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
+            type F = unsafe extern "C" fn($($t),*) -> Status;
+            let Some(f) = original::<F>(Id::$name) else { return UNAVAILABLE };
+            on_open(
+                Id::$name,
+                // SAFETY: the caller's arguments, to the function they called.
+                || unsafe { f($($a),*) },
+                // SAFETY: the out-parameter a successful call filled.
+                || unsafe { $addr },
+            )
+        }
+    };
+    ($name:ident($($a:ident: $t:ty),*) close => $addr:expr) => {
+        pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
+            type F = unsafe extern "C" fn($($t),*) -> Status;
+            let Some(f) = original::<F>(Id::$name) else { return UNAVAILABLE };
+            // SAFETY: the caller's arguments, to the function they called.
+            on_close(Id::$name, $addr, || unsafe { f($($a),*) })
         }
     };
     ($name:ident($($a:ident: $t:ty),*) free => ($addr:expr, $size:expr)) => {
@@ -394,11 +452,13 @@ hook!(cuMemHostUnregister(p: *mut c_void) free => (p as usize, None));
 // processes this way; without these, such memory would be absent from
 // the map, which reads as host.) An imported pool allocation is freed
 // by `cuMemFree*` / `cuMemFreeAsync*`.
+// The driver counts the opens of one handle (a second returns the same
+// address) and unmaps at the last close: reported once each (`ipc`).
 hook!(cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint)
-    alloc Unknown => (out(pdptr) as usize, 0));
+    open => out(pdptr) as usize);
 hook!(cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint)
-    alloc Unknown => (out(pdptr) as usize, 0));
-hook!(cuIpcCloseMemHandle(dptr: CUdeviceptr) free => (dptr as usize, None));
+    open => out(pdptr) as usize);
+hook!(cuIpcCloseMemHandle(dptr: CUdeviceptr) close => dptr as usize);
 hook!(cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, share_data: *mut CUmemPoolPtrExportData)
     alloc Unknown => (out(ptr_out) as usize, 0));
 
@@ -526,9 +586,8 @@ hook!(cudaFreeAsync(p: *mut c_void, stream: CudaStream) free => (p as usize, Non
 hook!(cudaFreeAsync_ptsz(p: *mut c_void, stream: CudaStream) free => (p as usize, None));
 hook!(cudaFreeHost(p: *mut c_void) free => (p as usize, None));
 hook!(cudaHostUnregister(p: *mut c_void) free => (p as usize, None));
-hook!(cudaIpcOpenMemHandle(p: *mut *mut c_void, handle: cudaIpcMemHandle_t, flags: c_uint)
-    alloc Unknown => (out_ptr(p), 0));
-hook!(cudaIpcCloseMemHandle(p: *mut c_void) free => (p as usize, None));
+hook!(cudaIpcOpenMemHandle(p: *mut *mut c_void, handle: cudaIpcMemHandle_t, flags: c_uint) open => out_ptr(p));
+hook!(cudaIpcCloseMemHandle(p: *mut c_void) close => p as usize);
 hook!(cudaMemPoolImportPointer(p: *mut *mut c_void, pool: cudaMemPool_t, export_data: *mut cudaMemPoolPtrExportData)
     alloc Unknown => (out_ptr(p), 0));
 

@@ -29,6 +29,7 @@
 mod driver;
 mod events;
 mod hooks;
+mod ipc;
 mod procaddr;
 
 use core::ffi::CStr;
@@ -404,6 +405,7 @@ fn detach(state: &mut State, lib: Lib) {
     }
     if lib == Lib::Driver {
         driver::forget();
+        ipc::forget_all();
     }
     state.attached[lib.index()] = None;
     state.absent_noted[lib.index()] = true;
