@@ -294,29 +294,10 @@ fn on_free(id: Id, address: usize, size: Option<usize>, call: impl FnOnce() -> S
     })
 }
 
-/// An open of memory another process exported: the original, then
-/// `MEM_TYPE_ALLOC` (type, size and device the driver's) when it is the
-/// first open of the mapping it returned (see [`super::ipc`]).
-#[inline(always)]
-fn on_open(id: Id, call: impl FnOnce() -> Status, result: impl FnOnce() -> usize) -> Status {
-    with_guard(|flag| {
-        if flag.is_some_and(Cell::get) {
-            return call(); // inside a hooked call, whose hook reports
-        }
-        let status = guarded(id, flag, call);
-        if status == SUCCESS {
-            let address = result();
-            if address != 0 && super::ipc::opened(address) {
-                allocated(id, address, 0, MemType::Unknown);
-            }
-        }
-        status
-    })
-}
-
-/// A close of such memory: `MEM_TYPE_FREE`, and the range out of the
-/// map, only when it is the last close of the mapping; then the
-/// original.
+/// A close of memory another process exported: `MEM_TYPE_FREE`, and
+/// the range out of the map, only when it is the last close of the
+/// mapping (see [`super::ipc`]); then the original. ([`on_free`] but for
+/// that count, which a nested call must not touch.)
 #[inline(always)]
 fn on_close(id: Id, address: usize, call: impl FnOnce() -> Status) -> Status {
     with_guard(|flag| {
@@ -380,17 +361,26 @@ macro_rules! hook {
             )
         }
     };
+    // An open of memory another process exported: an allocation of the
+    // driver's type and size, reported at the first open of the mapping
+    // only (see `super::ipc`; `on_alloc` asks for the address only when
+    // it reports, never inside a nested call).
     ($name:ident($($a:ident: $t:ty),*) open => $addr:expr) => {
         #[allow(unused_unsafe)]
         pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
             type F = unsafe extern "C" fn($($t),*) -> Status;
             let Some(f) = original::<F>(Id::$name) else { return UNAVAILABLE };
-            on_open(
+            on_alloc(
                 Id::$name,
+                MemType::Unknown,
                 // SAFETY: the caller's arguments, to the function they called.
                 || unsafe { f($($a),*) },
-                // SAFETY: the out-parameter a successful call filled.
-                || unsafe { $addr },
+                || {
+                    // SAFETY: the out-parameter a successful call filled.
+                    let address = unsafe { $addr };
+                    let first = address != 0 && super::ipc::opened(address);
+                    (if first { address } else { 0 }, 0)
+                },
             )
         }
     };

@@ -48,8 +48,7 @@ pub(super) fn closing(address: usize) -> bool {
     true
 }
 
-/// Forgets every count (the driver was unloaded, or a context
-/// destroyed with the mappings in it).
+/// Forgets every count (the driver was unloaded).
 pub(super) fn forget_all() {
     OPEN.lock().clear();
 }
