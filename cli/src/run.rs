@@ -506,15 +506,21 @@ fn read_records(fd: libc::c_int, summary: &Mutex<Summary>) {
     }
 }
 
-/// Whether a connection waits on `listener` to be accepted.
-fn pending(listener: libc::c_int) -> bool {
+/// `poll` of `fd` for input, waiting up to `timeout_ms` (-1: as long as
+/// it takes): > 0 when readable, 0 when the time ran out, < 0 on error.
+fn poll_in(fd: libc::c_int, timeout_ms: libc::c_int) -> libc::c_int {
     let mut p = libc::pollfd {
-        fd: listener,
+        fd,
         events: libc::POLLIN,
         revents: 0,
     };
-    // SAFETY: one pollfd, no wait.
-    unsafe { libc::poll(&mut p, 1, 0) > 0 }
+    // SAFETY: one pollfd, a local.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) }
+}
+
+/// Whether a connection waits on `listener` to be accepted.
+fn pending(listener: libc::c_int) -> bool {
+    poll_in(listener, 0) > 0
 }
 
 /// Accepts connections from this user's processes on `listener`, each
@@ -522,13 +528,7 @@ fn pending(listener: libc::c_int) -> bool {
 /// accepted or read.
 fn accept_descendants(listener: libc::c_int, summary: Arc<Mutex<Summary>>, open: Arc<AtomicUsize>) {
     loop {
-        let mut p = libc::pollfd {
-            fd: listener,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd.
-        if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+        if poll_in(listener, -1) < 0 {
             if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
