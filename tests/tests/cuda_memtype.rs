@@ -22,29 +22,6 @@ fn f<T>(h: *mut c_void, name: &CStr) -> T {
     unsafe { cast(sym(h, name)) }
 }
 
-/// An IPC handle or a pool's export data, as the fake driver reads them:
-/// the size, then the exporter's device (64 bytes, as the driver's).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Handle {
-    reserved: [u8; 64],
-}
-
-fn handle(size: usize, device: i32) -> Handle {
-    let mut h = Handle { reserved: [0; 64] };
-    h.reserved[..8].copy_from_slice(&(size as u64).to_ne_bytes());
-    h.reserved[8..12].copy_from_slice(&device.to_ne_bytes());
-    h
-}
-
-/// A handle of one export (`id`): its opens share one mapping, as the
-/// driver's do.
-fn handle_of(size: usize, device: i32, id: u64) -> Handle {
-    let mut h = handle(size, device);
-    h.reserved[12..20].copy_from_slice(&id.to_ne_bytes());
-    h
-}
-
 fn found(addr: usize, len: usize) -> MemInfo {
     match memtype::lookup(addr, len) {
         Lookup::Found(i) => i,

@@ -146,14 +146,6 @@ fn a_runtime_call_reports_once_and_its_driver_calls_pass_through() {
     memhook::uninstall();
 }
 
-/// An IPC handle or a pool's export data, as the fake driver reads them:
-/// the size, then the exporter's device (64 bytes, as the driver's).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Handle {
-    reserved: [u8; 64],
-}
-
 /// The runtime's opening of memory another process exported (its IPC
 /// handle passed by value through the runtime's hook and the driver's)
 /// reports once, as the runtime function's, on the exporter's device;
@@ -176,9 +168,7 @@ fn memory_another_process_exported_is_reported_once_through_the_runtime() {
         "cuMemPoolImportPointer",
     ];
     let by_function = || names.map(delivered);
-    let mut share = Handle { reserved: [0; 64] };
-    share.reserved[..8].copy_from_slice(&(1u64 << 20).to_ne_bytes());
-    share.reserved[8..12].copy_from_slice(&6i32.to_ne_bytes());
+    let mut share = handle(1 << 20, 6);
     for mode in ["bistro", "bistro,reloc,procaddr", "reloc,procaddr"] {
         memhook::install(&Config::parse(&format!("cuda={mode};mmap=none")).unwrap());
         let _ = open(&fake().plt);

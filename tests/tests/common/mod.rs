@@ -332,3 +332,28 @@ impl EveryKind {
         unsafe { libc::munmap(self.registered as *mut c_void, Self::SIZES[3]) };
     }
 }
+
+/// An IPC handle or a pool's export data, as the fake driver reads them
+/// (`tests/cuda/fakecuda.c`): the size, then the exporter's device, then
+/// an export id (64 bytes, passed by value, as the driver's).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Handle {
+    pub reserved: [u8; 64],
+}
+
+/// A handle of no export id: each open is a mapping of its own.
+pub fn handle(size: usize, device: i32) -> Handle {
+    let mut h = Handle { reserved: [0; 64] };
+    h.reserved[..8].copy_from_slice(&(size as u64).to_ne_bytes());
+    h.reserved[8..12].copy_from_slice(&device.to_ne_bytes());
+    h
+}
+
+/// A handle of one export (`id`): its opens share one mapping, as the
+/// driver's do.
+pub fn handle_of(size: usize, device: i32, id: u64) -> Handle {
+    let mut h = handle(size, device);
+    h.reserved[12..20].copy_from_slice(&id.to_ne_bytes());
+    h
+}
