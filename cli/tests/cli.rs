@@ -21,6 +21,16 @@ fn with_library() {
     }
 }
 
+/// Whether the file `path` exists within 10 s (a program under `memhook
+/// run` that marks how far it got).
+fn appears(path: &Path) -> bool {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !path.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    path.exists()
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -301,18 +311,13 @@ fn run_never_writes_into_the_programs_files_nor_ends_it() {
         .spawn()
         .unwrap();
     // Killed once the program runs (and before its pause ends).
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !started.exists() && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    assert!(started.exists(), "the program started under memhook run");
+    assert!(appears(&started), "the program started under memhook run");
     run.kill().unwrap();
     run.wait().unwrap();
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !mark.exists() && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert!(mark.exists(), "the program ran to its end after memhook run was killed");
+    assert!(
+        appears(&mark),
+        "the program ran to its end after memhook run was killed"
+    );
 }
 
 /// A program started by one that closed the report descriptor, or
@@ -463,11 +468,7 @@ fn ctrl_c_ends_the_command_not_the_summary() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !started.exists() && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    assert!(started.exists(), "the command started under memhook run");
+    assert!(appears(&started), "the command started under memhook run");
     // SAFETY: signals the group just made (memhook run and its command).
     assert_eq!(unsafe { libc::kill(-(run.id() as i32), libc::SIGINT) }, 0);
     let o = run.wait_with_output().unwrap();
@@ -493,11 +494,7 @@ fn ctrl_c_ends_the_command_not_the_summary() {
         })
     };
     let mut run = ignoring.spawn().unwrap();
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !started.exists() && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    assert!(started.exists(), "the command started under memhook run");
+    assert!(appears(&started), "the command started under memhook run");
     let group = -(run.id() as i32);
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(group, libc::SIGINT) }, 0);
