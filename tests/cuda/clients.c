@@ -94,6 +94,21 @@ int runtime_run(const char *libcuda, int n, size_t size) {
     dlclose(h);
     return r;
 }
+
+/* The definition the runtime's way gives for `name` at `version` (NULL
+ * if none; the driver stays loaded by the test). */
+void *runtime_proc(const char *libcuda, const char *name, int version) {
+    void *h = dlopen(libcuda, RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return NULL;
+    gpa_fn first = (gpa_fn)dlsym(h, "cuGetProcAddress_v2");
+    gpa_fn gpa = NULL;
+    void *f = NULL;
+    if (first && first("cuGetProcAddress", (void **)&gpa, 13000, 0, NULL) == 0 && gpa)
+        gpa(name, &f, version, 0, NULL);
+    dlclose(h);
+    return f;
+}
 #endif
 
 #ifdef CLIENT_CUDART

@@ -456,14 +456,15 @@ ENTRY(cuLibraryUnload)
 IMPL CUresult impl_cuLibraryUnload(void *lib) { return unload(lib); }
 ENTRY(cuMemAllocHost_v2)
 IMPL CUresult impl_cuMemAllocHost_v2(void **pp, size_t size) { return host_alloc(pp, size); }
+/* The legacy name: a 32-bit size, a full pointer. */
+ENTRY(cuMemAllocHost)
+IMPL CUresult impl_cuMemAllocHost(void **pp, unsigned int size) { return host_alloc(pp, size); }
 ENTRY(cuMemHostAlloc)
 IMPL CUresult impl_cuMemHostAlloc(void **pp, size_t size, unsigned flags) {
     (void)flags;
     return host_alloc(pp, size);
 }
-ENTRY(cuMemHostRegister_v2)
-IMPL CUresult impl_cuMemHostRegister_v2(void *p, size_t size, unsigned flags) {
-    (void)flags;
+static CUresult host_register(void *p, size_t size) {
     atomic_fetch_add(&calls, 1);
     if (!p || !size)
         return CUDA_ERROR_INVALID_VALUE;
@@ -472,6 +473,17 @@ IMPL CUresult impl_cuMemHostRegister_v2(void *p, size_t size, unsigned flags) {
     int ok = record((uintptr_t)p, size, T_HOST + 16) == 0;
     pthread_mutex_unlock(&lock);
     return ok ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+ENTRY(cuMemHostRegister_v2)
+IMPL CUresult impl_cuMemHostRegister_v2(void *p, size_t size, unsigned flags) {
+    (void)flags;
+    return host_register(p, size);
+}
+/* The legacy name (before CUDA 6.5's flags), one more definition. */
+ENTRY(cuMemHostRegister)
+IMPL CUresult impl_cuMemHostRegister(void *p, size_t size, unsigned flags) {
+    (void)flags;
+    return host_register(p, size);
 }
 
 /* ---- The hooked free functions. ---- */
@@ -817,7 +829,7 @@ IMPL CUresult impl_cuDeviceGetAttribute(int *value, int attribute, int device) {
 extern char cuMemAlloc[], cuMemAlloc_v2[], cuMemAllocManaged[], cuMemAllocPitch[], cuMemAllocPitch_v2[],
     cuMemAllocAsync[], cuMemAllocAsync_ptsz[], cuMemAllocFromPoolAsync[], cuMemAllocFromPoolAsync_ptsz[], cuMemMap[],
     cuMemUnmap[], cuModuleGetGlobal_v2[], cuLibraryGetGlobal[], cuMemAllocHost_v2[], cuMemHostAlloc[],
-    cuMemHostRegister_v2[], cuMemFree[], cuMemFree_v2[], cuMemFreeAsync[], cuMemFreeAsync_ptsz[], cuMemFreeHost[],
+    cuMemHostRegister_v2[], cuMemAllocHost[], cuMemHostRegister[], cuMemFree[], cuMemFree_v2[], cuMemFreeAsync[], cuMemFreeAsync_ptsz[], cuMemFreeHost[],
     cuMemHostUnregister[], cuInit[], cuCtxGetDevice[], cuDeviceGetCount[], cuMemGetAddressRange_v2[], cuPointerGetAttributes[],
     cuDeviceGetAttribute[], cuGetProcAddress[], cuGetProcAddress_v2[], cuCtxCreate_v2[], cuCtxSetCurrent[],
     cuCtxDestroy_v2[], cuCtxDestroy[], cuDevicePrimaryCtxReset_v2[], cuDevicePrimaryCtxReset[],
@@ -832,7 +844,7 @@ static const struct {
     P(cuMemAlloc), P(cuMemAlloc_v2), P(cuMemAllocManaged), P(cuMemAllocPitch), P(cuMemAllocPitch_v2),
     P(cuMemAllocAsync), P(cuMemAllocAsync_ptsz), P(cuMemAllocFromPoolAsync), P(cuMemAllocFromPoolAsync_ptsz),
     P(cuMemMap), P(cuMemUnmap), P(cuModuleGetGlobal_v2), P(cuLibraryGetGlobal), P(cuMemAllocHost_v2),
-    P(cuMemHostAlloc), P(cuMemHostRegister_v2), P(cuMemFree), P(cuMemFree_v2), P(cuMemFreeAsync),
+    P(cuMemHostAlloc), P(cuMemHostRegister_v2), P(cuMemAllocHost), P(cuMemHostRegister), P(cuMemFree), P(cuMemFree_v2), P(cuMemFreeAsync),
     P(cuMemFreeAsync_ptsz), P(cuMemFreeHost), P(cuMemHostUnregister), P(cuInit), P(cuCtxGetDevice), P(cuDeviceGetCount),
     P(cuMemGetAddressRange_v2), P(cuPointerGetAttributes), P(cuDeviceGetAttribute), P(cuGetProcAddress),
     P(cuGetProcAddress_v2), P(cuCtxCreate_v2), P(cuCtxSetCurrent), P(cuCtxDestroy_v2), P(cuCtxDestroy),

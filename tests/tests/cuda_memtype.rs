@@ -54,6 +54,8 @@ fn every_driver_function_reports_its_type_size_and_device() {
     let unregister: unsafe extern "C" fn(*mut c_void) -> u32 = f(h, c"cuMemHostUnregister");
     let alloc_v1: unsafe extern "C" fn(*mut u32, u32) -> u32 = f(h, c"cuMemAlloc");
     let free_v1: unsafe extern "C" fn(u32) -> u32 = f(h, c"cuMemFree");
+    let alloc_host_v1: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> u32 = f(h, c"cuMemAllocHost");
+    let register_v1: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> u32 = f(h, c"cuMemHostRegister");
     let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
     let ev = |kind: u32, addr: usize, size: usize, t: MemType| (kind, addr, size, t as u32);
     let ipc_close: unsafe extern "C" fn(Dptr) -> u32 = f(h, c"cuIpcCloseMemHandle");
@@ -231,6 +233,19 @@ fn every_driver_function_reports_its_type_size_and_device() {
         assert_eq!(take(), [ev(A, l as usize, 4096, MemType::Cuda)]);
         assert_eq!(free_v1(l), 0);
         assert_eq!(take(), [ev(F, l as usize, 4096, MemType::Cuda)]);
+        // Pinned host memory under the names before `_v2`.
+        let mut hv: *mut c_void = std::ptr::null_mut();
+        assert_eq!(alloc_host_v1(&mut hv, 12_288), 0);
+        assert_eq!(take(), [ev(A, hv as usize, 12_288, MemType::CudaHost)]);
+        assert_eq!(found(hv as usize + 4096, 8).mem_type, MemType::CudaHost);
+        assert_eq!(free_host(hv), 0);
+        assert_eq!(take(), [ev(F, hv as usize, 12_288, MemType::CudaHost)]);
+        assert_eq!(register_v1(b as *mut c_void, buf.len(), 0), 0);
+        assert_eq!(take(), [ev(A, b, 3 * 4096, MemType::CudaHost)]);
+        assert_eq!(found(b, 3 * 4096).mem_type, MemType::CudaHost);
+        assert_eq!(unregister(b as *mut c_void), 0);
+        assert_eq!(take(), [ev(F, b, 3 * 4096, MemType::CudaHost)]);
+        assert_eq!(memtype::lookup(b, 1), Lookup::Absent);
 
         // Failed calls report nothing; a free of a pointer nobody knows
         // reports size 0 and leaves the map alone.

@@ -151,3 +151,62 @@ fn fake_driver_entries_are_the_real_prologue() {
     }
     assert!(checked >= 24, "only {checked} fake entries checked");
 }
+
+/// A `cuGetProcAddress` of a version before `_v2` answers with the old
+/// definitions of pinned host memory, `cuMemAllocHost` and
+/// `cuMemHostRegister` (separate functions in driver 580): procaddr hands
+/// out their hooks, and their memory is reported as pinned host memory,
+/// as the current version's is.
+#[test]
+fn an_older_version_through_procaddr_gets_the_old_names_hooked() {
+    type Proc = unsafe extern "C" fn(*const c_char, *const c_char, i32) -> usize;
+    type AllocHost = unsafe extern "C" fn(*mut *mut c_void, u32) -> u32;
+    type Register = unsafe extern "C" fn(*mut c_void, usize, u32) -> u32;
+    type Release = unsafe extern "C" fn(*mut c_void) -> u32;
+    let _serial = serial();
+    prepare();
+    log_events();
+    memhook::install(&Config::parse("cuda=procaddr;mmap=none").expect("a valid config"));
+    let _ = open(&fake().plt);
+    // Looked up as CUDA 13's runtime looks up the driver's functions.
+    // SAFETY: the client's runtime_proc, of this signature.
+    let proc: Proc = unsafe { cast(sym(open(&fake().runtime), c"runtime_proc")) };
+    let libcuda = cpath(&fake().libcuda);
+    let get = |name: &CStr, version: i32| {
+        // SAFETY: NUL-terminated names.
+        let p = unsafe { proc(libcuda.as_ptr(), name.as_ptr(), version) };
+        assert_ne!(p, 0, "{name:?} at {version}");
+        p
+    };
+    const A: u32 = memhook::event::bits::MEM_TYPE_ALLOC;
+    const F: u32 = memhook::event::bits::MEM_TYPE_FREE;
+    let host = memhook::memtype::MemType::CudaHost as u32;
+    let _ = take();
+    for version in [3010, 13000] {
+        // SAFETY: the driver's functions of these names and signatures.
+        let (alloc_host, register, free_host, unregister): (AllocHost, Register, Release, Release) = unsafe {
+            (
+                cast(get(c"cuMemAllocHost", version)),
+                cast(get(c"cuMemHostRegister", version)),
+                cast(get(c"cuMemFreeHost", version)),
+                cast(get(c"cuMemHostUnregister", version)),
+            )
+        };
+        let mut p = std::ptr::null_mut();
+        let mut buf = vec![0u8; 2 * 4096];
+        let b = buf.as_mut_ptr();
+        // SAFETY: valid out-parameters; the buffer is this test's own and
+        // outlives its registration.
+        unsafe {
+            assert_eq!(alloc_host(&mut p, 8192), 0);
+            assert_eq!(take(), [(A, p as usize, 8192, host)], "version {version}");
+            assert_eq!(free_host(p), 0);
+            assert_eq!(take(), [(F, p as usize, 8192, host)], "version {version}");
+            assert_eq!(register(b.cast(), buf.len(), 0), 0);
+            assert_eq!(take(), [(A, b as usize, 2 * 4096, host)], "version {version}");
+            assert_eq!(unregister(b.cast()), 0);
+            assert_eq!(take(), [(F, b as usize, 2 * 4096, host)], "version {version}");
+        }
+    }
+    memhook::uninstall();
+}

@@ -157,6 +157,8 @@ functions! {
     Driver Alloc cuIpcOpenMemHandle,
     Driver Free cuIpcCloseMemHandle,
     Driver Alloc cuMemPoolImportPointer,
+    Driver Alloc cuMemAllocHost,
+    Driver Alloc cuMemHostRegister,
     Driver Teardown cuCtxDestroy_v2,
     Driver Teardown cuCtxDestroy,
     Driver Teardown cuDevicePrimaryCtxReset_v2,
@@ -427,6 +429,11 @@ hook!(cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGeneri
 hook!(cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) alloc CudaHost => (out_ptr(pp), bytesize));
 hook!(cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) alloc CudaHost => (out_ptr(pp), bytesize));
 hook!(cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c_uint) alloc CudaHost => (p as usize, bytesize));
+// The names before `_v2` (a 32-bit size; the flags of before CUDA 6.5):
+// separate definitions in driver 580, which `dlsym` and a
+// `cuGetProcAddress` of an older version answer with.
+hook!(cuMemAllocHost(pp: *mut *mut c_void, bytesize: c_uint) alloc CudaHost => (out_ptr(pp), bytesize as usize));
+hook!(cuMemHostRegister(p: *mut c_void, bytesize: usize, flags: c_uint) alloc CudaHost => (p as usize, bytesize));
 hook!(cuMemFree(dptr: CUdeviceptr_v1) free => (dptr as usize, None));
 hook!(cuMemFree_v2(dptr: CUdeviceptr) free => (dptr as usize, None));
 hook!(cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) free => (dptr as usize, None));
