@@ -74,6 +74,16 @@ for mode in bistro procaddr bistro,reloc,procaddr; do
 done
 ./ipc none 2>&1 | sed 's/^/IPC-UNHOOKED /' | tee -a "$results"
 
+# Graph memory (captured stream-ordered allocations, allocation and free
+# nodes): recorded Unknown from the node's making until its free, never
+# host; "none" shows what a lookup said with nothing hooked (host, while
+# the graph's memory lives), and must fail.
+"$NVCC" -O2 -I src -o graph src/graph.cu -L. -lmemhook -Xlinker -rpath -Xlinker "$here"
+for mode in bistro procaddr bistro,reloc,procaddr; do
+    check "graph $mode" ./graph "$mode"
+done
+./graph none 2>&1 | grep -E "launched|graph none" | head -4 | sed 's/^/GRAPH-UNHOOKED /' | tee -a "$results"
+
 # PyTorch, under memhook run, with a lookup from inside Python.
 if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     check torch env MEMHOOK_LIB_PATH="$here/libmemhook.so" ./memhook run -- python3 src/torch_check.py

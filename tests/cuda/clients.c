@@ -187,6 +187,20 @@ int cudaIpcCloseMemHandle(void *p) {
     return close && close((CUdeviceptr)p) == 0 ? 0 : 1;
 }
 
+/* Graph memory nodes (cudaMemAllocNodeParams has the driver's layout). */
+typedef CUresult (*alloc_node_fn)(void **, void *, void *const *, size_t, void *);
+typedef CUresult (*free_node_fn)(void **, void *, void *const *, size_t, CUdeviceptr);
+
+int cudaGraphAddMemAllocNode(void **node, void *graph, void *const *deps, size_t n, void *params) {
+    alloc_node_fn add = (alloc_node_fn)driver_proc("cuGraphAddMemAllocNode");
+    return add && add(node, graph, deps, n, params) == 0 ? 0 : 1;
+}
+
+int cudaGraphAddMemFreeNode(void **node, void *graph, void *const *deps, size_t n, void *dptr) {
+    free_node_fn add = (free_node_fn)driver_proc("cuGraphAddMemFreeNode");
+    return add && add(node, graph, deps, n, (CUdeviceptr)dptr) == 0 ? 0 : 1;
+}
+
 int cudaMemPoolImportPointer(void **p, void *pool, ipc_handle *data) {
     pool_import_fn import = (pool_import_fn)driver_proc("cuMemPoolImportPointer");
     CUdeviceptr d = 0;

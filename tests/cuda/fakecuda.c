@@ -40,6 +40,13 @@ enum { T_NONE = 0, T_HOST = 1, T_DEVICE = 2, T_MANAGED = 4 };
 /* Device memory another process exported, opened here: only
  * cuIpcCloseMemHandle ends it. */
 #define T_IPC (T_DEVICE + 32)
+/* The virtual address of a graph allocation (an allocation node, or a
+ * stream-ordered allocation made while the stream captures a graph):
+ * reserved, with no memory until the graph runs (fake_graph_launch), and
+ * unknown to cuPointerGetAttributes until then, as on the H200. */
+#define T_GRAPH (T_DEVICE + 64)
+/* The stream the fake takes as capturing into a graph. */
+#define CAPTURING ((void *)0xca97)
 
 /* The word the entries compare: 0x321cba00 means "torn down". */
 __attribute__((used, visibility("hidden"))) uint32_t fake_state;
@@ -347,24 +354,20 @@ IMPL CUresult impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 }
 ENTRY(cuMemAllocAsync)
 IMPL CUresult impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t size, void *stream) {
-    (void)stream;
-    return pool_alloc(dptr, size, T_DEVICE);
+    return pool_alloc(dptr, size, stream == CAPTURING ? T_GRAPH : T_DEVICE);
 }
 ENTRY(cuMemAllocAsync_ptsz)
 IMPL CUresult impl_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, void *stream) {
-    (void)stream;
-    return pool_alloc(dptr, size, T_DEVICE);
+    return pool_alloc(dptr, size, stream == CAPTURING ? T_GRAPH : T_DEVICE);
 }
 ENTRY(cuMemAllocFromPoolAsync)
 IMPL CUresult impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, void *pool, void *stream) {
-    (void)stream;
     /* A pool handle with bit 0 set is a pool of host memory. */
-    return pool_alloc(dptr, size, ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
+    return pool_alloc(dptr, size, stream == CAPTURING ? T_GRAPH : ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
 }
 ENTRY(cuMemAllocFromPoolAsync_ptsz)
 IMPL CUresult impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, void *pool, void *stream) {
-    (void)stream;
-    return pool_alloc(dptr, size, ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
+    return pool_alloc(dptr, size, stream == CAPTURING ? T_GRAPH : ((uintptr_t)pool & 1) ? T_HOST : T_DEVICE);
 }
 ENTRY(cuMemMap)
 IMPL CUresult impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, unsigned long long handle,
@@ -515,6 +518,101 @@ IMPL CUresult impl_cuMemHostUnregister(void *p) {
     }
     pthread_mutex_unlock(&lock);
     return rc;
+}
+
+/* ---- Graph memory: an allocation node reserves its address at once;
+ * the memory comes when the graph runs (fake_graph_launch). A free node
+ * frees nothing until its graph runs. The parameters are CUDA 13's:
+ * CUDA_MEM_ALLOC_NODE_PARAMS has bytesize at 104 and dptr at 112, and
+ * CUgraphNodeParams the type at 0 (MEM_ALLOC 10, MEM_FREE 11) and the
+ * node's parameters at 16 (offsets read with the H200's cuda.h). ---- */
+struct alloc_node_params {
+    unsigned char pool_props[88];
+    const void *access_descs;
+    size_t access_desc_count;
+    size_t bytesize;
+    CUdeviceptr dptr;
+};
+struct node_params {
+    int type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        struct alloc_node_params alloc;
+        CUdeviceptr free_dptr;
+    };
+    long long reserved2;
+};
+_Static_assert(sizeof(struct alloc_node_params) == 120, "CUDA_MEM_ALLOC_NODE_PARAMS");
+_Static_assert(sizeof(struct node_params) == 256, "CUgraphNodeParams");
+static uintptr_t next_node = 0x9000;
+
+static CUresult alloc_node(void **node, struct alloc_node_params *params) {
+    if (!node || !params)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = pool_alloc(&params->dptr, params->bytesize, T_GRAPH);
+    if (rc == CUDA_SUCCESS)
+        *node = (void *)next_node++;
+    return rc;
+}
+static CUresult free_node(void **node, CUdeviceptr dptr) {
+    atomic_fetch_add(&calls, 1);
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find(dptr);
+    int ok = node && a && a->base == dptr && a->ctx == 0;
+    pthread_mutex_unlock(&lock);
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    *node = (void *)next_node++;
+    return CUDA_SUCCESS;
+}
+static CUresult add_node(void **node, struct node_params *params) {
+    if (!node || !params)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (params->type) {
+    case 10:
+        return alloc_node(node, &params->alloc);
+    case 11:
+        return free_node(node, params->free_dptr);
+    default:
+        atomic_fetch_add(&calls, 1);
+        *node = (void *)next_node++;
+        return CUDA_SUCCESS;
+    }
+}
+ENTRY(cuGraphAddMemAllocNode)
+IMPL CUresult impl_cuGraphAddMemAllocNode(void **node, void *graph, void *const *deps, size_t n,
+                                          struct alloc_node_params *params) {
+    (void)graph, (void)deps, (void)n;
+    return alloc_node(node, params);
+}
+ENTRY(cuGraphAddMemFreeNode)
+IMPL CUresult impl_cuGraphAddMemFreeNode(void **node, void *graph, void *const *deps, size_t n, CUdeviceptr dptr) {
+    (void)graph, (void)deps, (void)n;
+    return free_node(node, dptr);
+}
+ENTRY(cuGraphAddNode)
+IMPL CUresult impl_cuGraphAddNode(void **node, void *graph, void *const *deps, size_t n, struct node_params *params) {
+    (void)graph, (void)deps, (void)n;
+    return add_node(node, params);
+}
+ENTRY(cuGraphAddNode_v2)
+IMPL CUresult impl_cuGraphAddNode_v2(void **node, void *graph, void *const *deps, const void *edges, size_t n,
+                                     struct node_params *params) {
+    (void)graph, (void)deps, (void)edges, (void)n;
+    return add_node(node, params);
+}
+/* The graph holding the allocation at `dptr` runs its allocation node:
+ * the address has memory, a stream-ordered pool's (0, or -1 when it is
+ * no graph allocation). */
+int fake_graph_launch(CUdeviceptr dptr) {
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find(dptr);
+    int ok = a && a->base == dptr && a->type == T_GRAPH;
+    if (ok)
+        a->type = T_DEVICE;
+    pthread_mutex_unlock(&lock);
+    return ok ? 0 : -1;
 }
 
 /* ---- Memory another process exported. ---- */
@@ -759,7 +857,7 @@ IMPL CUresult impl_cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUde
     pthread_mutex_lock(&lock);
     struct alloc *a = find(p);
     CUresult rc = CUDA_ERROR_NOT_FOUND;
-    if (a && a->type != T_HOST && a->type != T_HOST + 16) {
+    if (a && a->type != T_HOST && a->type != T_HOST + 16 && a->type != T_GRAPH) {
         if (base)
             *base = a->base;
         if (size)
@@ -776,7 +874,7 @@ IMPL CUresult impl_cuPointerGetAttributes(unsigned n, int *attributes, void **da
     pthread_mutex_lock(&lock);
     struct alloc *a = find(p);
     struct alloc none = {0, 0, T_NONE, -2, 0};
-    if (!a)
+    if (!a || a->type == T_GRAPH)
         a = &none;
     int type = a->type == T_HOST + 16 ? T_HOST : a->type == T_IPC ? T_DEVICE : a->type;
     for (unsigned i = 0; i < n; i++) {
@@ -834,7 +932,8 @@ extern char cuMemAlloc[], cuMemAlloc_v2[], cuMemAllocManaged[], cuMemAllocPitch[
     cuDeviceGetAttribute[], cuGetProcAddress[], cuGetProcAddress_v2[], cuCtxCreate_v2[], cuCtxSetCurrent[],
     cuCtxDestroy_v2[], cuCtxDestroy[], cuDevicePrimaryCtxReset_v2[], cuDevicePrimaryCtxReset[],
     cuDevicePrimaryCtxGetState[], cuDevicePrimaryCtxRetain[], cuDevicePrimaryCtxRelease_v2[], cuDevicePrimaryCtxRelease[], cuModuleUnload[],
-    cuLibraryUnload[], cuIpcOpenMemHandle_v2[], cuIpcOpenMemHandle[], cuIpcCloseMemHandle[], cuMemPoolImportPointer[];
+    cuLibraryUnload[], cuIpcOpenMemHandle_v2[], cuIpcOpenMemHandle[], cuIpcCloseMemHandle[], cuMemPoolImportPointer[],
+    cuGraphAddMemAllocNode[], cuGraphAddMemFreeNode[], cuGraphAddNode[], cuGraphAddNode_v2[];
 
 static const struct {
     const char *name;
@@ -851,7 +950,8 @@ static const struct {
     P(cuDevicePrimaryCtxReset_v2), P(cuDevicePrimaryCtxReset), P(cuDevicePrimaryCtxGetState),
     P(cuDevicePrimaryCtxRetain), P(cuDevicePrimaryCtxRelease_v2), P(cuDevicePrimaryCtxRelease), P(cuModuleUnload),
     P(cuLibraryUnload), P(cuIpcOpenMemHandle_v2), P(cuIpcOpenMemHandle), P(cuIpcCloseMemHandle),
-    P(cuMemPoolImportPointer),
+    P(cuMemPoolImportPointer), P(cuGraphAddMemAllocNode), P(cuGraphAddMemFreeNode), P(cuGraphAddNode),
+    P(cuGraphAddNode_v2),
 #undef P
 };
 

@@ -613,3 +613,145 @@ fn unloading_a_module_reports_its_globals() {
         assert_eq!(take(), []);
     }
 }
+
+/// Graph memory (seen on the H200: a stream-ordered allocation made
+/// while its stream captures a graph, and an allocation node, have an
+/// address the driver does not know until the graph runs, and device
+/// memory there while it runs). Each is reported when made, of unknown
+/// type, and recorded Unknown, not host: a lookup sends the caller to the
+/// driver, whose answer once the graph runs is CUDA. Its free (an
+/// ordinary free after the graph ran, a captured free, a free node) ends
+/// it; a free node the driver refuses ends nothing.
+#[test]
+fn graph_memory_is_unknown_to_the_map_until_its_free() {
+    use cudarc::driver::sys::{CUDA_MEM_ALLOC_NODE_PARAMS, CUgraphNodeParams};
+    type AllocNode =
+        unsafe extern "C" fn(*mut usize, usize, *const usize, usize, *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> u32;
+    type FreeNode = unsafe extern "C" fn(*mut usize, usize, *const usize, usize, Dptr) -> u32;
+    type AddNode =
+        unsafe extern "C" fn(*mut usize, usize, *const usize, *const c_void, usize, *mut CUgraphNodeParams) -> u32;
+    let _serial = serial();
+    let h = bistro_fake_driver();
+    let alloc: unsafe extern "C" fn(*mut Dptr, usize) -> u32 = f(h, c"cuMemAlloc_v2");
+    let free: unsafe extern "C" fn(Dptr) -> u32 = f(h, c"cuMemFree_v2");
+    let alloc_async: unsafe extern "C" fn(*mut Dptr, usize, *mut c_void) -> u32 = f(h, c"cuMemAllocAsync");
+    let free_async: unsafe extern "C" fn(Dptr, *mut c_void) -> u32 = f(h, c"cuMemFreeAsync");
+    let alloc_node: AllocNode = f(h, c"cuGraphAddMemAllocNode");
+    let free_node: FreeNode = f(h, c"cuGraphAddMemFreeNode");
+    let add_node: AddNode = f(h, c"cuGraphAddNode_v2");
+    let launch: unsafe extern "C" fn(Dptr) -> i32 = f(h, c"fake_graph_launch");
+    let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
+    // The fake takes this stream as capturing into a graph.
+    let capturing: *mut c_void = std::ptr::without_provenance_mut(0xca97);
+    let ev = |kind: u32, addr: usize, size: usize, t: MemType| (kind, addr, size, t as u32);
+    const A: u32 = bits::MEM_TYPE_ALLOC;
+    const F: u32 = bits::MEM_TYPE_FREE;
+    const MIB: usize = 1 << 20;
+    // The map's answer inside a recorded range of unknown type.
+    let unknown = |p: usize, base: usize, len: usize| {
+        let info = found(p, 4096);
+        assert_eq!(
+            (info.mem_type, info.base, info.len),
+            (MemType::Unknown, base, len),
+            "{p:#x}"
+        );
+    };
+    let _ = take();
+
+    // SAFETY: (every call below) the fake driver's functions with valid
+    // arguments.
+    unsafe {
+        set_device(1);
+        // Captured, and freed after the graph ran.
+        let mut g: Dptr = 0;
+        assert_eq!(alloc_async(&mut g, 8 * MIB, capturing), 0);
+        let g = g as usize;
+        assert_eq!(take(), [ev(A, g, 8 * MIB, MemType::Unknown)]);
+        unknown(g + MIB, g, 8 * MIB);
+        // The driver does not know it yet: its answer is not recorded.
+        assert!(matches!(memtype::classify(g, 4096), Lookup::Found(i) if i.mem_type == MemType::Host));
+        unknown(g, g, 8 * MIB);
+        // The graph runs: the map still says Unknown (it never asks the
+        // driver); the caller's question to the driver is recorded.
+        assert_eq!(launch(g as Dptr), 0);
+        unknown(g, g, 8 * MIB);
+        let Lookup::Found(info) = memtype::classify(g, 4096) else {
+            panic!("the driver knows it now")
+        };
+        assert_eq!(
+            (info.mem_type, info.device, info.base, info.len),
+            (MemType::Cuda, 1, g, 8 * MIB)
+        );
+        assert_eq!(found(g, 4096).mem_type, MemType::Cuda, "the driver's answer, recorded");
+        assert_eq!(free(g as Dptr), 0);
+        assert_eq!(take(), [ev(F, g, 8 * MIB, MemType::Cuda)]);
+        assert_eq!(memtype::lookup(g, 1), Lookup::Absent);
+        set_device(0);
+
+        // Captured, and freed in the same capture.
+        let mut c: Dptr = 0;
+        assert_eq!(alloc_async(&mut c, MIB, capturing), 0);
+        assert_eq!(free_async(c, capturing), 0);
+        let c = c as usize;
+        assert_eq!(
+            take(),
+            [ev(A, c, MIB, MemType::Unknown), ev(F, c, MIB, MemType::Unknown)]
+        );
+        assert_eq!(memtype::lookup(c, 1), Lookup::Absent);
+
+        // An allocation node, and a free node for it.
+        let mut params: CUDA_MEM_ALLOC_NODE_PARAMS = std::mem::zeroed();
+        params.bytesize = 2 * MIB;
+        let mut node = 0usize;
+        assert_eq!(alloc_node(&mut node, 1, std::ptr::null(), 0, &mut params), 0);
+        let n = params.dptr as usize;
+        assert_ne!(n, 0);
+        assert_eq!(take(), [ev(A, n, 2 * MIB, MemType::Unknown)]);
+        unknown(n + MIB, n, 2 * MIB);
+        assert_eq!(free_node(&mut node, 1, &node, 1, n as Dptr), 0);
+        assert_eq!(take(), [ev(F, n, 2 * MIB, MemType::Unknown)]);
+        assert_eq!(memtype::lookup(n, 1), Lookup::Absent);
+
+        // A free node for memory that is no graph allocation: refused,
+        // and the allocation stays.
+        let mut d: Dptr = 0;
+        assert_eq!(alloc(&mut d, 4096), 0);
+        let _ = take();
+        assert_ne!(free_node(&mut node, 1, std::ptr::null(), 0, d), 0);
+        assert_eq!(take(), [], "a refused free node reports nothing");
+        assert_eq!(found(d as usize, 4096).mem_type, MemType::Cuda);
+        assert_eq!(free(d), 0);
+        let _ = take();
+
+        // The generic call: an allocation node, a node of another kind,
+        // a free node.
+        let mut p: CUgraphNodeParams = std::mem::zeroed();
+        p.cast_kind(10);
+        p.__bindgen_anon_1.alloc.bytesize = 4 * MIB;
+        assert_eq!(add_node(&mut node, 1, std::ptr::null(), std::ptr::null(), 0, &mut p), 0);
+        let a = p.__bindgen_anon_1.alloc.dptr as usize;
+        assert_eq!(take(), [ev(A, a, 4 * MIB, MemType::Unknown)]);
+        unknown(a, a, 4 * MIB);
+        let mut k: CUgraphNodeParams = std::mem::zeroed(); // a kernel node
+        assert_eq!(add_node(&mut node, 1, std::ptr::null(), std::ptr::null(), 0, &mut k), 0);
+        assert_eq!(take(), []);
+        let mut q: CUgraphNodeParams = std::mem::zeroed();
+        q.cast_kind(11);
+        q.__bindgen_anon_1.free.dptr = a as Dptr;
+        assert_eq!(add_node(&mut node, 1, std::ptr::null(), std::ptr::null(), 0, &mut q), 0);
+        assert_eq!(take(), [ev(F, a, 4 * MIB, MemType::Unknown)]);
+        assert_eq!(memtype::lookup(a, 1), Lookup::Absent);
+    }
+}
+
+/// Sets a node's kind by its C value (`CU_GRAPH_NODE_TYPE_*`).
+trait CastKind {
+    fn cast_kind(&mut self, kind: u32);
+}
+
+impl CastKind for cudarc::driver::sys::CUgraphNodeParams {
+    fn cast_kind(&mut self, kind: u32) {
+        // SAFETY: the kind is the struct's first field, a C enum (4 bytes).
+        unsafe { std::ptr::from_mut(self).cast::<u32>().write(kind) }
+    }
+}

@@ -223,3 +223,80 @@ fn memory_another_process_exported_is_reported_once_through_the_runtime() {
     }
     memhook::unset_handler(counting).expect("registered above, outside any handler");
 }
+
+/// The runtime's graph memory nodes (reaching the driver's through the
+/// pointers `cuGetProcAddress` gives): the allocation node reports once,
+/// of unknown type, and the map says Unknown over it; the free node
+/// reports once and ends it.
+#[test]
+fn graph_memory_nodes_are_reported_once_through_the_runtime() {
+    use cudarc::runtime::sys::cudaMemAllocNodeParams;
+    type AllocNode = unsafe extern "C" fn(*mut usize, usize, *const usize, usize, *mut cudaMemAllocNodeParams) -> i32;
+    type FreeNode = unsafe extern "C" fn(*mut usize, usize, *const usize, usize, *mut c_void) -> i32;
+    let _serial = serial();
+    prepare();
+    log_events();
+    let counting = memhook::cuda::count_events_by_function().expect("a free handler slot");
+    let names = [
+        "cudaGraphAddMemAllocNode",
+        "cudaGraphAddMemFreeNode",
+        "cuGraphAddMemAllocNode",
+        "cuGraphAddMemFreeNode",
+    ];
+    let by_function = || names.map(delivered);
+    for mode in ["bistro", "bistro,reloc,procaddr", "reloc,procaddr"] {
+        memhook::install(&Config::parse(&format!("cuda={mode};mmap=none")).unwrap());
+        let _ = open(&fake().plt);
+        let cudart = open(&fake().cudart);
+        assert_eq!(memhook::cuda::attached(), (true, true), "mode {mode}");
+        // SAFETY: the fake runtime's functions, of these types.
+        let (alloc_node, free_node) = unsafe {
+            (
+                cast::<AllocNode>(sym(cudart, c"cudaGraphAddMemAllocNode")),
+                cast::<FreeNode>(sym(cudart, c"cudaGraphAddMemFreeNode")),
+            )
+        };
+        let _ = take();
+        let before = by_function();
+        // SAFETY: plain data, zero for every field the call reads.
+        let mut params: cudaMemAllocNodeParams = unsafe { std::mem::zeroed() };
+        params.bytesize = 3 << 20;
+        let mut node = 0usize;
+        // SAFETY: valid out-parameters and parameters.
+        let added = unsafe { alloc_node(&mut node, 1, std::ptr::null(), 0, &mut params) };
+        assert_eq!(added, 0, "mode {mode}");
+        let p = params.dptr as usize;
+        match memtype::lookup(p, 4096) {
+            Lookup::Found(info) => assert_eq!(
+                (info.mem_type, info.base, info.len),
+                (MemType::Unknown, p, 3 << 20),
+                "mode {mode}"
+            ),
+            other => panic!("mode {mode}: lookup of a graph allocation: {other:?}"),
+        }
+        // SAFETY: a valid out-parameter and the node's allocation.
+        let added = unsafe { free_node(&mut node, 1, &node, 1, params.dptr) };
+        assert_eq!(added, 0, "mode {mode}");
+        assert_eq!(memtype::lookup(p, 1), Lookup::Absent, "mode {mode}");
+        let recs = take();
+        assert_eq!(
+            recs,
+            [
+                (bits::MEM_TYPE_ALLOC, p, 3 << 20, MemType::Unknown as u32),
+                (bits::MEM_TYPE_FREE, p, 3 << 20, MemType::Unknown as u32)
+            ],
+            "mode {mode}"
+        );
+        let added: Vec<u64> = by_function().iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert_eq!(
+            [added[0] + added[2], added[1] + added[3]],
+            [1, 1],
+            "mode {mode}: each call's event once, from the runtime's hook or the driver's: {added:?}"
+        );
+        if mode.contains("bistro") {
+            assert_eq!(added, [1, 1, 0, 0], "mode {mode}: the runtime's events");
+        }
+        memhook::uninstall();
+    }
+    memhook::unset_handler(counting).expect("registered above, outside any handler");
+}

@@ -85,13 +85,19 @@ pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) 
 /// The type, device and size the driver gives an allocation of unknown
 /// type at `address` (`size` 0: the driver's size too).
 #[inline(never)]
+///
+/// An address the driver calls not its own, just returned by its
+/// allocation call, is a graph's allocation (a node, or a stream-ordered
+/// allocation made while the stream captures): reserved, with memory only
+/// while the graph runs. Unknown, not host: host would be a wrong type
+/// once the graph runs.
 fn classified(address: usize, size: usize) -> (MemType, i32, usize) {
     match driver::classify(address) {
-        Some(info) => {
+        Some(info) if info.mem_type != MemType::Host => {
             let size = if size != 0 { size } else { info.len };
             (info.mem_type, info.device, size)
         }
-        None => (MemType::Unknown, -1, size),
+        _ => (MemType::Unknown, -1, size),
     }
 }
 

@@ -36,10 +36,15 @@ use core::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::sys::{
-    CUcontext, CUdevice, CUdeviceptr, CUdriverProcAddressQueryResult, CUipcMemHandle, CUlibrary,
-    CUmemGenericAllocationHandle, CUmemPoolPtrExportData, CUmemoryPool, CUmodule, CUstream, cuuint64_t,
+    CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_MEM_ALLOC_NODE_PARAMS_v2, CUcontext, CUdevice, CUdeviceptr,
+    CUdriverProcAddressQueryResult, CUgraph, CUgraphEdgeData, CUgraphNode, CUgraphNodeParams, CUgraphNodeType,
+    CUipcMemHandle, CUlibrary, CUmemGenericAllocationHandle, CUmemPoolPtrExportData, CUmemoryPool, CUmodule, CUstream,
+    cuuint64_t,
 };
-use cudarc::runtime::sys::{cudaIpcMemHandle_t, cudaMemPool_t, cudaMemPoolPtrExportData, cudaStream_t};
+use cudarc::runtime::sys::{
+    cudaGraph_t, cudaGraphNode_t, cudaIpcMemHandle_t, cudaMemAllocNodeParams, cudaMemPool_t, cudaMemPoolPtrExportData,
+    cudaStream_t,
+};
 use memhook_core::memtype::MemType;
 
 use super::driver;
@@ -68,7 +73,8 @@ pub(crate) enum Lib {
 /// What a function does, for the modes that apply to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
-    /// Allocates or maps memory: `MEM_TYPE_ALLOC`.
+    /// Allocates or maps memory: `MEM_TYPE_ALLOC` (`cuGraphAddNode`'s
+    /// node may instead be a free node: `MEM_TYPE_FREE`).
     Alloc,
     /// Frees or unmaps memory: `MEM_TYPE_FREE`.
     Free,
@@ -159,6 +165,10 @@ functions! {
     Driver Alloc cuMemPoolImportPointer,
     Driver Alloc cuMemAllocHost,
     Driver Alloc cuMemHostRegister,
+    Driver Alloc cuGraphAddMemAllocNode,
+    Driver Free cuGraphAddMemFreeNode,
+    Driver Alloc cuGraphAddNode,
+    Driver Alloc cuGraphAddNode_v2,
     Driver Teardown cuCtxDestroy_v2,
     Driver Teardown cuCtxDestroy,
     Driver Teardown cuDevicePrimaryCtxReset_v2,
@@ -184,6 +194,8 @@ functions! {
     Runtime Alloc cudaIpcOpenMemHandle,
     Runtime Free cudaIpcCloseMemHandle,
     Runtime Alloc cudaMemPoolImportPointer,
+    Runtime Alloc cudaGraphAddMemAllocNode,
+    Runtime Free cudaGraphAddMemFreeNode,
 }
 
 /// A value that starts a cache line.
@@ -313,6 +325,89 @@ fn on_close(id: Id, address: usize, call: impl FnOnce() -> Status) -> Status {
     })
 }
 
+/// A graph's free node: `MEM_TYPE_FREE` for `address`, and the range out
+/// of the map, once the call succeeded. (The node frees nothing until its
+/// graph runs, and the driver refuses a node for memory that is no graph
+/// allocation: reported before the call, a refused one would have ended
+/// a live allocation.)
+#[inline(never)]
+fn on_free_node(id: Id, address: usize, call: impl FnOnce() -> Status) -> Status {
+    with_guard(|flag| {
+        if address == 0 || flag.is_some_and(Cell::get) {
+            return call();
+        }
+        let status = guarded(id, flag, call);
+        if status == SUCCESS {
+            freeing(id, address, None);
+        }
+        status
+    })
+}
+
+/// A node added by the generic call: an allocation node is reported as
+/// `cuGraphAddMemAllocNode`'s, a free node as `cuGraphAddMemFreeNode`'s,
+/// any other kind not at all.
+///
+/// # Safety
+///
+/// `params` is null or the caller's node parameters, valid for the call.
+#[inline(never)]
+unsafe fn on_node(id: Id, params: *mut CUgraphNodeParams, call: impl FnOnce() -> Status) -> Status {
+    if params.is_null() {
+        return call();
+    }
+    // The kind, read as the C integer it is (a kind newer than these
+    // bindings would be no value of their enum).
+    // SAFETY: the caller's contract; the kind is the first field.
+    let kind = unsafe { params.cast::<u32>().read_unaligned() };
+    // SAFETY: the caller's contract: a place inside its parameters.
+    let node = unsafe { &raw mut (*params).__bindgen_anon_1 };
+    if kind == CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC as u32 {
+        let node = node.cast::<CUDA_MEM_ALLOC_NODE_PARAMS_v2>();
+        // SAFETY: an allocation node's parameters, which a successful call
+        // filled.
+        on_alloc(id, MemType::Unknown, call, || unsafe { allocation_node(node.cast()) })
+    } else if kind == CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE as u32 {
+        // SAFETY: a free node's parameters: the address first.
+        let address = unsafe { node.cast::<CUdeviceptr>().read_unaligned() };
+        on_free_node(id, address as usize, call)
+    } else {
+        call()
+    }
+}
+
+// One layout for an allocation node's parameters, whichever call or
+// bindings name them (checked against the H200's cuda.h: the size at 104,
+// the address at 112).
+const _: () = {
+    use core::mem::{offset_of, size_of};
+    assert!(size_of::<CUDA_MEM_ALLOC_NODE_PARAMS>() == 120);
+    assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize) == 104);
+    assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, dptr) == 112);
+    assert!(size_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v2>() == 120);
+    assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS_v2, bytesize) == 104);
+    assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS_v2, dptr) == 112);
+    assert!(size_of::<cudaMemAllocNodeParams>() == 120);
+    assert!(offset_of!(cudaMemAllocNodeParams, bytesize) == 104);
+    assert!(offset_of!(cudaMemAllocNodeParams, dptr) == 112);
+};
+
+/// The address and size of an allocation node's parameters ((0, 0) for
+/// none).
+///
+/// # Safety
+///
+/// `params` is null or points to the parameters a successful call filled.
+#[inline(always)]
+unsafe fn allocation_node(params: *const CUDA_MEM_ALLOC_NODE_PARAMS) -> (usize, usize) {
+    if params.is_null() {
+        return (0, 0);
+    }
+    // SAFETY: the caller's contract.
+    let p = unsafe { params.read_unaligned() };
+    (p.dptr as usize, p.bytesize)
+}
+
 /// Reads an out-parameter the original filled (0 for a null pointer).
 ///
 /// # Safety
@@ -346,9 +441,11 @@ unsafe fn out_ptr(p: *const *mut c_void) -> usize {
 
 /// Defines a hook: `alloc TYPE => (address, size)` or `free => (address,
 /// size or None)`, both expressions over the arguments (and, for alloc,
-/// the out-parameters the successful original filled).
+/// the out-parameters the successful original filled); `free_node =>
+/// address`, a graph's free node, reported once the call succeeded; `node
+/// => parameters`, a node of any kind (see [`on_node`]).
 macro_rules! hook {
-    ($name:ident($($a:ident: $t:ty),*) alloc $mt:ident => ($addr:expr, $size:expr)) => {
+    ($name:ident($($a:ident: $t:ty),*) alloc $mt:ident => $result:expr) => {
         #[allow(unused_unsafe)]
         pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
             type F = unsafe extern "C" fn($($t),*) -> Status;
@@ -359,7 +456,7 @@ macro_rules! hook {
                 // SAFETY: the caller's arguments, to the function they called.
                 || unsafe { f($($a),*) },
                 // SAFETY: the out-parameters a successful call filled.
-                || unsafe { ($addr, $size) },
+                || unsafe { $result },
             )
         }
     };
@@ -384,6 +481,24 @@ macro_rules! hook {
                     (if first { address } else { 0 }, 0)
                 },
             )
+        }
+    };
+    ($name:ident($($a:ident: $t:ty),*) free_node => $addr:expr) => {
+        pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
+            type F = unsafe extern "C" fn($($t),*) -> Status;
+            let Some(f) = original::<F>(Id::$name) else { return UNAVAILABLE };
+            // SAFETY: the caller's arguments, to the function they called.
+            on_free_node(Id::$name, $addr, || unsafe { f($($a),*) })
+        }
+    };
+    ($name:ident($($a:ident: $t:ty),*) node => $params:expr) => {
+        pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
+            type F = unsafe extern "C" fn($($t),*) -> Status;
+            let Some(f) = original::<F>(Id::$name) else { return UNAVAILABLE };
+            // SAFETY: the caller's arguments, to the function they called.
+            let call = || unsafe { f($($a),*) };
+            // SAFETY: the caller's parameters, null or valid for the call.
+            unsafe { on_node(Id::$name, $params, call) }
         }
     };
     ($name:ident($($a:ident: $t:ty),*) close => $addr:expr) => {
@@ -458,6 +573,23 @@ hook!(cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags:
 hook!(cuIpcCloseMemHandle(dptr: CUdeviceptr) close => dptr as usize);
 hook!(cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, share_data: *mut CUmemPoolPtrExportData)
     alloc Unknown => (out(ptr_out) as usize, 0));
+
+// Graph memory. An allocation node, and a stream-ordered allocation made
+// while its stream captures a graph (the hooks above), reserve the
+// address when they are made; the memory comes each time the graph runs,
+// and the driver knows nothing at the address before (on the H200,
+// "not CUDA's"): recorded Unknown, never host (`events::classified`), so
+// that a lookup sends the caller to the driver, whose answer while the
+// graph's memory lives is CUDA. A free node ends the range when it is
+// made, as a captured `cuMemFreeAsync` does when captured.
+hook!(cuGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize,
+    params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) alloc Unknown => allocation_node(params));
+hook!(cuGraphAddMemFreeNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize,
+    dptr: CUdeviceptr) free_node => dptr as usize);
+hook!(cuGraphAddNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, n: usize,
+    params: *mut CUgraphNodeParams) node => params);
+hook!(cuGraphAddNode_v2(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode,
+    edges: *const CUgraphEdgeData, n: usize, params: *mut CUgraphNodeParams) node => params);
 
 /// Defines a hook of context teardown: `$context` (an expression over the
 /// argument) names the context the call destroys, if any.
@@ -587,6 +719,12 @@ hook!(cudaIpcOpenMemHandle(p: *mut *mut c_void, handle: cudaIpcMemHandle_t, flag
 hook!(cudaIpcCloseMemHandle(p: *mut c_void) close => p as usize);
 hook!(cudaMemPoolImportPointer(p: *mut *mut c_void, pool: cudaMemPool_t, export_data: *mut cudaMemPoolPtrExportData)
     alloc Unknown => (out_ptr(p), 0));
+// (The runtime's generic `cudaGraphAddNode` is not hooked: its arguments
+// differ between runtimes 12 and 13. It reaches the driver's, which is.)
+hook!(cudaGraphAddMemAllocNode(node: *mut cudaGraphNode_t, graph: cudaGraph_t, deps: *const cudaGraphNode_t,
+    n: usize, params: *mut cudaMemAllocNodeParams) alloc Unknown => allocation_node(params.cast()));
+hook!(cudaGraphAddMemFreeNode(node: *mut cudaGraphNode_t, graph: cudaGraph_t, deps: *const cudaGraphNode_t,
+    n: usize, dptr: *mut c_void) free_node => dptr as usize);
 
 /// `cuGetProcAddress` (CUDA 11.3's, without the status out-parameter).
 pub(crate) unsafe extern "C" fn cuGetProcAddress(
