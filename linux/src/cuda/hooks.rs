@@ -363,7 +363,7 @@ unsafe fn on_node(id: Id, params: *mut CUgraphNodeParams, call: impl FnOnce() ->
     // SAFETY: the caller's contract: a place inside its parameters.
     let node = unsafe { &raw mut (*params).__bindgen_anon_1 };
     if kind == CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC as u32 {
-        let node = node.cast::<CUDA_MEM_ALLOC_NODE_PARAMS_v2>();
+        // (`CUDA_MEM_ALLOC_NODE_PARAMS_v2` there, of the same layout.)
         // SAFETY: an allocation node's parameters, which a successful call
         // filled.
         on_alloc(id, MemType::Unknown, call, || unsafe { allocation_node(node.cast()) })
@@ -377,10 +377,14 @@ unsafe fn on_node(id: Id, params: *mut CUgraphNodeParams, call: impl FnOnce() ->
 }
 
 // One layout for an allocation node's parameters, whichever call or
-// bindings name them (checked against the H200's cuda.h: the size at 104,
-// the address at 112).
+// bindings name them, and the generic call's (checked against the H200's
+// cuda.h: the size at 104, the address at 112; the kind at 0, the node's
+// parameters at 16).
 const _: () = {
     use core::mem::{offset_of, size_of};
+    assert!(size_of::<CUgraphNodeParams>() == 256);
+    assert!(offset_of!(CUgraphNodeParams, type_) == 0);
+    assert!(offset_of!(CUgraphNodeParams, __bindgen_anon_1) == 16);
     assert!(size_of::<CUDA_MEM_ALLOC_NODE_PARAMS>() == 120);
     assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize) == 104);
     assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, dptr) == 112);
