@@ -89,7 +89,8 @@ pub fn lookup(addr: usize, len: usize) -> Lookup {
 /// What the driver says about `[addr, addr + len)`: asks
 /// `cuPointerGetAttributes` (loading libcuda through cudarc when no hooked
 /// libcuda is loaded yet), records a CUDA answer in the map, and returns
-/// it. Plain host memory is `Found` with [`MemType::Host`] (not recorded:
+/// it. (Not recorded in a CUDA graph's allocation, whose memory comes and
+/// goes with the graph's launches: the map keeps it Unknown.) Plain host memory is `Found` with [`MemType::Host`] (not recorded:
 /// absence means host). [`Lookup::Unknown`] when there is no driver, it
 /// refuses, or the range does not lie in one allocation.
 ///
@@ -125,6 +126,11 @@ pub fn classify(addr: usize, len: usize) -> Lookup {
             .is_some_and(|(end, limit)| info.base <= addr && end <= limit);
         if !inside || info.len == 0 {
             return Lookup::Unknown;
+        }
+        // A graph allocation's range stays Unknown: the answer holds only
+        // until the graph's next free or launch (see `cuda::graph`).
+        if crate::cuda::graph_range(addr).is_some() {
+            return Lookup::Found(info);
         }
         // Recorded already as the driver says (a repeated question): no
         // writer work, which costs the map's lock and both its tables.

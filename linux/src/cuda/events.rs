@@ -97,7 +97,11 @@ fn classified(address: usize, size: usize) -> (MemType, i32, usize) {
             let size = if size != 0 { size } else { info.len };
             (info.mem_type, info.device, size)
         }
-        _ => (MemType::Unknown, -1, size),
+        Some(_) => {
+            super::graph::remember(address, size);
+            (MemType::Unknown, -1, size)
+        }
+        None => (MemType::Unknown, -1, size),
     }
 }
 
@@ -109,12 +113,25 @@ pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
     memtype::map().prefetch_update();
     if size.is_none() && !wants(bits::MEM_TYPE_FREE) {
         // Nobody to tell: end the recorded allocation in one step.
-        if memtype::map().take(address).is_none() {
-            forget_unrecorded(address);
+        match memtype::map().take(address) {
+            None => forget_unrecorded(address),
+            Some(info) if info.mem_type == MemType::Unknown => keep_graph_range(&info),
+            Some(_) => {}
         }
         return;
     }
     reporting_free(id, address, size);
+}
+
+/// After the free of an entry recorded Unknown: a graph allocation's
+/// range is recorded Unknown again (its graph may make the memory again
+/// with no call memhook sees: see [`super::graph`]).
+#[cold]
+#[inline(never)]
+fn keep_graph_range(info: &MemInfo) {
+    if super::graph::covering(info.base) == Some((info.base, info.len)) {
+        let _ = memtype::map().insert(info.base, info.len, MemType::Unknown, -1);
+    }
 }
 
 /// A free of an address the map does not know: asks the driver, only to
@@ -147,7 +164,12 @@ fn reporting_free(id: Id, address: usize, size: Option<usize>) {
         // The allocation recorded at `address`, taken out in one step;
         // else the driver's range.
         None => match memtype::map().take(address) {
-            Some(info) => (info.len, info.mem_type),
+            Some(info) => {
+                if info.mem_type == MemType::Unknown {
+                    keep_graph_range(&info);
+                }
+                (info.len, info.mem_type)
+            }
             None => {
                 let size = driver::range(address)
                     .filter(|&(base, _)| base == address)

@@ -28,6 +28,7 @@
 
 mod driver;
 mod events;
+mod graph;
 mod hooks;
 mod ipc;
 mod procaddr;
@@ -40,6 +41,7 @@ use memhook_core::event::{Event, HandlerId, RegisterError, bits};
 
 pub use driver::{PciBusId, pci_bus_id};
 pub(crate) use driver::{classify, load as load_driver};
+pub(crate) use graph::covering as graph_range;
 use hooks::{COUNT, ENTRY, Id, Kind, Lib, ORIG, RELOC};
 
 use crate::dispatch::HandlerFn;
@@ -406,6 +408,7 @@ fn detach(state: &mut State, lib: Lib) {
     if lib == Lib::Driver {
         driver::forget();
         ipc::forget_all();
+        graph::forget_all();
     }
     state.attached[lib.index()] = None;
     state.absent_noted[lib.index()] = true;

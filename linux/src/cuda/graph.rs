@@ -1,0 +1,85 @@
+//! The address ranges of graph allocations. CUDA gives a graph's
+//! allocation (an allocation node, or a stream-ordered allocation made
+//! while its stream captures) its address when the node is made, and
+//! the memory comes and goes there with the graph: each launch makes it
+//! again (after a free of the last one, or by the launch's own free with
+//! `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`), and no call that
+//! memhook hooks says when. The driver reuses such ranges from graph to
+//! graph (on the H200 every graph allocation of a run got one address).
+//!
+//! So such a range stays Unknown in the map: a free reports
+//! `MEM_TYPE_FREE` and then records the range Unknown again, and
+//! `memtype::classify` does not record the driver's answer there (which
+//! holds only until the graph's next free or launch). A lookup never
+//! says host where a graph's memory may live; the caller asks the
+//! driver. An allocation recorded over such a range (the driver handing
+//! the address to other memory) replaces the Unknown entry as usual.
+//!
+//! The hooks take this table's lock only in paths that have called the
+//! driver (a graph allocation, the free of an entry recorded Unknown, a
+//! classification), never in a free of memory of a known type; no
+//! registration holds it. Beyond [`CAPACITY`] ranges the oldest is
+//! forgotten (its free then ends its range, as for other memory).
+
+use spin::Mutex;
+
+/// Ranges remembered at once.
+pub(super) const CAPACITY: usize = 1024;
+
+/// (base, length), oldest first.
+static RANGES: Mutex<heapless::Vec<(usize, usize), CAPACITY>> = Mutex::new(heapless::Vec::new());
+
+/// Remembers `[base, base + len)` as a graph allocation's range.
+pub(super) fn remember(base: usize, len: usize) {
+    if len == 0 {
+        return;
+    }
+    let mut ranges = RANGES.lock();
+    if let Some(r) = ranges.iter_mut().find(|(b, _)| *b == base) {
+        r.1 = len;
+        return;
+    }
+    if ranges.is_full() {
+        ranges.remove(0);
+    }
+    let _ = ranges.push((base, len));
+}
+
+/// The graph allocation's range that covers `addr`, if one is
+/// remembered.
+pub(crate) fn covering(addr: usize) -> Option<(usize, usize)> {
+    RANGES.lock().iter().copied().find(|&(b, n)| addr >= b && addr - b < n)
+}
+
+/// Forgets every range (the driver was unloaded).
+pub(super) fn forget_all() {
+    RANGES.lock().clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_found_by_any_address_inside_and_the_oldest_goes_first() {
+        forget_all();
+        remember(0x1000, 0x100);
+        assert_eq!(covering(0x1000), Some((0x1000, 0x100)));
+        assert_eq!(covering(0x10ff), Some((0x1000, 0x100)));
+        assert_eq!(covering(0x1100), None, "one past the end");
+        assert_eq!(covering(0xfff), None);
+        remember(0x1000, 0x200);
+        assert_eq!(covering(0x1100), Some((0x1000, 0x200)), "the same base: the new length");
+        for i in 1..CAPACITY {
+            remember(0x10_0000 + i * 0x1000, 0x1000);
+        }
+        assert_eq!(covering(0x1000), Some((0x1000, 0x200)), "full, not yet beyond");
+        remember(0x9000_0000, 0x1000);
+        assert_eq!(covering(0x1000), None, "the oldest forgotten");
+        assert!(covering(0x9000_0000).is_some());
+        remember(0, 0);
+        assert_eq!(covering(0), None, "an empty range is not remembered");
+        forget_all();
+        assert_eq!(covering(0x9000_0000), None);
+    }
+}
