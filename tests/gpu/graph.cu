@@ -205,19 +205,23 @@ int main(int argc, char **argv) {
         cudaGraph_t g;
         cudaGraphNode_t n, f;
         CHECK(cudaGraphCreate(&g, 0));
-        cudaGraphNodeParams prm;
-        memset(&prm, 0, sizeof prm);
-        prm.type = cudaGraphNodeTypeMemAlloc;
-        prm.alloc = alloc_params();
-        CHECK(cudaGraphAddNode(&n, g, NULL, NULL, 0, &prm));
-        void *p = prm.alloc.dptr;
+        /* (A union with members of their own constructors: no default
+         * constructor in C++; zeroed memory instead.) */
+        cudaGraphNodeParams *prm = (cudaGraphNodeParams *)calloc(1, sizeof(cudaGraphNodeParams));
+        cudaGraphNodeParams *fp = (cudaGraphNodeParams *)calloc(1, sizeof(cudaGraphNodeParams));
+        prm->type = cudaGraphNodeTypeMemAlloc;
+        cudaMemAllocNodeParams a = alloc_params();
+        prm->alloc.poolProps = a.poolProps;
+        prm->alloc.bytesize = a.bytesize;
+        CHECK(cudaGraphAddNode(&n, g, NULL, NULL, 0, prm));
+        void *p = prm->alloc.dptr;
         events_are("E generic alloc node", "A", p, UNKNOWN);
         lookup_is("E generic alloc node", p, MEMHOOK_MEM_TYPE_UNKNOWN);
-        cudaGraphNodeParams fp;
-        memset(&fp, 0, sizeof fp);
-        fp.type = cudaGraphNodeTypeMemFree;
-        fp.free.dptr = p;
-        CHECK(cudaGraphAddNode(&f, g, &n, NULL, 1, &fp));
+        fp->type = cudaGraphNodeTypeMemFree;
+        fp->free.dptr = p;
+        CHECK(cudaGraphAddNode(&f, g, &n, NULL, 1, fp));
+        free(prm);
+        free(fp);
         events_are("E generic free node", "F", p, UNKNOWN);
         lookup_is("E generic free node", p, MEMHOOK_MEM_TYPE_UNKNOWN);
         launch(g, s, 1);
