@@ -84,6 +84,14 @@ for mode in bistro procaddr bistro,reloc,procaddr; do
 done
 ./graph none 2>&1 | grep -E "launched|graph none" | head -4 | sed 's/^/GRAPH-UNHOOKED /' | tee -a "$results"
 
+# A program's __managed__ variable (resolved by cuLibraryGetManaged):
+# CUDA_MANAGED in the map; "none" shows host, and must fail.
+"$NVCC" -O2 -I src -o managed src/managed.cu -L. -lmemhook -Xlinker -rpath -Xlinker "$here"
+for mode in bistro procaddr bistro,reloc,procaddr; do
+    check "managed $mode" ./managed "$mode"
+done
+./managed none 2>&1 | head -2 | sed 's/^/MANAGED-UNHOOKED /' | tee -a "$results"
+
 # PyTorch, under memhook run, with a lookup from inside Python.
 if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     check torch env MEMHOOK_LIB_PATH="$here/libmemhook.so" ./memhook run -- python3 src/torch_check.py

@@ -401,7 +401,7 @@ IMPL CUresult impl_cuMemUnmap(CUdeviceptr ptr, size_t size) {
 /* Globals: "managed_*" names are __managed__ variables. Each module or
  * library handle has its own two, allocated at the first lookup and
  * freed by its unload. */
-static CUresult global_of(void *handle, CUdeviceptr *dptr, size_t *bytes, const char *name) {
+static CUresult global_of(void *handle, CUdeviceptr *dptr, size_t *bytes, const char *name, int managed) {
     int m = -1;
     for (int i = 0; i < 2048; i++) {
         int used = modules[i].plain || modules[i].managed;
@@ -415,7 +415,9 @@ static CUresult global_of(void *handle, CUdeviceptr *dptr, size_t *bytes, const 
     if (m < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     modules[m].handle = handle;
-    CUdeviceptr *slot = (name && strncmp(name, "managed_", 8) == 0) ? &modules[m].managed : &modules[m].plain;
+    if (name && strncmp(name, "managed_", 8) == 0)
+        managed = 1;
+    CUdeviceptr *slot = managed ? &modules[m].managed : &modules[m].plain;
     if (!*slot) {
         CUresult rc = dev_alloc(slot, 256, slot == &modules[m].managed ? T_MANAGED : T_DEVICE);
         if (rc != CUDA_SUCCESS)
@@ -432,11 +434,16 @@ static CUresult global_of(void *handle, CUdeviceptr *dptr, size_t *bytes, const 
 }
 ENTRY(cuModuleGetGlobal_v2)
 IMPL CUresult impl_cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, void *mod, const char *name) {
-    return global_of(mod, dptr, bytes, name);
+    return global_of(mod, dptr, bytes, name, 0);
 }
 ENTRY(cuLibraryGetGlobal)
 IMPL CUresult impl_cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, void *lib, const char *name) {
-    return global_of(lib, dptr, bytes, name);
+    return global_of(lib, dptr, bytes, name, 0);
+}
+/* A library's __managed__ variable, whatever its name. */
+ENTRY(cuLibraryGetManaged)
+IMPL CUresult impl_cuLibraryGetManaged(CUdeviceptr *dptr, size_t *bytes, void *lib, const char *name) {
+    return global_of(lib, dptr, bytes, name, 1);
 }
 /* The unload of a module or library frees its globals. */
 static CUresult unload(void *handle) {
@@ -933,7 +940,7 @@ extern char cuMemAlloc[], cuMemAlloc_v2[], cuMemAllocManaged[], cuMemAllocPitch[
     cuCtxDestroy_v2[], cuCtxDestroy[], cuDevicePrimaryCtxReset_v2[], cuDevicePrimaryCtxReset[],
     cuDevicePrimaryCtxGetState[], cuDevicePrimaryCtxRetain[], cuDevicePrimaryCtxRelease_v2[], cuDevicePrimaryCtxRelease[], cuModuleUnload[],
     cuLibraryUnload[], cuIpcOpenMemHandle_v2[], cuIpcOpenMemHandle[], cuIpcCloseMemHandle[], cuMemPoolImportPointer[],
-    cuGraphAddMemAllocNode[], cuGraphAddMemFreeNode[], cuGraphAddNode[], cuGraphAddNode_v2[];
+    cuGraphAddMemAllocNode[], cuGraphAddMemFreeNode[], cuGraphAddNode[], cuGraphAddNode_v2[], cuLibraryGetManaged[];
 
 static const struct {
     const char *name;
@@ -951,7 +958,7 @@ static const struct {
     P(cuDevicePrimaryCtxRetain), P(cuDevicePrimaryCtxRelease_v2), P(cuDevicePrimaryCtxRelease), P(cuModuleUnload),
     P(cuLibraryUnload), P(cuIpcOpenMemHandle_v2), P(cuIpcOpenMemHandle), P(cuIpcCloseMemHandle),
     P(cuMemPoolImportPointer), P(cuGraphAddMemAllocNode), P(cuGraphAddMemFreeNode), P(cuGraphAddNode),
-    P(cuGraphAddNode_v2),
+    P(cuGraphAddNode_v2), P(cuLibraryGetManaged),
 #undef P
 };
 

@@ -574,6 +574,7 @@ fn unloading_a_module_reports_its_globals() {
     type GlobalFn = unsafe extern "C" fn(*mut Dptr, *mut usize, *mut c_void, *const c_char) -> u32;
     let global: GlobalFn = f(h, c"cuModuleGetGlobal_v2");
     let lib_global: GlobalFn = f(h, c"cuLibraryGetGlobal");
+    let lib_managed: GlobalFn = f(h, c"cuLibraryGetManaged");
     let module_unload: unsafe extern "C" fn(*mut c_void) -> u32 = f(h, c"cuModuleUnload");
     let library_unload: unsafe extern "C" fn(*mut c_void) -> u32 = f(h, c"cuLibraryUnload");
     let (module, library) = (0x111 as *mut c_void, 0x222 as *mut c_void);
@@ -582,15 +583,20 @@ fn unloading_a_module_reports_its_globals() {
     // SAFETY: (every call below) the fake driver's functions with valid
     // arguments (the fake takes any handle).
     unsafe {
-        let (mut g, mut mg, mut lg): (Dptr, Dptr, Dptr) = (0, 0, 0);
+        let (mut g, mut mg, mut lg, mut lm): (Dptr, Dptr, Dptr, Dptr) = (0, 0, 0, 0);
         let none = std::ptr::null_mut();
         assert_eq!(global(&mut g, none, module, c"x".as_ptr()), 0);
         assert_eq!(global(&mut g, none, module, c"x".as_ptr()), 0);
         assert_eq!(global(&mut mg, none, module, c"managed_y".as_ptr()), 0);
         assert_eq!(lib_global(&mut lg, none, library, c"x".as_ptr()), 0);
-        let (g, mg, lg) = (g as usize, mg as usize, lg as usize);
-        assert_eq!(found(mg, 1).mem_type, MemType::CudaManaged);
         let _ = take();
+        // A library's __managed__ variable, as CUDA 13's runtime resolves
+        // them: reported, managed in the map.
+        assert_eq!(lib_managed(&mut lm, none, library, c"v".as_ptr()), 0);
+        let (g, mg, lg, lm) = (g as usize, mg as usize, lg as usize, lm as usize);
+        assert_eq!(take(), [(bits::MEM_TYPE_ALLOC, lm, 256, MemType::CudaManaged as u32)]);
+        assert_eq!(found(mg, 1).mem_type, MemType::CudaManaged);
+        assert_eq!(found(lm + 255, 1).mem_type, MemType::CudaManaged);
 
         assert_eq!(module_unload(module), 0);
         same_events(
@@ -606,8 +612,16 @@ fn unloading_a_module_reports_its_globals() {
         assert_eq!(found(lg, 1).mem_type, MemType::Cuda, "the library's stays");
 
         assert_eq!(library_unload(library), 0);
-        assert_eq!(take(), [(F, lg, 256, MemType::Cuda as u32)]);
+        same_events(
+            take(),
+            vec![
+                (F, lg, 256, MemType::Cuda as u32),
+                (F, lm, 256, MemType::CudaManaged as u32),
+            ],
+            "each global of the library once",
+        );
         assert_eq!(memtype::lookup(lg, 1), Lookup::Absent);
+        assert_eq!(memtype::lookup(lm, 1), Lookup::Absent);
         // Unloaded already: the driver refuses, and nothing is reported.
         assert_ne!(module_unload(module), 0);
         assert_eq!(take(), []);

@@ -169,6 +169,7 @@ functions! {
     Driver Free cuGraphAddMemFreeNode,
     Driver Alloc cuGraphAddNode,
     Driver Alloc cuGraphAddNode_v2,
+    Driver Alloc cuLibraryGetManaged,
     Driver Teardown cuCtxDestroy_v2,
     Driver Teardown cuCtxDestroy,
     Driver Teardown cuDevicePrimaryCtxReset_v2,
@@ -696,6 +697,11 @@ macro_rules! global_hook {
 
 global_hook!(cuModuleGetGlobal_v2, CUmodule);
 global_hook!(cuLibraryGetGlobal, CUlibrary);
+// A library's `__managed__` variable: CUDA 13's runtime resolves them
+// with this, not `cuLibraryGetGlobal`, when it loads the program's code
+// (seen on the H200, run 112: `&var` read host in the map, managed to
+// the driver).
+global_hook!(cuLibraryGetManaged, CUlibrary);
 
 // The runtime.
 type CudaStream = cudaStream_t;
