@@ -92,6 +92,15 @@ for mode in bistro procaddr bistro,reloc,procaddr; do
 done
 ./managed none 2>&1 | head -2 | sed 's/^/MANAGED-UNHOOKED /' | tee -a "$results"
 
+# A buffer of external memory (cuImportExternalMemory of an exported
+# cuMemCreate handle, cuExternalMemoryGetMappedBuffer): CUDA in the map
+# until cuMemFree; "none" shows host, and must fail.
+gcc -O2 -Wall -I src -I "$(dirname "$NVCC")/../include" -o external src/external.c -L. -lmemhook -ldl -Wl,-rpath,"$here"
+for mode in bistro procaddr bistro,reloc,procaddr; do
+    check "external $mode" ./external "$mode"
+done
+./external none 2>&1 | head -2 | sed 's/^/EXTERNAL-UNHOOKED /' | tee -a "$results"
+
 # PyTorch, under memhook run, with a lookup from inside Python.
 if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     check torch env MEMHOOK_LIB_PATH="$here/libmemhook.so" ./memhook run -- python3 src/torch_check.py

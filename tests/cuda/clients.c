@@ -201,6 +201,17 @@ int cudaGraphAddMemFreeNode(void **node, void *graph, void *const *deps, size_t 
     return add && add(node, graph, deps, n, (CUdeviceptr)dptr) == 0 ? 0 : 1;
 }
 
+/* A buffer of external memory (the description has the driver's layout). */
+typedef CUresult (*mapped_buffer_fn)(CUdeviceptr *, void *, const void *);
+int cudaExternalMemoryGetMappedBuffer(void **p, void *ext, const void *desc) {
+    mapped_buffer_fn map = (mapped_buffer_fn)driver_proc("cuExternalMemoryGetMappedBuffer");
+    CUdeviceptr d = 0;
+    if (!p || !map || map(&d, ext, desc) != 0)
+        return 1;
+    *p = (void *)d;
+    return 0;
+}
+
 int cudaMemPoolImportPointer(void **p, void *pool, ipc_handle *data) {
     pool_import_fn import = (pool_import_fn)driver_proc("cuMemPoolImportPointer");
     CUdeviceptr d = 0;

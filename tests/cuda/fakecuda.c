@@ -622,6 +622,21 @@ int fake_graph_launch(CUdeviceptr dptr) {
     return ok ? 0 : -1;
 }
 
+/* ---- Memory imported from another API (cuImportExternalMemory): a
+ * buffer of it, mapped by cuExternalMemoryGetMappedBuffer, is device
+ * memory that cuMemFree ends. ---- */
+struct external_buffer_desc {
+    unsigned long long offset, size;
+    unsigned flags, reserved[16];
+};
+ENTRY(cuExternalMemoryGetMappedBuffer)
+IMPL CUresult impl_cuExternalMemoryGetMappedBuffer(CUdeviceptr *dptr, void *ext,
+                                                   const struct external_buffer_desc *desc) {
+    if (!ext || !desc)
+        return CUDA_ERROR_INVALID_VALUE;
+    return dev_alloc(dptr, desc->size, T_DEVICE);
+}
+
 /* ---- Memory another process exported. ---- */
 /* A fake IPC handle or pool export: the size in its first 8 bytes, the
  * exporter's device in the next 4, and an export id in the 8 after
@@ -940,7 +955,8 @@ extern char cuMemAlloc[], cuMemAlloc_v2[], cuMemAllocManaged[], cuMemAllocPitch[
     cuCtxDestroy_v2[], cuCtxDestroy[], cuDevicePrimaryCtxReset_v2[], cuDevicePrimaryCtxReset[],
     cuDevicePrimaryCtxGetState[], cuDevicePrimaryCtxRetain[], cuDevicePrimaryCtxRelease_v2[], cuDevicePrimaryCtxRelease[], cuModuleUnload[],
     cuLibraryUnload[], cuIpcOpenMemHandle_v2[], cuIpcOpenMemHandle[], cuIpcCloseMemHandle[], cuMemPoolImportPointer[],
-    cuGraphAddMemAllocNode[], cuGraphAddMemFreeNode[], cuGraphAddNode[], cuGraphAddNode_v2[], cuLibraryGetManaged[];
+    cuGraphAddMemAllocNode[], cuGraphAddMemFreeNode[], cuGraphAddNode[], cuGraphAddNode_v2[], cuLibraryGetManaged[],
+    cuExternalMemoryGetMappedBuffer[];
 
 static const struct {
     const char *name;
@@ -958,7 +974,7 @@ static const struct {
     P(cuDevicePrimaryCtxRetain), P(cuDevicePrimaryCtxRelease_v2), P(cuDevicePrimaryCtxRelease), P(cuModuleUnload),
     P(cuLibraryUnload), P(cuIpcOpenMemHandle_v2), P(cuIpcOpenMemHandle), P(cuIpcCloseMemHandle),
     P(cuMemPoolImportPointer), P(cuGraphAddMemAllocNode), P(cuGraphAddMemFreeNode), P(cuGraphAddNode),
-    P(cuGraphAddNode_v2), P(cuLibraryGetManaged),
+    P(cuGraphAddNode_v2), P(cuLibraryGetManaged), P(cuExternalMemoryGetMappedBuffer),
 #undef P
 };
 

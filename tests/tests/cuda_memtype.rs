@@ -55,6 +55,12 @@ fn every_driver_function_reports_its_type_size_and_device() {
     let alloc_v1: unsafe extern "C" fn(*mut u32, u32) -> u32 = f(h, c"cuMemAlloc");
     let free_v1: unsafe extern "C" fn(u32) -> u32 = f(h, c"cuMemFree");
     let alloc_host_v1: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> u32 = f(h, c"cuMemAllocHost");
+    type MappedBuffer = unsafe extern "C" fn(
+        *mut Dptr,
+        *mut c_void,
+        *const cudarc::driver::sys::CUDA_EXTERNAL_MEMORY_BUFFER_DESC,
+    ) -> u32;
+    let mapped_buffer: MappedBuffer = f(h, c"cuExternalMemoryGetMappedBuffer");
     let register_v1: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> u32 = f(h, c"cuMemHostRegister");
     let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
     let ev = |kind: u32, addr: usize, size: usize, t: MemType| (kind, addr, size, t as u32);
@@ -226,6 +232,25 @@ fn every_driver_function_reports_its_type_size_and_device() {
         let mut none: Dptr = 0;
         assert_ne!(import(&mut none, std::ptr::null_mut(), std::ptr::null_mut()), 0);
         assert_eq!(take(), []);
+
+        // A buffer of memory imported from another API: the size the
+        // description asks for, on this thread's device; cuMemFree ends
+        // it.
+        set_device(3);
+        let mut desc: cudarc::driver::sys::CUDA_EXTERNAL_MEMORY_BUFFER_DESC = std::mem::zeroed();
+        desc.size = 3 << 20;
+        let mut eb: Dptr = 0;
+        assert_eq!(mapped_buffer(&mut eb, std::ptr::without_provenance_mut(0x5e), &desc), 0);
+        let eb = eb as usize;
+        assert_eq!(take(), [ev(A, eb, 3 << 20, MemType::Cuda)]);
+        let info = found(eb + (2 << 20), 4096);
+        assert_eq!(
+            (info.mem_type, info.device, info.base, info.len),
+            (MemType::Cuda, 3, eb, 3 << 20)
+        );
+        assert_eq!(free(eb as Dptr), 0);
+        assert_eq!(take(), [ev(F, eb, 3 << 20, MemType::Cuda)]);
+        set_device(0);
 
         // The legacy 32-bit calls.
         let mut l: u32 = 0;

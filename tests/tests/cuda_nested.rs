@@ -302,3 +302,49 @@ fn graph_memory_nodes_are_reported_once_through_the_runtime() {
     }
     memhook::unset_handler(counting).expect("registered above, outside any handler");
 }
+
+/// The runtime's mapping of a buffer of external memory (reaching the
+/// driver's through the pointers `cuGetProcAddress` gives) reports once,
+/// as the runtime function's, with the description's size, and the map
+/// says CUDA over it.
+#[test]
+fn an_external_memory_buffer_is_reported_once_through_the_runtime() {
+    use cudarc::runtime::sys::cudaExternalMemoryBufferDesc;
+    type Map = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const cudaExternalMemoryBufferDesc) -> i32;
+    let _serial = serial();
+    prepare();
+    log_events();
+    let counting = memhook::cuda::count_events_by_function().expect("a free handler slot");
+    let names = ["cudaExternalMemoryGetMappedBuffer", "cuExternalMemoryGetMappedBuffer"];
+    for mode in ["bistro", "bistro,reloc,procaddr", "reloc,procaddr"] {
+        memhook::install(&Config::parse(&format!("cuda={mode};mmap=none")).unwrap());
+        let _ = open(&fake().plt);
+        let cudart = open(&fake().cudart);
+        // SAFETY: the fake runtime's function, of this type.
+        let map = unsafe { cast::<Map>(sym(cudart, c"cudaExternalMemoryGetMappedBuffer")) };
+        let _ = take();
+        let before = names.map(delivered);
+        // SAFETY: plain data, zero for every field the call reads.
+        let mut desc: cudaExternalMemoryBufferDesc = unsafe { std::mem::zeroed() };
+        desc.size = 5 << 20;
+        let mut p = std::ptr::null_mut();
+        // SAFETY: a valid out-parameter and description; any handle.
+        let mapped = unsafe { map(&mut p, std::ptr::without_provenance_mut(0x5e), &desc) };
+        assert_eq!(mapped, 0, "mode {mode}");
+        assert!(
+            matches!(memtype::lookup(p as usize, 5 << 20), Lookup::Found(i) if i.mem_type == MemType::Cuda),
+            "mode {mode}"
+        );
+        let _ = memtype::remove(p as usize, 5 << 20);
+        let recs = take();
+        assert_eq!(counts(&recs), (1, 0), "mode {mode}: {recs:?}");
+        assert_eq!(recs[0].2, 5 << 20, "mode {mode}: the description's size");
+        let added: Vec<u64> = names.map(delivered).iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert_eq!(added[0] + added[1], 1, "mode {mode}: once: {added:?}");
+        if mode.contains("bistro") {
+            assert_eq!(added, [1, 0], "mode {mode}: the runtime's event");
+        }
+        memhook::uninstall();
+    }
+    memhook::unset_handler(counting).expect("registered above, outside any handler");
+}

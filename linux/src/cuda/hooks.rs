@@ -36,14 +36,14 @@ use core::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::sys::{
-    CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_MEM_ALLOC_NODE_PARAMS_v2, CUcontext, CUdevice, CUdeviceptr,
-    CUdriverProcAddressQueryResult, CUgraph, CUgraphEdgeData, CUgraphNode, CUgraphNodeParams, CUgraphNodeType,
-    CUipcMemHandle, CUlibrary, CUmemGenericAllocationHandle, CUmemPoolPtrExportData, CUmemoryPool, CUmodule, CUstream,
-    cuuint64_t,
+    CUDA_EXTERNAL_MEMORY_BUFFER_DESC, CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_MEM_ALLOC_NODE_PARAMS_v2, CUcontext, CUdevice,
+    CUdeviceptr, CUdriverProcAddressQueryResult, CUexternalMemory, CUgraph, CUgraphEdgeData, CUgraphNode,
+    CUgraphNodeParams, CUgraphNodeType, CUipcMemHandle, CUlibrary, CUmemGenericAllocationHandle,
+    CUmemPoolPtrExportData, CUmemoryPool, CUmodule, CUstream, cuuint64_t,
 };
 use cudarc::runtime::sys::{
-    cudaGraph_t, cudaGraphNode_t, cudaIpcMemHandle_t, cudaMemAllocNodeParams, cudaMemPool_t, cudaMemPoolPtrExportData,
-    cudaStream_t,
+    cudaExternalMemory_t, cudaExternalMemoryBufferDesc, cudaGraph_t, cudaGraphNode_t, cudaIpcMemHandle_t,
+    cudaMemAllocNodeParams, cudaMemPool_t, cudaMemPoolPtrExportData, cudaStream_t,
 };
 use memhook_core::memtype::MemType;
 
@@ -170,6 +170,7 @@ functions! {
     Driver Alloc cuGraphAddNode,
     Driver Alloc cuGraphAddNode_v2,
     Driver Alloc cuLibraryGetManaged,
+    Driver Alloc cuExternalMemoryGetMappedBuffer,
     Driver Teardown cuCtxDestroy_v2,
     Driver Teardown cuCtxDestroy,
     Driver Teardown cuDevicePrimaryCtxReset_v2,
@@ -197,6 +198,7 @@ functions! {
     Runtime Alloc cudaMemPoolImportPointer,
     Runtime Alloc cudaGraphAddMemAllocNode,
     Runtime Free cudaGraphAddMemFreeNode,
+    Runtime Alloc cudaExternalMemoryGetMappedBuffer,
 }
 
 /// A value that starts a cache line.
@@ -413,6 +415,29 @@ unsafe fn allocation_node(params: *const CUDA_MEM_ALLOC_NODE_PARAMS) -> (usize, 
     (p.dptr as usize, p.bytesize)
 }
 
+/// The size an external memory buffer's description asks for (0 for
+/// none: the driver's range then).
+///
+/// # Safety
+///
+/// `desc` is null or the caller's description, valid for the call.
+#[inline(always)]
+unsafe fn buffer_size(desc: *const CUDA_EXTERNAL_MEMORY_BUFFER_DESC) -> usize {
+    if desc.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's contract.
+    let size = unsafe { core::ptr::addr_of!((*desc).size).read_unaligned() };
+    usize::try_from(size).unwrap_or(0)
+}
+
+// The runtime's description begins as the driver's.
+const _: () = {
+    use core::mem::offset_of;
+    assert!(offset_of!(CUDA_EXTERNAL_MEMORY_BUFFER_DESC, size) == 8);
+    assert!(offset_of!(cudaExternalMemoryBufferDesc, size) == 8);
+};
+
 /// Reads an out-parameter the original filled (0 for a null pointer).
 ///
 /// # Safety
@@ -578,6 +603,12 @@ hook!(cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags:
 hook!(cuIpcCloseMemHandle(dptr: CUdeviceptr) close => dptr as usize);
 hook!(cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, share_data: *mut CUmemPoolPtrExportData)
     alloc Unknown => (out(ptr_out) as usize, 0));
+// A buffer of memory imported from another API or process
+// (`cuImportExternalMemory`: a Vulkan or Direct3D allocation, an opaque
+// file descriptor), mapped here; ended by `cuMemFree`. Size from the
+// description, type and device from the driver.
+hook!(cuExternalMemoryGetMappedBuffer(dptr: *mut CUdeviceptr, ext: CUexternalMemory,
+    desc: *const CUDA_EXTERNAL_MEMORY_BUFFER_DESC) alloc Unknown => (out(dptr) as usize, buffer_size(desc)));
 
 // Graph memory. An allocation node, and a stream-ordered allocation made
 // while its stream captures a graph (the hooks above), reserve the
@@ -733,6 +764,8 @@ hook!(cudaMemPoolImportPointer(p: *mut *mut c_void, pool: cudaMemPool_t, export_
 // differ between runtimes 12 and 13. It reaches the driver's, which is.)
 hook!(cudaGraphAddMemAllocNode(node: *mut cudaGraphNode_t, graph: cudaGraph_t, deps: *const cudaGraphNode_t,
     n: usize, params: *mut cudaMemAllocNodeParams) alloc Unknown => allocation_node(params.cast()));
+hook!(cudaExternalMemoryGetMappedBuffer(p: *mut *mut c_void, ext: cudaExternalMemory_t,
+    desc: *const cudaExternalMemoryBufferDesc) alloc Unknown => (out_ptr(p), buffer_size(desc.cast())));
 hook!(cudaGraphAddMemFreeNode(node: *mut cudaGraphNode_t, graph: cudaGraph_t, deps: *const cudaGraphNode_t,
     n: usize, dptr: *mut c_void) free_node => dptr as usize);
 

@@ -1,0 +1,146 @@
+/* A buffer of external memory on the real driver. Physical memory made
+ * with cuMemCreate is exported as a file descriptor and imported back
+ * with cuImportExternalMemory (as memory from Vulkan, or from another
+ * process, would be); cuExternalMemoryGetMappedBuffer maps a buffer of
+ * it at a new device address, which cuMemFree ends. Checked, with
+ * memhook installed in the mode given: one MEM_TYPE_ALLOC for the
+ * buffer, of the size asked for; a lookup of CUDA on device 0 over it
+ * (before memhook hooked the call: host, absent from the map); one
+ * MEM_TYPE_FREE at cuMemFree, and the range absent after.
+ *
+ *   gcc -O2 -I. -I/usr/local/cuda/include external.c -L. -lmemhook -ldl -Wl,-rpath,'$ORIGIN' -o external
+ *   ./external bistro      (or procaddr, a comma list; none: host, and fails)
+ *
+ * The driver's functions are found with dlsym, as in ipc.c. */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "memhook.h"
+
+static void *cuda;
+
+static void *fn(const char *name) {
+    void *f = dlsym(cuda, name);
+    if (!f) {
+        fprintf(stderr, "external: %s not found\n", name);
+        exit(2);
+    }
+    return f;
+}
+
+#define CHECK(call)                                                          \
+    do {                                                                     \
+        int rc_ = (call);                                                    \
+        if (rc_ != 0) {                                                      \
+            fprintf(stderr, "external: %s = %d\n", #call, rc_);              \
+            exit(3);                                                         \
+        }                                                                    \
+    } while (0)
+
+static struct {
+    uint32_t type;
+    uintptr_t address;
+    size_t size;
+} events[256];
+static atomic_int nevents;
+
+static void on_event(uint32_t type, memhook_event_t *e, void *arg) {
+    (void)arg;
+    int i = atomic_fetch_add(&nevents, 1);
+    if (i < 256) {
+        events[i].type = type;
+        events[i].address = (uintptr_t)e->mem_type.address;
+        events[i].size = e->mem_type.size;
+    }
+}
+
+static int seen(uint32_t type, uintptr_t address, size_t *size) {
+    int n = 0, total = atomic_load(&nevents);
+    for (int i = 0; i < total && i < 256; i++) {
+        if (events[i].type == type && events[i].address == address) {
+            n++;
+            *size = events[i].size;
+        }
+    }
+    return n;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "bistro";
+    char config[128];
+    snprintf(config, sizeof config, "cuda=%s;mmap=none", mode);
+    if (memhook_install(config) != 0) {
+        fprintf(stderr, "external: install %s: %s\n", config, memhook_last_error());
+        return 4;
+    }
+    CHECK(memhook_set_event_handler(MEMHOOK_EVENT_MEM_TYPE_ALLOC | MEMHOOK_EVENT_MEM_TYPE_FREE, 0, on_event, NULL));
+    cuda = dlopen("libcuda.so.1", RTLD_NOW); /* loaded after the install */
+    if (!cuda)
+        return 2;
+    CUcontext ctx = NULL;
+    CHECK(((CUresult(*)(unsigned))fn("cuInit"))(0));
+    CHECK(((CUresult(*)(CUcontext *, CUdevice))fn("cuDevicePrimaryCtxRetain"))(&ctx, 0));
+    CHECK(((CUresult(*)(CUcontext))fn("cuCtxSetCurrent"))(ctx));
+
+    /* Physical memory that can be exported as a file descriptor. */
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t granularity = 0;
+    CHECK(((CUresult(*)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))fn(
+        "cuMemGetAllocationGranularity"))(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    const size_t size = 4 * granularity;
+    CUmemGenericAllocationHandle handle;
+    CHECK(((CUresult(*)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long))fn(
+        "cuMemCreate"))(&handle, size, &prop, 0));
+    int fd = -1;
+    CHECK(((CUresult(*)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long))fn(
+        "cuMemExportToShareableHandle"))(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+
+    CUDA_EXTERNAL_MEMORY_HANDLE_DESC hdesc;
+    memset(&hdesc, 0, sizeof hdesc);
+    hdesc.type = CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD;
+    hdesc.handle.fd = fd; /* the driver owns it once the import succeeds */
+    hdesc.size = size;
+    CUexternalMemory ext = NULL;
+    int rc = ((CUresult(*)(CUexternalMemory *, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *))fn("cuImportExternalMemory"))(
+        &ext, &hdesc);
+    if (rc != 0) {
+        printf("external %s: cuImportExternalMemory of an exported cuMemCreate handle = %d: FAILED\n", mode, rc);
+        return 5;
+    }
+    CUDA_EXTERNAL_MEMORY_BUFFER_DESC bdesc;
+    memset(&bdesc, 0, sizeof bdesc);
+    bdesc.offset = granularity;
+    bdesc.size = 2 * granularity;
+    CUdeviceptr p = 0;
+    CHECK(((CUresult(*)(CUdeviceptr *, CUexternalMemory, const CUDA_EXTERNAL_MEMORY_BUFFER_DESC *))fn(
+        "cuExternalMemoryGetMappedBuffer"))(&p, ext, &bdesc));
+    size_t got = 0;
+    int allocs = seen(MEMHOOK_EVENT_MEM_TYPE_ALLOC, p, &got);
+    memhook_mem_info_t info;
+    CHECK(memhook_memtype_lookup((void *)(uintptr_t)p, 4096, &info));
+    printf("external %s: buffer at %#llx: %d alloc event(s) of %zu bytes (asked %zu); lookup type %u device %d base %p "
+           "len %zu\n",
+           mode, p, allocs, got, (size_t)bdesc.size, info.mem_type, info.device, info.base, info.len);
+    int ok = allocs == 1 && got == bdesc.size && info.mem_type == MEMHOOK_MEM_TYPE_CUDA && info.device == 0 &&
+             (uintptr_t)info.base == p && info.len == bdesc.size;
+    CHECK(((CUresult(*)(CUdeviceptr))fn("cuMemFree_v2"))(p));
+    int frees = seen(MEMHOOK_EVENT_MEM_TYPE_FREE, p, &got);
+    CHECK(memhook_memtype_lookup((void *)(uintptr_t)p, 4096, &info));
+    printf("external %s: cuMemFree: %d free event(s) of %zu bytes; lookup type %u\n", mode, frees, got, info.mem_type);
+    ok = ok && frees == 1 && got == bdesc.size && info.mem_type == MEMHOOK_MEM_TYPE_HOST;
+    CHECK(((CUresult(*)(CUexternalMemory))fn("cuDestroyExternalMemory"))(ext));
+    CHECK(((CUresult(*)(CUmemGenericAllocationHandle))fn("cuMemRelease"))(handle));
+    printf("external %s: %s\n", mode, ok ? "ok" : "FAILED");
+    return ok ? 0 : 1;
+}
