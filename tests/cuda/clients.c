@@ -41,6 +41,23 @@ __attribute__((unused)) static int pairs(alloc_fn a, free_fn f, int n, size_t si
     return failed;
 }
 
+/* `name` at `version` as CUDA 13's runtime finds it: dlsym of
+ * cuGetProcAddress_v2 in the driver (`libcuda` opened with `flags`), then
+ * cuGetProcAddress for cuGetProcAddress itself, then for `name` through
+ * the pointer that gave (NULL if not found). */
+__attribute__((unused)) static void *proc_of(const char *libcuda, int flags, const char *name, int version) {
+    void *h = dlopen(libcuda, flags);
+    if (!h)
+        return NULL;
+    gpa_fn first = (gpa_fn)dlsym(h, "cuGetProcAddress_v2");
+    gpa_fn gpa = NULL;
+    void *f = NULL;
+    if (first && first("cuGetProcAddress", (void **)&gpa, 13000, 0, NULL) == 0 && gpa)
+        gpa(name, &f, version, 0, NULL);
+    dlclose(h);
+    return f;
+}
+
 #ifdef CLIENT_PLT
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
@@ -98,16 +115,7 @@ int runtime_run(const char *libcuda, int n, size_t size) {
 /* The definition the runtime's way gives for `name` at `version` (NULL
  * if none; the driver stays loaded by the test). */
 void *runtime_proc(const char *libcuda, const char *name, int version) {
-    void *h = dlopen(libcuda, RTLD_NOW | RTLD_LOCAL);
-    if (!h)
-        return NULL;
-    gpa_fn first = (gpa_fn)dlsym(h, "cuGetProcAddress_v2");
-    gpa_fn gpa = NULL;
-    void *f = NULL;
-    if (first && first("cuGetProcAddress", (void **)&gpa, 13000, 0, NULL) == 0 && gpa)
-        gpa(name, &f, version, 0, NULL);
-    dlclose(h);
-    return f;
+    return proc_of(libcuda, RTLD_NOW | RTLD_LOCAL, name, version);
 }
 #endif
 
@@ -160,18 +168,7 @@ typedef CUresult (*ipc_close_fn)(CUdeviceptr);
 typedef CUresult (*pool_import_fn)(CUdeviceptr *, void *, ipc_handle *);
 
 /* The driver's `name` through cuGetProcAddress (NULL if not found). */
-static void *driver_proc(const char *name) {
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (!h)
-        return NULL;
-    gpa_fn first = (gpa_fn)dlsym(h, "cuGetProcAddress_v2");
-    gpa_fn gpa = NULL;
-    void *f = NULL;
-    if (first && first("cuGetProcAddress", (void **)&gpa, 13000, 0, NULL) == 0 && gpa)
-        gpa(name, &f, 13000, 0, NULL);
-    dlclose(h);
-    return f;
-}
+static void *driver_proc(const char *name) { return proc_of("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD, name, 13000); }
 
 int cudaIpcOpenMemHandle(void **p, ipc_handle handle, unsigned flags) {
     ipc_open_fn open = (ipc_open_fn)driver_proc("cuIpcOpenMemHandle");

@@ -21,55 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "memhook.h"
-
-static void *cuda;
-
-static void *fn(const char *name) {
-    void *f = dlsym(cuda, name);
-    if (!f) {
-        fprintf(stderr, "external: %s not found\n", name);
-        exit(2);
-    }
-    return f;
-}
-
-#define CHECK(call)                                                          \
-    do {                                                                     \
-        int rc_ = (call);                                                    \
-        if (rc_ != 0) {                                                      \
-            fprintf(stderr, "external: %s = %d\n", #call, rc_);              \
-            exit(3);                                                         \
-        }                                                                    \
-    } while (0)
-
-static struct {
-    uint32_t type;
-    uintptr_t address;
-    size_t size;
-} events[256];
-static atomic_int nevents;
-
-static void on_event(uint32_t type, memhook_event_t *e, void *arg) {
-    (void)arg;
-    int i = atomic_fetch_add(&nevents, 1);
-    if (i < 256) {
-        events[i].type = type;
-        events[i].address = (uintptr_t)e->mem_type.address;
-        events[i].size = e->mem_type.size;
-    }
-}
-
-static int seen(uint32_t type, uintptr_t address, size_t *size) {
-    int n = 0, total = atomic_load(&nevents);
-    for (int i = 0; i < total && i < 256; i++) {
-        if (events[i].type == type && events[i].address == address) {
-            n++;
-            *size = events[i].size;
-        }
-    }
-    return n;
-}
+#define PROGRAM "external"
+#include "events.h"
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "bistro";

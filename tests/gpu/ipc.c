@@ -25,7 +25,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "memhook.h"
+#define PROGRAM "ipc"
+#include "events.h"
 
 extern char **environ;
 
@@ -34,58 +35,7 @@ typedef struct {
     char reserved[64];
 } CUipcMemHandle;
 
-static void *cuda;
-
-static void *fn(const char *name) {
-    void *f = dlsym(cuda, name);
-    if (!f) {
-        fprintf(stderr, "ipc: %s not found\n", name);
-        exit(2);
-    }
-    return f;
-}
-
-#define CHECK(call)                                                          \
-    do {                                                                     \
-        int rc_ = (call);                                                    \
-        if (rc_ != 0) {                                                      \
-            fprintf(stderr, "ipc: %s = %d\n", #call, rc_);                   \
-            exit(3);                                                         \
-        }                                                                    \
-    } while (0)
-
 static const size_t SIZE = (size_t)8 << 20;
-
-/* The events delivered, in order (a handler must not allocate). */
-static struct {
-    uint32_t type;
-    uintptr_t address;
-    size_t size;
-} events[256];
-static atomic_int nevents;
-
-static void on_event(uint32_t type, memhook_event_t *e, void *arg) {
-    (void)arg;
-    int i = atomic_fetch_add(&nevents, 1);
-    if (i < 256) {
-        events[i].type = type;
-        events[i].address = (uintptr_t)e->mem_type.address;
-        events[i].size = e->mem_type.size;
-    }
-}
-
-/* Events of `type` at `address` so far; the size of the last in *size. */
-static int seen(uint32_t type, uintptr_t address, size_t *size) {
-    int n = 0, total = atomic_load(&nevents);
-    for (int i = 0; i < total && i < 256; i++) {
-        if (events[i].type == type && events[i].address == address) {
-            n++;
-            if (size)
-                *size = events[i].size;
-        }
-    }
-    return n;
-}
 
 static void init_driver(void) {
     cuda = dlopen("libcuda.so.1", RTLD_NOW);
