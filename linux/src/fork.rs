@@ -38,7 +38,10 @@
 //! the mapping of a trampoline page during an install) does not wait for
 //! itself.
 //!
-//! The hooks themselves never enter a section: dispatch takes no lock.
+//! The hooks' hot paths never enter a section: dispatch takes no lock.
+//! (The CUDA hooks' tables of IPC opens and graph ranges are sections,
+//! taken for a few loads and stores beside driver calls that take
+//! microseconds.)
 //! The memory-type map's writer lock is not a section either: the CUDA
 //! hooks take it after each allocation and free, and a fork need not wait
 //! for them. The child mends the map instead (`memtype::after_fork_in_child`):

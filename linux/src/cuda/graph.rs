@@ -18,10 +18,12 @@
 //! The hooks take this table's lock only in paths that have called the
 //! driver (a graph allocation, the free of an entry recorded Unknown, a
 //! classification), never in a free of memory of a known type; no
-//! registration holds it. Beyond [`CAPACITY`] ranges the oldest is
-//! forgotten (its free then ends its range, as for other memory).
+//! registration holds it. Its holder is in a fork section
+//! ([`crate::fork`]): a child never finds it held. Beyond [`CAPACITY`]
+//! ranges the oldest is forgotten (its free then ends its range, as for
+//! other memory).
 
-use spin::Mutex;
+use crate::fork::Mutex;
 
 /// Ranges remembered at once.
 pub(super) const CAPACITY: usize = 1024;
@@ -81,5 +83,49 @@ mod tests {
         assert_eq!(covering(0), None, "an empty range is not remembered");
         forget_all();
         assert_eq!(covering(0x9000_0000), None);
+    }
+
+    /// A fork while another thread holds the table's lock waits for it:
+    /// the child finds the lock free (with a plain spin lock, the child's
+    /// first question would spin for good).
+    #[test]
+    fn a_child_forked_while_another_thread_holds_the_table_can_ask_it() {
+        use std::sync::{Arc, Barrier};
+        let held = Arc::new(Barrier::new(2));
+        let holder = {
+            let held = held.clone();
+            std::thread::spawn(move || {
+                let guard = RANGES.lock();
+                held.wait();
+                // Long enough that a fork not waiting would come first.
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                drop(guard);
+            })
+        };
+        held.wait();
+        // SAFETY: the child asks the table and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let _ = covering(0x1234);
+            // SAFETY: leaving the child without the parent's atexit.
+            unsafe { libc::_exit(0) };
+        }
+        assert!(pid > 0, "fork failed");
+        let mut status = 0;
+        let mut waited = 0;
+        // SAFETY: waiting for the child just forked, without blocking.
+        while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+            if waited == 500 {
+                // SAFETY: the child just forked, hung.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // SAFETY: as above.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                panic!("the child hung on the table's lock");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            waited += 1;
+        }
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{status:#x}");
+        holder.join().unwrap();
     }
 }

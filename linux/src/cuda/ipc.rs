@@ -8,10 +8,11 @@
 //!
 //! Only the IPC hooks take this table's lock, for a few loads and
 //! stores, beside driver calls that take microseconds; no registration
-//! holds it. Beyond [`CAPACITY`] distinct open mappings, an open is
+//! holds it. Its holder is in a fork section ([`crate::fork`]): a child
+//! never finds it held. Beyond [`CAPACITY`] distinct open mappings, an open is
 //! reported as the first and a close as the last (the count is lost).
 
-use spin::Mutex;
+use crate::fork::Mutex;
 
 /// Distinct mappings counted at once.
 pub(super) const CAPACITY: usize = 4096;
