@@ -269,7 +269,8 @@ pub type PciBusId = heapless::String<32>;
 /// first call loads NVML (it allocates: not for hook paths).
 pub fn pci_bus_id(device: i32) -> Option<PciBusId> {
     const DEVICES: usize = 64;
-    static CACHE: spin::Mutex<[Option<PciBusId>; DEVICES]> = spin::Mutex::new([const { None }; DEVICES]);
+    // (A fork section while held: a child never finds it held.)
+    static CACHE: crate::fork::Mutex<[Option<PciBusId>; DEVICES]> = crate::fork::Mutex::new([const { None }; DEVICES]);
     let slot = usize::try_from(device).ok().filter(|&d| d < DEVICES)?;
     if let Some(id) = CACHE.lock()[slot].clone() {
         return Some(id);

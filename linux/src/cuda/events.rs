@@ -278,8 +278,9 @@ const GLOBALS: usize = 1024;
 
 /// The globals reported and not yet unloaded. Taken by the hooks of the
 /// global lookups and of the unloads (never by a handler's registration,
-/// and never held while a handler or the driver runs).
-static GLOBALS_SEEN: spin::Mutex<heapless::Vec<Global, GLOBALS>> = spin::Mutex::new(heapless::Vec::new());
+/// and never held while a handler or the driver runs); its holder is in a
+/// fork section, so that a child never finds it held.
+static GLOBALS_SEEN: crate::fork::Mutex<heapless::Vec<Global, GLOBALS>> = crate::fork::Mutex::new(heapless::Vec::new());
 
 /// Globals reported while [`GLOBALS_SEEN`] was full: their unloads are
 /// found by asking the driver after each unload instead (see
