@@ -349,8 +349,9 @@ mod patching {
     use core::sync::atomic::AtomicUsize;
     use memhook::bistro::{BistroError, Hook};
 
-    static PATCHES: spin::Mutex<[Option<Hook>; MEMHOOK_MAX_PATCHES]> =
-        spin::Mutex::new([const { None }; MEMHOOK_MAX_PATCHES]);
+    // (A fork waits for its holder: a child never finds it held.)
+    static PATCHES: memhook::fork::Mutex<[Option<Hook>; MEMHOOK_MAX_PATCHES]> =
+        memhook::fork::Mutex::new([const { None }; MEMHOOK_MAX_PATCHES]);
 
     fn code_of(e: &BistroError) -> c_int {
         match e {

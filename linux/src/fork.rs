@@ -174,27 +174,30 @@ pub fn waits_given_up() -> u64 {
     GIVEN_UP.load(Ordering::Relaxed)
 }
 
-/// A spin lock whose holder is in a [`Section`]: a fork waits for it to be
-/// let go, so that the child finds it free.
-pub(crate) struct Mutex<T> {
+/// A spin lock whose holder is in a section: a fork waits for it to be
+/// let go, so that the child finds it free. (For locks of memhook's
+/// crates that a child may take; not for a lock held while waiting on
+/// another thread.)
+pub struct Mutex<T> {
     inner: spin::Mutex<T>,
 }
 
 /// A held [`Mutex`]: the lock is let go before the section ends.
-pub(crate) struct Guard<'a, T> {
+pub struct Guard<'a, T> {
     guard: spin::MutexGuard<'a, T>,
     _section: Section,
 }
 
 impl<T> Mutex<T> {
-    pub(crate) const fn new(value: T) -> Self {
+    /// A lock over `value`.
+    pub const fn new(value: T) -> Self {
         Mutex {
             inner: spin::Mutex::new(value),
         }
     }
 
     /// Takes the lock (entering a section first).
-    pub(crate) fn lock(&self) -> Guard<'_, T> {
+    pub fn lock(&self) -> Guard<'_, T> {
         let section = section();
         Guard {
             guard: self.inner.lock(),
@@ -204,7 +207,7 @@ impl<T> Mutex<T> {
 
     /// Takes the lock if it is free (entering a section first, which may
     /// wait for a fork being made).
-    pub(crate) fn try_lock(&self) -> Option<Guard<'_, T>> {
+    pub fn try_lock(&self) -> Option<Guard<'_, T>> {
         let section = section();
         self.inner.try_lock().map(|guard| Guard {
             guard,
