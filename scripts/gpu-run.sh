@@ -2,7 +2,13 @@
 # Runs on the GPU machine, from the folder scripts/gpu-test.sh filled:
 # builds the CUDA programs with nvcc, runs every GPU test, check and
 # benchmark, and writes the results to $OUT/results.txt (stdout if unset).
+#   run.sh tests     the tests and checks (PASS / FAIL lines)
+#   run.sh figures   the benchmarks and measured figures
+#   run.sh           both (about 570 s on the H200 host: close to the
+#                    device tool's 600 s a call; two calls are safer)
 set -uo pipefail
+phase=${1:-all}
+case $phase in tests | figures | all) ;; *) echo "run.sh: unknown phase '$phase' (tests, figures or all)" >&2; exit 2 ;; esac
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
 # scripts/gpu-test.sh gzips the binaries for the trip.
@@ -26,7 +32,9 @@ NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 "$NVCC" -O2 --default-stream per-thread -o runtime_ptsz src/runtime_prog.cu
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$(dirname "$NVCC")/../lib64
 
-say "== kernel $(uname -r); $(ldd --version | head -1)"
+say "== kernel $(uname -r); $(ldd --version | head -1); phase $phase"
+
+tests() {
 for t in gpu_driver gpu_runtime gpu_multi cuda_modes cuda_memtype cuda_late_load dispatch_slots host; do
     check "$t" ./"$t" --test-threads=1 --nocapture
 done
@@ -134,7 +142,9 @@ gcc -O1 -o entry_bytes src/entry_bytes.c -ldl &&
 
 check "memhook demo (GPU part)" ./memhook demo
 check "memhook doctor" ./memhook doctor
+}
 
+figures() {
 say "== cuda_smoke (real driver)"
 ./cuda_smoke 2>&1 | tee -a "$results"
 # The real pair and the scaling vary from process to process on one host
@@ -177,3 +187,7 @@ say "== bench: memtype map: lookups, updates, readers (65,536 ranges)"
 ./readers 2>&1 | tee -a "$results"
 say "== bench: host hooks, mmap+munmap 4 KiB (interleaved rounds, five runs)"
 for _ in 1 2 3 4 5; do ./host_cost 2>&1 | tee -a "$results"; done
+}
+
+[ "$phase" = figures ] || tests
+[ "$phase" = tests ] || figures

@@ -2,8 +2,10 @@
 # Builds here everything the GPU validation needs into dist/gpu (ignored),
 # for the device machine (which has no Rust toolchain):
 #   scripts/gpu-test.sh
-# then, through the device tool, with carry ["dist"]:
-#   bash dist/gpu/run.sh            (writes $OUT/results.txt)
+# then, through the device tool, with carry ["dist/gpu"]:
+#   bash dist/gpu/run.sh tests      (writes $OUT/results.txt)
+#   bash dist/gpu/run.sh figures    (a second call: the two together take
+#                                    about 570 of the 600 s a call may run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=dist/gpu
