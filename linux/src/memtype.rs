@@ -90,9 +90,10 @@ pub fn lookup(addr: usize, len: usize) -> Lookup {
 /// `cuPointerGetAttributes` (loading libcuda through cudarc when no hooked
 /// libcuda is loaded yet), records a CUDA answer in the map, and returns
 /// it. (Not recorded in a CUDA graph's allocation, whose memory comes and
-/// goes with the graph's launches: the map keeps it Unknown.) Plain host memory is `Found` with [`MemType::Host`] (not recorded:
-/// absence means host). [`Lookup::Unknown`] when there is no driver, it
-/// refuses, or the range does not lie in one allocation.
+/// goes with the graph's launches: the map keeps it Unknown.) Plain host
+/// memory is `Found` with [`MemType::Host`] (not recorded: absence means
+/// host). [`Lookup::Unknown`] when there is no driver, it refuses, or the
+/// range does not lie in one allocation.
 ///
 /// This calls the driver (about 0.1 to 1.2 µs on an H200 host) and may
 /// load it: [`lookup`] first, `classify` when it says Unknown.

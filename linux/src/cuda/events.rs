@@ -84,13 +84,13 @@ pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) 
 
 /// The type, device and size the driver gives an allocation of unknown
 /// type at `address` (`size` 0: the driver's size too).
-#[inline(never)]
 ///
 /// An address the driver calls not its own, just returned by its
 /// allocation call, is a graph's allocation (a node, or a stream-ordered
 /// allocation made while the stream captures): reserved, with memory only
 /// while the graph runs. Unknown, not host: host would be a wrong type
 /// once the graph runs.
+#[inline(never)]
 fn classified(address: usize, size: usize) -> (MemType, i32, usize) {
     match driver::classify(address) {
         Some(info) if info.mem_type != MemType::Host => {
