@@ -146,6 +146,55 @@ fn a_runtime_call_reports_once_and_its_driver_calls_pass_through() {
     memhook::uninstall();
 }
 
+/// Runs `body` (given the mode and the fake runtime's handle) with the
+/// fake driver and runtime loaded and hooked, in each mode set that hooks
+/// both levels of a runtime call, events counted by function. After each
+/// run: every runtime function of `runtime` was reported once, by its own
+/// hook or by the hook of its driver function (`driver`, the same
+/// order); with bistro, always by its own (every caller of the runtime
+/// reaches its hook, and the nested driver calls pass through).
+fn through_the_runtime<const N: usize>(runtime: [&str; N], driver: [&str; N], mut body: impl FnMut(&str, *mut c_void)) {
+    let _serial = serial();
+    prepare();
+    log_events();
+    let counting = memhook::cuda::count_events_by_function().expect("a free handler slot");
+    for mode in ["bistro", "bistro,reloc,procaddr", "reloc,procaddr"] {
+        memhook::install(&Config::parse(&format!("cuda={mode};mmap=none")).unwrap());
+        let _ = open(&fake().plt);
+        let cudart = open(&fake().cudart);
+        assert_eq!(memhook::cuda::attached(), (true, true), "mode {mode}");
+        let _ = take();
+        let (runtime_before, driver_before) = (runtime.map(delivered), driver.map(delivered));
+        body(mode, cudart);
+        let by_runtime: Vec<u64> = runtime
+            .map(delivered)
+            .iter()
+            .zip(&runtime_before)
+            .map(|(a, b)| a - b)
+            .collect();
+        let by_driver: Vec<u64> = driver
+            .map(delivered)
+            .iter()
+            .zip(&driver_before)
+            .map(|(a, b)| a - b)
+            .collect();
+        let once: Vec<u64> = by_runtime.iter().zip(&by_driver).map(|(r, d)| r + d).collect();
+        assert_eq!(
+            once, [1; N],
+            "mode {mode}: each call's event once, from the runtime's hook or the driver's: {by_runtime:?} {by_driver:?}"
+        );
+        if mode.contains("bistro") {
+            assert_eq!(
+                (by_runtime, by_driver),
+                (vec![1; N], vec![0; N]),
+                "mode {mode}: the runtime's events"
+            );
+        }
+        memhook::uninstall();
+    }
+    memhook::unset_handler(counting).expect("registered above, outside any handler");
+}
+
 /// The runtime's opening of memory another process exported (its IPC
 /// handle passed by value through the runtime's hook and the driver's)
 /// reports once, as the runtime function's, on the exporter's device;
@@ -155,73 +204,49 @@ fn memory_another_process_exported_is_reported_once_through_the_runtime() {
     type Open = unsafe extern "C" fn(*mut *mut c_void, Handle, u32) -> i32;
     type Close = unsafe extern "C" fn(*mut c_void) -> i32;
     type Import = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *mut Handle) -> i32;
-    let _serial = serial();
-    prepare();
-    log_events();
-    let counting = memhook::cuda::count_events_by_function().expect("a free handler slot");
-    let names = [
-        "cudaIpcOpenMemHandle",
-        "cudaIpcCloseMemHandle",
-        "cudaMemPoolImportPointer",
-        "cuIpcOpenMemHandle_v2",
-        "cuIpcCloseMemHandle",
-        "cuMemPoolImportPointer",
-    ];
-    let by_function = || names.map(delivered);
     let mut share = handle(1 << 20, 6);
-    for mode in ["bistro", "bistro,reloc,procaddr", "reloc,procaddr"] {
-        memhook::install(&Config::parse(&format!("cuda={mode};mmap=none")).unwrap());
-        let _ = open(&fake().plt);
-        let cudart = open(&fake().cudart);
-        assert_eq!(memhook::cuda::attached(), (true, true), "mode {mode}");
-        // SAFETY: the fake runtime's functions, of these types.
-        let (ipc_open, ipc_close, import) = unsafe {
-            (
-                cast::<Open>(sym(cudart, c"cudaIpcOpenMemHandle")),
-                cast::<Close>(sym(cudart, c"cudaIpcCloseMemHandle")),
-                cast::<Import>(sym(cudart, c"cudaMemPoolImportPointer")),
-            )
-        };
-        let _ = take();
-        let before = by_function();
-        let mut p = std::ptr::null_mut();
-        // SAFETY: a valid out-parameter and a handle by value.
-        assert_eq!(unsafe { ipc_open(&mut p, share, 1) }, 0, "mode {mode}");
-        match memtype::lookup(p as usize, 1 << 20) {
-            Lookup::Found(info) => assert_eq!(
-                (info.mem_type, info.device, info.base, info.len),
-                (MemType::Cuda, 6, p as usize, 1 << 20),
+    through_the_runtime(
+        [
+            "cudaIpcOpenMemHandle",
+            "cudaIpcCloseMemHandle",
+            "cudaMemPoolImportPointer",
+        ],
+        ["cuIpcOpenMemHandle_v2", "cuIpcCloseMemHandle", "cuMemPoolImportPointer"],
+        |mode, cudart| {
+            // SAFETY: the fake runtime's functions, of these types.
+            let (ipc_open, ipc_close, import) = unsafe {
+                (
+                    cast::<Open>(sym(cudart, c"cudaIpcOpenMemHandle")),
+                    cast::<Close>(sym(cudart, c"cudaIpcCloseMemHandle")),
+                    cast::<Import>(sym(cudart, c"cudaMemPoolImportPointer")),
+                )
+            };
+            let mut p = std::ptr::null_mut();
+            // SAFETY: a valid out-parameter and a handle by value.
+            assert_eq!(unsafe { ipc_open(&mut p, share, 1) }, 0, "mode {mode}");
+            match memtype::lookup(p as usize, 1 << 20) {
+                Lookup::Found(info) => assert_eq!(
+                    (info.mem_type, info.device, info.base, info.len),
+                    (MemType::Cuda, 6, p as usize, 1 << 20),
+                    "mode {mode}"
+                ),
+                other => panic!("mode {mode}: lookup of an opened IPC pointer: {other:?}"),
+            }
+            // SAFETY: closes what the open returned.
+            assert_eq!(unsafe { ipc_close(p) }, 0, "mode {mode}");
+            assert_eq!(memtype::lookup(p as usize, 1), Lookup::Absent, "mode {mode}");
+            let mut q = std::ptr::null_mut();
+            // SAFETY: valid out-parameter and export data.
+            let imported = unsafe { import(&mut q, std::ptr::null_mut(), &mut share) };
+            assert_eq!(imported, 0, "mode {mode}");
+            assert!(
+                matches!(memtype::lookup(q as usize, 1 << 20), Lookup::Found(i) if i.device == 6),
                 "mode {mode}"
-            ),
-            other => panic!("mode {mode}: lookup of an opened IPC pointer: {other:?}"),
-        }
-        // SAFETY: closes what the open returned.
-        assert_eq!(unsafe { ipc_close(p) }, 0, "mode {mode}");
-        assert_eq!(memtype::lookup(p as usize, 1), Lookup::Absent, "mode {mode}");
-        let mut q = std::ptr::null_mut();
-        // SAFETY: valid out-parameter and export data.
-        let imported = unsafe { import(&mut q, std::ptr::null_mut(), &mut share) };
-        assert_eq!(imported, 0, "mode {mode}");
-        assert!(
-            matches!(memtype::lookup(q as usize, 1 << 20), Lookup::Found(i) if i.device == 6),
-            "mode {mode}"
-        );
-        let recs = take();
-        assert_eq!(counts(&recs), (2, 1), "mode {mode}: each once: {recs:?}");
-        let added: Vec<u64> = by_function().iter().zip(&before).map(|(a, b)| a - b).collect();
-        assert_eq!(
-            [added[0] + added[3], added[1] + added[4], added[2] + added[5]],
-            [1, 1, 1],
-            "mode {mode}: each call's event once, from the runtime's hook or the driver's: {added:?}"
-        );
-        if mode.contains("bistro") {
-            // Every caller of the runtime reaches its hook: the nested
-            // driver calls pass through.
-            assert_eq!(added, [1, 1, 1, 0, 0, 0], "mode {mode}: the runtime's events");
-        }
-        memhook::uninstall();
-    }
-    memhook::unset_handler(counting).expect("registered above, outside any handler");
+            );
+            let recs = take();
+            assert_eq!(counts(&recs), (2, 1), "mode {mode}: each once: {recs:?}");
+        },
+    );
 }
 
 /// The runtime's graph memory nodes (reaching the driver's through the
@@ -233,74 +258,49 @@ fn graph_memory_nodes_are_reported_once_through_the_runtime() {
     use cudarc::runtime::sys::cudaMemAllocNodeParams;
     type AllocNode = unsafe extern "C" fn(*mut usize, usize, *const usize, usize, *mut cudaMemAllocNodeParams) -> i32;
     type FreeNode = unsafe extern "C" fn(*mut usize, usize, *const usize, usize, *mut c_void) -> i32;
-    let _serial = serial();
-    prepare();
-    log_events();
-    let counting = memhook::cuda::count_events_by_function().expect("a free handler slot");
-    let names = [
-        "cudaGraphAddMemAllocNode",
-        "cudaGraphAddMemFreeNode",
-        "cuGraphAddMemAllocNode",
-        "cuGraphAddMemFreeNode",
-    ];
-    let by_function = || names.map(delivered);
-    for mode in ["bistro", "bistro,reloc,procaddr", "reloc,procaddr"] {
-        memhook::install(&Config::parse(&format!("cuda={mode};mmap=none")).unwrap());
-        let _ = open(&fake().plt);
-        let cudart = open(&fake().cudart);
-        assert_eq!(memhook::cuda::attached(), (true, true), "mode {mode}");
-        // SAFETY: the fake runtime's functions, of these types.
-        let (alloc_node, free_node) = unsafe {
-            (
-                cast::<AllocNode>(sym(cudart, c"cudaGraphAddMemAllocNode")),
-                cast::<FreeNode>(sym(cudart, c"cudaGraphAddMemFreeNode")),
-            )
-        };
-        let _ = take();
-        let before = by_function();
-        // SAFETY: plain data, zero for every field the call reads.
-        let mut params: cudaMemAllocNodeParams = unsafe { std::mem::zeroed() };
-        params.bytesize = 3 << 20;
-        let mut node = 0usize;
-        // SAFETY: valid out-parameters and parameters.
-        let added = unsafe { alloc_node(&mut node, 1, std::ptr::null(), 0, &mut params) };
-        assert_eq!(added, 0, "mode {mode}");
-        let p = params.dptr as usize;
-        let unknown = |when: &str| match memtype::lookup(p, 4096) {
-            Lookup::Found(info) => assert_eq!(
-                (info.mem_type, info.base, info.len),
-                (MemType::Unknown, p, 3 << 20),
-                "mode {mode}, {when}"
-            ),
-            other => panic!("mode {mode}: lookup of a graph allocation {when}: {other:?}"),
-        };
-        unknown("after its node");
-        // SAFETY: a valid out-parameter and the node's allocation.
-        let added = unsafe { free_node(&mut node, 1, &node, 1, params.dptr) };
-        assert_eq!(added, 0, "mode {mode}");
-        unknown("after its free node (the graph may still make it)");
-        let _ = memtype::remove(p, 3 << 20);
-        let recs = take();
-        assert_eq!(
-            recs,
-            [
-                (bits::MEM_TYPE_ALLOC, p, 3 << 20, MemType::Unknown as u32),
-                (bits::MEM_TYPE_FREE, p, 3 << 20, MemType::Unknown as u32)
-            ],
-            "mode {mode}"
-        );
-        let added: Vec<u64> = by_function().iter().zip(&before).map(|(a, b)| a - b).collect();
-        assert_eq!(
-            [added[0] + added[2], added[1] + added[3]],
-            [1, 1],
-            "mode {mode}: each call's event once, from the runtime's hook or the driver's: {added:?}"
-        );
-        if mode.contains("bistro") {
-            assert_eq!(added, [1, 1, 0, 0], "mode {mode}: the runtime's events");
-        }
-        memhook::uninstall();
-    }
-    memhook::unset_handler(counting).expect("registered above, outside any handler");
+    through_the_runtime(
+        ["cudaGraphAddMemAllocNode", "cudaGraphAddMemFreeNode"],
+        ["cuGraphAddMemAllocNode", "cuGraphAddMemFreeNode"],
+        |mode, cudart| {
+            // SAFETY: the fake runtime's functions, of these types.
+            let (alloc_node, free_node) = unsafe {
+                (
+                    cast::<AllocNode>(sym(cudart, c"cudaGraphAddMemAllocNode")),
+                    cast::<FreeNode>(sym(cudart, c"cudaGraphAddMemFreeNode")),
+                )
+            };
+            // SAFETY: plain data, zero for every field the call reads.
+            let mut params: cudaMemAllocNodeParams = unsafe { std::mem::zeroed() };
+            params.bytesize = 3 << 20;
+            let mut node = 0usize;
+            // SAFETY: valid out-parameters and parameters.
+            let added = unsafe { alloc_node(&mut node, 1, std::ptr::null(), 0, &mut params) };
+            assert_eq!(added, 0, "mode {mode}");
+            let p = params.dptr as usize;
+            let unknown = |when: &str| match memtype::lookup(p, 4096) {
+                Lookup::Found(info) => assert_eq!(
+                    (info.mem_type, info.base, info.len),
+                    (MemType::Unknown, p, 3 << 20),
+                    "mode {mode}, {when}"
+                ),
+                other => panic!("mode {mode}: lookup of a graph allocation {when}: {other:?}"),
+            };
+            unknown("after its node");
+            // SAFETY: a valid out-parameter and the node's allocation.
+            let added = unsafe { free_node(&mut node, 1, &node, 1, params.dptr) };
+            assert_eq!(added, 0, "mode {mode}");
+            unknown("after its free node (the graph may still make it)");
+            let _ = memtype::remove(p, 3 << 20);
+            assert_eq!(
+                take(),
+                [
+                    (bits::MEM_TYPE_ALLOC, p, 3 << 20, MemType::Unknown as u32),
+                    (bits::MEM_TYPE_FREE, p, 3 << 20, MemType::Unknown as u32)
+                ],
+                "mode {mode}"
+            );
+        },
+    );
 }
 
 /// The runtime's mapping of a buffer of external memory (reaching the
@@ -311,40 +311,27 @@ fn graph_memory_nodes_are_reported_once_through_the_runtime() {
 fn an_external_memory_buffer_is_reported_once_through_the_runtime() {
     use cudarc::runtime::sys::cudaExternalMemoryBufferDesc;
     type Map = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const cudaExternalMemoryBufferDesc) -> i32;
-    let _serial = serial();
-    prepare();
-    log_events();
-    let counting = memhook::cuda::count_events_by_function().expect("a free handler slot");
-    let names = ["cudaExternalMemoryGetMappedBuffer", "cuExternalMemoryGetMappedBuffer"];
-    for mode in ["bistro", "bistro,reloc,procaddr", "reloc,procaddr"] {
-        memhook::install(&Config::parse(&format!("cuda={mode};mmap=none")).unwrap());
-        let _ = open(&fake().plt);
-        let cudart = open(&fake().cudart);
-        // SAFETY: the fake runtime's function, of this type.
-        let map = unsafe { cast::<Map>(sym(cudart, c"cudaExternalMemoryGetMappedBuffer")) };
-        let _ = take();
-        let before = names.map(delivered);
-        // SAFETY: plain data, zero for every field the call reads.
-        let mut desc: cudaExternalMemoryBufferDesc = unsafe { std::mem::zeroed() };
-        desc.size = 5 << 20;
-        let mut p = std::ptr::null_mut();
-        // SAFETY: a valid out-parameter and description; any handle.
-        let mapped = unsafe { map(&mut p, std::ptr::without_provenance_mut(0x5e), &desc) };
-        assert_eq!(mapped, 0, "mode {mode}");
-        assert!(
-            matches!(memtype::lookup(p as usize, 5 << 20), Lookup::Found(i) if i.mem_type == MemType::Cuda),
-            "mode {mode}"
-        );
-        let _ = memtype::remove(p as usize, 5 << 20);
-        let recs = take();
-        assert_eq!(counts(&recs), (1, 0), "mode {mode}: {recs:?}");
-        assert_eq!(recs[0].2, 5 << 20, "mode {mode}: the description's size");
-        let added: Vec<u64> = names.map(delivered).iter().zip(&before).map(|(a, b)| a - b).collect();
-        assert_eq!(added[0] + added[1], 1, "mode {mode}: once: {added:?}");
-        if mode.contains("bistro") {
-            assert_eq!(added, [1, 0], "mode {mode}: the runtime's event");
-        }
-        memhook::uninstall();
-    }
-    memhook::unset_handler(counting).expect("registered above, outside any handler");
+    through_the_runtime(
+        ["cudaExternalMemoryGetMappedBuffer"],
+        ["cuExternalMemoryGetMappedBuffer"],
+        |mode, cudart| {
+            // SAFETY: the fake runtime's function, of this type.
+            let map = unsafe { cast::<Map>(sym(cudart, c"cudaExternalMemoryGetMappedBuffer")) };
+            // SAFETY: plain data, zero for every field the call reads.
+            let mut desc: cudaExternalMemoryBufferDesc = unsafe { std::mem::zeroed() };
+            desc.size = 5 << 20;
+            let mut p = std::ptr::null_mut();
+            // SAFETY: a valid out-parameter and description; any handle.
+            let mapped = unsafe { map(&mut p, std::ptr::without_provenance_mut(0x5e), &desc) };
+            assert_eq!(mapped, 0, "mode {mode}");
+            assert!(
+                matches!(memtype::lookup(p as usize, 5 << 20), Lookup::Found(i) if i.mem_type == MemType::Cuda),
+                "mode {mode}"
+            );
+            let _ = memtype::remove(p as usize, 5 << 20);
+            let recs = take();
+            assert_eq!(counts(&recs), (1, 0), "mode {mode}: {recs:?}");
+            assert_eq!(recs[0].2, 5 << 20, "mode {mode}: the description's size");
+        },
+    );
 }
