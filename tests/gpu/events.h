@@ -53,6 +53,32 @@ static void on_event(uint32_t type, memhook_event_t *e, void *arg) {
     }
 }
 
+/* memhook installed with the CUDA hooks in `mode` (host hooks off), and
+ * on_event registered for the memory-type events (exits 4 when refused). */
+static void install_in(const char *mode) {
+    char config[128];
+    snprintf(config, sizeof config, "cuda=%s;mmap=none", mode);
+    if (memhook_install(config) != 0) {
+        fprintf(stderr, PROGRAM ": install %s: %s\n", config, memhook_last_error());
+        exit(4);
+    }
+    CHECK(memhook_set_event_handler(MEMHOOK_EVENT_MEM_TYPE_ALLOC | MEMHOOK_EVENT_MEM_TYPE_FREE, 0, on_event, NULL));
+}
+
+/* libcuda loaded (after the install: hooked as it loads) and device 0's
+ * primary context current. */
+static void init_driver(void) {
+    cuda = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!cuda) {
+        fprintf(stderr, PROGRAM ": no libcuda.so.1\n");
+        exit(2);
+    }
+    void *ctx = NULL;
+    CHECK(((int (*)(unsigned))fn("cuInit"))(0));
+    CHECK(((int (*)(void **, int))fn("cuDevicePrimaryCtxRetain"))(&ctx, 0));
+    CHECK(((int (*)(void *))fn("cuCtxSetCurrent"))(ctx));
+}
+
 /* Events of `type` at `address` so far; the size of the last in *size
  * (when size is not NULL). */
 static int seen(uint32_t type, uintptr_t address, size_t *size) {

@@ -26,20 +26,8 @@
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "bistro";
-    char config[128];
-    snprintf(config, sizeof config, "cuda=%s;mmap=none", mode);
-    if (memhook_install(config) != 0) {
-        fprintf(stderr, "external: install %s: %s\n", config, memhook_last_error());
-        return 4;
-    }
-    CHECK(memhook_set_event_handler(MEMHOOK_EVENT_MEM_TYPE_ALLOC | MEMHOOK_EVENT_MEM_TYPE_FREE, 0, on_event, NULL));
-    cuda = dlopen("libcuda.so.1", RTLD_NOW); /* loaded after the install */
-    if (!cuda)
-        return 2;
-    CUcontext ctx = NULL;
-    CHECK(((CUresult(*)(unsigned))fn("cuInit"))(0));
-    CHECK(((CUresult(*)(CUcontext *, CUdevice))fn("cuDevicePrimaryCtxRetain"))(&ctx, 0));
-    CHECK(((CUresult(*)(CUcontext))fn("cuCtxSetCurrent"))(ctx));
+    install_in(mode);
+    init_driver();
 
     /* Physical memory that can be exported as a file descriptor. */
     CUmemAllocationProp prop;

@@ -37,18 +37,6 @@ typedef struct {
 
 static const size_t SIZE = (size_t)8 << 20;
 
-static void init_driver(void) {
-    cuda = dlopen("libcuda.so.1", RTLD_NOW);
-    if (!cuda) {
-        fprintf(stderr, "ipc: no libcuda.so.1\n");
-        exit(2);
-    }
-    void *ctx = NULL;
-    CHECK(((int (*)(unsigned))fn("cuInit"))(0));
-    CHECK(((int (*)(void **, int))fn("cuDevicePrimaryCtxRetain"))(&ctx, 0));
-    CHECK(((int (*)(void *))fn("cuCtxSetCurrent"))(ctx));
-}
-
 static int child(const char *mode, const char *hex) {
     CUipcMemHandle handle;
     for (int i = 0; i < 64; i++) {
@@ -57,13 +45,7 @@ static int child(const char *mode, const char *hex) {
             return 5;
         handle.reserved[i] = (char)byte;
     }
-    char config[128];
-    snprintf(config, sizeof config, "cuda=%s;mmap=none", mode);
-    if (memhook_install(config) != 0) {
-        fprintf(stderr, "ipc: install %s: %s\n", config, memhook_last_error());
-        return 4;
-    }
-    CHECK(memhook_set_event_handler(MEMHOOK_EVENT_MEM_TYPE_ALLOC | MEMHOOK_EVENT_MEM_TYPE_FREE, 0, on_event, NULL));
+    install_in(mode);
     init_driver(); /* loaded after the install: hooked as it loads */
     int (*open)(CUdeviceptr *, CUipcMemHandle, unsigned) = fn("cuIpcOpenMemHandle_v2");
     int (*close)(CUdeviceptr) = fn("cuIpcCloseMemHandle");
