@@ -116,6 +116,16 @@ if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     # libraries they dlopen by name are found from their callers' RUNPATH.
     # A CUDA tensor shared with a spawned process (cudaIpcOpenMemHandle).
     check "torch IPC" env MEMHOOK_LIB_PATH="$here/libmemhook.so" ./memhook run -- python3 src/torch_ipc.py
+    # A CUDA graph captured by PyTorch with the cudaMallocAsync backend:
+    # its output is graph memory, never host in the map; with the CUDA
+    # hooks off the lookup says host, and the check must fail.
+    # (Its own lines kept: memhook run's report would push them out.)
+    check "torch graph (cudaMallocAsync backend)" bash -c 'set -o pipefail
+        MEMHOOK_LIB_PATH="$1/libmemhook.so" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
+            ./memhook run -- python3 src/torch_graph.py 2>&1 | grep "^torch_graph"' - "$here"
+    env MEMHOOK_LIB_PATH="$here/libmemhook.so" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
+        ./memhook run --cuda-mode none -- python3 src/torch_graph.py 2>&1 | grep -E "replay 0|torch_graph: (ok|FAILED)" |
+        sed 's/^/TORCH-GRAPH-UNHOOKED /' | tee -a "$results"
     check "torch work (no memhook)" python3 src/torch_work.py
     check "torch work under memhook run" ./memhook run -- python3 src/torch_work.py
     # DataLoader workers forked from a process that used CUDA, while
