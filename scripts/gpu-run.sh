@@ -188,6 +188,12 @@ print(f"the same pair with one empty handler: {summary(handled)}; per hooked cal
       f"at or under 50 ns in {sum(x <= 100 for x in handled)} of {len(handled)} (SPEC.md: 50 ns per call with one handler)")
 print(f"the map's work by hand after the original, same processes: {summary(hand)}")
 PY
+# The same pair through libmemhook.so, as `memhook run` and C embedders
+# get it (a thread-local there is a call into the dynamic linker; the
+# Rust examples link memhook into the executable).
+gcc -O2 -Wall -I src -o pair_so src/pair_so.c -L. -lmemhook -ldl -Wl,-rpath,"$here"
+say "== pair_so: the real pair through libmemhook.so, three processes"
+for _ in 1 2 3; do ./pair_so 2>&1 | tee -a "$results"; done
 say "== bench: fake driver, hooked vs unhooked"
 ./bench_cuda --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^cuMem|time:" | tee -a "$results"
 say "== bench: fake driver whose calls evict the caches (cuda_cold), hooked vs unhooked"

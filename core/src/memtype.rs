@@ -1974,28 +1974,34 @@ impl<const N: usize> MemtypeMap<N> {
             self.update_locked(&mut pending, Op::Remove { start, end });
             return Some(unpack(meta, start, end));
         }
-        self.take_recorded(&mut pending, start)
+        match self.take_recorded(&mut pending, start) {
+            (0, _) => None,
+            (end, meta) => Some(unpack(meta, start, end)),
+        }
     }
 
-    /// [`Self::take`] of an entry found in the live table.
+    /// [`Self::take`] of an entry found in the live table: its end and
+    /// packed type (end 0: none starts at `start`). Two registers, not an
+    /// `Option<MemInfo>`, which would come back through the caller's stack
+    /// memory: a function whose stack a callee may see cannot end in a
+    /// tail call, and a CUDA free's hook, which takes and then calls the
+    /// driver, would then return through its own code, cold by then.
     #[inline(never)]
-    fn take_recorded(&self, pending: &mut Option<(Op, usize)>, start: usize) -> Option<MemInfo> {
+    fn take_recorded(&self, pending: &mut Option<(Op, usize)>, start: usize) -> (usize, u64) {
         self.lay_out_once();
         let live = &self.tables[self.read.live.load(Ordering::Relaxed)];
         // The writer lock is held: no writer changes the live table while
         // it is read here, so the answer needs no validation.
-        let info = match live.probe(start, start.checked_add(1)?) {
-            Lookup::Found(info) if info.base == start => info,
-            _ => return None,
+        let Some(past) = start.checked_add(1) else {
+            return (0, 0);
         };
-        self.update_locked(
-            pending,
-            Op::Remove {
-                start,
-                end: start + info.len,
-            },
-        );
-        Some(info)
+        let info = match live.probe(start, past) {
+            Lookup::Found(info) if info.base == start => info,
+            _ => return (0, 0),
+        };
+        let end = start + info.len;
+        self.update_locked(pending, Op::Remove { start, end });
+        (end, pack(info.mem_type, info.device))
     }
 
     /// Makes the map whole again in the child of a `fork` made while a

@@ -43,7 +43,7 @@ static struct {
 } events[256];
 static atomic_int nevents;
 
-static void on_event(uint32_t type, memhook_event_t *e, void *arg) {
+static inline void on_event(uint32_t type, memhook_event_t *e, void *arg) {
     (void)arg;
     int i = atomic_fetch_add(&nevents, 1);
     if (i < 256) {
@@ -55,7 +55,7 @@ static void on_event(uint32_t type, memhook_event_t *e, void *arg) {
 
 /* memhook installed with the CUDA hooks in `mode` (host hooks off), and
  * on_event registered for the memory-type events (exits 4 when refused). */
-static void install_in(const char *mode) {
+static inline void install_in(const char *mode) {
     char config[128];
     snprintf(config, sizeof config, "cuda=%s;mmap=none", mode);
     if (memhook_install(config) != 0) {
@@ -67,7 +67,7 @@ static void install_in(const char *mode) {
 
 /* libcuda loaded (after the install: hooked as it loads) and device 0's
  * primary context current. */
-static void init_driver(void) {
+static inline void init_driver(void) {
     cuda = dlopen("libcuda.so.1", RTLD_NOW);
     if (!cuda) {
         fprintf(stderr, PROGRAM ": no libcuda.so.1\n");
@@ -81,7 +81,7 @@ static void init_driver(void) {
 
 /* Events of `type` at `address` so far; the size of the last in *size
  * (when size is not NULL). */
-static int seen(uint32_t type, uintptr_t address, size_t *size) {
+static inline int seen(uint32_t type, uintptr_t address, size_t *size) {
     int n = 0, total = atomic_load(&nevents);
     for (int i = 0; i < total && i < 256; i++) {
         if (events[i].type == type && events[i].address == address) {

@@ -115,7 +115,7 @@ pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
         // Nobody to tell: end the recorded allocation in one step.
         match memtype::map().take(address) {
             None => forget_unrecorded(address),
-            Some(info) if info.mem_type == MemType::Unknown => keep_graph_range(&info),
+            Some(info) if info.mem_type == MemType::Unknown => keep_graph_range(info.base, info.len),
             Some(_) => {}
         }
         return;
@@ -125,12 +125,14 @@ pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
 
 /// After the free of an entry recorded Unknown: a graph allocation's
 /// range is recorded Unknown again (its graph may make the memory again
-/// with no call memhook sees: see [`super::graph`]).
+/// with no call memhook sees: see [`super::graph`]). (Base and length by
+/// value: a `MemInfo` would be passed through the hook's stack memory,
+/// and the hook could then not end in a tail call to the driver.)
 #[cold]
 #[inline(never)]
-fn keep_graph_range(info: &MemInfo) {
-    if super::graph::covering(info.base) == Some((info.base, info.len)) {
-        let _ = memtype::map().insert(info.base, info.len, MemType::Unknown, -1);
+fn keep_graph_range(base: usize, len: usize) {
+    if super::graph::covering(base) == Some((base, len)) {
+        let _ = memtype::map().insert(base, len, MemType::Unknown, -1);
     }
 }
 
@@ -166,7 +168,7 @@ fn reporting_free(id: Id, address: usize, size: Option<usize>) {
         None => match memtype::map().take(address) {
             Some(info) => {
                 if info.mem_type == MemType::Unknown {
-                    keep_graph_range(&info);
+                    keep_graph_range(info.base, info.len);
                 }
                 (info.len, info.mem_type)
             }

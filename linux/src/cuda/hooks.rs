@@ -108,12 +108,17 @@ macro_rules! functions {
                 }
             }
 
-            /// The library that defines it.
+            /// The library that defines it. Inlined: a hook asks with its
+            /// own `Id`, which then folds to a constant (out of line, the
+            /// match over every function is a call through the GOT into a
+            /// jump table, cold after a driver call).
+            #[inline(always)]
             pub(crate) const fn lib(self) -> Lib {
                 match self { $(Id::$name => Lib::$lib,)* }
             }
 
-            /// What it does.
+            /// What it does (inlined as [`Self::lib`]).
+            #[inline(always)]
             pub(crate) const fn kind(self) -> Kind {
                 match self { $(Id::$name => Kind::$kind,)* }
             }
@@ -237,20 +242,47 @@ thread_local! {
     static IN_CUDA: Cell<bool> = const { Cell::new(false) };
 }
 
+/// Runtime hooks running their original now, in every thread: while
+/// none is, no driver call is nested in one, and a driver function's
+/// hook need not look up its thread's flag.
+static RUNTIME_CALLS: Aligned<AtomicUsize> = Aligned(AtomicUsize::new(0));
+
 /// Runs `body` with this thread's guard flag, looked up once per hook (a
 /// thread-local lookup is a call into the dynamic linker in a preloaded
 /// library); `None` only if the thread's locals are gone, which a `const`
-/// one without a destructor never is.
+/// one without a destructor never is, or where `id` is a driver
+/// function and no runtime hook runs its original: the flag is set only
+/// there, so it is clear. (The lookup, after the previous driver call,
+/// costs cold misses in series: the linker's code, the thread's vector of
+/// modules, the flag's line.)
 #[inline(always)]
-fn with_guard<R>(body: impl FnOnce(Option<&Cell<bool>>) -> R) -> R {
-    let mut body = Some(body);
-    match IN_CUDA.try_with(|flag| body.take().map(|b| b(Some(flag)))) {
-        Ok(Some(r)) => r,
-        _ => match body.take() {
-            Some(b) => b(None),
-            None => unreachable!("the body ran inside try_with, which then returned its result"),
-        },
-    }
+fn with_guard<R>(id: Id, body: impl FnOnce(Option<&Cell<bool>>) -> R) -> R {
+    let flag = if id.lib() == Lib::Driver && RUNTIME_CALLS.0.load(Ordering::Relaxed) == 0 {
+        core::ptr::null()
+    } else {
+        guard_flag()
+    };
+    // SAFETY: null, or this thread's `IN_CUDA`: a `const` thread-local
+    // with no destructor, which lives as long as its thread, and so
+    // outlives this call on it.
+    body(unsafe { flag.as_ref() })
+}
+
+/// In the child of a `fork`, from `fork`'s child handler: a runtime hook
+/// of a thread the child lacks was counted in [`RUNTIME_CALLS`], and would
+/// stay counted; the child's count is the forking thread's own (one if it
+/// forked from inside a runtime call's hook, as a handler may).
+pub(crate) fn after_fork_in_child() {
+    let own = IN_CUDA.try_with(Cell::get).unwrap_or(false);
+    RUNTIME_CALLS.0.store(usize::from(own), Ordering::Relaxed);
+}
+
+/// This thread's [`IN_CUDA`] (null if its locals are gone). Out of line:
+/// inlined, the compiler would look it up before the test that skips it
+/// (a thread-local's address counts as free to compute).
+#[inline(never)]
+fn guard_flag() -> *const Cell<bool> {
+    IN_CUDA.try_with(core::ptr::from_ref).unwrap_or(core::ptr::null())
 }
 
 /// Runs `id`'s `call` with `flag` set where the hooked calls it makes
@@ -268,9 +300,13 @@ fn guarded(id: Id, flag: Option<&Cell<bool>>, call: impl FnOnce() -> Status) -> 
     let Some(flag) = flag.filter(|_| id.lib() == Lib::Runtime) else {
         return call();
     };
+    // This thread's own count is seen by its nested calls in program
+    // order; another thread's only sends a driver hook to its flag.
+    RUNTIME_CALLS.0.fetch_add(1, Ordering::Relaxed);
     flag.set(true);
     let status = call();
     flag.set(false);
+    RUNTIME_CALLS.0.fetch_sub(1, Ordering::Relaxed);
     status
 }
 
@@ -283,7 +319,7 @@ fn on_alloc(
     call: impl FnOnce() -> Status,
     result: impl FnOnce() -> (usize, usize),
 ) -> Status {
-    with_guard(|flag| {
+    with_guard(id, |flag| {
         if flag.is_some_and(Cell::get) {
             return call(); // inside a hooked call, whose hook reports
         }
@@ -302,7 +338,7 @@ fn on_alloc(
 /// carries it), then the original.
 #[inline(always)]
 fn on_free(id: Id, address: usize, size: Option<usize>, call: impl FnOnce() -> Status) -> Status {
-    with_guard(|flag| {
+    with_guard(id, |flag| {
         if address == 0 || flag.is_some_and(Cell::get) {
             return call();
         }
@@ -317,7 +353,7 @@ fn on_free(id: Id, address: usize, size: Option<usize>, call: impl FnOnce() -> S
 /// that count, which a nested call must not touch.)
 #[inline(always)]
 fn on_close(id: Id, address: usize, call: impl FnOnce() -> Status) -> Status {
-    with_guard(|flag| {
+    with_guard(id, |flag| {
         if address == 0 || flag.is_some_and(Cell::get) {
             return call();
         }
@@ -335,7 +371,7 @@ fn on_close(id: Id, address: usize, call: impl FnOnce() -> Status) -> Status {
 /// a live allocation.)
 #[inline(never)]
 fn on_free_node(id: Id, address: usize, call: impl FnOnce() -> Status) -> Status {
-    with_guard(|flag| {
+    with_guard(id, |flag| {
         if address == 0 || flag.is_some_and(Cell::get) {
             return call();
         }
