@@ -2993,6 +2993,36 @@ mod tests {
         }
     }
 
+    /// `take` answers with the whole entry (type, device, range) that
+    /// starts at the address, whether it was recorded last (the
+    /// writer's shortcut) or earlier (the table's search, whose answer
+    /// comes back packed in two registers), and nothing elsewhere.
+    #[test]
+    fn take_returns_the_entry_recorded_at_the_address() {
+        let m = MemtypeMap::<64>::new();
+        let (a, b, c) = (0x10_0000, 0x20_0000, 0x30_0000);
+        m.insert(a, 0x1000, MemType::Cuda, 3).unwrap();
+        m.insert(c, 0x3000, MemType::CudaHost, -1).unwrap();
+        m.insert(b, 0x2000, MemType::CudaManaged, 1).unwrap();
+        let info = |mem_type, device, base, len| MemInfo {
+            mem_type,
+            device,
+            base,
+            len,
+        };
+        // Inside an entry, past the end of the address space: nothing.
+        assert_eq!(m.take(b + 0x1000), None);
+        assert_eq!(m.take(usize::MAX), None);
+        // Recorded last: the shortcut.
+        assert_eq!(m.take(b), Some(info(MemType::CudaManaged, 1, b, 0x2000)));
+        // Recorded earlier: found in the table.
+        assert_eq!(m.take(a), Some(info(MemType::Cuda, 3, a, 0x1000)));
+        assert_eq!(m.take(a), None);
+        assert_eq!(m.lookup(a, 1), Lookup::Absent);
+        assert_eq!(m.take(c), Some(info(MemType::CudaHost, -1, c, 0x3000)));
+        assert!(m.is_empty());
+    }
+
     /// The writer's words share one line; what lookups read first lies on
     /// the next, which an update writes once (the live index).
     #[test]
