@@ -247,17 +247,18 @@ pub(crate) unsafe fn iterate_phdr(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
     use std::sync::{Arc, Barrier};
 
-    /// The tests fork and read the global counters: one at a time.
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    /// The tests that fork (here and in other modules) and read the
+    /// global counters: one at a time.
+    pub(crate) static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     /// Forks; the child exits with `child()`'s answer (0: right); returns
     /// the child's exit status.
-    fn fork_and_check(child: impl FnOnce() -> i32) -> i32 {
+    pub(crate) fn fork_and_check(child: impl FnOnce() -> i32) -> i32 {
         // SAFETY: the child runs `child`, which touches only memory
         // inherited from this thread, and leaves with _exit.
         let pid = unsafe { libc::fork() };

@@ -91,6 +91,7 @@ mod tests {
     #[test]
     fn a_child_forked_while_another_thread_holds_the_table_can_ask_it() {
         use std::sync::{Arc, Barrier};
+        let _s = crate::fork::tests::SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let held = Arc::new(Barrier::new(2));
         let holder = {
             let held = held.clone();
@@ -103,29 +104,8 @@ mod tests {
             })
         };
         held.wait();
-        // SAFETY: the child asks the table and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            let _ = covering(0x1234);
-            // SAFETY: leaving the child without the parent's atexit.
-            unsafe { libc::_exit(0) };
-        }
-        assert!(pid > 0, "fork failed");
-        let mut status = 0;
-        let mut waited = 0;
-        // SAFETY: waiting for the child just forked, without blocking.
-        while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
-            if waited == 500 {
-                // SAFETY: the child just forked, hung.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                // SAFETY: as above.
-                unsafe { libc::waitpid(pid, &mut status, 0) };
-                panic!("the child hung on the table's lock");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            waited += 1;
-        }
-        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{status:#x}");
+        let code = crate::fork::tests::fork_and_check(|| i32::from(RANGES.try_lock().is_none()));
+        assert_eq!(code, 0, "the child found the table's lock held");
         holder.join().unwrap();
     }
 }
