@@ -166,19 +166,13 @@ fn through_the_runtime<const N: usize>(runtime: [&str; N], driver: [&str; N], mu
         let _ = take();
         let (runtime_before, driver_before) = (runtime.map(delivered), driver.map(delivered));
         body(mode, cudart);
-        let by_runtime: Vec<u64> = runtime
-            .map(delivered)
-            .iter()
-            .zip(&runtime_before)
-            .map(|(a, b)| a - b)
-            .collect();
-        let by_driver: Vec<u64> = driver
-            .map(delivered)
-            .iter()
-            .zip(&driver_before)
-            .map(|(a, b)| a - b)
-            .collect();
-        let once: Vec<u64> = by_runtime.iter().zip(&by_driver).map(|(r, d)| r + d).collect();
+        // Each function's events since `before`.
+        let since = |functions: [&str; N], before: [u64; N]| {
+            let now = functions.map(delivered);
+            core::array::from_fn::<u64, N, _>(|i| now[i] - before[i])
+        };
+        let (by_runtime, by_driver) = (since(runtime, runtime_before), since(driver, driver_before));
+        let once: [u64; N] = core::array::from_fn(|i| by_runtime[i] + by_driver[i]);
         assert_eq!(
             once, [1; N],
             "mode {mode}: each call's event once, from the runtime's hook or the driver's: {by_runtime:?} {by_driver:?}"
@@ -186,7 +180,7 @@ fn through_the_runtime<const N: usize>(runtime: [&str; N], driver: [&str; N], mu
         if mode.contains("bistro") {
             assert_eq!(
                 (by_runtime, by_driver),
-                (vec![1; N], vec![0; N]),
+                ([1; N], [0; N]),
                 "mode {mode}: the runtime's events"
             );
         }
