@@ -6,30 +6,11 @@ with ctypes from the preloaded libmemhook.so) must never say host there:
 it says Unknown (or CUDA), and memhook_memtype_classify says CUDA on
 device 0 once the graph has run. With the CUDA hooks off the lookup said
 host, a wrong type."""
-import ctypes
-import os
 import sys
 
 import torch
 
-HOST, CUDA, UNKNOWN = 0, 1, 15
-
-
-class MemInfo(ctypes.Structure):
-    _fields_ = [("mem_type", ctypes.c_uint32), ("device", ctypes.c_int32),
-                ("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-
-lib = ctypes.CDLL(os.environ["MEMHOOK_LIB_PATH"])
-
-
-def ask(fn, ptr, what):
-    info = MemInfo()
-    rc = fn(ctypes.c_void_p(ptr), ctypes.c_size_t(4096), ctypes.byref(info))
-    print(f"torch_graph: {what}: rc={rc} mem_type={info.mem_type} device={info.device} "
-          f"base={info.base or 0:#x} len={info.len}", flush=True)
-    return rc, info
-
+from memhook_ctypes import CUDA, UNKNOWN, ask
 
 backend = torch.cuda.get_allocator_backend()
 print(f"torch_graph: allocator backend {backend}", flush=True)
@@ -53,9 +34,9 @@ for launch in range(3):
     g.replay()
     torch.cuda.synchronize()
     value = float(y[-1])
-    rc, seen = ask(lib.memhook_memtype_lookup, y.data_ptr(), f"replay {launch}, lookup")
+    rc, seen = ask("lookup", y.data_ptr(), f"torch_graph: replay {launch}, lookup")
     ok &= rc == 0 and seen.mem_type in (CUDA, UNKNOWN) and value == 2 * launch + 1
-    rc, driver = ask(lib.memhook_memtype_classify, y.data_ptr(), f"replay {launch}, classify")
+    rc, driver = ask("classify", y.data_ptr(), f"torch_graph: replay {launch}, classify")
     ok &= rc == 0 and driver.mem_type == CUDA and driver.device == 0
 del y, g
 torch.cuda.synchronize()

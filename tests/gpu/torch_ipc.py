@@ -4,28 +4,19 @@ memhook's memory-type map in that process (through its C ABI, loaded with
 ctypes from the preloaded libmemhook.so) says the tensor is CUDA memory
 on device 0; with the IPC open unhooked it said host (absent from the
 map)."""
-import ctypes
 import os
 import sys
 
 import torch
 import torch.multiprocessing as mp
 
-
-class MemInfo(ctypes.Structure):
-    _fields_ = [("mem_type", ctypes.c_uint32), ("device", ctypes.c_int32),
-                ("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+from memhook_ctypes import CUDA, ask
 
 
 def consumer(tensors, results):
     t = tensors.get()
-    lib = ctypes.CDLL(os.environ["MEMHOOK_LIB_PATH"])
-    info = MemInfo()
-    rc = lib.memhook_memtype_lookup(ctypes.c_void_p(t.data_ptr()), ctypes.c_size_t(4096), ctypes.byref(info))
-    print(f"torch_ipc: consumer pid {os.getpid()}: lookup of the shared tensor rc={rc} "
-          f"mem_type={info.mem_type} device={info.device} base={info.base or 0:#x} len={info.len}",
-          flush=True)
-    results.put(rc == 0 and info.mem_type == 1 and info.device == 0 and float(t[-1]) == 7.0)
+    rc, info = ask("lookup", t.data_ptr(), f"torch_ipc: consumer pid {os.getpid()}: lookup of the shared tensor")
+    results.put(rc == 0 and info.mem_type == CUDA and info.device == 0 and float(t[-1]) == 7.0)
     del t
 
 
