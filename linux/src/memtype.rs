@@ -130,7 +130,7 @@ pub fn classify(addr: usize, len: usize) -> Lookup {
         }
         // A graph allocation's range stays Unknown: the answer holds only
         // until the graph's next free or launch (see `cuda::graph`).
-        if crate::cuda::graph_range(addr).is_some() {
+        if crate::cuda::graph_unsettled(addr) {
             return Lookup::Found(info);
         }
         // Recorded already as the driver says (a repeated question): no

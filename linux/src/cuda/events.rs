@@ -131,7 +131,7 @@ pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
 #[cold]
 #[inline(never)]
 fn keep_graph_range(base: usize, len: usize) {
-    if super::graph::covering(base) == Some((base, len)) {
+    if super::graph::keeps(base, len) {
         let _ = memtype::map().insert(base, len, MemType::Unknown, -1);
     }
 }

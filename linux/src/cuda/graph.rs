@@ -19,17 +19,32 @@
 //! driver (a graph allocation, the free of an entry recorded Unknown, a
 //! classification), never in a free of memory of a known type; no
 //! registration holds it. Its holder is in a fork section
-//! ([`crate::fork`]): a child never finds it held. Beyond [`CAPACITY`]
-//! ranges the oldest is forgotten (its free then ends its range, as for
-//! other memory).
+//! ([`crate::fork`]): a child never finds it held.
+//!
+//! Beyond [`CAPACITY`] ranges the oldest is forgotten, and from then on
+//! (until the driver is unloaded) every range recorded Unknown is taken
+//! for a graph's: kept Unknown after its free, and the driver's answer
+//! not recorded there. A forgotten graph range whose free ended it would
+//! read host at its graph's next launch, a wrong type; the cost of the
+//! rule is only that other memory of a type the driver could not tell
+//! (rare) stays Unknown after its free, where a lookup sends the caller
+//! to the driver.
+
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use memhook_core::memtype::{Lookup, MemType};
 
 use crate::fork::Mutex;
+use crate::memtype;
 
 /// Ranges remembered at once.
 pub(super) const CAPACITY: usize = 1024;
 
 /// (base, length), oldest first.
 static RANGES: Mutex<heapless::Vec<(usize, usize), CAPACITY>> = Mutex::new(heapless::Vec::new());
+
+/// Whether a range was forgotten to make room (see the module docs).
+static FORGOT: AtomicBool = AtomicBool::new(false);
 
 /// Remembers `[base, base + len)` as a graph allocation's range.
 pub(super) fn remember(base: usize, len: usize) {
@@ -43,6 +58,7 @@ pub(super) fn remember(base: usize, len: usize) {
     }
     if ranges.is_full() {
         ranges.remove(0);
+        FORGOT.store(true, Ordering::Relaxed);
     }
     let _ = ranges.push((base, len));
 }
@@ -53,9 +69,28 @@ pub(crate) fn covering(addr: usize) -> Option<(usize, usize)> {
     RANGES.lock().iter().copied().find(|&(b, n)| addr >= b && addr - b < n)
 }
 
+/// Whether the range `[base, base + len)`, recorded Unknown and now
+/// freed, is to be recorded Unknown again: a graph allocation's range
+/// (remembered, or, once one was forgotten, any such range).
+pub(super) fn keeps(base: usize, len: usize) -> bool {
+    FORGOT.load(Ordering::Relaxed) || covering(base) == Some((base, len))
+}
+
+/// Whether the driver's answer at `addr` holds only until a graph's next
+/// free or launch, so is not to be recorded: a graph allocation's range
+/// covers it (remembered, or, once one was forgotten, any range the map
+/// holds Unknown there).
+pub(crate) fn unsettled(addr: usize) -> bool {
+    covering(addr).is_some()
+        || (FORGOT.load(Ordering::Relaxed)
+            && matches!(memtype::map().lookup(addr, 1), Lookup::Found(i) if i.mem_type == MemType::Unknown))
+}
+
 /// Forgets every range (the driver was unloaded).
 pub(super) fn forget_all() {
-    RANGES.lock().clear();
+    let mut ranges = RANGES.lock();
+    ranges.clear();
+    FORGOT.store(false, Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -76,13 +111,22 @@ mod tests {
             remember(0x10_0000 + i * 0x1000, 0x1000);
         }
         assert_eq!(covering(0x1000), Some((0x1000, 0x200)), "full, not yet beyond");
+        assert!(keeps(0x1000, 0x200));
+        assert!(!keeps(0x1000, 0x100), "another length: not the range remembered");
+        assert!(!keeps(0x7000_0000, 0x1000), "not one of them, and none forgotten");
         remember(0x9000_0000, 0x1000);
         assert_eq!(covering(0x1000), None, "the oldest forgotten");
         assert!(covering(0x9000_0000).is_some());
+        assert!(
+            keeps(0x1000, 0x200),
+            "one forgotten: any range recorded Unknown may be a graph's"
+        );
+        assert!(keeps(0x7000_0000, 0x1000));
         remember(0, 0);
         assert_eq!(covering(0), None, "an empty range is not remembered");
         forget_all();
         assert_eq!(covering(0x9000_0000), None);
+        assert!(!keeps(0x1000, 0x200), "the driver unloaded: nothing forgotten any more");
     }
 
     /// A fork while another thread holds the table's lock waits for it:

@@ -41,7 +41,7 @@ use memhook_core::event::{Event, HandlerId, RegisterError, bits};
 
 pub use driver::{PciBusId, pci_bus_id};
 pub(crate) use driver::{classify, load as load_driver};
-pub(crate) use graph::covering as graph_range;
+pub(crate) use graph::unsettled as graph_unsettled;
 pub(crate) use hooks::after_fork_in_child;
 use hooks::{COUNT, ENTRY, Id, Kind, Lib, ORIG, RELOC};
 
