@@ -10,7 +10,8 @@
 #  - the driver's frees reach the driver by a tail jump (no call of it
 #    through a register), so that it returns straight to the caller, and
 #    look up no thread-local (a call into the dynamic linker) while no
-#    runtime hook runs;
+#    runtime hook runs (cuIpcCloseMemHandle's last close, which asks the
+#    driver afterwards whether the mapping remains, is out of line);
 #  - cuMemAlloc_v2's hook looks up no thread-local before the driver call.
 # Fails naming the function and the property. x86_64 instruction names.
 set -euo pipefail

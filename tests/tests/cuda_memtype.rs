@@ -215,6 +215,74 @@ fn every_driver_function_reports_its_type_size_and_device() {
         assert_eq!(take(), [ev(F, ip, 1 << 20, MemType::Cuda)], "the last close");
         assert_eq!(memtype::lookup(ip, 1), Lookup::Absent);
 
+        // Opened twice where the hooks do not count (through the
+        // original: as before the hooks were installed, or beyond the
+        // table's 4,096 mappings). Each close is reported as a free
+        // before the call; one that leaves the mapping in place (another
+        // open remains) records it again and reports it anew, so that the
+        // map never says host over mapped memory.
+        let raw_open: unsafe extern "C" fn(*mut Dptr, Handle, c_uint) -> u32 =
+            cast(memhook::cuda::original("cuIpcOpenMemHandle_v2").expect("the original open"));
+        let uncounted = handle_of(1 << 20, 2, 0xdef);
+        let (mut first, mut second): (Dptr, Dptr) = (0, 0);
+        assert_eq!(raw_open(&mut first, uncounted, 1), 0);
+        assert_eq!(raw_open(&mut second, uncounted, 1), 0);
+        assert_eq!(first, second, "one mapping");
+        let ip = first as usize;
+        assert_eq!(take(), [], "opened unseen");
+        assert_eq!(ipc_close(first), 0);
+        assert_eq!(
+            take(),
+            // Of unknown type: the map never had it.
+            [ev(F, ip, 1 << 20, MemType::Unknown), ev(A, ip, 1 << 20, MemType::Cuda)],
+            "not the last close, which the hook could not know before the call"
+        );
+        let info = found(ip, 4096);
+        assert_eq!(
+            (info.mem_type, info.device, info.len),
+            (MemType::Cuda, 2, 1 << 20),
+            "still mapped"
+        );
+        assert_eq!(ipc_close(first), 0);
+        assert_eq!(take(), [ev(F, ip, 1 << 20, MemType::Cuda)], "the last close");
+        assert_eq!(memtype::lookup(ip, 1), Lookup::Absent);
+        // Opened once unseen, then once through the hook: the hook's
+        // count (one) falls short of the driver's (two). Its "last" close
+        // leaves the mapping, which is recorded and reported again.
+        let short = handle_of(1 << 20, 4, 0x5407);
+        assert_eq!(raw_open(&mut first, short, 1), 0);
+        assert_eq!(open(&mut second, short, 1), 0);
+        assert_eq!(first, second, "one mapping");
+        let ip = first as usize;
+        assert_eq!(take(), [ev(A, ip, 1 << 20, MemType::Cuda)], "the first open the hook saw");
+        assert_eq!(ipc_close(first), 0);
+        assert_eq!(
+            take(),
+            [ev(F, ip, 1 << 20, MemType::Cuda), ev(A, ip, 1 << 20, MemType::Cuda)],
+            "taken for the last close, but the driver still maps it"
+        );
+        assert_eq!(found(ip, 4096).device, 4, "still mapped, on the exporter's device");
+        assert_eq!(ipc_close(first), 0);
+        assert_eq!(take(), [ev(F, ip, 1 << 20, MemType::Cuda)], "the last close");
+        assert_eq!(memtype::lookup(ip, 1), Lookup::Absent);
+
+        // A close the driver refuses (memory no other process exported)
+        // leaves the allocation as it was.
+        let mut d: Dptr = 0;
+        assert_eq!(alloc(&mut d, 4096), 0);
+        let _ = take();
+        assert_ne!(ipc_close(d), 0);
+        assert_eq!(
+            take(),
+            [
+                ev(F, d as usize, 4096, MemType::Cuda),
+                ev(A, d as usize, 4096, MemType::Cuda)
+            ]
+        );
+        assert_eq!(found(d as usize, 1).mem_type, MemType::Cuda);
+        assert_eq!(free(d), 0);
+        assert_eq!(take(), [ev(F, d as usize, 4096, MemType::Cuda)]);
+
         // An allocation of a pool another process shares: the pool's
         // kind of memory, on the exporter's device; the ordinary free
         // ends it.

@@ -349,8 +349,8 @@ fn on_free(id: Id, address: usize, size: Option<usize>, call: impl FnOnce() -> S
 
 /// A close of memory another process exported: `MEM_TYPE_FREE`, and
 /// the range out of the map, only when it is the last close of the
-/// mapping (see [`super::ipc`]); then the original. ([`on_free`] but for
-/// that count, which a nested call must not touch.)
+/// mapping as the hooks count (see [`super::ipc`]); then the original.
+/// ([`on_free`] but for that count, which a nested call must not touch.)
 #[inline(always)]
 fn on_close(id: Id, address: usize, call: impl FnOnce() -> Status) -> Status {
     with_guard(id, |flag| {
@@ -358,10 +358,26 @@ fn on_close(id: Id, address: usize, call: impl FnOnce() -> Status) -> Status {
             return call();
         }
         if super::ipc::closing(address) {
-            freeing(id, address, None);
+            return closing_last(id, flag, address, call);
         }
         guarded(id, flag, call)
     })
+}
+
+/// [`on_close`] of what the count takes for the last close: reported,
+/// then the call; then, if the driver still maps `address` (the count
+/// fell short of the driver's, or the close was refused), its
+/// allocation again, recorded and reported. Out of line: a close that
+/// is not the last ends in a tail call to the driver.
+#[cold]
+#[inline(never)]
+fn closing_last(id: Id, flag: Option<&Cell<bool>>, address: usize, call: impl FnOnce() -> Status) -> Status {
+    freeing(id, address, None);
+    let status = guarded(id, flag, call);
+    if driver::range(address).is_some_and(|(base, _)| base == address) {
+        allocated(id, address, 0, MemType::Unknown);
+    }
+    status
 }
 
 /// A graph's free node: `MEM_TYPE_FREE` for `address`, and the range out
@@ -572,7 +588,10 @@ macro_rules! hook {
             type F = unsafe extern "C" fn($($t),*) -> Status;
             let Some(f) = original::<F>(Id::$name) else { return UNAVAILABLE };
             // SAFETY: the caller's arguments, to the function they called.
-            on_close(Id::$name, $addr, || unsafe { f($($a),*) })
+            // (Moved in: a closure that held the arguments' addresses
+            // would keep them on the stack, and the hook from its tail
+            // call.)
+            on_close(Id::$name, $addr, move || unsafe { f($($a),*) })
         }
     };
     ($name:ident($($a:ident: $t:ty),*) free => ($addr:expr, $size:expr)) => {

@@ -9,8 +9,16 @@
 //! Only the IPC hooks take this table's lock, for a few loads and
 //! stores, beside driver calls that take microseconds; no registration
 //! holds it. Its holder is in a fork section ([`crate::fork`]): a child
-//! never finds it held. Beyond [`CAPACITY`] distinct open mappings, an open is
-//! reported as the first and a close as the last (the count is lost).
+//! never finds it held.
+//!
+//! The count can fall short of the driver's: opens made before the
+//! hooks were installed, or beyond [`CAPACITY`] distinct open mappings,
+//! are not counted (an open not counted is reported as the first, a
+//! close as the last). So a close reported as the last is checked after
+//! the call: if the driver still maps the address, the hook records it
+//! again and reports its allocation anew. A free reported early is safe
+//! (a registration cache registers again); a range left out of the map
+//! while still mapped would read host.
 
 use crate::fork::Mutex;
 
