@@ -7,7 +7,12 @@
  * the map); a second open of the handle (the driver counts opens and
  * gives the same address) that reports nothing, and a first close that
  * leaves the range CUDA; one MEM_TYPE_FREE at the last close, and the
- * range absent after.
+ * range absent after. Then a count memhook holds short of the driver's:
+ * one open unseen (through memhook_original, as an open made before the
+ * install), one through the hook; the close memhook takes for the last
+ * is reported, and since the driver still maps the address afterwards,
+ * the range is recorded and reported again (a lookup says CUDA); the
+ * real last close ends it.
  *
  *   gcc -O2 -I. ipc.c -L. -lmemhook -ldl -Wl,-rpath,'$ORIGIN' -o ipc
  *   ./ipc bistro        (or procaddr, a comma list; none: what a lookup
@@ -75,6 +80,32 @@ static int child(const char *mode, const char *hex) {
     CHECK(memhook_memtype_lookup((void *)(uintptr_t)p, 4096, &info));
     printf("ipc %s: closed: %d free event(s) of %zu bytes; lookup type %u\n", mode, frees, size, info.mem_type);
     ok = ok && frees == 1 && size == SIZE && info.mem_type == MEMHOOK_MEM_TYPE_HOST;
+    /* The count short of the driver's: one open unseen, one seen. */
+    int (*raw_open)(CUdeviceptr *, CUipcMemHandle, unsigned) =
+        (int (*)(CUdeviceptr *, CUipcMemHandle, unsigned))memhook_original("cuIpcOpenMemHandle_v2");
+    if (!raw_open) { /* not hooked (mode none) */
+        printf("ipc %s: no original open: %s\n", mode, memhook_last_error());
+        ok = 0;
+    } else {
+        CUdeviceptr unseen = 0;
+        CHECK(raw_open(&unseen, handle, 1));
+        CHECK(open(&again, handle, 1));
+        int allocs0 = seen(MEMHOOK_EVENT_MEM_TYPE_ALLOC, p, NULL), frees0 = seen(MEMHOOK_EVENT_MEM_TYPE_FREE, p, NULL);
+        CHECK(close(p));
+        int allocs1 = seen(MEMHOOK_EVENT_MEM_TYPE_ALLOC, p, NULL), frees1 = seen(MEMHOOK_EVENT_MEM_TYPE_FREE, p, NULL);
+        memhook_mem_info_t mid;
+        CHECK(memhook_memtype_lookup((void *)(uintptr_t)p, 4096, &mid));
+        CHECK(close(p));
+        int frees2 = seen(MEMHOOK_EVENT_MEM_TYPE_FREE, p, NULL);
+        CHECK(memhook_memtype_lookup((void *)(uintptr_t)p, 4096, &info));
+        printf("ipc %s: opened unseen and seen at %#llx %#llx: first close %d free(s) %d alloc(s), lookup type %u "
+               "device %d len %zu; last close %d free(s), lookup type %u\n",
+               mode, unseen, again, frees1 - frees0, allocs1 - allocs0, mid.mem_type, mid.device, mid.len,
+               frees2 - frees1, info.mem_type);
+        ok = ok && unseen == p && again == p && frees1 - frees0 == 1 && allocs1 - allocs0 == 1 &&
+             mid.mem_type == MEMHOOK_MEM_TYPE_CUDA && mid.device == 0 && mid.len == SIZE && frees2 - frees1 == 1 &&
+             info.mem_type == MEMHOOK_MEM_TYPE_HOST;
+    }
     printf("ipc %s: %s\n", mode, ok ? "ok" : "FAILED");
     return ok ? 0 : 1;
 }
