@@ -254,7 +254,11 @@ fn every_driver_function_reports_its_type_size_and_device() {
         assert_eq!(open(&mut second, short, 1), 0);
         assert_eq!(first, second, "one mapping");
         let ip = first as usize;
-        assert_eq!(take(), [ev(A, ip, 1 << 20, MemType::Cuda)], "the first open the hook saw");
+        assert_eq!(
+            take(),
+            [ev(A, ip, 1 << 20, MemType::Cuda)],
+            "the first open the hook saw"
+        );
         assert_eq!(ipc_close(first), 0);
         assert_eq!(
             take(),
