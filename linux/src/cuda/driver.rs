@@ -156,6 +156,12 @@ pub(crate) fn range(addr: usize) -> Option<(usize, usize)> {
     classify(addr).filter(|i| i.len != 0).map(|i| (i.base, i.len))
 }
 
+/// The size of the allocation that starts at `addr`, as the driver sees
+/// it (`None`: none starts there).
+pub(crate) fn allocation_at(addr: usize) -> Option<usize> {
+    range(addr).filter(|&(base, _)| base == addr).map(|(_, n)| n)
+}
+
 /// What the driver says `addr` is: type, device, and the allocation's
 /// range. `None` when the driver is not loaded or refuses.
 pub(crate) fn classify(addr: usize) -> Option<MemInfo> {

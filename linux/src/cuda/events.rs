@@ -114,7 +114,9 @@ pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
     if size.is_none() && !wants(bits::MEM_TYPE_FREE) {
         // Nobody to tell: end the recorded allocation in one step.
         match memtype::map().take(address) {
-            None => forget_unrecorded(address),
+            None => {
+                forget_unrecorded(address);
+            }
             Some(info) if info.mem_type == MemType::Unknown => keep_graph_range(info.base, info.len),
             Some(_) => {}
         }
@@ -137,13 +139,16 @@ fn keep_graph_range(base: usize, len: usize) {
 }
 
 /// A free of an address the map does not know: asks the driver, only to
-/// forget a range that may cover it.
+/// forget a range that may cover it. Returns the allocation's size (0:
+/// the driver knows none that starts there).
 #[cold]
 #[inline(never)]
-fn forget_unrecorded(address: usize) {
-    if let Some((base, n)) = driver::range(address).filter(|&(base, _)| base == address) {
-        let _ = memtype::map().remove(base, n);
+fn forget_unrecorded(address: usize) -> usize {
+    let size = driver::allocation_at(address).unwrap_or(0);
+    if size != 0 {
+        let _ = memtype::map().remove(address, size);
     }
+    size
 }
 
 /// [`freeing`] with a handler to tell, or the size given. The map first,
@@ -172,15 +177,7 @@ fn reporting_free(id: Id, address: usize, size: Option<usize>) {
                 }
                 (info.len, info.mem_type)
             }
-            None => {
-                let size = driver::range(address)
-                    .filter(|&(base, _)| base == address)
-                    .map_or(0, |(_, n)| n);
-                if size != 0 {
-                    let _ = memtype::map().remove(address, size);
-                }
-                (size, MemType::Unknown)
-            }
+            None => (forget_unrecorded(address), MemType::Unknown),
         },
     };
     if wants(bits::MEM_TYPE_FREE) {

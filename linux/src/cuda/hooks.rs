@@ -374,7 +374,7 @@ fn on_close(id: Id, address: usize, call: impl FnOnce() -> Status) -> Status {
 fn closing_last(id: Id, flag: Option<&Cell<bool>>, address: usize, call: impl FnOnce() -> Status) -> Status {
     freeing(id, address, None);
     let status = guarded(id, flag, call);
-    if driver::range(address).is_some_and(|(base, _)| base == address) {
+    if driver::allocation_at(address).is_some() {
         allocated(id, address, 0, MemType::Unknown);
     }
     status
