@@ -200,20 +200,29 @@ fn every_driver_function_reports_its_type_size_and_device() {
         // The driver counts the opens of one handle: a second gives the
         // same address and reports nothing new; the first close leaves
         // it mapped (and CUDA in the map), the last one ends it.
-        let open: unsafe extern "C" fn(*mut Dptr, Handle, c_uint) -> u32 = f(h, c"cuIpcOpenMemHandle_v2");
-        let shared = handle_of(1 << 20, 1, 0xabc);
-        let (mut first, mut second): (Dptr, Dptr) = (0, 0);
-        assert_eq!(open(&mut first, shared, 1), 0);
-        assert_eq!(open(&mut second, shared, 1), 0);
-        assert_eq!(first, second, "one mapping");
-        let ip = first as usize;
+        type Open = unsafe extern "C" fn(*mut Dptr, Handle, c_uint) -> u32;
+        let open: Open = f(h, c"cuIpcOpenMemHandle_v2");
+        // Opens `handle` with `one`, then with `other`: one mapping.
+        let open_twice = |one: Open, other: Open, handle: Handle| {
+            let (mut first, mut second): (Dptr, Dptr) = (0, 0);
+            assert_eq!(one(&mut first, handle, 1), 0);
+            assert_eq!(other(&mut second, handle, 1), 0);
+            assert_eq!(first, second, "one mapping");
+            first as usize
+        };
+        // The last close of the mapping at `ip`: reported, and the map
+        // says host there after.
+        let last_close = |ip: usize| {
+            assert_eq!(ipc_close(ip as Dptr), 0);
+            assert_eq!(take(), [ev(F, ip, 1 << 20, MemType::Cuda)], "the last close");
+            assert_eq!(memtype::lookup(ip, 1), Lookup::Absent);
+        };
+        let ip = open_twice(open, open, handle_of(1 << 20, 1, 0xabc));
         assert_eq!(take(), [ev(A, ip, 1 << 20, MemType::Cuda)], "reported once");
-        assert_eq!(ipc_close(first), 0);
+        assert_eq!(ipc_close(ip as Dptr), 0);
         assert_eq!(take(), [], "not the last close");
         assert_eq!(found(ip, 4096).mem_type, MemType::Cuda, "still mapped");
-        assert_eq!(ipc_close(first), 0);
-        assert_eq!(take(), [ev(F, ip, 1 << 20, MemType::Cuda)], "the last close");
-        assert_eq!(memtype::lookup(ip, 1), Lookup::Absent);
+        last_close(ip);
 
         // Opened twice where the hooks do not count (through the
         // original: as before the hooks were installed, or beyond the
@@ -221,16 +230,10 @@ fn every_driver_function_reports_its_type_size_and_device() {
         // before the call; one that leaves the mapping in place (another
         // open remains) records it again and reports it anew, so that the
         // map never says host over mapped memory.
-        let raw_open: unsafe extern "C" fn(*mut Dptr, Handle, c_uint) -> u32 =
-            cast(memhook::cuda::original("cuIpcOpenMemHandle_v2").expect("the original open"));
-        let uncounted = handle_of(1 << 20, 2, 0xdef);
-        let (mut first, mut second): (Dptr, Dptr) = (0, 0);
-        assert_eq!(raw_open(&mut first, uncounted, 1), 0);
-        assert_eq!(raw_open(&mut second, uncounted, 1), 0);
-        assert_eq!(first, second, "one mapping");
-        let ip = first as usize;
+        let raw_open: Open = cast(memhook::cuda::original("cuIpcOpenMemHandle_v2").expect("the original open"));
+        let ip = open_twice(raw_open, raw_open, handle_of(1 << 20, 2, 0xdef));
         assert_eq!(take(), [], "opened unseen");
-        assert_eq!(ipc_close(first), 0);
+        assert_eq!(ipc_close(ip as Dptr), 0);
         assert_eq!(
             take(),
             // Of unknown type: the map never had it.
@@ -243,32 +246,24 @@ fn every_driver_function_reports_its_type_size_and_device() {
             (MemType::Cuda, 2, 1 << 20),
             "still mapped"
         );
-        assert_eq!(ipc_close(first), 0);
-        assert_eq!(take(), [ev(F, ip, 1 << 20, MemType::Cuda)], "the last close");
-        assert_eq!(memtype::lookup(ip, 1), Lookup::Absent);
+        last_close(ip);
         // Opened once unseen, then once through the hook: the hook's
         // count (one) falls short of the driver's (two). Its "last" close
         // leaves the mapping, which is recorded and reported again.
-        let short = handle_of(1 << 20, 4, 0x5407);
-        assert_eq!(raw_open(&mut first, short, 1), 0);
-        assert_eq!(open(&mut second, short, 1), 0);
-        assert_eq!(first, second, "one mapping");
-        let ip = first as usize;
+        let ip = open_twice(raw_open, open, handle_of(1 << 20, 4, 0x5407));
         assert_eq!(
             take(),
             [ev(A, ip, 1 << 20, MemType::Cuda)],
             "the first open the hook saw"
         );
-        assert_eq!(ipc_close(first), 0);
+        assert_eq!(ipc_close(ip as Dptr), 0);
         assert_eq!(
             take(),
             [ev(F, ip, 1 << 20, MemType::Cuda), ev(A, ip, 1 << 20, MemType::Cuda)],
             "taken for the last close, but the driver still maps it"
         );
         assert_eq!(found(ip, 4096).device, 4, "still mapped, on the exporter's device");
-        assert_eq!(ipc_close(first), 0);
-        assert_eq!(take(), [ev(F, ip, 1 << 20, MemType::Cuda)], "the last close");
-        assert_eq!(memtype::lookup(ip, 1), Lookup::Absent);
+        last_close(ip);
 
         // A close the driver refuses (memory no other process exported)
         // leaves the allocation as it was.
