@@ -135,16 +135,35 @@ pub struct Dynamic {
     /// or a GNU hash table that hashes no symbol and no `DT_HASH`: then
     /// only the object's bounds limit a symbol index).
     pub nsyms: Option<usize>,
+    /// The `DT_GNU_HASH` table, where it hashes some symbol and its chains
+    /// begin at or past `symoffset` (`None` otherwise: then
+    /// [`for_each_named_reloc`] reads every symbol relocation's name).
+    pub gnu_hash: Option<GnuHash>,
+}
+
+/// Where a `DT_GNU_HASH` table finds the symbols it hashes: those from
+/// `symoffset` to the end of the symbol table. The symbols below
+/// `symoffset` are in no chain; a linker puts there the ones the object
+/// imports (which no lookup in it may find).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GnuHash {
+    /// The first hashed symbol.
+    pub symoffset: usize,
+    /// The bucket count (at least one).
+    pub nbuckets: usize,
+    /// The buckets' address; the chains follow them.
+    pub buckets: usize,
 }
 
 /// Most `DT_GNU_HASH` chain entries followed to count symbols.
 const MAX_SYMBOLS: usize = 1 << 24;
 
 /// The object's symbol count from its GNU hash table: one past the highest
-/// symbol any bucket's chain reaches. `None` when it hashes no symbol: its
-/// `symoffset` is then no count (ld.bfd writes 1 in a program that exports
-/// nothing, whatever it imports).
-fn gnu_hash_symbols<M: Memory>(mem: &M, table: usize) -> Result<Option<usize>, ElfError> {
+/// symbol any bucket's chain reaches, with the table's shape where its
+/// chains begin at or past `symoffset`. `None` when it hashes no symbol:
+/// its `symoffset` is then no count (ld.bfd writes 1 in a program that
+/// exports nothing, whatever it imports).
+fn gnu_hash_symbols<M: Memory>(mem: &M, table: usize) -> Result<Option<(usize, Option<GnuHash>)>, ElfError> {
     let nbuckets = read_u32(mem, table)? as usize;
     let symoffset = read_u32(mem, addr(table, 4, "DT_GNU_HASH address")?)? as usize;
     let bloom = read_u32(mem, addr(table, 8, "DT_GNU_HASH address")?)? as usize;
@@ -163,7 +182,7 @@ fn gnu_hash_symbols<M: Memory>(mem: &M, table: usize) -> Result<Option<usize>, E
         return Ok(None);
     }
     if last < symoffset {
-        return Ok(Some(symoffset));
+        return Ok(Some((symoffset, None)));
     }
     let chains = addr(buckets, nbuckets * 4, "DT_GNU_HASH chains")?;
     let mut index = last;
@@ -174,7 +193,12 @@ fn gnu_hash_symbols<M: Memory>(mem: &M, table: usize) -> Result<Option<usize>, E
         let h = read_u32(mem, addr(chains, (index - symoffset) * 4, "DT_GNU_HASH chains")?)?;
         index += 1;
         if h & 1 == 1 {
-            return Ok(Some(index));
+            let shape = GnuHash {
+                symoffset,
+                nbuckets,
+                buckets,
+            };
+            return Ok(Some((index, Some(shape))));
         }
     }
 }
@@ -240,7 +264,10 @@ pub fn read_dynamic<M: Memory>(mem: &M, base: usize, dynamic: usize, size: usize
         None => None,
     };
     d.nsyms = match (from_gnu, hash) {
-        (Some(n), _) => Some(n),
+        (Some((n, shape)), _) => {
+            d.gnu_hash = shape;
+            Some(n)
+        }
         (None, Some(t)) => Some(read_u32(mem, addr(t, 4, "DT_HASH address")?)? as usize),
         (None, None) => None,
     };
@@ -562,6 +589,291 @@ pub fn for_each_symbol_reloc<M: Memory>(
     walked
 }
 
+/// Most names [`for_each_named_reloc`] looks for, and most symbols bearing
+/// them it keeps; past either it reads every symbol relocation's name.
+pub const MAX_NAMED: usize = 128;
+
+/// The first two bytes of `name` as [`symbol_prefix`] reads them from a
+/// string table (0 past the end).
+fn prefix_of(name: &[u8]) -> [u8; 2] {
+    let first = name.first().copied().unwrap_or(0);
+    let second = if first == 0 {
+        0
+    } else {
+        name.get(1).copied().unwrap_or(0)
+    };
+    [first, second]
+}
+
+/// A 1,024-bit filter over the names' two-byte prefixes (a few bits set
+/// for a few names: most other prefixes miss it), asked before a name is
+/// compared with each.
+struct PrefixFilter([u64; 16]);
+
+impl PrefixFilter {
+    fn bit(p: [u8; 2]) -> usize {
+        ((usize::from(p[0]) << 3) ^ usize::from(p[1])) & 1023
+    }
+
+    fn of(names: &[&[u8]]) -> Self {
+        let mut bits = [0u64; 16];
+        for name in names {
+            let bit = Self::bit(prefix_of(name));
+            bits[bit >> 6] |= 1 << (bit & 63);
+        }
+        PrefixFilter(bits)
+    }
+
+    fn passes(&self, prefix: [u8; 2]) -> bool {
+        let bit = Self::bit(prefix);
+        self.0[bit >> 6] & 1 << (bit & 63) != 0
+    }
+}
+
+/// The position in `names` of symbol `index`'s name, given its prefix
+/// (`None`: none of them, or the name cannot be read).
+fn named<M: Memory>(mem: &M, d: &Dynamic, index: u32, prefix: [u8; 2], names: &[&[u8]]) -> Option<usize> {
+    if !names.iter().any(|n| prefix_of(n) == prefix) {
+        return None;
+    }
+    let mut buf = [0u8; 256];
+    let name = symbol_name(mem, d, index, &mut buf).ok()?;
+    names.iter().position(|n| *n == name)
+}
+
+/// Where an object hashes at most this many symbols per name looked for,
+/// [`for_each_named_reloc`] reads all their hashes in one pass rather than
+/// each name's bucket and chain (a small library defines a few symbols:
+/// one short read, not a read or three per name).
+const HASHED_SCAN_PER_NAME: usize = 4;
+
+/// [`for_each_named_reloc`] finds the symbols first where the object has
+/// more than this many relocations per import and name looked for.
+const INDEX_FROM: usize = 4;
+
+/// How many imports ahead [`for_each_named_reloc`] asks for a name.
+const NAMES_AHEAD: usize = 8;
+
+/// The GNU hash of `name` (`dl_new_hash`).
+fn gnu_hash(name: &[u8]) -> u32 {
+    name.iter()
+        .fold(5381u32, |h, &c| h.wrapping_mul(33).wrapping_add(u32::from(c)))
+}
+
+/// The dynamic symbols named one of `names`, as `(index, position in
+/// names)` in `out`, and how many: every symbol below the GNU hash table's
+/// `symoffset` (the imports) read in one pass, by its name's first two
+/// bytes first; each name then looked up in the table, whose chains hold
+/// every symbol from `symoffset` on. `None` where the object's tables
+/// cannot say (no usable GNU hash table, more names or symbols than
+/// [`MAX_NAMED`], a chain that leaves the table) or a symbol below
+/// `symoffset` cannot be read: the caller then reads every relocation's
+/// name.
+fn symbols_named<M: Memory>(mem: &M, d: &Dynamic, names: &[&[u8]], out: &mut [(u32, u16); MAX_NAMED]) -> Option<usize> {
+    let (Some(h), Some(symtab), Some(nsyms)) = (d.gnu_hash, d.symtab, d.nsyms) else {
+        return None;
+    };
+    if names.len() > MAX_NAMED || h.nbuckets == 0 || h.symoffset > nsyms {
+        return None;
+    }
+    let filter = PrefixFilter::of(names);
+    let mut n = 0;
+    let mut push = |index: usize, position: usize| -> bool {
+        let Some(entry) = out.get_mut(n) else {
+            return false;
+        };
+        *entry = (index as u32, position as u16);
+        n += 1;
+        true
+    };
+    // The imports: each one's name, in table order, asked for a few
+    // entries ahead (they lie all over the string table of a large
+    // library, and every one is a miss from cold caches).
+    let strtab = d.strtab?;
+    let mut chunk = [0u8; 64 * SIZEOF_SYM];
+    let st_name = |chunk: &[u8], j: usize| {
+        let at = j * SIZEOF_SYM;
+        u32::from_le_bytes([chunk[at], chunk[at + 1], chunk[at + 2], chunk[at + 3]]) as usize
+    };
+    let mut index = 1;
+    while index < h.symoffset {
+        let k = (h.symoffset - index).min(chunk.len() / SIZEOF_SYM);
+        let chunk = &mut chunk[..k * SIZEOF_SYM];
+        mem.read(symtab.checked_add(index * SIZEOF_SYM)?, chunk).ok()?;
+        for j in 0..k.min(NAMES_AHEAD) {
+            mem.prefetch(strtab.wrapping_add(st_name(chunk, j)));
+        }
+        for j in 0..k {
+            if j + NAMES_AHEAD < k {
+                mem.prefetch(strtab.wrapping_add(st_name(chunk, j + NAMES_AHEAD)));
+            }
+            let name_at = st_name(chunk, j);
+            if name_at >= d.strsz {
+                return None;
+            }
+            let mut prefix = [0u8; 2];
+            let len = prefix.len().min(d.strsz - name_at);
+            mem.read(strtab.checked_add(name_at)?, &mut prefix[..len]).ok()?;
+            let prefix = prefix_of(&prefix);
+            if filter.passes(prefix)
+                && let Some(position) = named(mem, d, (index + j) as u32, prefix, names)
+                && !push(index + j, position)
+            {
+                return None;
+            }
+        }
+        index += k;
+    }
+    // The hashed symbols (definitions, which the object's own relocations
+    // may name too): where they are few, one pass over their hashes in
+    // the chains; else each name's chain.
+    let chains = h.buckets.checked_add(h.nbuckets * 4)?;
+    let mut hashes = [0u32; MAX_NAMED];
+    for (hash, name) in hashes.iter_mut().zip(names) {
+        *hash = gnu_hash(name);
+    }
+    let hashes = &hashes[..names.len()];
+    if nsyms - h.symoffset <= HASHED_SCAN_PER_NAME * names.len() {
+        let mut chunk = [0u8; 1024];
+        let mut index = h.symoffset;
+        let mut failed = false;
+        let walked = for_each_entry::<_, 4>(
+            mem,
+            chains,
+            0..nsyms - h.symoffset,
+            &mut chunk,
+            "DT_GNU_HASH chains",
+            |link| {
+                let link = u32::from_le_bytes(*link) | 1;
+                for (position, _) in hashes.iter().enumerate().filter(|&(_, &hash)| hash | 1 == link) {
+                    let Ok(prefix) = symbol_prefix(mem, d, index as u32) else {
+                        failed = true;
+                        return ControlFlow::Break(());
+                    };
+                    if named(mem, d, index as u32, prefix, &names[position..=position]).is_some()
+                        && !push(index, position)
+                    {
+                        failed = true;
+                        return ControlFlow::Break(());
+                    }
+                }
+                index += 1;
+                ControlFlow::Continue(())
+            },
+        );
+        return (!failed && walked.is_ok()).then_some(n);
+    }
+    for (position, &hash) in hashes.iter().enumerate() {
+        let bucket = addr(h.buckets, (hash as usize % h.nbuckets) * 4, "").ok()?;
+        let mut index = read_u32(mem, bucket).ok()? as usize;
+        if index == 0 {
+            continue; // an empty bucket
+        }
+        if index < h.symoffset {
+            return None;
+        }
+        loop {
+            if index >= nsyms {
+                return None;
+            }
+            let link = read_u32(mem, addr(chains, (index - h.symoffset) * 4, "").ok()?).ok()?;
+            if link | 1 == hash | 1 {
+                let prefix = symbol_prefix(mem, d, index as u32).ok()?;
+                if named(mem, d, index as u32, prefix, &names[position..=position]).is_some() && !push(index, position)
+                {
+                    return None;
+                }
+            }
+            if link & 1 == 1 {
+                break;
+            }
+            index += 1;
+        }
+    }
+    Some(n)
+}
+
+/// Calls `f`, in table order, with every relocation of [`for_each_reloc`]
+/// whose type is one of `types` and whose symbol is named one of `names`,
+/// and the name's position in `names`, until it breaks.
+///
+/// Where the object has a GNU hash table, it first finds the symbols that
+/// bear the names (see `symbols_named`): the object's imports in one pass
+/// over them, its definitions through the table. An object whose symbols
+/// bear none of the names is then done without a look at its relocations
+/// (most of a process's libraries, for memhook's names), and the others'
+/// relocations are matched by symbol index alone: no symbol entry and no
+/// name read per relocation, which in a process of large C++ libraries
+/// (tens of thousands of relocations naming symbols each) was most of an
+/// install. Elsewhere it reads each symbol relocation's name, as
+/// [`for_each_symbol_reloc`].
+///
+/// # Errors
+///
+/// As for [`for_each_reloc`], after `f` has had every relocation before the
+/// unreadable entry; none where no symbol bears a name (the relocations
+/// are not read).
+pub fn for_each_named_reloc<M: Memory>(
+    mem: &M,
+    base: usize,
+    d: &Dynamic,
+    types: &[u32],
+    names: &[&[u8]],
+    mut f: impl FnMut(Reloc, usize) -> ControlFlow<()>,
+) -> Result<(), ElfError> {
+    let mut found = [(0u32, 0u16); MAX_NAMED];
+    // An object with few relocations beside its imports (a small library)
+    // is walked by name: reading its imports' names and then its
+    // relocations would read about as many names, and more.
+    let relocs = d.jmprel.map_or(0, |(_, size)| size / SIZEOF_RELA)
+        + d.rela
+            .map_or(0, |(_, size)| (size / SIZEOF_RELA).saturating_sub(d.relacount));
+    let imports = d.gnu_hash.map_or(0, |h| h.symoffset);
+    let by_index = relocs > INDEX_FROM * (imports + names.len());
+    let Some(n) = by_index.then(|| symbols_named(mem, d, names, &mut found)).flatten() else {
+        let filter = PrefixFilter::of(names);
+        return for_each_symbol_reloc(mem, base, d, types, |r, prefix| {
+            match filter
+                .passes(prefix)
+                .then(|| named(mem, d, r.sym, prefix, names))
+                .flatten()
+            {
+                Some(position) => f(r, position),
+                None => ControlFlow::Continue(()),
+            }
+        });
+    };
+    let found = &mut found[..n];
+    if found.is_empty() {
+        return Ok(());
+    }
+    // (Sorted in place, with no allocation: by index, then position, so
+    // that a symbol of two equal names gives the first.)
+    found.sort_unstable();
+    let found = &*found;
+    // A relocation's symbol index, screened by its low bits first.
+    let mut filter = [0u64; 8];
+    for &(index, _) in found {
+        filter[(index as usize >> 6) & 7] |= 1 << (index & 63);
+    }
+    for_each_reloc(mem, base, d, |r| {
+        if filter[(r.sym as usize >> 6) & 7] & 1 << (r.sym & 63) == 0 || !types.contains(&r.r_type) {
+            return ControlFlow::Continue(());
+        }
+        match found.binary_search_by_key(&r.sym, |&(index, _)| index) {
+            Ok(at) => {
+                // The first entry of that index.
+                let first = found[..at]
+                    .iter()
+                    .rposition(|&(index, _)| index != r.sym)
+                    .map_or(0, |k| k + 1);
+                f(r, usize::from(found[first].1))
+            }
+            Err(_) => ControlFlow::Continue(()),
+        }
+    })
+}
+
 /// The name of dynamic symbol `index`, copied into `buf`.
 ///
 /// # Errors
@@ -648,6 +960,216 @@ mod tests {
             put(r + 8, &((((i + 1) as u64) << 32) | 7).to_le_bytes());
         }
         (b, BASE)
+    }
+
+    /// Builds an object as a linker lays it out: `imports` first (below
+    /// the GNU hash table's `symoffset`, in no chain), then `defs` hashed
+    /// into `nbuckets` buckets with their true hashes, and the relocations
+    /// `relocs` (`(symbol index, type)`; slot `0x3000 + 8 * i`), JUMP_SLOT
+    /// ones in the PLT table, the others in the RELA table.
+    pub(crate) fn linked(imports: &[&str], defs: &[&str], nbuckets: usize, relocs: &[(u32, u32)]) -> (Vec<u8>, usize) {
+        const BASE: usize = 0x40_0000;
+        // Definitions ordered by bucket, as the table needs them.
+        let mut defs: Vec<&str> = defs.to_vec();
+        defs.sort_by_key(|n| gnu_hash(n.as_bytes()) as usize % nbuckets);
+        let names: Vec<&str> = imports.iter().chain(&defs).copied().collect();
+        let symoffset = 1 + imports.len();
+        let nsyms = 1 + names.len();
+        let mut strtab = std::vec![0u8];
+        let mut offsets = Vec::new();
+        for n in &names {
+            offsets.push(strtab.len() as u32);
+            strtab.extend_from_slice(n.as_bytes());
+            strtab.push(0);
+        }
+        let (plt, rela): (Vec<_>, Vec<_>) = relocs.iter().enumerate().partition(|(_, r)| r.1 == 7);
+        let hash_at = 16 * 12;
+        let buckets_at = hash_at + 16 + 8;
+        let chains_at = buckets_at + 4 * nbuckets;
+        let sym_at = (chains_at + 4 * defs.len()).next_multiple_of(8);
+        let str_at = sym_at + nsyms * SIZEOF_SYM;
+        let plt_at = (str_at + strtab.len()).next_multiple_of(8);
+        let rela_at = plt_at + plt.len() * SIZEOF_RELA;
+        let mut b = std::vec![0u8; rela_at + rela.len() * SIZEOF_RELA];
+        let mut put = |at: usize, v: &[u8]| b[at..at + v.len()].copy_from_slice(v);
+        let dyns: [(u64, u64); 10] = [
+            (DT_SYMTAB, (BASE + sym_at) as u64),
+            (DT_STRTAB, (BASE + str_at) as u64),
+            (DT_STRSZ, strtab.len() as u64),
+            (DT_GNU_HASH, (BASE + hash_at) as u64),
+            (DT_JMPREL, (BASE + plt_at) as u64),
+            (DT_PLTRELSZ, (plt.len() * SIZEOF_RELA) as u64),
+            (DT_PLTREL, DT_RELA),
+            (DT_RELA, (BASE + rela_at) as u64),
+            (DT_RELASZ, (rela.len() * SIZEOF_RELA) as u64),
+            (DT_NULL, 0),
+        ];
+        for (i, (t, v)) in dyns.iter().enumerate() {
+            put(i * 16, &t.to_le_bytes());
+            put(i * 16 + 8, &v.to_le_bytes());
+        }
+        put(hash_at, &(nbuckets as u32).to_le_bytes());
+        put(hash_at + 4, &(symoffset as u32).to_le_bytes());
+        put(hash_at + 8, &1u32.to_le_bytes()); // bloom words
+        put(hash_at + 16, &u64::MAX.to_le_bytes()); // a bloom that lets all by
+        let mut filled = std::vec![false; nbuckets];
+        for (i, n) in defs.iter().enumerate() {
+            let h = gnu_hash(n.as_bytes());
+            let bucket = h as usize % nbuckets;
+            if !core::mem::replace(&mut filled[bucket], true) {
+                put(buckets_at + 4 * bucket, &((symoffset + i) as u32).to_le_bytes());
+            }
+            let last = defs
+                .get(i + 1)
+                .is_none_or(|m| gnu_hash(m.as_bytes()) as usize % nbuckets != bucket);
+            put(chains_at + 4 * i, &((h & !1) | u32::from(last)).to_le_bytes());
+        }
+        put(str_at, &strtab);
+        for (i, off) in offsets.iter().enumerate() {
+            put(sym_at + (i + 1) * SIZEOF_SYM, &off.to_le_bytes());
+            if i + 1 >= symoffset {
+                put(sym_at + (i + 1) * SIZEOF_SYM + 6, &1u16.to_le_bytes()); // defined
+            }
+        }
+        for (table, list) in [(plt_at, &plt), (rela_at, &rela)] {
+            for (k, &(i, &(sym, r_type))) in list.iter().enumerate() {
+                let at = table + k * SIZEOF_RELA;
+                put(at, &(0x3000u64 + 8 * i as u64).to_le_bytes());
+                put(at + 8, &((u64::from(sym) << 32) | u64::from(r_type)).to_le_bytes());
+            }
+        }
+        (b, BASE)
+    }
+
+    /// The relocations of `types` naming one of `names` as a walk that
+    /// reads each one's name in turn finds them: `(slot, position)`.
+    fn named_in_turn(
+        mem: &SliceMemory<'_>,
+        base: usize,
+        d: &Dynamic,
+        types: &[u32],
+        names: &[&[u8]],
+    ) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        for_each_reloc(mem, base, d, |r| {
+            let mut buf = [0u8; 256];
+            if types.contains(&r.r_type)
+                && let Ok(name) = symbol_name(mem, d, r.sym, &mut buf)
+                && let Some(p) = names.iter().position(|n| *n == name)
+            {
+                out.push((r.slot - base, p));
+            }
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        out
+    }
+
+    fn named_walk(
+        mem: &SliceMemory<'_>,
+        base: usize,
+        d: &Dynamic,
+        types: &[u32],
+        names: &[&[u8]],
+    ) -> (Vec<(usize, usize)>, Result<(), ElfError>) {
+        let mut out = Vec::new();
+        let r = for_each_named_reloc(mem, base, d, types, names, |r, p| {
+            out.push((r.slot - base, p));
+            ControlFlow::Continue(())
+        });
+        (out, r)
+    }
+
+    /// The walk by symbol index finds what reading every relocation's name
+    /// finds: imports and definitions, in every bucket layout, names that
+    /// share a hash chain or a prefix with others, relocation types
+    /// filtered, and with the GNU hash table out of use (the walk by name).
+    #[test]
+    fn relocations_found_by_symbol_index_are_those_found_by_name() {
+        let imports = ["mmap", "munmap", "malloc", "mmap64", "_ZN4llvm3fooEv", "dlopen", "m"];
+        let defs = [
+            "mremap",
+            "cudaMalloc",
+            "cudaFree",
+            "mmapx",
+            "_ZN4llvm3barEv",
+            "dlclose",
+            "f0",
+            "f1",
+            "f2",
+        ];
+        let count = (imports.len() + defs.len()) as u32;
+        // Every symbol named by PLT, GLOB_DAT and absolute (R_64)
+        // relocations, in an order unlike the symbols' (more of them than
+        // `INDEX_FROM` per symbol: the walk finds the symbols first).
+        let relocs: Vec<(u32, u32)> = (0..12 * count)
+            .map(|k| ((k * 7) % count + 1, [7, 6, 1][(k % 3) as usize]))
+            .collect();
+        let wanted: [&[&[u8]]; 4] = [
+            &[b"mmap", b"munmap", b"mremap", b"dlopen", b"dlclose", b"cudaMalloc"],
+            &[b"m", b"mm", b"f1", b"nothing", b"cudaFree"],
+            &[b"absent", b"_ZN4llvm3barEv"],
+            &[],
+        ];
+        for nbuckets in [1, 2, 3, 7, 64] {
+            let (bytes, base) = linked(&imports, &defs, nbuckets, &relocs);
+            let mem = SliceMemory { base, bytes: &bytes };
+            let d = read_dynamic(&mem, base, base, 16 * 12).unwrap();
+            assert!(d.gnu_hash.is_some(), "{nbuckets} buckets");
+            for names in wanted {
+                for types in [&[7, 6][..], &[7][..]] {
+                    let want = named_in_turn(&mem, base, &d, types, names);
+                    assert_eq!(
+                        named_walk(&mem, base, &d, types, names),
+                        (want.clone(), Ok(())),
+                        "{nbuckets} buckets"
+                    );
+                    let by_name = Dynamic { gnu_hash: None, ..d };
+                    assert_eq!(named_walk(&mem, base, &by_name, types, names), (want, Ok(())));
+                }
+            }
+        }
+        // Each name is found where it is (a check that the walks above
+        // found something).
+        let (bytes, base) = linked(&imports, &defs, 3, &relocs);
+        let mem = SliceMemory { base, bytes: &bytes };
+        let d = read_dynamic(&mem, base, base, 16 * 12).unwrap();
+        let (found, _) = named_walk(&mem, base, &d, &[7, 6], &[b"mmap", b"cudaFree"]);
+        let mut positions: Vec<usize> = found.iter().map(|&(_, p)| p).collect();
+        positions.dedup();
+        assert_eq!(found.len(), 16, "{found:?}");
+        assert!(positions.contains(&0) && positions.contains(&1));
+    }
+
+    /// An object none of whose symbols bears a name is done without a
+    /// read of its relocations; one whose tables the GNU hash table does
+    /// not describe (a chain that leaves the symbol table) is walked by
+    /// name, which finds what it can and reports the unreadable tables.
+    #[test]
+    fn the_walk_by_index_skips_objects_without_the_names_and_falls_back_on_bad_tables() {
+        let relocs: Vec<(u32, u32)> = (0..30).map(|k| (k % 3 + 1, [7, 6][k as usize % 2])).collect();
+        let (bytes, base) = linked(&["mmap"], &["f0", "f1"], 2, &relocs);
+        // The PLT table cut short.
+        let cut = &bytes[..bytes.len() - 4];
+        let mem = SliceMemory { base, bytes: cut };
+        let d = read_dynamic(&mem, base, base, 16 * 12).unwrap();
+        assert_eq!(named_walk(&mem, base, &d, &[7, 6], &[b"absent"]), (Vec::new(), Ok(())));
+        let (found, r) = named_walk(&mem, base, &d, &[7, 6], &[b"mmap"]);
+        assert_eq!(found.len(), 10, "{found:?}");
+        assert_eq!(r.unwrap_err().what, "read past the object");
+        // A bucket that points below symoffset: the table is not used.
+        let (mut bytes, base) = linked(&["mmap"], &["f0", "f1"], 1, &relocs);
+        let bucket = 16 * 12 + 24;
+        bytes[bucket..bucket + 4].copy_from_slice(&1u32.to_le_bytes());
+        let mem = SliceMemory { base, bytes: &bytes };
+        let d = read_dynamic(&mem, base, base, 16 * 12).unwrap();
+        let mut found = [(0, 0); MAX_NAMED];
+        assert_eq!(symbols_named(&mem, &d, &[b"f1"], &mut found), None);
+        // (The symbol count the table gives ends below f1.)
+        let want = named_in_turn(&mem, base, &d, &[7, 6], &[b"f1", b"mmap"]);
+        assert_eq!(want.len(), 10);
+        assert!(want.iter().all(|&(_, p)| p == 1), "{want:?}");
+        assert_eq!(named_walk(&mem, base, &d, &[7, 6], &[b"f1", b"mmap"]), (want, Ok(())));
     }
 
     #[test]

@@ -41,9 +41,7 @@ use core::ffi::{CStr, c_char, c_int, c_void};
 use core::ops::ControlFlow;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use memhook_core::elf::{
-    ElfError, Memory, Reloc, SearchPaths, for_each_symbol_reloc, read_dynamic, search_paths, symbol_name,
-};
+use memhook_core::elf::{ElfError, Memory, Reloc, SearchPaths, for_each_named_reloc, read_dynamic, search_paths};
 
 use crate::maps::page_size;
 
@@ -345,40 +343,6 @@ struct State {
     /// The loader's count of loads and unloads at the last full scan: a
     /// rescan that finds them unchanged has nothing to do.
     loads: Option<(u64, u64)>,
-    /// The first two bytes of the names whose slots are rewritten, as bits
-    /// (see `prefix_key`): a relocation whose name starts otherwise is
-    /// passed over without reading its name.
-    prefixes: [u64; 1024],
-    /// How many symbols `prefixes` was made for (symbols only grow, or
-    /// all go).
-    indexed: usize,
-}
-
-/// A name's first two bytes (0 past its end) as an index into
-/// `State::prefixes`.
-fn prefix_key(name: &[u8]) -> usize {
-    let first = name.first().copied().unwrap_or(0);
-    let second = if first == 0 {
-        0
-    } else {
-        name.get(1).copied().unwrap_or(0)
-    };
-    usize::from(first) << 8 | usize::from(second)
-}
-
-impl State {
-    /// Recomputes `prefixes` from the symbols, if they changed.
-    fn index_prefixes(&mut self) {
-        if self.indexed == self.symbols.len() {
-            return;
-        }
-        self.indexed = self.symbols.len();
-        self.prefixes = [0; 1024];
-        for s in self.symbols.iter().filter(|s| s.slots) {
-            let key = prefix_key(s.name.to_bytes());
-            self.prefixes[key >> 6] |= 1 << (key & 63);
-        }
-    }
 }
 
 static STATE: crate::fork::Mutex<State> = crate::fork::Mutex::new(State {
@@ -390,8 +354,6 @@ static STATE: crate::fork::Mutex<State> = crate::fork::Mutex::new(State {
     malformed: 0,
     scans: 0,
     loads: None,
-    prefixes: [0; 1024],
-    indexed: 0,
 });
 
 /// One loaded object, as `dl_iterate_phdr` shows it.
@@ -817,22 +779,18 @@ fn patch_object(state: &mut State, o: &Object<'_>, from: usize, libcs: u32) {
             return;
         }
     };
-    let symbols = &state.symbols[from..];
-    let prefixes = &state.prefixes;
+    // The names whose slots are rewritten, and which symbol each is.
+    let mut names: heapless::Vec<&[u8], MAX_SYMBOLS> = heapless::Vec::new();
+    let mut which: heapless::Vec<u8, MAX_SYMBOLS> = heapless::Vec::new();
+    for (i, s) in state.symbols.iter().enumerate().skip(from).filter(|(_, s)| s.slots) {
+        // Both hold every symbol.
+        let _ = names.push(s.name.to_bytes());
+        let _ = which.push(i as u8);
+    }
     let mut found: heapless::Vec<(usize, u8), 256> = heapless::Vec::new();
     let mut pending_overflow = false;
-    let walk = for_each_symbol_reloc(o, o.id.base, &d, &[R_JUMP_SLOT, R_GLOB_DAT], |r: Reloc, prefix| {
-        let key = prefix_key(&prefix);
-        if prefixes[key >> 6] & 1 << (key & 63) == 0 {
-            return ControlFlow::Continue(());
-        }
-        let mut buf = [0u8; 256];
-        let Ok(name) = symbol_name(o, &d, r.sym, &mut buf) else {
-            return ControlFlow::Continue(());
-        };
-        if let Some(i) = symbols.iter().position(|s| s.slots && s.name.to_bytes() == name)
-            && found.push((r.slot, (from + i) as u8)).is_err()
-        {
+    let walk = for_each_named_reloc(o, o.id.base, &d, &[R_JUMP_SLOT, R_GLOB_DAT], &names, |r: Reloc, i| {
+        if found.push((r.slot, which[i])).is_err() {
             pending_overflow = true;
             return ControlFlow::Break(());
         }
@@ -909,7 +867,6 @@ fn span_of(o: &Object<'_>) -> (usize, usize) {
 /// loader's counts of loads and unloads as the last scan left them stops
 /// at the first object: nothing came or went.
 fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
-    state.index_prefixes();
     let report = report && LOADER_EVENTS.load(Ordering::Acquire);
     let rescan = from >= state.symbols.len();
     let scans = state.scans.wrapping_add(1);
@@ -1188,7 +1145,6 @@ pub fn uninstall() {
     let _ = for_each_namespace_object(put_back);
     state.slots.clear();
     state.symbols.clear();
-    state.indexed = usize::MAX; // the next symbols, however many, are new
     state.objects.clear();
     state.loads = None;
     state.overflow = false;
@@ -1882,6 +1838,54 @@ mod tests {
             subs_before: Some(7),
             adds_after: Some(20),
         }
+    }
+
+    /// In every object this process has loaded (libc, libstdc++, the
+    /// test binary...), the walk by symbol index finds the GOT slots the
+    /// walk by name finds, for memhook's own names and for names every
+    /// object imports or defines.
+    #[test]
+    fn every_loaded_object_gives_the_same_slots_by_index_and_by_name() {
+        let names: [&[u8]; 14] = [
+            b"mmap",
+            b"munmap",
+            b"mremap",
+            b"madvise",
+            b"dlopen",
+            b"dlclose",
+            b"dlsym",
+            b"malloc",
+            b"free",
+            b"memcpy",
+            b"__cxa_finalize",
+            b"__libc_start_main",
+            b"pthread_create",
+            b"_ITM_registerTMCloneTable",
+        ];
+        let (mut objects, mut slots) = (0, 0);
+        for_each_object(|o| {
+            let Some((dynamic, size)) = o.dynamic else {
+                return;
+            };
+            let Ok(d) = read_dynamic(o, o.id.base, dynamic, size) else {
+                return;
+            };
+            let walk = |d: &memhook_core::elf::Dynamic| {
+                let mut out = std::vec::Vec::new();
+                let r = for_each_named_reloc(o, o.id.base, d, &[R_JUMP_SLOT, R_GLOB_DAT], &names, |r, p| {
+                    out.push((r.slot, p));
+                    ControlFlow::Continue(())
+                });
+                (out, r)
+            };
+            let by_index = walk(&d);
+            let by_name = walk(&memhook_core::elf::Dynamic { gnu_hash: None, ..d });
+            assert_eq!(by_index, by_name, "{}", String::from_utf8_lossy(o.name));
+            objects += usize::from(d.gnu_hash.is_some());
+            slots += by_index.0.len();
+        });
+        // libc and the test binary at least, with slots of these names.
+        assert!(objects >= 2 && slots >= 4, "{objects} objects, {slots} slots");
     }
 
     #[test]

@@ -8,8 +8,8 @@
 use core::ops::ControlFlow;
 
 use memhook_core::elf::{
-    Dynamic, Reloc, SliceMemory, for_each_reloc, for_each_symbol_reloc, read_dynamic, search_paths, symbol_name,
-    symbol_prefix,
+    Dynamic, Reloc, SliceMemory, for_each_named_reloc, for_each_reloc, for_each_symbol_reloc, read_dynamic,
+    search_paths, symbol_name, symbol_prefix,
 };
 
 /// An ELF64 RELA entry's size.
@@ -76,6 +76,37 @@ pub fn fuzz_elf(data: &[u8]) -> usize {
     assert_eq!(ahead, in_turn, "relocations read ahead differ from those read in turn");
     if walked.len() < WALK_LIMIT {
         assert_eq!(result_ahead, result);
+    }
+    // The walk by symbol index (reloc's walk) hands on only relocations
+    // of those types whose symbols bear the name it says, whatever the
+    // hash table claims; with the table out of use it finds every one.
+    let names: [&[u8]; 4] = [b"mmap", b"cuMemAlloc_v2", b"m", b""];
+    let bearing = |d: &Dynamic| {
+        let mut out = Vec::new();
+        let _ = for_each_named_reloc(&mem, BASE, d, &types, &names, |r, p| {
+            let mut buf = [0u8; 256];
+            assert!(types.contains(&r.r_type), "{r:?}");
+            assert_eq!(symbol_name(&mem, d, r.sym, &mut buf).ok(), Some(names[p]), "{r:?}");
+            out.push((r, p));
+            if out.len() >= WALK_LIMIT {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        out
+    };
+    let _ = bearing(&d);
+    if walked.len() < WALK_LIMIT {
+        let want: Vec<(Reloc, usize)> = in_turn
+            .iter()
+            .filter_map(|&(r, _)| {
+                let mut buf = [0u8; 256];
+                let name = symbol_name(&mem, &d, r.sym, &mut buf).ok()?;
+                Some((r, names.iter().position(|n| *n == name)?))
+            })
+            .collect();
+        assert_eq!(bearing(&Dynamic { gnu_hash: None, ..d }), want);
     }
     named
 }
