@@ -630,12 +630,10 @@ impl PrefixFilter {
     }
 }
 
-/// The position in `names` of symbol `index`'s name, given its prefix
-/// (`None`: none of them, or the name cannot be read).
-fn named<M: Memory>(mem: &M, d: &Dynamic, index: u32, prefix: [u8; 2], names: &[&[u8]]) -> Option<usize> {
-    if !names.iter().any(|n| prefix_of(n) == prefix) {
-        return None;
-    }
+/// The position in `names` of symbol `index`'s name (`None`: none of
+/// them, or the name cannot be read). Callers ask a [`PrefixFilter`] or
+/// a hash first.
+fn named<M: Memory>(mem: &M, d: &Dynamic, index: u32, names: &[&[u8]]) -> Option<usize> {
     let mut buf = [0u8; 256];
     let name = symbol_name(mem, d, index, &mut buf).ok()?;
     names.iter().position(|n| *n == name)
@@ -716,7 +714,7 @@ fn symbols_named<M: Memory>(mem: &M, d: &Dynamic, names: &[&[u8]], out: &mut [(u
             mem.read(strtab.checked_add(name_at)?, &mut prefix[..len]).ok()?;
             let prefix = prefix_of(&prefix);
             if filter.passes(prefix)
-                && let Some(position) = named(mem, d, (index + j) as u32, prefix, names)
+                && let Some(position) = named(mem, d, (index + j) as u32, names)
                 && !push(index + j, position)
             {
                 return None;
@@ -746,13 +744,7 @@ fn symbols_named<M: Memory>(mem: &M, d: &Dynamic, names: &[&[u8]], out: &mut [(u
             |link| {
                 let link = u32::from_le_bytes(*link) | 1;
                 for (position, _) in hashes.iter().enumerate().filter(|&(_, &hash)| hash | 1 == link) {
-                    let Ok(prefix) = symbol_prefix(mem, d, index as u32) else {
-                        failed = true;
-                        return ControlFlow::Break(());
-                    };
-                    if named(mem, d, index as u32, prefix, &names[position..=position]).is_some()
-                        && !push(index, position)
-                    {
+                    if named(mem, d, index as u32, &names[position..=position]).is_some() && !push(index, position) {
                         failed = true;
                         return ControlFlow::Break(());
                     }
@@ -777,12 +769,11 @@ fn symbols_named<M: Memory>(mem: &M, d: &Dynamic, names: &[&[u8]], out: &mut [(u
                 return None;
             }
             let link = read_u32(mem, addr(chains, (index - h.symoffset) * 4, "").ok()?).ok()?;
-            if link | 1 == hash | 1 {
-                let prefix = symbol_prefix(mem, d, index as u32).ok()?;
-                if named(mem, d, index as u32, prefix, &names[position..=position]).is_some() && !push(index, position)
-                {
-                    return None;
-                }
+            if link | 1 == hash | 1
+                && named(mem, d, index as u32, &names[position..=position]).is_some()
+                && !push(index, position)
+            {
+                return None;
             }
             if link & 1 == 1 {
                 break;
@@ -821,7 +812,6 @@ pub fn for_each_named_reloc<M: Memory>(
     names: &[&[u8]],
     mut f: impl FnMut(Reloc, usize) -> ControlFlow<()>,
 ) -> Result<(), ElfError> {
-    let mut found = [(0u32, 0u16); MAX_NAMED];
     // An object with few relocations beside its imports (a small library)
     // is walked by name: reading its imports' names and then its
     // relocations would read about as many names, and more.
@@ -829,21 +819,32 @@ pub fn for_each_named_reloc<M: Memory>(
         + d.rela
             .map_or(0, |(_, size)| (size / SIZEOF_RELA).saturating_sub(d.relacount));
     let imports = d.gnu_hash.map_or(0, |h| h.symoffset);
-    let by_index = relocs > INDEX_FROM * (imports + names.len());
-    let Some(n) = by_index.then(|| symbols_named(mem, d, names, &mut found)).flatten() else {
-        let filter = PrefixFilter::of(names);
-        return for_each_symbol_reloc(mem, base, d, types, |r, prefix| {
-            match filter
-                .passes(prefix)
-                .then(|| named(mem, d, r.sym, prefix, names))
-                .flatten()
-            {
-                Some(position) => f(r, position),
-                None => ControlFlow::Continue(()),
-            }
-        });
-    };
-    let found = &mut found[..n];
+    if relocs > INDEX_FROM * (imports + names.len()) {
+        let mut found = [(0u32, 0u16); MAX_NAMED];
+        if let Some(n) = symbols_named(mem, d, names, &mut found) {
+            return for_each_reloc_of(mem, base, d, types, &mut found[..n], f);
+        }
+    }
+    let filter = PrefixFilter::of(names);
+    for_each_symbol_reloc(mem, base, d, types, |r, prefix| {
+        match filter.passes(prefix).then(|| named(mem, d, r.sym, names)).flatten() {
+            Some(position) => f(r, position),
+            None => ControlFlow::Continue(()),
+        }
+    })
+}
+
+/// [`for_each_named_reloc`] once the symbols that bear the names are
+/// known (`found`: index and name position): the relocations of `types`
+/// naming them, matched by index; none read where there are none.
+fn for_each_reloc_of<M: Memory>(
+    mem: &M,
+    base: usize,
+    d: &Dynamic,
+    types: &[u32],
+    found: &mut [(u32, u16)],
+    mut f: impl FnMut(Reloc, usize) -> ControlFlow<()>,
+) -> Result<(), ElfError> {
     if found.is_empty() {
         return Ok(());
     }

@@ -757,19 +757,41 @@ fn libcs_for(o: &Object<'_>, refreshed: &mut Option<u32>) -> u32 {
     *refreshed.get_or_insert_with(crate::namespace::refresh_reloc_originals)
 }
 
+/// The names whose GOT slots are rewritten, from one symbol on, and which
+/// symbol each is: made once a scan, for every object it patches.
+struct Wanted {
+    names: heapless::Vec<&'static [u8], MAX_SYMBOLS>,
+    which: heapless::Vec<u8, MAX_SYMBOLS>,
+}
+
+impl Wanted {
+    fn of(symbols: &[Symbol], from: usize) -> Self {
+        let mut wanted = Wanted {
+            names: heapless::Vec::new(),
+            which: heapless::Vec::new(),
+        };
+        for (i, s) in symbols.iter().enumerate().skip(from).filter(|(_, s)| s.slots) {
+            // Both hold every symbol.
+            let _ = wanted.names.push(s.name.to_bytes());
+            let _ = wanted.which.push(i as u8);
+        }
+        wanted
+    }
+}
+
 /// One pass over `o`'s relocations: patches every slot that names one of
-/// `symbols[from..]`. In another namespace's object, only the host
-/// functions' slots, and only where the namespace holds a libc (`libcs`,
-/// bit per namespace, from [`libcs_for`]: none unless reloc follows the
+/// `wanted`. In another namespace's object, only the host functions'
+/// slots, and only where the namespace holds a libc (`libcs`, bit per
+/// namespace, from [`libcs_for`]: none unless reloc follows the
 /// namespaces) whose definitions its hooks' originals are.
-fn patch_object(state: &mut State, o: &Object<'_>, from: usize, libcs: u32) {
+fn patch_object(state: &mut State, o: &Object<'_>, wanted: &Wanted, libcs: u32) {
     let Some((dynamic, size)) = o.dynamic else {
         return;
     };
     if o.namespace != 0 && libcs & (1 << o.namespace) == 0 {
         return; // another namespace's object: its span alone
     }
-    if !state.symbols[from..].iter().any(|s| s.slots) {
+    if wanted.names.is_empty() {
         return; // nothing to look for
     }
     let d = match read_dynamic(o, o.id.base, dynamic, size) {
@@ -779,23 +801,22 @@ fn patch_object(state: &mut State, o: &Object<'_>, from: usize, libcs: u32) {
             return;
         }
     };
-    // The names whose slots are rewritten, and which symbol each is.
-    let mut names: heapless::Vec<&[u8], MAX_SYMBOLS> = heapless::Vec::new();
-    let mut which: heapless::Vec<u8, MAX_SYMBOLS> = heapless::Vec::new();
-    for (i, s) in state.symbols.iter().enumerate().skip(from).filter(|(_, s)| s.slots) {
-        // Both hold every symbol.
-        let _ = names.push(s.name.to_bytes());
-        let _ = which.push(i as u8);
-    }
     let mut found: heapless::Vec<(usize, u8), 256> = heapless::Vec::new();
     let mut pending_overflow = false;
-    let walk = for_each_named_reloc(o, o.id.base, &d, &[R_JUMP_SLOT, R_GLOB_DAT], &names, |r: Reloc, i| {
-        if found.push((r.slot, which[i])).is_err() {
-            pending_overflow = true;
-            return ControlFlow::Break(());
-        }
-        ControlFlow::Continue(())
-    });
+    let walk = for_each_named_reloc(
+        o,
+        o.id.base,
+        &d,
+        &[R_JUMP_SLOT, R_GLOB_DAT],
+        &wanted.names,
+        |r: Reloc, i| {
+            if found.push((r.slot, wanted.which[i])).is_err() {
+                pending_overflow = true;
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(())
+        },
+    );
     if walk.is_err() {
         state.malformed += 1;
     }
@@ -868,6 +889,7 @@ fn span_of(o: &Object<'_>) -> (usize, usize) {
 /// at the first object: nothing came or went.
 fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
     let report = report && LOADER_EVENTS.load(Ordering::Acquire);
+    let (wanted_from, wanted_all) = (Wanted::of(&state.symbols, from), Wanted::of(&state.symbols, 0));
     let rescan = from >= state.symbols.len();
     let scans = state.scans.wrapping_add(1);
     state.scans = scans;
@@ -914,7 +936,7 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
             next = i + 1;
             if !rescan {
                 let libcs = libcs_for(o, &mut with_libc);
-                patch_object(state, o, from, libcs);
+                patch_object(state, o, &wanted_from, libcs);
             }
             return ControlFlow::Continue(());
         }
@@ -952,7 +974,7 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
             let _ = state.changes.push_back(Change { mapped: true, span });
         }
         let libcs = libcs_for(o, &mut with_libc);
-        patch_object(state, o, 0, libcs);
+        patch_object(state, o, &wanted_all, libcs);
         let check = state
             .slots
             .iter()
