@@ -9,13 +9,15 @@
 //!   bistro mode (the uninstall between samples is not timed).
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{Criterion, criterion_group};
 use memhook::config::{HookConfig, HookMode, ModeSet};
 use memhook::event::{Event, bits};
 use memhook::{Config, HandlerFn};
 
+#[path = "common/installs.rs"]
+mod installs;
 #[path = "../../core/benches/common/medians.rs"]
 mod medians;
 
@@ -69,16 +71,7 @@ fn install(c: &mut Criterion) {
     let mut g = c.benchmark_group("install");
     g.sample_size(30);
     g.bench_function("bistro_all_host", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let t = Instant::now();
-                memhook::install(&config());
-                total += t.elapsed();
-                memhook::uninstall();
-            }
-            total
-        })
+        b.iter_custom(|iters| installs::timed(iters, &config(), || {}))
     });
     g.finish();
 }

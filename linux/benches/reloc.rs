@@ -32,6 +32,10 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use memhook::reloc;
 
+#[cfg(feature = "bistro")]
+#[path = "common/installs.rs"]
+mod installs;
+
 const SYMBOLS: usize = 30;
 const COPIES: usize = 300;
 
@@ -152,15 +156,9 @@ fn install(c: &mut Criterion) {
             },
         };
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let t = Instant::now();
-                memhook::install(&config);
-                total += t.elapsed();
+            installs::timed(iters, &config, || {
                 assert!(memhook::status().iter().all(|s| s.installed));
-                memhook::uninstall();
-            }
-            total
+            })
         })
     });
     g.finish();

@@ -13,10 +13,13 @@
 //! nothing but a note where the host has none of them.
 #![cfg(target_arch = "x86_64")]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use memhook::config::{HookConfig, HookMode, ModeSet};
+
+#[path = "common/installs.rs"]
+mod installs;
 
 /// Large C++ libraries, loaded where the host has them.
 const LARGE: [&std::ffi::CStr; 4] = [
@@ -50,18 +53,7 @@ fn large(c: &mut Criterion) {
     };
     for (id, hooks) in [("host_hooks_reloc", host), ("cuda_hooks_reloc", cuda)] {
         let config = memhook::Config { hooks };
-        g.bench_function(id, |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    let t = Instant::now();
-                    memhook::install(&config);
-                    total += t.elapsed();
-                    memhook::uninstall();
-                }
-                total
-            })
-        });
+        g.bench_function(id, |b| b.iter_custom(|iters| installs::timed(iters, &config, || {})));
     }
     g.finish();
 }
