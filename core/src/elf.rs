@@ -523,7 +523,7 @@ const SYMBOLS_AHEAD: usize = 16;
 /// first two bytes of the symbol's name ([`symbol_prefix`]; a relocation
 /// whose name cannot be read is passed over), until it breaks.
 ///
-/// It asks for each symbol's entry [`SYMBOLS_AHEAD`] relocations before it
+/// It asks for each symbol's entry 16 relocations (`SYMBOLS_AHEAD`) before it
 /// reads it, and for its name half as far ahead ([`Memory::prefetch`]): a
 /// large library's symbols and names lie all over megabytes, and a walk
 /// that read one relocation's after the other's waited for memory twice a
