@@ -158,12 +158,82 @@ pub struct GnuHash {
 /// Most `DT_GNU_HASH` chain entries followed to count symbols.
 const MAX_SYMBOLS: usize = 1 << 24;
 
+/// How many of the last buckets [`gnu_hash_symbols`] reads, at most, for
+/// the last one in use before it reads them all.
+const LAST_BUCKETS: usize = 1024;
+
+/// The end of the chains from the last bucket in use, where that can only
+/// be the end of every chain: `(symbol count, true)`, or `(0, false)`
+/// where the table must be read whole.
+///
+/// A linker lays the hashed symbols out bucket by bucket, so the last
+/// bucket in use (found from the end of the buckets, a few reads) heads
+/// the last chain, and one past its end is the symbol count. What that
+/// assumes is checked, not trusted: the end found must be where another
+/// of the object's tables begins (`follows`: its symbol table, string
+/// table or SysV hash table; ld puts `.dynsym` after `.gnu.hash`, lld
+/// `.hash` or `.dynstr`), or four zero bytes before one (padding; the
+/// last chain entry ends a chain, so it is never zero). A chain found
+/// there cannot end earlier than the longest one (ours is one of them)
+/// nor later (it would run into that table), so it is the longest.
+fn last_chain_end<M: Memory>(
+    mem: &M,
+    buckets: usize,
+    nbuckets: usize,
+    symoffset: usize,
+    follows: &[usize],
+) -> Result<(usize, bool), ElfError> {
+    let mut chunk = [0u8; 1024];
+    let per_read = chunk.len() / 4;
+    let mut end = nbuckets;
+    let mut start = 0;
+    while start == 0 && end > nbuckets.saturating_sub(LAST_BUCKETS) {
+        let n = end.min(per_read);
+        let bytes = &mut chunk[..n * 4];
+        mem.read(addr(buckets, (end - n) * 4, "DT_GNU_HASH buckets")?, bytes)?;
+        start = bytes
+            .chunks_exact(4)
+            .rev()
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .find(|&v| v != 0)
+            .unwrap_or(0);
+        end -= n;
+    }
+    if start < symoffset || start == 0 {
+        return Ok((0, false));
+    }
+    let chains = addr(buckets, nbuckets * 4, "DT_GNU_HASH chains")?;
+    let mut index = start;
+    loop {
+        if index - symoffset > MAX_SYMBOLS {
+            return Ok((0, false));
+        }
+        let h = read_u32(mem, addr(chains, (index - symoffset) * 4, "DT_GNU_HASH chains")?)?;
+        index += 1;
+        if h & 1 == 1 {
+            break;
+        }
+    }
+    let at = addr(chains, (index - symoffset) * 4, "DT_GNU_HASH chains")?;
+    let ends = follows.contains(&at)
+        || (at.checked_add(4).is_some_and(|pad| follows.contains(&pad)) && read_u32(mem, at).ok() == Some(0));
+    Ok(if ends { (index, true) } else { (0, false) })
+}
+
 /// The object's symbol count from its GNU hash table: one past the highest
 /// symbol any bucket's chain reaches, with the table's shape where its
 /// chains begin at or past `symoffset`. `None` when it hashes no symbol:
 /// its `symoffset` is then no count (ld.bfd writes 1 in a program that
-/// exports nothing, whatever it imports).
-fn gnu_hash_symbols<M: Memory>(mem: &M, table: usize) -> Result<Option<(usize, Option<GnuHash>)>, ElfError> {
+/// exports nothing, whatever it imports). Where the last chain plainly
+/// ends the table (see [`last_chain_end`]), that is all it reads; else
+/// every bucket (a large library has tens of thousands: most of the
+/// tables' pages an install would read, and in a process of large
+/// libraries a third of a pass over them).
+fn gnu_hash_symbols<M: Memory>(
+    mem: &M,
+    table: usize,
+    follows: &[usize],
+) -> Result<Option<(usize, Option<GnuHash>)>, ElfError> {
     let nbuckets = read_u32(mem, table)? as usize;
     let symoffset = read_u32(mem, addr(table, 4, "DT_GNU_HASH address")?)? as usize;
     let bloom = read_u32(mem, addr(table, 8, "DT_GNU_HASH address")?)? as usize;
@@ -171,6 +241,14 @@ fn gnu_hash_symbols<M: Memory>(mem: &M, table: usize) -> Result<Option<(usize, O
         return Err(ElfError::new("DT_GNU_HASH table too large", nbuckets.max(bloom) as u64));
     }
     let buckets = addr(table, 16 + bloom * 8, "DT_GNU_HASH buckets")?;
+    let shape = GnuHash {
+        symoffset,
+        nbuckets,
+        buckets,
+    };
+    if let Ok((count, true)) = last_chain_end(mem, buckets, nbuckets, symoffset, follows) {
+        return Ok(Some((count, Some(shape))));
+    }
     let mut last = 0usize;
     let mut chunk = [0u8; 1024];
     // Every bucket is read (the walk never breaks).
@@ -193,11 +271,6 @@ fn gnu_hash_symbols<M: Memory>(mem: &M, table: usize) -> Result<Option<(usize, O
         let h = read_u32(mem, addr(chains, (index - symoffset) * 4, "DT_GNU_HASH chains")?)?;
         index += 1;
         if h & 1 == 1 {
-            let shape = GnuHash {
-                symoffset,
-                nbuckets,
-                buckets,
-            };
             return Ok(Some((index, Some(shape))));
         }
     }
@@ -260,7 +333,10 @@ pub fn read_dynamic<M: Memory>(mem: &M, base: usize, dynamic: usize, size: usize
         return Err(ElfError::new("DT_SYMTAB without DT_STRTAB", 0));
     }
     let from_gnu = match gnu_hash {
-        Some(t) => gnu_hash_symbols(mem, t)?,
+        Some(t) => {
+            let follows: heapless::Vec<usize, 3> = [d.symtab, d.strtab, hash].into_iter().flatten().collect();
+            gnu_hash_symbols(mem, t, &follows)?
+        }
         None => None,
     };
     d.nsyms = match (from_gnu, hash) {
@@ -1162,6 +1238,51 @@ mod tests {
         assert_eq!(want.len(), 10);
         assert!(want.iter().all(|&(_, p)| p == 1), "{want:?}");
         assert_eq!(named_walk(&mem, base, &d, &[7, 6], &[b"f1", b"mmap"]), (want, Ok(())));
+    }
+
+    /// The symbol count from the last chain (a few reads) is the count from
+    /// every bucket, where the last chain ends at the next table or at
+    /// zero padding before it; a table whose last bucket does not head
+    /// the last chain is read whole and still counted right.
+    #[test]
+    fn the_symbol_count_from_the_last_chain_is_the_count_from_every_bucket() {
+        let defs: Vec<std::string::String> = (0..40).map(|i| std::format!("f{i}")).collect();
+        for n in [1usize, 2, 5, 39, 40] {
+            let names: Vec<&str> = defs[..n].iter().map(|s| s.as_str()).collect();
+            for nbuckets in [1, 2, 3, 16, 64] {
+                let (mut bytes, base) = linked(&["mmap"], &names, nbuckets, &[(1, 7)]);
+                let mem = SliceMemory { base, bytes: &bytes };
+                let d = read_dynamic(&mem, base, base, 16 * 12).unwrap();
+                let hash_at = base + 16 * 12;
+                let full = gnu_hash_symbols(&mem, hash_at, &[]).unwrap();
+                assert_eq!(full.map(|(c, _)| c), Some(2 + n), "{n} symbols, {nbuckets} buckets");
+                assert_eq!(d.nsyms, Some(2 + n));
+                let h = d.gnu_hash.unwrap();
+                // The fast path is taken (the symbol table follows the
+                // chains, with or without padding).
+                let fast = last_chain_end(&mem, h.buckets, h.nbuckets, h.symoffset, &[d.symtab.unwrap()]);
+                assert_eq!(fast, Ok((2 + n, true)), "{n} symbols, {nbuckets} buckets");
+                // The last bucket in use made to head the first chain:
+                // refused, and the full count still right.
+                let last_used = (0..nbuckets)
+                    .rev()
+                    .find(|&b| bytes[h.buckets - base + 4 * b..][..4] != [0; 4])
+                    .unwrap();
+                let first_used = (0..nbuckets)
+                    .find(|&b| bytes[h.buckets - base + 4 * b..][..4] != [0; 4])
+                    .unwrap();
+                if first_used != last_used {
+                    let head = bytes[h.buckets - base + 4 * first_used..][..4].to_vec();
+                    bytes[h.buckets - base + 4 * last_used..][..4].copy_from_slice(&head);
+                    let mem = SliceMemory { base, bytes: &bytes };
+                    let fast = last_chain_end(&mem, h.buckets, h.nbuckets, h.symoffset, &[d.symtab.unwrap()]);
+                    assert_eq!(fast, Ok((0, false)), "{n} symbols, {nbuckets} buckets");
+                    let d2 = read_dynamic(&mem, base, base, 16 * 12).unwrap();
+                    let whole = gnu_hash_symbols(&mem, hash_at, &[]).unwrap().map(|(c, _)| c);
+                    assert_eq!(d2.nsyms, whole);
+                }
+            }
+        }
     }
 
     #[test]

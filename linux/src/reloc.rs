@@ -1903,6 +1903,22 @@ mod tests {
             let by_index = walk(&d);
             let by_name = walk(&memhook_core::elf::Dynamic { gnu_hash: None, ..d });
             assert_eq!(by_index, by_name, "{}", String::from_utf8_lossy(o.name));
+            // The symbol count (from the last chain, where it plainly ends
+            // the table) is the one every bucket gives.
+            if let Some(h) = d.gnu_hash {
+                let word = |at: usize| {
+                    let mut b = [0u8; 4];
+                    o.read(at, &mut b).unwrap();
+                    u32::from_le_bytes(b) as usize
+                };
+                let top = (0..h.nbuckets).map(|b| word(h.buckets + 4 * b)).max().unwrap();
+                let chains = h.buckets + 4 * h.nbuckets;
+                let mut end = top;
+                while word(chains + 4 * (end - h.symoffset)) & 1 == 0 {
+                    end += 1;
+                }
+                assert_eq!(d.nsyms, Some(end + 1), "{}", String::from_utf8_lossy(o.name));
+            }
             objects += usize::from(d.gnu_hash.is_some());
             slots += by_index.0.len();
         });
