@@ -155,6 +155,29 @@ pub struct GnuHash {
     pub buckets: usize,
 }
 
+impl GnuHash {
+    /// One past the last symbol of the chain that begins at symbol
+    /// `start` (at least `symoffset`).
+    ///
+    /// # Errors
+    ///
+    /// An unreadable chain entry, or a chain longer than [`MAX_SYMBOLS`].
+    fn chain_end<M: Memory>(&self, mem: &M, start: usize) -> Result<usize, ElfError> {
+        let chains = addr(self.buckets, self.nbuckets * 4, "DT_GNU_HASH chains")?;
+        let mut index = start;
+        loop {
+            if index - self.symoffset > MAX_SYMBOLS {
+                return Err(ElfError::new("DT_GNU_HASH chain does not end", index as u64));
+            }
+            let h = read_u32(mem, addr(chains, (index - self.symoffset) * 4, "DT_GNU_HASH chains")?)?;
+            index += 1;
+            if h & 1 == 1 {
+                return Ok(index);
+            }
+        }
+    }
+}
+
 /// Most `DT_GNU_HASH` chain entries followed to count symbols.
 const MAX_SYMBOLS: usize = 1 << 24;
 
@@ -176,21 +199,15 @@ const LAST_BUCKETS: usize = 1024;
 /// last chain entry ends a chain, so it is never zero). A chain found
 /// there cannot end earlier than the longest one (ours is one of them)
 /// nor later (it would run into that table), so it is the longest.
-fn last_chain_end<M: Memory>(
-    mem: &M,
-    buckets: usize,
-    nbuckets: usize,
-    symoffset: usize,
-    follows: &[usize],
-) -> Result<(usize, bool), ElfError> {
+fn last_chain_end<M: Memory>(mem: &M, h: &GnuHash, follows: &[usize]) -> Result<(usize, bool), ElfError> {
     let mut chunk = [0u8; 1024];
     let per_read = chunk.len() / 4;
-    let mut end = nbuckets;
+    let mut end = h.nbuckets;
     let mut start = 0;
-    while start == 0 && end > nbuckets.saturating_sub(LAST_BUCKETS) {
+    while start == 0 && end > h.nbuckets.saturating_sub(LAST_BUCKETS) {
         let n = end.min(per_read);
         let bytes = &mut chunk[..n * 4];
-        mem.read(addr(buckets, (end - n) * 4, "DT_GNU_HASH buckets")?, bytes)?;
+        mem.read(addr(h.buckets, (end - n) * 4, "DT_GNU_HASH buckets")?, bytes)?;
         start = bytes
             .chunks_exact(4)
             .rev()
@@ -199,22 +216,11 @@ fn last_chain_end<M: Memory>(
             .unwrap_or(0);
         end -= n;
     }
-    if start < symoffset || start == 0 {
+    if start < h.symoffset || start == 0 {
         return Ok((0, false));
     }
-    let chains = addr(buckets, nbuckets * 4, "DT_GNU_HASH chains")?;
-    let mut index = start;
-    loop {
-        if index - symoffset > MAX_SYMBOLS {
-            return Ok((0, false));
-        }
-        let h = read_u32(mem, addr(chains, (index - symoffset) * 4, "DT_GNU_HASH chains")?)?;
-        index += 1;
-        if h & 1 == 1 {
-            break;
-        }
-    }
-    let at = addr(chains, (index - symoffset) * 4, "DT_GNU_HASH chains")?;
+    let index = h.chain_end(mem, start)?;
+    let at = addr(h.buckets, (h.nbuckets + index - h.symoffset) * 4, "DT_GNU_HASH chains")?;
     let ends = follows.contains(&at)
         || (at.checked_add(4).is_some_and(|pad| follows.contains(&pad)) && read_u32(mem, at).ok() == Some(0));
     Ok(if ends { (index, true) } else { (0, false) })
@@ -246,7 +252,7 @@ fn gnu_hash_symbols<M: Memory>(
         nbuckets,
         buckets,
     };
-    if let Ok((count, true)) = last_chain_end(mem, buckets, nbuckets, symoffset, follows) {
+    if let Ok((count, true)) = last_chain_end(mem, &shape, follows) {
         return Ok(Some((count, Some(shape))));
     }
     let mut last = 0usize;
@@ -262,18 +268,7 @@ fn gnu_hash_symbols<M: Memory>(
     if last < symoffset {
         return Ok(Some((symoffset, None)));
     }
-    let chains = addr(buckets, nbuckets * 4, "DT_GNU_HASH chains")?;
-    let mut index = last;
-    loop {
-        if index - symoffset > MAX_SYMBOLS {
-            return Err(ElfError::new("DT_GNU_HASH chain does not end", index as u64));
-        }
-        let h = read_u32(mem, addr(chains, (index - symoffset) * 4, "DT_GNU_HASH chains")?)?;
-        index += 1;
-        if h & 1 == 1 {
-            return Ok(Some((index, Some(shape))));
-        }
-    }
+    Ok(Some((shape.chain_end(mem, last)?, Some(shape))))
 }
 
 /// Reads the dynamic section at `dynamic` (`size` bytes, the PT_DYNAMIC
@@ -1260,7 +1255,7 @@ mod tests {
                 let h = d.gnu_hash.unwrap();
                 // The fast path is taken (the symbol table follows the
                 // chains, with or without padding).
-                let fast = last_chain_end(&mem, h.buckets, h.nbuckets, h.symoffset, &[d.symtab.unwrap()]);
+                let fast = last_chain_end(&mem, &h, &[d.symtab.unwrap()]);
                 assert_eq!(fast, Ok((2 + n, true)), "{n} symbols, {nbuckets} buckets");
                 // The last bucket in use made to head the first chain:
                 // refused, and the full count still right.
@@ -1275,7 +1270,7 @@ mod tests {
                     let head = bytes[h.buckets - base + 4 * first_used..][..4].to_vec();
                     bytes[h.buckets - base + 4 * last_used..][..4].copy_from_slice(&head);
                     let mem = SliceMemory { base, bytes: &bytes };
-                    let fast = last_chain_end(&mem, h.buckets, h.nbuckets, h.symoffset, &[d.symtab.unwrap()]);
+                    let fast = last_chain_end(&mem, &h, &[d.symtab.unwrap()]);
                     assert_eq!(fast, Ok((0, false)), "{n} symbols, {nbuckets} buckets");
                     let d2 = read_dynamic(&mem, base, base, 16 * 12).unwrap();
                     let whole = gnu_hash_symbols(&mem, hash_at, &[]).unwrap().map(|(c, _)| c);
