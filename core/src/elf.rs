@@ -923,16 +923,10 @@ fn for_each_reloc_of<M: Memory>(
         if filter[(r.sym as usize >> 6) & 7] & 1 << (r.sym & 63) == 0 || !types.contains(&r.r_type) {
             return ControlFlow::Continue(());
         }
-        match found.binary_search_by_key(&r.sym, |&(index, _)| index) {
-            Ok(at) => {
-                // The first entry of that index.
-                let first = found[..at]
-                    .iter()
-                    .rposition(|&(index, _)| index != r.sym)
-                    .map_or(0, |k| k + 1);
-                f(r, usize::from(found[first].1))
-            }
-            Err(_) => ControlFlow::Continue(()),
+        // The first entry of that index (sorted: its lowest position).
+        match found.get(found.partition_point(|&(index, _)| index < r.sym)) {
+            Some(&(index, position)) if index == r.sym => f(r, usize::from(position)),
+            _ => ControlFlow::Continue(()),
         }
     })
 }
