@@ -881,11 +881,10 @@ pub fn for_each_named_reloc<M: Memory>(
         + d.rela
             .map_or(0, |(_, size)| (size / SIZEOF_RELA).saturating_sub(d.relacount));
     let imports = d.gnu_hash.map_or(0, |h| h.symoffset);
-    if relocs > INDEX_FROM * (imports + names.len()) {
-        let mut found = [(0u32, 0u16); MAX_NAMED];
-        if let Some(n) = symbols_named(mem, d, names, &mut found) {
-            return for_each_reloc_of(mem, base, d, types, &mut found[..n], f);
-        }
+    if relocs > INDEX_FROM * (imports + names.len())
+        && let Some(walked) = for_each_reloc_by_index(mem, base, d, types, names, &mut f)
+    {
+        return walked;
     }
     let filter = PrefixFilter::of(names);
     for_each_symbol_reloc(mem, base, d, types, |r, prefix| {
@@ -896,19 +895,25 @@ pub fn for_each_named_reloc<M: Memory>(
     })
 }
 
-/// [`for_each_named_reloc`] once the symbols that bear the names are
-/// known (`found`: index and name position): the relocations of `types`
-/// naming them, matched by index; none read where there are none.
-fn for_each_reloc_of<M: Memory>(
+/// [`for_each_named_reloc`]'s walk by symbol index, whatever the object's
+/// size: the symbols that bear the names found first (`symbols_named`),
+/// then the relocations of `types` naming them, matched by index (none
+/// read where no symbol bears a name). `None`, having called nothing,
+/// where the object's tables cannot say which symbols bear the names:
+/// then only the walk by name can.
+pub fn for_each_reloc_by_index<M: Memory>(
     mem: &M,
     base: usize,
     d: &Dynamic,
     types: &[u32],
-    found: &mut [(u32, u16)],
+    names: &[&[u8]],
     mut f: impl FnMut(Reloc, usize) -> ControlFlow<()>,
-) -> Result<(), ElfError> {
+) -> Option<Result<(), ElfError>> {
+    let mut found = [(0u32, 0u16); MAX_NAMED];
+    let n = symbols_named(mem, d, names, &mut found)?;
+    let found = &mut found[..n];
     if found.is_empty() {
-        return Ok(());
+        return Some(Ok(()));
     }
     // (Sorted in place, with no allocation: by index, then position, so
     // that a symbol of two equal names gives the first.)
@@ -919,7 +924,7 @@ fn for_each_reloc_of<M: Memory>(
     for &(index, _) in found {
         filter[(index as usize >> 6) & 7] |= 1 << (index & 63);
     }
-    for_each_reloc(mem, base, d, |r| {
+    Some(for_each_reloc(mem, base, d, |r| {
         if filter[(r.sym as usize >> 6) & 7] & 1 << (r.sym & 63) == 0 || !types.contains(&r.r_type) {
             return ControlFlow::Continue(());
         }
@@ -928,7 +933,7 @@ fn for_each_reloc_of<M: Memory>(
             Some(&(index, position)) if index == r.sym => f(r, usize::from(position)),
             _ => ControlFlow::Continue(()),
         }
-    })
+    }))
 }
 
 /// The name of dynamic symbol `index`, copied into `buf`.

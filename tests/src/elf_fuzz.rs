@@ -8,8 +8,8 @@
 use core::ops::ControlFlow;
 
 use memhook_core::elf::{
-    Dynamic, Reloc, SliceMemory, for_each_named_reloc, for_each_reloc, for_each_symbol_reloc, read_dynamic,
-    search_paths, symbol_name, symbol_prefix,
+    Dynamic, Reloc, SliceMemory, for_each_named_reloc, for_each_reloc, for_each_reloc_by_index, for_each_symbol_reloc,
+    read_dynamic, search_paths, symbol_name, symbol_prefix,
 };
 
 /// An ELF64 RELA entry's size.
@@ -77,13 +77,14 @@ pub fn fuzz_elf(data: &[u8]) -> usize {
     if walked.len() < WALK_LIMIT {
         assert_eq!(result_ahead, result);
     }
-    // The walk by symbol index (reloc's walk) hands on only relocations
-    // of those types whose symbols bear the name it says, whatever the
-    // hash table claims; with the table out of use it finds every one.
+    // reloc's walk hands on only relocations of those types whose symbols
+    // bear the name it says, whatever the hash table claims (the walk by
+    // symbol index, taken whatever the object's size, and the walk that
+    // chooses); with the table out of use it finds every one.
     let names: [&[u8]; 4] = [b"mmap", b"cuMemAlloc_v2", b"m", b""];
-    let bearing = |d: &Dynamic| {
+    let bearing = |d: &Dynamic, by_index: bool| {
         let mut out = Vec::new();
-        let _ = for_each_named_reloc(&mem, BASE, d, &types, &names, |r, p| {
+        let visit = |r: Reloc, p: usize| {
             let mut buf = [0u8; 256];
             assert!(types.contains(&r.r_type), "{r:?}");
             assert_eq!(symbol_name(&mem, d, r.sym, &mut buf).ok(), Some(names[p]), "{r:?}");
@@ -93,10 +94,16 @@ pub fn fuzz_elf(data: &[u8]) -> usize {
             } else {
                 ControlFlow::Continue(())
             }
-        });
+        };
+        if by_index {
+            let _ = for_each_reloc_by_index(&mem, BASE, d, &types, &names, visit);
+        } else {
+            let _ = for_each_named_reloc(&mem, BASE, d, &types, &names, visit);
+        }
         out
     };
-    let _ = bearing(&d);
+    let _ = bearing(&d, true);
+    let _ = bearing(&d, false);
     if walked.len() < WALK_LIMIT {
         let want: Vec<(Reloc, usize)> = in_turn
             .iter()
@@ -106,7 +113,7 @@ pub fn fuzz_elf(data: &[u8]) -> usize {
                 Some((r, names.iter().position(|n| *n == name)?))
             })
             .collect();
-        assert_eq!(bearing(&Dynamic { gnu_hash: None, ..d }), want);
+        assert_eq!(bearing(&Dynamic { gnu_hash: None, ..d }, false), want);
     }
     named
 }
