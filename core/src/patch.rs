@@ -288,23 +288,71 @@ pub struct RestorePoint {
 
 const CACHE_LINE: usize = 64;
 
-/// Writes `bytes` at `at` with the lock protocol (module docs).
-fn write_locked<M: CodeMemory>(mem: &mut M, at: usize, bytes: &[u8], lock: &[u8]) -> Result<(), PatchError> {
-    if at / CACHE_LINE != (at + lock.len() - 1) / CACHE_LINE {
-        return Err(PatchError::LockStraddlesLine { address: at });
+/// One entry's write in a batch of the lock protocol.
+struct Job<'a> {
+    at: usize,
+    bytes: &'a [u8],
+    /// Made writable: its bytes are written, and its protection restored.
+    writable: bool,
+    result: Result<(), PatchError>,
+}
+
+impl<'a> Job<'a> {
+    const fn new(at: usize, bytes: &'a [u8]) -> Self {
+        Job {
+            at,
+            bytes,
+            writable: false,
+            result: Ok(()),
+        }
     }
-    mem.make_writable(at, bytes.len())?;
-    if bytes.len() <= lock.len() {
-        mem.write_atomic(at, bytes);
-    } else {
-        mem.write_atomic(at, lock);
-        mem.serialize();
-        mem.write(at + lock.len(), &bytes[lock.len()..]);
-        mem.serialize();
-        mem.write_atomic(at, &bytes[..lock.len()]);
+}
+
+/// Writes each job's bytes with the lock protocol (module docs), all in
+/// one pass: every lock, one serialisation, every tail, one serialisation,
+/// every head, one serialisation. Each entry goes through the same three
+/// states as when written alone (old, locked, new), so a batch of any size
+/// costs three serialisations where one at a time costs three each (a
+/// `membarrier` interrupts every core running the process; without it,
+/// each is a grace wait of milliseconds). A job that fails (its lock would
+/// straddle a line, or its page cannot be made writable), or came failed,
+/// is left unwritten; the others go on.
+fn write_locked<M: CodeMemory>(mem: &mut M, jobs: &mut [Job<'_>], lock: &[u8]) {
+    for job in jobs.iter_mut().filter(|job| job.result.is_ok()) {
+        if job.at / CACHE_LINE != (job.at + lock.len() - 1) / CACHE_LINE {
+            job.result = Err(PatchError::LockStraddlesLine { address: job.at });
+            continue;
+        }
+        match mem.make_writable(job.at, job.bytes.len()) {
+            Ok(()) => job.writable = true,
+            Err(e) => job.result = Err(e),
+        }
     }
-    mem.serialize();
-    mem.restore_protection(at, bytes.len())
+    let long = |job: &&mut Job<'_>| job.writable && job.bytes.len() > lock.len();
+    if jobs.iter_mut().any(|job| long(&job)) {
+        for job in jobs.iter_mut().filter(long) {
+            mem.write_atomic(job.at, lock);
+        }
+        mem.serialize();
+        for job in jobs.iter_mut().filter(long) {
+            mem.write(job.at + lock.len(), &job.bytes[lock.len()..]);
+        }
+        mem.serialize();
+    }
+    let mut written = false;
+    for job in jobs.iter_mut().filter(|job| job.writable) {
+        let head = job.bytes.len().min(lock.len());
+        mem.write_atomic(job.at, &job.bytes[..head]);
+        written = true;
+    }
+    if written {
+        mem.serialize();
+    }
+    for job in jobs.iter_mut().filter(|job| job.writable) {
+        if let Err(e) = mem.restore_protection(job.at, job.bytes.len()) {
+            job.result = Err(e);
+        }
+    }
 }
 
 /// Writes `patch` at `at` (after the landing pad) with the lock protocol and
@@ -312,24 +360,64 @@ fn write_locked<M: CodeMemory>(mem: &mut M, at: usize, bytes: &[u8], lock: &[u8]
 ///
 /// # Errors
 ///
-/// A [`PatchError`]; nothing was written then, or the original bytes were
-/// put back.
+/// A [`PatchError`]; nothing was written then, or (a protection that could
+/// not be restored) the patch is in place.
 pub fn write_patch<M: CodeMemory>(
     mem: &mut M,
     at: usize,
     patch: &[u8],
     lock: &[u8],
 ) -> Result<RestorePoint, PatchError> {
-    let mut original = PatchBytes::new();
-    let mut buf = [0u8; MAX_PATCH];
-    let n = patch.len().min(MAX_PATCH);
-    mem.read(at, &mut buf[..n]);
-    // Cannot fail: n <= MAX_PATCH.
-    let _ = original.extend_from_slice(&buf[..n]);
-    let mut patched = PatchBytes::new();
-    let _ = patched.extend_from_slice(&patch[..n]);
-    write_locked(mem, at, &patched, lock)?;
-    Ok(RestorePoint { at, original, patched })
+    let point = RestorePoint::read(mem, at, patch);
+    let mut job = [Job::new(at, &point.patched)];
+    write_locked(mem, &mut job, lock);
+    let result = job[0].result;
+    result.map(|()| point)
+}
+
+/// Writes each `(at, patch)` with the lock protocol, all in one pass (three
+/// serialisations for the whole batch), and returns, in the same order,
+/// what undoes each or why it could not be written. A patch that fails
+/// leaves its entry unchanged and the others are still written. At most
+/// `N` patches: those beyond are neither written nor answered (the result
+/// is shorter than `patches`).
+///
+/// Every entry must be distinct, and no patch's bytes may overlap
+/// another's.
+pub fn write_patches<M: CodeMemory, const N: usize>(
+    mem: &mut M,
+    patches: &[(usize, &[u8])],
+    lock: &[u8],
+) -> heapless::Vec<Result<RestorePoint, PatchError>, N> {
+    let points: heapless::Vec<RestorePoint, N> = patches
+        .iter()
+        .take(N)
+        .map(|&(at, patch)| RestorePoint::read(mem, at, patch))
+        .collect();
+    let mut jobs: heapless::Vec<Job<'_>, N> = points.iter().map(|p| Job::new(p.at, &p.patched)).collect();
+    write_locked(mem, &mut jobs, lock);
+    let results: heapless::Vec<Result<(), PatchError>, N> = jobs.iter().map(|j| j.result).collect();
+    drop(jobs);
+    points
+        .into_iter()
+        .zip(results)
+        .map(|(point, result)| result.map(|()| point))
+        .collect()
+}
+
+/// Undoes each patch of `points` with the lock protocol, all in one pass,
+/// and says, in the same order, whether each was undone. One whose entry no
+/// longer holds its bytes is left alone ([`PatchError::EntryChanged`]).
+/// At most `N`: those beyond are left alone and not answered.
+pub fn undo_patches<M: CodeMemory, const N: usize>(
+    mem: &mut M,
+    points: &[&RestorePoint],
+    lock: &[u8],
+) -> heapless::Vec<Result<(), PatchError>, N> {
+    let mut jobs: heapless::Vec<Job<'_>, N> = points.iter().take(N).map(|p| p.undo_job(mem)).collect();
+    // Only the entries still ours are written.
+    write_locked(mem, &mut jobs, lock);
+    jobs.iter().map(|j| j.result).collect()
 }
 
 impl RestorePoint {
@@ -340,10 +428,35 @@ impl RestorePoint {
     /// [`PatchError::EntryChanged`] if the bytes are no longer ours (then
     /// nothing is written), or a protection error.
     pub fn undo<M: CodeMemory>(&self, mem: &mut M, lock: &[u8]) -> Result<(), PatchError> {
+        let mut job = [self.undo_job(mem)];
+        write_locked(mem, &mut job, lock);
+        job[0].result
+    }
+
+    /// Reads the bytes `patch` will replace at `at`.
+    fn read<M: CodeMemory>(mem: &M, at: usize, patch: &[u8]) -> RestorePoint {
+        let n = patch.len().min(MAX_PATCH);
+        let mut buf = [0u8; MAX_PATCH];
+        mem.read(at, &mut buf[..n]);
+        let mut point = RestorePoint {
+            at,
+            original: PatchBytes::new(),
+            patched: PatchBytes::new(),
+        };
+        // Cannot fail: n <= MAX_PATCH.
+        let _ = point.original.extend_from_slice(&buf[..n]);
+        let _ = point.patched.extend_from_slice(&patch[..n]);
+        point
+    }
+
+    /// The write that undoes this patch: failed already where the entry
+    /// no longer holds it.
+    fn undo_job<M: CodeMemory>(&self, mem: &M) -> Job<'_> {
+        let mut job = Job::new(self.at, &self.original);
         if !self.in_place(mem) {
-            return Err(PatchError::EntryChanged { address: self.at });
+            job.result = Err(PatchError::EntryChanged { address: self.at });
         }
-        write_locked(mem, self.at, &self.original, lock)
+        job
     }
 
     /// Whether the entry still holds the bytes written.
@@ -352,5 +465,292 @@ impl RestorePoint {
         let n = self.patched.len();
         mem.read(self.at, &mut now[..n]);
         now[..n] == self.patched[..]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::vec::Vec;
+
+    const BASE: usize = 0x1000;
+    const LOCK: [u8; 2] = [0xeb, 0xfe];
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Op {
+        Writable(usize),
+        Protect(usize),
+        Atomic(usize),
+        Tail(usize),
+        Sync,
+    }
+
+    /// 256 bytes of code at `BASE`; logs every call, and checks after each
+    /// write that every entry `watched` holds a state the protocol allows.
+    struct Fake {
+        code: [u8; 256],
+        log: Vec<Op>,
+        refuse_writable: Vec<usize>,
+        refuse_protect: Vec<usize>,
+        /// (entry, bytes before, bytes after) of each patch under way.
+        watched: Vec<(usize, Vec<u8>, Vec<u8>)>,
+    }
+
+    impl Fake {
+        fn new() -> Self {
+            let mut code = [0u8; 256];
+            for (i, b) in code.iter_mut().enumerate() {
+                *b = i as u8 ^ 0x5a;
+            }
+            Fake {
+                code,
+                log: Vec::new(),
+                refuse_writable: Vec::new(),
+                refuse_protect: Vec::new(),
+                watched: Vec::new(),
+            }
+        }
+
+        fn bytes(&self, at: usize, len: usize) -> &[u8] {
+            &self.code[at - BASE..][..len]
+        }
+
+        /// An entry is old, locked over the old or the new tail, or new:
+        /// never the new head over the old tail, never a lock over a mix.
+        fn check(&self) {
+            for (at, old, new) in &self.watched {
+                let now = self.bytes(*at, old.len());
+                let locked = |tail: &[u8]| now[..2] == LOCK && now[2..] == tail[2..];
+                assert!(
+                    now == &old[..] || now == &new[..] || locked(old) || locked(new),
+                    "entry {at:#x} holds {now:02x?} (old {old:02x?}, new {new:02x?})"
+                );
+            }
+        }
+
+        fn syncs(&self) -> usize {
+            self.log.iter().filter(|&&op| op == Op::Sync).count()
+        }
+
+        /// Where in the log `op` happened for the entry, if it did.
+        fn at(&self, op: Op) -> Vec<usize> {
+            self.log
+                .iter()
+                .enumerate()
+                .filter(|&(_, &o)| o == op)
+                .map(|(i, _)| i)
+                .collect()
+        }
+
+        /// Whether a serialisation lies strictly between log positions.
+        fn sync_between(&self, from: usize, to: usize) -> bool {
+            self.log[from + 1..to].contains(&Op::Sync)
+        }
+    }
+
+    impl CodeMemory for Fake {
+        fn make_writable(&mut self, at: usize, _len: usize) -> Result<(), PatchError> {
+            self.log.push(Op::Writable(at));
+            if self.refuse_writable.contains(&at) {
+                return Err(PatchError::Protection(13));
+            }
+            Ok(())
+        }
+        fn restore_protection(&mut self, at: usize, _len: usize) -> Result<(), PatchError> {
+            self.log.push(Op::Protect(at));
+            if self.refuse_protect.contains(&at) {
+                return Err(PatchError::Protection(12));
+            }
+            Ok(())
+        }
+        fn read(&self, at: usize, buf: &mut [u8]) {
+            buf.copy_from_slice(self.bytes(at, buf.len()));
+        }
+        fn write_atomic(&mut self, at: usize, bytes: &[u8]) {
+            assert!(bytes.len() <= LOCK.len(), "one store of at most the lock's size");
+            self.log.push(Op::Atomic(at));
+            self.code[at - BASE..][..bytes.len()].copy_from_slice(bytes);
+            self.check();
+        }
+        fn write(&mut self, at: usize, bytes: &[u8]) {
+            self.log.push(Op::Tail(at - LOCK.len()));
+            self.code[at - BASE..][..bytes.len()].copy_from_slice(bytes);
+            self.check();
+        }
+        fn serialize(&mut self) {
+            self.log.push(Op::Sync);
+        }
+    }
+
+    fn jump(seed: u8, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| 0xe0 ^ seed.wrapping_mul(31).wrapping_add(i as u8))
+            .collect()
+    }
+
+    /// Each written entry went lock, serialise, tail, serialise, head,
+    /// serialise, then had its protection restored.
+    fn assert_protocol(mem: &Fake, at: usize) {
+        let atomic = mem.at(Op::Atomic(at));
+        let tail = mem.at(Op::Tail(at));
+        let protect = mem.at(Op::Protect(at));
+        assert_eq!(
+            (atomic.len(), tail.len(), protect.len()),
+            (2, 1, 1),
+            "{at:#x}: {:?}",
+            mem.log
+        );
+        assert!(
+            mem.sync_between(atomic[0], tail[0]),
+            "{at:#x}: tail before the lock was seen"
+        );
+        assert!(
+            mem.sync_between(tail[0], atomic[1]),
+            "{at:#x}: head before the tail was seen"
+        );
+        assert!(
+            mem.sync_between(atomic[1], protect[0]),
+            "{at:#x}: not serialised at the end"
+        );
+    }
+
+    fn watch(mem: &mut Fake, patches: &[(usize, Vec<u8>)]) {
+        mem.watched = patches
+            .iter()
+            .map(|(at, new)| (*at, mem.bytes(*at, new.len()).to_vec(), new.clone()))
+            .collect();
+    }
+
+    #[test]
+    fn a_batch_serialises_three_times_whatever_its_size() {
+        for count in [1usize, 2, 5, 12] {
+            let mut mem = Fake::new();
+            // Entries 17 bytes apart: near and far forms, none straddling.
+            let patches: Vec<(usize, Vec<u8>)> = (0..count)
+                .map(|i| (BASE + 1 + 17 * i, jump(i as u8, if i % 3 == 2 { 13 } else { 5 })))
+                .collect();
+            watch(&mut mem, &patches);
+            let before = mem.code;
+            let refs: Vec<(usize, &[u8])> = patches.iter().map(|(a, b)| (*a, &b[..])).collect();
+            let done = write_patches::<_, 16>(&mut mem, &refs, &LOCK);
+            assert_eq!(mem.syncs(), 3, "{count} patches: {:?}", mem.log);
+            assert_eq!(done.len(), count);
+            for ((at, new), point) in patches.iter().zip(&done) {
+                let point = point.as_ref().unwrap();
+                assert_eq!(point.at, *at);
+                assert_eq!(&point.patched[..], &new[..]);
+                assert_eq!(&point.original[..], &before[at - BASE..][..new.len()]);
+                assert_eq!(mem.bytes(*at, new.len()), &new[..]);
+                assert_protocol(&mem, *at);
+            }
+
+            // And back, in one pass too.
+            mem.log.clear();
+            for w in &mut mem.watched {
+                core::mem::swap(&mut w.1, &mut w.2);
+            }
+            let points: Vec<&RestorePoint> = done.iter().map(|p| p.as_ref().unwrap()).collect();
+            let undone = undo_patches::<_, 16>(&mut mem, &points, &LOCK);
+            assert!(undone.iter().all(Result::is_ok), "{undone:?}");
+            assert_eq!(mem.syncs(), 3);
+            assert_eq!(mem.code, before);
+            for (at, _) in &patches {
+                assert_protocol(&mem, *at);
+            }
+        }
+    }
+
+    #[test]
+    fn patches_no_longer_than_the_lock_take_one_serialisation() {
+        let mut mem = Fake::new();
+        let patches = [(BASE + 4, [0x90u8, 0x90]), (BASE + 40, [0xcc, 0xcc])];
+        let refs: Vec<(usize, &[u8])> = patches.iter().map(|(a, b)| (*a, &b[..])).collect();
+        let done = write_patches::<_, 4>(&mut mem, &refs, &LOCK);
+        assert!(done.iter().all(Result::is_ok));
+        assert_eq!(mem.syncs(), 1);
+        assert_eq!(mem.bytes(BASE + 4, 2), &[0x90, 0x90]);
+        assert_eq!(mem.bytes(BASE + 40, 2), &[0xcc, 0xcc]);
+    }
+
+    #[test]
+    fn a_failed_patch_leaves_its_entry_and_spares_the_others() {
+        let mut mem = Fake::new();
+        let straddling = BASE + 63; // the lock would cross a cache line
+        let refused = BASE + 100;
+        let unprotected = BASE + 140;
+        mem.refuse_writable.push(refused);
+        mem.refuse_protect.push(unprotected);
+        let patches: Vec<(usize, Vec<u8>)> = [BASE + 2, straddling, refused, BASE + 180, unprotected]
+            .iter()
+            .enumerate()
+            .map(|(i, &at)| (at, jump(i as u8, 5)))
+            .collect();
+        watch(&mut mem, &patches);
+        let before = mem.code;
+        let refs: Vec<(usize, &[u8])> = patches.iter().map(|(a, b)| (*a, &b[..])).collect();
+        let done = write_patches::<_, 8>(&mut mem, &refs, &LOCK);
+        assert_eq!(done[1], Err(PatchError::LockStraddlesLine { address: straddling }));
+        assert_eq!(done[2], Err(PatchError::Protection(13)));
+        // Written, but its protection could not be put back: said so.
+        assert_eq!(done[4], Err(PatchError::Protection(12)));
+        assert_eq!(mem.bytes(unprotected, 5), &patches[4].1[..]);
+        for i in [1, 2] {
+            let at = patches[i].0;
+            assert_eq!(mem.bytes(at, 5), &before[at - BASE..][..5], "{at:#x} was written");
+            assert!(mem.at(Op::Atomic(at)).is_empty() && mem.at(Op::Tail(at)).is_empty());
+            assert!(
+                mem.at(Op::Protect(at)).is_empty(),
+                "{at:#x}: protection changed back though never changed"
+            );
+        }
+        for i in [0, 3] {
+            assert_eq!(mem.bytes(patches[i].0, 5), &patches[i].1[..]);
+            assert_protocol(&mem, patches[i].0);
+        }
+        assert_eq!(mem.syncs(), 3);
+    }
+
+    #[test]
+    fn undo_leaves_an_entry_another_hooker_rewrote() {
+        let mut mem = Fake::new();
+        let before = mem.code;
+        let patches: Vec<(usize, Vec<u8>)> = (0..3).map(|i| (BASE + 8 + 32 * i, jump(i as u8, 5))).collect();
+        let refs: Vec<(usize, &[u8])> = patches.iter().map(|(a, b)| (*a, &b[..])).collect();
+        let done = write_patches::<_, 4>(&mut mem, &refs, &LOCK);
+        // Another hooker patches over the second.
+        let theirs = [0xe9, 1, 1, 1, 1];
+        mem.code[patches[1].0 - BASE..][..5].copy_from_slice(&theirs);
+        mem.log.clear();
+        let points: Vec<&RestorePoint> = done.iter().map(|p| p.as_ref().unwrap()).collect();
+        let undone = undo_patches::<_, 4>(&mut mem, &points, &LOCK);
+        assert_eq!(undone[1], Err(PatchError::EntryChanged { address: patches[1].0 }));
+        assert!(undone[0].is_ok() && undone[2].is_ok());
+        assert_eq!(mem.bytes(patches[1].0, 5), &theirs);
+        assert!(mem.at(Op::Writable(patches[1].0)).is_empty());
+        for i in [0, 2] {
+            let at = patches[i].0;
+            assert_eq!(mem.bytes(at, 5), &before[at - BASE..][..5]);
+        }
+        assert_eq!(mem.syncs(), 3);
+    }
+
+    #[test]
+    fn patches_beyond_the_room_are_left_unwritten() {
+        let mut mem = Fake::new();
+        let before = mem.code;
+        let patches: Vec<(usize, Vec<u8>)> = (0..3).map(|i| (BASE + 8 + 32 * i, jump(i as u8, 5))).collect();
+        let refs: Vec<(usize, &[u8])> = patches.iter().map(|(a, b)| (*a, &b[..])).collect();
+        let done = write_patches::<_, 2>(&mut mem, &refs, &LOCK);
+        assert_eq!(done.len(), 2);
+        assert!(done[0].is_ok() && done[1].is_ok());
+        assert_eq!(mem.bytes(patches[2].0, 5), &before[patches[2].0 - BASE..][..5]);
+        assert!(mem.at(Op::Writable(patches[2].0)).is_empty());
+        // A batch with nothing to write serialises nothing.
+        mem.log.clear();
+        mem.refuse_writable.push(BASE + 200);
+        let none = write_patches::<_, 2>(&mut mem, &[(BASE + 200, &[1, 2, 3, 4, 5][..])], &LOCK);
+        assert_eq!(none[0], Err(PatchError::Protection(13)));
+        assert_eq!(mem.syncs(), 0);
     }
 }

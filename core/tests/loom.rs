@@ -230,9 +230,11 @@ mod patch_protocol {
     use loom::sync::Arc;
     use loom::sync::atomic::{AtomicU8, AtomicU16, AtomicUsize, Ordering, fence};
     use loom::thread;
-    use memhook_core::patch::{CodeMemory, PatchError, write_patch};
+    use memhook_core::patch::{CodeMemory, PatchError, RestorePoint, undo_patches, write_patch, write_patches};
 
     const BASE: usize = 0x1000;
+    /// Entry `k` of a model with several is at `BASE + k * LINE`.
+    const LINE: usize = 64;
     const LOCK: [u8; 2] = [0xeb, 0xfe];
 
     /// Five bytes of code: the head (the first two, written by one store,
@@ -277,8 +279,20 @@ mod patch_protocol {
 
     /// CodeMemory over the model: stores as the Linux one does them;
     /// serialisation (membarrier SYNC_CORE) returns once every fetch that
-    /// began before it has finished.
-    struct Writer(Arc<Code>);
+    /// began before it has finished. Entry `k` is `BASE + k * LINE`.
+    struct Writer(Vec<Arc<Code>>);
+
+    impl Writer {
+        fn one(code: Arc<Code>) -> Self {
+            Writer(vec![code])
+        }
+
+        /// The entry holding `at`, and `at`'s offset in it.
+        fn entry(&self, at: usize) -> (&Code, usize) {
+            let k = (at - BASE) / LINE;
+            (&self.0[k], at - BASE - k * LINE)
+        }
+    }
 
     impl CodeMemory for Writer {
         fn make_writable(&mut self, _at: usize, _len: usize) -> Result<(), PatchError> {
@@ -288,31 +302,35 @@ mod patch_protocol {
             Ok(())
         }
         fn read(&self, at: usize, buf: &mut [u8]) {
-            let head = self.0.head.load(Ordering::Relaxed).to_le_bytes();
+            let (code, off) = self.entry(at);
+            let head = code.head.load(Ordering::Relaxed).to_le_bytes();
             for (i, b) in buf.iter_mut().enumerate() {
-                let k = at - BASE + i;
+                let k = off + i;
                 *b = if k < 2 {
                     head[k]
                 } else {
-                    self.0.tail[k - 2].load(Ordering::Relaxed)
+                    code.tail[k - 2].load(Ordering::Relaxed)
                 };
             }
         }
         fn write_atomic(&mut self, at: usize, bytes: &[u8]) {
-            assert_eq!((at, bytes.len()), (BASE, 2), "one store covers the head");
-            self.0
-                .head
+            let (code, off) = self.entry(at);
+            assert_eq!((off, bytes.len()), (0, 2), "one store covers the head");
+            code.head
                 .store(u16::from_le_bytes([bytes[0], bytes[1]]), Ordering::Release);
         }
         fn write(&mut self, at: usize, bytes: &[u8]) {
+            let (code, off) = self.entry(at);
             for (i, b) in bytes.iter().enumerate() {
-                self.0.tail[at - BASE - 2 + i].store(*b, Ordering::Relaxed);
+                code.tail[off - 2 + i].store(*b, Ordering::Relaxed);
             }
         }
         fn serialize(&mut self) {
             fence(Ordering::SeqCst);
-            while self.0.fetching.load(Ordering::Acquire) != 0 {
-                thread::yield_now();
+            for code in &self.0 {
+                while code.fetching.load(Ordering::Acquire) != 0 {
+                    thread::yield_now();
+                }
             }
         }
     }
@@ -340,7 +358,7 @@ mod patch_protocol {
                 let code = code.clone();
                 thread::spawn(move || code.fetch())
             };
-            let restore = write_patch(&mut Writer(code.clone()), BASE, &NEW, &LOCK).unwrap();
+            let restore = write_patch(&mut Writer::one(code.clone()), BASE, &NEW, &LOCK).unwrap();
             if let Some(seen) = executor.join().unwrap() {
                 assert!(seen == NEW || seen == OLD, "mixed bytes: {seen:02x?}");
             }
@@ -355,7 +373,7 @@ mod patch_protocol {
     fn loom_undo_never_exposes_a_mix() {
         model(|| {
             let code = Arc::new(Code::new(OLD));
-            let mut w = Writer(code.clone());
+            let mut w = Writer::one(code.clone());
             let restore = write_patch(&mut w, BASE, &NEW, &LOCK).unwrap();
             let executor = {
                 let code = code.clone();
@@ -366,6 +384,66 @@ mod patch_protocol {
                 assert!(seen == NEW || seen == OLD, "mixed bytes: {seen:02x?}");
             }
             assert_eq!(code.fetch(), Some(OLD));
+        });
+    }
+
+    const NEW2: [u8; 5] = [0xe9, 0x50, 0x60, 0x70, 0x01];
+
+    /// A batch of two patches, written in one pass (three serialisations
+    /// for both), raced by a thread fetching each entry in turn: each fetch
+    /// gets that entry's whole original bytes or its whole new jump.
+    #[test]
+    fn loom_batch_never_exposes_a_mix() {
+        model(|| {
+            let codes = vec![Arc::new(Code::new(OLD)), Arc::new(Code::new(OLD))];
+            let executor = {
+                let codes = codes.clone();
+                thread::spawn(move || (codes[1].fetch(), codes[0].fetch()))
+            };
+            let mut w = Writer(codes.clone());
+            let done = write_patches::<_, 2>(&mut w, &[(BASE, &NEW[..]), (BASE + LINE, &NEW2[..])], &LOCK);
+            let (second, first) = executor.join().unwrap();
+            if let Some(seen) = first {
+                assert!(seen == NEW || seen == OLD, "mixed bytes: {seen:02x?}");
+            }
+            if let Some(seen) = second {
+                assert!(seen == NEW2 || seen == OLD, "mixed bytes: {seen:02x?}");
+            }
+            assert_eq!(codes[0].fetch(), Some(NEW));
+            assert_eq!(codes[1].fetch(), Some(NEW2));
+
+            // And both undone in one pass.
+            let points: Vec<&RestorePoint> = done.iter().map(|p| p.as_ref().unwrap()).collect();
+            let undone = undo_patches::<_, 2>(&mut w, &points, &LOCK);
+            assert!(undone.iter().all(Result::is_ok));
+            assert_eq!(codes[0].fetch(), Some(OLD));
+            assert_eq!(codes[1].fetch(), Some(OLD));
+        });
+    }
+
+    /// Undoing a batch, raced by a thread fetching each entry in turn.
+    #[test]
+    fn loom_batch_undo_never_exposes_a_mix() {
+        model(|| {
+            let codes = vec![Arc::new(Code::new(OLD)), Arc::new(Code::new(OLD))];
+            let mut w = Writer(codes.clone());
+            let done = write_patches::<_, 2>(&mut w, &[(BASE, &NEW[..]), (BASE + LINE, &NEW2[..])], &LOCK);
+            let executor = {
+                let codes = codes.clone();
+                thread::spawn(move || (codes[0].fetch(), codes[1].fetch()))
+            };
+            let points: Vec<&RestorePoint> = done.iter().map(|p| p.as_ref().unwrap()).collect();
+            let undone = undo_patches::<_, 2>(&mut w, &points, &LOCK);
+            assert!(undone.iter().all(Result::is_ok));
+            let (first, second) = executor.join().unwrap();
+            if let Some(seen) = first {
+                assert!(seen == NEW || seen == OLD, "mixed bytes: {seen:02x?}");
+            }
+            if let Some(seen) = second {
+                assert!(seen == NEW2 || seen == OLD, "mixed bytes: {seen:02x?}");
+            }
+            assert_eq!(codes[0].fetch(), Some(OLD));
+            assert_eq!(codes[1].fetch(), Some(OLD));
         });
     }
 }

@@ -356,7 +356,8 @@ mod patching {
     fn code_of(e: &BistroError) -> c_int {
         match e {
             BistroError::Reloc { .. } => MEMHOOK_ERR_RELOCATE,
-            BistroError::Patch { .. } => MEMHOOK_ERR_PATCH,
+            // (Overlaps: only a batch of several, which the C API never makes.)
+            BistroError::Patch { .. } | BistroError::Overlaps { .. } => MEMHOOK_ERR_PATCH,
             BistroError::NotCode { .. } => MEMHOOK_ERR_NOT_CODE,
             BistroError::NoTrampoline { .. } => MEMHOOK_ERR_NO_SPACE,
             BistroError::NoSymbol => MEMHOOK_ERR_INVALID,

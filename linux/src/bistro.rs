@@ -31,7 +31,7 @@ use core::ffi::CStr;
 use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-use memhook_core::patch::{Arch, PatchError, RelocError, RestorePoint, write_patch};
+use memhook_core::patch::{Arch, PatchBytes, PatchError, RelocError, RestorePoint, undo_patches, write_patches};
 
 use crate::code::LinuxCode;
 use crate::{maps, trampoline};
@@ -87,6 +87,11 @@ pub enum BistroError {
     },
     /// `dlsym` found no such symbol.
     NoSymbol,
+    /// Another patch of the same batch covers the entry.
+    Overlaps {
+        /// The function.
+        target: usize,
+    },
 }
 
 impl BistroError {
@@ -96,7 +101,8 @@ impl BistroError {
             BistroError::Reloc { target, .. }
             | BistroError::Patch { target, .. }
             | BistroError::NotCode { target }
-            | BistroError::NoTrampoline { target } => target,
+            | BistroError::NoTrampoline { target }
+            | BistroError::Overlaps { target } => target,
             BistroError::NoSymbol => 0,
         }
     }
@@ -152,6 +158,11 @@ impl fmt::Display for BistroError {
                 write!(f, "cannot patch {}: no trampoline page could be mapped", Where(*target))
             }
             BistroError::NoSymbol => f.write_str("no such symbol in the loaded objects"),
+            BistroError::Overlaps { target } => write!(
+                f,
+                "cannot patch {}: another patch of the same batch covers its entry",
+                Where(*target)
+            ),
         }
     }
 }
@@ -306,6 +317,174 @@ pub fn can_patch(target: usize, far: bool) -> Result<Plan, BistroError> {
     })
 }
 
+/// One function for [`Hook::patch_batch`] to patch: as the arguments of
+/// [`Hook::patch_with`].
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// The function's entry.
+    pub target: usize,
+    /// Where its callers are to go.
+    pub hook: usize,
+    /// Set to the address that calls the original, before the patch is
+    /// visible.
+    pub original: &'a AtomicUsize,
+}
+
+/// A patch ready to write: the trampoline holds the relocated prologue.
+struct Planned {
+    /// Where the jump goes (after the landing pad).
+    at: usize,
+    jump: PatchBytes,
+    trampoline: usize,
+    taken: usize,
+    prot: i32,
+}
+
+/// Most patches written in one pass: three serialisations for each
+/// `BATCH` functions, with the bookkeeping of a pass on the stack (a few
+/// KiB, in an install that may run inside a hook).
+pub const BATCH: usize = 32;
+
+/// [`Hook::patch_batch`] for at most [`BATCH`] requests.
+fn patch_chunk(state: &mut State, requests: &[Request<'_>]) -> heapless::Vec<Result<Hook, BistroError>, BATCH> {
+    let mut planned = heapless::Vec::<Result<Planned, BistroError>, BATCH>::new();
+    for r in requests.iter().take(BATCH) {
+        let plan = plan(state, r.target, r.hook).and_then(|p| {
+            let (start, end) = (p.at, p.at + p.jump.len());
+            let overlaps = planned
+                .iter()
+                .flatten()
+                .any(|q| q.at < end && start < q.at + q.jump.len());
+            if overlaps {
+                return Err(BistroError::Overlaps { target: r.target });
+            }
+            Ok(p)
+        });
+        if let Ok(p) = &plan {
+            // Before the patch is visible: the hook calls through it.
+            r.original.store(p.trampoline, Ordering::Release);
+        }
+        // Cannot fail: at most BATCH taken.
+        let _ = planned.push(plan);
+    }
+    let mut written: [Option<Result<RestorePoint, PatchError>>; BATCH] = core::array::from_fn(|_| None);
+    by_protection(
+        |i| planned[i].as_ref().ok().map(|p| p.prot),
+        planned.len(),
+        |prot, group| {
+            let patches: heapless::Vec<(usize, &[u8]), BATCH> = group
+                .iter()
+                .filter_map(|&i| planned[i].as_ref().ok().map(|p| (p.at, &p.jump[..])))
+                .collect();
+            let results = write_patches::<_, BATCH>(&mut LinuxCode::with_protection(prot), &patches, NativeArch::LOCK);
+            for (&i, r) in group.iter().zip(results) {
+                written[i] = Some(r);
+            }
+        },
+    );
+    planned
+        .into_iter()
+        .zip(written)
+        .zip(requests)
+        .map(|((plan, written), r)| {
+            let p = plan?;
+            // Every plan was written, in its protection's pass.
+            let written = written.unwrap_or(Err(PatchError::Protection(0)));
+            let restore = written.map_err(|error| BistroError::Patch {
+                target: r.target,
+                error,
+            })?;
+            Ok(Hook {
+                target: r.target,
+                hook: r.hook,
+                trampoline: p.trampoline,
+                taken: p.taken,
+                prot: p.prot,
+                restore,
+            })
+        })
+        .collect()
+}
+
+/// Calls `write(prot, group)` once for each protection among the first
+/// `len` items (`prot_of`; `None` for an item to leave out), `group`
+/// holding the indices of the items with that protection in order: a
+/// batch is written in one pass per protection of the mappings it
+/// patches (code is almost always r-x, so one pass).
+fn by_protection(prot_of: impl Fn(usize) -> Option<i32>, len: usize, mut write: impl FnMut(i32, &[usize])) {
+    let len = len.min(BATCH);
+    let mut grouped = [false; BATCH];
+    for first in 0..len {
+        let Some(prot) = prot_of(first).filter(|_| !grouped[first]) else {
+            continue;
+        };
+        let mut group = heapless::Vec::<usize, BATCH>::new();
+        for (i, g) in grouped.iter_mut().enumerate().take(len).skip(first) {
+            if !*g && prot_of(i) == Some(prot) {
+                *g = true;
+                let _ = group.push(i);
+            }
+        }
+        write(prot, &group);
+    }
+}
+
+/// Reads the entry, relocates its prologue into a trampoline near it (or
+/// reuses the one made for the same bytes before) and builds the jump.
+/// Writes no code but the trampoline's.
+fn plan(state: &mut State, target: usize, hook: usize) -> Result<Planned, BistroError> {
+    let (bytes, len, prot) = read_entry(target)?;
+    let code = &bytes[..len];
+    let at = target + NativeArch::entry_skip(code);
+
+    // Where the entry jumps: the hook itself, or a near far-jump slot.
+    let dest = if NativeArch::is_near(at, hook) {
+        hook
+    } else {
+        far_slot(state, at, hook).unwrap_or(hook)
+    };
+    let jump = NativeArch::entry_jump(at, dest);
+
+    let cached = state
+        .trampolines
+        .iter()
+        .find(|c| c.target == target && c.len <= len && c.bytes[..c.len] == code[..c.len])
+        .map(|c| c.trampoline);
+    let (trampoline, taken) = match cached {
+        Some(slot) => {
+            // Same bytes, same entry, same slot: the code is already there.
+            let r = NativeArch::relocate(code, target, jump.len(), slot).map_err(|e| reloc_error(target, e, code))?;
+            (slot, r.taken)
+        }
+        None => {
+            let slot = trampoline::alloc_near(at, NEAR_REACH).ok_or(BistroError::NoTrampoline { target })?;
+            let r = NativeArch::relocate(code, target, jump.len(), slot).map_err(|e| reloc_error(target, e, code))?;
+            trampoline::write(slot, &r.code).map_err(|error| BistroError::Patch { target, error })?;
+            trampoline::trim(slot, r.code.len());
+            let used = r.skip + r.taken;
+            let mut c = Cached {
+                target,
+                bytes: [0; READ],
+                len: used,
+                trampoline: slot,
+            };
+            c.bytes[..used].copy_from_slice(&code[..used]);
+            if state.trampolines.is_full() {
+                state.trampolines.remove(0);
+            }
+            let _ = state.trampolines.push(c);
+            (slot, r.taken)
+        }
+    };
+    Ok(Planned {
+        at,
+        jump,
+        trampoline,
+        taken,
+        prot,
+    })
+}
+
 impl Hook {
     /// Patches the function at `target` so that it jumps to `hook`; stores
     /// the address that calls the original into `original` before the patch
@@ -323,63 +502,38 @@ impl Hook {
     ///
     /// A [`BistroError`]; the function is then unchanged.
     pub unsafe fn patch_with(target: usize, hook: usize, original: &AtomicUsize) -> Result<Hook, BistroError> {
+        let request = Request { target, hook, original };
+        // SAFETY: forwarded from the caller.
+        let mut done = unsafe { Hook::patch_batch::<1>(core::slice::from_ref(&request)) };
+        // One request in, one result out.
+        done.pop().unwrap_or(Err(BistroError::Overlaps { target }))
+    }
+
+    /// [`Hook::patch_with`] for each request, the entries written in one
+    /// pass of the lock protocol ([`memhook_core::patch::write_patches`]):
+    /// three serialisations of every core for the whole batch, not three
+    /// each (with the grace wait where the kernel lacks the membarrier,
+    /// 6 ms for the batch instead of 6 ms a function), and each page's
+    /// protection changed once each way. The results come in the order of
+    /// the requests; one that fails leaves its function unchanged, and the
+    /// others are patched. At most `N` requests are answered (the rest are
+    /// not patched).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Hook::patch_with`], for each request. The entries of one
+    /// batch must be distinct functions (one whose patch would overlap an
+    /// earlier request's is refused with [`BistroError::Overlaps`]).
+    pub unsafe fn patch_batch<const N: usize>(requests: &[Request<'_>]) -> heapless::Vec<Result<Hook, BistroError>, N> {
         let mut state = STATE.lock();
-        let (bytes, len, prot) = read_entry(target)?;
-        let code = &bytes[..len];
-        let at = target + NativeArch::entry_skip(code);
-
-        // Where the entry jumps: the hook itself, or a near far-jump slot.
-        let dest = if NativeArch::is_near(at, hook) {
-            hook
-        } else {
-            far_slot(&mut state, at, hook).unwrap_or(hook)
-        };
-        let jump = NativeArch::entry_jump(at, dest);
-
-        let cached = state
-            .trampolines
-            .iter()
-            .find(|c| c.target == target && c.len <= len && c.bytes[..c.len] == code[..c.len])
-            .map(|c| c.trampoline);
-        let (trampoline, taken) = match cached {
-            Some(slot) => {
-                // Same bytes, same entry, same slot: the code is already there.
-                let r =
-                    NativeArch::relocate(code, target, jump.len(), slot).map_err(|e| reloc_error(target, e, code))?;
-                (slot, r.taken)
+        let mut done = heapless::Vec::new();
+        for chunk in requests[..requests.len().min(N)].chunks(BATCH) {
+            for result in patch_chunk(&mut state, chunk) {
+                // Cannot fail: at most N requests.
+                let _ = done.push(result);
             }
-            None => {
-                let slot = trampoline::alloc_near(at, NEAR_REACH).ok_or(BistroError::NoTrampoline { target })?;
-                let r =
-                    NativeArch::relocate(code, target, jump.len(), slot).map_err(|e| reloc_error(target, e, code))?;
-                trampoline::write(slot, &r.code).map_err(|error| BistroError::Patch { target, error })?;
-                trampoline::trim(slot, r.code.len());
-                let used = r.skip + r.taken;
-                let mut c = Cached {
-                    target,
-                    bytes: [0; READ],
-                    len: used,
-                    trampoline: slot,
-                };
-                c.bytes[..used].copy_from_slice(&code[..used]);
-                if state.trampolines.is_full() {
-                    state.trampolines.remove(0);
-                }
-                let _ = state.trampolines.push(c);
-                (slot, r.taken)
-            }
-        };
-        original.store(trampoline, Ordering::Release);
-        let restore = write_patch(&mut LinuxCode::with_protection(prot), at, &jump, NativeArch::LOCK)
-            .map_err(|error| BistroError::Patch { target, error })?;
-        Ok(Hook {
-            target,
-            hook,
-            trampoline,
-            taken,
-            prot,
-            restore,
-        })
+        }
+        done
     }
 
     /// [`Hook::patch_with`] on the function `symbol` resolves to in the
@@ -414,17 +568,56 @@ impl Hook {
     // install path does not allocate.
     #[allow(clippy::result_large_err)]
     pub fn unpatch(self) -> Result<(), (Hook, BistroError)> {
-        let _state = STATE.lock();
-        match self
-            .restore
-            .undo(&mut LinuxCode::with_protection(self.prot), NativeArch::LOCK)
-        {
-            Ok(()) => Ok(()),
-            Err(error) => {
-                let target = self.target;
-                Err((self, BistroError::Patch { target, error }))
-            }
+        let mut hooks = heapless::Vec::<Hook, 1>::new();
+        // Cannot fail: room for one.
+        let _ = hooks.push(self);
+        match Hook::unpatch_batch(&mut hooks) {
+            Some(error) => match hooks.pop() {
+                Some(h) => Err((h, error)),
+                None => Ok(()),
+            },
+            None => Ok(()),
         }
+    }
+
+    /// [`Hook::unpatch`] for every hook of `hooks`, written in one pass of
+    /// the lock protocol (three serialisations for the whole batch). The
+    /// hooks undone are taken out of `hooks`; those left are the ones
+    /// whose entry no longer holds the jump (another hooker patched over
+    /// it), in their order, and the first one's error is returned.
+    pub fn unpatch_batch<const N: usize>(hooks: &mut heapless::Vec<Hook, N>) -> Option<BistroError> {
+        let _state = STATE.lock();
+        let mut undone = [false; N];
+        let mut error = None;
+        for (c, chunk) in hooks.chunks(BATCH).enumerate() {
+            by_protection(
+                |i| Some(chunk[i].prot),
+                chunk.len(),
+                |prot, group| {
+                    let points: heapless::Vec<&RestorePoint, BATCH> =
+                        group.iter().map(|&i| &chunk[i].restore).collect();
+                    let results =
+                        undo_patches::<_, BATCH>(&mut LinuxCode::with_protection(prot), &points, NativeArch::LOCK);
+                    for (&i, r) in group.iter().zip(results) {
+                        match r {
+                            Ok(()) => undone[c * BATCH + i] = true,
+                            Err(e) => {
+                                error = error.or(Some(BistroError::Patch {
+                                    target: chunk[i].target,
+                                    error: e,
+                                }))
+                            }
+                        }
+                    }
+                },
+            );
+        }
+        let mut i = 0;
+        hooks.retain(|_| {
+            i += 1;
+            !undone[i - 1]
+        });
+        error
     }
 
     /// Whether the function's entry still holds this patch's jump (not

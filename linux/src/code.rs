@@ -64,6 +64,7 @@ static REGISTER_AT_LOAD: extern "C" fn() = register_at_load;
 
 /// Makes every core of the process see the code written so far.
 pub fn serialize_all_cores() {
+    SERIALIZED.fetch_add(1, Ordering::Relaxed);
     if serialization() == Serialization::MembarrierSyncCore
         && membarrier::call(membarrier::PRIVATE_EXPEDITED_SYNC_CORE) == 0
     {
@@ -75,6 +76,17 @@ pub fn serialize_all_cores() {
     };
     // SAFETY: a valid timespec; the remainder is not wanted.
     unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+}
+
+/// Serialisations of every core made ([`serialize_all_cores`]).
+static SERIALIZED: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// How many times memhook has serialised every core (each a `membarrier`
+/// that interrupts every core running the process, or a grace wait of
+/// [`GRACE_WAIT_NS`]): three for each batch of patches. Tests and benches
+/// count them.
+pub fn serializations() -> u64 {
+    SERIALIZED.load(Ordering::Relaxed)
 }
 
 pub use crate::maps::page_size;
@@ -107,11 +119,15 @@ pub(crate) fn flush_icache(at: usize, len: usize) {
     let _ = (at, len);
 }
 
+/// The pages covering `[at, at + len)`.
+fn pages(at: usize, len: usize) -> (usize, usize) {
+    let page = page_size();
+    (at & !(page - 1), (at + len).next_multiple_of(page))
+}
+
 /// Changes the protection of the pages covering `[at, at + len)`.
 pub(crate) fn protect(at: usize, len: usize, prot: i32) -> Result<(), PatchError> {
-    let page = page_size();
-    let start = at & !(page - 1);
-    let end = (at + len).next_multiple_of(page);
+    let (start, end) = pages(at, len);
     // SAFETY: mprotect changes protection only; callers pass ranges of
     // mappings they own or code they patch, and keep PROT_EXEC on code.
     if unsafe { libc::mprotect(start as *mut libc::c_void, end - start, prot) } != 0 {
@@ -120,12 +136,30 @@ pub(crate) fn protect(at: usize, len: usize, prot: i32) -> Result<(), PatchError
     Ok(())
 }
 
+/// Page ranges one writer remembers making writable, so that a batch of
+/// patches changes each page's protection once each way: at least as many
+/// as the largest batch has entries.
+const CHANGED: usize = 128;
+
+/// Pages made writable: where, the protection to restore, and whether it
+/// was restored.
+#[derive(Clone, Copy, Debug)]
+struct Changed {
+    start: usize,
+    end: usize,
+    prot: i32,
+    restored: bool,
+}
+
 /// [`CodeMemory`] for this process. It remembers the protection it found,
-/// and restores exactly that.
+/// and restores exactly that. In a batch
+/// ([`memhook_core::patch::write_patches`]), each page is made writable
+/// once and restored once, after the last write: every restore comes after
+/// every write there.
 #[derive(Debug, Default)]
 pub struct LinuxCode {
     known_prot: Option<i32>,
-    saved_prot: Option<i32>,
+    changed: heapless::Vec<Changed, CHANGED>,
 }
 
 impl LinuxCode {
@@ -138,26 +172,65 @@ impl LinuxCode {
     pub fn with_protection(prot: i32) -> Self {
         Self {
             known_prot: Some(prot),
-            saved_prot: None,
+            changed: heapless::Vec::new(),
         }
+    }
+
+    /// The page ranges it made writable, and whether each was restored.
+    #[cfg(test)]
+    fn changed(&self) -> impl Iterator<Item = (usize, usize, bool)> + '_ {
+        self.changed.iter().map(|c| (c.start, c.end, c.restored))
     }
 }
 
 impl CodeMemory for LinuxCode {
     fn make_writable(&mut self, at: usize, len: usize) -> Result<(), PatchError> {
+        let (start, end) = pages(at, len);
+        if self
+            .changed
+            .iter()
+            .any(|c| !c.restored && c.start <= start && end <= c.end)
+        {
+            return Ok(());
+        }
+        // Room to remember the range (a restored one's place will do),
+        // else the range is refused before anything changes.
+        let slot = match self.changed.iter().position(|c| c.restored) {
+            Some(i) => i,
+            None if !self.changed.is_full() => self.changed.len(),
+            None => return Err(PatchError::Protection(libc::ENOMEM)),
+        };
         let prot = match self.known_prot {
             Some(prot) => prot,
             None => maps::find(at).map_or(libc::PROT_READ | libc::PROT_EXEC, |m| m.prot),
         };
         protect(at, len, prot | libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC)?;
-        self.saved_prot = Some(prot);
+        let changed = Changed {
+            start,
+            end,
+            prot,
+            restored: false,
+        };
+        if slot == self.changed.len() {
+            // Cannot fail: not full (checked above).
+            let _ = self.changed.push(changed);
+        } else {
+            self.changed[slot] = changed;
+        }
         Ok(())
     }
 
     fn restore_protection(&mut self, at: usize, len: usize) -> Result<(), PatchError> {
-        match self.saved_prot.take() {
-            Some(prot) => protect(at, len, prot),
-            None => Ok(()),
+        let (start, end) = pages(at, len);
+        // Restored once, the first time one of the range's writes is done
+        // (in a batch every write is done by then); nothing to restore for
+        // a range this writer did not change.
+        match self.changed.iter_mut().find(|c| c.start <= start && end <= c.end) {
+            Some(c) if !c.restored => {
+                c.restored = true;
+                protect(c.start, c.end - c.start, c.prot)
+            }
+            _ => Ok(()),
         }
     }
 
@@ -219,5 +292,113 @@ fn write_one_store(at: usize, bytes: &[u8]) {
             8 => (*(at as *const AtomicU64)).store(u64::from_le_bytes(bytes.try_into().unwrap()), Ordering::Release),
             n => panic!("write_atomic of {n} bytes"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bistro::NativeArch;
+    use memhook_core::patch::{Arch, undo_patches, write_patches};
+
+    const RX: i32 = libc::PROT_READ | libc::PROT_EXEC;
+
+    /// `pages` pages of `int3`, mapped r-x.
+    fn code_pages(pages: usize) -> usize {
+        let len = pages * page_size();
+        // SAFETY: a fresh anonymous mapping, filled, then made r-x.
+        unsafe {
+            let p = libc::mmap(
+                core::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            core::ptr::write_bytes(p.cast::<u8>(), 0xcc, len);
+            assert_eq!(libc::mprotect(p, len, RX), 0);
+            p as usize
+        }
+    }
+
+    fn bytes(at: usize, len: usize) -> Vec<u8> {
+        // SAFETY: inside a readable mapping made by the test.
+        unsafe { core::slice::from_raw_parts(at as *const u8, len) }.to_vec()
+    }
+
+    /// A batch makes each page writable once and restores it once, after
+    /// the last write, to exactly what it was.
+    #[test]
+    fn a_batch_changes_each_page_once_and_restores_it() {
+        let page = page_size();
+        let base = code_pages(3);
+        let entries = [base + 8, base + 40, base + 2 * page + 8];
+        // The far form: longer than the lock on every architecture.
+        let jumps: Vec<_> = entries
+            .iter()
+            .map(|&at| NativeArch::entry_jump(at, at + (1 << 40)))
+            .collect();
+        let patches: Vec<(usize, &[u8])> = entries.iter().zip(&jumps).map(|(&at, j)| (at, &j[..])).collect();
+        let mut mem = LinuxCode::with_protection(RX);
+        let done = write_patches::<_, 4>(&mut mem, &patches, NativeArch::LOCK);
+        assert!(done.iter().all(Result::is_ok), "{done:?}");
+        for (&at, j) in entries.iter().zip(&jumps) {
+            assert!(j.len() > NativeArch::LOCK.len());
+            assert_eq!(bytes(at, j.len()), &j[..]);
+        }
+        let changed: Vec<_> = mem.changed().collect();
+        assert_eq!(
+            changed,
+            [(base, base + page, true), (base + 2 * page, base + 3 * page, true)],
+            "the first page twice, or one not restored"
+        );
+        for p in 0..3 {
+            assert_eq!(maps::find(base + p * page).unwrap().prot, RX, "page {p}");
+        }
+
+        // Undone in one pass, through another writer: the same again.
+        let points: Vec<_> = done.iter().map(|p| p.as_ref().unwrap()).collect();
+        let mut mem = LinuxCode::with_protection(RX);
+        let undone = undo_patches::<_, 4>(&mut mem, &points, NativeArch::LOCK);
+        assert!(undone.iter().all(Result::is_ok));
+        for (&at, j) in entries.iter().zip(&jumps) {
+            assert_eq!(bytes(at, j.len()), vec![0xcc; j.len()]);
+        }
+        assert_eq!(mem.changed().count(), 2);
+        for p in 0..3 {
+            assert_eq!(maps::find(base + p * page).unwrap().prot, RX, "page {p}");
+        }
+        // SAFETY: the test's own mapping, no longer used.
+        unsafe { libc::munmap(base as *mut libc::c_void, 3 * page) };
+    }
+
+    /// More pages than a writer can remember: the one beyond is refused
+    /// before its protection changes, and the others are restored.
+    #[test]
+    fn a_writer_refuses_a_page_it_cannot_remember() {
+        let page = page_size();
+        let base = code_pages(CHANGED + 1);
+        let mut mem = LinuxCode::with_protection(RX);
+        for p in 0..CHANGED {
+            mem.make_writable(base + p * page, 1).unwrap();
+        }
+        let last = base + CHANGED * page;
+        assert_eq!(mem.make_writable(last, 1), Err(PatchError::Protection(libc::ENOMEM)));
+        assert_eq!(maps::find(last).unwrap().prot, RX);
+        for p in 0..CHANGED {
+            mem.restore_protection(base + p * page, 1).unwrap();
+        }
+        assert!(mem.changed().all(|(_, _, restored)| restored));
+        for p in 0..=CHANGED {
+            assert_eq!(maps::find(base + p * page).unwrap().prot, RX, "page {p}");
+        }
+        // A restored page's record makes room for the next.
+        mem.make_writable(last, 1).unwrap();
+        mem.restore_protection(last, 1).unwrap();
+        assert_eq!(maps::find(last).unwrap().prot, RX);
+        // SAFETY: the test's own mapping, no longer used.
+        unsafe { libc::munmap(base as *mut libc::c_void, (CHANGED + 1) * page) };
     }
 }

@@ -249,38 +249,7 @@ pub fn install(config: &Config) {
     };
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     if mmap.contains(HookMode::Bistro) {
-        for (i, (name, hook, original)) in functions().into_iter().enumerate() {
-            if !present(name) {
-                continue;
-            }
-            let function = name.to_str().unwrap_or("?");
-            let target = entry_of(name, in_libc[i]);
-            if target != 0 && state.hooks.iter().any(|h| h.target() == target) {
-                // Our patch from before, kept at an uninstall because
-                // another hooker had patched over it: still in place and
-                // working, and a second patch over it would lead into
-                // itself.
-                note(&mut state.status, function, HookMode::Bistro, None);
-                continue;
-            }
-            // SAFETY: each hook has its function's signature and calls the
-            // original through `original`, which patch_with sets first.
-            match unsafe { patch_at(target, hook, original) } {
-                Ok(h) => {
-                    if state.hooks.push(h).is_err() {
-                        note(
-                            &mut state.status,
-                            function,
-                            HookMode::Bistro,
-                            Some(&"too many bistro hooks"),
-                        );
-                        continue;
-                    }
-                    note(&mut state.status, function, HookMode::Bistro, None);
-                }
-                Err(e) => note(&mut state.status, function, HookMode::Bistro, Some(&e)),
-            }
-        }
+        patch_host_functions(&mut state, &in_libc);
     }
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if mmap.contains(HookMode::Reloc) {
@@ -349,6 +318,76 @@ pub fn install(config: &Config) {
     crate::reloc::report_changes();
 }
 
+/// What the host install does with one host function in bistro mode.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Not in this C library: not listed.
+    Absent,
+    /// Our patch from before, kept at an uninstall because another hooker
+    /// had patched over it: still in place and working, and a second
+    /// patch over it would lead into itself.
+    Kept,
+    /// Nowhere to be found.
+    NoSymbol,
+    /// Patched in the batch.
+    Patch,
+}
+
+/// Bistro-patches every host function of the main namespace's C library,
+/// all in one batch (`Hook::patch_batch`: three serialisations of every
+/// core for all twelve), and notes how each stands, in the functions'
+/// order.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn patch_host_functions(state: &mut Installed, in_libc: &[usize; LIBC_TARGETS]) {
+    use crate::bistro::{BistroError, Hook, Request};
+    const N: usize = crate::host::FUNCTIONS;
+    let mut steps = [Step::Absent; N];
+    let mut requests = heapless::Vec::<Request<'static>, N>::new();
+    for (i, (name, hook, original)) in functions().into_iter().enumerate() {
+        if !present(name) {
+            continue;
+        }
+        let target = entry_of(name, in_libc[i]);
+        steps[i] = if target == 0 {
+            Step::NoSymbol
+        } else if state.hooks.iter().any(|h| h.target() == target) {
+            Step::Kept
+        } else {
+            let _ = requests.push(Request { target, hook, original });
+            Step::Patch
+        };
+    }
+    // SAFETY: each hook has its function's signature and calls the
+    // original through `original`, which patch_batch sets first.
+    let mut done = unsafe { Hook::patch_batch::<N>(&requests) }.into_iter();
+    for (step, (name, _, _)) in steps.into_iter().zip(functions()) {
+        let function = name.to_str().unwrap_or("?");
+        let why: Option<&dyn fmt::Display> = match step {
+            Step::Absent => continue,
+            Step::Kept => None,
+            Step::NoSymbol => Some(&BistroError::NoSymbol),
+            Step::Patch => match done.next() {
+                Some(Ok(h)) => match state.hooks.push(h) {
+                    Ok(()) => None,
+                    // Cannot happen (room for every function); undone
+                    // rather than lost.
+                    Err(h) => {
+                        let _ = h.unpatch();
+                        Some(&"too many bistro hooks")
+                    }
+                },
+                Some(Err(e)) => {
+                    note(&mut state.status, function, HookMode::Bistro, Some(&e));
+                    continue;
+                }
+                None => Some(&"not patched: the batch had no room"),
+            },
+        };
+        note(&mut state.status, function, HookMode::Bistro, why);
+    }
+}
+
 /// Bistro-patches the loader's dlopen, dlclose, dlsym and dlvsym to
 /// reloc's entries for them, for the host hooks alone in bistro mode:
 /// four patches instead of a pass over every object's relocations (a
@@ -357,26 +396,40 @@ pub fn install(config: &Config) {
 /// GOT hooks follow the loader instead.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn follow_loader(state: &mut Installed, in_libc: &[usize; LIBC_TARGETS]) -> bool {
+    let mut requests = heapless::Vec::<crate::bistro::Request<'static>, 4>::new();
     for (i, (name, entry, real)) in crate::reloc::dl_entries().into_iter().enumerate() {
         let target = entry_of(name, in_libc[crate::host::FUNCTIONS + i]);
-        if target != 0 && state.loader.iter().any(|h| h.target() == target) {
+        if target == 0 {
+            unfollow_loader(state);
+            return false;
+        }
+        if state.loader.iter().any(|h| h.target() == target) {
             continue; // kept from before (see `install`)
         }
-        // SAFETY: each entry has its function's signature and reaches the
-        // function through `real`, which patch_with sets to the
-        // trampoline before the patch.
-        match unsafe { patch_at(target, entry, real) } {
+        let _ = requests.push(crate::bistro::Request {
+            target,
+            hook: entry,
+            original: real,
+        });
+    }
+    // SAFETY: each entry has its function's signature and reaches the
+    // function through `real`, which patch_batch sets to the trampoline
+    // before the patch.
+    let done = unsafe { crate::bistro::Hook::patch_batch::<4>(&requests) };
+    let mut all = true;
+    for d in done {
+        match d {
             Ok(h) => {
                 crate::reloc::BISTRO_DL.store(true, core::sync::atomic::Ordering::Release);
                 let _ = state.loader.push(h);
             }
-            Err(_) => {
-                unfollow_loader(state);
-                return false;
-            }
+            Err(_) => all = false,
         }
     }
-    true
+    if !all {
+        unfollow_loader(state);
+    }
+    all
 }
 
 /// Undoes [`follow_loader`]'s patches. A patch another hooker patched
@@ -390,21 +443,13 @@ fn unfollow_loader(state: &mut Installed) {
     }
 }
 
-/// Undoes every patch of `hooks`, last first, and keeps those another
+/// Undoes every patch of `hooks` in one batch, and keeps those another
 /// hooker patched over (in place, still working, through their
 /// trampolines: an install finds them there and takes them back rather
 /// than patching over its own jump). Whether none was kept.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn unpatch_all<const N: usize>(hooks: &mut heapless::Vec<crate::bistro::Hook, N>) -> bool {
-    let mut kept = heapless::Vec::<crate::bistro::Hook, N>::new();
-    while let Some(h) = hooks.pop() {
-        if let Err((h, _)) = h.unpatch() {
-            let _ = kept.push(h);
-        }
-    }
-    while let Some(h) = kept.pop() {
-        let _ = hooks.push(h);
-    }
+    let _ = crate::bistro::Hook::unpatch_batch(hooks);
     hooks.is_empty()
 }
 
@@ -438,24 +483,6 @@ fn entry_of(name: &core::ffi::CStr, in_libc: usize) -> usize {
     }
     // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
-}
-
-/// [`crate::bistro::Hook::patch_with`] at `target`, refused for 0.
-///
-/// # Safety
-///
-/// As for `patch_with`.
-#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-unsafe fn patch_at(
-    target: usize,
-    hook: usize,
-    original: &'static core::sync::atomic::AtomicUsize,
-) -> Result<crate::bistro::Hook, crate::bistro::BistroError> {
-    if target == 0 {
-        return Err(crate::bistro::BistroError::NoSymbol);
-    }
-    // SAFETY: forwarded from the caller.
-    unsafe { crate::bistro::Hook::patch_with(target, hook, original) }
 }
 
 /// Whether the host function `name` is in this process's C library.
@@ -669,16 +696,22 @@ fn hook_namespace(state: &mut Installed, libc: &crate::reloc::NamespaceLibc, fun
         hooked: 0,
         reason: heapless::String::new(),
     };
+    let mut requests = heapless::Vec::<crate::bistro::Request<'static>, { crate::host::FUNCTIONS }>::new();
+    let mut names = heapless::Vec::<&'static core::ffi::CStr, { crate::host::FUNCTIONS }>::new();
     for (&(name, hook, original), &target) in functions.iter().zip(&libc.functions) {
         if target == 0 {
             continue; // process_madvise before glibc 2.36
         }
-        stands.functions += 1;
-        // SAFETY: as for the main namespace's hooks: each has its
-        // function's signature and calls this namespace's original through
-        // `original`, which patch_with sets first. The entry is in the
-        // libc's code, mapped while the loader's write lock is held.
-        let patched = unsafe { crate::bistro::Hook::patch_with(target, hook, original) };
+        let _ = requests.push(crate::bistro::Request { target, hook, original });
+        let _ = names.push(name);
+    }
+    stands.functions = requests.len();
+    // SAFETY: as for the main namespace's hooks: each has its function's
+    // signature and calls this namespace's original through `original`,
+    // which patch_batch sets first. The entries are in the libc's code,
+    // mapped while the loader's write lock is held.
+    let done = unsafe { crate::bistro::Hook::patch_batch::<{ crate::host::FUNCTIONS }>(&requests) };
+    for (patched, name) in done.into_iter().zip(names) {
         let why: &dyn fmt::Display = match patched {
             Ok(h) => match state.namespace_hooks.push((ns, h)) {
                 Ok(()) => {
@@ -719,17 +752,21 @@ fn unhook_namespaces(state: &mut Installed) {
         if state.namespace_libcs[ns] != libc.id || !still_hooked(state, libc) {
             return;
         }
+        let mut mine = heapless::Vec::<crate::bistro::Hook, { crate::host::FUNCTIONS }>::new();
         let mut i = 0;
         while i < state.namespace_hooks.len() {
             let (n, ref h) = state.namespace_hooks[i];
-            if n != ns || !libc.holds(h.target(), memhook_core::patch::MAX_PATCH) {
+            if n != ns || !libc.holds(h.target(), memhook_core::patch::MAX_PATCH) || mine.is_full() {
                 i += 1;
                 continue;
             }
             let (_, h) = state.namespace_hooks.swap_remove(i);
-            if let Err((h, _)) = h.unpatch() {
-                let _ = kept.push((ns, h));
-            }
+            let _ = mine.push(h);
+        }
+        // One batch for the namespace's libc.
+        let _ = crate::bistro::Hook::unpatch_batch(&mut mine);
+        for h in mine {
+            let _ = kept.push((ns, h));
         }
     });
     // What is left is in libcs that went: forgotten, as is every

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex, OnceLock};
 
-use memhook::bistro::{BistroError, Hook, can_patch};
+use memhook::bistro::{BistroError, Hook, Request, can_patch};
 use memhook::patch::RelocError;
 
 /// The test library: `tests/asm/prologues.S` built into a shared object
@@ -22,6 +22,9 @@ struct Prologues {
     looping: unsafe extern "C" fn(i32) -> i32,
     count: unsafe extern "C" fn(i32) -> i32,
     counter: &'static AtomicU64,
+    /// `mh_t_count2` to `mh_t_count4`, each with its own counter.
+    counts: [unsafe extern "C" fn(i32) -> i32; 3],
+    counters: [&'static AtomicU64; 3],
 }
 
 fn lib() -> &'static Prologues {
@@ -64,6 +67,10 @@ fn lib() -> &'static Prologues {
             count: f1(c"mh_t_count"),
             // SAFETY: as above.
             counter: unsafe { &*(sym(c"mh_t_counter") as *const AtomicU64) },
+            counts: [f1(c"mh_t_count2"), f1(c"mh_t_count3"), f1(c"mh_t_count4")],
+            // SAFETY: as above.
+            counters: [c"mh_t_counter2", c"mh_t_counter3", c"mh_t_counter4"]
+                .map(|name| unsafe { &*(sym(name) as *const AtomicU64) }),
         }
     })
 }
@@ -335,5 +342,181 @@ fn stress_patch_unpatch_while_eight_threads_call() {
     eprintln!(
         "{made} calls, {hooked} through the hook, {CYCLES} patch/unpatch cycles, serialisation {:?}",
         memhook::code::serialization()
+    );
+}
+
+/// Defines a hook that counts its calls and returns what the original
+/// returns.
+macro_rules! passing {
+    ($name:ident, $original:ident, $calls:ident) => {
+        static $original: AtomicUsize = AtomicUsize::new(0);
+        static $calls: AtomicU64 = AtomicU64::new(0);
+        extern "C" fn $name(a: i32) -> i32 {
+            $calls.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: set to the trampoline (same signature) before the patch.
+            let original: Fn1 = unsafe { std::mem::transmute($original.load(Ordering::Acquire)) };
+            original(a)
+        }
+    };
+}
+
+passing!(hook_count2, ORIG_COUNT2, CALLS_COUNT2);
+passing!(hook_count3, ORIG_COUNT3, CALLS_COUNT3);
+passing!(hook_count4, ORIG_COUNT4, CALLS_COUNT4);
+
+/// The batch tests patch mh_t_count2 to 4; they take turns.
+static BATCH_SERIAL: Mutex<()> = Mutex::new(());
+
+/// mh_t_count2 to 4 with their hooks, as batch requests.
+fn count_requests() -> [Request<'static>; 3] {
+    let hooks: [Fn1; 3] = [hook_count2, hook_count3, hook_count4];
+    let originals = [&ORIG_COUNT2, &ORIG_COUNT3, &ORIG_COUNT4];
+    core::array::from_fn(|i| Request {
+        target: lib().counts[i] as usize,
+        hook: hooks[i] as usize,
+        original: originals[i],
+    })
+}
+
+fn hook_calls() -> [u64; 3] {
+    [&CALLS_COUNT2, &CALLS_COUNT3, &CALLS_COUNT4].map(|c| c.load(Ordering::SeqCst))
+}
+
+/// One batch patches every function it can, in one pass, and answers each
+/// request in order: a function too short to patch and a second patch of
+/// the same entry are refused and change nothing; the others' hooks and
+/// originals run. Undoing the batch restores every byte, except under a
+/// patch another hooker laid over ours, which stays until that one goes.
+#[test]
+fn a_batch_patches_what_it_can_and_answers_each_request() {
+    let _serial = BATCH_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let [r2, r3, r4] = count_requests();
+    static UNUSED: AtomicUsize = AtomicUsize::new(0);
+    let tiny = Request {
+        target: lib().tiny as usize,
+        hook: hook_a as *const () as usize,
+        original: &UNUSED,
+    };
+    let before = lib().counts.map(|f| entry_bytes(f as usize));
+    let tiny_before = entry_bytes(lib().tiny as usize);
+    // SAFETY: each hook has its function's signature and calls the
+    // original through its `original`.
+    let done = unsafe { Hook::patch_batch::<8>(&[r2, tiny, r3, r2, r4]) };
+    assert_eq!(done.len(), 5);
+    assert!(
+        matches!(
+            done[1],
+            Err(BistroError::Reloc {
+                error: RelocError::FunctionTooShort { .. },
+                ..
+            })
+        ),
+        "{:?}",
+        done[1]
+    );
+    assert_eq!(
+        done[3].as_ref().unwrap_err(),
+        &BistroError::Overlaps { target: r2.target }
+    );
+    assert_eq!(entry_bytes(lib().tiny as usize), tiny_before);
+    let mut hooks: heapless::Vec<Hook, 4> = done.into_iter().flatten().collect();
+    assert_eq!(hooks.len(), 3);
+    let calls = hook_calls();
+    for (i, h) in hooks.iter().enumerate() {
+        assert_eq!(h.target(), lib().counts[i] as usize);
+        assert_ne!(entry_bytes(h.target()), before[i]);
+        // SAFETY: the counting functions return their argument.
+        assert_eq!(unsafe { (lib().counts[i])(40 + i as i32) }, 40 + i as i32);
+        // SAFETY: the trampoline has the function's signature.
+        let original: Fn1 = unsafe { std::mem::transmute(h.original()) };
+        assert_eq!(original(7), 7);
+    }
+    let after = hook_calls();
+    assert_eq!(
+        [after[0] - calls[0], after[1] - calls[1], after[2] - calls[2]],
+        [1, 1, 1]
+    );
+
+    // Another hooker patches over mh_t_count3: undoing the batch leaves
+    // ours there (its error says which), and restores the other two.
+    passing!(hook_over, ORIG_OVER, CALLS_OVER);
+    // SAFETY: as above.
+    let over =
+        unsafe { Hook::patch_with(lib().counts[1] as usize, hook_over as *const () as usize, &ORIG_OVER) }.unwrap();
+    let error = Hook::unpatch_batch(&mut hooks);
+    assert!(
+        matches!(error, Some(BistroError::Patch { target, .. }) if target == lib().counts[1] as usize),
+        "{error:?}"
+    );
+    assert_eq!(hooks.len(), 1);
+    assert_eq!(hooks[0].target(), lib().counts[1] as usize);
+    assert_eq!(entry_bytes(lib().counts[0] as usize), before[0]);
+    assert_eq!(entry_bytes(lib().counts[2] as usize), before[2]);
+    // SAFETY: as above.
+    assert_eq!(unsafe { (lib().counts[1])(9) }, 9);
+    assert_eq!(CALLS_OVER.load(Ordering::SeqCst), 1, "both hooks still run");
+    over.unpatch().map_err(|(_, e)| e).unwrap();
+    assert_eq!(Hook::unpatch_batch(&mut hooks), None);
+    assert!(hooks.is_empty());
+    assert_eq!(lib().counts.map(|f| entry_bytes(f as usize)), before);
+}
+
+/// Eight threads call three functions in a loop while one batch patches
+/// and unpatches all three 3,000 times: no crash, every call returns its
+/// argument, and every call reached its original exactly once.
+#[test]
+fn stress_batches_while_eight_threads_call() {
+    const THREADS: usize = 8;
+    const CYCLES: usize = 3_000;
+    let _serial = BATCH_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(THREADS + 1));
+    let base = lib().counters.map(|c| c.load(Ordering::SeqCst));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (stop, start) = (stop.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let mut made = [0u64; 3];
+                let mut i = t as i32;
+                while !stop.load(Ordering::Relaxed) {
+                    for (k, f) in lib().counts.iter().enumerate() {
+                        // SAFETY: the counting functions return their argument.
+                        assert_eq!(unsafe { f(i) }, i, "a call returned garbage");
+                        made[k] += 1;
+                    }
+                    i = i.wrapping_add(THREADS as i32);
+                }
+                made
+            })
+        })
+        .collect();
+    start.wait();
+    let before = lib().counts.map(|f| entry_bytes(f as usize));
+    let requests = count_requests();
+    for _ in 0..CYCLES {
+        // SAFETY: as in the test above.
+        let done = unsafe { Hook::patch_batch::<3>(&requests) };
+        let mut hooks: heapless::Vec<Hook, 3> = done.into_iter().map(Result::unwrap).collect();
+        assert_eq!(Hook::unpatch_batch(&mut hooks), None);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let made = workers
+        .into_iter()
+        .map(|w| w.join().unwrap())
+        .fold([0u64; 3], |mut a, m| {
+            for k in 0..3 {
+                a[k] += m[k];
+            }
+            a
+        });
+    let seen: Vec<u64> = (0..3)
+        .map(|k| lib().counters[k].load(Ordering::SeqCst) - base[k])
+        .collect();
+    assert_eq!(lib().counts.map(|f| entry_bytes(f as usize)), before);
+    assert_eq!(seen, made, "calls made vs calls that reached the originals");
+    eprintln!(
+        "{made:?} calls, {:?} through the hooks, {CYCLES} batch patch/unpatch cycles",
+        hook_calls()
     );
 }

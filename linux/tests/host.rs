@@ -1376,14 +1376,26 @@ fn install_uninstall_cycles_restore_the_bytes() {
     let before: Vec<_> = names.iter().map(|n| entry_bytes(n)).collect();
     let loader_before: Vec<_> = loader.iter().map(|n| entry_bytes(n)).collect();
     for _ in 0..5 {
+        let serialized = memhook::code::serializations();
         memhook::install(&config(HookMode::Bistro));
+        // Two batches, each serialising every core three times: the host
+        // functions, then the loader's four (one at a time: 48); and one
+        // for the libc of each loader namespace other tests left open.
+        let namespaces = memhook::namespaces().iter().filter(|n| n.functions > 0).count() as u64;
+        assert_eq!(memhook::code::serializations() - serialized, 6 + 3 * namespaces);
         memhook::install(&config(HookMode::Bistro)); // idempotent
         assert_eq!(memhook::status().len(), host_functions());
         assert!(names.iter().zip(&before).any(|(n, b)| entry_bytes(n) != *b), "patched");
         for (n, b) in loader.iter().zip(&loader_before) {
             assert_ne!(entry_bytes(n), *b, "{n:?} patched");
         }
+        let serialized = memhook::code::serializations();
         memhook::uninstall();
+        assert_eq!(
+            memhook::code::serializations() - serialized,
+            6 + 3 * namespaces,
+            "undone in a batch each"
+        );
         let after: Vec<_> = names.iter().map(|n| entry_bytes(n)).collect();
         assert_eq!(after, before);
         let after: Vec<_> = loader.iter().map(|n| entry_bytes(n)).collect();

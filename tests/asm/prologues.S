@@ -85,8 +85,34 @@ mh_t_count:
         ret
         int3
 
+/* Three more that count, each its own calls (for the batch tests). */
+        .macro counting name, counter
+        .globl \name
+        .type \name, @function
+        .p2align 4
+\name:
+        endbr64
+        lock inc qword ptr [rip + \counter\()_local]
+        mov eax, edi
+        ret
+        int3
+        .endm
+        counting mh_t_count2, mh_t_counter2
+        counting mh_t_count3, mh_t_counter3
+        counting mh_t_count4, mh_t_counter4
+
         .data
         .p2align 3
+        .globl mh_t_counter2, mh_t_counter3, mh_t_counter4
+mh_t_counter2:
+mh_t_counter2_local:
+        .quad 0
+mh_t_counter3:
+mh_t_counter3_local:
+        .quad 0
+mh_t_counter4:
+mh_t_counter4_local:
+        .quad 0
 data_local:
         .long 7
         .p2align 3

@@ -192,13 +192,25 @@ pub(crate) fn uninstall() {
     let mut state = STATE.lock();
     procaddr::ANSWERING.store(false, Ordering::Release);
     #[cfg(feature = "bistro")]
-    while let Some((id, h)) = state.bistro.pop() {
-        match h.unpatch() {
-            Ok(()) => ORIG[id as usize].store(ENTRY[id as usize].load(Ordering::Acquire), Ordering::Release),
-            Err((h, _)) => {
-                // Another hooker patched over ours: ours stays, working.
-                let _ = state.bistro.push((id, h));
-                break;
+    {
+        // One batch. A hook another hooker patched over stays, working,
+        // listed with its id; the others' calls go to the entries again.
+        let mut ids = heapless::Vec::<Id, COUNT>::new();
+        let mut hooks = heapless::Vec::<crate::bistro::Hook, COUNT>::new();
+        while let Some((id, h)) = state.bistro.pop() {
+            let _ = ids.push(id);
+            let _ = hooks.push(h);
+        }
+        let _ = crate::bistro::Hook::unpatch_batch(&mut hooks);
+        for id in ids {
+            match hooks
+                .iter()
+                .position(|h| h.target() == ENTRY[id as usize].load(Ordering::Acquire))
+            {
+                Some(i) => {
+                    let _ = state.bistro.push((id, hooks.swap_remove(i)));
+                }
+                None => ORIG[id as usize].store(ENTRY[id as usize].load(Ordering::Acquire), Ordering::Release),
             }
         }
     }
@@ -314,6 +326,12 @@ fn attach(state: &mut State, lib: Lib, found: &Found) {
     if lib == Lib::Driver {
         driver::resolve(lookup);
     }
+    // Functions to patch, and aliases of them, resolved after the batch.
+    #[cfg(feature = "bistro")]
+    let mut requests = heapless::Vec::<crate::bistro::Request<'static>, COUNT>::new();
+    #[cfg(feature = "bistro")]
+    let mut patching = heapless::Vec::<Id, COUNT>::new();
+    let mut aliases = heapless::Vec::<(Id, Id), COUNT>::new();
     for id in Id::ALL.into_iter().filter(|id| id.lib() == lib) {
         let found = answer(id.name());
         let entry = if inside(found) { found } else { 0 };
@@ -353,31 +371,48 @@ fn attach(state: &mut State, lib: Lib, found: &Found) {
             // `first`, whose hook reports its calls; this one's hook, which
             // reloc and procaddr may hand out, calls what `first`'s calls,
             // so that no call reports twice.
-            ORIG[id as usize].store(ORIG[first as usize].load(Ordering::Acquire), Ordering::Release);
+            // (`first`'s original is known once the batch below is made.)
+            let _ = aliases.push((id, first));
             if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
                 note(state, id, HookMode::Bistro, None);
             }
             continue;
         }
-        #[cfg_attr(not(feature = "bistro"), expect(unused_mut, reason = "only bistro patches"))]
-        let mut patched = false;
         #[cfg(feature = "bistro")]
         if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
-            // SAFETY: the entry of the function `id` names, and its hook,
-            // which calls the original through ORIG (set by patch_with
-            // before the patch is visible).
-            match unsafe { crate::bistro::Hook::patch_with(entry, id.hook(), &ORIG[id as usize]) } {
+            let _ = requests.push(crate::bistro::Request {
+                target: entry,
+                hook: id.hook(),
+                original: &ORIG[id as usize],
+            });
+            let _ = patching.push(id);
+            continue;
+        }
+        ORIG[id as usize].store(entry, Ordering::Release);
+    }
+    // The bistro patches, in one batch: three serialisations of every core
+    // for the library's functions, not three each.
+    #[cfg(feature = "bistro")]
+    {
+        // SAFETY: each entry is the function's its id names, and its hook
+        // calls the original through ORIG (set by patch_batch before the
+        // patch is visible).
+        let done = unsafe { crate::bistro::Hook::patch_batch::<COUNT>(&requests) };
+        for (result, id) in done.into_iter().zip(patching) {
+            match result {
                 Ok(h) => {
                     let _ = state.bistro.push((id, h));
                     note(state, id, HookMode::Bistro, None);
-                    patched = true;
                 }
-                Err(e) => note(state, id, HookMode::Bistro, Some(&e)),
+                Err(e) => {
+                    ORIG[id as usize].store(ENTRY[id as usize].load(Ordering::Acquire), Ordering::Release);
+                    note(state, id, HookMode::Bistro, Some(&e));
+                }
             }
         }
-        if !patched {
-            ORIG[id as usize].store(entry, Ordering::Release);
-        }
+    }
+    for (id, first) in aliases {
+        ORIG[id as usize].store(ORIG[first as usize].load(Ordering::Acquire), Ordering::Release);
     }
     // SAFETY: the handle dlopen returned above.
     unsafe { libc::dlclose(handle) };
