@@ -15,6 +15,10 @@
 //!   never the new head with an old tail. The [`RestorePoint`] it returns
 //!   keeps the original bytes, and [`RestorePoint::undo`] writes them back
 //!   the same way.
+//! - [`write_patches`] and [`undo_patches`] do the same for many entries in
+//!   one pass: every lock, serialise, every tail, serialise, every head,
+//!   serialise. Each entry goes through the states it goes through alone,
+//!   and the batch costs three serialisations whatever its size.
 //!
 //! A fake [`CodeMemory`] over an array shows the protocol:
 //!

@@ -89,7 +89,9 @@ fn each_mode_catches_its_callers_and_each_event_once() {
     ];
     for (mode, expect) in matrix {
         let config = Config::parse(&format!("cuda={mode};mmap=none")).expect("a valid config");
+        let serialized = memhook::code::serializations();
         memhook::install(&config);
+        let serialized = memhook::code::serializations() - serialized;
         // Loaded after the first install: that is also a late load.
         let c = clients_loaded.get_or_insert_with(clients);
         let got = run(c, &libcuda);
@@ -111,6 +113,21 @@ fn each_mode_catches_its_callers_and_each_event_once() {
                 .expect("a bistro status for cuMemAlloc_v2");
             assert!(s.installed, "{s:?}");
             assert_eq!(s.library, "libcuda.so.1");
+            // Once the library is loaded (from the second install on),
+            // its functions are patched in batches of 32, each
+            // serialising every core three times (one at a time: three
+            // each).
+            let patched = status
+                .iter()
+                .filter(|s| s.mode == HookMode::Bistro && s.installed)
+                .count() as u64;
+            assert!(patched > 32, "{patched} functions patched");
+            let batches = patched.div_ceil(memhook::bistro::BATCH as u64) + 1;
+            assert!(
+                (3..=3 * batches).contains(&serialized),
+                "mode {mode}: {serialized} serialisations for {patched} patches"
+            );
+            eprintln!("mode {mode}: {serialized} serialisations for {patched} functions");
         }
         memhook::uninstall();
     }
