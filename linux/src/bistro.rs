@@ -410,8 +410,10 @@ fn patch_chunk(state: &mut State, requests: &[Request<'_>]) -> heapless::Vec<Res
 /// `len` items (`prot_of`; `None` for an item to leave out), `group`
 /// holding the indices of the items with that protection in order: a
 /// batch is written in one pass per protection of the mappings it
-/// patches (code is almost always r-x, so one pass).
+/// patches (code is almost always r-x, so one pass). Every signal is
+/// blocked on this thread meanwhile (see [`SignalsBlocked`]).
 fn by_protection(prot_of: impl Fn(usize) -> Option<i32>, len: usize, mut write: impl FnMut(i32, &[usize])) {
+    let _blocked = SignalsBlocked::new();
     let len = len.min(BATCH);
     let mut grouped = [false; BATCH];
     for first in 0..len {
@@ -426,6 +428,38 @@ fn by_protection(prot_of: impl Fn(usize) -> Option<i32>, len: usize, mut write: 
             }
         }
         write(prot, &group);
+    }
+}
+
+/// Blocks every signal that can be blocked on this thread while it lives,
+/// and restores the mask it found. While a batch is written, entries hold
+/// the lock (a jump to itself): a signal handler that ran on the writing
+/// thread then and called one of those functions (an allocator's `mmap`
+/// in a profiler's or a garbage collector's handler) would spin there for
+/// ever, since the thread that would write the rest is the one spinning.
+/// Deferred, the signal is taken once the batch is written.
+struct SignalsBlocked(libc::sigset_t);
+
+impl SignalsBlocked {
+    fn new() -> Self {
+        let mut all = core::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        let mut found = core::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        // SAFETY: sigfillset initialises `all`; pthread_sigmask reads it
+        // and writes the mask it replaces into `found` (it cannot fail
+        // with a valid `how`, and then `found` is written).
+        unsafe {
+            libc::sigfillset(all.as_mut_ptr());
+            libc::pthread_sigmask(libc::SIG_BLOCK, all.as_ptr(), found.as_mut_ptr());
+            SignalsBlocked(found.assume_init())
+        }
+    }
+}
+
+impl Drop for SignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask `new` found; signals that came
+        // meanwhile are delivered now.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, core::ptr::null_mut()) };
     }
 }
 

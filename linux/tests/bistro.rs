@@ -520,3 +520,82 @@ fn stress_batches_while_eight_threads_call() {
         hook_calls()
     );
 }
+
+static LOCKED_SEEN: AtomicU64 = AtomicU64::new(0);
+static HANDLED: AtomicU64 = AtomicU64::new(0);
+
+/// A signal handler on the patching thread that calls mh_t_count2 (as an
+/// allocator's `mmap` in a profiler's handler would): if it ever found the
+/// entry locked, the call would spin there for ever; it counts that
+/// instead of calling.
+extern "C" fn on_signal(_: libc::c_int) {
+    let f = lib().counts[0];
+    // The patch starts after the entry's endbr64.
+    // SAFETY: reading two bytes of the function's own code.
+    let head = unsafe { *((f as usize + 4) as *const [u8; 2]) };
+    if head == [0xeb, 0xfe] {
+        LOCKED_SEEN.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    // SAFETY: the counting functions return their argument.
+    assert_eq!(unsafe { f(5) }, 5);
+    HANDLED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Signals sent to the patching thread every few microseconds while it
+/// patches and unpatches a batch 2,000 times: its handlers run between batches, never
+/// while an entry of the batch holds the lock (signals are blocked while a
+/// batch is written), so none can deadlock on it.
+#[test]
+fn a_signal_handler_on_the_patching_thread_never_meets_a_locked_entry() {
+    const CYCLES: usize = 2_000;
+    let _serial = BATCH_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = lib();
+    // SAFETY: a plain handler for SIGUSR1 (the old action is put back).
+    let old = unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_signal as *const () as usize;
+        action.sa_flags = libc::SA_RESTART;
+        let mut old: libc::sigaction = std::mem::zeroed();
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &action, &mut old), 0);
+        old
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    // SAFETY: the calling thread's own id.
+    let me = unsafe { libc::pthread_self() } as usize;
+    let signaller = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut sent = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // SAFETY: the patching thread outlives this thread (it
+                // joins it before returning).
+                assert_eq!(unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGUSR1) }, 0);
+                sent += 1;
+                // A few microseconds apart: the patching thread still
+                // gets on, and many land while a batch is written.
+                for _ in 0..5_000 {
+                    std::hint::spin_loop();
+                }
+            }
+            sent
+        })
+    };
+    let before = lib().counts.map(|f| entry_bytes(f as usize));
+    let requests = count_requests();
+    for _ in 0..CYCLES {
+        // SAFETY: as in the tests above.
+        let done = unsafe { Hook::patch_batch::<3>(&requests) };
+        let mut hooks: heapless::Vec<Hook, 3> = done.into_iter().map(Result::unwrap).collect();
+        assert_eq!(Hook::unpatch_batch(&mut hooks), None);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let sent = signaller.join().unwrap();
+    // SAFETY: puts back the action found.
+    unsafe { libc::sigaction(libc::SIGUSR1, &old, std::ptr::null_mut()) };
+    assert_eq!(lib().counts.map(|f| entry_bytes(f as usize)), before);
+    let (seen, handled) = (LOCKED_SEEN.load(Ordering::Relaxed), HANDLED.load(Ordering::Relaxed));
+    eprintln!("{sent} signals sent, {handled} handled, {seen} met a locked entry");
+    assert!(handled > 0, "no signal reached the patching thread");
+    assert_eq!(seen, 0, "a handler met a locked entry: it would have spun for ever");
+}
