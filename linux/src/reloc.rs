@@ -1438,10 +1438,33 @@ static INSTALLING: AtomicUsize = AtomicUsize::new(0);
 /// the install rescans before it lets go.
 fn rescan() {
     RESCAN.store(true, Ordering::SeqCst);
+    if FIND_OBJECT.load(Ordering::Acquire) == 1 {
+        rescan_listed();
+    } else {
+        rescan_with(None);
+    }
+    report_changes();
+}
+
+/// [`rescan`] where `_dl_find_object` is missing: with the objects listed
+/// before the wait for loads in progress ([`listed_settled`]). Its 32 KiB
+/// listing is on the stack of this function only, out of line, so that
+/// the rescans of a glibc that has `_dl_find_object` (after every `dlopen`
+/// and `dlclose` memhook interposes, on whatever thread calls it) do not
+/// reserve it.
+#[cold]
+#[inline(never)]
+fn rescan_listed() {
     let listed = listed_settled();
+    rescan_with(listed.as_ref());
+}
+
+/// Takes the state (or leaves the work to an install under way) and runs
+/// the scans asked for.
+fn rescan_with(listed: Option<&Listed>) {
     loop {
         if let Some(mut state) = STATE.try_lock() {
-            rescan_pending(&mut state, listed.as_ref());
+            rescan_pending(&mut state, listed);
             break;
         }
         if INSTALLING.load(Ordering::SeqCst) != 0 {
@@ -1450,7 +1473,6 @@ fn rescan() {
         // SAFETY: sched_yield has no preconditions.
         unsafe { libc::sched_yield() };
     }
-    report_changes();
 }
 
 /// Runs the scans that dlopen/dlclose asked for while the state was held.
@@ -1764,6 +1786,17 @@ fn real_lookup(handle: *mut c_void, name: *const c_char, version: *const c_char)
 
 /// What RTLD_NEXT from `caller` finds: the first definition of `name` in an
 /// object after the caller's, in load order.
+//
+// The objects after the caller are read a few at a time (`NEXT_CHUNK` a
+// pass over the loader's list), not all at once: this runs inside the
+// process's `dlsym`, on whatever thread calls it, and a copy of every
+// object's entry (2,048 of them) took 160 KiB of that thread's stack, at
+// every `dlsym` call (its frame was reserved whether or not this ran).
+// Each pass counts from the caller's object, so loads and unloads before
+// it change nothing; the objects are asked in turn with the loader's
+// lock released (`dlopen` is called outside `dl_iterate_phdr`).
+#[cold]
+#[inline(never)]
 fn next_definition(name: *const c_char, version: *const c_char, caller: usize) -> usize {
     #[derive(Clone, Copy)]
     struct Entry {
@@ -1771,44 +1804,62 @@ fn next_definition(name: *const c_char, version: *const c_char, caller: usize) -
         segments: [(usize, usize); 4],
         n: usize,
     }
-    let mut objects: heapless::Vec<Entry, MAX_OBJECTS> = heapless::Vec::new();
-    let mut after = None;
-    for_each_object(|o| {
-        let mut e = Entry {
-            name: o.name.as_ptr().cast(),
-            segments: [(0, 0); 4],
-            n: 0,
-        };
-        for &seg in o.segments.iter().take(4) {
-            e.segments[e.n] = seg;
-            e.n += 1;
+    const NEXT_CHUNK: usize = 16;
+    let mut skip = 0;
+    loop {
+        let mut objects: heapless::Vec<Entry, NEXT_CHUNK> = heapless::Vec::new();
+        let mut after: Option<usize> = None;
+        for_each_object_while(|o| {
+            let Some(k) = after.as_mut() else {
+                if o.segments.iter().any(|&(s, end)| (s..end).contains(&caller)) {
+                    after = Some(0);
+                }
+                return ControlFlow::Continue(());
+            };
+            *k += 1;
+            if *k <= skip {
+                return ControlFlow::Continue(());
+            }
+            let mut e = Entry {
+                // The main program (empty name): dlopen(NULL).
+                name: if o.name.is_empty() {
+                    core::ptr::null()
+                } else {
+                    o.name.as_ptr().cast()
+                },
+                segments: [(0, 0); 4],
+                n: 0,
+            };
+            for &seg in o.segments.iter().take(4) {
+                e.segments[e.n] = seg;
+                e.n += 1;
+            }
+            let _ = objects.push(e);
+            if objects.is_full() {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        if objects.is_empty() {
+            return 0; // the caller not found, or no object after it
         }
-        if o.segments.iter().any(|&(s, end)| (s..end).contains(&caller)) {
-            after = Some(objects.len() + 1);
+        for e in &objects {
+            // SAFETY: RTLD_NOLOAD only finds an object already loaded (name
+            // from its link map entry, or NULL for the main program).
+            let h = unsafe { libc::dlopen(e.name, libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+            if h.is_null() {
+                continue;
+            }
+            let p = real_lookup(h, name, version);
+            // SAFETY: the handle dlopen just returned.
+            unsafe { libc::dlclose(h) };
+            if p != 0 && e.segments[..e.n].iter().any(|&(s, end)| (s..end).contains(&p)) {
+                return p;
+            }
         }
-        if o.name.is_empty() {
-            e.name = core::ptr::null(); // the main program: dlopen(NULL)
-        }
-        let _ = objects.push(e);
-    });
-    let Some(first) = after else {
-        return 0;
-    };
-    for e in &objects[first..] {
-        // SAFETY: RTLD_NOLOAD only finds an object already loaded (name from
-        // its link map entry, or NULL for the main program).
-        let h = unsafe { libc::dlopen(e.name, libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
-        if h.is_null() {
-            continue;
-        }
-        let p = real_lookup(h, name, version);
-        // SAFETY: the handle dlopen just returned.
-        unsafe { libc::dlclose(h) };
-        if p != 0 && e.segments[..e.n].iter().any(|&(s, end)| (s..end).contains(&p)) {
-            return p;
-        }
+        skip += objects.len();
     }
-    0
 }
 
 /// Called by the dlsym/dlvsym entries: the answer, or [`PASS`] to let the
