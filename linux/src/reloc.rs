@@ -1094,12 +1094,13 @@ pub unsafe fn install(hooks: &[(&'static CStr, usize, &'static AtomicUsize)]) ->
 /// As for [`install`].
 pub unsafe fn install_with(entries: &[Entry]) -> Result<(), RelocError> {
     look_up_find_object();
-    let listed = listed_settled();
-    INSTALLING.fetch_add(1, Ordering::SeqCst);
-    // SAFETY: forwarded from the caller.
-    let result = unsafe { install_locked(entries, listed.as_ref()) };
-    INSTALLING.fetch_sub(1, Ordering::SeqCst);
-    result
+    with_listing(|listed| {
+        INSTALLING.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: forwarded from the caller.
+        let result = unsafe { install_locked(entries, listed) };
+        INSTALLING.fetch_sub(1, Ordering::SeqCst);
+        result
+    })
 }
 
 /// [`install_with`] itself, marked as an install in progress.
@@ -1438,25 +1439,28 @@ static INSTALLING: AtomicUsize = AtomicUsize::new(0);
 /// the install rescans before it lets go.
 fn rescan() {
     RESCAN.store(true, Ordering::SeqCst);
-    if FIND_OBJECT.load(Ordering::Acquire) == 1 {
-        rescan_listed();
-    } else {
-        rescan_with(None);
-    }
+    with_listing(rescan_with);
     report_changes();
 }
 
-/// [`rescan`] where `_dl_find_object` is missing: with the objects listed
-/// before the wait for loads in progress ([`listed_settled`]). Its 32 KiB
-/// listing is on the stack of this function only, out of line, so that
-/// the rescans of a glibc that has `_dl_find_object` (after every `dlopen`
-/// and `dlclose` memhook interposes, on whatever thread calls it) do not
-/// reserve it.
-#[cold]
-#[inline(never)]
-fn rescan_listed() {
-    let listed = listed_settled();
-    rescan_with(listed.as_ref());
+/// Calls `f` with the objects listed before the wait for loads in
+/// progress ([`listed_settled`]) where `_dl_find_object` is missing, else
+/// with `None`. The 32 KiB listing is on the stack of an out-of-line
+/// function that only a glibc before 2.35 calls, so that elsewhere the
+/// rescans after every `dlopen` and `dlclose` memhook interposes (on
+/// whatever thread calls them) and the installs do not reserve it.
+fn with_listing<R>(f: impl FnOnce(Option<&Listed>) -> R) -> R {
+    #[cold]
+    #[inline(never)]
+    fn listed<R>(f: impl FnOnce(Option<&Listed>) -> R) -> R {
+        let listed = listed_settled();
+        f(listed.as_ref())
+    }
+    if FIND_OBJECT.load(Ordering::Acquire) == 1 {
+        listed(f)
+    } else {
+        f(None)
+    }
 }
 
 /// Takes the state (or leaves the work to an install under way) and runs
@@ -1511,11 +1515,12 @@ pub(crate) static BISTRO_DL: AtomicBool = AtomicBool::new(false);
 /// mode, where bistro patches of the loader's functions call the rescans.
 pub(crate) fn follow_objects() {
     look_up_find_object();
-    let listed = listed_settled();
-    let mut state = STATE.lock();
-    let n = state.symbols.len();
-    scan(&mut state, n, false, listed.as_ref());
-    rescan_pending(&mut state, listed.as_ref());
+    with_listing(|listed| {
+        let mut state = STATE.lock();
+        let n = state.symbols.len();
+        scan(&mut state, n, false, listed);
+        rescan_pending(&mut state, listed);
+    });
 }
 
 fn ensure_dl_hooks(state: &mut State) -> Result<(), RelocError> {

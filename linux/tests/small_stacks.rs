@@ -3,11 +3,23 @@
 //! as some libraries make their workers) loads and unloads libraries,
 //! looks symbols up (`RTLD_NEXT` of a hooked name among them) and maps
 //! memory with the host hooks installed in bistro mode and a handler
-//! registered. A stack overflow there kills the test binary. The thread
-//! gets 128 KiB: what this unoptimised build needs is 96 KiB (192 before
-//! the thirtieth session: a copy of every loaded object's entry in
-//! `dlsym`'s interposition, and the 32 KiB object listing only glibc
-//! before 2.35 needs); a release build needs 48 KiB (192 before).
+//! registered; and an install and uninstall run on such a thread, as an
+//! install from inside a hook does (a CUDA library's late load, an
+//! allocator's first allocation). A stack overflow kills the test binary.
+//!
+//! Least stack, measured with a probe (this session's code, and before
+//! the thirtieth session's changes: `dlsym`'s interposition reserved a
+//! copy of every loaded object's entry, 160 KiB, at every call, and the
+//! 32 KiB object listing that only glibc before 2.35 needs was reserved in
+//! every frame that might list):
+//!
+//! | path | release | unoptimised (these tests) |
+//! | --- | --- | --- |
+//! | `dlopen`, `dlsym`, `dlclose` through the hooks | 48 KiB (192 before) | 96 KiB (192 before) |
+//! | install of the host hooks (reloc, then bistro) and uninstall | 64 KiB (208 before) | 104 KiB (144 before) |
+//!
+//! Both threads get 128 KiB: both tests fail with the code before (and
+//! the install's with only the `dlsym` half of the change).
 #![cfg(all(feature = "bistro", target_arch = "x86_64"))]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,6 +30,9 @@ use memhook::{Config, HandlerFn};
 
 static MAPPED: AtomicUsize = AtomicUsize::new(0);
 
+/// The tests install and uninstall: they take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn count(e: &mut Event) {
     if let Event::VmMapped(_) = *e {
         MAPPED.fetch_add(1, Ordering::Relaxed);
@@ -26,6 +41,7 @@ fn count(e: &mut Event) {
 
 #[test]
 fn hooks_run_on_a_thread_with_a_128_kib_stack() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     memhook::install(&Config {
         hooks: HookConfig {
             mmap: ModeSet::of(&[HookMode::Bistro]),
@@ -72,4 +88,32 @@ fn hooks_run_on_a_thread_with_a_128_kib_stack() {
     memhook::uninstall();
     assert!(loaded >= 1, "no library to load");
     assert!(MAPPED.load(Ordering::Relaxed) >= 4, "the mappings were reported");
+}
+
+/// Installs of the host hooks in reloc mode, then in bistro mode, and an
+/// uninstall, on a thread with a 128 KiB stack (see the module's table).
+#[test]
+fn install_runs_on_a_thread_with_a_128_kib_stack() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let worker = std::thread::Builder::new()
+        .stack_size(128 * 1024)
+        .spawn(|| {
+            let before = memhook::code::serializations();
+            memhook::install(&Config {
+                hooks: HookConfig {
+                    mmap: ModeSet::of(&[HookMode::Reloc]),
+                    cuda: ModeSet::NONE,
+                },
+            });
+            memhook::install(&Config {
+                hooks: HookConfig {
+                    mmap: ModeSet::of(&[HookMode::Bistro]),
+                    cuda: ModeSet::NONE,
+                },
+            });
+            memhook::uninstall();
+            memhook::code::serializations() - before
+        })
+        .unwrap();
+    assert!(worker.join().unwrap() > 0, "the bistro install patched and unpatched");
 }

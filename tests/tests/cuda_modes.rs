@@ -115,16 +115,18 @@ fn each_mode_catches_its_callers_and_each_event_once() {
             assert_eq!(s.library, "libcuda.so.1");
             // Once the library is loaded (from the second install on),
             // its functions are patched in batches of 32, each
-            // serialising every core three times (one at a time: three
-            // each).
+            // serialising every core three times, or once where every
+            // jump is one store (arm64's near jump); one at a time: three
+            // each.
             let patched = status
                 .iter()
                 .filter(|s| s.mode == HookMode::Bistro && s.installed)
                 .count() as u64;
             assert!(patched > 32, "{patched} functions patched");
             let batches = patched.div_ceil(memhook::bistro::BATCH as u64) + 1;
+            let least = if cfg!(target_arch = "x86_64") { 3 } else { 1 };
             assert!(
-                (3..=3 * batches).contains(&serialized),
+                (least..=3 * batches).contains(&serialized),
                 "mode {mode}: {serialized} serialisations for {patched} patches"
             );
             eprintln!("mode {mode}: {serialized} serialisations for {patched} functions");
