@@ -267,7 +267,8 @@ pub trait CodeMemory {
     ///
     /// # Errors
     ///
-    /// [`PatchError::Protection`] when the OS refuses.
+    /// [`PatchError::Protection`] when the OS refuses. The protocol then
+    /// leaves the page writable and reports the write done: it is.
     fn restore_protection(&mut self, at: usize, len: usize) -> Result<(), PatchError>;
     /// Reads code bytes.
     fn read(&self, at: usize, buf: &mut [u8]);
@@ -352,10 +353,13 @@ fn write_locked<M: CodeMemory>(mem: &mut M, jobs: &mut [Job<'_>], lock: &[u8]) {
     if written {
         mem.serialize();
     }
+    // Best effort: a write that is in place is reported done even where
+    // its page could not be made read-only again (it then stays writable).
+    // Callers act on the entry: reporting it unpatched would lose the
+    // means to undo it, and a hook told its function is unpatched would
+    // call the entry, which leads back into the hook.
     for job in jobs.iter_mut().filter(|job| job.writable) {
-        if let Err(e) = mem.restore_protection(job.at, job.bytes.len()) {
-            job.result = Err(e);
-        }
+        let _ = mem.restore_protection(job.at, job.bytes.len());
     }
 }
 
@@ -364,8 +368,9 @@ fn write_locked<M: CodeMemory>(mem: &mut M, jobs: &mut [Job<'_>], lock: &[u8]) {
 ///
 /// # Errors
 ///
-/// A [`PatchError`]; nothing was written then, or (a protection that could
-/// not be restored) the patch is in place.
+/// A [`PatchError`]; nothing was written then. (A page whose protection
+/// could not be restored after the write stays writable; the patch is in
+/// place and reported so.)
 pub fn write_patch<M: CodeMemory>(
     mem: &mut M,
     at: usize,
@@ -696,8 +701,9 @@ mod tests {
         let done = write_patches::<_, 8>(&mut mem, &refs, &LOCK);
         assert_eq!(done[1], Err(PatchError::LockStraddlesLine { address: straddling }));
         assert_eq!(done[2], Err(PatchError::Protection(13)));
-        // Written, but its protection could not be put back: said so.
-        assert_eq!(done[4], Err(PatchError::Protection(12)));
+        // Written, though its protection could not be put back: reported
+        // written (the entry is what a caller acts on).
+        assert_eq!(done[4].as_ref().map(|p| p.at), Ok(unprotected));
         assert_eq!(mem.bytes(unprotected, 5), &patches[4].1[..]);
         for i in [1, 2] {
             let at = patches[i].0;
