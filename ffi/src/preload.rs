@@ -91,7 +91,12 @@ extern "C" fn at_load() {
             return;
         }
     }
-    for s in memhook::status().iter().filter(|s| !s.installed && !s.pending) {
+    let mut index = 0;
+    while let (Some(s), _) = memhook::status_at(index) {
+        index += 1;
+        if s.installed || s.pending {
+            continue;
+        }
         emit(format_args!(
             "memhook: {} ({}) not hooked: {}",
             s.function,

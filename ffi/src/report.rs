@@ -66,15 +66,15 @@ pub unsafe extern "C" fn memhook_status(index: usize, status: *mut memhook_hook_
         return fail(MEMHOOK_ERR_INVALID, format_args!("memhook_status: status is NULL"));
     }
     guard(|| {
-        let all = memhook::status();
-        let Some(s) = all.get(index) else {
+        let (Some(s), _) = memhook::status_at(index) else {
+            let n = memhook::status_at(usize::MAX).1;
             return fail(
                 MEMHOOK_ERR_NOT_FOUND,
-                format_args!("memhook_status: no entry {index} ({} in all)", all.len()),
+                format_args!("memhook_status: no entry {index} ({n} in all)"),
             );
         };
         // SAFETY: non-null and the caller's to write.
-        unsafe { *status = to_c_status(s) };
+        unsafe { *status = to_c_status(&s) };
         MEMHOOK_OK
     })
 }
@@ -320,8 +320,12 @@ static REPORT_FD: core::sync::atomic::AtomicI32 = core::sync::atomic::AtomicI32:
 /// Writes every status entry as a record, then one record per loader
 /// namespace besides the main one whose libc is hooked.
 fn write_status(fd: c_int) {
-    for s in memhook::status().iter() {
-        let c = to_c_status(s);
+    // One entry at a time: this runs at the program's exit, on whatever
+    // thread calls `exit`.
+    let mut index = 0;
+    while let (Some(s), _) = memhook::status_at(index) {
+        index += 1;
+        let c = to_c_status(&s);
         let mut r = empty_record(MEMHOOK_RECORD_STATUS);
         r.function = c.function;
         r.library = c.library;

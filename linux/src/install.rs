@@ -555,6 +555,41 @@ pub fn status() -> Status {
     all
 }
 
+/// Entry `index` of [`status`], and how many there are, copying that one
+/// entry only: [`status`] returns every entry by value (about 60 KiB, and
+/// twice that on the stack while it is built), too much for a thread with
+/// a small stack that only walks the list (as the C API's
+/// `memhook_status` does, one index a call). `None` past the end. The
+/// entries are those of the moment of the call: an install between two
+/// calls may change them.
+pub fn status_at(index: usize) -> (Option<FunctionStatus>, usize) {
+    let host = {
+        let installed = INSTALLED.lock();
+        if let Some(s) = installed.status.get(index) {
+            let s = s.clone();
+            let n = installed.status.len();
+            drop(installed);
+            return (Some(s), n + cuda_status_len());
+        }
+        installed.status.len()
+    };
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        let (s, n) = crate::cuda::status_at(index - host);
+        (s, host + n)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    (None, host)
+}
+
+/// How many entries the CUDA hooks' status holds.
+fn cuda_status_len() -> usize {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    return crate::cuda::status_at(usize::MAX).1;
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    0
+}
+
 /// Hooks libraries that were loaded by calls memhook could not see: a
 /// `dlopen` made from memhook's own object (the program itself, when
 /// memhook is linked into it as a Rust crate, since reloc leaves that

@@ -42,7 +42,7 @@ pub use dispatch::{
 };
 pub use install::{
     Config, FunctionStatus, MAX_STATUS, NamespaceStatus, Status, install, installed, namespaces, prepared, refresh,
-    status, uninstall,
+    status, status_at, uninstall,
 };
 
 /// The hook modes this build supports: bistro only with the `bistro`

@@ -1389,6 +1389,12 @@ fn install_uninstall_cycles_restore_the_bytes() {
         assert_eq!(memhook::code::serializations() - serialized, per_batch * batches);
         memhook::install(&config(HookMode::Bistro)); // idempotent
         assert_eq!(memhook::status().len(), host_functions());
+        // One entry at a time, the same list.
+        let all = memhook::status();
+        for (i, s) in all.iter().enumerate() {
+            assert_eq!(memhook::status_at(i), (Some(s.clone()), all.len()));
+        }
+        assert_eq!(memhook::status_at(all.len()), (None, all.len()));
         assert!(names.iter().zip(&before).any(|(n, b)| entry_bytes(n) != *b), "patched");
         for (n, b) in loader.iter().zip(&loader_before) {
             assert_ne!(entry_bytes(n), *b, "{n:?} patched");

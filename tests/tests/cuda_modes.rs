@@ -113,6 +113,12 @@ fn each_mode_catches_its_callers_and_each_event_once() {
                 .expect("a bistro status for cuMemAlloc_v2");
             assert!(s.installed, "{s:?}");
             assert_eq!(s.library, "libcuda.so.1");
+            // One entry at a time (host entries first, then CUDA's): the
+            // same list.
+            for (i, s) in status.iter().enumerate() {
+                assert_eq!(memhook::status_at(i), (Some(s.clone()), status.len()));
+            }
+            assert_eq!(memhook::status_at(status.len()), (None, status.len()));
             // Once the library is loaded (from the second install on),
             // its functions are patched in batches of 32, each
             // serialising every core three times, or once where every

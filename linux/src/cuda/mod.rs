@@ -225,6 +225,12 @@ pub(crate) fn status() -> heapless::Vec<FunctionStatus, STATUS> {
     STATE.lock().status.clone()
 }
 
+/// Entry `index` of [`status`] (`None` past the end), and how many.
+pub(crate) fn status_at(index: usize) -> (Option<FunctionStatus>, usize) {
+    let state = STATE.lock();
+    (state.status.get(index).cloned(), state.status.len())
+}
+
 /// Called by reloc after every `dlopen` and `dlclose`: hooks libraries
 /// that appeared, forgets those that went. Never waits for the state.
 fn objects_changed() {
