@@ -378,6 +378,19 @@ fn count_requests() -> [Request<'static>; 3] {
     })
 }
 
+/// Patches mh_t_count2 to 4 in one batch and unpatches them in one,
+/// `cycles` times; every patch and every undo must succeed.
+fn patch_and_unpatch_counts(cycles: usize) {
+    let requests = count_requests();
+    for _ in 0..cycles {
+        // SAFETY: each hook has its function's signature and calls the
+        // original through its `original`.
+        let done = unsafe { Hook::patch_batch::<3>(&requests) };
+        let mut hooks: heapless::Vec<Hook, 3> = done.into_iter().map(Result::unwrap).collect();
+        assert_eq!(Hook::unpatch_batch(&mut hooks), None);
+    }
+}
+
 fn hook_calls() -> [u64; 3] {
     [&CALLS_COUNT2, &CALLS_COUNT3, &CALLS_COUNT4].map(|c| c.load(Ordering::SeqCst))
 }
@@ -493,13 +506,7 @@ fn stress_batches_while_eight_threads_call() {
         .collect();
     start.wait();
     let before = lib().counts.map(|f| entry_bytes(f as usize));
-    let requests = count_requests();
-    for _ in 0..CYCLES {
-        // SAFETY: as in the test above.
-        let done = unsafe { Hook::patch_batch::<3>(&requests) };
-        let mut hooks: heapless::Vec<Hook, 3> = done.into_iter().map(Result::unwrap).collect();
-        assert_eq!(Hook::unpatch_batch(&mut hooks), None);
-    }
+    patch_and_unpatch_counts(CYCLES);
     stop.store(true, Ordering::Relaxed);
     let made = workers
         .into_iter()
@@ -582,13 +589,7 @@ fn a_signal_handler_on_the_patching_thread_never_meets_a_locked_entry() {
         })
     };
     let before = lib().counts.map(|f| entry_bytes(f as usize));
-    let requests = count_requests();
-    for _ in 0..CYCLES {
-        // SAFETY: as in the tests above.
-        let done = unsafe { Hook::patch_batch::<3>(&requests) };
-        let mut hooks: heapless::Vec<Hook, 3> = done.into_iter().map(Result::unwrap).collect();
-        assert_eq!(Hook::unpatch_batch(&mut hooks), None);
-    }
+    patch_and_unpatch_counts(CYCLES);
     stop.store(true, Ordering::Relaxed);
     let sent = signaller.join().unwrap();
     // SAFETY: puts back the action found.
