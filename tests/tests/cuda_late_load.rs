@@ -13,6 +13,7 @@ use memhook::config::HookMode;
 
 #[test]
 fn hooks_a_driver_loaded_after_install() {
+    let _serial = serial();
     prepare();
     log_events();
     memhook::cuda::count_events_by_function().expect("a free handler slot");
@@ -95,4 +96,29 @@ fn hooks_a_driver_loaded_after_install() {
     // SAFETY: as above.
     assert_eq!(unsafe { run(2, 4096) }, 0);
     assert_eq!(counts(&take()), (0, 0), "uninstall restored the entries");
+}
+
+/// The driver loaded on a thread with a 224 KiB stack, as a library's
+/// worker thread may load it: the attach (patches, the GOT pass over every
+/// object) runs inside that `dlopen`, on that stack. This unoptimised
+/// build needs 160 KiB (as before the thirtieth session: the batches'
+/// bookkeeping took what the listing's frames gave back).
+#[test]
+fn a_driver_loaded_on_a_thread_with_a_small_stack_is_hooked() {
+    let _serial = serial();
+    prepare();
+    memhook::install(&Config::parse("cuda=bistro;mmap=bistro").unwrap());
+    let attached = std::thread::Builder::new()
+        .stack_size(224 * 1024)
+        .spawn(|| {
+            let plt = open(&fake().plt);
+            let attached = memhook::cuda::attached().0;
+            close(plt);
+            attached
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    memhook::uninstall();
+    assert!(attached, "libcuda hooked as it loaded");
 }
