@@ -970,10 +970,9 @@ mod tests {
 
     use super::*;
 
-    /// Builds a small object: dynamic section, a GNU hash table, symbols,
-    /// strings and one PLT relocation per name.
-    pub(crate) fn object(names: &[&str]) -> (Vec<u8>, usize) {
-        const BASE: usize = 0x40_0000;
+    /// The string table of `names` (after the empty string) and where
+    /// each name starts in it.
+    fn string_table(names: &[&str]) -> (Vec<u8>, Vec<u32>) {
         let mut strtab = std::vec![0u8];
         let mut offsets = Vec::new();
         for n in names {
@@ -981,9 +980,24 @@ mod tests {
             strtab.extend_from_slice(n.as_bytes());
             strtab.push(0);
         }
+        (strtab, offsets)
+    }
+
+    /// Writes the dynamic section `dyns` (tag, value) at the start of `b`.
+    fn put_dynamic(b: &mut [u8], dyns: &[(u64, u64)]) {
+        for (i, (t, v)) in dyns.iter().enumerate() {
+            b[i * 16..i * 16 + 8].copy_from_slice(&t.to_le_bytes());
+            b[i * 16 + 8..i * 16 + 16].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    /// Builds a small object: dynamic section, a GNU hash table, symbols,
+    /// strings and one PLT relocation per name.
+    pub(crate) fn object(names: &[&str]) -> (Vec<u8>, usize) {
+        const BASE: usize = 0x40_0000;
+        let (strtab, offsets) = string_table(names);
         let nsyms = names.len() + 1;
         // Layout: [dynamic 10 entries][gnu hash][symtab][strtab][jmprel]
-        let dyn_at = 0;
         let hash_at = 160;
         // 1 bucket, symoffset 1, bloom 1 word: 16 + 8 + 4 + chains.
         let sym_at = hash_at + 16 + 8 + 4 + 4 * names.len();
@@ -991,7 +1005,6 @@ mod tests {
         let str_at = sym_at + nsyms * SIZEOF_SYM;
         let rel_at = (str_at + strtab.len()).next_multiple_of(8);
         let mut b = std::vec![0u8; rel_at + names.len() * SIZEOF_RELA];
-        let mut put = |at: usize, v: &[u8]| b[at..at + v.len()].copy_from_slice(v);
         let dyns: [(u64, u64); 8] = [
             (DT_SYMTAB, (BASE + sym_at) as u64),
             (DT_STRTAB, (BASE + str_at) as u64),
@@ -1002,10 +1015,8 @@ mod tests {
             (DT_PLTREL, DT_RELA),
             (DT_NULL, 0),
         ];
-        for (i, (t, v)) in dyns.iter().enumerate() {
-            put(dyn_at + i * 16, &t.to_le_bytes());
-            put(dyn_at + i * 16 + 8, &v.to_le_bytes());
-        }
+        put_dynamic(&mut b, &dyns);
+        let mut put = |at: usize, v: &[u8]| b[at..at + v.len()].copy_from_slice(v);
         put(str_at, &strtab);
         put(hash_at, &1u32.to_le_bytes()); // nbuckets
         put(hash_at + 4, &1u32.to_le_bytes()); // symoffset
@@ -1037,13 +1048,7 @@ mod tests {
         let names: Vec<&str> = imports.iter().chain(&defs).copied().collect();
         let symoffset = 1 + imports.len();
         let nsyms = 1 + names.len();
-        let mut strtab = std::vec![0u8];
-        let mut offsets = Vec::new();
-        for n in &names {
-            offsets.push(strtab.len() as u32);
-            strtab.extend_from_slice(n.as_bytes());
-            strtab.push(0);
-        }
+        let (strtab, offsets) = string_table(&names);
         let (plt, rela): (Vec<_>, Vec<_>) = relocs.iter().enumerate().partition(|(_, r)| r.1 == 7);
         let hash_at = 16 * 12;
         let buckets_at = hash_at + 16 + 8;
@@ -1053,7 +1058,6 @@ mod tests {
         let plt_at = (str_at + strtab.len()).next_multiple_of(8);
         let rela_at = plt_at + plt.len() * SIZEOF_RELA;
         let mut b = std::vec![0u8; rela_at + rela.len() * SIZEOF_RELA];
-        let mut put = |at: usize, v: &[u8]| b[at..at + v.len()].copy_from_slice(v);
         let dyns: [(u64, u64); 10] = [
             (DT_SYMTAB, (BASE + sym_at) as u64),
             (DT_STRTAB, (BASE + str_at) as u64),
@@ -1066,10 +1070,8 @@ mod tests {
             (DT_RELASZ, (rela.len() * SIZEOF_RELA) as u64),
             (DT_NULL, 0),
         ];
-        for (i, (t, v)) in dyns.iter().enumerate() {
-            put(i * 16, &t.to_le_bytes());
-            put(i * 16 + 8, &v.to_le_bytes());
-        }
+        put_dynamic(&mut b, &dyns);
+        let mut put = |at: usize, v: &[u8]| b[at..at + v.len()].copy_from_slice(v);
         put(hash_at, &(nbuckets as u32).to_le_bytes());
         put(hash_at + 4, &(symoffset as u32).to_le_bytes());
         put(hash_at + 8, &1u32.to_le_bytes()); // bloom words
