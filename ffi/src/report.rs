@@ -66,8 +66,8 @@ pub unsafe extern "C" fn memhook_status(index: usize, status: *mut memhook_hook_
         return fail(MEMHOOK_ERR_INVALID, format_args!("memhook_status: status is NULL"));
     }
     guard(|| {
-        let (Some(s), _) = memhook::status_at(index) else {
-            let n = memhook::status_at(usize::MAX).1;
+        let (s, n) = memhook::status_at(index);
+        let Some(s) = s else {
             return fail(
                 MEMHOOK_ERR_NOT_FOUND,
                 format_args!("memhook_status: no entry {index} ({n} in all)"),
