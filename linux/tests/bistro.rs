@@ -77,17 +77,20 @@ fn lib() -> &'static Prologues {
 
 type Fn1 = extern "C" fn(i32) -> i32;
 
-/// Defines a hook that counts its calls and adds 1000 to what the original
-/// returns.
+/// Defines a hook that counts its calls and adds 1000 (or `$add`) to what
+/// the original returns.
 macro_rules! hook {
     ($name:ident, $original:ident, $calls:ident) => {
+        hook!($name, $original, $calls, 1000);
+    };
+    ($name:ident, $original:ident, $calls:ident, $add:expr) => {
         static $original: AtomicUsize = AtomicUsize::new(0);
         static $calls: AtomicUsize = AtomicUsize::new(0);
         extern "C" fn $name(a: i32) -> i32 {
             $calls.fetch_add(1, Ordering::SeqCst);
             // SAFETY: set to the trampoline (same signature) before the patch.
             let original: Fn1 = unsafe { std::mem::transmute($original.load(Ordering::Acquire)) };
-            original(a) + 1000
+            original(a) + $add
         }
     };
 }
@@ -345,24 +348,10 @@ fn stress_patch_unpatch_while_eight_threads_call() {
     );
 }
 
-/// Defines a hook that counts its calls and returns what the original
-/// returns.
-macro_rules! passing {
-    ($name:ident, $original:ident, $calls:ident) => {
-        static $original: AtomicUsize = AtomicUsize::new(0);
-        static $calls: AtomicU64 = AtomicU64::new(0);
-        extern "C" fn $name(a: i32) -> i32 {
-            $calls.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: set to the trampoline (same signature) before the patch.
-            let original: Fn1 = unsafe { std::mem::transmute($original.load(Ordering::Acquire)) };
-            original(a)
-        }
-    };
-}
-
-passing!(hook_count2, ORIG_COUNT2, CALLS_COUNT2);
-passing!(hook_count3, ORIG_COUNT3, CALLS_COUNT3);
-passing!(hook_count4, ORIG_COUNT4, CALLS_COUNT4);
+// Hooks that count their calls and return what the original returns.
+hook!(hook_count2, ORIG_COUNT2, CALLS_COUNT2, 0);
+hook!(hook_count3, ORIG_COUNT3, CALLS_COUNT3, 0);
+hook!(hook_count4, ORIG_COUNT4, CALLS_COUNT4, 0);
 
 /// The batch tests patch mh_t_count2 to 4; they take turns.
 static BATCH_SERIAL: Mutex<()> = Mutex::new(());
@@ -391,7 +380,7 @@ fn patch_and_unpatch_counts(cycles: usize) {
     }
 }
 
-fn hook_calls() -> [u64; 3] {
+fn hook_calls() -> [usize; 3] {
     [&CALLS_COUNT2, &CALLS_COUNT3, &CALLS_COUNT4].map(|c| c.load(Ordering::SeqCst))
 }
 
@@ -452,7 +441,7 @@ fn a_batch_patches_what_it_can_and_answers_each_request() {
 
     // Another hooker patches over mh_t_count3: undoing the batch leaves
     // ours there (its error says which), and restores the other two.
-    passing!(hook_over, ORIG_OVER, CALLS_OVER);
+    hook!(hook_over, ORIG_OVER, CALLS_OVER, 0);
     // SAFETY: as above.
     let over =
         unsafe { Hook::patch_with(lib().counts[1] as usize, hook_over as *const () as usize, &ORIG_OVER) }.unwrap();
