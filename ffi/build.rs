@@ -7,10 +7,11 @@
 //! them. A `dlclose` that unmapped the library (a plugin that links
 //! `-lmemhook`, unloaded) would leave those jumping into nothing: the next
 //! `mmap` of any thread crashed the process (seen with a C program: install,
-//! `dlclose`, `mmap`). UCX's UCM pins itself the same way
+//! `dlclose`, `mmap`). UCX's UCM pins itself at run time
 //! (`ucm_prevent_dl_unload`, a `dlopen` with `RTLD_NODELETE`); a link flag
-//! needs no call into the loader at run time. The static library is the
-//! program's, or its own shared object's, to link the same way.
+//! needs no call into the loader. A shared object that contains the static
+//! library, or the Rust crate, without the flag is pinned that way by the
+//! first install (`memhook::pin`).
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
 }

@@ -88,6 +88,52 @@ fn closing_libmemhook_after_install_leaves_it_loaded_and_working() {
     }
 }
 
+/// The same with memhook inside a plugin of the program's own, built from
+/// `libmemhook.a` and linked without `-z nodelete`: the first install
+/// pins the plugin (`dlopen` with `RTLD_NOLOAD | RTLD_NODELETE`), so its
+/// `dlclose` leaves it loaded and the hooks working. Before the pin, the
+/// first `mmap` after the `dlclose` crashed the process (SIGSEGV, both
+/// modes).
+#[test]
+fn closing_a_plugin_that_embeds_the_static_library_leaves_it_loaded() {
+    let dir = out_dir();
+    let plugin = dir.join("libplugin_static.so");
+    let src = dir.join("plugin_static.c");
+    std::fs::write(&src, "int plugin_marker(void) { return 42; }\n").unwrap();
+    let mut c = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
+    c.args(["-shared", "-fPIC", "-o"])
+        .arg(&plugin)
+        .arg(&src)
+        // Only what the program looks up is kept from the archive.
+        .args(["-Wl,-u,memhook_install", "-Wl,-u,memhook_set_event_handler"])
+        .arg(lib_dir().join("libmemhook.a"))
+        .args(["-lpthread", "-ldl", "-lm"]);
+    assert!(c.status().expect("a C compiler (cc)").success(), "building the plugin");
+    let dynamic = Command::new("readelf").arg("-d").arg(&plugin).output();
+    if let Ok(d) = dynamic {
+        assert!(
+            !String::from_utf8_lossy(&d.stdout).contains("NODELETE"),
+            "the plugin is linked without -z nodelete"
+        );
+    }
+    let out = dir.join("unload_static");
+    cc_with("unload.c", &out, false, &["-ldl"]);
+    for config in ["mmap=bistro;cuda=none", "mmap=reloc;cuda=none"] {
+        let o = Command::new(&out).arg(&plugin).arg(config).output().unwrap();
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{config}: {:?} {stdout}{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            stdout.contains("1 mapped, 1 unmapped, library still loaded"),
+            "{config}: {stdout}"
+        );
+    }
+}
+
 /// A program with an `mmap` of its own that forwards to the C library's:
 /// bistro patches the C library's entry (found in its symbol table), not
 /// the program's, so `malloc`'s `mmap` of a large block and `free`'s

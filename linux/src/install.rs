@@ -212,11 +212,15 @@ fn note(
 ///
 /// From then on memhook's code must stay mapped, even after
 /// [`uninstall`]: patched entries and GOT slots lead into it, and a
-/// program or the CUDA runtime may keep a hook's address it was given. A
-/// shared object that contains this crate (a `cdylib`) is to be linked
-/// with `-Wl,-z,nodelete`, as `libmemhook.so` is: a `dlclose` that
-/// unmapped it would crash the process at its next hooked call.
+/// program or the CUDA runtime may keep a hook's address it was given. So
+/// the first install marks the shared object that contains memhook (a
+/// plugin that embeds this crate or links `libmemhook.a`) never to be
+/// unloaded, unless it was linked with `-Wl,-z,nodelete` (as
+/// `libmemhook.so` is) or memhook is part of the program:
+/// [`crate::pin::pinned`] says which.
 pub fn install(config: &Config) {
+    // Before any lock of memhook's: the pin takes the loader's lock.
+    crate::pin::pin_self();
     #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
     if warm_up::defer(config) {
         return;

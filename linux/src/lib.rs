@@ -13,6 +13,8 @@
 //! - [`host`]: the host hooks; [`host::original`] calls past them.
 //! - [`fork`]: forks wait for memhook's loader work, so a child finds its
 //!   locks free.
+//! - [`pin`]: the first install keeps memhook's own shared object from
+//!   being unloaded.
 pub use memhook_core::{config, event, patch};
 
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -30,6 +32,7 @@ mod membarrier;
 pub mod memtype;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod namespace;
+pub mod pin;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub mod reloc;
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
