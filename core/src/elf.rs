@@ -963,6 +963,78 @@ pub fn symbol_name<'b, M: Memory>(mem: &M, d: &Dynamic, index: u32, buf: &'b mut
     Err(ElfError::new("symbol name unterminated or too long", st_name as u64))
 }
 
+/// Most symbols [`defines`] reads one by one in an object without a GNU
+/// hash table that hashes some symbol.
+pub const DEFINES_SCAN_LIMIT: usize = 4096;
+
+/// Whether the object defines a dynamic symbol named `name`: through its
+/// GNU hash table (the name's bucket and chain), or, without one that
+/// hashes some symbol, by reading its symbols in turn (at most
+/// [`DEFINES_SCAN_LIMIT`]). `None` where its tables cannot say: more
+/// symbols than that to read, or an entry that cannot be read. A symbol
+/// with no section (`SHN_UNDEF`) is an import, not a definition.
+pub fn defines<M: Memory>(mem: &M, d: &Dynamic, name: &[u8]) -> Option<bool> {
+    let Some(symtab) = d.symtab else {
+        return Some(false); // no symbols
+    };
+    let nsyms = d.nsyms?;
+    let mut buf = [0u8; 256];
+    if name.len() >= buf.len() {
+        return None;
+    }
+    // Whether symbol `index` is a definition named `name`: its name's
+    // first `name.len() + 1` bytes read at once (a longer name differs).
+    let is_it = |index: usize, buf: &mut [u8; 256]| -> Option<bool> {
+        let mut sym = [0u8; 8];
+        mem.read(addr(symtab, index * SIZEOF_SYM, "DT_SYMTAB address").ok()?, &mut sym)
+            .ok()?;
+        if u16::from_le_bytes([sym[6], sym[7]]) == 0 {
+            return Some(false); // undefined here
+        }
+        let (strtab, st_name) = name_offset(mem, d, index as u32).ok()?;
+        if d.strsz - st_name < name.len() + 1 {
+            return Some(false); // too short a string left to be `name`
+        }
+        let bytes = &mut buf[..name.len() + 1];
+        mem.read(addr(strtab, st_name, "DT_STRTAB address").ok()?, bytes).ok()?;
+        Some(bytes[..name.len()] == *name && bytes[name.len()] == 0)
+    };
+    let Some(h) = d.gnu_hash else {
+        if nsyms > DEFINES_SCAN_LIMIT {
+            return None;
+        }
+        for index in 1..nsyms {
+            if is_it(index, &mut buf)? {
+                return Some(true);
+            }
+        }
+        return Some(false);
+    };
+    let hash = gnu_hash(name);
+    let bucket = addr(h.buckets, (hash as usize % h.nbuckets) * 4, "DT_GNU_HASH bucket").ok()?;
+    let mut index = read_u32(mem, bucket).ok()? as usize;
+    if index == 0 {
+        return Some(false); // an empty bucket
+    }
+    if index < h.symoffset {
+        return None;
+    }
+    let chains = h.buckets.checked_add(h.nbuckets * 4)?;
+    loop {
+        if index >= nsyms || index - h.symoffset > MAX_SYMBOLS {
+            return None;
+        }
+        let link = read_u32(mem, addr(chains, (index - h.symoffset) * 4, "DT_GNU_HASH chains").ok()?).ok()?;
+        if link | 1 == hash | 1 && is_it(index, &mut buf)? {
+            return Some(true);
+        }
+        if link & 1 == 1 {
+            return Some(false);
+        }
+        index += 1;
+    }
+}
+
 #[cfg(all(test, not(memhook_loom)))]
 mod tests {
     extern crate std;
@@ -1240,6 +1312,60 @@ mod tests {
     /// every bucket, where the last chain ends at the next table or at
     /// zero padding before it; a table whose last bucket does not head
     /// the last chain is read whole and still counted right.
+    #[test]
+    fn defines_finds_definitions_and_not_imports() {
+        let defs: Vec<std::string::String> = (0..30).map(|i| std::format!("cuFn{i}")).collect();
+        let defs: Vec<&str> = defs.iter().map(|s| s.as_str()).collect();
+        for nbuckets in [1, 3, 16] {
+            let (bytes, base) = linked(&["mmap", "cuInit"], &defs, nbuckets, &[(1, 7)]);
+            let mem = SliceMemory { base, bytes: &bytes };
+            let d = read_dynamic(&mem, base, base, 16 * 12).unwrap();
+            assert!(d.gnu_hash.is_some());
+            let mut linear = d;
+            linear.gnu_hash = None;
+            for (how, d) in [("hash", &d), ("in turn", &linear)] {
+                for def in &defs {
+                    assert_eq!(defines(&mem, d, def.as_bytes()), Some(true), "{def}, {how}, {nbuckets}");
+                }
+                // Imported, a prefix or an extension of a definition, absent.
+                for other in ["mmap", "cuInit", "cuFn1_", "cuFn", "munmap", ""] {
+                    assert_eq!(
+                        defines(&mem, d, other.as_bytes()),
+                        Some(false),
+                        "{other}, {how}, {nbuckets}"
+                    );
+                }
+            }
+            // Too many symbols to read in turn: cannot say.
+            let mut many = linear;
+            many.nsyms = Some(DEFINES_SCAN_LIMIT + 1);
+            assert_eq!(defines(&mem, &many, b"cuFn3"), None);
+            // A name longer than any symbol's buffer: cannot say.
+            assert_eq!(defines(&mem, &d, &[b'a'; 300]), None);
+        }
+        // No symbol table: nothing defined.
+        let (bytes, base) = linked(&["mmap"], &["f"], 1, &[]);
+        let mem = SliceMemory { base, bytes: &bytes };
+        let mut d = read_dynamic(&mem, base, base, 16 * 12).unwrap();
+        d.symtab = None;
+        assert_eq!(defines(&mem, &d, b"f"), Some(false));
+    }
+
+    #[test]
+    fn defines_cannot_say_for_a_broken_table() {
+        let (mut bytes, base) = linked(&["mmap"], &["cuMemAlloc_v2", "cuMemFree_v2"], 1, &[]);
+        let mem = SliceMemory { base, bytes: &bytes };
+        let d = read_dynamic(&mem, base, base, 16 * 12).unwrap();
+        assert_eq!(defines(&mem, &d, b"cuMemFree_v2"), Some(true));
+        let h = d.gnu_hash.unwrap();
+        // The bucket sent below symoffset, then past the symbols.
+        for head in [1u32, 50] {
+            bytes[h.buckets - base..][..4].copy_from_slice(&head.to_le_bytes());
+            let mem = SliceMemory { base, bytes: &bytes };
+            assert_eq!(defines(&mem, &d, b"cuMemFree_v2"), None, "bucket -> {head}");
+        }
+    }
+
     #[test]
     fn the_symbol_count_from_the_last_chain_is_the_count_from_every_bucket() {
         let defs: Vec<std::string::String> = (0..40).map(|i| std::format!("f{i}")).collect();

@@ -495,8 +495,7 @@ fn entry_of(name: &core::ffi::CStr, in_libc: usize) -> usize {
 /// list it as a failure. The others are in every glibc.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn present(name: &core::ffi::CStr) -> bool {
-    // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
-    name != c"process_madvise" || !unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }.is_null()
+    name != c"process_madvise" || crate::reloc::global_definition(c"process_madvise") != 0
 }
 
 fn remove(state: &mut Installed) {

@@ -255,8 +255,7 @@ fn listed_settled() -> Option<Listed> {
 /// `dlsym` takes the loader's lock).
 fn look_up_find_object() {
     if FIND_OBJECT.load(Ordering::Acquire) == 0 {
-        // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
-        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) } as usize;
+        let f = global_definition(c"_dl_find_object");
         FIND_OBJECT.store(if f == 0 { 1 } else { f }, Ordering::Release);
     }
 }
@@ -1111,7 +1110,11 @@ pub unsafe fn install_with(entries: &[Entry]) -> Result<(), RelocError> {
 unsafe fn install_locked(entries: &[Entry], listed: Option<&Listed>) -> Result<(), RelocError> {
     let mut state = STATE.lock();
     let from = state.symbols.len();
-    for e in entries {
+    let defined = maybe_defined(entries.len(), |i| {
+        let name = entries[i].name;
+        (!state.symbols.iter().any(|s| s.name == name)).then_some(name)
+    });
+    for (i, e) in entries.iter().enumerate() {
         if let Some(s) = state.symbols.iter().find(|s| s.name == e.name) {
             if s.hook != e.hook {
                 return Err(RelocError::Conflict);
@@ -1119,8 +1122,12 @@ unsafe fn install_locked(entries: &[Entry], listed: Option<&Listed>) -> Result<(
             e.original.store(s.original.load(Ordering::Acquire), Ordering::Release);
             continue;
         }
-        // SAFETY: a NUL-terminated name and the RTLD_DEFAULT pseudo-handle.
-        let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, e.name.as_ptr()) } as usize;
+        let global = if i >= 128 || defined & 1 << i != 0 {
+            // SAFETY: a NUL-terminated name and the RTLD_DEFAULT pseudo-handle.
+            unsafe { libc::dlsym(libc::RTLD_DEFAULT, e.name.as_ptr()) as usize }
+        } else {
+            0 // no loaded object defines it: learnt from a bound slot later
+        };
         e.original.store(global, Ordering::Release);
         state
             .symbols
@@ -1142,6 +1149,61 @@ unsafe fn install_locked(entries: &[Entry], listed: Option<&Listed>) -> Result<(
     } else {
         Ok(())
     }
+}
+
+/// Which of `count` names (bit `i` for `name(i)`, `None` for one not
+/// wanted; past 128, none looked at) some loaded object defines, or may
+/// (tables that cannot say), read from their own symbol tables: the names
+/// worth a `dlsym(RTLD_DEFAULT)`. Where no object defines a name, glibc's
+/// `dlsym` allocates an error message (`malloc`, the program's
+/// allocator): the CUDA hooks' 60-odd names, in a process that has not
+/// loaded CUDA yet, did that 65 times an install, and an allocator that
+/// installs memhook from inside its first `malloc` must not be entered
+/// again (`ffi/examples/no_malloc.c`). A name that only objects loaded
+/// `RTLD_LOCAL` define is still asked, and not found (libcuda, as
+/// libcudart loads it, is one).
+#[inline(never)]
+fn maybe_defined(count: usize, name: impl Fn(usize) -> Option<&'static CStr>) -> u128 {
+    let count = count.min(128);
+    let wanted = (0..count).filter(|&i| name(i).is_some()).fold(0u128, |m, i| m | 1 << i);
+    let mut found = 0u128;
+    if wanted == 0 {
+        return 0;
+    }
+    for_each_object_while(|o| {
+        let d = o
+            .dynamic
+            .and_then(|(at, size)| read_dynamic(o, o.id.base, at, size).ok());
+        for i in 0..count {
+            if wanted & !found & 1 << i == 0 {
+                continue;
+            }
+            let Some(n) = name(i) else { continue };
+            let maybe = d
+                .as_ref()
+                .is_none_or(|d| memhook_core::elf::defines(o, d, n.to_bytes()) != Some(false));
+            if maybe {
+                found |= 1 << i;
+            }
+        }
+        if wanted & !found == 0 {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
+    found
+}
+
+/// `dlsym(RTLD_DEFAULT, name)`, asked only where some loaded object
+/// defines `name` (see [`maybe_defined`]): 0 otherwise, with nothing
+/// allocated.
+pub(crate) fn global_definition(name: &'static CStr) -> usize {
+    if maybe_defined(1, |_| Some(name)) == 0 {
+        return 0;
+    }
+    // SAFETY: a NUL-terminated name and the RTLD_DEFAULT pseudo-handle.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
 }
 
 /// Restores every slot memhook wrote, in every object still loaded, and
