@@ -1010,6 +1010,9 @@ pub fn defines<M: Memory>(mem: &M, d: &Dynamic, name: &[u8]) -> Option<bool> {
         }
         return Some(false);
     };
+    if h.nbuckets == 0 {
+        return None; // (read_dynamic makes none such)
+    }
     let hash = gnu_hash(name);
     let bucket = addr(h.buckets, (hash as usize % h.nbuckets) * 4, "DT_GNU_HASH bucket").ok()?;
     let mut index = read_u32(mem, bucket).ok()? as usize;

@@ -8,8 +8,8 @@
 use core::ops::ControlFlow;
 
 use memhook_core::elf::{
-    Dynamic, Reloc, SliceMemory, for_each_named_reloc, for_each_reloc, for_each_reloc_by_index, for_each_symbol_reloc,
-    read_dynamic, search_paths, symbol_name, symbol_prefix,
+    DEFINES_SCAN_LIMIT, Dynamic, Reloc, SliceMemory, defines, for_each_named_reloc, for_each_reloc,
+    for_each_reloc_by_index, for_each_symbol_reloc, read_dynamic, search_paths, symbol_name, symbol_prefix,
 };
 
 /// An ELF64 RELA entry's size.
@@ -51,6 +51,16 @@ pub fn fuzz_elf(data: &[u8]) -> usize {
             ControlFlow::Continue(())
         }
     });
+    // Whether the object defines a name (reloc's question before a dlsym):
+    // an answer or "cannot say", whatever the bytes; a definition found
+    // through the hash table is one that reading the symbols in turn finds.
+    for name in [&b"mmap"[..], b"cuMemAlloc_v2", b"f0", b""] {
+        let hashed = defines(&mem, &d, name);
+        let in_turn = defines(&mem, &Dynamic { gnu_hash: None, ..d }, name);
+        if hashed == Some(true) && d.nsyms.is_some_and(|n| n <= DEFINES_SCAN_LIMIT) {
+            assert_ne!(in_turn, Some(false), "{:?}", core::str::from_utf8(name));
+        }
+    }
     // The walk reads many entries at once: it must give what reading them
     // one by one gives, and fail where that fails.
     let (want, complete) = one_by_one(mem.bytes, &d);
