@@ -8,8 +8,11 @@
  * No CUDA library is loaded: the CUDA hooks' names are found nowhere,
  * where a dlsym that finds nothing allocates its error message.
  *
+ * A configuration of "env" installs with a null string: from the
+ * environment's MEMHOOK_MMAP_HOOK_MODE and MEMHOOK_CUDA_HOOK_MODE.
+ *
  * Build: cc -I include no_malloc.c -ldl
- * Run:   ./a.out path/to/libmemhook.so "mmap=bistro" "mmap=reloc;cuda=reloc" ... */
+ * Run:   ./a.out path/to/libmemhook.so "mmap=bistro" "mmap=reloc;cuda=reloc" env ... */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -80,7 +83,7 @@ int main(int argc, char **argv) {
         for (int round = 0; round < 2; round++) {
             counted = 0;
             counting = 1;
-            int rc = install(argv[i]);
+            int rc = install(strcmp(argv[i], "env") == 0 ? NULL : argv[i]);
             counting = 0;
             int in_install = counted;
             counted = 0;

@@ -125,7 +125,8 @@ fn static_plugin(dir: &Path, name: &str) -> PathBuf {
 /// `dlopen`). What an allocator that installs memhook from inside its
 /// first `malloc` relies on. Before, each CUDA name no object defines
 /// cost a `dlsym` that allocated its error message: 67 allocations an
-/// install with the CUDA hooks' default modes, 65 in reloc mode.
+/// install with the CUDA hooks' default modes, 65 in reloc mode. And
+/// the configuration read from the environment.
 #[test]
 fn install_and_uninstall_allocate_nothing() {
     let dir = out_dir();
@@ -153,6 +154,33 @@ fn install_and_uninstall_allocate_nothing() {
             stdout.matches("): install 0, 0 allocations").count(),
             2 * configs.len(),
             "{stdout}"
+        );
+    }
+    // `memhook_install(NULL)`: the modes read from the environment in
+    // place (std's `var_os` copied each value: 2 allocations an install).
+    let from_env = |mmap: &std::ffi::OsStr| {
+        Command::new(&out)
+            .arg(lib_dir().join("libmemhook.so"))
+            .arg("env")
+            .env("MEMHOOK_MMAP_HOOK_MODE", mmap)
+            .env("MEMHOOK_CUDA_HOOK_MODE", "reloc,procaddr")
+            .output()
+            .unwrap()
+    };
+    let o = from_env("reloc".as_ref());
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && stdout.contains("allocations in all: 0"),
+        "{stdout}"
+    );
+    // A bad value, or one that is not UTF-8, is refused (so it was read).
+    use std::os::unix::ffi::OsStrExt;
+    for bad in [&b"relo"[..], b"reloc\xff"] {
+        let o = from_env(std::ffi::OsStr::from_bytes(bad));
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            !o.status.success() && stdout.contains("env (round 0): install -8"),
+            "{bad:?}: {stdout}"
         );
     }
 }

@@ -24,7 +24,13 @@ impl Config {
     }
 
     /// From `MEMHOOK_MMAP_HOOK_MODE` and `MEMHOOK_CUDA_HOOK_MODE` (unset
-    /// means the default).
+    /// means the default). Allocates nothing (an allocator may call it
+    /// from inside its first `malloc`, as `memhook_install(NULL)` does):
+    /// the values are read in place with `getenv`, not copied as
+    /// `std::env::var_os` copies them, and so, like any `getenv`, not
+    /// under std's lock against `std::env::set_var` (which is `unsafe` for
+    /// that reason). A value that is not UTF-8 is read by std, lossily, to
+    /// name the bad token.
     ///
     /// # Errors
     ///
@@ -32,13 +38,18 @@ impl Config {
     pub fn from_env() -> Result<Config, ConfigError> {
         let mut config = Config::defaults();
         for family in [Family::Mmap, Family::Cuda] {
-            if let Some(value) = std::env::var_os(family.env_var()) {
-                let value = value.to_string_lossy();
-                let set = ModeSet::parse(&value, family, AVAILABLE_MODES)?;
-                match family {
-                    Family::Mmap => config.hooks.mmap = set,
-                    Family::Cuda => config.hooks.cuda = set,
+            let set = with_env(family.env_var(), |value| match value {
+                None => Ok(None),
+                Some(Ok(value)) => ModeSet::parse(value, family, AVAILABLE_MODES).map(Some),
+                Some(Err(())) => {
+                    let value = std::env::var_os(family.env_var()).unwrap_or_default();
+                    ModeSet::parse(&value.to_string_lossy(), family, AVAILABLE_MODES).map(Some)
                 }
+            })?;
+            let Some(set) = set else { continue };
+            match family {
+                Family::Mmap => config.hooks.mmap = set,
+                Family::Cuda => config.hooks.cuda = set,
             }
         }
         Ok(config)
@@ -54,6 +65,28 @@ impl Config {
             hooks: HookConfig::parse(value, AVAILABLE_MODES)?,
         })
     }
+}
+
+/// Calls `f` with the environment variable `name`'s value, read in place
+/// (`getenv`): `None` when unset, `Err` when not UTF-8.
+fn with_env<R>(name: &str, f: impl FnOnce(Option<Result<&str, ()>>) -> R) -> R {
+    let mut c_name = [0u8; 64];
+    let Some(prefix) = c_name.get_mut(..name.len()) else {
+        return f(None); // no name of memhook's is this long
+    };
+    prefix.copy_from_slice(name.as_bytes());
+    let Ok(c_name) = core::ffi::CStr::from_bytes_until_nul(&c_name) else {
+        return f(None);
+    };
+    // SAFETY: a NUL-terminated name.
+    let value = unsafe { libc::getenv(c_name.as_ptr()) };
+    if value.is_null() {
+        return f(None);
+    }
+    // SAFETY: getenv's non-null result is a NUL-terminated string of the
+    // environment, read at once (see `Config::from_env` on `set_var`).
+    let bytes = unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes();
+    f(Some(core::str::from_utf8(bytes).map_err(|_| ())))
 }
 
 /// Longest reason kept per function.
