@@ -8,6 +8,9 @@
  * No CUDA library is loaded: the CUDA hooks' names are found nowhere,
  * where a dlsym that finds nothing allocates its error message.
  *
+ * With each installed, it also counts the allocations made while a
+ * handler sees mmap, mremap, madvise and munmap calls: none either.
+ *
  * A configuration of "env" installs with a null string: from the
  * environment's MEMHOOK_MMAP_HOOK_MODE and MEMHOOK_CUDA_HOOK_MODE.
  *
@@ -18,6 +21,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "memhook.h"
 
@@ -62,6 +66,30 @@ int posix_memalign(void **r, size_t a, size_t n) {
 }
 size_t malloc_usable_size(void *p) { return p ? ((size_t *)p)[-1] : 0; }
 
+static int events;
+
+static void on_event(uint32_t type, memhook_event_t *e, void *arg) {
+    (void)type, (void)e, (void)arg;
+    events++;
+}
+
+/* Hooked calls, each reported to the handler: the allocations they make. */
+static int hooked_calls(void) {
+    counted = 0;
+    counting = 1;
+    for (int i = 0; i < 8; i++) {
+        char *p = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            break;
+        p[0] = 1;
+        madvise(p, 4096, MADV_DONTNEED);
+        char *q = mremap(p, 1 << 16, 1 << 17, MREMAP_MAYMOVE);
+        munmap(q == MAP_FAILED ? p : q, q == MAP_FAILED ? 1 << 16 : 1 << 17);
+    }
+    counting = 0;
+    return counted;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s LIBRARY CONFIG...\n", argv[0]);
@@ -74,10 +102,16 @@ int main(int argc, char **argv) {
     }
     int (*install)(const char *) = (int (*)(const char *))dlsym(h, "memhook_install");
     void (*uninstall)(void) = (void (*)(void))dlsym(h, "memhook_uninstall");
-    if (install == NULL || uninstall == NULL) {
-        fprintf(stderr, "no memhook_install/memhook_uninstall in %s\n", argv[1]);
+    int (*set_handler)(uint32_t, int, memhook_event_cb, void *) =
+        (int (*)(uint32_t, int, memhook_event_cb, void *))dlsym(h, "memhook_set_event_handler");
+    void (*unset_handler)(uint32_t, memhook_event_cb, void *) =
+        (void (*)(uint32_t, memhook_event_cb, void *))dlsym(h, "memhook_unset_event_handler");
+    if (install == NULL || uninstall == NULL || set_handler == NULL || unset_handler == NULL) {
+        fprintf(stderr, "no memhook_install, _uninstall or _set/_unset_event_handler in %s\n", argv[1]);
         return 1;
     }
+    uint32_t all = MEMHOOK_EVENT_MMAP | MEMHOOK_EVENT_MUNMAP | MEMHOOK_EVENT_MREMAP | MEMHOOK_EVENT_MADVISE |
+                   MEMHOOK_EVENT_VM_MAPPED | MEMHOOK_EVENT_VM_UNMAPPED;
     int total = 0;
     for (int i = 2; i < argc; i++) {
         for (int round = 0; round < 2; round++) {
@@ -86,6 +120,14 @@ int main(int argc, char **argv) {
             int rc = install(strcmp(argv[i], "env") == 0 ? NULL : argv[i]);
             counting = 0;
             int in_install = counted;
+            if (rc == 0 && set_handler(all, 0, on_event, NULL) == 0) {
+                events = 0;
+                int in_calls = hooked_calls();
+                unset_handler(all, on_event, NULL);
+                printf("%s (round %d): hooked calls, %d allocations, %d events\n", argv[i], round, in_calls,
+                       events);
+                total += in_calls;
+            }
             counted = 0;
             counting = 1;
             uninstall();

@@ -128,7 +128,8 @@ fn static_plugin(dir: &Path, name: &str) -> PathBuf {
 /// first `malloc` relies on. Before, each CUDA name no object defines
 /// cost a `dlsym` that allocated its error message: 67 allocations an
 /// install with the CUDA hooks' default modes, 65 in reloc mode. And
-/// the configuration read from the environment.
+/// the configuration read from the environment, and the hooked calls a
+/// handler sees.
 #[test]
 fn install_and_uninstall_allocate_nothing() {
     let dir = out_dir();
@@ -154,6 +155,13 @@ fn install_and_uninstall_allocate_nothing() {
         );
         assert_eq!(
             stdout.matches("): install 0, 0 allocations").count(),
+            2 * configs.len(),
+            "{stdout}"
+        );
+        // Eight rounds of mmap, madvise, mremap and munmap: each call's
+        // own event and its VM events (nine a round), with no allocation.
+        assert_eq!(
+            stdout.matches("): hooked calls, 0 allocations, 72 events").count(),
             2 * configs.len(),
             "{stdout}"
         );
