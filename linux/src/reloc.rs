@@ -1010,28 +1010,46 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
     if state.objects.iter().all(|k| k.seen == scans) {
         return;
     }
-    let State {
-        objects,
-        changes,
-        slots,
-        ..
-    } = state;
-    let mut gone: heapless::Vec<ObjectId, MAX_OBJECTS> = heapless::Vec::new();
-    objects.retain(|k| {
-        let alive = k.seen == scans;
-        if !alive {
-            let _ = gone.push(k.id);
-            if report {
-                let _ = changes.push_back(Change {
-                    mapped: false,
-                    span: k.span,
-                });
-            }
-        }
-        alive
-    });
-    slots.retain(|s| !gone.contains(&s.object));
+    state.forget_gone(scans, report);
 }
+
+impl State {
+    /// Forgets the objects the scan `scans` did not find (unloaded) and
+    /// their slots, recording their unmaps where `report`. Up to [`GONE`]
+    /// at a time: a list of every object's would take 32 KiB of the stack
+    /// of the thread whose `dlopen` or `dlclose` the scan follows (a
+    /// `dlclose` usually unloads one library and its few dependencies).
+    fn forget_gone(&mut self, scans: u32, report: bool) {
+        let State {
+            objects,
+            changes,
+            slots,
+            ..
+        } = self;
+        loop {
+            let mut gone: heapless::Vec<ObjectId, GONE> = heapless::Vec::new();
+            objects.retain(|k| {
+                if k.seen == scans || gone.push(k.id).is_err() {
+                    return true; // alive, or for the next round
+                }
+                if report {
+                    let _ = changes.push_back(Change {
+                        mapped: false,
+                        span: k.span,
+                    });
+                }
+                false
+            });
+            if gone.is_empty() {
+                return;
+            }
+            slots.retain(|s| !gone.contains(&s.object));
+        }
+    }
+}
+
+/// How many unloaded objects [`State::forget_gone`] takes at a time.
+const GONE: usize = 32;
 
 /// Reports the loader's changes that rescans recorded
 /// (`crate::host::loader_changed`), one at a time, outside the state's
@@ -1968,6 +1986,85 @@ mod tests {
             relro: None,
             namespace: 0,
         }
+    }
+
+    /// A scan that finds 100 of 300 known objects gone (more than a round
+    /// of `GONE`), every third one: those and only their slots are
+    /// forgotten, one unmap reported for each, in the order they were
+    /// known; a scan that finds none gone changes nothing.
+    #[test]
+    fn forget_gone_takes_every_unloaded_object_and_its_slots() {
+        // (A State is megabytes: built on a thread with room for it.)
+        std::thread::Builder::new()
+            .stack_size(64 << 20)
+            .spawn(forget_gone_case)
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    fn forget_gone_case() {
+        let mut state = Box::new(State {
+            symbols: heapless::Vec::new(),
+            objects: heapless::Vec::new(),
+            changes: heapless::Deque::new(),
+            slots: heapless::Vec::new(),
+            overflow: false,
+            malformed: 0,
+            scans: 0,
+            loads: None,
+        });
+        const SCAN: u32 = 5;
+        let id = |i: usize| ObjectId {
+            base: 0x10_0000 * (i + 1),
+            phdr: 0x10_0000 * (i + 1) + 64,
+        };
+        for i in 0..300 {
+            state
+                .objects
+                .push(Known {
+                    id: id(i),
+                    name: i as u64,
+                    span: (id(i).base, id(i).base + 0x1000),
+                    seen: if i % 3 == 0 { SCAN - 1 } else { SCAN },
+                    foreign: false,
+                    check: None,
+                })
+                .ok()
+                .unwrap();
+            for k in 0..2 {
+                state
+                    .slots
+                    .push(Slot {
+                        object: id(i),
+                        slot: id(i).base + 8 * k,
+                        old: 0,
+                        symbol: 0,
+                        hook: 0,
+                    })
+                    .ok()
+                    .unwrap();
+            }
+        }
+        state.forget_gone(SCAN, true);
+        assert_eq!(state.objects.len(), 200);
+        assert!(state.objects.iter().all(|k| k.seen == SCAN && k.name % 3 != 0));
+        assert_eq!(state.slots.len(), 400);
+        assert!(
+            state
+                .slots
+                .iter()
+                .all(|s| state.objects.iter().any(|k| k.id == s.object))
+        );
+        let unmapped: std::vec::Vec<usize> = state.changes.iter().map(|c| c.span.0).collect();
+        let want: std::vec::Vec<usize> = (0..300).filter(|i| i % 3 == 0).map(|i| id(i).base).collect();
+        assert_eq!(unmapped, want);
+        assert!(state.changes.iter().all(|c| !c.mapped));
+        state.forget_gone(SCAN, true);
+        assert_eq!(
+            (state.objects.len(), state.slots.len(), state.changes.len()),
+            (200, 400, 100)
+        );
     }
 
     /// Listed at base 0x1000 with 7 unloads before the listing and 20
