@@ -344,16 +344,23 @@ struct State {
     loads: Option<(u64, u64)>,
 }
 
-static STATE: crate::fork::Mutex<State> = crate::fork::Mutex::new(State {
-    symbols: heapless::Vec::new(),
-    objects: heapless::Vec::new(),
-    changes: heapless::Deque::new(),
-    slots: heapless::Vec::new(),
-    overflow: false,
-    malformed: 0,
-    scans: 0,
-    loads: None,
-});
+impl State {
+    /// Nothing hooked, nothing known.
+    const fn new() -> State {
+        State {
+            symbols: heapless::Vec::new(),
+            objects: heapless::Vec::new(),
+            changes: heapless::Deque::new(),
+            slots: heapless::Vec::new(),
+            overflow: false,
+            malformed: 0,
+            scans: 0,
+            loads: None,
+        }
+    }
+}
+
+static STATE: crate::fork::Mutex<State> = crate::fork::Mutex::new(State::new());
 
 /// One loaded object, as `dl_iterate_phdr` shows it.
 pub(crate) struct Object<'a> {
@@ -2004,16 +2011,7 @@ mod tests {
     }
 
     fn forget_gone_case() {
-        let mut state = Box::new(State {
-            symbols: heapless::Vec::new(),
-            objects: heapless::Vec::new(),
-            changes: heapless::Deque::new(),
-            slots: heapless::Vec::new(),
-            overflow: false,
-            malformed: 0,
-            scans: 0,
-            loads: None,
-        });
+        let mut state = Box::new(State::new());
         const SCAN: u32 = 5;
         let id = |i: usize| ObjectId {
             base: 0x10_0000 * (i + 1),
