@@ -172,9 +172,17 @@ pub enum Family {
 impl Family {
     /// The environment variable that sets this family's modes.
     pub const fn env_var(self) -> &'static str {
+        match self.env_var_c().to_str() {
+            Ok(name) => name,
+            Err(_) => panic!("an ASCII name"),
+        }
+    }
+
+    /// [`Self::env_var`] as a C string, for `getenv`.
+    pub const fn env_var_c(self) -> &'static core::ffi::CStr {
         match self {
-            Family::Cuda => "MEMHOOK_CUDA_HOOK_MODE",
-            Family::Mmap => "MEMHOOK_MMAP_HOOK_MODE",
+            Family::Cuda => c"MEMHOOK_CUDA_HOOK_MODE",
+            Family::Mmap => c"MEMHOOK_MMAP_HOOK_MODE",
         }
     }
 

@@ -38,7 +38,7 @@ impl Config {
     pub fn from_env() -> Result<Config, ConfigError> {
         let mut config = Config::defaults();
         for family in [Family::Mmap, Family::Cuda] {
-            let set = with_env(family.env_var(), |value| match value {
+            let set = crate::with_env(family.env_var_c(), |value| match value {
                 None => Ok(None),
                 Some(Ok(value)) => ModeSet::parse(value, family, AVAILABLE_MODES).map(Some),
                 Some(Err(())) => {
@@ -65,28 +65,6 @@ impl Config {
             hooks: HookConfig::parse(value, AVAILABLE_MODES)?,
         })
     }
-}
-
-/// Calls `f` with the environment variable `name`'s value, read in place
-/// (`getenv`): `None` when unset, `Err` when not UTF-8.
-fn with_env<R>(name: &str, f: impl FnOnce(Option<Result<&str, ()>>) -> R) -> R {
-    let mut c_name = [0u8; 64];
-    let Some(prefix) = c_name.get_mut(..name.len()) else {
-        return f(None); // no name of memhook's is this long
-    };
-    prefix.copy_from_slice(name.as_bytes());
-    let Ok(c_name) = core::ffi::CStr::from_bytes_until_nul(&c_name) else {
-        return f(None);
-    };
-    // SAFETY: a NUL-terminated name.
-    let value = unsafe { libc::getenv(c_name.as_ptr()) };
-    if value.is_null() {
-        return f(None);
-    }
-    // SAFETY: getenv's non-null result is a NUL-terminated string of the
-    // environment, read at once (see `Config::from_env` on `set_var`).
-    let bytes = unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes();
-    f(Some(core::str::from_utf8(bytes).map_err(|_| ())))
 }
 
 /// Longest reason kept per function.

@@ -64,10 +64,23 @@ pub const AVAILABLE_MODES: ModeSet = if cfg!(all(
 /// allocates nothing, and at load no other thread of ours changes the
 /// environment.
 pub(crate) fn env_says_0(name: &core::ffi::CStr) -> bool {
-    // SAFETY: a NUL-terminated name; see above for the environment.
+    with_env(name, |value| value == Some(Ok("0")))
+}
+
+/// Calls `f` with the environment variable `name`'s value, read in place
+/// with `getenv` (no copy, no allocation; and so, like any `getenv`, not
+/// under std's lock against `std::env::set_var`, which is `unsafe` for
+/// that reason): `None` when unset, `Err` when not UTF-8.
+pub(crate) fn with_env<R>(name: &core::ffi::CStr, f: impl FnOnce(Option<Result<&str, ()>>) -> R) -> R {
+    // SAFETY: a NUL-terminated name.
     let value = unsafe { libc::getenv(name.as_ptr()) };
-    // SAFETY: getenv's result is null or a NUL-terminated string.
-    !value.is_null() && unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes() == b"0"
+    if value.is_null() {
+        return f(None);
+    }
+    // SAFETY: getenv's non-null result is a NUL-terminated string of the
+    // environment, read at once.
+    let bytes = unsafe { core::ffi::CStr::from_ptr(value) }.to_bytes();
+    f(Some(core::str::from_utf8(bytes).map_err(|_| ())))
 }
 
 #[cfg(test)]
