@@ -818,32 +818,58 @@ fn symbols_named<M: Memory>(mem: &M, d: &Dynamic, names: &[&[u8]], out: &mut [(u
         return (!failed && walked.is_ok()).then_some(n);
     }
     for (position, &hash) in hashes.iter().enumerate() {
-        let bucket = addr(h.buckets, (hash as usize % h.nbuckets) * 4, "").ok()?;
-        let mut index = read_u32(mem, bucket).ok()? as usize;
-        if index == 0 {
-            continue; // an empty bucket
-        }
-        if index < h.symoffset {
+        let mut full = false;
+        for_each_hash_match(mem, &h, nsyms, hash, |index| {
+            if named(mem, d, index as u32, &names[position..=position]).is_some() && !push(index, position) {
+                full = true;
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(())
+        })?;
+        if full {
             return None;
-        }
-        loop {
-            if index >= nsyms {
-                return None;
-            }
-            let link = read_u32(mem, addr(chains, (index - h.symoffset) * 4, "").ok()?).ok()?;
-            if link | 1 == hash | 1
-                && named(mem, d, index as u32, &names[position..=position]).is_some()
-                && !push(index, position)
-            {
-                return None;
-            }
-            if link & 1 == 1 {
-                break;
-            }
-            index += 1;
         }
     }
     Some(n)
+}
+
+/// Calls `f` with each hashed symbol in the chain of `hash`'s bucket whose
+/// hash is `hash` (bar the chain-end bit), in chain order, until it
+/// breaks. `None` where the table cannot say: a bucket that points below
+/// `symoffset`, a chain that runs past the `nsyms` symbols, an entry that
+/// cannot be read.
+fn for_each_hash_match<M: Memory>(
+    mem: &M,
+    h: &GnuHash,
+    nsyms: usize,
+    hash: u32,
+    mut f: impl FnMut(usize) -> ControlFlow<()>,
+) -> Option<()> {
+    if h.nbuckets == 0 {
+        return None; // (read_dynamic makes none such)
+    }
+    let chains = h.buckets.checked_add(h.nbuckets * 4)?;
+    let bucket = addr(h.buckets, (hash as usize % h.nbuckets) * 4, "").ok()?;
+    let mut index = read_u32(mem, bucket).ok()? as usize;
+    if index == 0 {
+        return Some(()); // an empty bucket
+    }
+    if index < h.symoffset {
+        return None;
+    }
+    loop {
+        if index >= nsyms {
+            return None;
+        }
+        let link = read_u32(mem, addr(chains, (index - h.symoffset) * 4, "").ok()?).ok()?;
+        if link | 1 == hash | 1 && f(index).is_break() {
+            return Some(());
+        }
+        if link & 1 == 1 {
+            return Some(());
+        }
+        index += 1;
+    }
 }
 
 /// Calls `f`, in table order, with every relocation of [`for_each_reloc`]
@@ -1010,32 +1036,17 @@ pub fn defines<M: Memory>(mem: &M, d: &Dynamic, name: &[u8]) -> Option<bool> {
         }
         return Some(false);
     };
-    if h.nbuckets == 0 {
-        return None; // (read_dynamic makes none such)
-    }
-    let hash = gnu_hash(name);
-    let bucket = addr(h.buckets, (hash as usize % h.nbuckets) * 4, "DT_GNU_HASH bucket").ok()?;
-    let mut index = read_u32(mem, bucket).ok()? as usize;
-    if index == 0 {
-        return Some(false); // an empty bucket
-    }
-    if index < h.symoffset {
-        return None;
-    }
-    let chains = h.buckets.checked_add(h.nbuckets * 4)?;
-    loop {
-        if index >= nsyms || index - h.symoffset > MAX_SYMBOLS {
-            return None;
+    // The symbol's answer: true, false, or None (unreadable) ends the walk.
+    let mut answer = Some(false);
+    for_each_hash_match(mem, &h, nsyms, gnu_hash(name), |index| {
+        answer = is_it(index, &mut buf);
+        if answer == Some(false) {
+            ControlFlow::Continue(())
+        } else {
+            ControlFlow::Break(())
         }
-        let link = read_u32(mem, addr(chains, (index - h.symoffset) * 4, "DT_GNU_HASH chains").ok()?).ok()?;
-        if link | 1 == hash | 1 && is_it(index, &mut buf)? {
-            return Some(true);
-        }
-        if link & 1 == 1 {
-            return Some(false);
-        }
-        index += 1;
-    }
+    })?;
+    answer
 }
 
 #[cfg(all(test, not(memhook_loom)))]
