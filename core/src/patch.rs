@@ -631,6 +631,16 @@ mod tests {
             .collect();
     }
 
+    /// `(entry, bytes)` pairs as `write_patches` takes them.
+    fn as_refs<B: AsRef<[u8]>>(patches: &[(usize, B)]) -> Vec<(usize, &[u8])> {
+        patches.iter().map(|(a, b)| (*a, b.as_ref())).collect()
+    }
+
+    /// Three near jumps, at entries 32 bytes apart.
+    fn three_jumps() -> Vec<(usize, Vec<u8>)> {
+        (0..3).map(|i| (BASE + 8 + 32 * i, jump(i as u8, 5))).collect()
+    }
+
     #[test]
     fn a_batch_serialises_three_times_whatever_its_size() {
         for count in [1usize, 2, 5, 12] {
@@ -641,7 +651,7 @@ mod tests {
                 .collect();
             watch(&mut mem, &patches);
             let before = mem.code;
-            let refs: Vec<(usize, &[u8])> = patches.iter().map(|(a, b)| (*a, &b[..])).collect();
+            let refs = as_refs(&patches);
             let done = write_patches::<_, 16>(&mut mem, &refs, &LOCK);
             assert_eq!(mem.syncs(), 3, "{count} patches: {:?}", mem.log);
             assert_eq!(done.len(), count);
@@ -674,7 +684,7 @@ mod tests {
     fn patches_no_longer_than_the_lock_take_one_serialisation() {
         let mut mem = Fake::new();
         let patches = [(BASE + 4, [0x90u8, 0x90]), (BASE + 40, [0xcc, 0xcc])];
-        let refs: Vec<(usize, &[u8])> = patches.iter().map(|(a, b)| (*a, &b[..])).collect();
+        let refs = as_refs(&patches);
         let done = write_patches::<_, 4>(&mut mem, &refs, &LOCK);
         assert!(done.iter().all(Result::is_ok));
         assert_eq!(mem.syncs(), 1);
@@ -697,7 +707,7 @@ mod tests {
             .collect();
         watch(&mut mem, &patches);
         let before = mem.code;
-        let refs: Vec<(usize, &[u8])> = patches.iter().map(|(a, b)| (*a, &b[..])).collect();
+        let refs = as_refs(&patches);
         let done = write_patches::<_, 8>(&mut mem, &refs, &LOCK);
         assert_eq!(done[1], Err(PatchError::LockStraddlesLine { address: straddling }));
         assert_eq!(done[2], Err(PatchError::Protection(13)));
@@ -725,8 +735,8 @@ mod tests {
     fn undo_leaves_an_entry_another_hooker_rewrote() {
         let mut mem = Fake::new();
         let before = mem.code;
-        let patches: Vec<(usize, Vec<u8>)> = (0..3).map(|i| (BASE + 8 + 32 * i, jump(i as u8, 5))).collect();
-        let refs: Vec<(usize, &[u8])> = patches.iter().map(|(a, b)| (*a, &b[..])).collect();
+        let patches = three_jumps();
+        let refs = as_refs(&patches);
         let done = write_patches::<_, 4>(&mut mem, &refs, &LOCK);
         // Another hooker patches over the second.
         let theirs = [0xe9, 1, 1, 1, 1];
@@ -749,8 +759,8 @@ mod tests {
     fn patches_beyond_the_room_are_left_unwritten() {
         let mut mem = Fake::new();
         let before = mem.code;
-        let patches: Vec<(usize, Vec<u8>)> = (0..3).map(|i| (BASE + 8 + 32 * i, jump(i as u8, 5))).collect();
-        let refs: Vec<(usize, &[u8])> = patches.iter().map(|(a, b)| (*a, &b[..])).collect();
+        let patches = three_jumps();
+        let refs = as_refs(&patches);
         let done = write_patches::<_, 2>(&mut mem, &refs, &LOCK);
         assert_eq!(done.len(), 2);
         assert!(done[0].is_ok() && done[1].is_ok());

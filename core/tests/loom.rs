@@ -359,9 +359,7 @@ mod patch_protocol {
                 thread::spawn(move || code.fetch())
             };
             let restore = write_patch(&mut Writer::one(code.clone()), BASE, &NEW, &LOCK).unwrap();
-            if let Some(seen) = executor.join().unwrap() {
-                assert!(seen == NEW || seen == OLD, "mixed bytes: {seen:02x?}");
-            }
+            whole(executor.join().unwrap(), NEW);
             assert_eq!(code.fetch(), Some(NEW));
             assert_eq!(&restore.original[..], &OLD);
         });
@@ -380,14 +378,20 @@ mod patch_protocol {
                 thread::spawn(move || code.fetch())
             };
             restore.undo(&mut w, &LOCK).unwrap();
-            if let Some(seen) = executor.join().unwrap() {
-                assert!(seen == NEW || seen == OLD, "mixed bytes: {seen:02x?}");
-            }
+            whole(executor.join().unwrap(), NEW);
             assert_eq!(code.fetch(), Some(OLD));
         });
     }
 
     const NEW2: [u8; 5] = [0xe9, 0x50, 0x60, 0x70, 0x01];
+
+    /// A fetch that saw an entry (`None`: it met the lock) saw all of
+    /// `new` or all of the old bytes, never a mix.
+    fn whole(seen: Option<[u8; 5]>, new: [u8; 5]) {
+        if let Some(seen) = seen {
+            assert!(seen == new || seen == OLD, "mixed bytes: {seen:02x?}");
+        }
+    }
 
     /// A batch of two patches, written in one pass (three serialisations
     /// for both), raced by a thread fetching each entry in turn: each fetch
@@ -403,12 +407,8 @@ mod patch_protocol {
             let mut w = Writer(codes.clone());
             let done = write_patches::<_, 2>(&mut w, &[(BASE, &NEW[..]), (BASE + LINE, &NEW2[..])], &LOCK);
             let (second, first) = executor.join().unwrap();
-            if let Some(seen) = first {
-                assert!(seen == NEW || seen == OLD, "mixed bytes: {seen:02x?}");
-            }
-            if let Some(seen) = second {
-                assert!(seen == NEW2 || seen == OLD, "mixed bytes: {seen:02x?}");
-            }
+            whole(first, NEW);
+            whole(second, NEW2);
             assert_eq!(codes[0].fetch(), Some(NEW));
             assert_eq!(codes[1].fetch(), Some(NEW2));
 
@@ -436,12 +436,8 @@ mod patch_protocol {
             let undone = undo_patches::<_, 2>(&mut w, &points, &LOCK);
             assert!(undone.iter().all(Result::is_ok));
             let (first, second) = executor.join().unwrap();
-            if let Some(seen) = first {
-                assert!(seen == NEW || seen == OLD, "mixed bytes: {seen:02x?}");
-            }
-            if let Some(seen) = second {
-                assert!(seen == NEW2 || seen == OLD, "mixed bytes: {seen:02x?}");
-            }
+            whole(first, NEW);
+            whole(second, NEW2);
             assert_eq!(codes[0].fetch(), Some(OLD));
             assert_eq!(codes[1].fetch(), Some(OLD));
         });
