@@ -490,14 +490,15 @@ fn bistro_targets_in_libc() -> [usize; LIBC_TARGETS] {
 /// namespace's C library (`in_libc`, read from the library's own symbol
 /// table; see `reloc::main_libc_entries`), or, where that table does not
 /// say (0: glibc before 2.34 defines the loader's functions in libdl), the
-/// definition `dlsym(RTLD_DEFAULT, ...)` finds. 0 where neither knows it.
+/// definition `dlsym(RTLD_DEFAULT, ...)` finds, asked only where some
+/// object defines it (`reloc::global_definition`: a miss allocates
+/// nothing). 0 where neither knows it.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-fn entry_of(name: &core::ffi::CStr, in_libc: usize) -> usize {
+fn entry_of(name: &'static core::ffi::CStr, in_libc: usize) -> usize {
     if in_libc != 0 {
         return in_libc;
     }
-    // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
-    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
+    crate::reloc::global_definition(name)
 }
 
 /// Whether the host function `name` is in this process's C library.
