@@ -470,10 +470,23 @@ impl RestorePoint {
 
     /// Whether the entry still holds the bytes written.
     pub fn in_place<M: CodeMemory>(&self, mem: &M) -> bool {
+        self.holds(mem, &self.patched)
+    }
+
+    /// Whether the entry holds the bytes the patch replaced: the patch was
+    /// undone, or the code was loaded afresh at the same address. Neither
+    /// this nor [`Self::in_place`] is true where another hooker patched
+    /// over the patch (its jump now leads to ours, and a second patch of
+    /// ours over the entry would lead into itself).
+    pub fn undone<M: CodeMemory>(&self, mem: &M) -> bool {
+        self.holds(mem, &self.original)
+    }
+
+    fn holds<M: CodeMemory>(&self, mem: &M, bytes: &[u8]) -> bool {
         let mut now = [0u8; MAX_PATCH];
-        let n = self.patched.len();
+        let n = bytes.len();
         mem.read(self.at, &mut now[..n]);
-        now[..n] == self.patched[..]
+        now[..n] == *bytes
     }
 }
 
@@ -743,9 +756,17 @@ mod tests {
         mem.code[patches[1].0 - BASE..][..5].copy_from_slice(&theirs);
         mem.log.clear();
         let points: Vec<&RestorePoint> = done.iter().map(|p| p.as_ref().unwrap()).collect();
+        let stands = |mem: &Fake| {
+            points
+                .iter()
+                .map(|p| (p.in_place(mem), p.undone(mem)))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(stands(&mem), [(true, false), (false, false), (true, false)]);
         let undone = undo_patches::<_, 4>(&mut mem, &points, &LOCK);
         assert_eq!(undone[1], Err(PatchError::EntryChanged { address: patches[1].0 }));
         assert!(undone[0].is_ok() && undone[2].is_ok());
+        assert_eq!(stands(&mem), [(false, true), (false, false), (false, true)]);
         assert_eq!(mem.bytes(patches[1].0, 5), &theirs);
         assert!(mem.at(Op::Writable(patches[1].0)).is_empty());
         for i in [0, 2] {

@@ -666,6 +666,18 @@ impl Hook {
         self.restore.in_place(&LinuxCode::with_protection(self.prot))
     }
 
+    /// Whether the function's entry holds the bytes this patch replaced:
+    /// undone by someone else, or the code loaded afresh at the address
+    /// (a library unloaded and loaded again there). Where neither this
+    /// nor [`Hook::in_place`] holds, another hooker patched over it.
+    ///
+    /// # Safety
+    ///
+    /// The entry's bytes are mapped and readable.
+    pub unsafe fn undone(&self) -> bool {
+        self.restore.undone(&LinuxCode::with_protection(self.prot))
+    }
+
     /// The patched function.
     pub fn target(&self) -> usize {
         self.target

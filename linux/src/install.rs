@@ -251,6 +251,9 @@ pub fn install(config: &Config) {
         {
             unfollow_loader(&mut state);
             unpatch_all(&mut state.hooks);
+            if !state.namespace_hooks.is_empty() {
+                unhook_namespaces(&mut state);
+            }
         }
     }
     // Made anew below (an uninstall leaves the kept patches listed).
@@ -620,7 +623,9 @@ pub fn refresh() {
 /// (`dlmopen`; see [`install`]): those hooked now (a namespace the loader
 /// freed is not listed), in the order found.
 /// Empty unless the host hooks are installed in bistro mode and a
-/// namespace other than the main one holds a libc.
+/// namespace other than the main one holds a libc, or an uninstall kept
+/// patches there that another hooker had patched over (its reason says
+/// so).
 pub fn namespaces() -> heapless::Vec<NamespaceStatus, { crate::host::NAMESPACES - 1 }> {
     INSTALLED.lock().namespaces.clone()
 }
@@ -673,20 +678,28 @@ fn hook_namespaces(state: &mut Installed) {
     let walked = crate::reloc::with_namespace_libcs(|libc| {
         let ns = libc.namespace;
         present |= 1 << ns;
-        let hooked = crate::namespace::HOOKED.load(Ordering::Acquire) & (1 << ns) != 0;
-        if hooked && state.namespace_libcs[ns] == libc.id && still_hooked(state, libc) {
-            return;
+        if state.namespace_libcs[ns] == libc.id {
+            // The libc patched before, or another loaded at its address.
+            forget_undone(state, libc);
+            let hooked = crate::namespace::HOOKED.load(Ordering::Acquire) & (1 << ns) != 0;
+            if hooked && state.namespace_hooks.iter().any(|&(n, _)| n == ns) {
+                return;
+            }
+            // Not hooked since an uninstall that kept patches another
+            // hooker covered (they are taken back), or loaded afresh.
+        } else {
+            forget_namespace(state, ns);
         }
-        forget_namespace(state, ns);
         let _ = todo.push((ns, libc.id));
     });
     if !walked {
         return;
     }
-    // Hooked namespaces that hold no libc now.
-    let gone = crate::namespace::HOOKED.load(Ordering::Acquire) & !present;
-    for ns in (1..crate::host::NAMESPACES).filter(|ns| gone & (1 << ns) != 0) {
-        forget_namespace(state, ns);
+    // Namespaces patched before that hold no libc now.
+    for ns in 1..crate::host::NAMESPACES {
+        if state.namespace_libcs[ns] != (0, 0) && present & (1 << ns) == 0 {
+            forget_namespace(state, ns);
+        }
     }
     crate::namespace::looked(subs);
     if todo.is_empty() {
@@ -709,20 +722,21 @@ fn hook_namespaces(state: &mut Installed) {
     });
 }
 
-/// Whether `libc`'s code still holds a jump of memhook's: a patch of its
-/// namespace's in place (another hooker may have patched over some; a
-/// libc loaded again at the same address holds none). Under the loader's
-/// write lock, `libc` listed.
+/// Forgets, without writing them, the patches of `libc`'s namespace
+/// whose entries hold the bytes they replaced again: a libc loaded
+/// afresh at the address of the one patched (or a patch undone by
+/// someone else). Those in place stay, and so do those another hooker
+/// patched over: its jump leads to ours, and patching its entry again
+/// would make a call run into itself. Under the loader's write lock,
+/// `libc` listed, at the address recorded for the namespace.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-fn still_hooked(state: &Installed, libc: &crate::reloc::NamespaceLibc) -> bool {
+fn forget_undone(state: &mut Installed, libc: &crate::reloc::NamespaceLibc) {
     let patch = memhook_core::patch::MAX_PATCH;
-    state
-        .namespace_hooks
-        .iter()
-        .filter(|(n, _)| *n == libc.namespace)
+    state.namespace_hooks.retain(|(n, h)| {
         // SAFETY: the entry lies in the listed libc's load segments, which
         // stay mapped under the loader's write lock.
-        .any(|(_, h)| libc.holds(h.target(), patch) && unsafe { h.in_place() })
+        *n != libc.namespace || (libc.holds(h.target(), patch) && !unsafe { h.undone() })
+    });
 }
 
 /// Forgets namespace `ns`'s patches without writing them (the code they
@@ -752,10 +766,20 @@ fn hook_namespace(state: &mut Installed, libc: &crate::reloc::NamespaceLibc, fun
         if target == 0 {
             continue; // process_madvise before glibc 2.36
         }
+        stands.functions += 1;
+        if state
+            .namespace_hooks
+            .iter()
+            .any(|(n, h)| *n == ns && h.target() == target)
+        {
+            // Kept by an uninstall under another hooker's patch: taken
+            // back as it is (see `forget_undone`).
+            stands.hooked += 1;
+            continue;
+        }
         let _ = requests.push(crate::bistro::Request { target, hook, original });
         let _ = names.push(name);
     }
-    stands.functions = requests.len();
     // SAFETY: as for the main namespace's hooks: each has its function's
     // signature and calls this namespace's original through `original`,
     // which patch_batch sets first. The entries are in the libc's code,
@@ -784,29 +808,39 @@ fn hook_namespace(state: &mut Installed, libc: &crate::reloc::NamespaceLibc, fun
     }
     state.namespace_libcs[ns] = libc.id;
     crate::namespace::HOOKED.fetch_or(1 << ns, core::sync::atomic::Ordering::AcqRel);
+    state.namespaces.retain(|s| s.namespace != ns);
     let _ = state.namespaces.push(stands);
 }
 
 /// Undoes [`hook_namespaces`]'s patches, under the loader's write lock, in
 /// each libc that is still the one patched (a patch another hooker
-/// patched over stays, working, and is kept); the patches of a libc that
-/// went are forgotten.
+/// patched over stays, working, and is kept: [`namespaces`] lists its
+/// namespace with those alone hooked, and the next install takes them
+/// back); the patches of a libc that went are forgotten.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn unhook_namespaces(state: &mut Installed) {
     use core::sync::atomic::Ordering;
 
+    // Marks a patch this uninstall keeps (the namespace number's top
+    // bit): it goes back in the list at once, where the walk of its
+    // namespace, which takes the patches it finds, must pass over it. A
+    // second list of kept patches would cost the frame 36 KiB, and an
+    // uninstall runs on whatever stack its caller has.
+    const KEPT: usize = 1 << (usize::BITS - 1);
+
     crate::namespace::FOLLOW.store(false, Ordering::Release);
-    let mut kept: heapless::Vec<(usize, crate::bistro::Hook), NAMESPACE_HOOKS> = heapless::Vec::new();
     crate::reloc::with_namespace_libcs(|libc| {
         let ns = libc.namespace;
-        if state.namespace_libcs[ns] != libc.id || !still_hooked(state, libc) {
+        if state.namespace_libcs[ns] != libc.id {
             return;
         }
+        // What is left is in the libc, and ours.
+        forget_undone(state, libc);
         let mut mine = heapless::Vec::<crate::bistro::Hook, { crate::host::FUNCTIONS }>::new();
         let mut i = 0;
         while i < state.namespace_hooks.len() {
-            let (n, ref h) = state.namespace_hooks[i];
-            if n != ns || !libc.holds(h.target(), memhook_core::patch::MAX_PATCH) || mine.is_full() {
+            let (n, _) = state.namespace_hooks[i];
+            if n != ns || mine.is_full() {
                 i += 1;
                 continue;
             }
@@ -816,21 +850,38 @@ fn unhook_namespaces(state: &mut Installed) {
         // One batch for the namespace's libc.
         let _ = crate::bistro::Hook::unpatch_batch(&mut mine);
         for h in mine {
-            let _ = kept.push((ns, h));
+            // Taken from the list above: there is room.
+            let _ = state.namespace_hooks.push((ns | KEPT, h));
         }
     });
-    // What is left is in libcs that went: forgotten, as is every
+    // What is left unmarked is in libcs that went: forgotten, as is every
     // namespace with no patch kept.
-    state.namespace_hooks.clear();
-    for (ns, h) in kept {
-        let _ = state.namespace_hooks.push((ns, h));
-    }
+    state.namespace_hooks.retain_mut(|(n, _)| {
+        let kept = *n & KEPT != 0;
+        *n &= !KEPT;
+        kept
+    });
     for ns in 1..crate::host::NAMESPACES {
-        if !state.namespace_hooks.iter().any(|&(n, _)| n == ns) {
+        let kept = state.namespace_hooks.iter().filter(|&&(n, _)| n == ns).count();
+        if kept == 0 {
             forget_namespace(state, ns);
+            continue;
+        }
+        // Not hooked: the next install hooks the namespace's other
+        // functions again.
+        crate::namespace::HOOKED.fetch_and(!(1 << ns), Ordering::AcqRel);
+        if let Some(stands) = state.namespaces.iter_mut().find(|s| s.namespace == ns) {
+            stands.hooked = kept;
+            stands.reason.clear();
+            let _ = stands.reason.push_str(KEPT_REASON);
         }
     }
 }
+
+/// Why a namespace's functions are not all hooked after an uninstall that
+/// kept some of its patches.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+const KEPT_REASON: &str = "uninstalled; the patches left are under another hooker's";
 
 /// The config installed, if any.
 pub fn installed() -> Option<Config> {

@@ -2668,6 +2668,84 @@ fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_and_reloc_modes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Another hooker patches over memhook's patch of a namespace's `mmap`
+/// (as one loaded in that namespace would). An uninstall cannot undo
+/// that patch without undoing theirs: it stays, still reporting, while
+/// the namespace's other patches are undone, and [`memhook::namespaces`]
+/// says that one function is hooked there. The next install takes it
+/// back and hooks the namespace's other functions again; once the other
+/// hooker lets go, the install after that undoes it and patches afresh,
+/// and its uninstall leaves the bytes exactly as they were.
+#[test]
+fn a_namespace_patch_another_hooker_covered_is_kept_and_taken_back() {
+    let Some((_s, dir, lib)) = namespace_test("kept") else {
+        return;
+    };
+    let ns = open_in_new_namespace(&lib);
+    let before = bytes_at(ns.libc_mmap);
+    let handler = memhook::set_handler(NS_EVENTS, 0, HandlerFn::Rust(&record)).unwrap();
+    // One mmap and one munmap from the namespace: how many times the
+    // other hooker ran, and how many MMAP and MUNMAP events memhook sent.
+    let one_round = || {
+        let n = OTHER_CALLS.load(Ordering::SeqCst);
+        let mut p = 0;
+        let log = recorded(|| {
+            // SAFETY: the library wraps mmap and munmap; what is mapped
+            // is unmapped.
+            unsafe {
+                p = (ns.mmap)(K64);
+                assert_eq!((ns.munmap)(p, K64), 0);
+            }
+        });
+        let log = about(&log, p, K64);
+        let kind = |k: u32| log.iter().filter(|r| r.0 == k).count();
+        (
+            OTHER_CALLS.load(Ordering::SeqCst) - n,
+            kind(bits::MMAP),
+            kind(bits::MUNMAP),
+        )
+    };
+    let hooked = || namespace_stands(ns.lmid).map(|s| (s.hooked, s.functions));
+    let all = Some((host_functions(), host_functions()));
+
+    memhook::install(&config(HookMode::Bistro));
+    assert_eq!(one_round(), (0, 1, 1));
+    assert_eq!(hooked(), all);
+    // SAFETY: other_mmap has mmap's signature and calls its original.
+    let other =
+        unsafe { memhook::bistro::Hook::patch_with(ns.libc_mmap, other_mmap as *const () as usize, &OTHER_ORIGINAL) }
+            .unwrap();
+    assert_eq!(one_round(), (1, 1, 1), "both hookers see the mmap");
+
+    memhook::uninstall();
+    assert_eq!(
+        one_round(),
+        (1, 1, 0),
+        "the kept patch still reports; munmap's is undone"
+    );
+    assert_eq!(hooked(), Some((1, host_functions())), "{:?}", memhook::namespaces());
+
+    memhook::install(&config(HookMode::Bistro));
+    assert_eq!(
+        one_round(),
+        (1, 1, 1),
+        "taken back, not patched over, and the rest hooked again"
+    );
+    assert_eq!(hooked(), all, "{:?}", memhook::namespaces());
+
+    memhook::uninstall();
+    other.unpatch().map_err(|(_, e)| e).unwrap();
+    memhook::install(&config(HookMode::Bistro));
+    assert_eq!(one_round(), (0, 1, 1));
+    assert_eq!(hooked(), all);
+    memhook::uninstall();
+    assert_eq!(bytes_at(ns.libc_mmap), before, "the bytes as they were");
+    assert!(memhook::namespaces().is_empty());
+    assert_eq!(one_round(), (0, 0, 0));
+    memhook::unset_handler(handler).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The loader frees a namespace once its last object is closed, and the
 /// next `dlmopen(LM_ID_NEWLM, ...)` reuses its index. memhook must not
 /// keep a namespace alive: a program that opens a plugin in a
