@@ -268,6 +268,8 @@ pub fn install(config: &Config) {
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     if mmap.contains(HookMode::Bistro) {
         patch_host_functions(&mut state, &in_libc);
+    } else if !mmap.contains(HookMode::Reloc) {
+        note_kept(&mut state);
     }
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if mmap.contains(HookMode::Reloc) {
@@ -281,14 +283,28 @@ pub fn install(config: &Config) {
         > = functions().into_iter().collect();
         // glibc's mmap64 is mmap under another name, and so on.
         let _ = hooks.extend_from_slice(&crate::host::aliases());
+        // A function whose bistro patch an uninstall kept (another hooker
+        // patched over it) is hooked by that patch alone: its slots lead
+        // to the entry, through the other hooker, to our hook, which
+        // calls the patch's trampoline. Rewritten, a slot would make the
+        // original the entry, and each call would run round the two
+        // hooks until the stack overflowed.
+        #[cfg(feature = "bistro")]
+        hooks.retain(|&(_, hook, _)| !kept_bistro(&state, hook));
         // The other namespaces' objects get their namespace's reloc hooks,
         // whose originals each scan sets from their libcs
         // (`namespace::refresh_reloc_originals`).
         crate::namespace::RELOC.store(true, core::sync::atomic::Ordering::Release);
         // SAFETY: as for bistro.
         let result = unsafe { crate::reloc::install(&hooks) };
-        for (name, _, _) in functions().into_iter().filter(|(name, _, _)| present(name)) {
+        for (name, hook, _) in functions().into_iter().filter(|(name, _, _)| present(name)) {
             let function = name.to_str().unwrap_or("?");
+            #[cfg(feature = "bistro")]
+            if kept_bistro(&state, hook) {
+                note(&mut state.status, function, HookMode::Bistro, None);
+                continue;
+            }
+            let _ = hook;
             match result {
                 Ok(()) => note(&mut state.status, function, HookMode::Reloc, None),
                 Err(e) => note(&mut state.status, function, HookMode::Reloc, Some(&e)),
@@ -533,16 +549,29 @@ fn remove(state: &mut Installed) {
     }
     // The originals stay set: a thread may still be inside a hook.
     state.status.clear();
-    // A patch kept because another hooker patched over it is installed
-    // still, and reports: status says so.
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    note_kept(state);
+    state.config = None;
+}
+
+/// Whether `hook`'s function keeps a bistro patch of ours that an
+/// uninstall could not undo (another hooker patched over it: see
+/// [`uninstall`]). Outside a bistro install, the patches listed are those.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn kept_bistro(state: &Installed, hook: usize) -> bool {
+    state.hooks.iter().any(|h| h.hook() == hook)
+}
+
+/// Lists the bistro patches an uninstall kept as installed: they still
+/// report, and the hooks of no other mode are put on their functions.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn note_kept(state: &mut Installed) {
     for i in 0..state.hooks.len() {
         let hook = state.hooks[i].hook();
         if let Some((name, _, _)) = functions().into_iter().find(|&(_, h, _)| h == hook) {
             note(&mut state.status, name.to_str().unwrap_or("?"), HookMode::Bistro, None);
         }
     }
-    state.config = None;
 }
 
 /// Undoes every patch (bistro entries restored exactly, reloc slots put
@@ -552,7 +581,14 @@ fn remove(state: &mut Installed) {
 /// without undoing theirs: it stays in place and keeps reporting (its
 /// hook is on their path), and [`status`] lists it as installed. The next
 /// [`install`] undoes it if the other hooker has let go, or takes it back
-/// as it is.
+/// as it is, in whatever mode: its function is left to it (no GOT slot
+/// is rewritten to its hook, no lookup answered with it), since with the
+/// entry as the hook's original each call would run round the two
+/// hooks. The same holds for the CUDA functions' patches. A patch in the
+/// libc of another loader namespace is taken back by an install in
+/// bistro mode; in reloc mode that namespace's slots are rewritten as
+/// usual, and the calls they make to that function are reported twice
+/// (once by each hook: a known limit).
 pub fn uninstall() {
     let mut state = INSTALLED.lock();
     let busy = Busy::new();

@@ -1460,8 +1460,9 @@ fn coexists_with_a_hooker_that_patched_mmap_first() {
 /// theirs: it stays, still reporting, and `status` lists it as
 /// installed. An install meanwhile takes it back (a second patch over
 /// its own jump would lead into itself: the next `mmap` would never
-/// return), and once the other hooker lets go, the next install undoes it
-/// and the entry's bytes come back exactly.
+/// return); an install in reloc mode leaves that function to it. Once
+/// the other hooker lets go, the next install undoes it and the entry's
+/// bytes come back exactly.
 #[test]
 fn a_patch_another_hooker_covered_is_kept_listed_and_taken_back() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -1495,6 +1496,18 @@ fn a_patch_another_hooker_covered_is_kept_listed_and_taken_back() {
         "the others are undone: {status:?}"
     );
     assert_eq!(one_mmap(), (1, 1), "the kept patch still reports");
+    // In reloc mode the kept patch goes on hooking its function, whose
+    // slots are left to lead to it: each call reaches our hook once.
+    // (Rewritten to the hook, whose original would be the entry again,
+    // the first call ran round the two hooks until the stack overflowed.)
+    memhook::install(&config(HookMode::Reloc));
+    assert_eq!(one_mmap(), (1, 1), "reloc beside the kept patch");
+    let status = memhook::status();
+    let mode_of = |f: &str| status.iter().find(|s| s.function == f).map(|s| (s.mode, s.installed));
+    assert_eq!(mode_of("mmap"), Some((HookMode::Bistro, true)), "{status:?}");
+    assert_eq!(mode_of("munmap"), Some((HookMode::Reloc, true)), "{status:?}");
+    memhook::uninstall();
+    assert_eq!(one_mmap(), (1, 1), "still kept");
     memhook::install(&config(HookMode::Bistro));
     assert_eq!(one_mmap(), (1, 1), "taken back, not patched over");
     let status = memhook::status();

@@ -235,3 +235,118 @@ fn an_older_version_through_procaddr_gets_the_old_names_hooked() {
     }
     memhook::uninstall();
 }
+
+static OTHER_ORIGINAL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static OTHER_CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Another hooker's `cuMemAlloc_v2` hook: counts, and calls what it
+/// patched over.
+extern "C" fn other_alloc(p: *mut u64, size: usize) -> u32 {
+    OTHER_CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: the trampoline has cuMemAlloc_v2's signature.
+    let original: extern "C" fn(*mut u64, usize) -> u32 =
+        unsafe { std::mem::transmute(OTHER_ORIGINAL.load(std::sync::atomic::Ordering::Acquire)) };
+    original(p, size)
+}
+
+/// Another hooker patches over memhook's bistro patch of the driver's
+/// `cuMemAlloc_v2` (as a profiler or a second hooking library loaded
+/// later does). An uninstall cannot undo that patch without undoing
+/// theirs: it stays, still reporting, listed in `status`, while
+/// `cuMemFree_v2`'s is undone. The next install takes it back as it is:
+/// patched over again, its entry would lead through the other hooker to
+/// the old patch and round to the new one, until the stack overflowed;
+/// an install in reloc and procaddr modes leaves that function to it.
+/// Once the other hooker lets go, the install after that undoes it and
+/// patches afresh, and its uninstall leaves the entry's bytes exactly as
+/// they were.
+#[test]
+fn a_patch_another_hooker_covered_is_kept_and_taken_back() {
+    let _serial = serial();
+    prepare();
+    log_events();
+    let bistro = Config::parse("cuda=bistro;mmap=none").expect("a valid config");
+    memhook::install(&bistro);
+    let c = clients();
+    let h = libcuda_handle();
+    let entry = sym(h, c"cuMemAlloc_v2");
+    // PAIRS pairs through the client's PLT: how many times the other
+    // hooker ran, and the allocations and frees memhook reported.
+    let round = || {
+        let n = OTHER_CALLS.load(std::sync::atomic::Ordering::SeqCst);
+        let _ = take();
+        // SAFETY: the client's function with valid arguments.
+        assert_eq!(unsafe { (c.plt)(PAIRS, SIZE) }, 0);
+        let (allocs, frees) = counts(&take());
+        (OTHER_CALLS.load(std::sync::atomic::Ordering::SeqCst) - n, allocs, frees)
+    };
+    let pairs = PAIRS as usize;
+    let listed = || {
+        memhook::status()
+            .iter()
+            .filter(|s| s.mode == HookMode::Bistro && s.installed)
+            .map(|s| s.function)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(round(), (0, pairs, pairs));
+    memhook::uninstall();
+    // The entry as the library has it (the first install loaded it).
+    // SAFETY: the function's code is mapped and at least 16 bytes long.
+    let unpatched = unsafe { *(entry as *const [u8; 16]) };
+    memhook::install(&bistro);
+    // SAFETY: other_alloc has cuMemAlloc_v2's signature and calls its
+    // original.
+    let other = unsafe { memhook::bistro::Hook::patch_with(entry, other_alloc as *const () as usize, &OTHER_ORIGINAL) }
+        .expect("the other hooker patches over memhook's jump");
+    assert_eq!(round(), (pairs, pairs, pairs), "both hookers see every allocation");
+
+    memhook::uninstall();
+    assert_eq!(
+        round(),
+        (pairs, pairs, 0),
+        "the kept patch still reports; cuMemFree_v2's is undone"
+    );
+    assert_eq!(listed(), ["cuMemAlloc_v2"], "the kept patch is listed");
+
+    // Installed in the other modes, the kept patch goes on hooking
+    // cuMemAlloc_v2 alone: no GOT slot, dlsym or cuGetProcAddress is
+    // given its hook, whose original would be the entry again (the
+    // first call ran round the two hooks until the stack overflowed).
+    // Every client's calls are reported once, and the other hooker sees
+    // each of its allocations.
+    let libcuda = cpath(&fake().libcuda);
+    memhook::install(&Config::parse("cuda=reloc,procaddr;mmap=none").expect("a valid config"));
+    let n = OTHER_CALLS.load(std::sync::atomic::Ordering::SeqCst);
+    for (i, ((allocs, frees), calls)) in run(&c, &libcuda).into_iter().enumerate() {
+        let pairs = pairs + usize::from(i == 2);
+        assert_eq!((allocs, frees), (pairs, pairs), "client {i}: events");
+        assert_eq!(
+            calls,
+            2 * pairs as u64 + if i == 2 { 5 } else { 0 },
+            "client {i}: driver calls"
+        );
+    }
+    assert_eq!(
+        OTHER_CALLS.load(std::sync::atomic::Ordering::SeqCst) - n,
+        3 * pairs,
+        "the other hooker saw every client's allocations"
+    );
+    assert_eq!(listed(), ["cuMemAlloc_v2"], "hooked by the kept patch");
+    memhook::uninstall();
+    assert_eq!(round(), (pairs, pairs, 0), "kept still");
+
+    memhook::install(&bistro);
+    assert_eq!(round(), (pairs, pairs, pairs), "taken back, not patched over");
+    assert!(listed().contains(&"cuMemAlloc_v2") && listed().contains(&"cuMemFree_v2"));
+
+    memhook::uninstall();
+    other.unpatch().map_err(|(_, e)| e).expect("the other hooker lets go");
+    memhook::install(&bistro);
+    assert_eq!(round(), (0, pairs, pairs));
+    memhook::uninstall();
+    // SAFETY: as above.
+    let now = unsafe { *(entry as *const [u8; 16]) };
+    assert_eq!(now, unpatched, "the bytes as they were");
+    assert_eq!(round(), (0, 0, 0));
+    assert!(listed().is_empty());
+}

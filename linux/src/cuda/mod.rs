@@ -88,6 +88,21 @@ static STATE: crate::fork::Mutex<State> = crate::fork::Mutex::new(State {
 /// Set when a load or unload was seen while the state was held.
 static PENDING: AtomicBool = AtomicBool::new(false);
 
+/// Per function: its bistro patch is one an uninstall kept (another
+/// hooker had patched over it) and this install took back. Such a
+/// function is hooked by that patch alone, in every mode: the calls to
+/// its entry reach the other hooker, then our hook, which calls the
+/// patch's trampoline. No GOT slot is rewritten to the hook, and no
+/// `dlsym` or `cuGetProcAddress` is answered with it: with the entry as
+/// its original, each call would run round the two hooks until the
+/// stack overflowed.
+static KEPT: [AtomicBool; COUNT] = [const { AtomicBool::new(false) }; COUNT];
+
+/// Whether `id`'s bistro patch is a kept one (see [`KEPT`]).
+pub(super) fn kept(id: Id) -> bool {
+    KEPT[id as usize].load(Ordering::Acquire)
+}
+
 impl Lib {
     const fn index(self) -> usize {
         match self {
@@ -144,15 +159,18 @@ pub(crate) fn install(modes: ModeSet) {
     }
     let mut state = STATE.lock();
     state.modes = modes;
+    #[cfg(feature = "bistro")]
+    take_back_kept(&mut state);
     let procaddr = modes.contains(HookMode::Procaddr);
     let mut entries: heapless::Vec<reloc::Entry, COUNT> = heapless::Vec::new();
     let mut ids: heapless::Vec<Id, COUNT> = heapless::Vec::new();
     for id in Id::ALL {
-        let slots = match id.kind() {
-            Kind::ProcAddr => procaddr,
-            Kind::Alloc | Kind::Free | Kind::Teardown => modes.contains(HookMode::Reloc),
-        };
-        let answer = (procaddr && id.lib() == Lib::Driver).then_some(&ENTRY[id as usize]);
+        let slots = !kept(id)
+            && match id.kind() {
+                Kind::ProcAddr => procaddr,
+                Kind::Alloc | Kind::Free | Kind::Teardown => modes.contains(HookMode::Reloc),
+            };
+        let answer = (procaddr && id.lib() == Lib::Driver && !kept(id)).then_some(&ENTRY[id as usize]);
         if slots || answer.is_some() {
             let _ = entries.push(reloc::Entry {
                 name: id.name(),
@@ -195,9 +213,16 @@ pub(crate) fn uninstall() {
     {
         // One batch. A hook another hooker patched over stays, working,
         // listed with its id; the others' calls go to the entries again.
+        // (Patches kept by an uninstall before, with no install since,
+        // are left as they are: their library may have gone.)
         let mut ids = heapless::Vec::<Id, COUNT>::new();
         let mut hooks = heapless::Vec::<crate::bistro::Hook, COUNT>::new();
+        let mut before = heapless::Vec::<(Id, crate::bistro::Hook), COUNT>::new();
         while let Some((id, h)) = state.bistro.pop() {
+            if state.attached[id.lib().index()].is_none() {
+                let _ = before.push((id, h));
+                continue;
+            }
             let _ = ids.push(id);
             let _ = hooks.push(h);
         }
@@ -213,11 +238,64 @@ pub(crate) fn uninstall() {
                 None => ORIG[id as usize].store(ENTRY[id as usize].load(Ordering::Acquire), Ordering::Release),
             }
         }
+        for kept in before {
+            let _ = state.bistro.push(kept);
+        }
+        for kept in &KEPT {
+            kept.store(false, Ordering::Release);
+        }
     }
     state.attached = [None, None];
     state.modes = ModeSet::of(&[]);
     state.status.clear();
     state.absent_noted = [false, false];
+    // The patches kept still report: status lists them.
+    #[cfg(feature = "bistro")]
+    for i in 0..state.bistro.len() {
+        let id = state.bistro[i].0;
+        note(&mut state, id, HookMode::Bistro, None);
+    }
+}
+
+/// Takes back, at an install, the bistro patches an uninstall kept (see
+/// [`KEPT`]) that are still in their library as it is loaded now, and
+/// forgets the others: their library was unloaded, or loaded afresh
+/// (its entry holds the bytes the patch replaced).
+#[cfg(feature = "bistro")]
+fn take_back_kept(state: &mut State) {
+    if state.bistro.is_empty() {
+        return;
+    }
+    let found = loaded_libs();
+    for lib in [Lib::Driver, Lib::Runtime] {
+        let f = found[lib.index()].as_ref();
+        // SAFETY: a NUL-terminated copy of the object's path; RTLD_NOLOAD
+        // only finds an object already loaded, and the reference taken
+        // keeps it loaded while its entries are read.
+        let handle = f.map_or(core::ptr::null_mut(), |f| unsafe {
+            libc::dlopen(f.name.as_ptr().cast(), libc::RTLD_LAZY | libc::RTLD_NOLOAD)
+        });
+        state.bistro.retain(|(id, h)| {
+            if id.lib() != lib {
+                return true;
+            }
+            let patch = memhook_core::patch::MAX_PATCH;
+            let inside = f.is_some_and(|f| {
+                f.segments
+                    .iter()
+                    .any(|&(s, e)| s <= h.target() && h.target() + patch <= e)
+            });
+            // SAFETY: the entry lies in a loaded segment of the library,
+            // which the handle keeps loaded.
+            let keep = !handle.is_null() && inside && !unsafe { h.undone() };
+            KEPT[*id as usize].store(keep, Ordering::Release);
+            keep
+        });
+        if !handle.is_null() {
+            // SAFETY: the reference taken above.
+            unsafe { libc::dlclose(handle) };
+        }
+    }
 }
 
 /// Per function and mode: installed, or why not.
@@ -249,11 +327,8 @@ fn drain() {
     }
 }
 
-/// Attaches to the hooked libraries loaded now, detaches from those gone.
-fn sync(state: &mut State) {
-    if state.modes.is_empty() {
-        return;
-    }
+/// The hooked libraries loaded now.
+fn loaded_libs() -> [Option<Found>; 2] {
     let mut found: [Option<Found>; 2] = [None, None];
     reloc::for_each_object(|o| {
         if let Some(lib) = Lib::of_path(o.name)
@@ -269,6 +344,15 @@ fn sync(state: &mut State) {
             });
         }
     });
+    found
+}
+
+/// Attaches to the hooked libraries loaded now, detaches from those gone.
+fn sync(state: &mut State) {
+    if state.modes.is_empty() {
+        return;
+    }
+    let found = loaded_libs();
     for lib in [Lib::Driver, Lib::Runtime] {
         let now = found[lib.index()].as_ref().map(|f| f.id);
         let before = state.attached[lib.index()];
@@ -368,6 +452,13 @@ fn attach(state: &mut State, lib: Lib, found: &Found) {
             }
             continue;
         }
+        #[cfg(feature = "bistro")]
+        if kept(id) && state.bistro.iter().any(|&(k, _)| k == id) {
+            // Taken back (see `take_back_kept`): its original stays the
+            // patch's trampoline.
+            note(state, id, HookMode::Bistro, None);
+            continue;
+        }
         if let Some(first) = Id::ALL
             .into_iter()
             .take_while(|&o| o != id)
@@ -431,6 +522,7 @@ fn detach(state: &mut State, lib: Lib) {
     #[cfg(feature = "bistro")]
     state.bistro.retain(|(id, _)| id.lib() != lib);
     for id in Id::ALL.into_iter().filter(|id| id.lib() == lib) {
+        KEPT[id as usize].store(false, Ordering::Release);
         ORIG[id as usize].store(0, Ordering::Release);
         RELOC[id as usize].store(0, Ordering::Release);
         ENTRY[id as usize].store(0, Ordering::Release);

@@ -47,7 +47,7 @@ pub(super) unsafe fn answer(pfn: *mut *mut c_void) {
     }
     // SAFETY: the caller's contract.
     let p = unsafe { pfn.read() } as usize;
-    let Some(id) = by_entry(p) else {
+    let Some(id) = by_entry(p).filter(|&id| !super::kept(id)) else {
         return;
     };
     debug_assert!(matches!(
