@@ -678,6 +678,12 @@ impl Hook {
         self.restore.undone(&LinuxCode::with_protection(self.prot))
     }
 
+    /// Where the patch starts (past an `endbr64` it keeps), and the bytes
+    /// it replaced there.
+    pub fn replaced(&self) -> (usize, &[u8]) {
+        (self.restore.at, &self.restore.original)
+    }
+
     /// The patched function.
     pub fn target(&self) -> usize {
         self.target

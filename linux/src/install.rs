@@ -584,11 +584,9 @@ fn note_kept(state: &mut Installed) {
 /// as it is, in whatever mode: its function is left to it (no GOT slot
 /// is rewritten to its hook, no lookup answered with it), since with the
 /// entry as the hook's original each call would run round the two
-/// hooks. The same holds for the CUDA functions' patches. A patch in the
-/// libc of another loader namespace is taken back by an install in
-/// bistro mode; in reloc mode that namespace's slots are rewritten as
-/// usual, and the calls they make to that function are reported twice
-/// (once by each hook: a known limit).
+/// hooks. The same holds for the CUDA functions' patches, and for those
+/// in the libc of another loader namespace (while that libc stays
+/// loaded).
 pub fn uninstall() {
     let mut state = INSTALLED.lock();
     let busy = Busy::new();
@@ -779,6 +777,7 @@ fn forget_undone(state: &mut Installed, libc: &crate::reloc::NamespaceLibc) {
 /// were made in is gone, or is another libc's), and its status.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn forget_namespace(state: &mut Installed, ns: usize) {
+    crate::namespace::clear_kept(ns);
     state.namespace_hooks.retain(|(n, _)| *n != ns);
     state.namespaces.retain(|s| s.namespace != ns);
     state.namespace_libcs[ns] = (0, 0);
@@ -904,8 +903,18 @@ fn unhook_namespaces(state: &mut Installed) {
             continue;
         }
         // Not hooked: the next install hooks the namespace's other
-        // functions again.
+        // functions again. Reloc's scans leave the kept ones to their
+        // patches (see `namespace::check_kept`).
         crate::namespace::HOOKED.fetch_and(!(1 << ns), Ordering::AcqRel);
+        crate::namespace::clear_kept(ns);
+        if let Some(functions) = crate::namespace::functions(ns) {
+            for (_, h) in state.namespace_hooks.iter().filter(|&&(n, _)| n == ns) {
+                if let Some(i) = functions.iter().position(|&(_, hook, _)| hook == h.hook()) {
+                    let (at, replaced) = h.replaced();
+                    crate::namespace::set_kept(ns, i, at, replaced);
+                }
+            }
+        }
         if let Some(stands) = state.namespaces.iter_mut().find(|s| s.namespace == ns) {
             stands.hooked = kept;
             stands.reason.clear();
@@ -917,7 +926,7 @@ fn unhook_namespaces(state: &mut Installed) {
 /// Why a namespace's functions are not all hooked after an uninstall that
 /// kept some of its patches.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-const KEPT_REASON: &str = "uninstalled; the patches left are under another hooker's";
+const KEPT_REASON: &str = "kept at an uninstall, under another hooker's patches; the others undone";
 
 /// The config installed, if any.
 pub fn installed() -> Option<Config> {

@@ -294,6 +294,8 @@ pub(crate) fn refresh_reloc_originals() -> u32 {
                 original.store(at, Ordering::Release);
             }
         }
+        #[cfg(feature = "bistro")]
+        check_kept(libc);
         found |= 1 << libc.namespace;
     });
     found
@@ -307,19 +309,100 @@ pub(crate) fn reloc_hook(ns: usize, name: &[u8]) -> Option<(usize, &'static Atom
         .iter()
         .find(|(alias, _)| alias.to_bytes() == name)
         .map_or(name, |(_, main)| main.to_bytes());
-    reloc_functions(ns)?
-        .into_iter()
-        .find(|(n, _, _)| n.to_bytes() == name)
-        .map(|(_, hook, original)| (hook, original))
+    let functions = reloc_functions(ns)?;
+    let i = functions.iter().position(|(n, _, _)| n.to_bytes() == name)?;
+    #[cfg(feature = "bistro")]
+    if kept_now(ns, i) {
+        return None;
+    }
+    let (_, hook, original) = functions[i];
+    Some((hook, original))
 }
 
 /// Hooking each namespace's libc (bistro).
 #[cfg(feature = "bistro")]
 mod hooks {
     use core::ffi::{c_int, c_void};
-    use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
     use super::{FOLLOW, in_use};
+    use crate::host::{FUNCTIONS, NAMESPACES};
+
+    /// The bistro patches an uninstall kept in the namespaces' libcs
+    /// (another hooker had patched over them: see
+    /// [`crate::install::uninstall`]), for reloc's scans: per namespace
+    /// and function (in the order of [`crate::host::functions`]), where
+    /// the patch starts (0 for none), and the first bytes it replaced
+    /// there (at most 8) with their count.
+    static KEPT_AT: [[AtomicUsize; FUNCTIONS]; NAMESPACES] =
+        [const { [const { AtomicUsize::new(0) }; FUNCTIONS] }; NAMESPACES];
+    static KEPT_BYTES: [[AtomicU64; FUNCTIONS]; NAMESPACES] =
+        [const { [const { AtomicU64::new(0) }; FUNCTIONS] }; NAMESPACES];
+    static KEPT_LEN: [[AtomicU8; FUNCTIONS]; NAMESPACES] =
+        [const { [const { AtomicU8::new(0) }; FUNCTIONS] }; NAMESPACES];
+    /// Per namespace, the functions (bit `i` for function `i`) whose kept
+    /// patch the last look at its libc found there still, in place or
+    /// under the other hooker's: its calls reach our hook through the
+    /// entry, so reloc leaves their slots to it (rewritten, a call
+    /// through one would be reported by both hooks).
+    static KEPT_NOW: [AtomicU32; NAMESPACES] = [const { AtomicU32::new(0) }; NAMESPACES];
+
+    /// Records namespace `ns`'s kept patch of function `i`: it starts at
+    /// `at`, where it replaced `replaced`.
+    pub(crate) fn set_kept(ns: usize, i: usize, at: usize, replaced: &[u8]) {
+        let n = replaced.len().min(8);
+        let mut word = [0u8; 8];
+        word[..n].copy_from_slice(&replaced[..n]);
+        KEPT_BYTES[ns][i].store(u64::from_ne_bytes(word), Ordering::Relaxed);
+        KEPT_LEN[ns][i].store(n as u8, Ordering::Relaxed);
+        KEPT_AT[ns][i].store(at, Ordering::Release);
+    }
+
+    /// Forgets namespace `ns`'s kept patches.
+    pub(crate) fn clear_kept(ns: usize) {
+        for at in &KEPT_AT[ns] {
+            at.store(0, Ordering::Release);
+        }
+        KEPT_NOW[ns].store(0, Ordering::Release);
+    }
+
+    /// Which of its namespace's kept patches are in `libc` still: at its
+    /// function's entry, which does not hold the bytes the patch replaced
+    /// again (a libc loaded afresh at the address, or a patch undone). The
+    /// others are forgotten. Under the loader's write lock, `libc` listed.
+    pub(crate) fn check_kept(libc: &crate::reloc::NamespaceLibc) {
+        let ns = libc.namespace;
+        let mut now = 0u32;
+        for (i, &entry) in libc.functions.iter().enumerate() {
+            let at = KEPT_AT[ns][i].load(Ordering::Acquire);
+            if at == 0 {
+                continue;
+            }
+            let n = usize::from(KEPT_LEN[ns][i].load(Ordering::Relaxed));
+            let ours = entry != 0 && at.wrapping_sub(entry) < 16 && n > 0 && libc.holds(at, n) && {
+                let mut bytes = [0u8; 8];
+                // SAFETY: `n` bytes inside the listed libc's load
+                // segments, which stay mapped under the loader's write
+                // lock.
+                unsafe { core::ptr::copy_nonoverlapping(at as *const u8, bytes.as_mut_ptr(), n) };
+                bytes != KEPT_BYTES[ns][i].load(Ordering::Relaxed).to_ne_bytes()
+            };
+            if ours {
+                now |= 1 << i;
+            } else {
+                KEPT_AT[ns][i].store(0, Ordering::Release);
+            }
+        }
+        KEPT_NOW[ns].store(now, Ordering::Release);
+    }
+
+    /// Whether reloc leaves namespace `ns`'s slots of function `i` to a
+    /// kept patch (see [`check_kept`]).
+    pub(crate) fn kept_now(ns: usize, i: usize) -> bool {
+        KEPT_NOW
+            .get(ns)
+            .is_some_and(|k| k.load(Ordering::Acquire) & (1 << i) != 0)
+    }
 
     /// Namespaces whose libc is hooked (bit `k` for namespace `k`), as the
     /// last look found them.

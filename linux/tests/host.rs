@@ -2685,8 +2685,9 @@ fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_and_reloc_modes() {
 /// (as one loaded in that namespace would). An uninstall cannot undo
 /// that patch without undoing theirs: it stays, still reporting, while
 /// the namespace's other patches are undone, and [`memhook::namespaces`]
-/// says that one function is hooked there. The next install takes it
-/// back and hooks the namespace's other functions again; once the other
+/// says that one function is hooked there. An install in reloc mode
+/// leaves that function's slots to it; the next install in bistro mode
+/// takes it back and hooks the namespace's other functions again; once the other
 /// hooker lets go, the install after that undoes it and patches afresh,
 /// and its uninstall leaves the bytes exactly as they were.
 #[test]
@@ -2737,6 +2738,14 @@ fn a_namespace_patch_another_hooker_covered_is_kept_and_taken_back() {
         "the kept patch still reports; munmap's is undone"
     );
     assert_eq!(hooked(), Some((1, host_functions())), "{:?}", memhook::namespaces());
+
+    // In reloc mode the namespace's slots of mmap are left to the kept
+    // patch (rewritten, each call was reported by both hooks), and the
+    // others are rewritten.
+    memhook::install(&config(HookMode::Reloc));
+    assert_eq!(one_round(), (1, 1, 1), "reloc beside the kept patch");
+    memhook::uninstall();
+    assert_eq!(one_round(), (1, 1, 0), "still kept");
 
     memhook::install(&config(HookMode::Bistro));
     assert_eq!(
