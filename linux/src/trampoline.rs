@@ -7,7 +7,10 @@
 //! reach, so memhook maps 64 KiB regions in the free gaps of the address
 //! space closest to the target (`/proc/self/maps`, `MAP_FIXED_NOREPLACE`)
 //! and hands out 256-byte slots from them. Slots are never unmapped: a
-//! thread may still be running in one after its patch is undone.
+//! thread may still be running in one after its patch is undone. The
+//! regions are mapped with the system call itself: they are memhook's own
+//! and send no event (a handler must never run while memhook holds a
+//! lock of its own).
 
 use core::ops::ControlFlow;
 
@@ -80,12 +83,18 @@ fn map_near(near: usize, reach: usize) -> Option<usize> {
     }
     candidates.sort_unstable_by_key(|c| c.abs_diff(near));
     for &at in &candidates {
+        // The system calls themselves, not libc's functions, which may be
+        // hooked: memhook's own regions are no event, since a handler run
+        // now would run under memhook's locks (this one, and the install's
+        // or the CUDA hooks' state), and one that asked `status()` would
+        // wait on itself.
         // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping;
         // the result is checked, and a kernel that ignores the flag (before
         // 4.17) treats the address as a hint, which is checked too.
         let p = unsafe {
-            libc::mmap(
-                at as *mut libc::c_void,
+            libc::syscall(
+                libc::SYS_mmap,
+                at,
                 REGION,
                 libc::PROT_READ | libc::PROT_EXEC,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
@@ -93,14 +102,14 @@ fn map_near(near: usize, reach: usize) -> Option<usize> {
                 0,
             )
         };
-        if p == libc::MAP_FAILED {
-            continue;
+        if p == -1 {
+            continue; // glibc's syscall() gives -1 for every error
         }
         if p as usize == at {
             return Some(at);
         }
         // SAFETY: unmapping the region the kernel just gave us elsewhere.
-        unsafe { libc::munmap(p, REGION) };
+        unsafe { libc::syscall(libc::SYS_munmap, p, REGION) };
     }
     None
 }

@@ -1526,6 +1526,45 @@ fn a_patch_another_hooker_covered_is_kept_listed_and_taken_back() {
     memhook::unset_handler(handler).unwrap();
 }
 
+/// memhook's own trampoline regions (the executable pages it maps near
+/// the code it patches, at an install, a library's late load or a
+/// namespace's hooking) are not events: mapping one, memhook holds its
+/// locks, and a handler run then that asked [`memhook::status`] would
+/// wait on itself for ever. Handlers run only where memhook holds none.
+#[test]
+fn memhooks_own_trampoline_regions_send_no_event() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(
+        bits::MMAP | bits::MUNMAP | bits::VM_MAPPED | bits::VM_UNMAPPED,
+        0,
+        &record,
+    );
+    // A page far from the libraries, and so from every region so far.
+    // SAFETY: a fresh private mapping at a hint, unmapped below.
+    let far = unsafe {
+        libc::mmap(
+            0x3000_0000_0000 as *mut libc::c_void,
+            4096,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(far, libc::MAP_FAILED);
+    let regions = memhook::trampoline::regions();
+    let log = recorded(|| assert!(memhook::trampoline::reserve_near(far as usize, 100 << 20, 1)));
+    assert_eq!(
+        memhook::trampoline::regions(),
+        regions + 1,
+        "a region was mapped near {far:?}"
+    );
+    assert_eq!(log, [], "no event for memhook's own region");
+    // SAFETY: the page mapped above.
+    unsafe { libc::munmap(far, 4096) };
+}
+
 static SIG_MAPS: AtomicUsize = AtomicUsize::new(0);
 const SIG_SIZE: usize = 11 * 4096;
 
