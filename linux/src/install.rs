@@ -763,6 +763,13 @@ fn hook_namespaces(state: &mut Installed) {
 /// patched over: its jump leads to ours, and patching its entry again
 /// would make a call run into itself. Under the loader's write lock,
 /// `libc` listed, at the address recorded for the namespace.
+///
+/// A patch laid by another hooker on a libc loaded afresh at the same
+/// address looks the same as one laid over ours: it is taken for ours
+/// (that function then goes unhooked there, not round in a loop). Every
+/// `dlclose` is followed by a look that forgets a libc that went, so
+/// that takes a namespace freed and made again while memhook is not
+/// installed.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn forget_undone(state: &mut Installed, libc: &crate::reloc::NamespaceLibc) {
     let patch = memhook_core::patch::MAX_PATCH;
