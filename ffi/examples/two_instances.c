@@ -2,11 +2,13 @@
  * libmemhook.so (A) and opens a copy of it under another file name (B)
  * with RTLD_LOCAL, as two libraries that each embed memhook would be.
  * Each installs (argv[2] and argv[3]: configs), each has a handler, and
- * they uninstall in either order (argv[4]: 0, A first; 1, B first). Each
- * line printed says how many times each saw one mmap at a known address.
+ * they uninstall in either order (argv[4]: 0, A first; 1, B first), or
+ * (2) A uninstalls while B is installed and installs again with the
+ * config argv[5], then B uninstalls, then A. Each line printed says how
+ * many times each saw one mmap at a known address.
  *
  * Build: cc -I include two_instances.c -L target/debug -lmemhook -ldl
- * Run:   ./a.out path/to/copy-of-libmemhook.so CONFIG_A CONFIG_B ORDER */
+ * Run:   ./a.out path/to/copy-of-libmemhook.so CONFIG_A CONFIG_B ORDER [CONFIG_A2] */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -47,8 +49,9 @@ static void *sym(void *h, const char *name) {
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 5);
+    CHECK(argc == 5 || argc == 6);
     int order = atoi(argv[4]);
+    CHECK(order != 2 || argc == 6);
     watched = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     CHECK(watched != MAP_FAILED);
 
@@ -75,11 +78,20 @@ int main(int argc, char **argv) {
         round_of("A installed again");
         CHECK(install_b(argv[3]) == 0);
         round_of("B installed again");
-    } else {
+    } else if (order == 1) {
         CHECK(uninstall_b() == 0);
         round_of("B uninstalled");
         CHECK(memhook_uninstall() == 0);
         round_of("A uninstalled");
+    } else {
+        CHECK(memhook_uninstall() == 0);
+        round_of("A uninstalled");
+        CHECK(memhook_install(argv[5]) == 0);
+        round_of("A installed again in another mode");
+        CHECK(uninstall_b() == 0);
+        round_of("B uninstalled");
+        CHECK(memhook_uninstall() == 0);
+        round_of("A uninstalled at last");
     }
     return 0;
 }

@@ -309,6 +309,40 @@ fn two_copies_of_memhook_each_see_every_mmap() {
             }
         }
     }
+    // Both in bistro mode, B's patch over A's: A uninstalls (its patch
+    // stays under B's, still reporting) and installs again in reloc mode,
+    // which leaves mmap to that patch (its slots rewritten, each call ran
+    // round A's hook and B's until the stack overflowed); once B has
+    // gone, A's patch is in place, and A's uninstall undoes it.
+    let case = "A bistro, B bistro, A again in reloc mode";
+    let bistro = "mmap=bistro;cuda=none";
+    let o = output_within(
+        Command::new(&out)
+            .arg(&copy)
+            .args([bistro, bistro, "2", "mmap=reloc;cuda=none"]),
+        std::time::Duration::from_secs(20),
+    )
+    .unwrap_or_else(|| panic!("{case}: hung"));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{case}: {:?}\n{stdout}{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "A installed: a=1 b=0",
+            "both installed: a=1 b=1",
+            "A uninstalled: a=1 b=1",
+            "A installed again in another mode: a=1 b=1",
+            "B uninstalled: a=1 b=0",
+            "A uninstalled at last: a=0 b=0",
+        ],
+        "{case}"
+    );
 }
 
 /// Two copies of memhook with the CUDA hooks, on the fake driver: the
