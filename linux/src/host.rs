@@ -702,7 +702,7 @@ fn current_break(ns: usize) -> usize {
         return unsafe { core::mem::transmute::<usize, SbrkFn>(sbrk)(0) } as usize;
     }
     // SAFETY: brk(0) returns the current break and changes nothing.
-    unsafe { libc::syscall(libc::SYS_brk, 0) as usize }
+    unsafe { libc::syscall(libc::SYS_brk, 0 as libc::c_long) as usize }
 }
 
 thread_local! {

@@ -88,18 +88,21 @@ fn map_near(near: usize, reach: usize) -> Option<usize> {
         // now would run under memhook's locks (this one, and the install's
         // or the CUDA hooks' state), and one that asked `status()` would
         // wait on itself.
+        // Every argument a full word: the kernel reads whole registers,
+        // and a narrower variadic argument leaves the rest undefined.
+        let word = |v: usize| v as libc::c_long;
         // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping;
         // the result is checked, and a kernel that ignores the flag (before
         // 4.17) treats the address as a hint, which is checked too.
         let p = unsafe {
             libc::syscall(
                 libc::SYS_mmap,
-                at,
-                REGION,
-                libc::PROT_READ | libc::PROT_EXEC,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                -1,
-                0,
+                word(at),
+                word(REGION),
+                libc::c_long::from(libc::PROT_READ | libc::PROT_EXEC),
+                libc::c_long::from(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE),
+                -1 as libc::c_long,
+                0 as libc::c_long,
             )
         };
         if p == -1 {
@@ -109,7 +112,7 @@ fn map_near(near: usize, reach: usize) -> Option<usize> {
             return Some(at);
         }
         // SAFETY: unmapping the region the kernel just gave us elsewhere.
-        unsafe { libc::syscall(libc::SYS_munmap, p, REGION) };
+        unsafe { libc::syscall(libc::SYS_munmap, p, word(REGION)) };
     }
     None
 }
