@@ -264,23 +264,28 @@ fn two_copies_of_memhook_each_see_every_mmap() {
     cc("two_instances.c", &out, true);
     let copy = out_dir().join("libmemhook-copy.so");
     std::fs::copy(lib_dir().join("libmemhook.so"), &copy).unwrap();
+    // The program's output with these arguments, once it ran to the end.
+    let run = |case: &str, args: &[&str]| {
+        let o = output_within(
+            Command::new(&out).arg(&copy).args(args),
+            std::time::Duration::from_secs(20),
+        )
+        .unwrap_or_else(|| panic!("{case}: hung"));
+        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "{case}: {:?}\n{stdout}{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        stdout
+    };
     let modes = ["mmap=bistro;cuda=none", "mmap=reloc;cuda=none"];
     for a in modes {
         for b in modes {
             for order in ["0", "1"] {
                 let case = format!("A {a}, B {b}, order {order}");
-                let o = output_within(
-                    Command::new(&out).arg(&copy).args([a, b, order]),
-                    std::time::Duration::from_secs(20),
-                )
-                .unwrap_or_else(|| panic!("{case}: hung"));
-                let stdout = String::from_utf8_lossy(&o.stdout);
-                assert!(
-                    o.status.success(),
-                    "{case}: {:?}\n{stdout}{}",
-                    o.status,
-                    String::from_utf8_lossy(&o.stderr)
-                );
+                let stdout = run(&case, &[a, b, order]);
                 let seen = |what: &str| {
                     let line = stdout
                         .lines()
@@ -316,20 +321,7 @@ fn two_copies_of_memhook_each_see_every_mmap() {
     // gone, A's patch is in place, and A's uninstall undoes it.
     let case = "A bistro, B bistro, A again in reloc mode";
     let bistro = "mmap=bistro;cuda=none";
-    let o = output_within(
-        Command::new(&out)
-            .arg(&copy)
-            .args([bistro, bistro, "2", "mmap=reloc;cuda=none"]),
-        std::time::Duration::from_secs(20),
-    )
-    .unwrap_or_else(|| panic!("{case}: hung"));
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{case}: {:?}\n{stdout}{}",
-        o.status,
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let stdout = run(case, &[bistro, bistro, "2", "mmap=reloc;cuda=none"]);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         lines,
