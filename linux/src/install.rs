@@ -289,7 +289,6 @@ pub fn install(config: &Config) {
         // calls the patch's trampoline. Rewritten, a slot would make the
         // original the entry, and each call would run round the two
         // hooks until the stack overflowed.
-        #[cfg(feature = "bistro")]
         hooks.retain(|&(_, hook, _)| !kept_bistro(&state, hook));
         // The other namespaces' objects get their namespace's reloc hooks,
         // whose originals each scan sets from their libcs
@@ -299,12 +298,10 @@ pub fn install(config: &Config) {
         let result = unsafe { crate::reloc::install(&hooks) };
         for (name, hook, _) in functions().into_iter().filter(|(name, _, _)| present(name)) {
             let function = name.to_str().unwrap_or("?");
-            #[cfg(feature = "bistro")]
             if kept_bistro(&state, hook) {
                 note(&mut state.status, function, HookMode::Bistro, None);
                 continue;
             }
-            let _ = hook;
             match result {
                 Ok(()) => note(&mut state.status, function, HookMode::Reloc, None),
                 Err(e) => note(&mut state.status, function, HookMode::Reloc, Some(&e)),
@@ -557,9 +554,15 @@ fn remove(state: &mut Installed) {
 /// Whether `hook`'s function keeps a bistro patch of ours that an
 /// uninstall could not undo (another hooker patched over it: see
 /// [`uninstall`]). Outside a bistro install, the patches listed are those.
-#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn kept_bistro(state: &Installed, hook: usize) -> bool {
-    state.hooks.iter().any(|h| h.hook() == hook)
+    #[cfg(feature = "bistro")]
+    return state.hooks.iter().any(|h| h.hook() == hook);
+    #[cfg(not(feature = "bistro"))]
+    {
+        let _ = (state, hook);
+        false
+    }
 }
 
 /// Lists the bistro patches an uninstall kept as installed: they still

@@ -334,12 +334,24 @@ mod hooks {
     /// and function (in the order of [`crate::host::functions`]), where
     /// the patch starts (0 for none), and the first bytes it replaced
     /// there (at most 8) with their count.
-    static KEPT_AT: [[AtomicUsize; FUNCTIONS]; NAMESPACES] =
-        [const { [const { AtomicUsize::new(0) }; FUNCTIONS] }; NAMESPACES];
-    static KEPT_BYTES: [[AtomicU64; FUNCTIONS]; NAMESPACES] =
-        [const { [const { AtomicU64::new(0) }; FUNCTIONS] }; NAMESPACES];
-    static KEPT_LEN: [[AtomicU8; FUNCTIONS]; NAMESPACES] =
-        [const { [const { AtomicU8::new(0) }; FUNCTIONS] }; NAMESPACES];
+    static KEPT: [[KeptPatch; FUNCTIONS]; NAMESPACES] = [const { [const { KeptPatch::new() }; FUNCTIONS] }; NAMESPACES];
+
+    /// One kept patch (see [`KEPT`]).
+    struct KeptPatch {
+        at: AtomicUsize,
+        bytes: AtomicU64,
+        len: AtomicU8,
+    }
+
+    impl KeptPatch {
+        const fn new() -> Self {
+            KeptPatch {
+                at: AtomicUsize::new(0),
+                bytes: AtomicU64::new(0),
+                len: AtomicU8::new(0),
+            }
+        }
+    }
     /// Per namespace, the functions (bit `i` for function `i`) whose kept
     /// patch the last look at its libc found there still, in place or
     /// under the other hooker's: its calls reach our hook through the
@@ -353,15 +365,16 @@ mod hooks {
         let n = replaced.len().min(8);
         let mut word = [0u8; 8];
         word[..n].copy_from_slice(&replaced[..n]);
-        KEPT_BYTES[ns][i].store(u64::from_ne_bytes(word), Ordering::Relaxed);
-        KEPT_LEN[ns][i].store(n as u8, Ordering::Relaxed);
-        KEPT_AT[ns][i].store(at, Ordering::Release);
+        let kept = &KEPT[ns][i];
+        kept.bytes.store(u64::from_ne_bytes(word), Ordering::Relaxed);
+        kept.len.store(n as u8, Ordering::Relaxed);
+        kept.at.store(at, Ordering::Release);
     }
 
     /// Forgets namespace `ns`'s kept patches.
     pub(crate) fn clear_kept(ns: usize) {
-        for at in &KEPT_AT[ns] {
-            at.store(0, Ordering::Release);
+        for kept in &KEPT[ns] {
+            kept.at.store(0, Ordering::Release);
         }
         KEPT_NOW[ns].store(0, Ordering::Release);
     }
@@ -373,24 +386,24 @@ mod hooks {
     pub(crate) fn check_kept(libc: &crate::reloc::NamespaceLibc) {
         let ns = libc.namespace;
         let mut now = 0u32;
-        for (i, &entry) in libc.functions.iter().enumerate() {
-            let at = KEPT_AT[ns][i].load(Ordering::Acquire);
+        for (i, (&entry, kept)) in libc.functions.iter().zip(&KEPT[ns]).enumerate() {
+            let at = kept.at.load(Ordering::Acquire);
             if at == 0 {
                 continue;
             }
-            let n = usize::from(KEPT_LEN[ns][i].load(Ordering::Relaxed));
+            let n = usize::from(kept.len.load(Ordering::Relaxed));
             let ours = entry != 0 && at.wrapping_sub(entry) < 16 && n > 0 && libc.holds(at, n) && {
                 let mut bytes = [0u8; 8];
                 // SAFETY: `n` bytes inside the listed libc's load
                 // segments, which stay mapped under the loader's write
                 // lock.
                 unsafe { core::ptr::copy_nonoverlapping(at as *const u8, bytes.as_mut_ptr(), n) };
-                bytes != KEPT_BYTES[ns][i].load(Ordering::Relaxed).to_ne_bytes()
+                bytes != kept.bytes.load(Ordering::Relaxed).to_ne_bytes()
             };
             if ours {
                 now |= 1 << i;
             } else {
-                KEPT_AT[ns][i].store(0, Ordering::Release);
+                kept.at.store(0, Ordering::Release);
             }
         }
         KEPT_NOW[ns].store(now, Ordering::Release);

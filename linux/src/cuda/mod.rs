@@ -453,7 +453,7 @@ fn attach(state: &mut State, lib: Lib, found: &Found) {
             continue;
         }
         #[cfg(feature = "bistro")]
-        if kept(id) && state.bistro.iter().any(|&(k, _)| k == id) {
+        if kept(id) {
             // Taken back (see `take_back_kept`): its original stays the
             // patch's trampoline.
             note(state, id, HookMode::Bistro, None);
