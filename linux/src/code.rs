@@ -303,16 +303,32 @@ mod tests {
 
     const RX: i32 = libc::PROT_READ | libc::PROT_EXEC;
 
-    /// `pages` pages of `int3`, mapped r-x.
+    /// `pages` pages of `int3`, mapped r-x, between two `PROT_NONE` guard
+    /// pages. The guards keep the pages a mapping of their own whatever
+    /// the other tests map beside them: qemu-user (the aarch64 CI step)
+    /// builds `/proc/self/maps` from the host's mappings, which merge
+    /// neighbours the guest sees apart, and leaves out or mislabels a
+    /// merged range whose pages differ in protection.
     fn code_pages(pages: usize) -> usize {
-        let len = pages * page_size();
-        // SAFETY: a fresh anonymous mapping, filled, then made r-x.
+        let page = page_size();
+        let len = pages * page;
+        // SAFETY: a fresh reservation; the code pages replace its middle
+        // with MAP_FIXED, inside it, then are filled and made r-x.
         unsafe {
-            let p = libc::mmap(
+            let guard = libc::mmap(
                 core::ptr::null_mut(),
+                len + 2 * page,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(guard, libc::MAP_FAILED);
+            let p = libc::mmap(
+                guard.cast::<u8>().add(page).cast(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
                 -1,
                 0,
             );
@@ -321,6 +337,13 @@ mod tests {
             assert_eq!(libc::mprotect(p, len, RX), 0);
             p as usize
         }
+    }
+
+    /// Unmaps what `code_pages(pages)` returned, guards included.
+    fn drop_code_pages(base: usize, pages: usize) {
+        let page = page_size();
+        // SAFETY: the test's own mapping and guards, no longer used.
+        unsafe { libc::munmap((base - page) as *mut libc::c_void, (pages + 2) * page) };
     }
 
     fn bytes(at: usize, len: usize) -> Vec<u8> {
@@ -370,8 +393,7 @@ mod tests {
         for p in 0..3 {
             assert_eq!(maps::find(base + p * page).unwrap().prot, RX, "page {p}");
         }
-        // SAFETY: the test's own mapping, no longer used.
-        unsafe { libc::munmap(base as *mut libc::c_void, 3 * page) };
+        drop_code_pages(base, 3);
     }
 
     /// More pages than a writer can remember: the one beyond is refused
@@ -398,7 +420,6 @@ mod tests {
         mem.make_writable(last, 1).unwrap();
         mem.restore_protection(last, 1).unwrap();
         assert_eq!(maps::find(last).unwrap().prot, RX);
-        // SAFETY: the test's own mapping, no longer used.
-        unsafe { libc::munmap(base as *mut libc::c_void, (CHANGED + 1) * page) };
+        drop_code_pages(base, CHANGED + 1);
     }
 }
