@@ -126,6 +126,11 @@ if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     env MEMHOOK_LIB_PATH="$here/libmemhook.so" PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync \
         ./memhook run --cuda-mode none -- python3 src/torch_graph.py 2>&1 | grep -E "replay 0|torch_graph: (ok|FAILED)" |
         sed 's/^/TORCH-GRAPH-UNHOOKED /' | tee -a "$results"
+    # NCCL in PyTorch's process group (one rank), in each mode:
+    # src/torch_nccl.sh says what each must see of NCCL's cuMem mappings.
+    for mode in bistro procaddr bistro,reloc,procaddr reloc; do
+        check "torch NCCL $mode" bash src/torch_nccl.sh "$mode"
+    done
     check "torch work (no memhook)" python3 src/torch_work.py
     check "torch work under memhook run" ./memhook run -- python3 src/torch_work.py
     # DataLoader workers forked from a process that used CUDA, while
