@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -637,6 +638,84 @@ IMPL CUresult impl_cuExternalMemoryGetMappedBuffer(CUdeviceptr *dptr, void *ext,
     return dev_alloc(dptr, desc->size, T_DEVICE);
 }
 
+/* ---- Graphics interop: a buffer of another API (OpenGL, Direct3D,
+ * EGL), registered with CUDA, has a device address only while it is
+ * mapped (cuGraphicsMapResources), which
+ * cuGraphicsResourceGetMappedPointer_v2 gives out; an unmap, or the
+ * resource's unregistration, ends it. A fake resource is made by
+ * fake_graphics_register (the real calls take another API's objects);
+ * each map gives the buffer an address of its own. ---- */
+enum { CUDA_ERROR_ALREADY_MAPPED = 208, CUDA_ERROR_NOT_MAPPED = 211 };
+struct graphics_resource {
+    size_t size;
+    CUdeviceptr dptr; /* 0 while not mapped */
+};
+void *fake_graphics_register(size_t size) {
+    struct graphics_resource *r = calloc(1, sizeof *r);
+    if (r)
+        r->size = size;
+    return r;
+}
+CUresult cuGraphicsMapResources(unsigned count, struct graphics_resource **resources, void *stream) {
+    (void)stream;
+    if (!resources)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < count; i++) {
+        if (resources[i]->dptr)
+            return CUDA_ERROR_ALREADY_MAPPED;
+        CUresult rc = dev_alloc(&resources[i]->dptr, resources[i]->size, T_DEVICE);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    return CUDA_SUCCESS;
+}
+ENTRY(cuGraphicsResourceGetMappedPointer_v2)
+IMPL CUresult impl_cuGraphicsResourceGetMappedPointer_v2(CUdeviceptr *dptr, size_t *size,
+                                                         struct graphics_resource *r) {
+    atomic_fetch_add(&calls, 1);
+    if (!r)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!r->dptr)
+        return CUDA_ERROR_NOT_MAPPED;
+    if (dptr)
+        *dptr = r->dptr;
+    if (size)
+        *size = r->size;
+    return CUDA_SUCCESS;
+}
+static CUresult graphics_unmap(unsigned count, struct graphics_resource **resources) {
+    if (!resources)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < count; i++) {
+        if (!resources[i]->dptr)
+            return CUDA_ERROR_NOT_MAPPED;
+        free_at(resources[i]->dptr, 0);
+        resources[i]->dptr = 0;
+    }
+    return CUDA_SUCCESS;
+}
+ENTRY(cuGraphicsUnmapResources)
+IMPL CUresult impl_cuGraphicsUnmapResources(unsigned count, struct graphics_resource **resources, void *stream) {
+    (void)stream;
+    return graphics_unmap(count, resources);
+}
+ENTRY(cuGraphicsUnmapResources_ptsz)
+IMPL CUresult impl_cuGraphicsUnmapResources_ptsz(unsigned count, struct graphics_resource **resources,
+                                                 void *stream) {
+    (void)stream;
+    return graphics_unmap(count, resources);
+}
+/* As the driver does, unregistering a mapped resource unmaps it. */
+ENTRY(cuGraphicsUnregisterResource)
+IMPL CUresult impl_cuGraphicsUnregisterResource(struct graphics_resource *r) {
+    if (!r)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (r->dptr)
+        graphics_unmap(1, &r);
+    free(r);
+    return CUDA_SUCCESS;
+}
+
 /* ---- Memory another process exported. ---- */
 /* A fake IPC handle or pool export: the size in its first 8 bytes, the
  * exporter's device in the next 4, and an export id in the 8 after
@@ -956,7 +1035,8 @@ extern char cuMemAlloc[], cuMemAlloc_v2[], cuMemAllocManaged[], cuMemAllocPitch[
     cuDevicePrimaryCtxGetState[], cuDevicePrimaryCtxRetain[], cuDevicePrimaryCtxRelease_v2[], cuDevicePrimaryCtxRelease[], cuModuleUnload[],
     cuLibraryUnload[], cuIpcOpenMemHandle_v2[], cuIpcOpenMemHandle[], cuIpcCloseMemHandle[], cuMemPoolImportPointer[],
     cuGraphAddMemAllocNode[], cuGraphAddMemFreeNode[], cuGraphAddNode[], cuGraphAddNode_v2[], cuLibraryGetManaged[],
-    cuExternalMemoryGetMappedBuffer[];
+    cuExternalMemoryGetMappedBuffer[], cuGraphicsResourceGetMappedPointer_v2[], cuGraphicsUnmapResources[],
+    cuGraphicsUnmapResources_ptsz[], cuGraphicsUnregisterResource[];
 
 static const struct {
     const char *name;
@@ -975,6 +1055,8 @@ static const struct {
     P(cuLibraryUnload), P(cuIpcOpenMemHandle_v2), P(cuIpcOpenMemHandle), P(cuIpcCloseMemHandle),
     P(cuMemPoolImportPointer), P(cuGraphAddMemAllocNode), P(cuGraphAddMemFreeNode), P(cuGraphAddNode),
     P(cuGraphAddNode_v2), P(cuLibraryGetManaged), P(cuExternalMemoryGetMappedBuffer),
+    P(cuGraphicsResourceGetMappedPointer_v2), P(cuGraphicsUnmapResources), P(cuGraphicsUnmapResources_ptsz),
+    P(cuGraphicsUnregisterResource), {"cuGraphicsMapResources", (void *)cuGraphicsMapResources},
 #undef P
 };
 

@@ -720,6 +720,97 @@ fn unloading_a_module_reports_its_globals() {
     }
 }
 
+/// Graphics interop: a registered buffer of another API has a device
+/// address while it is mapped, which `cuGraphicsResourceGetMappedPointer_v2`
+/// gives out. Reported at that call (once a mapping: asked again, nothing),
+/// CUDA on the thread's device in the map; the unmap (plain or `_ptsz`)
+/// or the unregistration of a mapped resource reports its free before the
+/// call, and the map forgets it. Without the hooks the range would be
+/// absent from the map: host.
+#[test]
+fn graphics_interop_pointers_are_cuda_while_mapped() {
+    let _serial = serial();
+    let h = bistro_fake_driver();
+    type Res = *mut c_void;
+    let register: unsafe extern "C" fn(usize) -> Res = f(h, c"fake_graphics_register");
+    let map: unsafe extern "C" fn(c_uint, *mut Res, *mut c_void) -> u32 = f(h, c"cuGraphicsMapResources");
+    let pointer: unsafe extern "C" fn(*mut Dptr, *mut usize, Res) -> u32 =
+        f(h, c"cuGraphicsResourceGetMappedPointer_v2");
+    type Unmap = unsafe extern "C" fn(c_uint, *mut Res, *mut c_void) -> u32;
+    let unmap: Unmap = f(h, c"cuGraphicsUnmapResources");
+    let unmap_ptsz: Unmap = f(h, c"cuGraphicsUnmapResources_ptsz");
+    let unregister: unsafe extern "C" fn(Res) -> u32 = f(h, c"cuGraphicsUnregisterResource");
+    let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
+    const A: u32 = bits::MEM_TYPE_ALLOC;
+    const F: u32 = bits::MEM_TYPE_FREE;
+    let cuda = MemType::Cuda as u32;
+    let _ = take();
+    // SAFETY: (every call below) the fake driver's functions with valid
+    // arguments: resources the fake made, arrays of them.
+    unsafe {
+        set_device(1);
+        let mut res = [register(1 << 20), register(3 << 16)];
+        assert!(res.iter().all(|r| !r.is_null()));
+        assert_eq!(map(2, res.as_mut_ptr(), std::ptr::null_mut()), 0);
+        assert_eq!(take(), [], "a map gives no address yet");
+        let (mut a, mut b, mut size): (Dptr, Dptr, usize) = (0, 0, 0);
+        assert_eq!(pointer(&mut a, &mut size, res[0]), 0);
+        let a = a as usize;
+        assert_eq!(take(), [(A, a, 1 << 20, cuda)]);
+        let info = found(a + 4096, 4096);
+        assert_eq!(
+            (info.mem_type, info.device, info.base, info.len),
+            (MemType::Cuda, 1, a, 1 << 20)
+        );
+        // Asked again for the same mapping: no second report.
+        let mut again: Dptr = 0;
+        assert_eq!(pointer(&mut again, std::ptr::null_mut(), res[0]), 0);
+        assert_eq!((again as usize, take()), (a, vec![]));
+        assert_eq!(pointer(&mut b, &mut size, res[1]), 0);
+        let b = b as usize;
+        assert_eq!(take(), [(A, b, 3 << 16, cuda)]);
+
+        // Both unmapped at once: each one's free, before the call.
+        assert_eq!(unmap(2, res.as_mut_ptr(), std::ptr::null_mut()), 0);
+        same_events(
+            take(),
+            vec![(F, a, 1 << 20, cuda), (F, b, 3 << 16, cuda)],
+            "each pointer's free",
+        );
+        assert_eq!(memtype::lookup(a, 1), Lookup::Absent);
+        assert_eq!(memtype::lookup(b, 1), Lookup::Absent);
+        // Not mapped: no pointer, and an unmap the driver refuses reports
+        // nothing.
+        assert_ne!(pointer(&mut again, &mut size, res[0]), 0);
+        assert_ne!(unmap(1, res.as_mut_ptr(), std::ptr::null_mut()), 0);
+        assert_eq!(take(), []);
+
+        // Mapped again, its size not asked for (the driver's is
+        // reported), unmapped through `_ptsz`.
+        assert_eq!(map(1, res.as_mut_ptr(), std::ptr::null_mut()), 0);
+        let mut c: Dptr = 0;
+        assert_eq!(pointer(&mut c, std::ptr::null_mut(), res[0]), 0);
+        let c = c as usize;
+        assert_eq!(take(), [(A, c, 1 << 20, cuda)]);
+        assert_eq!(unmap_ptsz(1, res.as_mut_ptr(), std::ptr::null_mut()), 0);
+        assert_eq!(take(), [(F, c, 1 << 20, cuda)]);
+
+        // Unregistering a mapped resource ends its pointer; an unmapped
+        // one's unregistration reports nothing.
+        assert_eq!(map(1, res[1..].as_mut_ptr(), std::ptr::null_mut()), 0);
+        let mut d: Dptr = 0;
+        assert_eq!(pointer(&mut d, &mut size, res[1]), 0);
+        let d = d as usize;
+        assert_eq!(take(), [(A, d, 3 << 16, cuda)]);
+        assert_eq!(unregister(res[1]), 0);
+        assert_eq!(take(), [(F, d, 3 << 16, cuda)]);
+        assert_eq!(memtype::lookup(d, 1), Lookup::Absent);
+        assert_eq!(unregister(res[0]), 0);
+        assert_eq!(take(), []);
+        set_device(0);
+    }
+}
+
 /// Graph memory (seen on the H200: a stream-ordered allocation made
 /// while its stream captures a graph, and an allocation node, have an
 /// address the driver does not know until the graph runs, and device

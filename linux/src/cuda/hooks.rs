@@ -38,14 +38,14 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 use cudarc::driver::sys::{
     CUDA_EXTERNAL_MEMORY_BUFFER_DESC, CUDA_MEM_ALLOC_NODE_PARAMS, CUDA_MEM_ALLOC_NODE_PARAMS_v2, CUcontext, CUdevice,
     CUdeviceptr, CUdriverProcAddressQueryResult, CUexternalMemory, CUgraph, CUgraphEdgeData, CUgraphNode,
-    CUgraphNodeParams, CUgraphNodeType, CUipcMemHandle, CUlibrary, CUmemGenericAllocationHandle,
+    CUgraphNodeParams, CUgraphNodeType, CUgraphicsResource, CUipcMemHandle, CUlibrary, CUmemGenericAllocationHandle,
     CUmemPoolPtrExportData, CUmemoryPool, CUmodule, CUstream, cuuint64_t,
 };
 use cudarc::runtime::sys::{
     cudaExternalMemory_t, cudaExternalMemoryBufferDesc, cudaGraph_t, cudaGraphNode_t, cudaIpcMemHandle_t,
     cudaMemAllocNodeParams, cudaMemPool_t, cudaMemPoolPtrExportData, cudaStream_t,
 };
-use memhook_core::memtype::MemType;
+use memhook_core::memtype::{Lookup, MemType};
 
 use super::driver;
 use super::events::{allocated, ending_context, freeing, global_seen, releasing_primary, unloading};
@@ -176,6 +176,10 @@ functions! {
     Driver Alloc cuGraphAddNode_v2,
     Driver Alloc cuLibraryGetManaged,
     Driver Alloc cuExternalMemoryGetMappedBuffer,
+    Driver Alloc cuGraphicsResourceGetMappedPointer_v2,
+    Driver Free cuGraphicsUnmapResources,
+    Driver Free cuGraphicsUnmapResources_ptsz,
+    Driver Free cuGraphicsUnregisterResource,
     Driver Teardown cuCtxDestroy_v2,
     Driver Teardown cuCtxDestroy,
     Driver Teardown cuDevicePrimaryCtxReset_v2,
@@ -594,6 +598,19 @@ macro_rules! hook {
             on_close(Id::$name, $addr, move || unsafe { f($($a),*) })
         }
     };
+    // The end of graphics resources' mapped pointers: `count` resources
+    // at `resources` (see [`on_graphics_end`]).
+    ($name:ident($($a:ident: $t:ty),*) graphics_end => ($count:expr, $resources:expr)) => {
+        pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
+            type F = unsafe extern "C" fn($($t),*) -> Status;
+            let Some(f) = original::<F>(Id::$name) else { return UNAVAILABLE };
+            // SAFETY: the caller's arguments: `count` resources at
+            // `resources`, as the call itself reads them.
+            unsafe { on_graphics_end(Id::$name, $count, $resources) };
+            // SAFETY: the caller's arguments, to the function they called.
+            unsafe { f($($a),*) }
+        }
+    };
     ($name:ident($($a:ident: $t:ty),*) free => ($addr:expr, $size:expr)) => {
         pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
             type F = unsafe extern "C" fn($($t),*) -> Status;
@@ -664,6 +681,73 @@ hook!(cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, shar
 // description, type and device from the driver.
 hook!(cuExternalMemoryGetMappedBuffer(dptr: *mut CUdeviceptr, ext: CUexternalMemory,
     desc: *const CUDA_EXTERNAL_MEMORY_BUFFER_DESC) alloc Unknown => (out(dptr) as usize, buffer_size(desc)));
+
+// Graphics interop: a buffer of another API (OpenGL, Direct3D, EGL),
+// registered with CUDA, has a device address while it is mapped
+// (`cuGraphicsMapResources`), which this call gives out; without it such
+// memory is absent from the map, which reads as host. Reported once a
+// mapping (a second call for the same mapping finds its range in the
+// map), type and device from the driver; ended by the unmap, or by the
+// resource's unregistration, which unmaps it.
+hook!(cuGraphicsResourceGetMappedPointer_v2(pdptr: *mut CUdeviceptr, psize: *mut usize, resource: CUgraphicsResource)
+    alloc Unknown => graphics_pointer(out(pdptr) as usize, out(psize)));
+hook!(cuGraphicsUnmapResources(count: c_uint, resources: *mut CUgraphicsResource, stream: CUstream)
+    graphics_end => (count as usize, resources));
+hook!(cuGraphicsUnmapResources_ptsz(count: c_uint, resources: *mut CUgraphicsResource, stream: CUstream)
+    graphics_end => (count as usize, resources));
+hook!(cuGraphicsUnregisterResource(resource: CUgraphicsResource) graphics_end => (1, &raw const resource));
+
+/// The range a mapped resource's pointer call gave, to report: none
+/// (address 0) when the map holds exactly that range already, the same
+/// mapping asked for again. (Size 0: the caller did not ask for it; the
+/// map's entry at the address then is the mapping, else the driver's
+/// size is reported.)
+fn graphics_pointer(address: usize, size: usize) -> (usize, usize) {
+    match crate::memtype::lookup(address, 1) {
+        Lookup::Found(info) if info.base == address && (size == 0 || info.len == size) => (0, 0),
+        _ => (address, size),
+    }
+}
+
+type GraphicsPointerFn = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUgraphicsResource) -> Status;
+
+/// Before an unmap or an unregistration of graphics resources:
+/// `MEM_TYPE_FREE` of each one's mapped pointer, which the driver gives
+/// while the resource is still mapped (one driver call a resource: the
+/// driver, not memhook, keeps which resource has which range). A resource
+/// not mapped, or mapped as an array, has none. Unconditional, like a
+/// free of an address the map lost: a range reported but dropped by a
+/// full map still gets its free.
+///
+/// # Safety
+///
+/// `resources` is null or points to `count` resource handles, which the
+/// caller passes to the call it made.
+#[cold]
+#[inline(never)]
+unsafe fn on_graphics_end(id: Id, count: usize, resources: *const CUgraphicsResource) {
+    if resources.is_null() {
+        return;
+    }
+    let Some(pointer) = original::<GraphicsPointerFn>(Id::cuGraphicsResourceGetMappedPointer_v2) else {
+        return;
+    };
+    with_guard(id, |flag| {
+        if flag.is_some_and(Cell::get) {
+            return; // inside a hooked call, whose hook reports
+        }
+        for i in 0..count {
+            // SAFETY: the caller's contract: `count` handles.
+            let resource = unsafe { resources.add(i).read_unaligned() };
+            let (mut address, mut size): (CUdeviceptr, usize) = (0, 0);
+            // SAFETY: the original of the driver's call, with two
+            // out-parameters of ours and the caller's handle.
+            if unsafe { pointer(&mut address, &mut size, resource) } == SUCCESS && address != 0 && size != 0 {
+                freeing(id, address as usize, Some(size));
+            }
+        }
+    });
+}
 
 // Graph memory. An allocation node, and a stream-ordered allocation made
 // while its stream captures a graph (the hooks above), reserve the
