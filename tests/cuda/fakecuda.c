@@ -638,8 +638,8 @@ IMPL CUresult impl_cuExternalMemoryGetMappedBuffer(CUdeviceptr *dptr, void *ext,
     return dev_alloc(dptr, desc->size, T_DEVICE);
 }
 
-/* ---- Graphics interop: a buffer of another API (OpenGL, Direct3D,
- * EGL), registered with CUDA, has a device address only while it is
+/* ---- Graphics interop: a buffer of another API (OpenGL, Direct3D),
+ * registered with CUDA, has a device address only while it is
  * mapped (cuGraphicsMapResources), which
  * cuGraphicsResourceGetMappedPointer_v2 gives out; an unmap, or the
  * resource's unregistration, ends it. A fake resource is made by

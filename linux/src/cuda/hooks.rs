@@ -682,7 +682,7 @@ hook!(cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, shar
 hook!(cuExternalMemoryGetMappedBuffer(dptr: *mut CUdeviceptr, ext: CUexternalMemory,
     desc: *const CUDA_EXTERNAL_MEMORY_BUFFER_DESC) alloc Unknown => (out(dptr) as usize, buffer_size(desc)));
 
-// Graphics interop: a buffer of another API (OpenGL, Direct3D, EGL),
+// Graphics interop: a buffer of another API (OpenGL, Direct3D),
 // registered with CUDA, has a device address while it is mapped
 // (`cuGraphicsMapResources`), which this call gives out; without it such
 // memory is absent from the map, which reads as host. Reported once a
