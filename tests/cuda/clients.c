@@ -209,6 +209,32 @@ int cudaExternalMemoryGetMappedBuffer(void **p, void *ext, const void *desc) {
     return 0;
 }
 
+/* Graphics interop: the driver's calls, a resource handle being the
+ * driver's. */
+typedef CUresult (*graphics_map_fn)(unsigned, void **, void *);
+typedef CUresult (*graphics_pointer_fn)(CUdeviceptr *, size_t *, void *);
+typedef CUresult (*graphics_unregister_fn)(void *);
+int cudaGraphicsMapResources(int count, void **resources, void *stream) {
+    graphics_map_fn map = (graphics_map_fn)driver_proc("cuGraphicsMapResources");
+    return count >= 0 && map && map((unsigned)count, resources, stream) == 0 ? 0 : 1;
+}
+int cudaGraphicsResourceGetMappedPointer(void **p, size_t *size, void *resource) {
+    graphics_pointer_fn pointer = (graphics_pointer_fn)driver_proc("cuGraphicsResourceGetMappedPointer");
+    CUdeviceptr d = 0;
+    if (!p || !pointer || pointer(&d, size, resource) != 0)
+        return 1;
+    *p = (void *)d;
+    return 0;
+}
+int cudaGraphicsUnmapResources(int count, void **resources, void *stream) {
+    graphics_map_fn unmap = (graphics_map_fn)driver_proc("cuGraphicsUnmapResources");
+    return count >= 0 && unmap && unmap((unsigned)count, resources, stream) == 0 ? 0 : 1;
+}
+int cudaGraphicsUnregisterResource(void *resource) {
+    graphics_unregister_fn unregister = (graphics_unregister_fn)driver_proc("cuGraphicsUnregisterResource");
+    return unregister && unregister(resource) == 0 ? 0 : 1;
+}
+
 int cudaMemPoolImportPointer(void **p, void *pool, ipc_handle *data) {
     pool_import_fn import = (pool_import_fn)driver_proc("cuMemPoolImportPointer");
     CUdeviceptr d = 0;

@@ -329,3 +329,100 @@ fn an_external_memory_buffer_is_reported_once_through_the_runtime() {
         },
     );
 }
+
+/// Graphics interop through the runtime (reaching the driver's calls
+/// through the pointers `cuGetProcAddress` gives): the mapped pointer is
+/// reported once, as the runtime function's where bistro patches it, and
+/// CUDA in the map; the unmap and the unregistration of a mapped resource
+/// each report its free once, before the call. (The test finds the
+/// runtime's functions with `dlsym`, which reloc alone does not answer.)
+#[test]
+fn graphics_interop_is_reported_once_through_the_runtime() {
+    type Res = *mut c_void;
+    type Map = unsafe extern "C" fn(i32, *mut Res, *mut c_void) -> i32;
+    type Pointer = unsafe extern "C" fn(*mut *mut c_void, *mut usize, Res) -> i32;
+    type Unregister = unsafe extern "C" fn(Res) -> i32;
+    let _serial = serial();
+    prepare();
+    log_events();
+    let counting = memhook::cuda::count_events_by_function().expect("a free handler slot");
+    let names = [
+        "cudaGraphicsResourceGetMappedPointer",
+        "cuGraphicsResourceGetMappedPointer_v2",
+        "cudaGraphicsUnmapResources",
+        "cuGraphicsUnmapResources",
+        "cudaGraphicsUnregisterResource",
+        "cuGraphicsUnregisterResource",
+    ];
+    for mode in ["bistro", "bistro,reloc,procaddr", "reloc,procaddr"] {
+        memhook::install(&Config::parse(&format!("cuda={mode};mmap=none")).unwrap());
+        let _ = open(&fake().plt);
+        let cudart = open(&fake().cudart);
+        // SAFETY: the fake driver's and runtime's functions, of these types.
+        let (register, map, pointer, unmap, unregister) = unsafe {
+            (
+                cast::<unsafe extern "C" fn(usize) -> Res>(sym(libcuda(), c"fake_graphics_register")),
+                cast::<Map>(sym(cudart, c"cudaGraphicsMapResources")),
+                cast::<Pointer>(sym(cudart, c"cudaGraphicsResourceGetMappedPointer")),
+                cast::<Map>(sym(cudart, c"cudaGraphicsUnmapResources")),
+                cast::<Unregister>(sym(cudart, c"cudaGraphicsUnregisterResource")),
+            )
+        };
+        let _ = take();
+        let before = names.map(delivered);
+        let added = || -> Vec<u64> { names.map(delivered).iter().zip(&before).map(|(a, b)| a - b).collect() };
+        // SAFETY: (every call below) the fake's functions with valid
+        // arguments: resources the fake made, arrays of them.
+        unsafe {
+            let mut res = [register(1 << 20)];
+            assert_eq!(map(1, res.as_mut_ptr(), std::ptr::null_mut()), 0, "mode {mode}");
+            let (mut p, mut size) = (std::ptr::null_mut(), 0);
+            assert_eq!(pointer(&mut p, &mut size, res[0]), 0, "mode {mode}");
+            let p = p as usize;
+            assert!(
+                matches!(memtype::lookup(p, 1 << 20), Lookup::Found(i) if i.mem_type == MemType::Cuda),
+                "mode {mode}"
+            );
+            assert_eq!(
+                take(),
+                [(bits::MEM_TYPE_ALLOC, p, 1 << 20, MemType::Cuda as u32)],
+                "mode {mode}"
+            );
+            assert_eq!(unmap(1, res.as_mut_ptr(), std::ptr::null_mut()), 0, "mode {mode}");
+            assert_eq!(
+                take(),
+                [(bits::MEM_TYPE_FREE, p, 1 << 20, MemType::Cuda as u32)],
+                "mode {mode}"
+            );
+            assert_eq!(memtype::lookup(p, 1), Lookup::Absent, "mode {mode}");
+
+            // Mapped again, then unregistered while mapped.
+            assert_eq!(map(1, res.as_mut_ptr(), std::ptr::null_mut()), 0, "mode {mode}");
+            let mut q = std::ptr::null_mut();
+            assert_eq!(pointer(&mut q, std::ptr::null_mut(), res[0]), 0, "mode {mode}");
+            let q = q as usize;
+            assert_eq!(
+                take(),
+                [(bits::MEM_TYPE_ALLOC, q, 1 << 20, MemType::Cuda as u32)],
+                "mode {mode}"
+            );
+            assert_eq!(unregister(res[0]), 0, "mode {mode}");
+            assert_eq!(
+                take(),
+                [(bits::MEM_TYPE_FREE, q, 1 << 20, MemType::Cuda as u32)],
+                "mode {mode}"
+            );
+        }
+        let added = added();
+        assert_eq!(
+            [added[0] + added[1], added[2] + added[3], added[4] + added[5]],
+            [2, 1, 1],
+            "mode {mode}: each event once: {added:?}"
+        );
+        if mode.contains("bistro") {
+            assert_eq!(added, [2, 0, 1, 0, 1, 0], "mode {mode}: the runtime's events");
+        }
+        memhook::uninstall();
+    }
+    memhook::unset_handler(counting).expect("registered above, outside any handler");
+}
