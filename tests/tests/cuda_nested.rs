@@ -330,12 +330,15 @@ fn an_external_memory_buffer_is_reported_once_through_the_runtime() {
     );
 }
 
-/// Graphics interop through the runtime (reaching the driver's calls
-/// through the pointers `cuGetProcAddress` gives): the mapped pointer is
-/// reported once, as the runtime function's where bistro patches it, and
+/// Graphics interop through the runtime, whose graphics calls memhook
+/// does not hook: they reach the driver's through the pointers
+/// `cuGetProcAddress` gives, which bistro patches and procaddr answers.
+/// The mapped pointer is reported once, as the driver function's, and is
 /// CUDA in the map; the unmap and the unregistration of a mapped resource
-/// each report its free once, before the call. (The test finds the
-/// runtime's functions with `dlsym`, which reloc alone does not answer.)
+/// each report its free once, before the call. (The runtime's own
+/// functions stay unhooked on purpose: asked for a resource's pointer
+/// at an unmap, the runtime would keep a failed query, for a resource
+/// mapped as an array, as the program's last error.)
 #[test]
 fn graphics_interop_is_reported_once_through_the_runtime() {
     type Res = *mut c_void;
@@ -413,15 +416,11 @@ fn graphics_interop_is_reported_once_through_the_runtime() {
                 "mode {mode}"
             );
         }
-        let added = added();
         assert_eq!(
-            [added[0] + added[1], added[2] + added[3], added[4] + added[5]],
-            [2, 1, 1],
-            "mode {mode}: each event once: {added:?}"
+            added(),
+            [0, 2, 0, 1, 0, 1],
+            "mode {mode}: each event once, the driver's"
         );
-        if mode.contains("bistro") {
-            assert_eq!(added, [2, 0, 1, 0, 1, 0], "mode {mode}: the runtime's events");
-        }
         memhook::uninstall();
     }
     memhook::unset_handler(counting).expect("registered above, outside any handler");

@@ -42,8 +42,8 @@ use cudarc::driver::sys::{
     CUmemPoolPtrExportData, CUmemoryPool, CUmodule, CUstream, cuuint64_t,
 };
 use cudarc::runtime::sys::{
-    cudaExternalMemory_t, cudaExternalMemoryBufferDesc, cudaGraph_t, cudaGraphNode_t, cudaGraphicsResource_t,
-    cudaIpcMemHandle_t, cudaMemAllocNodeParams, cudaMemPool_t, cudaMemPoolPtrExportData, cudaStream_t,
+    cudaExternalMemory_t, cudaExternalMemoryBufferDesc, cudaGraph_t, cudaGraphNode_t, cudaIpcMemHandle_t,
+    cudaMemAllocNodeParams, cudaMemPool_t, cudaMemPoolPtrExportData, cudaStream_t,
 };
 use memhook_core::memtype::{Lookup, MemType};
 
@@ -208,9 +208,6 @@ functions! {
     Runtime Alloc cudaGraphAddMemAllocNode,
     Runtime Free cudaGraphAddMemFreeNode,
     Runtime Alloc cudaExternalMemoryGetMappedBuffer,
-    Runtime Alloc cudaGraphicsResourceGetMappedPointer,
-    Runtime Free cudaGraphicsUnmapResources,
-    Runtime Free cudaGraphicsUnregisterResource,
 }
 
 /// A value that starts a cache line.
@@ -303,7 +300,7 @@ fn guard_flag() -> *const Cell<bool> {
 /// can then end in a tail call, so that the driver returns straight to
 /// the caller instead of through the hook's cold code.
 #[inline(always)]
-fn guarded<R>(id: Id, flag: Option<&Cell<bool>>, call: impl FnOnce() -> R) -> R {
+fn guarded(id: Id, flag: Option<&Cell<bool>>, call: impl FnOnce() -> Status) -> Status {
     let Some(flag) = flag.filter(|_| id.lib() == Lib::Runtime) else {
         return call();
     };
@@ -607,11 +604,11 @@ macro_rules! hook {
         pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
             type F = unsafe extern "C" fn($($t),*) -> Status;
             let Some(f) = original::<F>(Id::$name) else { return UNAVAILABLE };
-            // SAFETY: the caller's arguments, to the function they called.
-            let call = || unsafe { f($($a),*) };
-            // SAFETY: the caller's arguments: `count` resource handles at
+            // SAFETY: the caller's arguments: `count` resources at
             // `resources`, as the call itself reads them.
-            unsafe { on_graphics_end(Id::$name, $count, $resources.cast(), call) }
+            unsafe { on_graphics_end(Id::$name, $count, $resources) };
+            // SAFETY: the caller's arguments, to the function they called.
+            unsafe { f($($a),*) }
         }
     };
     ($name:ident($($a:ident: $t:ty),*) free => ($addr:expr, $size:expr)) => {
@@ -691,7 +688,11 @@ hook!(cuExternalMemoryGetMappedBuffer(dptr: *mut CUdeviceptr, ext: CUexternalMem
 // memory is absent from the map, which reads as host. Reported once a
 // mapping (a second call for the same mapping finds its range in the
 // map), type and device from the driver; ended by the unmap, or by the
-// resource's unregistration, which unmaps it.
+// resource's unregistration, which unmaps it. (The runtime's graphics
+// calls reach these through `cuGetProcAddress` and are not hooked
+// themselves: the unmap's query of a resource's pointer, asked of the
+// runtime, would leave its failure for a resource mapped as an array as
+// the program's last error; the driver keeps no such state.)
 hook!(cuGraphicsResourceGetMappedPointer_v2(pdptr: *mut CUdeviceptr, psize: *mut usize, resource: CUgraphicsResource)
     alloc Unknown => graphics_pointer(out(pdptr) as usize, out(psize)));
 hook!(cuGraphicsUnmapResources(count: c_uint, resources: *mut CUgraphicsResource, stream: CUstream)
@@ -712,72 +713,44 @@ fn graphics_pointer(address: usize, size: usize) -> (usize, usize) {
     }
 }
 
-type DriverPointerFn = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUgraphicsResource) -> Status;
-type RuntimePointerFn = unsafe extern "C" fn(*mut *mut c_void, *mut usize, cudaGraphicsResource_t) -> Status;
+type GraphicsPointerFn = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUgraphicsResource) -> Status;
 
-/// An unmap or an unregistration of graphics resources: `MEM_TYPE_FREE`
-/// of each one's mapped pointer, which its library (`id`'s) gives while
-/// the resource is still mapped (one call a resource: the driver, not
-/// memhook, keeps which resource has which range), then the call. A
-/// resource not mapped, or mapped as an array, has none. Unconditional,
-/// like a free of an address the map lost: a range reported but dropped
-/// by a full map still gets its free. Out of line and cold: a graphics
-/// program unmaps once a frame.
+/// Before an unmap or an unregistration of graphics resources:
+/// `MEM_TYPE_FREE` of each one's mapped pointer, which the driver gives
+/// while the resource is still mapped (one driver call a resource: the
+/// driver, not memhook, keeps which resource has which range). A resource
+/// not mapped, or mapped as an array, has none. Unconditional, like a
+/// free of an address the map lost: a range reported but dropped by a
+/// full map still gets its free.
 ///
 /// # Safety
 ///
-/// `resources` is null or points to `count` resource handles (pointers),
-/// which the caller passes to `call`, its own call.
+/// `resources` is null or points to `count` resource handles, which the
+/// caller passes to the call it made.
 #[cold]
 #[inline(never)]
-unsafe fn on_graphics_end(
-    id: Id,
-    count: usize,
-    resources: *const *mut c_void,
-    call: impl FnOnce() -> Status,
-) -> Status {
+unsafe fn on_graphics_end(id: Id, count: usize, resources: *const CUgraphicsResource) {
+    if resources.is_null() {
+        return;
+    }
+    let Some(pointer) = original::<GraphicsPointerFn>(Id::cuGraphicsResourceGetMappedPointer_v2) else {
+        return;
+    };
     with_guard(id, |flag| {
-        if flag.is_some_and(Cell::get) || resources.is_null() {
-            return guarded(id, flag, call); // inside a hooked call, whose hook reports
+        if flag.is_some_and(Cell::get) {
+            return; // inside a hooked call, whose hook reports
         }
         for i in 0..count {
             // SAFETY: the caller's contract: `count` handles.
             let resource = unsafe { resources.add(i).read_unaligned() };
-            // The runtime's query reaches the driver's, whose hook must
-            // stay silent: under the guard, as the call itself.
-            // SAFETY: the caller's handle, to the query of its library.
-            if let Some((address, size)) = guarded(id, flag, || unsafe { graphics_range(id.lib(), resource) }) {
-                freeing(id, address, Some(size));
+            let (mut address, mut size): (CUdeviceptr, usize) = (0, 0);
+            // SAFETY: the original of the driver's call, with two
+            // out-parameters of ours and the caller's handle.
+            if unsafe { pointer(&mut address, &mut size, resource) } == SUCCESS && address != 0 && size != 0 {
+                freeing(id, address as usize, Some(size));
             }
         }
-        guarded(id, flag, call)
-    })
-}
-
-/// The mapped range of `resource`, asked of the original of `lib`'s
-/// pointer query: `None` when it has none.
-///
-/// # Safety
-///
-/// `resource` is the caller's handle, as it passes it to an unmap.
-unsafe fn graphics_range(lib: Lib, resource: *mut c_void) -> Option<(usize, usize)> {
-    let (status, address, size) = match lib {
-        Lib::Driver => {
-            let query = original::<DriverPointerFn>(Id::cuGraphicsResourceGetMappedPointer_v2)?;
-            let (mut address, mut size): (CUdeviceptr, usize) = (0, 0);
-            // SAFETY: the driver's query, two out-parameters of ours.
-            let status = unsafe { query(&mut address, &mut size, resource.cast()) };
-            (status, address as usize, size)
-        }
-        Lib::Runtime => {
-            let query = original::<RuntimePointerFn>(Id::cudaGraphicsResourceGetMappedPointer)?;
-            let (mut address, mut size): (*mut c_void, usize) = (core::ptr::null_mut(), 0);
-            // SAFETY: the runtime's query, two out-parameters of ours.
-            let status = unsafe { query(&mut address, &mut size, resource.cast()) };
-            (status, address as usize, size)
-        }
-    };
-    (status == SUCCESS && address != 0 && size != 0).then_some((address, size))
+    });
 }
 
 // Graph memory. An allocation node, and a stream-ordered allocation made
@@ -936,11 +909,6 @@ hook!(cudaGraphAddMemAllocNode(node: *mut cudaGraphNode_t, graph: cudaGraph_t, d
     n: usize, params: *mut cudaMemAllocNodeParams) alloc Unknown => allocation_node(params.cast()));
 hook!(cudaExternalMemoryGetMappedBuffer(p: *mut *mut c_void, ext: cudaExternalMemory_t,
     desc: *const cudaExternalMemoryBufferDesc) alloc Unknown => (out_ptr(p), buffer_size(desc.cast())));
-hook!(cudaGraphicsResourceGetMappedPointer(p: *mut *mut c_void, psize: *mut usize, resource: cudaGraphicsResource_t)
-    alloc Unknown => graphics_pointer(out_ptr(p), out(psize)));
-hook!(cudaGraphicsUnmapResources(count: c_int, resources: *mut cudaGraphicsResource_t, stream: cudaStream_t)
-    graphics_end => (usize::try_from(count).unwrap_or(0), resources));
-hook!(cudaGraphicsUnregisterResource(resource: cudaGraphicsResource_t) graphics_end => (1, &raw const resource));
 hook!(cudaGraphAddMemFreeNode(node: *mut cudaGraphNode_t, graph: cudaGraph_t, deps: *const cudaGraphNode_t,
     n: usize, dptr: *mut c_void) free_node => dptr as usize);
 
