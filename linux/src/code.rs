@@ -304,46 +304,17 @@ mod tests {
     const RX: i32 = libc::PROT_READ | libc::PROT_EXEC;
 
     /// `pages` pages of `int3`, mapped r-x, between two `PROT_NONE` guard
-    /// pages. The guards keep the pages a mapping of their own whatever
-    /// the other tests map beside them: qemu-user (the aarch64 CI step)
-    /// builds `/proc/self/maps` from the host's mappings, which merge
-    /// neighbours the guest sees apart, and leaves out or mislabels a
-    /// merged range whose pages differ in protection.
+    /// pages (see [`maps::guarded_pages`]).
     fn code_pages(pages: usize) -> usize {
-        let page = page_size();
-        let len = pages * page;
-        // SAFETY: a fresh reservation; the code pages replace its middle
-        // with MAP_FIXED, inside it, then are filled and made r-x.
+        let len = pages * page_size();
+        let p = maps::guarded_pages(pages);
+        // SAFETY: the fresh read-write pages just mapped, filled, then
+        // made r-x.
         unsafe {
-            let guard = libc::mmap(
-                core::ptr::null_mut(),
-                len + 2 * page,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert_ne!(guard, libc::MAP_FAILED);
-            let p = libc::mmap(
-                guard.cast::<u8>().add(page).cast(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            core::ptr::write_bytes(p.cast::<u8>(), 0xcc, len);
-            assert_eq!(libc::mprotect(p, len, RX), 0);
-            p as usize
+            core::ptr::write_bytes(p as *mut u8, 0xcc, len);
+            assert_eq!(libc::mprotect(p as *mut libc::c_void, len, RX), 0);
         }
-    }
-
-    /// Unmaps what `code_pages(pages)` returned, guards included.
-    fn drop_code_pages(base: usize, pages: usize) {
-        let page = page_size();
-        // SAFETY: the test's own mapping and guards, no longer used.
-        unsafe { libc::munmap((base - page) as *mut libc::c_void, (pages + 2) * page) };
+        p
     }
 
     fn bytes(at: usize, len: usize) -> Vec<u8> {
@@ -393,7 +364,7 @@ mod tests {
         for p in 0..3 {
             assert_eq!(maps::find(base + p * page).unwrap().prot, RX, "page {p}");
         }
-        drop_code_pages(base, 3);
+        maps::unmap_guarded_pages(base, 3);
     }
 
     /// More pages than a writer can remember: the one beyond is refused
@@ -420,6 +391,6 @@ mod tests {
         mem.make_writable(last, 1).unwrap();
         mem.restore_protection(last, 1).unwrap();
         assert_eq!(maps::find(last).unwrap().prot, RX);
-        drop_code_pages(base, CHANGED + 1);
+        maps::unmap_guarded_pages(base, CHANGED + 1);
     }
 }

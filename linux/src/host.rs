@@ -1019,28 +1019,13 @@ mod tests {
         }
     }
 
-    /// Two pages, the second `PROT_NONE`; unmapped when dropped.
+    /// A read-write page, and a `PROT_NONE` page after it (with a guard
+    /// before it: see [`maps::guarded_pages`]); unmapped when dropped.
     struct Fence(usize);
 
     impl Fence {
         fn new() -> Fence {
-            // SAFETY: a fresh private anonymous mapping.
-            let p = unsafe {
-                libc::mmap(
-                    core::ptr::null_mut(),
-                    2 * page_size(),
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(p, libc::MAP_FAILED);
-            let second = p as usize + page_size();
-            // SAFETY: the second page of the mapping just made.
-            let protected = unsafe { libc::mprotect(second as *mut c_void, page_size(), libc::PROT_NONE) };
-            assert_eq!(protected, 0);
-            Fence(p as usize)
+            Fence(maps::guarded_pages(1))
         }
 
         /// The start of the `PROT_NONE` page.
@@ -1051,8 +1036,7 @@ mod tests {
 
     impl Drop for Fence {
         fn drop(&mut self) {
-            // SAFETY: the mapping `new` made.
-            unsafe { libc::munmap(self.0 as *mut c_void, 2 * page_size()) };
+            maps::unmap_guarded_pages(self.0, 1);
         }
     }
 

@@ -250,6 +250,50 @@ pub(crate) fn errno() -> i32 {
     unsafe { *libc::__errno_location() }
 }
 
+/// For tests: `pages` fresh read-write pages between two `PROT_NONE`
+/// guard pages (the one after them starts at `base + pages * page`).
+/// The guards keep the pages a mapping of their own whatever else is
+/// mapped beside them: qemu-user (the aarch64 CI step) builds
+/// `/proc/self/maps` from the host's mappings, which merge neighbours the
+/// guest sees apart, and leaves out or mislabels a merged range whose
+/// pages differ in protection.
+#[cfg(test)]
+pub(crate) fn guarded_pages(pages: usize) -> usize {
+    let page = page_size();
+    let len = pages * page;
+    // SAFETY: a fresh reservation, whose middle a fresh read-write
+    // mapping replaces (MAP_FIXED, inside the reservation).
+    unsafe {
+        let guard = libc::mmap(
+            core::ptr::null_mut(),
+            len + 2 * page,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(guard, libc::MAP_FAILED);
+        let p = libc::mmap(
+            guard.cast::<u8>().add(page).cast(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        p as usize
+    }
+}
+
+/// Unmaps what [`guarded_pages`]`(pages)` returned, guards included.
+#[cfg(test)]
+pub(crate) fn unmap_guarded_pages(base: usize, pages: usize) {
+    let page = page_size();
+    // SAFETY: the test's own pages and guards, no longer used.
+    unsafe { libc::munmap((base - page) as *mut libc::c_void, (pages + 2) * page) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
