@@ -316,8 +316,11 @@ impl Aarch64 {
         out.word(BTI_C)?;
         let mut scratch = false;
         let mut ends = false;
+        let mut starts = heapless::Vec::new();
         for (i, &w) in words[..count].iter().enumerate() {
             let pc = start + 4 * i;
+            // At most 4 words (the far jump's 16 bytes): within MAX_STARTS.
+            let _ = starts.push(((4 * i) as u8, out.code.len() as u16));
             match decode(w, pc) {
                 Insn::Other => out.word(w)?,
                 Insn::End => {
@@ -405,6 +408,7 @@ impl Aarch64 {
             skip,
             taken,
             code: out.code,
+            starts,
         })
     }
 }
@@ -447,6 +451,16 @@ impl Arch for Aarch64 {
         let _ = p.extend_from_slice(&BR_X16.to_le_bytes());
         let _ = p.extend_from_slice(&(to as u64).to_le_bytes());
         p
+    }
+
+    fn jump_interior(jump: &[u8]) -> Option<(usize, usize)> {
+        // ldr x16, #8; br x16; .quad to
+        let word = |i: usize| u32::from_le_bytes([jump[i], jump[i + 1], jump[i + 2], jump[i + 3]]);
+        if jump.len() == 16 && word(0) == LDR_X16_LIT8 && word(4) == BR_X16 {
+            let to = u64::from_le_bytes(jump[8..16].try_into().ok()?);
+            return Some((4, to as usize));
+        }
+        None
     }
 
     fn relocate(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {

@@ -40,6 +40,10 @@ fn entry_forms() {
     assert_eq!(u64::from_le_bytes(far[8..16].try_into().unwrap()), FAR as u64);
     assert_eq!(Aarch64::LOCK, &[0, 0, 0, 0x14]);
     assert_eq!(Aarch64::absolute_jump(FAR).as_slice(), far.as_slice());
+    // A thread between the far form's ldr and br has x16 loaded: it goes on
+    // at the destination; the near form is one instruction.
+    assert_eq!(Aarch64::jump_interior(&far), Some((4, FAR)));
+    assert_eq!(Aarch64::jump_interior(&near), None);
 }
 
 #[test]

@@ -182,6 +182,7 @@ impl X86_64 {
         let mut instr = Instruction::default();
         let mut taken = 0;
         let mut targets: heapless::Vec<(usize, usize), MAX_TARGETS> = heapless::Vec::new();
+        let mut starts = heapless::Vec::new();
         while taken < need {
             if !decoder.can_decode() {
                 return Err(RelocError::NotEnoughBytes {
@@ -196,6 +197,9 @@ impl X86_64 {
                 return Err(RelocError::Undecodable { address: ip });
             }
             let bytes = &body[taken..taken + len];
+            // At most `need` (13) one-byte instructions: within MAX_STARTS;
+            // offsets within a trampoline (MAX_TRAMPOLINE) fit 16 bits.
+            let _ = starts.push((taken as u8, out.code.len() as u16));
             if let Some(t) = direct_target(&instr) {
                 targets.push((ip, t)).map_err(|_| RelocError::Unsupported {
                     address: ip,
@@ -285,6 +289,7 @@ impl X86_64 {
             skip,
             taken,
             code: out.code,
+            starts,
         })
     }
 }
@@ -328,6 +333,16 @@ impl Arch for X86_64 {
         let _ = p.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0]); // jmp [rip+0]
         let _ = p.extend_from_slice(&(to as u64).to_le_bytes());
         p
+    }
+
+    fn jump_interior(jump: &[u8]) -> Option<(usize, usize)> {
+        // movabs r11, to (10 bytes); jmp r11
+        match jump {
+            [0x49, 0xbb, to @ .., 0x41, 0xff, 0xe3] if to.len() == 8 => {
+                Some((10, u64::from_le_bytes(to.try_into().ok()?) as usize))
+            }
+            _ => None,
+        }
     }
 
     fn relocate(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {

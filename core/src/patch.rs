@@ -173,7 +173,16 @@ pub struct Relocation {
     /// (so indirect calls into it stay legal), the relocated instructions,
     /// and a jump back to `entry + skip + taken`.
     pub code: TrampolineBytes,
+    /// Where each moved instruction starts, as (offset from `entry + skip`,
+    /// offset in `code`), in order: a thread stopped before one of them,
+    /// inside the bytes the patch overwrites, goes on correctly from the
+    /// same instruction in the trampoline.
+    pub starts: heapless::Vec<(u8, u16), MAX_STARTS>,
 }
+
+/// Most instructions a patch can take (x86_64: 13 bytes of one-byte
+/// instructions for the far jump).
+pub const MAX_STARTS: usize = 16;
 
 /// Architecture-specific code generation. Pure: no system calls.
 pub trait Arch {
@@ -204,6 +213,14 @@ pub trait Arch {
     /// touching an argument register (a far-jump slot's content).
     fn absolute_jump(to: usize) -> PatchBytes;
 
+    /// Where a thread can stand inside the entry jump `jump` (as
+    /// [`Arch::entry_jump`] made it), between two of its instructions, and
+    /// where the jump takes it from there: `(offset, destination)` for a
+    /// jump of two instructions (the far forms: the first loads the
+    /// destination into a scratch register, the second jumps to it), `None`
+    /// for one instruction.
+    fn jump_interior(jump: &[u8]) -> Option<(usize, usize)>;
+
     /// Moves the instructions at `entry` (whose bytes start `code`; pass as
     /// many as are readable, 64 is plenty) that a `need`-byte patch after
     /// the landing pad would overwrite, into code for address `trampoline`.
@@ -225,6 +242,13 @@ pub enum PatchError {
         /// The entry.
         address: usize,
     },
+    /// A thread stayed stopped inside the bytes the write would replace
+    /// (blocked there with every signal that could move it blocked): the
+    /// entry was left as it was.
+    ThreadInside {
+        /// The entry.
+        address: usize,
+    },
     /// The lock would straddle a cache line, so it could not be written in
     /// one atomic store.
     LockStraddlesLine {
@@ -243,6 +267,10 @@ impl fmt::Display for PatchError {
                     "the code at {address:#x} changed since it was patched (another hooker?)"
                 )
             }
+            PatchError::ThreadInside { address } => write!(
+                f,
+                "a thread stayed stopped inside the bytes a write at {address:#x} would replace"
+            ),
             PatchError::LockStraddlesLine { address } => {
                 write!(
                     f,
@@ -278,6 +306,35 @@ pub trait CodeMemory {
     fn write(&mut self, at: usize, bytes: &[u8]);
     /// Makes every core see the code written so far before it executes more.
     fn serialize(&mut self);
+    /// Stops every other thread that could run into `regions` until
+    /// [`CodeMemory::release`], and moves each that stands inside one,
+    /// past its first byte (the scheduler or a signal stopped it between
+    /// two of the instructions a patch replaces, or it is blocked in a
+    /// system call made there), to code that goes on the same way. Called
+    /// before the locks are written (`locked` false: a thread between two
+    /// instructions that the lock's bytes cover would run into the lock's
+    /// second byte), and again once every core has seen them (`locked`
+    /// true), for threads that ran meanwhile. Sets `stuck` on a region a
+    /// thread could be neither stopped nor moved out of: its write is
+    /// given up (its lock, if written, taken back). Nothing to do where no
+    /// other thread runs (the default).
+    fn hold(&mut self, regions: &mut [Region], locked: bool) {
+        let _ = (regions, locked);
+    }
+    /// Lets the threads [`CodeMemory::hold`] stopped go on: every entry
+    /// holds its lock by then, so none can enter the bytes.
+    fn release(&mut self) {}
+}
+
+/// Bytes being replaced, for [`CodeMemory::hold`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// Where they start (the entry).
+    pub at: usize,
+    /// How many.
+    pub len: usize,
+    /// A thread could not be moved out of them.
+    pub stuck: bool,
 }
 
 /// The bytes a patch replaced, to undo it exactly.
@@ -300,6 +357,8 @@ struct Job<'a> {
     /// Made writable: its bytes are written, and its protection restored.
     writable: bool,
     result: Result<(), PatchError>,
+    /// The bytes the lock replaced, to take it back.
+    under_lock: [u8; 8],
 }
 
 impl<'a> Job<'a> {
@@ -309,20 +368,26 @@ impl<'a> Job<'a> {
             bytes,
             writable: false,
             result: Ok(()),
+            under_lock: [0; 8],
         }
     }
 }
 
 /// Writes each job's bytes with the lock protocol (module docs), all in
 /// one pass: every lock, one serialisation, every tail, one serialisation,
-/// every head, one serialisation. Each entry goes through the same three
+/// every head, one serialisation. Other threads are held from before the
+/// locks until every core has seen them, and those inside the bytes are
+/// moved out ([`CodeMemory::hold`]); an entry a thread could not leave is
+/// not written, or gets its old bytes back in place of the lock
+/// ([`PatchError::ThreadInside`]).
+/// Each entry goes through the same three
 /// states as when written alone (old, locked, new), so a batch of any size
 /// costs three serialisations where one at a time costs three each (a
 /// `membarrier` interrupts every core running the process; without it,
 /// each is a grace wait of milliseconds). A job that fails (its lock would
 /// straddle a line, or its page cannot be made writable), or came failed,
 /// is left unwritten; the others go on.
-fn write_locked<M: CodeMemory>(mem: &mut M, jobs: &mut [Job<'_>], lock: &[u8]) {
+fn write_locked<M: CodeMemory, const N: usize>(mem: &mut M, jobs: &mut [Job<'_>], lock: &[u8]) {
     for job in jobs.iter_mut().filter(|job| job.result.is_ok()) {
         if job.at / CACHE_LINE != (job.at + lock.len() - 1) / CACHE_LINE {
             job.result = Err(PatchError::LockStraddlesLine { address: job.at });
@@ -333,19 +398,43 @@ fn write_locked<M: CodeMemory>(mem: &mut M, jobs: &mut [Job<'_>], lock: &[u8]) {
             Err(e) => job.result = Err(e),
         }
     }
-    let long = |job: &&mut Job<'_>| job.writable && job.bytes.len() > lock.len();
+    let long = |job: &&mut Job<'_>| job.writable && job.result.is_ok() && job.bytes.len() > lock.len();
     if jobs.iter_mut().any(|job| long(&job)) {
+        let mut regions: heapless::Vec<Region, N> = jobs
+            .iter_mut()
+            .filter(long)
+            .map(|job| Region {
+                at: job.at,
+                len: job.bytes.len(),
+                stuck: false,
+            })
+            .collect();
+        mem.hold(&mut regions, false);
+        let stuck = |regions: &[Region], job: &Job<'_>| regions.iter().any(|r| r.at == job.at && r.stuck);
         for job in jobs.iter_mut().filter(long) {
+            if stuck(&regions, job) {
+                job.result = Err(PatchError::ThreadInside { address: job.at });
+                continue;
+            }
+            mem.read(job.at, &mut job.under_lock[..lock.len()]);
             mem.write_atomic(job.at, lock);
         }
         mem.serialize();
+        regions.retain(|r| !r.stuck);
+        mem.hold(&mut regions, true);
+        mem.release();
         for job in jobs.iter_mut().filter(long) {
-            mem.write(job.at + lock.len(), &job.bytes[lock.len()..]);
+            if stuck(&regions, job) {
+                mem.write_atomic(job.at, &job.under_lock[..lock.len()]);
+                job.result = Err(PatchError::ThreadInside { address: job.at });
+            } else {
+                mem.write(job.at + lock.len(), &job.bytes[lock.len()..]);
+            }
         }
         mem.serialize();
     }
     let mut written = false;
-    for job in jobs.iter_mut().filter(|job| job.writable) {
+    for job in jobs.iter_mut().filter(|job| job.writable && job.result.is_ok()) {
         let head = job.bytes.len().min(lock.len());
         mem.write_atomic(job.at, &job.bytes[..head]);
         written = true;
@@ -379,7 +468,7 @@ pub fn write_patch<M: CodeMemory>(
 ) -> Result<RestorePoint, PatchError> {
     let point = RestorePoint::read(mem, at, patch);
     let mut job = [Job::new(at, &point.patched)];
-    write_locked(mem, &mut job, lock);
+    write_locked::<M, 1>(mem, &mut job, lock);
     let result = job[0].result;
     result.map(|()| point)
 }
@@ -404,7 +493,7 @@ pub fn write_patches<M: CodeMemory, const N: usize>(
         .map(|&(at, patch)| RestorePoint::read(mem, at, patch))
         .collect();
     let mut jobs: heapless::Vec<Job<'_>, N> = points.iter().map(|p| Job::new(p.at, &p.patched)).collect();
-    write_locked(mem, &mut jobs, lock);
+    write_locked::<M, N>(mem, &mut jobs, lock);
     let results: heapless::Vec<Result<(), PatchError>, N> = jobs.iter().map(|j| j.result).collect();
     drop(jobs);
     points
@@ -425,7 +514,7 @@ pub fn undo_patches<M: CodeMemory, const N: usize>(
 ) -> heapless::Vec<Result<(), PatchError>, N> {
     let mut jobs: heapless::Vec<Job<'_>, N> = points.iter().take(N).map(|p| p.undo_job(mem)).collect();
     // Only the entries still ours are written.
-    write_locked(mem, &mut jobs, lock);
+    write_locked::<M, N>(mem, &mut jobs, lock);
     jobs.iter().map(|j| j.result).collect()
 }
 
@@ -438,7 +527,7 @@ impl RestorePoint {
     /// nothing is written), or a protection error.
     pub fn undo<M: CodeMemory>(&self, mem: &mut M, lock: &[u8]) -> Result<(), PatchError> {
         let mut job = [self.undo_job(mem)];
-        write_locked(mem, &mut job, lock);
+        write_locked::<M, 1>(mem, &mut job, lock);
         job[0].result
     }
 
@@ -506,6 +595,8 @@ mod tests {
         Atomic(usize),
         Tail(usize),
         Sync,
+        Hold,
+        Release,
     }
 
     /// 256 bytes of code at `BASE`; logs every call, and checks after each
@@ -517,6 +608,11 @@ mod tests {
         refuse_protect: Vec<usize>,
         /// (entry, bytes before, bytes after) of each patch under way.
         watched: Vec<(usize, Vec<u8>, Vec<u8>)>,
+        /// Entries a thread stays inside of: `hold` marks them stuck at
+        /// the call given as the value (0: the first, before the locks).
+        stuck_at: Vec<(usize, usize)>,
+        /// The regions each `hold` was given, and the entries' bytes then.
+        held: Vec<Vec<(Region, Vec<u8>)>>,
     }
 
     impl Fake {
@@ -531,6 +627,8 @@ mod tests {
                 refuse_writable: Vec::new(),
                 refuse_protect: Vec::new(),
                 watched: Vec::new(),
+                stuck_at: Vec::new(),
+                held: Vec::new(),
             }
         }
 
@@ -602,6 +700,20 @@ mod tests {
         }
         fn serialize(&mut self) {
             self.log.push(Op::Sync);
+        }
+        fn hold(&mut self, regions: &mut [Region], locked: bool) {
+            assert_eq!(locked, self.held.len() % 2 == 1, "before the locks, then after");
+            self.log.push(Op::Hold);
+            let call = self.held.len();
+            let mut seen = Vec::new();
+            for r in regions {
+                r.stuck = self.stuck_at.contains(&(r.at, call));
+                seen.push((*r, self.bytes(r.at, r.len).to_vec()));
+            }
+            self.held.push(seen);
+        }
+        fn release(&mut self) {
+            self.log.push(Op::Release);
         }
     }
 
@@ -691,6 +803,81 @@ mod tests {
                 assert_protocol(&mem, *at);
             }
         }
+    }
+
+    /// Other threads are held (and moved out of every long patch's bytes)
+    /// before the locks, and again once the locks are seen; they are let
+    /// go before any tail is written. An entry a thread stays inside of
+    /// keeps its old bytes and reports why: found before the locks, it is
+    /// never locked; found after, its lock is taken back. The others are
+    /// written; undo goes the same way.
+    #[test]
+    fn threads_are_held_around_the_locks_and_moved_out_before_the_tails() {
+        let mut mem = Fake::new();
+        let before = mem.code;
+        // Near jumps, one far, and one no longer than the lock.
+        let mut patches = three_jumps();
+        patches[1].1 = jump(9, 13);
+        patches.push((BASE + 200, vec![0x90, 0x90]));
+        patches.push((BASE + 160, jump(7, 5)));
+        let (early, late) = (patches[2].0, patches[4].0);
+        mem.stuck_at = vec![(early, 0), (late, 1)];
+        watch(&mut mem, &patches);
+        let refs = as_refs(&patches);
+        let done = write_patches::<_, 8>(&mut mem, &refs, &LOCK);
+        let (holds, release) = (mem.at(Op::Hold), mem.at(Op::Release));
+        assert_eq!((holds.len(), release.len()), (2, 1), "{:?}", mem.log);
+        let first_lock = mem.at(Op::Atomic(patches[0].0))[0];
+        let lock_sync = mem.at(Op::Sync)[0];
+        let first_tail = mem.at(Op::Tail(patches[0].0))[0];
+        assert!(holds[0] < first_lock && lock_sync < holds[1], "{:?}", mem.log);
+        assert!(holds[1] < release[0] && release[0] < first_tail, "{:?}", mem.log);
+        // Each long entry, with its old bytes at the first hold and its lock
+        // at the second; not the short one, nor the first stuck one then.
+        let ats = |call: usize| mem.held[call].iter().map(|(r, _)| r.at).collect::<Vec<_>>();
+        assert_eq!(ats(0), [patches[0].0, patches[1].0, early, late]);
+        assert_eq!(ats(1), [patches[0].0, patches[1].0, late]);
+        for (r, bytes) in &mem.held[0] {
+            assert_eq!(bytes[..], before[r.at - BASE..][..r.len]);
+        }
+        for (r, bytes) in &mem.held[1] {
+            assert_eq!(bytes[..2], LOCK);
+            assert_eq!(bytes[2..], before[r.at - BASE..][2..r.len]);
+        }
+        for stuck in [early, late] {
+            let i = patches.iter().position(|p| p.0 == stuck).unwrap();
+            assert_eq!(done[i], Err(PatchError::ThreadInside { address: stuck }));
+            assert_eq!(mem.bytes(stuck, 5), &before[stuck - BASE..][..5]);
+            assert!(mem.at(Op::Tail(stuck)).is_empty());
+            assert_eq!(mem.at(Op::Protect(stuck)).len(), 1, "its protection put back");
+        }
+        assert!(mem.at(Op::Atomic(early)).is_empty(), "never locked");
+        assert_eq!(mem.at(Op::Atomic(late)).len(), 2, "locked, then its bytes back");
+        for i in [0, 1, 3] {
+            let (at, new) = &patches[i];
+            assert_eq!(mem.bytes(*at, new.len()), &new[..]);
+        }
+        for i in [0, 1] {
+            assert_protocol(&mem, patches[i].0);
+        }
+        assert_eq!(mem.syncs(), 3);
+
+        // Undone: threads held around the locks the same way.
+        mem.log.clear();
+        mem.held.clear();
+        mem.stuck_at.clear();
+        for w in &mut mem.watched {
+            core::mem::swap(&mut w.1, &mut w.2);
+        }
+        let points: Vec<&RestorePoint> = [0, 1, 3].iter().map(|&i| done[i].as_ref().unwrap()).collect();
+        let undone = undo_patches::<_, 8>(&mut mem, &points, &LOCK);
+        assert!(undone.iter().all(Result::is_ok), "{undone:?}");
+        assert_eq!(mem.code, before);
+        assert_eq!(mem.held.len(), 2);
+        assert_eq!(
+            mem.held[0].iter().map(|(r, _)| r.at).collect::<Vec<_>>(),
+            [patches[0].0, patches[1].0]
+        );
     }
 
     #[test]

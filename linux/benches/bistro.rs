@@ -3,7 +3,12 @@
 //! `cargo bench -p memhook --bench bistro`
 //!
 //! - `patch/entry`: one `Hook::patch_with` (relocation, trampoline, the
-//!   three-serialisation write protocol), the unpatch untimed.
+//!   three-serialisation write protocol), the unpatch untimed. The jump
+//!   covers three instructions, so other threads are looked at (and held
+//!   where not blocked elsewhere) around the locks: `patch/entry` runs
+//!   beside none, `patch/beside_64_sleeping_threads` beside 64 threads
+//!   blocked in a `read` (as most of a large program's are), each read
+//!   from `/proc/self/task` twice a patch.
 //! - `call/unpatched` vs `call/hooked`: a call of a small function, plain,
 //!   and through a hook that calls the original (the added time is their
 //!   difference).
@@ -62,19 +67,40 @@ fn calls(c: &mut Criterion) {
 fn patching(c: &mut Criterion) {
     let mut g = c.benchmark_group("patch");
     g.sample_size(30);
-    g.bench_function("entry", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let t = Instant::now();
-                // SAFETY: as in `calls`.
-                let h = unsafe { Hook::patch_with(target(), hook_add as *const () as usize, &ORIGINAL) }.unwrap();
-                total += t.elapsed();
-                h.unpatch().map_err(|(_, e)| e).unwrap();
-            }
-            total
+    let timed = |iters: u64| {
+        let mut total = Duration::ZERO;
+        for _ in 0..iters {
+            let t = Instant::now();
+            // SAFETY: as in `calls`.
+            let h = unsafe { Hook::patch_with(target(), hook_add as *const () as usize, &ORIGINAL) }.unwrap();
+            total += t.elapsed();
+            h.unpatch().map_err(|(_, e)| e).unwrap();
+        }
+        total
+    };
+    g.bench_function("entry", |b| b.iter_custom(timed));
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe writes two descriptors into the array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let sleepers: Vec<_> = (0..64)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut byte = 0u8;
+                // SAFETY: blocks in a read of one byte into `byte` until
+                // the write end closes.
+                unsafe { libc::read(fds[0], (&raw mut byte).cast(), 1) }
+            })
         })
-    });
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    g.bench_function("beside_64_sleeping_threads", |b| b.iter_custom(timed));
+    // SAFETY: closing the write end ends every read with 0.
+    unsafe { libc::close(fds[1]) };
+    for t in sleepers {
+        assert_eq!(t.join().unwrap(), 0);
+    }
+    // SAFETY: closing the read end.
+    unsafe { libc::close(fds[0]) };
     g.finish();
 }
 

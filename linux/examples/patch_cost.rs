@@ -19,7 +19,7 @@ fn time(name: &str, mut f: impl FnMut()) {
 }
 
 /// Times every CodeMemory call of the inner writer.
-struct Timed<'a>(memhook::code::LinuxCode, &'a mut Vec<(&'static str, u128)>);
+struct Timed<'a>(memhook::code::LinuxCode<'static>, &'a mut Vec<(&'static str, u128)>);
 impl memhook::patch::CodeMemory for Timed<'_> {
     fn make_writable(&mut self, at: usize, len: usize) -> Result<(), memhook::patch::PatchError> {
         let t = Instant::now();

@@ -33,7 +33,7 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 
 use memhook_core::patch::{Arch, PatchBytes, PatchError, RelocError, RestorePoint, undo_patches, write_patches};
 
-use crate::code::LinuxCode;
+use crate::code::{Exit, LinuxCode};
 use crate::{maps, trampoline};
 
 /// The code generator of the machine memhook runs on.
@@ -182,15 +182,23 @@ struct Cached {
 
 const CACHE: usize = 256;
 
+/// Room for the exits of a batch: a near jump covers at most 4
+/// instruction starts past its first byte, a far one 12.
+const EXITS: usize = BATCH * 12;
+
 struct State {
     trampolines: heapless::Vec<Cached, CACHE>,
     far_slots: heapless::Vec<(usize, usize), CACHE>, // (hook, slot)
+    /// The batch being written: where a thread standing inside its bytes
+    /// goes on (here, not on the stack: a few KiB).
+    exits: heapless::Vec<Exit, EXITS>,
 }
 
 /// Serialises patching: install paths only, never a hook path.
 static STATE: crate::fork::Mutex<State> = crate::fork::Mutex::new(State {
     trampolines: heapless::Vec::new(),
     far_slots: heapless::Vec::new(),
+    exits: heapless::Vec::new(),
 });
 
 /// A patched function entry. Dropping it leaves the patch in place (hooks
@@ -348,6 +356,7 @@ pub const BATCH: usize = 32;
 /// [`Hook::patch_batch`] for at most [`BATCH`] requests.
 fn patch_chunk(state: &mut State, requests: &[Request<'_>]) -> heapless::Vec<Result<Hook, BistroError>, BATCH> {
     let mut planned = heapless::Vec::<Result<Planned, BistroError>, BATCH>::new();
+    state.exits.clear();
     for r in requests.iter().take(BATCH) {
         let plan = plan(state, r.target, r.hook).and_then(|p| {
             let (start, end) = (p.at, p.at + p.jump.len());
@@ -367,6 +376,7 @@ fn patch_chunk(state: &mut State, requests: &[Request<'_>]) -> heapless::Vec<Res
         // Cannot fail: at most BATCH taken.
         let _ = planned.push(plan);
     }
+    let exits = &state.exits[..];
     let mut written: [Option<Result<RestorePoint, PatchError>>; BATCH] = core::array::from_fn(|_| None);
     by_protection(
         |i| planned[i].as_ref().ok().map(|p| p.prot),
@@ -376,7 +386,8 @@ fn patch_chunk(state: &mut State, requests: &[Request<'_>]) -> heapless::Vec<Res
                 .iter()
                 .filter_map(|&i| planned[i].as_ref().ok().map(|p| (p.at, &p.jump[..])))
                 .collect();
-            let results = write_patches::<_, BATCH>(&mut LinuxCode::with_protection(prot), &patches, NativeArch::LOCK);
+            let mut code = LinuxCode::with_protection(prot).with_exits(exits);
+            let results = write_patches::<_, BATCH>(&mut code, &patches, NativeArch::LOCK);
             for (&i, r) in group.iter().zip(results) {
                 written[i] = Some(r);
             }
@@ -484,11 +495,11 @@ fn plan(state: &mut State, target: usize, hook: usize) -> Result<Planned, Bistro
         .iter()
         .find(|c| c.target == target && c.len <= len && c.bytes[..c.len] == code[..c.len])
         .map(|c| c.trampoline);
-    let (trampoline, taken) = match cached {
+    let (trampoline, r) = match cached {
         Some(slot) => {
             // Same bytes, same entry, same slot: the code is already there.
             let r = NativeArch::relocate(code, target, jump.len(), slot).map_err(|e| reloc_error(target, e, code))?;
-            (slot, r.taken)
+            (slot, r)
         }
         None => {
             let slot = trampoline::alloc_near(at, NEAR_REACH).ok_or(BistroError::NoTrampoline { target })?;
@@ -507,14 +518,27 @@ fn plan(state: &mut State, target: usize, hook: usize) -> Result<Planned, Bistro
                 state.trampolines.remove(0);
             }
             let _ = state.trampolines.push(c);
-            (slot, r.taken)
+            (slot, r)
         }
     };
+    // A thread standing at an instruction start inside the jump's bytes
+    // goes on at the same instruction in the trampoline. (A plan refused
+    // later leaves its exits: each leads to a copy of the code at its
+    // start, which stays right.)
+    for &(from, to) in &r.starts {
+        if from > 0 && usize::from(from) < jump.len() {
+            // Cannot fail: at most 12 for each of BATCH plans.
+            let _ = state.exits.push(Exit {
+                from: at + usize::from(from),
+                to: trampoline + usize::from(to),
+            });
+        }
+    }
     Ok(Planned {
         at,
         jump,
         trampoline,
-        taken,
+        taken: r.taken,
         prot,
     })
 }
@@ -620,7 +644,19 @@ impl Hook {
     /// whose entry no longer holds the jump (another hooker patched over
     /// it), in their order, and the first one's error is returned.
     pub fn unpatch_batch<const N: usize>(hooks: &mut heapless::Vec<Hook, N>) -> Option<BistroError> {
-        let _state = STATE.lock();
+        let mut state = STATE.lock();
+        // A thread between a far jump's two instructions goes on where the
+        // jump goes (its first one loaded the destination already).
+        state.exits.clear();
+        for h in hooks.iter() {
+            if let Some((offset, to)) = NativeArch::jump_interior(&h.restore.patched) {
+                let _ = state.exits.push(Exit {
+                    from: h.restore.at + offset,
+                    to,
+                });
+            }
+        }
+        let exits = &state.exits[..];
         let mut undone = [false; N];
         let mut error = None;
         for (c, chunk) in hooks.chunks(BATCH).enumerate() {
@@ -630,8 +666,8 @@ impl Hook {
                 |prot, group| {
                     let points: heapless::Vec<&RestorePoint, BATCH> =
                         group.iter().map(|&i| &chunk[i].restore).collect();
-                    let results =
-                        undo_patches::<_, BATCH>(&mut LinuxCode::with_protection(prot), &points, NativeArch::LOCK);
+                    let mut code = LinuxCode::with_protection(prot).with_exits(exits);
+                    let results = undo_patches::<_, BATCH>(&mut code, &points, NativeArch::LOCK);
                     for (&i, r) in group.iter().zip(results) {
                         match r {
                             Ok(()) => undone[c * BATCH + i] = true,

@@ -10,8 +10,22 @@
 //! [`GRACE_WAIT_NS`]: an interrupt or a context switch (which serialise)
 //! reaches every running thread well within that time on a live system. The
 //! fallback is reported by [`serialization`].
+//!
+//! Threads inside the bytes: between a batch's locks and the rest of its
+//! bytes, every other thread that stands inside them (preempted between
+//! two of the instructions a jump replaces, or blocked in a system call
+//! made there) is moved to the same instruction in the trampoline, by a
+//! signal whose handler rewrites its saved pc; see [`threads_moved`] and
+//! [`threads_unchecked`], and the module `evacuate` for the protocol.
 
-use memhook_core::patch::{CodeMemory, PatchError};
+use memhook_core::patch::{CodeMemory, PatchError, Region};
+
+pub(crate) use crate::evacuate::Exit;
+use crate::evacuate::Holding;
+pub use crate::evacuate::{threads_moved, threads_unchecked};
+
+/// The lock's length (the self-jump written first).
+const LOCK_LEN: usize = <crate::bistro::NativeArch as memhook_core::patch::Arch>::LOCK.len();
 
 use core::sync::atomic::{AtomicU8, Ordering};
 
@@ -157,12 +171,16 @@ struct Changed {
 /// once and restored once, after the last write: every restore comes after
 /// every write there.
 #[derive(Debug, Default)]
-pub struct LinuxCode {
+pub struct LinuxCode<'a> {
     known_prot: Option<i32>,
     changed: heapless::Vec<Changed, CHANGED>,
+    /// Where a thread standing inside the bytes being written goes on.
+    exits: &'a [Exit],
+    /// The other threads, while held around the locks.
+    holding: Option<Holding>,
 }
 
-impl LinuxCode {
+impl LinuxCode<'static> {
     /// A new writer; it looks the protection up in `/proc/self/maps`.
     pub fn new() -> Self {
         Self::default()
@@ -173,6 +191,22 @@ impl LinuxCode {
         Self {
             known_prot: Some(prot),
             changed: heapless::Vec::new(),
+            exits: &[],
+            holding: None,
+        }
+    }
+}
+
+impl<'a> LinuxCode<'a> {
+    /// The same writer, moving a thread that stands at an exit's `from`,
+    /// inside bytes it is about to overwrite, to its `to` (see
+    /// [`threads_moved`]).
+    pub(crate) fn with_exits(self, exits: &'a [Exit]) -> LinuxCode<'a> {
+        LinuxCode {
+            known_prot: self.known_prot,
+            changed: self.changed,
+            exits,
+            holding: None,
         }
     }
 
@@ -183,7 +217,7 @@ impl LinuxCode {
     }
 }
 
-impl CodeMemory for LinuxCode {
+impl CodeMemory for LinuxCode<'_> {
     fn make_writable(&mut self, at: usize, len: usize) -> Result<(), PatchError> {
         let (start, end) = pages(at, len);
         if self
@@ -256,6 +290,23 @@ impl CodeMemory for LinuxCode {
 
     fn serialize(&mut self) {
         serialize_all_cores();
+    }
+
+    fn hold(&mut self, regions: &mut [Region], locked: bool) {
+        match &mut self.holding {
+            Some(h) => h.hold(self.exits, regions),
+            // Before the locks, only where a thread could stand inside a
+            // lock's own bytes (after a first instruction shorter than
+            // it); otherwise the look once they are seen does.
+            None if !locked && !crate::evacuate::any_inside(self.exits, regions, LOCK_LEN) => {}
+            None => self.holding = Holding::start(self.exits, regions),
+        }
+    }
+
+    fn release(&mut self) {
+        if let Some(h) = self.holding.take() {
+            h.release();
+        }
     }
 }
 

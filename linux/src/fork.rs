@@ -118,7 +118,7 @@ fn own() -> usize {
     usize::from(DEPTH.with(|d| d.get()) > 0)
 }
 
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: a valid out-parameter; CLOCK_MONOTONIC always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };

@@ -24,6 +24,8 @@ pub mod code;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub mod cuda;
 pub mod dispatch;
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+mod evacuate;
 pub mod fork;
 pub mod host;
 mod install;

@@ -101,6 +101,34 @@ mh_t_count:
         counting mh_t_count3, mh_t_counter3
         counting mh_t_count4, mh_t_counter4
 
+/* One-byte instructions under the patch: a thread that the scheduler or
+ * a signal stops between two of them stands inside the bytes the entry
+ * jump overwrites (glibc's dlsym starts `push rbp; push rbx`). */
+        .globl mh_t_steps
+        .type mh_t_steps, @function
+        .p2align 4
+mh_t_steps:
+        push rbx
+        push rbp
+        pop rbp
+        pop rbx
+        lock inc qword ptr [rip + steps_local]
+        mov eax, edi
+        ret
+        int3
+
+/* mh_t_sys(a0, a1, a2, nr): a system call inside the patched bytes, so a
+ * thread blocked in it returns to the middle of them. */
+        .globl mh_t_sys
+        .type mh_t_sys, @function
+        .p2align 4
+mh_t_sys:
+        mov eax, ecx
+        syscall
+        nop
+        ret
+        int3
+
         .data
         .p2align 3
         .globl mh_t_counter2, mh_t_counter3, mh_t_counter4
@@ -120,6 +148,11 @@ data_local:
         .type mh_t_counter, @object
 counter_local:
 mh_t_counter:
+        .quad 0
+        .globl mh_t_steps_counter
+        .type mh_t_steps_counter, @object
+steps_local:
+mh_t_steps_counter:
         .quad 0
 
         .section .note.GNU-stack,"",@progbits

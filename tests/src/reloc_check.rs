@@ -2,7 +2,9 @@
 //! trampoline is decoded and walked beside the original instructions, and
 //! every instruction must have the same bytes, or (RIP-relative operands)
 //! the same bytes outside the displacement and the same absolute address, or
-//! (branches) the same kind, condition and absolute target. Shared by the
+//! (branches) the same kind, condition and absolute target, and the
+//! relocation's map of instruction starts must point each original
+//! instruction at its copy. Shared by the
 //! fixture tests, the property test and the `relocate` fuzz target.
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction};
@@ -34,8 +36,10 @@ pub fn assert_equivalent(code: &[u8], entry: usize, r: &Relocation, trampoline: 
     let mut dec = Decoder::with_ip(64, body, start as u64, DecoderOptions::NONE);
     let mut at = 4; // cursor in the trampoline
     let mut o = Instruction::default();
+    let mut starts = Vec::new();
     while dec.can_decode() {
         let o_off = (dec.ip() as usize) - start;
+        starts.push((o_off as u8, at as u16));
         dec.decode_out(&mut o);
         let o_bytes = &body[o_off..o_off + o.len()];
         let t_ip = trampoline + at;
@@ -107,6 +111,9 @@ pub fn assert_equivalent(code: &[u8], entry: usize, r: &Relocation, trampoline: 
         at += 14;
     }
     assert_eq!(at, tr.len(), "trailing bytes in the trampoline");
+    // Each moved instruction's start, where a thread stopped before it
+    // resumes (the walk above found each original one's copy there).
+    assert_eq!(r.starts[..], starts[..], "instruction starts");
 }
 
 /// Relocates `code` and, on success, checks equivalence; returns the result.

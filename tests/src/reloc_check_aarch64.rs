@@ -60,4 +60,17 @@ pub fn fuzz_relocate_aarch64(data: &[u8]) {
             None => assert!(out.contains(&w), "{w:#010x} at {pc:#x} not copied into {out:x?}"),
         }
     }
+    // Where a thread stopped before each moved word resumes: one start per
+    // word, in order, after the landing pad; a word that does not read the
+    // PC is copied to exactly that place.
+    assert_eq!(r.starts.len(), orig.len(), "{:?}", r.starts);
+    let mut last = 0;
+    for (i, (&(from, to), &w)) in r.starts.iter().zip(&orig).enumerate() {
+        assert_eq!(usize::from(from), 4 * i);
+        assert!(to >= 4 && to % 4 == 0 && (i == 0 || to > last) && usize::from(to) < r.code.len());
+        last = to;
+        if pc_relative_target(w, ENTRY + r.skip + 4 * i).is_none() {
+            assert_eq!(out[usize::from(to) / 4], w, "word {i} resumes at its copy");
+        }
+    }
 }

@@ -199,6 +199,10 @@ fn entry_jump_forms() {
     assert_eq!(far.len(), 13);
     assert_eq!(&far[..2], &[0x49, 0xbb]); // movabs r11
     assert_eq!(&far[10..], &[0x41, 0xff, 0xe3]); // jmp r11
+    // A thread between the two has r11 loaded: it goes on at the
+    // destination; the near form is one instruction.
+    assert_eq!(X86_64::jump_interior(&far), Some((10, 0x7fff_0000_0000)));
+    assert_eq!(X86_64::jump_interior(&X86_64::entry_jump(0x1000, 0x2000)), None);
     assert!(X86_64::is_near(0x1000, 0x1000 + 0x7fff_0000));
     assert!(!X86_64::is_near(0x1000, 0x1000 + 0x8000_0005));
 }

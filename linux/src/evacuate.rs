@@ -1,0 +1,702 @@
+//! Moving other threads out of code that is about to be overwritten.
+//!
+//! A patch's jump replaces whole instructions, often several (glibc's
+//! `dlsym` starts `push rbp; push rbx; sub rsp, 0x38`: the 5-byte jump
+//! covers three). The lock protocol ([`memhook_core::patch`]) keeps a
+//! thread that *arrives* at the entry from seeing a half-written jump, but
+//! a thread already past the entry's first instruction when the lock was
+//! written, one the scheduler preempted there or that a signal handler
+//! interrupted there, or one blocked in a system call made from there,
+//! would go on into the middle of the jump when it runs again: garbage
+//! instructions, a crash. (Seen: a host test that looks symbols up on three
+//! threads while another reinstalls crashed in `dlsym+11` about once in
+//! sixty runs.)
+//!
+//! A thread between two instructions that the lock's own bytes cover (a
+//! one-byte first instruction, as `push rbp`) would even run into the
+//! lock's second byte. So other threads are held, before the locks are
+//! written, until every core has seen them: each other thread of the
+//! process is looked at, and
+//!
+//! - a thread blocked in the kernel shows its user pc in
+//!   `/proc/self/task/TID/syscall`; one whose pc is not the start of an
+//!   instruction the batch overwrites is left alone: it is elsewhere, and
+//!   it can only come into the bytes through an entry;
+//! - every other thread (running, runnable, or blocked inside) is sent a
+//!   signal whose handler, which runs before the thread runs its own code
+//!   again, moves a pc standing at such an instruction to the same
+//!   instruction in the trampoline (or, inside a far entry jump being
+//!   undone, to where the jump goes), then waits until the writer lets it
+//!   go. A system call interrupted there is restarted from the
+//!   trampoline (`SA_RESTART`).
+//!
+//! Once the locks are written and seen, the threads that ran meanwhile
+//! (woken from a blocking call) are looked at the same way, and then all
+//! are let go: an entry now holds its lock, so a thread that arrives
+//! spins there until its jump is whole.
+//!
+//! The writer waits until each thread has been seen either way. A thread
+//! that blocks the signal is looked at again until it is seen blocked
+//! outside the bytes; one blocked inside them with the signal blocked
+//! makes its patch be given up ([`Region::stuck`]: the entry keeps, or
+//! gets back, its old bytes) after [`LIMIT_NS`]. A thread that can be
+//! neither signalled nor seen blocked (it blocks the signal while it
+//! runs) is counted ([`threads_unchecked`]) and the write goes on, as it
+//! did before this existed.
+//!
+//! The signal is `SIGURG`, or `SIGWINCH` where the program handles
+//! `SIGURG`: both are ignored by default, so one that reaches a thread
+//! after the handler was put back (it had the signal blocked until then)
+//! does nothing. The program's own signals of that number, which come
+//! from elsewhere (`si_code` is not `SI_TKILL` from this process), are
+//! ignored by the handler as by the default action. Where the program
+//! handles both, nothing is held and every thread is counted unchecked.
+//! A blocking call that a held thread was making, and that the kernel
+//! does not restart after a handler (`epoll_wait`, `poll`, `nanosleep`
+//! and a few others), returns `EINTR`, as after any signal; threads
+//! blocked outside the bytes, almost all of them, are not signalled.
+//!
+//! Not seen: a thread whose pc was inside when a signal handler
+//! interrupted it, while the handler still runs (the pc is in the
+//! handler's frame, not in its registers); a return address inside the
+//! bytes (a prologue that calls out of its first five bytes, and the
+//! callee has not returned); a thread woken while the threads are held
+//! that runs into an entry and stands right after its first one-byte
+//! instruction at the instant its lock is written.
+//!
+//! Nothing here allocates: the thread list is read with `getdents64`
+//! into a buffer on the stack and kept in fixed arrays ([`MAX_THREADS`];
+//! threads beyond them are counted unchecked).
+
+use core::ffi::c_void;
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use memhook_core::patch::Region;
+
+/// A thread standing at `from` goes on at `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Exit {
+    /// The start of an instruction about to be overwritten.
+    pub from: usize,
+    /// Where the same instruction lies intact.
+    pub to: usize,
+}
+
+/// Most threads looked at in one write.
+pub const MAX_THREADS: usize = 4096;
+/// How long the writer waits for the threads at each look.
+pub const LIMIT_NS: u64 = 200_000_000;
+/// After this long, a thread not yet seen is asked whether it blocks the
+/// signal (then only seeing it blocked can clear it).
+const ASK_MASK_NS: u64 = 2_000_000;
+
+/// The threads looked at, and whether each is held (its handler ran).
+static TIDS: [AtomicI32; MAX_THREADS] = [const { AtomicI32::new(0) }; MAX_THREADS];
+static HELD: [AtomicBool; MAX_THREADS] = [const { AtomicBool::new(false) }; MAX_THREADS];
+/// The writer's own marks (under `ONE`; static, not on its stack): the
+/// threads signalled at this look and not seen yet, and those of them
+/// that block the signal.
+static WAITING: [AtomicBool; MAX_THREADS] = [const { AtomicBool::new(false) }; MAX_THREADS];
+static MASKED: [AtomicBool; MAX_THREADS] = [const { AtomicBool::new(false) }; MAX_THREADS];
+/// The exits of the write in progress (empty between writes).
+static EXITS: AtomicPtr<Exit> = AtomicPtr::new(core::ptr::null_mut());
+static EXITS_LEN: AtomicUsize = AtomicUsize::new(0);
+/// Handlers running now (reading `EXITS`, or held).
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+/// 1 while held threads wait (a futex word).
+static HOLD: AtomicU32 = AtomicU32::new(0);
+static PID: AtomicI32 = AtomicI32::new(0);
+static MOVED: AtomicU64 = AtomicU64::new(0);
+static UNCHECKED: AtomicU64 = AtomicU64::new(0);
+/// One write at a time (they share the statics above).
+static ONE: crate::fork::Mutex<()> = crate::fork::Mutex::new(());
+
+/// How many threads memhook has moved out of code it was overwriting.
+pub fn threads_moved() -> u64 {
+    MOVED.load(Ordering::Relaxed)
+}
+
+/// How many times a thread's position could not be checked before code
+/// was overwritten (the thread blocked the signal while it ran, or the
+/// program handles both signals memhook can use, or `/proc` could not be
+/// read): the write went on, as it would without the check.
+pub fn threads_unchecked() -> u64 {
+    UNCHECKED.load(Ordering::Relaxed)
+}
+
+/// The other threads held for one write ([`Holding::hold`] to
+/// [`Holding::release`], or its drop).
+pub(crate) struct Holding {
+    _one: crate::fork::Guard<'static, ()>,
+    tasks: Tasks,
+    signal: Signal,
+    me: i32,
+    pid: i32,
+    /// Threads in `TIDS`.
+    count: usize,
+}
+
+impl Holding {
+    /// Holds every other thread that could run into `regions` (module
+    /// docs); `exits` lists, for each instruction start inside them, where
+    /// a thread standing there goes on. `None` where no thread can stand
+    /// inside (no exit lies inside a region), or where threads cannot be
+    /// held (counted unchecked).
+    pub(crate) fn start(exits: &[Exit], regions: &mut [Region]) -> Option<Holding> {
+        if !exits.iter().any(|e| inside(regions, e.from)) {
+            return None; // one instruction each: nothing to stand inside of
+        }
+        let one = ONE.lock();
+        let Some(tasks) = Tasks::open() else {
+            UNCHECKED.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        let Some(signal) = Signal::take() else {
+            UNCHECKED.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        // SAFETY: getpid and gettid have no preconditions.
+        let (pid, me) = unsafe { (libc::getpid(), libc::gettid()) };
+        PID.store(pid, Ordering::Relaxed);
+        HOLD.store(1, Ordering::SeqCst);
+        EXITS.store(exits.as_ptr().cast_mut(), Ordering::SeqCst);
+        EXITS_LEN.store(exits.len(), Ordering::SeqCst);
+        let mut holding = Holding {
+            _one: one,
+            tasks,
+            signal,
+            me,
+            pid,
+            count: 0,
+        };
+        holding.hold(exits, regions);
+        Some(holding)
+    }
+
+    /// Looks at every thread not held yet: signals (and waits for) each
+    /// that is not blocked outside the bytes.
+    pub(crate) fn hold(&mut self, exits: &[Exit], regions: &mut [Region]) {
+        let at_exit = |regions: &[Region], pc: usize| exits.iter().any(|e| e.from == pc && inside(regions, pc));
+        let outside = |regions: &[Region], s: Stands| {
+            matches!(s, Stands::Gone) || matches!(s, Stands::Blocked(pc) if !at_exit(regions, pc))
+        };
+        let (me, pid, signal) = (self.me, self.pid, self.signal.number);
+        let mut count = self.count;
+        self.tasks.each(|tid| {
+            if tid == me {
+                return;
+            }
+            let i = match TIDS[..count].iter().position(|t| t.load(Ordering::SeqCst) == tid) {
+                Some(i) => i,
+                None if count < MAX_THREADS => {
+                    TIDS[count].store(tid, Ordering::SeqCst);
+                    HELD[count].store(false, Ordering::SeqCst);
+                    count += 1;
+                    count - 1
+                }
+                None => {
+                    UNCHECKED.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            };
+            WAITING[i].store(false, Ordering::Relaxed);
+            MASKED[i].store(false, Ordering::Relaxed);
+            if HELD[i].load(Ordering::SeqCst) || outside(regions, self.tasks.stands(tid)) {
+                return;
+            }
+            // SAFETY: tgkill of a thread of this process with a signal
+            // whose handler is memhook's; ESRCH (it exited) is the only
+            // failure.
+            let sent = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, signal) } == 0;
+            WAITING[i].store(sent, Ordering::Relaxed);
+        });
+        self.count = count;
+
+        let start = crate::fork::now_ns();
+        let mut asked = false;
+        let mut spins = 0u32;
+        let waits = |i: &usize| WAITING[*i].load(Ordering::Relaxed) && !HELD[*i].load(Ordering::SeqCst);
+        while (0..count).any(|i| waits(&i)) {
+            let waited = crate::fork::now_ns().saturating_sub(start);
+            if waited > LIMIT_NS {
+                for i in (0..count).filter(waits) {
+                    match self.tasks.stands(TIDS[i].load(Ordering::SeqCst)) {
+                        Stands::Blocked(pc) if at_exit(regions, pc) => {
+                            for r in regions.iter_mut().filter(|r| pc > r.at && pc < r.at + r.len) {
+                                r.stuck = true;
+                            }
+                        }
+                        s if outside(regions, s) => {}
+                        _ => {
+                            UNCHECKED.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                break;
+            }
+            if !asked && waited > ASK_MASK_NS {
+                asked = true;
+                for i in (0..count).filter(waits) {
+                    MASKED[i].store(
+                        self.tasks.blocks(TIDS[i].load(Ordering::SeqCst), signal),
+                        Ordering::Relaxed,
+                    );
+                }
+            }
+            // A thread not held yet may be seen blocked outside (it blocks
+            // the signal, or exited); one that blocks the signal while it
+            // runs cannot be seen at all: counted, and not waited for.
+            if spins % 64 == 63 {
+                for i in (0..count).filter(waits) {
+                    let stands = self.tasks.stands(TIDS[i].load(Ordering::SeqCst));
+                    if outside(regions, stands) {
+                        WAITING[i].store(false, Ordering::Relaxed);
+                    } else if MASKED[i].load(Ordering::Relaxed) && stands == Stands::Running {
+                        UNCHECKED.fetch_add(1, Ordering::Relaxed);
+                        WAITING[i].store(false, Ordering::Relaxed);
+                    }
+                }
+            }
+            spins = spins.wrapping_add(1);
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+    }
+
+    /// Lets the held threads go on (also on drop).
+    pub(crate) fn release(self) {}
+}
+
+impl core::fmt::Debug for Holding {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Holding")
+            .field("signal", &self.signal.number)
+            .field("threads", &self.count)
+            .finish()
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        HOLD.store(0, Ordering::SeqCst);
+        // SAFETY: wakes every thread waiting on the futex word HOLD.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                HOLD.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                i32::MAX,
+            )
+        };
+        // No handler reads the exits once they are withdrawn and the ones
+        // running are done; then the signal's action is put back (when
+        // `signal` drops, after this).
+        EXITS_LEN.store(0, Ordering::SeqCst);
+        while ACTIVE.load(Ordering::SeqCst) != 0 {
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+        EXITS.store(core::ptr::null_mut(), Ordering::SeqCst);
+        for i in 0..self.count {
+            TIDS[i].store(0, Ordering::SeqCst);
+            HELD[i].store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+fn inside(regions: &[Region], pc: usize) -> bool {
+    regions.iter().any(|r| pc > r.at && pc < r.at + r.len)
+}
+
+/// Whether an exit lies inside the first `len` bytes of a region.
+pub(crate) fn any_inside(exits: &[Exit], regions: &[Region], len: usize) -> bool {
+    exits
+        .iter()
+        .any(|e| regions.iter().any(|r| e.from > r.at && e.from < r.at + r.len.min(len)))
+}
+
+/// What `/proc/self/task/TID/syscall` says of a thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stands {
+    /// Blocked in the kernel, its user pc here.
+    Blocked(usize),
+    /// On a CPU or waiting for one: no pc to read.
+    Running,
+    /// It has exited.
+    Gone,
+    /// The file could not be read.
+    Unknown,
+}
+
+/// The handler: moves this thread's pc when it stands at an exit, says
+/// it is held, and waits until the writer lets it go.
+extern "C" fn on_signal(_signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut c_void) {
+    // SAFETY: the kernel passes an SA_SIGINFO handler a valid siginfo and
+    // the interrupted thread's ucontext.
+    let info = unsafe { &*info };
+    // SAFETY: si_pid is defined for SI_TKILL (checked first).
+    if info.si_code != libc::SI_TKILL || unsafe { info.si_pid() } != PID.load(Ordering::Relaxed) {
+        return; // not memhook's: ignored, as by the default action
+    }
+    let errno = crate::maps::errno();
+    ACTIVE.fetch_add(1, Ordering::SeqCst);
+    let len = EXITS_LEN.load(Ordering::SeqCst);
+    let exits = EXITS.load(Ordering::SeqCst);
+    if len != 0 && !exits.is_null() {
+        // SAFETY: the writer published `len` exits at `exits` and keeps
+        // them until ACTIVE is back to 0 after withdrawing them.
+        let exits = unsafe { core::slice::from_raw_parts(exits, len) };
+        // SAFETY: `context` is this thread's ucontext (above).
+        let pc = unsafe { pc_of(context) };
+        // SAFETY: as above: the saved pc, restored by sigreturn.
+        if let Some(e) = exits.iter().find(|e| e.from == unsafe { *pc } as usize) {
+            // SAFETY: as above.
+            unsafe { *pc = e.to as u64 };
+            MOVED.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        if let Some(i) = TIDS.iter().position(|t| t.load(Ordering::SeqCst) == me) {
+            HELD[i].store(true, Ordering::SeqCst);
+        }
+        while HOLD.load(Ordering::SeqCst) == 1 {
+            // SAFETY: waits on the futex word HOLD while it is 1; a wake
+            // or a change of the word ends the wait.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    HOLD.as_ptr(),
+                    libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                    1u32,
+                    core::ptr::null::<libc::timespec>(),
+                )
+            };
+        }
+    }
+    ACTIVE.fetch_sub(1, Ordering::SeqCst);
+    // SAFETY: errno is thread-local; put back as the interrupted code left it.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// The saved pc in a signal handler's ucontext.
+///
+/// # Safety
+///
+/// `context` is the ucontext the kernel passed the handler.
+#[cfg(target_arch = "x86_64")]
+unsafe fn pc_of(context: *mut c_void) -> *mut u64 {
+    let uc = context.cast::<libc::ucontext_t>();
+    // SAFETY: forwarded; REG_RIP indexes the saved instruction pointer.
+    unsafe { (&raw mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize]).cast() }
+}
+
+/// The saved pc in a signal handler's ucontext.
+///
+/// # Safety
+///
+/// `context` is the ucontext the kernel passed the handler.
+#[cfg(target_arch = "aarch64")]
+unsafe fn pc_of(context: *mut c_void) -> *mut u64 {
+    let uc = context.cast::<libc::ucontext_t>();
+    // SAFETY: forwarded.
+    unsafe { &raw mut (*uc).uc_mcontext.pc }
+}
+
+/// The signal memhook's handler holds for one evacuation; the action
+/// found is put back when dropped.
+struct Signal {
+    number: i32,
+    /// The action found: `SIG_DFL` or `SIG_IGN`, and its flags (its mask
+    /// means nothing without a handler). Kept small: an install may run
+    /// on a small stack.
+    found: (usize, i32),
+}
+
+impl Signal {
+    /// `SIGURG`, else `SIGWINCH`, where the program leaves it to the
+    /// default action or ignores it; `None` where it handles both.
+    fn take() -> Option<Signal> {
+        for number in [libc::SIGURG, libc::SIGWINCH] {
+            // SAFETY: sigaction with a null new action only reads the
+            // current one into `found`; all-zero is a valid sigaction.
+            let mut found: libc::sigaction = unsafe { core::mem::zeroed() };
+            // SAFETY: as above.
+            if unsafe { libc::sigaction(number, core::ptr::null(), &mut found) } != 0 || !is_default(&found) {
+                continue;
+            }
+            // SAFETY: all-zero is a valid sigaction; sigfillset fills the
+            // mask; the handler is an SA_SIGINFO handler that only reads
+            // atomics and its context.
+            let mut ours: libc::sigaction = unsafe { core::mem::zeroed() };
+            ours.sa_sigaction = on_signal as *const () as usize;
+            ours.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+            // SAFETY: as above.
+            unsafe { libc::sigfillset(&mut ours.sa_mask) };
+            // SAFETY: as above; `was` receives the action replaced.
+            let mut was: libc::sigaction = unsafe { core::mem::zeroed() };
+            // SAFETY: as above.
+            if unsafe { libc::sigaction(number, &ours, &mut was) } != 0 {
+                continue;
+            }
+            if !is_default(&was) {
+                // The program set its own meanwhile: give it back.
+                // SAFETY: puts back the action just replaced.
+                unsafe { libc::sigaction(number, &was, core::ptr::null_mut()) };
+                continue;
+            }
+            return Some(Signal {
+                number,
+                found: (was.sa_sigaction, was.sa_flags),
+            });
+        }
+        None
+    }
+}
+
+impl Drop for Signal {
+    fn drop(&mut self) {
+        // SAFETY: all-zero is a valid sigaction (an empty mask).
+        let mut found: libc::sigaction = unsafe { core::mem::zeroed() };
+        (found.sa_sigaction, found.sa_flags) = self.found;
+        // SAFETY: puts back the action `take` replaced.
+        unsafe { libc::sigaction(self.number, &found, core::ptr::null_mut()) };
+    }
+}
+
+/// Whether an action is the default or ignoring (for `SIGURG` and
+/// `SIGWINCH` both ignore).
+fn is_default(action: &libc::sigaction) -> bool {
+    action.sa_flags & libc::SA_SIGINFO == 0
+        && (action.sa_sigaction == libc::SIG_DFL || action.sa_sigaction == libc::SIG_IGN)
+}
+
+/// `/proc/self/task`, open.
+struct Tasks(i32);
+
+impl Tasks {
+    fn open() -> Option<Tasks> {
+        // SAFETY: a NUL-terminated path; the descriptor is closed on drop.
+        let fd = unsafe {
+            libc::open(
+                c"/proc/self/task".as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        (fd >= 0).then_some(Tasks(fd))
+    }
+
+    /// Calls `f` with each thread id listed.
+    fn each(&self, mut f: impl FnMut(i32)) {
+        // Small: a hook may install on a thread with a small stack.
+        let mut buf = [0u8; 512];
+        loop {
+            // SAFETY: getdents64 writes at most `buf.len()` bytes of
+            // records into `buf`.
+            let n = unsafe { libc::syscall(libc::SYS_getdents64, self.0, buf.as_mut_ptr(), buf.len()) };
+            if n <= 0 {
+                return;
+            }
+            let mut at = 0usize;
+            while at + 19 < n as usize {
+                // linux_dirent64: d_ino (8), d_off (8), d_reclen (2),
+                // d_type (1), d_name (NUL-terminated).
+                let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
+                if reclen == 0 {
+                    return;
+                }
+                let name = &buf[at + 19..(at + reclen).min(n as usize)];
+                let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+                if let Some(tid) = parse_decimal(name) {
+                    f(tid);
+                }
+                at += reclen;
+            }
+        }
+    }
+
+    /// Reads `TID/FILE` into `buf`; the bytes read, or the errno.
+    fn read(&self, tid: i32, file: &[u8], buf: &mut [u8]) -> Result<usize, i32> {
+        let mut path = [0u8; 40];
+        let mut len = write_decimal(tid, &mut path);
+        path[len] = b'/';
+        len += 1;
+        path[len..len + file.len()].copy_from_slice(file);
+        // path[len + file.len()] is 0: NUL-terminated.
+        // SAFETY: a NUL-terminated relative path under the open directory.
+        let fd = unsafe { libc::openat(self.0, path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(crate::maps::errno());
+        }
+        // SAFETY: reads at most `buf.len()` bytes into `buf`.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        let e = crate::maps::errno();
+        // SAFETY: closes the descriptor just opened.
+        unsafe { libc::close(fd) };
+        if n < 0 { Err(e) } else { Ok(n as usize) }
+    }
+
+    fn stands(&self, tid: i32) -> Stands {
+        let mut buf = [0u8; 256];
+        match self.read(tid, b"syscall", &mut buf) {
+            Ok(n) => parse_syscall(&buf[..n]),
+            Err(libc::ENOENT | libc::ESRCH) => Stands::Gone,
+            Err(_) => Stands::Unknown,
+        }
+    }
+
+    /// Whether the thread blocks `signal` (`SigBlk` in its status).
+    fn blocks(&self, tid: i32, signal: i32) -> bool {
+        // `SigBlk` comes about 660 bytes in (Linux 6.1).
+        let mut buf = [0u8; 1024];
+        let Ok(n) = self.read(tid, b"status", &mut buf) else {
+            return false;
+        };
+        let text = &buf[..n];
+        let key = b"SigBlk:";
+        let Some(at) = text.windows(key.len()).position(|w| w == key) else {
+            return false;
+        };
+        let mask = text[at + key.len()..]
+            .iter()
+            .skip_while(|b| b.is_ascii_whitespace())
+            .take_while(|b| b.is_ascii_hexdigit())
+            .fold(0u64, |m, &b| {
+                (m << 4) | u64::from((b as char).to_digit(16).unwrap_or(0))
+            });
+        mask & (1 << (signal - 1)) != 0
+    }
+}
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        // SAFETY: closes the descriptor `open` opened.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+/// `/proc/PID/task/TID/syscall`: `running`, or the call's number (-1 for
+/// none: a fault or a preemption in the kernel), its six arguments (when
+/// a call), the stack pointer and the pc, in hex.
+fn parse_syscall(text: &[u8]) -> Stands {
+    if text.starts_with(b"running") {
+        return Stands::Running;
+    }
+    let last = text.split(|b| b.is_ascii_whitespace()).rfind(|w| !w.is_empty());
+    match last.and_then(|w| w.strip_prefix(b"0x")) {
+        Some(hex) if !hex.is_empty() && hex.len() <= 16 && hex.iter().all(u8::is_ascii_hexdigit) => {
+            Stands::Blocked(hex.iter().fold(0usize, |v, &b| {
+                (v << 4) | (b as char).to_digit(16).unwrap_or(0) as usize
+            }))
+        }
+        _ => Stands::Unknown,
+    }
+}
+
+fn parse_decimal(name: &[u8]) -> Option<i32> {
+    if name.is_empty() || name.len() > 9 || !name.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(name.iter().fold(0i32, |v, &b| v * 10 + i32::from(b - b'0')))
+}
+
+/// Writes `v` (non-negative) in decimal at the start of `out`; its length.
+fn write_decimal(v: i32, out: &mut [u8]) -> usize {
+    let mut digits = [0u8; 10];
+    let (mut v, mut n) = (v.max(0) as u32, 0);
+    loop {
+        digits[n] = b'0' + (v % 10) as u8;
+        n += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for i in 0..n {
+        out[i] = digits[n - 1 - i];
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_syscall_file_says_blocked_with_the_pc_running_or_neither() {
+        let blocked = b"0 0x3 0x7ffc1234 0x1 0x0 0x0 0x0 0x7ffc0000 0x7f12345678ab\n";
+        assert_eq!(parse_syscall(blocked), Stands::Blocked(0x7f12_3456_78ab));
+        assert_eq!(
+            parse_syscall(b"-1 0x7ffc0000 0x55550000abcd\n"),
+            Stands::Blocked(0x5555_0000_abcd)
+        );
+        assert_eq!(parse_syscall(b"running\n"), Stands::Running);
+        assert_eq!(parse_syscall(b""), Stands::Unknown);
+        assert_eq!(parse_syscall(b"0 0x3 zz\n"), Stands::Unknown);
+    }
+
+    #[test]
+    fn thread_ids_are_read_and_written_in_decimal() {
+        assert_eq!(parse_decimal(b"12345"), Some(12345));
+        assert_eq!(parse_decimal(b"."), None);
+        assert_eq!(parse_decimal(b".."), None);
+        assert_eq!(parse_decimal(b""), None);
+        let mut out = [0u8; 10];
+        let n = write_decimal(4_194_304, &mut out);
+        assert_eq!(&out[..n], b"4194304");
+        let n = write_decimal(0, &mut out);
+        assert_eq!(&out[..n], b"0");
+    }
+
+    /// This thread is listed among the process's; a thread blocked in a
+    /// read is seen blocked with its pc, one that exited is gone, and a
+    /// thread that blocks a signal says so.
+    #[test]
+    fn the_task_directory_lists_threads_and_where_they_stand() {
+        let tasks = Tasks::open().expect("/proc/self/task");
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        let mut listed = Vec::new();
+        tasks.each(|tid| listed.push(tid));
+        assert!(listed.contains(&me), "{listed:?}");
+        assert_eq!(tasks.stands(i32::MAX - 1), Stands::Gone);
+
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe writes two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            // SAFETY: blocks SIGURG on this thread only; gettid has no
+            // preconditions.
+            unsafe {
+                let mut set: libc::sigset_t = core::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGURG);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, core::ptr::null_mut());
+                tx.send(libc::gettid()).unwrap();
+            }
+            let mut byte = 0u8;
+            // SAFETY: reads one byte into `byte`.
+            unsafe { libc::read(fds[0], (&raw mut byte).cast(), 1) }
+        });
+        let tid = rx.recv().unwrap();
+        let mut stands = Stands::Running;
+        for _ in 0..2_000 {
+            stands = tasks.stands(tid);
+            if matches!(stands, Stands::Blocked(_)) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(matches!(stands, Stands::Blocked(pc) if pc != 0), "{stands:?}");
+        assert!(tasks.blocks(tid, libc::SIGURG));
+        assert!(!tasks.blocks(tid, libc::SIGWINCH));
+        // SAFETY: writes one byte to the pipe; closes both ends after.
+        unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) };
+        assert_eq!(reader.join().unwrap(), 1);
+        // SAFETY: as above.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+    }
+}
