@@ -205,9 +205,12 @@ impl Holding {
                 return;
             }
             // SAFETY: tgkill of a thread of this process with a signal
-            // whose handler is memhook's; ESRCH (it exited) is the only
-            // failure.
+            // whose handler is memhook's.
             let sent = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, signal) } == 0;
+            if !sent && crate::maps::errno() != libc::ESRCH {
+                // Not that it exited: refused (a seccomp filter).
+                UNCHECKED.fetch_add(1, Ordering::Relaxed);
+            }
             WAITING[i].store(sent, Ordering::Relaxed);
         });
         self.count = count;
