@@ -181,6 +181,14 @@ fn decode(word: u32, pc: usize) -> Insn {
     Insn::Other
 }
 
+/// Whether the word is a call (BL, BLR, BLRAA and its kin): it returns to
+/// the next word.
+fn links(word: u32) -> bool {
+    let bl = word & 0xfc00_0000 == 0x9400_0000;
+    let blr = word >> 25 == 0x6b && matches!((word >> 21) & 0xf, 1 | 9);
+    bl || blr
+}
+
 /// The address a PC-relative instruction at `pc` refers to (branch
 /// target, ADR/ADRP value, literal address), or `None` for an instruction
 /// that does not read the PC. For checkers and tools.
@@ -289,6 +297,15 @@ impl Aarch64 {
         }
         let taken = count * 4;
         let inside = |t: usize| t > start && t < start + taken;
+        // A call that returns inside the words the jump overwrites (a far
+        // jump's first three): a thread in the callee when the patch is
+        // written would return into the middle of the jump.
+        if let Some(i) = (0..count).find(|&i| 4 * (i + 1) < need && links(words[i])) {
+            return Err(RelocError::Unsupported {
+                address: start + 4 * i,
+                what: "a call that returns inside the patched bytes",
+            });
+        }
         // The flow must cover the patch, and nothing may branch into it.
         for (i, &w) in words.iter().enumerate() {
             let pc = start + 4 * i;

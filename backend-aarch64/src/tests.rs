@@ -221,6 +221,19 @@ fn refusals_name_the_case() {
     assert!(matches!(reloc(&code, 8, FAR), Err(RelocError::Unsupported { address, .. }) if address == ENTRY));
     // The same without a rewrite needing x16 (trampoline near): fine.
     assert!(reloc(&code, 8, NEAR).is_ok());
+    // A call that returns inside a far jump's words (bl, blr x1 in the
+    // second word): a thread in the callee would return into the jump.
+    let (sub, ret) = (0xd10043ff, 0xd65f03c0);
+    let bl = |at: usize| 0x9400_0000 | field(diff(at, ENTRY + 0x2000), 2, 26).unwrap();
+    for call in [bl(ENTRY + 4), 0xd63f0020] {
+        let code = [sub, call, sub, sub, ret];
+        assert!(matches!(
+            reloc(&code, 16, FAR),
+            Err(RelocError::Unsupported { address, what }) if address == ENTRY + 4 && what.contains("returns inside")
+        ));
+    }
+    // One in the last word returns to the jump's end: moved.
+    assert!(reloc(&[sub, sub, sub, bl(ENTRY + 12), ret], 16, FAR).is_ok());
     // Too few bytes.
     assert!(matches!(
         reloc(&[0xd10043ff], 8, NEAR),

@@ -197,6 +197,20 @@ impl X86_64 {
                 return Err(RelocError::Undecodable { address: ip });
             }
             let bytes = &body[taken..taken + len];
+            // A call that returns inside the bytes the jump overwrites: a
+            // thread in the callee when the patch is written would return
+            // into the middle of the jump (no thread's stack can be
+            // looked at; a pc can, see memhook's `evacuate`).
+            let call = instr.is_call_near()
+                || instr.is_call_near_indirect()
+                || instr.is_call_far()
+                || instr.is_call_far_indirect();
+            if call && taken + len < need {
+                return Err(RelocError::Unsupported {
+                    address: ip,
+                    what: "a call that returns inside the patched bytes",
+                });
+            }
             // At most `need` (13) one-byte instructions: within MAX_STARTS;
             // offsets within a trampoline (MAX_TRAMPOLINE) fit 16 bits.
             let _ = starts.push((taken as u8, out.code.len() as u16));

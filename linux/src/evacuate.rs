@@ -56,13 +56,16 @@
 //! and a few others), returns `EINTR`, as after any signal; threads
 //! blocked outside the bytes, almost all of them, are not signalled.
 //!
+//! A return address inside the bytes (a thread in a function that the
+//! prologue calls) cannot be seen either, so the relocators refuse a
+//! call that returns inside the bytes a jump covers (only a far jump's
+//! 13 or 16 bytes, or a two-byte `call reg` at an x86_64 entry, can).
+//!
 //! Not seen: a thread whose pc was inside when a signal handler
 //! interrupted it, while the handler still runs (the pc is in the
-//! handler's frame, not in its registers); a return address inside the
-//! bytes (a prologue that calls out of its first five bytes, and the
-//! callee has not returned); a thread woken while the threads are held
-//! that runs into an entry and stands right after its first one-byte
-//! instruction at the instant its lock is written.
+//! handler's frame, not in its registers); a thread woken while the
+//! threads are held that runs into an entry and stands right after its
+//! first one-byte instruction at the instant its lock is written.
 //!
 //! Nothing here allocates: the thread list is read with `getdents64`
 //! into a buffer on the stack and kept in fixed arrays ([`MAX_THREADS`];

@@ -113,8 +113,27 @@ fn jcc_rel8_and_call_rel32_in_the_prologue_are_rewritten() {
     ];
     let r = relocate_checked(&code, E, 5, E + 0x10_0000).unwrap();
     assert_eq!(r.taken, 9);
-    let r = relocate_checked(&code, E, 13, E + (1 << 33)).unwrap();
-    assert_eq!(r.taken, 13);
+    // The far jump's 13 bytes cover the call's return address (+9): a
+    // thread in the callee while it is written would return into the
+    // jump's middle.
+    let e = refuse(&code, 13);
+    assert_eq!(
+        e,
+        RelocError::Unsupported {
+            address: E + 4,
+            what: "a call that returns inside the patched bytes"
+        }
+    );
+    // A call whose return address is the jump's end is moved: nothing
+    // returns inside it.
+    let code = [0x85, 0xff, 0x90, 0xe8, 0, 1, 0, 0, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90];
+    let r = relocate_checked(&code, E, 8, E + 0x10_0000).unwrap();
+    assert_eq!(r.taken, 8);
+    // call rax (two bytes) at the entry returns at +2.
+    assert!(matches!(
+        refuse(&[0xff, 0xd0, 0x90, 0x90, 0x90, 0x90, 0xc3, 0xcc], 5),
+        RelocError::Unsupported { .. }
+    ));
 }
 
 #[test]
