@@ -308,19 +308,23 @@ extern "C" fn hook_count(a: i32) -> i32 {
     original(a)
 }
 
-/// Eight threads call the function in a loop while it is patched and
-/// unpatched 10,000 times: no crash, every call returns its argument, and
-/// every call reached the original exactly once (the function's own counter
-/// equals the calls made).
-#[test]
-fn stress_patch_unpatch_while_eight_threads_call() {
+/// Eight threads call `f` (which returns its argument and counts its
+/// calls in `counter`) in a loop while it is patched with `hook` (whose
+/// original goes in `original`) and unpatched `cycles` times: no crash,
+/// every call returns its argument, every call reached the original
+/// exactly once (the function's own counter equals the calls made), and
+/// the entry's bytes are back. Returns the calls made.
+fn patch_while_eight_threads_call(
+    f: unsafe extern "C" fn(i32) -> i32,
+    counter: &'static AtomicU64,
+    hook: extern "C" fn(i32) -> i32,
+    original: &'static AtomicUsize,
+    cycles: usize,
+) -> u64 {
     const THREADS: usize = 8;
-    const CYCLES: usize = 10_000;
-    let f = lib().count as usize;
     let stop = Arc::new(AtomicBool::new(false));
     let start = Arc::new(Barrier::new(THREADS + 1));
-    // SAFETY: reading the counter the function increments atomically.
-    let base = lib().counter.load(Ordering::SeqCst);
+    let base = counter.load(Ordering::SeqCst);
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
             let (stop, start) = (stop.clone(), start.clone());
@@ -329,8 +333,8 @@ fn stress_patch_unpatch_while_eight_threads_call() {
                 let mut made = 0u64;
                 let mut i = t as i32;
                 while !stop.load(Ordering::Relaxed) {
-                    // SAFETY: mh_t_count returns its argument.
-                    let r = unsafe { (lib().count)(i) };
+                    // SAFETY: the function returns its argument.
+                    let r = unsafe { f(i) };
                     assert_eq!(r, i, "a call returned garbage");
                     made += 1;
                     i = i.wrapping_add(THREADS as i32);
@@ -340,18 +344,27 @@ fn stress_patch_unpatch_while_eight_threads_call() {
         })
         .collect();
     start.wait();
-    let before = entry_bytes(f);
-    for _ in 0..CYCLES {
-        // SAFETY: hook_count has mh_t_count's signature.
-        let h = unsafe { Hook::patch_with(f, hook_count as *const () as usize, &ORIG_COUNT) }.unwrap();
+    let before = entry_bytes(f as usize);
+    for _ in 0..cycles {
+        // SAFETY: the hook has the function's signature and calls the
+        // original through `original`.
+        let h = unsafe { Hook::patch_with(f as usize, hook as *const () as usize, original) }.unwrap();
         h.unpatch().map_err(|(_, e)| e).unwrap();
     }
     stop.store(true, Ordering::Relaxed);
     let made: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
-    // SAFETY: as above.
-    let seen = lib().counter.load(Ordering::SeqCst) - base;
-    assert_eq!(entry_bytes(f), before);
+    let seen = counter.load(Ordering::SeqCst) - base;
+    assert_eq!(entry_bytes(f as usize), before);
     assert_eq!(seen, made, "calls made vs calls that reached the original");
+    made
+}
+
+/// Eight threads call the function in a loop while it is patched and
+/// unpatched 10,000 times (see `patch_while_eight_threads_call`).
+#[test]
+fn stress_patch_unpatch_while_eight_threads_call() {
+    const CYCLES: usize = 10_000;
+    let made = patch_while_eight_threads_call(lib().count, lib().counter, hook_count, &ORIG_COUNT, CYCLES);
     let hooked = CALLS_COUNT.load(Ordering::Relaxed);
     assert!(hooked <= made);
     eprintln!(
@@ -622,45 +635,11 @@ extern "C" fn hook_steps(a: i32) -> i32 {
 /// crashed this way in a host test about once in sixty runs.)
 #[test]
 fn threads_stopped_inside_the_patched_bytes_are_moved_out() {
-    const THREADS: usize = 8;
     // Each patch waits for the eight busy threads to be held: a few ms
     // apiece on two cores.
     const CYCLES: usize = 400;
-    let f = lib().steps as usize;
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Arc::new(Barrier::new(THREADS + 1));
-    let base = lib().steps_counter.load(Ordering::SeqCst);
-    let workers: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let (stop, start) = (stop.clone(), start.clone());
-            std::thread::spawn(move || {
-                start.wait();
-                let mut made = 0u64;
-                let mut i = t as i32;
-                while !stop.load(Ordering::Relaxed) {
-                    // SAFETY: mh_t_steps returns its argument.
-                    let r = unsafe { (lib().steps)(i) };
-                    assert_eq!(r, i, "a call returned garbage");
-                    made += 1;
-                    i = i.wrapping_add(THREADS as i32);
-                }
-                made
-            })
-        })
-        .collect();
-    start.wait();
-    let before = entry_bytes(f);
     let moved = memhook::code::threads_moved();
-    for _ in 0..CYCLES {
-        // SAFETY: hook_steps has mh_t_steps's signature.
-        let h = unsafe { Hook::patch_with(f, hook_steps as *const () as usize, &ORIG_STEPS) }.unwrap();
-        h.unpatch().map_err(|(_, e)| e).unwrap();
-    }
-    stop.store(true, Ordering::Relaxed);
-    let made: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
-    let seen = lib().steps_counter.load(Ordering::SeqCst) - base;
-    assert_eq!(entry_bytes(f), before);
-    assert_eq!(seen, made, "calls made vs calls that reached the original");
+    let made = patch_while_eight_threads_call(lib().steps, lib().steps_counter, hook_steps, &ORIG_STEPS, CYCLES);
     eprintln!(
         "{made} calls, {} through the hook, {CYCLES} cycles, {} threads moved out of the patched bytes",
         CALLS_STEPS.load(Ordering::Relaxed),
