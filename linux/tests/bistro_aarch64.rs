@@ -139,6 +139,9 @@ core::arch::global_asm!(
     "mh_d_bl:",
     "stp x29, x30, [sp, #-16]!",
     "mov x29, sp",
+    "nop",
+    // The window's last word: a call earlier in it would return inside a
+    // far jump, which the relocator refuses.
     "bl mh_d_helper",
     "ldp x29, x30, [sp], #16",
     "add x0, x0, #1",
