@@ -183,6 +183,15 @@ pub fn doctor() -> i32 {
         },
     );
     line(
+        "threads in patches:",
+        &match memhook::code::thread_check() {
+            Ok(signal) => {
+                format!("a thread stopped inside bytes being patched is moved out (/proc/self/task, {signal})")
+            }
+            Err(why) => format!("not checked: {why}; patches are written as if no thread stood inside"),
+        },
+    );
+    line(
         "dispatch readers:",
         if memhook::dispatch::reader_slots() {
             "per-thread slots (plain stores; registration fences every thread with membarrier)"

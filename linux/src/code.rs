@@ -22,7 +22,7 @@ use memhook_core::patch::{CodeMemory, PatchError, Region};
 
 pub(crate) use crate::evacuate::Exit;
 use crate::evacuate::Holding;
-pub use crate::evacuate::{threads_moved, threads_unchecked};
+pub use crate::evacuate::{thread_check, threads_moved, threads_unchecked};
 
 /// The lock's length (the self-jump written first).
 const LOCK_LEN: usize = <crate::bistro::NativeArch as memhook_core::patch::Arch>::LOCK.len();

@@ -127,6 +127,31 @@ pub fn threads_unchecked() -> u64 {
     UNCHECKED.load(Ordering::Relaxed)
 }
 
+/// Whether threads stopped inside bytes being patched can be moved out
+/// here: `Ok` with the signal memhook would use, or why not (then such
+/// writes go on unchecked, as counted by [`threads_unchecked`]). Changes
+/// nothing; for `memhook doctor`.
+pub fn thread_check() -> Result<&'static str, &'static str> {
+    let Some(tasks) = Tasks::open() else {
+        return Err("/proc/self/task cannot be read");
+    };
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() };
+    if tasks.stands(me) == Stands::Unknown {
+        return Err("/proc/self/task/TID/syscall cannot be read (no ptrace access to this process's own threads?)");
+    }
+    for (number, name) in [(libc::SIGURG, "SIGURG"), (libc::SIGWINCH, "SIGWINCH")] {
+        // SAFETY: all-zero is a valid sigaction; a null new action only
+        // reads the current one.
+        let mut found: libc::sigaction = unsafe { core::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::sigaction(number, core::ptr::null(), &mut found) } == 0 && is_default(&found) {
+            return Ok(name);
+        }
+    }
+    Err("the program handles both SIGURG and SIGWINCH")
+}
+
 /// The other threads held for one write ([`Holding::hold`] to
 /// [`Holding::release`], or its drop).
 pub(crate) struct Holding {
@@ -638,6 +663,27 @@ mod tests {
         assert_eq!(parse_syscall(b"running\n"), Stands::Running);
         assert_eq!(parse_syscall(b""), Stands::Unknown);
         assert_eq!(parse_syscall(b"0 0x3 zz\n"), Stands::Unknown);
+    }
+
+    /// Here threads can be read and SIGURG is left to the default; a
+    /// program that handles SIGURG gets SIGWINCH.
+    #[test]
+    fn the_check_names_the_signal_it_would_use() {
+        assert_eq!(thread_check(), Ok("SIGURG"));
+        extern "C" fn program_handler(_: libc::c_int) {}
+        // SAFETY: installs a plain handler for SIGURG and puts the action
+        // found back after.
+        let old = unsafe {
+            let mut action: libc::sigaction = core::mem::zeroed();
+            action.sa_sigaction = program_handler as *const () as usize;
+            let mut old: libc::sigaction = core::mem::zeroed();
+            assert_eq!(libc::sigaction(libc::SIGURG, &action, &mut old), 0);
+            old
+        };
+        let with_handler = thread_check();
+        // SAFETY: as above.
+        unsafe { libc::sigaction(libc::SIGURG, &old, core::ptr::null_mut()) };
+        assert_eq!(with_handler, Ok("SIGWINCH"));
     }
 
     #[test]
