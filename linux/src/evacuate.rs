@@ -570,9 +570,31 @@ impl Tasks {
         let mut buf = [0u8; 256];
         match self.read(tid, b"syscall", &mut buf) {
             Ok(n) => parse_syscall(&buf[..n]),
-            Err(libc::ENOENT | libc::ESRCH) => Stands::Gone,
+            // Gone, unless the thread's directory is still there and only
+            // lacks the file (a kernel without it, or a sandbox's /proc).
+            Err(libc::ENOENT | libc::ESRCH) if !self.listed(tid) => Stands::Gone,
             Err(_) => Stands::Unknown,
         }
+    }
+
+    /// Whether `TID` is still in the directory.
+    fn listed(&self, tid: i32) -> bool {
+        let mut path = [0u8; 16];
+        write_decimal(tid, &mut path);
+        // SAFETY: a NUL-terminated relative path under the open directory;
+        // the descriptor is closed at once.
+        unsafe {
+            let fd = libc::openat(
+                self.0,
+                path.as_ptr().cast(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            );
+            if fd < 0 {
+                return false;
+            }
+            libc::close(fd);
+        }
+        true
     }
 
     /// Whether the thread blocks `signal` (`SigBlk` in its status).
