@@ -11,11 +11,12 @@
 //! reaches every running thread well within that time on a live system. The
 //! fallback is reported by [`serialization`].
 //!
-//! Threads inside the bytes: between a batch's locks and the rest of its
-//! bytes, every other thread that stands inside them (preempted between
-//! two of the instructions a jump replaces, or blocked in a system call
-//! made there) is moved to the same instruction in the trampoline, by a
-//! signal whose handler rewrites its saved pc; see [`threads_moved`] and
+//! Threads inside the bytes: around a batch's locks (before them where a
+//! lock covers an instruction start, and once they are seen), every other
+//! thread that stands inside the bytes (preempted between two of the
+//! instructions a jump replaces, or blocked in a system call made there)
+//! is moved to the same instruction in the trampoline, by a signal whose
+//! handler rewrites its saved pc; see [`threads_moved`] and
 //! [`threads_unchecked`], and the module `evacuate` for the protocol.
 
 use memhook_core::patch::{CodeMemory, PatchError, Region};

@@ -140,16 +140,11 @@ pub fn thread_check() -> Result<&'static str, &'static str> {
     if tasks.stands(me) == Stands::Unknown {
         return Err("/proc/self/task/TID/syscall cannot be read (no ptrace access to this process's own threads?)");
     }
-    for (number, name) in [(libc::SIGURG, "SIGURG"), (libc::SIGWINCH, "SIGWINCH")] {
-        // SAFETY: all-zero is a valid sigaction; a null new action only
-        // reads the current one.
-        let mut found: libc::sigaction = unsafe { core::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::sigaction(number, core::ptr::null(), &mut found) } == 0 && is_default(&found) {
-            return Ok(name);
-        }
-    }
-    Err("the program handles both SIGURG and SIGWINCH")
+    SIGNALS
+        .into_iter()
+        .find(|&(number, _)| left_to_default(number))
+        .map(|(_, name)| name)
+        .ok_or("the program handles both SIGURG and SIGWINCH")
 }
 
 /// The other threads held for one write ([`Holding::hold`] to
@@ -171,7 +166,7 @@ impl Holding {
     /// inside (no exit lies inside a region), or where threads cannot be
     /// held (counted unchecked).
     pub(crate) fn start(exits: &[Exit], regions: &mut [Region]) -> Option<Holding> {
-        if !exits.iter().any(|e| inside(regions, e.from)) {
+        if !any_inside(exits, regions, usize::MAX) {
             return None; // one instruction each: nothing to stand inside of
         }
         let one = ONE.lock();
@@ -253,7 +248,7 @@ impl Holding {
                 for i in (0..count).filter(waits) {
                     match self.tasks.stands(TIDS[i].load(Ordering::SeqCst)) {
                         Stands::Blocked(pc) if at_exit(regions, pc) => {
-                            for r in regions.iter_mut().filter(|r| pc > r.at && pc < r.at + r.len) {
+                            for r in regions.iter_mut().filter(|r| within(r, pc, usize::MAX)) {
                                 r.stuck = true;
                             }
                         }
@@ -335,15 +330,19 @@ impl Drop for Holding {
     }
 }
 
+/// Whether `pc` lies inside the region's first `len` bytes, past its
+/// first byte (where a thread can stand only between two instructions).
+fn within(r: &Region, pc: usize, len: usize) -> bool {
+    pc > r.at && pc < r.at + r.len.min(len)
+}
+
 fn inside(regions: &[Region], pc: usize) -> bool {
-    regions.iter().any(|r| pc > r.at && pc < r.at + r.len)
+    regions.iter().any(|r| within(r, pc, usize::MAX))
 }
 
 /// Whether an exit lies inside the first `len` bytes of a region.
 pub(crate) fn any_inside(exits: &[Exit], regions: &[Region], len: usize) -> bool {
-    exits
-        .iter()
-        .any(|e| regions.iter().any(|r| e.from > r.at && e.from < r.at + r.len.min(len)))
+    exits.iter().any(|e| regions.iter().any(|r| within(r, e.from, len)))
 }
 
 /// What `/proc/self/task/TID/syscall` says of a thread.
@@ -447,12 +446,8 @@ impl Signal {
     /// `SIGURG`, else `SIGWINCH`, where the program leaves it to the
     /// default action or ignores it; `None` where it handles both.
     fn take() -> Option<Signal> {
-        for number in [libc::SIGURG, libc::SIGWINCH] {
-            // SAFETY: sigaction with a null new action only reads the
-            // current one into `found`; all-zero is a valid sigaction.
-            let mut found: libc::sigaction = unsafe { core::mem::zeroed() };
-            // SAFETY: as above.
-            if unsafe { libc::sigaction(number, core::ptr::null(), &mut found) } != 0 || !is_default(&found) {
+        for (number, _) in SIGNALS {
+            if !left_to_default(number) {
                 continue;
             }
             // SAFETY: all-zero is a valid sigaction; sigfillset fills the
@@ -492,6 +487,19 @@ impl Drop for Signal {
         // SAFETY: puts back the action `take` replaced.
         unsafe { libc::sigaction(self.number, &found, core::ptr::null_mut()) };
     }
+}
+
+/// The signals memhook can hold threads with, in the order it tries them.
+const SIGNALS: [(i32, &str); 2] = [(libc::SIGURG, "SIGURG"), (libc::SIGWINCH, "SIGWINCH")];
+
+/// Whether the program leaves `number` to the default action or ignores
+/// it (reads the action; changes nothing).
+fn left_to_default(number: i32) -> bool {
+    // SAFETY: all-zero is a valid sigaction; a null new action only reads
+    // the current one into `found`.
+    let mut found: libc::sigaction = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::sigaction(number, core::ptr::null(), &mut found) == 0 && is_default(&found) }
 }
 
 /// Whether an action is the default or ignoring (for `SIGURG` and
