@@ -615,15 +615,9 @@ fn a_signal_handler_on_the_patching_thread_never_meets_a_locked_entry() {
     assert_eq!(seen, 0, "a handler met a locked entry: it would have spun for ever");
 }
 
-static ORIG_STEPS: AtomicUsize = AtomicUsize::new(0);
-static CALLS_STEPS: AtomicU64 = AtomicU64::new(0);
-
-extern "C" fn hook_steps(a: i32) -> i32 {
-    CALLS_STEPS.fetch_add(1, Ordering::Relaxed);
-    // SAFETY: the trampoline has mh_t_steps's signature.
-    let original: Fn1 = unsafe { std::mem::transmute(ORIG_STEPS.load(Ordering::Acquire)) };
-    original(a)
-}
+// A hook of mh_t_steps that counts its calls and returns what the
+// original returns.
+hook!(hook_steps, ORIG_STEPS, CALLS_STEPS, 0);
 
 /// Eight threads call a function whose patched bytes hold five
 /// instructions (four of one byte) while it is patched and unpatched: a
