@@ -35,7 +35,7 @@ export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:$(dirname "$NVCC")/../lib64
 say "== kernel $(uname -r); $(ldd --version | head -1); phase $phase"
 
 tests() {
-for t in gpu_driver gpu_runtime gpu_multi cuda_modes cuda_memtype cuda_late_load dispatch_slots host; do
+for t in gpu_driver gpu_runtime gpu_multi cuda_modes cuda_memtype cuda_late_load dispatch_slots host bistro; do
     check "$t" ./"$t" --test-threads=1 --nocapture
 done
 
