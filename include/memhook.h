@@ -200,6 +200,14 @@
 #define MEMHOOK_RECORD_NAMESPACE 3
 
 /*
+ A record of `MEMHOOK_REPORT_FD`, one per process at its exit: the
+ threads moved out of patched bytes and the patches written unchecked
+ (`address`: [`memhook_threads_moved`], `size`:
+ [`memhook_threads_unchecked`]).
+ */
+#define MEMHOOK_RECORD_THREADS 4
+
+/*
  A bistro patch made by [`memhook_patch`] (opaque to C).
  */
 typedef struct memhook_patch_t memhook_patch_t;
@@ -692,6 +700,27 @@ int memhook_status(size_t index, struct memhook_hook_status_t *status);
  `status` is valid for a write.
  */
 int memhook_namespace_status(size_t index, struct memhook_namespace_status_t *status);
+
+/*
+ How many of this process's threads memhook has moved out of bytes it
+ was overwriting (a thread the scheduler had stopped inside a function's
+ first instructions, or blocked in a system call made there, when a
+ bistro patch was written over them: it went on from the same
+ instruction in the trampoline). 0 without bistro; a child of `fork`
+ counts from 0.
+ */
+uint64_t memhook_threads_moved(void);
+
+/*
+ How many times a bistro patch was written without its other threads
+ checked (a thread blocked the signal memhook uses while it ran, the
+ program handles both `SIGURG` and `SIGWINCH`, or `/proc/self/task`
+ could not be read): the write went on as it would without the check,
+ and a thread stopped inside the bytes would crash. `memhook doctor`
+ says whether the check can run here. 0 without bistro; a child of
+ `fork` counts from 0.
+ */
+uint64_t memhook_threads_unchecked(void);
 
 /*
  memhook's version, `"MAJOR.MINOR.PATCH"` (a static string).

@@ -31,6 +31,7 @@ const RECORD: usize = 256;
 const KIND_EVENT: u32 = 1;
 const KIND_STATUS: u32 = 2;
 const KIND_NAMESPACE: u32 = 3;
+const KIND_THREADS: u32 = 4;
 
 struct Record {
     kind: u32,
@@ -137,6 +138,9 @@ struct Summary {
     /// The loader's other namespaces whose libc is hooked, as last
     /// reported (at exit): namespace -> (functions, hooked, reason).
     namespaces: BTreeMap<u64, (u64, u32, String)>,
+    /// Per process, at its exit: threads moved out of bytes being patched,
+    /// and patches written with the other threads unchecked.
+    threads: BTreeMap<u32, (u64, u64)>,
     total: u64,
     /// The processes that sent records (the command, and its descendants
     /// that load libmemhook).
@@ -186,8 +190,19 @@ impl Summary {
             KIND_NAMESPACE => {
                 self.namespaces.insert(r.address, (r.size, r.value, r.reason));
             }
+            KIND_THREADS => {
+                self.threads.insert(r.pid, (r.address, r.size));
+            }
             _ => {}
         }
+    }
+
+    /// Threads moved out of patched bytes, and patches written unchecked,
+    /// summed over the processes.
+    fn threads(&self) -> (u64, u64) {
+        self.threads
+            .values()
+            .fold((0, 0), |(m, u), &(moved, unchecked)| (m + moved, u + unchecked))
     }
 
     fn bytes(&self, t: &'static str) -> (u64, u64) {
@@ -241,8 +256,9 @@ impl Summary {
             })
             .collect::<Vec<_>>()
             .join(", ");
+        let (moved, unchecked) = self.threads();
         format!(
-            "{{\"exit_status\": {exit_status}, \"signal\": {signal}, \"processes\": {}, \"events\": {{{}}}, \"functions\": {{{}}}, \"bytes_alive\": {{{alive}}}, \"hooks\": [{hooks}], \"namespaces\": [{namespaces}]}}",
+            "{{\"exit_status\": {exit_status}, \"signal\": {signal}, \"processes\": {}, \"events\": {{{}}}, \"functions\": {{{}}}, \"bytes_alive\": {{{alive}}}, \"hooks\": [{hooks}], \"namespaces\": [{namespaces}], \"threads_moved\": {moved}, \"threads_unchecked\": {unchecked}}}",
             self.processes.len(),
             map(&self.events),
             map(&self.functions)
@@ -307,6 +323,19 @@ impl Summary {
                 format!(": {why}")
             };
             let _ = writeln!(o, "  namespace {n}: {hooked} of {functions} host functions hooked{why}");
+        }
+        let (moved, unchecked) = self.threads();
+        if moved > 0 {
+            let _ = writeln!(
+                o,
+                "threads moved out of bytes being patched: {moved} (each went on from the trampoline)"
+            );
+        }
+        if unchecked > 0 {
+            let _ = writeln!(
+                o,
+                "patches written with other threads unchecked: {unchecked} (a thread stopped inside would crash; see `memhook doctor`)"
+            );
         }
         o
     }

@@ -206,6 +206,119 @@ fn run_reports_the_loader_namespaces_a_program_opened() {
     assert!(!text(&o).contains("loader namespaces"), "{}", text(&o));
 }
 
+/// A program that patches its own function through the C API while a
+/// thread is blocked in a system call made inside the bytes the patch
+/// overwrites: memhook moves that thread to the trampoline, and says so
+/// (`memhook_threads_moved`, then the report at exit). Exit status 0 when
+/// the blocked call completes, the hook sees the next call, and the
+/// count is 1.
+#[cfg(target_arch = "x86_64")]
+const MOVES_A_THREAD: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+/* sys4(a0, a1, a2, nr): `mov eax, ecx; syscall; nop; ret`, so a thread
+   blocked in it stands 4 bytes in: inside a 5-byte jump. */
+__asm__(".text\n.globl sys4\n.type sys4, @function\n.p2align 4\n"
+        "sys4:\n mov %ecx, %eax\n syscall\n nop\n ret\n int3\n");
+long sys4(long, long, long, long);
+static long (*original)(long, long, long, long);
+static long hooked;
+static long hook(long a0, long a1, long a2, long nr) { hooked++; return original(a0, a1, a2, nr); }
+static int fds[2];
+static volatile int reader_tid;
+static void *reader(void *arg) {
+    char c = 0;
+    reader_tid = syscall(SYS_gettid);
+    long n = sys4(fds[0], (long)&c, 1, SYS_read);
+    return (void *)(long)(n == 1 && c == 'x');
+}
+/* Whether thread `tid` is blocked in read(2) (the first field of its
+   syscall file is the call's number). */
+static int blocked_in_read(int tid) {
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return strncmp(buf, "0 ", 2) == 0;
+}
+int main(void) {
+    int (*patch)(void *, void *, void **, void **) = dlsym(RTLD_DEFAULT, "memhook_patch");
+    uint64_t (*moved)(void) = dlsym(RTLD_DEFAULT, "memhook_threads_moved");
+    uint64_t (*unchecked)(void) = dlsym(RTLD_DEFAULT, "memhook_threads_unchecked");
+    if (!patch || !moved || !unchecked) return 10;
+    if (pipe(fds)) return 11;
+    pthread_t t;
+    if (pthread_create(&t, 0, reader, 0)) return 12;
+    for (int i = 0; !(reader_tid && blocked_in_read(reader_tid)); i++) {
+        if (i > 10000) return 13;
+        usleep(1000);
+    }
+    void *handle;
+    if (patch((void *)sys4, (void *)hook, (void **)&original, &handle) != 0) return 14;
+    if (moved() != 1 || unchecked() != 0) return 15;
+    if (write(fds[1], "x", 1) != 1) return 16;
+    void *ok;
+    if (pthread_join(t, &ok) || !ok) return 17;
+    if (sys4(0, 0, 0, SYS_getpid) != getpid() || hooked != 1) return 18;
+    return 0;
+}
+"#;
+
+/// `memhook run` says how many threads memhook moved out of bytes it was
+/// patching, summed over the processes (`threads_moved` in the JSON, a
+/// line of the text), and how many patches went unchecked; a program
+/// that patches nothing under a thread reports 0 and no such line.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn run_reports_the_threads_moved_out_of_patched_bytes() {
+    with_library();
+    let doctor = text(&memhook().arg("doctor").output().unwrap());
+    if !doctor
+        .lines()
+        .any(|l| l.starts_with("threads in patches:") && l.contains("moved out"))
+    {
+        eprintln!("skipped: threads cannot be moved out here ({doctor})");
+        return;
+    }
+    let dir = work();
+    let src = dir.join("moves_a_thread.c");
+    std::fs::write(&src, MOVES_A_THREAD).unwrap();
+    let prog = dir.join("moves_a_thread");
+    let ok = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .arg(&src)
+        .args(["-pthread", "-ldl", "-o"])
+        .arg(&prog)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "building moves_a_thread");
+    let o = memhook().args(["run", "--json", "--"]).arg(&prog).output().unwrap();
+    let json = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(field(&json, "threads_moved"), Some(1), "{json}");
+    assert_eq!(field(&json, "threads_unchecked"), Some(0), "{json}");
+    let o = memhook().args(["run", "--"]).arg(&prog).output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("threads moved out of bytes being patched: 1 "), "{t}");
+    assert!(!t.contains("unchecked"), "{t}");
+    let o = memhook().args(["run", "--json", "--", "true"]).output().unwrap();
+    let json = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(field(&json, "threads_moved"), Some(0), "{json}");
+    assert_eq!(field(&json, "threads_unchecked"), Some(0), "{json}");
+    let o = memhook().args(["run", "--", "true"]).output().unwrap();
+    assert!(!text(&o).contains("threads moved"), "{}", text(&o));
+}
+
 /// Builds C `source` into the work folder as `name`.
 fn build_c(name: &str, source: &str) -> PathBuf {
     let dir = work();

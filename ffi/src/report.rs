@@ -133,6 +133,37 @@ pub unsafe extern "C" fn memhook_namespace_status(index: usize, status: *mut mem
     })
 }
 
+/// How many of this process's threads memhook has moved out of bytes it
+/// was overwriting (a thread the scheduler had stopped inside a function's
+/// first instructions, or blocked in a system call made there, when a
+/// bistro patch was written over them: it went on from the same
+/// instruction in the trampoline). 0 without bistro; a child of `fork`
+/// counts from 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn memhook_threads_moved() -> u64 {
+    threads().0
+}
+
+/// How many times a bistro patch was written without its other threads
+/// checked (a thread blocked the signal memhook uses while it ran, the
+/// program handles both `SIGURG` and `SIGWINCH`, or `/proc/self/task`
+/// could not be read): the write went on as it would without the check,
+/// and a thread stopped inside the bytes would crash. `memhook doctor`
+/// says whether the check can run here. 0 without bistro; a child of
+/// `fork` counts from 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn memhook_threads_unchecked() -> u64 {
+    threads().1
+}
+
+/// (threads moved, writes unchecked), both 0 where bistro is not built.
+fn threads() -> (u64, u64) {
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    return (memhook::code::threads_moved(), memhook::code::threads_unchecked());
+    #[cfg(not(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+    (0, 0)
+}
+
 /// memhook's version, `"MAJOR.MINOR.PATCH"` (a static string).
 #[unsafe(no_mangle)]
 pub extern "C" fn memhook_version() -> *const c_char {
@@ -148,6 +179,11 @@ pub const MEMHOOK_RECORD_STATUS: u32 = 2;
 /// (`address`: the namespace, `size`: the host functions its libc
 /// defines, `value`: how many are hooked, `reason`: why one is not).
 pub const MEMHOOK_RECORD_NAMESPACE: u32 = 3;
+/// A record of `MEMHOOK_REPORT_FD`, one per process at its exit: the
+/// threads moved out of patched bytes and the patches written unchecked
+/// (`address`: [`memhook_threads_moved`], `size`:
+/// [`memhook_threads_unchecked`]).
+pub const MEMHOOK_RECORD_THREADS: u32 = 4;
 
 /// One fixed-size (256-byte) record written to the file descriptor named
 /// by `MEMHOOK_REPORT_FD` with a single `write`, or `send` on a socket (so
@@ -158,7 +194,8 @@ pub const MEMHOOK_RECORD_NAMESPACE: u32 = 3;
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct memhook_record_t {
-    /// `MEMHOOK_RECORD_EVENT` or `MEMHOOK_RECORD_STATUS`.
+    /// `MEMHOOK_RECORD_EVENT`, `MEMHOOK_RECORD_STATUS`,
+    /// `MEMHOOK_RECORD_NAMESPACE` or `MEMHOOK_RECORD_THREADS`.
     pub kind: u32,
     /// The event's `MEMHOOK_EVENT_*` bit (events).
     pub event_type: u32,
@@ -168,10 +205,12 @@ pub struct memhook_record_t {
     /// took, 2 when it waits for its library to load, 0 when it failed;
     /// for a namespace, how many of its functions are hooked.
     pub value: u32,
-    /// The range's start (events); the namespace (namespaces).
+    /// The range's start (events); the namespace (namespaces); threads
+    /// moved (threads).
     pub address: u64,
     /// The range's length (events; 0 when unknown); the host functions
-    /// the namespace's libc defines (namespaces).
+    /// the namespace's libc defines (namespaces); patches written
+    /// unchecked (threads).
     pub size: u64,
     /// The call's result (events that have one).
     pub result: i64,
@@ -318,7 +357,8 @@ unsafe fn report(fd: usize, _: usize, e: &mut Event) {
 static REPORT_FD: core::sync::atomic::AtomicI32 = core::sync::atomic::AtomicI32::new(-1);
 
 /// Writes every status entry as a record, then one record per loader
-/// namespace besides the main one whose libc is hooked.
+/// namespace besides the main one whose libc is hooked, then the counts
+/// of threads moved out of patches.
 fn write_status(fd: c_int) {
     // One entry at a time: this runs at the program's exit, on whatever
     // thread calls `exit`.
@@ -348,6 +388,9 @@ fn write_status(fd: c_int) {
         copy(&mut r.reason, &n.reason);
         write_record(fd, &r);
     }
+    let mut r = empty_record(MEMHOOK_RECORD_THREADS);
+    (r.address, r.size) = threads();
+    write_record(fd, &r);
 }
 
 extern "C" fn status_at_exit() {

@@ -114,7 +114,8 @@ static UNCHECKED: AtomicU64 = AtomicU64::new(0);
 /// One write at a time (they share the statics above).
 static ONE: crate::fork::Mutex<()> = crate::fork::Mutex::new(());
 
-/// How many threads memhook has moved out of code it was overwriting.
+/// How many threads memhook has moved out of code it was overwriting, in
+/// this process (a child of `fork` counts from 0).
 pub fn threads_moved() -> u64 {
     MOVED.load(Ordering::Relaxed)
 }
@@ -122,9 +123,18 @@ pub fn threads_moved() -> u64 {
 /// How many times a thread's position could not be checked before code
 /// was overwritten (the thread blocked the signal while it ran, or the
 /// program handles both signals memhook can use, or `/proc` could not be
-/// read): the write went on, as it would without the check.
+/// read): the write went on, as it would without the check. In this
+/// process: a child of `fork` counts from 0.
 pub fn threads_unchecked() -> u64 {
     UNCHECKED.load(Ordering::Relaxed)
+}
+
+/// In the child of a `fork`: its counts start from 0 (the parent's
+/// writes are the parent's). No hold is in progress: a fork waits for one
+/// (`ONE` is a fork section).
+pub(crate) fn after_fork_in_child() {
+    MOVED.store(0, Ordering::Relaxed);
+    UNCHECKED.store(0, Ordering::Relaxed);
 }
 
 /// Whether threads stopped inside bytes being patched can be moved out

@@ -155,12 +155,15 @@ extern "C" fn child() {
     crate::memtype::after_fork_in_child();
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::cuda::after_fork_in_child();
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    crate::evacuate::after_fork_in_child();
 }
 
 extern "C" fn register_at_load() {
     // SAFETY: the three handlers touch only this module's atomics, the
     // calling thread's section depth and (the child's) the memory-type
-    // map and the CUDA hooks' count of runtime calls, and never fail.
+    // map, the CUDA hooks' count of runtime calls and the counts of
+    // threads moved out of patches, and never fail.
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
 }
 

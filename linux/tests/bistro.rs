@@ -698,6 +698,20 @@ fn a_thread_blocked_in_a_system_call_inside_the_patched_bytes_completes_it() {
     // SAFETY: hook_sys has mh_t_sys's signature.
     let h = unsafe { Hook::patch_with(f, hook_sys as *const () as usize, &ORIG_SYS) }.unwrap();
     assert_eq!(memhook::code::threads_moved() - moved, 1, "the reader was moved");
+    // A child of fork counts its own process's moves: none yet.
+    // SAFETY: the child only reads an atomic and exits.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        // SAFETY: ends the child at once, running nothing of the parent's.
+        unsafe { libc::_exit(i32::from(memhook::code::threads_moved() != 0)) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child counted its parent's moves"
+    );
     // The reader went back to sleep in its read, restarted in the trampoline.
     assert_ne!(blocked_pc(tid, libc::SYS_read), f + 4);
     // SAFETY: writes one byte from a live buffer to the pipe.
