@@ -166,19 +166,7 @@ fn run_reports_the_loader_namespaces_a_program_opened() {
         eprintln!("skipped: this glibc's namespaces are not followed ({doctor})");
         return;
     }
-    let dir = work();
-    let src = dir.join("namespace.c");
-    std::fs::write(&src, NAMESPACE_PROGRAM).unwrap();
-    let prog = dir.join("namespace");
-    let ok = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .arg(&src)
-        .arg("-ldl")
-        .arg("-o")
-        .arg(&prog)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
+    let prog = build_c_with("namespace", NAMESPACE_PROGRAM, &["-ldl"]);
     let o = memhook().args(["run", "--json", "--"]).arg(&prog).output().unwrap();
     let json = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(o.status.success(), "{}", text(&o));
@@ -289,18 +277,7 @@ fn run_reports_the_threads_moved_out_of_patched_bytes() {
         eprintln!("skipped: threads cannot be moved out here ({doctor})");
         return;
     }
-    let dir = work();
-    let src = dir.join("moves_a_thread.c");
-    std::fs::write(&src, MOVES_A_THREAD).unwrap();
-    let prog = dir.join("moves_a_thread");
-    let ok = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .arg(&src)
-        .args(["-pthread", "-ldl", "-o"])
-        .arg(&prog)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "building moves_a_thread");
+    let prog = build_c_with("moves_a_thread", MOVES_A_THREAD, &["-pthread", "-ldl"]);
     let o = memhook().args(["run", "--json", "--"]).arg(&prog).output().unwrap();
     let json = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(o.status.success(), "{}", text(&o));
@@ -321,12 +298,18 @@ fn run_reports_the_threads_moved_out_of_patched_bytes() {
 
 /// Builds C `source` into the work folder as `name`.
 fn build_c(name: &str, source: &str) -> PathBuf {
+    build_c_with(name, source, &[])
+}
+
+/// Builds C `source` into the work folder as `name`, linked with `args`.
+fn build_c_with(name: &str, source: &str, args: &[&str]) -> PathBuf {
     let dir = work();
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).unwrap();
     let out = dir.join(name);
     let ok = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
         .arg(&src)
+        .args(args)
         .arg("-o")
         .arg(&out)
         .status()
