@@ -31,6 +31,16 @@ fn appears(path: &Path) -> bool {
     path.exists()
 }
 
+/// The line of `memhook doctor` that starts with `key` (empty if none).
+fn doctor_line(key: &str) -> String {
+    let doctor = text(&memhook().arg("doctor").output().unwrap());
+    doctor
+        .lines()
+        .find(|l| l.starts_with(key))
+        .unwrap_or_default()
+        .to_string()
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -158,12 +168,9 @@ int main(void) {
 #[test]
 fn run_reports_the_loader_namespaces_a_program_opened() {
     with_library();
-    let doctor = text(&memhook().arg("doctor").output().unwrap());
-    if !doctor
-        .lines()
-        .any(|l| l.contains("loader namespaces:") && l.contains("followed:"))
-    {
-        eprintln!("skipped: this glibc's namespaces are not followed ({doctor})");
+    let line = doctor_line("loader namespaces:");
+    if !line.contains("followed:") {
+        eprintln!("skipped: this glibc's namespaces are not followed ({line})");
         return;
     }
     let prog = build_c_with("namespace", NAMESPACE_PROGRAM, &["-ldl"]);
@@ -269,12 +276,9 @@ int main(void) {
 #[test]
 fn run_reports_the_threads_moved_out_of_patched_bytes() {
     with_library();
-    let doctor = text(&memhook().arg("doctor").output().unwrap());
-    if !doctor
-        .lines()
-        .any(|l| l.starts_with("threads in patches:") && l.contains("moved out"))
-    {
-        eprintln!("skipped: threads cannot be moved out here ({doctor})");
+    let line = doctor_line("threads in patches:");
+    if !line.contains("moved out") {
+        eprintln!("skipped: threads cannot be moved out here ({line})");
         return;
     }
     let prog = build_c_with("moves_a_thread", MOVES_A_THREAD, &["-pthread", "-ldl"]);
