@@ -140,7 +140,7 @@ if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     # Install time in a process that has loaded PyTorch's CUDA libraries.
     python3 src/install_in_torch.py 2>&1 | grep install_in_torch | tee -a "$results"
     j=$(./memhook run --json --mmap-mode none -- python3 -c "import torch; x = torch.empty(1 << 26, device='cuda'); torch.cuda.synchronize()" 2>/dev/null)
-    say "TORCH $(echo "$j" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("exit", j["exit_status"], "events", j["events"], "functions", j["functions"], "bytes_alive", j["bytes_alive"])')"
+    say "TORCH $(echo "$j" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("exit", j["exit_status"], "events", j["events"], "functions", j["functions"], "bytes_alive", j["bytes_alive"], "threads moved", j["threads_moved"], "unchecked", j["threads_unchecked"])')"
 else
     say "SKIP torch (no PyTorch with CUDA)"
 fi

@@ -1,8 +1,9 @@
 """Install time in a large process: PyTorch imported and its CUDA
 libraries loaded (cuDNN, cuBLAS) before libmemhook.so is loaded with
 ctypes and installed through the C ABI: the default configuration, the
-host hooks alone in bistro mode, and each CUDA mode and host mode alone. Prints the figures; exits non-zero
-only if an install fails."""
+host hooks alone in bistro mode, and each CUDA mode and host mode alone. Prints the figures, and
+how many of the process's threads memhook moved out of bytes it patched
+(or could not check); exits non-zero only if an install fails."""
 import ctypes
 import os
 import sys
@@ -31,4 +32,8 @@ threads = next(l.split()[1] for l in open("/proc/self/status") if l.startswith("
 print(f"install_in_torch: {objects} shared objects mapped, {threads} threads; loading libmemhook.so {load_ms:.2f} ms")
 for ms, rc, config in results:
     print(f"install_in_torch: memhook_install({config}) {ms:.2f} ms rc={rc}")
+lib.memhook_threads_moved.restype = ctypes.c_uint64
+lib.memhook_threads_unchecked.restype = ctypes.c_uint64
+print(f"install_in_torch: over the {len(configs)} installs, threads moved out of patched bytes "
+      f"{lib.memhook_threads_moved()}, patches written with threads unchecked {lib.memhook_threads_unchecked()}")
 sys.exit(0 if all(rc == 0 for _, rc, _ in results) else 1)
