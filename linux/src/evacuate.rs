@@ -214,12 +214,25 @@ impl Holding {
             matches!(s, Stands::Gone) || matches!(s, Stands::Blocked(pc) if !at_exit(regions, pc))
         };
         let (me, pid, signal) = (self.me, self.pid, self.signal.number);
-        let mut count = self.count;
+        let (before, mut count) = (self.count, self.count);
+        // Only threads of earlier looks are searched (one listing names
+        // each thread once), and the kernel lists a process's threads in
+        // the same order each time (new ones last): a thread seen before
+        // is most often the one after the last found. One comparison a
+        // thread, not a search of them all (thousands of threads, each
+        // listed at both looks).
+        let mut next = 0;
         self.tasks.each(|tid| {
             if tid == me {
                 return;
             }
-            let i = match TIDS[..count].iter().position(|t| t.load(Ordering::SeqCst) == tid) {
+            let found = if next < before && TIDS[next].load(Ordering::SeqCst) == tid {
+                Some(next)
+            } else {
+                TIDS[..before].iter().position(|t| t.load(Ordering::SeqCst) == tid)
+            };
+            next = found.map_or(next, |i| i + 1);
+            let i = match found {
                 Some(i) => i,
                 None if count < MAX_THREADS => {
                     TIDS[count].store(tid, Ordering::SeqCst);
@@ -536,6 +549,13 @@ impl Tasks {
 
     /// Calls `f` with each thread id listed.
     fn each(&self, mut f: impl FnMut(i32)) {
+        // From the start: a holding lists the threads at each look, and
+        // the directory's offset is where the last listing ended.
+        // SAFETY: lseek moves the offset of this directory's descriptor.
+        if unsafe { libc::lseek(self.0, 0, libc::SEEK_SET) } != 0 {
+            UNCHECKED.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         // Small: a hook may install on a thread with a small stack.
         let mut buf = [0u8; 512];
         loop {
@@ -692,6 +712,90 @@ fn write_decimal(v: i32, out: &mut [u8]) -> usize {
 mod tests {
     use super::*;
 
+    /// The tests that take or look at the signal's action, one at a time.
+    static SIGNAL_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Busy threads are held at the first look and found again at the
+    /// second: each listed once, each held, none signalled twice; the
+    /// threads run on once the holding ends.
+    #[test]
+    fn a_second_look_finds_the_threads_of_the_first() {
+        let _one = SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        // Bytes no thread runs: a patch of them has one exit inside.
+        static BYTES: [u8; 16] = [0; 16];
+        let at = BYTES.as_ptr() as usize;
+        let exits = [Exit {
+            from: at + 2,
+            to: at + 8,
+        }];
+        let mut regions = [Region {
+            at,
+            len: 5,
+            stuck: false,
+        }];
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spinners: Vec<_> = (0..3)
+            .map(|_| {
+                let (stop, tx) = (stop.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    // SAFETY: gettid has no preconditions.
+                    tx.send(unsafe { libc::gettid() }).unwrap();
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        n = core::hint::black_box(n + 1);
+                    }
+                    n
+                })
+            })
+            .collect();
+        let tids: Vec<i32> = (0..3).map(|_| rx.recv().unwrap()).collect();
+        // While other threads are held (the harness's too, wherever they
+        // stand), this thread allocates nothing: the marks are read into
+        // arrays and checked after the release. A listed thread's
+        // waiting mark is reset at each look and set again only if it is
+        // signalled, so a look that lists none leaves the first look's.
+        // Per thread: (slots it has, held, waiting) at its first slot.
+        let mark = |count: usize, tid: i32| {
+            let slots = (0..count).filter(|&i| TIDS[i].load(Ordering::SeqCst) == tid);
+            let first = slots.clone().next().unwrap_or(0);
+            (
+                slots.count(),
+                HELD[first].load(Ordering::SeqCst),
+                WAITING[first].load(Ordering::Relaxed),
+            )
+        };
+        let mut first = [(0, false, false); 3];
+        let mut second = [(0, false, false); 3];
+        let mut holding = Holding::start(&exits, &mut regions).expect("threads can be held here");
+        for (m, &tid) in first.iter_mut().zip(&tids) {
+            *m = mark(holding.count, tid);
+        }
+        holding.hold(&exits, &mut regions);
+        for (m, &tid) in second.iter_mut().zip(&tids) {
+            *m = mark(holding.count, tid);
+        }
+        let stuck = regions[0].stuck;
+        holding.release();
+        for ((f, s), tid) in first.iter().zip(&second).zip(&tids) {
+            assert_eq!(
+                *f,
+                (1, true, true),
+                "thread {tid} at the first look: listed once, signalled, held"
+            );
+            assert_eq!(
+                *s,
+                (1, true, false),
+                "thread {tid} at the second look: listed once, seen held, not signalled again"
+            );
+        }
+        assert!(!stuck);
+        stop.store(true, Ordering::Relaxed);
+        for s in spinners {
+            assert!(s.join().unwrap() > 0);
+        }
+    }
+
     #[test]
     fn the_syscall_file_says_blocked_with_the_pc_running_or_neither() {
         let blocked = b"0 0x3 0x7ffc1234 0x1 0x0 0x0 0x0 0x7ffc0000 0x7f12345678ab\n";
@@ -709,6 +813,7 @@ mod tests {
     /// program that handles SIGURG gets SIGWINCH.
     #[test]
     fn the_check_names_the_signal_it_would_use() {
+        let _one = SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         assert_eq!(thread_check(), Ok("SIGURG"));
         extern "C" fn program_handler(_: libc::c_int) {}
         // SAFETY: installs a plain handler for SIGURG and puts the action
