@@ -4,11 +4,14 @@
 //!
 //! - `patch/entry`: one `Hook::patch_with` (relocation, trampoline, the
 //!   three-serialisation write protocol), the unpatch untimed. The jump
-//!   covers three instructions, so other threads are looked at (and held
-//!   where not blocked elsewhere) around the locks: `patch/entry` runs
-//!   beside none, `patch/beside_64_sleeping_threads` beside 64 threads
-//!   blocked in a `read` (as most of a large program's are), each read
-//!   from `/proc/self/task` twice a patch.
+//!   covers two instructions, so other threads are looked at (and held
+//!   where not blocked elsewhere) once the locks are in place (the first,
+//!   `endbr64`, is longer than a lock, so no look is needed before them):
+//!   `patch/entry` runs beside none, `patch/beside_64_sleeping_threads`
+//!   beside 64 threads blocked in a `read` (as most of a large program's
+//!   are), each read from `/proc/self/task` once a patch. (An entry whose
+//!   first instruction is one byte, `push rbp` without `endbr64`, is
+//!   looked at before the locks too: twice.)
 //! - `call/unpatched` vs `call/hooked`: a call of a small function, plain,
 //!   and through a hook that calls the original (the added time is their
 //!   difference).
