@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex, OnceLock};
 
 use memhook::bistro::{BistroError, Hook, Request, can_patch};
-use memhook::patch::RelocError;
+use memhook::patch::{PatchError, RelocError};
 
 /// The test library: `tests/asm/prologues.S` built into a shared object
 /// with the system C compiler and dlopen'ed once. Its functions are far
@@ -667,20 +667,29 @@ fn blocked_pc(tid: i32, nr: i64) -> usize {
     panic!("thread {tid} never blocked in system call {nr}");
 }
 
-/// A thread blocked in a system call made inside the bytes a patch
-/// overwrites (its pc, right after the `syscall`, is inside them) while
-/// the function is patched: it is moved to the trampoline (the call
-/// restarted there), and its call completes with the right result when
-/// the pipe it reads gets a byte. Without the move it would resume in
-/// the middle of the jump. The function is then called through the hook.
-#[test]
-fn a_thread_blocked_in_a_system_call_inside_the_patched_bytes_completes_it() {
-    let f = lib().sys as usize;
+/// The tests that patch mh_t_sys, one at a time.
+static SYS_SERIAL: Mutex<()> = Mutex::new(());
+
+/// A thread reading one byte from a new pipe through mh_t_sys, blocked
+/// in the `read` (its pc inside the bytes a patch of mh_t_sys
+/// overwrites), with memhook's signals blocked if `masked`: the thread,
+/// its id, and the pipe's descriptors.
+fn reader_blocked_in_sys(masked: bool) -> (std::thread::JoinHandle<(isize, u8)>, i32, [i32; 2]) {
     let mut fds = [0i32; 2];
     // SAFETY: pipe writes two descriptors into the array.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
     let (tx, rx) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
+        if masked {
+            // SAFETY: blocks SIGURG and SIGWINCH on this thread only.
+            unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGURG);
+                libc::sigaddset(&mut set, libc::SIGWINCH);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            }
+        }
         // SAFETY: gettid has no preconditions.
         tx.send(unsafe { libc::gettid() }).unwrap();
         let mut byte = 0u8;
@@ -691,9 +700,36 @@ fn a_thread_blocked_in_a_system_call_inside_the_patched_bytes_completes_it() {
     let tid = rx.recv().unwrap();
     assert_eq!(
         blocked_pc(tid, libc::SYS_read),
-        f + 4,
+        lib().sys as usize + 4,
         "blocked right after the syscall"
     );
+    (reader, tid, fds)
+}
+
+/// Writes the byte `reader_blocked_in_sys`'s thread waits for, checks
+/// its read got it, and closes the pipe.
+fn let_the_reader_finish(reader: std::thread::JoinHandle<(isize, u8)>, fds: [i32; 2]) {
+    // SAFETY: writes one byte from a live buffer to the pipe.
+    assert_eq!(unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) }, 1);
+    assert_eq!(reader.join().unwrap(), (1, b'x'));
+    // SAFETY: closing the pipe made for the reader.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+}
+
+/// A thread blocked in a system call made inside the bytes a patch
+/// overwrites (its pc, right after the `syscall`, is inside them) while
+/// the function is patched: it is moved to the trampoline (the call
+/// restarted there), and its call completes with the right result when
+/// the pipe it reads gets a byte. Without the move it would resume in
+/// the middle of the jump. The function is then called through the hook.
+#[test]
+fn a_thread_blocked_in_a_system_call_inside_the_patched_bytes_completes_it() {
+    let _serial = SYS_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let f = lib().sys as usize;
+    let (reader, tid, fds) = reader_blocked_in_sys(false);
     let moved = memhook::code::threads_moved();
     // SAFETY: hook_sys has mh_t_sys's signature.
     let h = unsafe { Hook::patch_with(f, hook_sys as *const () as usize, &ORIG_SYS) }.unwrap();
@@ -714,18 +750,36 @@ fn a_thread_blocked_in_a_system_call_inside_the_patched_bytes_completes_it() {
     );
     // The reader went back to sleep in its read, restarted in the trampoline.
     assert_ne!(blocked_pc(tid, libc::SYS_read), f + 4);
-    // SAFETY: writes one byte from a live buffer to the pipe.
-    assert_eq!(unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) }, 1);
-    assert_eq!(reader.join().unwrap(), (1, b'x'));
+    let_the_reader_finish(reader, fds);
     // SAFETY: getpid through the hook.
     let pid = unsafe { (lib().sys)(0, 0, 0, libc::SYS_getpid as usize) };
     // SAFETY: getpid has no preconditions.
     assert_eq!(pid, unsafe { libc::getpid() } as isize);
     assert_eq!(CALLS_SYS.load(Ordering::Relaxed), 1);
     h.unpatch().map_err(|(_, e)| e).unwrap();
-    // SAFETY: closing the pipe made above.
-    unsafe {
-        libc::close(fds[0]);
-        libc::close(fds[1]);
+}
+
+/// A thread blocked inside the bytes with memhook's signals blocked
+/// cannot be moved: after the writer's limit the patch is refused
+/// (`ThreadInside`), the entry keeps its bytes, and the thread's call
+/// completes in the original code. Nothing is counted moved.
+#[test]
+fn a_patch_over_a_thread_that_cannot_be_moved_is_refused_and_the_entry_kept() {
+    let _serial = SYS_SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let f = lib().sys as usize;
+    let before = entry_bytes(f);
+    let (reader, _, fds) = reader_blocked_in_sys(true);
+    let moved = memhook::code::threads_moved();
+    // SAFETY: hook_sys has mh_t_sys's signature.
+    let refused = unsafe { Hook::patch_with(f, hook_sys as *const () as usize, &ORIG_SYS) };
+    match refused {
+        Err(BistroError::Patch {
+            target,
+            error: PatchError::ThreadInside { address },
+        }) => assert_eq!((target, address), (f, f)),
+        other => panic!("not refused for the thread inside: {other:?}"),
     }
+    assert_eq!(entry_bytes(f), before, "the entry keeps its bytes");
+    assert_eq!(memhook::code::threads_moved(), moved);
+    let_the_reader_finish(reader, fds);
 }
