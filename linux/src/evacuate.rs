@@ -583,19 +583,24 @@ impl Tasks {
         }
     }
 
+    /// Opens `TID` (`file` empty) or `TID/FILE` with `flags` (and
+    /// close-on-exec); the descriptor, or the errno.
+    fn open_at(&self, tid: i32, file: &[u8], flags: i32) -> Result<i32, i32> {
+        let mut path = [0u8; 40];
+        let len = write_decimal(tid, &mut path);
+        if !file.is_empty() {
+            path[len] = b'/';
+            path[len + 1..len + 1 + file.len()].copy_from_slice(file);
+        }
+        // The rest of `path` is 0: NUL-terminated.
+        // SAFETY: a NUL-terminated relative path under the open directory.
+        let fd = unsafe { libc::openat(self.0, path.as_ptr().cast(), flags | libc::O_CLOEXEC) };
+        if fd < 0 { Err(crate::maps::errno()) } else { Ok(fd) }
+    }
+
     /// Reads `TID/FILE` into `buf`; the bytes read, or the errno.
     fn read(&self, tid: i32, file: &[u8], buf: &mut [u8]) -> Result<usize, i32> {
-        let mut path = [0u8; 40];
-        let mut len = write_decimal(tid, &mut path);
-        path[len] = b'/';
-        len += 1;
-        path[len..len + file.len()].copy_from_slice(file);
-        // path[len + file.len()] is 0: NUL-terminated.
-        // SAFETY: a NUL-terminated relative path under the open directory.
-        let fd = unsafe { libc::openat(self.0, path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(crate::maps::errno());
-        }
+        let fd = self.open_at(tid, file, libc::O_RDONLY)?;
         // SAFETY: reads at most `buf.len()` bytes into `buf`.
         let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
         let e = crate::maps::errno();
@@ -617,21 +622,11 @@ impl Tasks {
 
     /// Whether `TID` is still in the directory.
     fn listed(&self, tid: i32) -> bool {
-        let mut path = [0u8; 16];
-        write_decimal(tid, &mut path);
-        // SAFETY: a NUL-terminated relative path under the open directory;
-        // the descriptor is closed at once.
-        unsafe {
-            let fd = libc::openat(
-                self.0,
-                path.as_ptr().cast(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            );
-            if fd < 0 {
-                return false;
-            }
-            libc::close(fd);
-        }
+        let Ok(fd) = self.open_at(tid, b"", libc::O_RDONLY | libc::O_DIRECTORY) else {
+            return false;
+        };
+        // SAFETY: closes the descriptor just opened.
+        unsafe { libc::close(fd) };
         true
     }
 
