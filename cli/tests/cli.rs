@@ -41,6 +41,13 @@ fn doctor_line(key: &str) -> String {
         .to_string()
 }
 
+/// `memhook run --json -- prog`: its JSON line, once it ended well.
+fn run_json(prog: &Path) -> String {
+    let o = memhook().args(["run", "--json", "--"]).arg(prog).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -114,9 +121,7 @@ fn field(json: &str, key: &str) -> Option<u64> {
 fn run_counts_events_by_kind_and_function() {
     with_library();
     let prog = program();
-    let o = memhook().args(["run", "--json", "--"]).arg(&prog).output().unwrap();
-    let json = String::from_utf8_lossy(&o.stdout).to_string();
-    assert!(o.status.success(), "{}", text(&o));
+    let json = run_json(&prog);
     assert_eq!(field(&json, "exit_status"), Some(0), "{json}");
     assert_eq!(field(&json, "MEM_TYPE_ALLOC"), Some(5), "{json}");
     assert_eq!(field(&json, "MEM_TYPE_FREE"), Some(3), "{json}");
@@ -174,9 +179,7 @@ fn run_reports_the_loader_namespaces_a_program_opened() {
         return;
     }
     let prog = build_c_with("namespace", NAMESPACE_PROGRAM, &["-ldl"]);
-    let o = memhook().args(["run", "--json", "--"]).arg(&prog).output().unwrap();
-    let json = String::from_utf8_lossy(&o.stdout).to_string();
-    assert!(o.status.success(), "{}", text(&o));
+    let json = run_json(&prog);
     let at = json.find("\"namespaces\": [{").expect("a namespace listed");
     let listed = &json[at..];
     let (functions, hooked) = (field(listed, "functions").unwrap(), field(listed, "hooked").unwrap());
@@ -282,9 +285,7 @@ fn run_reports_the_threads_moved_out_of_patched_bytes() {
         return;
     }
     let prog = build_c_with("moves_a_thread", MOVES_A_THREAD, &["-pthread", "-ldl"]);
-    let o = memhook().args(["run", "--json", "--"]).arg(&prog).output().unwrap();
-    let json = String::from_utf8_lossy(&o.stdout).to_string();
-    assert!(o.status.success(), "{}", text(&o));
+    let json = run_json(&prog);
     assert_eq!(field(&json, "threads_moved"), Some(1), "{json}");
     assert_eq!(field(&json, "threads_unchecked"), Some(0), "{json}");
     let o = memhook().args(["run", "--"]).arg(&prog).output().unwrap();
@@ -494,9 +495,7 @@ int main(void) {
 fn bytes_alive_are_counted_per_process() {
     with_library();
     let prog = build_c("forks_and_unmaps", FORKS_AND_UNMAPS);
-    let o = memhook().args(["run", "--json", "--"]).arg(&prog).output().unwrap();
-    let json = String::from_utf8_lossy(&o.stdout).to_string();
-    assert!(o.status.success(), "{}", text(&o));
+    let json = run_json(&prog);
     assert_eq!(
         field(&json, "processes"),
         Some(2),
