@@ -67,9 +67,12 @@
 //! threads are held that runs into an entry and stands right after its
 //! first one-byte instruction at the instant its lock is written.
 //!
+//! A listing of the threads that a thread's exit cut short (Linux then
+//! leaves out the thread after it) is read again ([`list`]).
+//!
 //! Nothing here allocates: the thread list is read with `getdents64`
-//! into a buffer on the stack and kept in fixed arrays ([`MAX_THREADS`];
-//! threads beyond them are counted unchecked).
+//! into a static buffer (one write at a time) and kept in fixed arrays
+//! ([`MAX_THREADS`]; threads beyond them are counted unchecked).
 
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -111,8 +114,19 @@ static HOLD: AtomicU32 = AtomicU32::new(0);
 static PID: AtomicI32 = AtomicI32::new(0);
 static MOVED: AtomicU64 = AtomicU64::new(0);
 static UNCHECKED: AtomicU64 = AtomicU64::new(0);
-/// One write at a time (they share the statics above).
-static ONE: crate::fork::Mutex<()> = crate::fork::Mutex::new(());
+/// One write at a time (they share the statics above), and the buffer
+/// its listings of the threads are read into.
+static ONE: crate::fork::Mutex<[u8; LIST_BYTES]> = crate::fork::Mutex::new([0; LIST_BYTES]);
+/// The longest record `getdents64` gives for a thread: 19 bytes of
+/// header, a thread id of up to 7 digits (`pid_max` is at most 2^22) and
+/// its NUL, rounded up to 8.
+const RECORD: usize = 32;
+/// Room to list [`MAX_THREADS`] threads, and `.` and `..`, in one call
+/// (static: only the pages a listing fills are ever touched).
+const LIST_BYTES: usize = (MAX_THREADS + 2) * RECORD;
+/// How many times a listing cut short under an exiting thread is read
+/// again ([`list`]).
+const LIST_TRIES: u32 = 8;
 
 /// How many threads memhook has moved out of code it was overwriting, in
 /// this process (a child of `fork` counts from 0).
@@ -160,7 +174,8 @@ pub fn thread_check() -> Result<&'static str, &'static str> {
 /// The other threads held for one write ([`Holding::hold`] to
 /// [`Holding::release`], or its drop).
 pub(crate) struct Holding {
-    _one: crate::fork::Guard<'static, ()>,
+    /// `ONE`, held: its buffer receives the listings.
+    one: crate::fork::Guard<'static, [u8; LIST_BYTES]>,
     tasks: Tasks,
     signal: Signal,
     me: i32,
@@ -195,7 +210,7 @@ impl Holding {
         EXITS.store(exits.as_ptr().cast_mut(), Ordering::SeqCst);
         EXITS_LEN.store(exits.len(), Ordering::SeqCst);
         let mut holding = Holding {
-            _one: one,
+            one,
             tasks,
             signal,
             me,
@@ -222,7 +237,7 @@ impl Holding {
         // thread, not a search of them all (thousands of threads, each
         // listed at both looks).
         let mut next = 0;
-        self.tasks.each(|tid| {
+        let whole = self.tasks.each(&mut self.one[..], |tid| {
             if tid == me {
                 return;
             }
@@ -259,6 +274,10 @@ impl Holding {
             }
             WAITING[i].store(sent, Ordering::Relaxed);
         });
+        if !whole {
+            // A thread not listed cannot be looked at.
+            UNCHECKED.fetch_add(1, Ordering::Relaxed);
+        }
         self.count = count;
 
         let start = crate::fork::now_ns();
@@ -547,40 +566,20 @@ impl Tasks {
         (fd >= 0).then_some(Tasks(fd))
     }
 
-    /// Calls `f` with each thread id listed.
-    fn each(&self, mut f: impl FnMut(i32)) {
-        // From the start: a holding lists the threads at each look, and
-        // the directory's offset is where the last listing ended.
-        // SAFETY: lseek moves the offset of this directory's descriptor.
-        if unsafe { libc::lseek(self.0, 0, libc::SEEK_SET) } != 0 {
-            UNCHECKED.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        // Small: a hook may install on a thread with a small stack.
-        let mut buf = [0u8; 512];
-        loop {
-            // SAFETY: getdents64 writes at most `buf.len()` bytes of
-            // records into `buf`.
-            let n = unsafe { libc::syscall(libc::SYS_getdents64, self.0, buf.as_mut_ptr(), buf.len()) };
-            if n <= 0 {
-                return;
-            }
-            let mut at = 0usize;
-            while at + 19 < n as usize {
-                // linux_dirent64: d_ino (8), d_off (8), d_reclen (2),
-                // d_type (1), d_name (NUL-terminated).
-                let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
-                if reclen == 0 {
-                    return;
-                }
-                let name = &buf[at + 19..(at + reclen).min(n as usize)];
-                let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
-                if let Some(tid) = parse_decimal(name) {
-                    f(tid);
-                }
-                at += reclen;
-            }
-        }
+    /// Calls `f` with each thread id listed, reading the directory from
+    /// its start into `buf` ([`list`]); false where it could not be read
+    /// (or not whole).
+    fn each(&self, buf: &mut [u8], f: impl FnMut(i32)) -> bool {
+        let fd = self.0;
+        list(
+            buf,
+            // SAFETY: lseek moves the offset of this directory's descriptor.
+            || unsafe { libc::lseek(fd, 0, libc::SEEK_SET) } == 0,
+            // SAFETY: getdents64 writes at most `b.len()` bytes of records
+            // into `b`.
+            |b| unsafe { libc::syscall(libc::SYS_getdents64, fd, b.as_mut_ptr(), b.len()) } as isize,
+            f,
+        )
     }
 
     /// Opens `TID` (`file` empty) or `TID/FILE` with `flags` (and
@@ -657,6 +656,84 @@ impl Drop for Tasks {
     fn drop(&mut self) {
         // SAFETY: closes the descriptor `open` opened.
         unsafe { libc::close(self.0) };
+    }
+}
+
+/// Lists the thread ids of `/proc/self/task`: `rewind` goes back to the
+/// directory's start, `read` is one `getdents64` call into the buffer
+/// given (bytes written, or negative), `f` is called with each id of one
+/// listing. True where the listing was read whole.
+///
+/// Linux walks a process's threads from a listing's start to its end in
+/// one call, as far as the buffer has room; each further call starts at
+/// the thread saved where the last ran out of room, or, where there is
+/// none, at the Nth thread from the first, N being the records given so
+/// far. A walk stops early when the thread it stands on exits under it
+/// (`next_tid` finds it no longer alive), and the next call then counts N
+/// threads among the ones left: one past the thread after the one that
+/// exited, which is never listed. A thread missed so could stand inside
+/// the bytes about to be written. So the whole listing is read in one
+/// call into `buf` (room for [`MAX_THREADS`]), and a call after it that
+/// still gives records says the walk was cut short: the listing is read
+/// again from the start ([`LIST_TRIES`] times, then taken with the rest
+/// as the further calls give it, and false). A full buffer (more threads
+/// than that) goes on with further calls: the threads they give are past
+/// [`MAX_THREADS`], unchecked anyway.
+fn list(
+    buf: &mut [u8],
+    mut rewind: impl FnMut() -> bool,
+    mut read: impl FnMut(&mut [u8]) -> isize,
+    mut f: impl FnMut(i32),
+) -> bool {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        if !rewind() {
+            return false;
+        }
+        let Ok(n) = usize::try_from(read(buf)) else {
+            return false;
+        };
+        let room = n + RECORD <= buf.len();
+        if room && tries < LIST_TRIES {
+            let mut probe = [0u8; 2 * RECORD];
+            match read(&mut probe) {
+                0 => {
+                    records(&buf[..n], &mut f);
+                    return true;
+                }
+                m if m < 0 => return false,
+                _ => continue, // cut short: read it again
+            }
+        }
+        records(&buf[..n], &mut f);
+        loop {
+            match usize::try_from(read(buf)) {
+                Ok(0) => return !room,
+                Ok(n) => records(&buf[..n], &mut f),
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+/// Calls `f` with each thread id among `linux_dirent64` records (`.` and
+/// `..` are not ids).
+fn records(buf: &[u8], f: &mut impl FnMut(i32)) {
+    let mut at = 0usize;
+    while at + 19 < buf.len() {
+        // linux_dirent64: d_ino (8), d_off (8), d_reclen (2), d_type (1),
+        // d_name (NUL-terminated).
+        let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
+        if reclen == 0 {
+            return;
+        }
+        let name = &buf[at + 19..(at + reclen).min(buf.len())];
+        let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+        if let Some(tid) = parse_decimal(name) {
+            f(tid);
+        }
+        at += reclen;
     }
 }
 
@@ -791,6 +868,133 @@ mod tests {
         }
     }
 
+    /// A directory as Linux gives it: each call writes the records of
+    /// the script's next entry (`.` and `..` first in the first call
+    /// after a rewind), as many as the buffer has room for; the rest stay
+    /// for the next call, as the kernel's saved place does. An entry `[0]`
+    /// is a call that fails.
+    struct FakeTask {
+        script: std::collections::VecDeque<Vec<i32>>,
+        left: std::collections::VecDeque<Vec<u8>>,
+        fresh: bool,
+        rewinds: usize,
+    }
+
+    impl FakeTask {
+        fn record(name: &[u8]) -> Vec<u8> {
+            let len = (19 + name.len() + 1).next_multiple_of(8);
+            let mut r = vec![0u8; len];
+            r[16..18].copy_from_slice(&(len as u16).to_ne_bytes());
+            r[18] = libc::DT_DIR;
+            r[19..19 + name.len()].copy_from_slice(name);
+            r
+        }
+
+        fn read(&mut self, buf: &mut [u8]) -> isize {
+            if self.left.is_empty() {
+                let Some(ids) = self.script.pop_front() else {
+                    return 0;
+                };
+                if ids == [0] {
+                    return -1;
+                }
+                let dots = if self.fresh { vec![".", ".."] } else { vec![] };
+                self.fresh = false;
+                self.left = dots
+                    .into_iter()
+                    .map(|d| d.to_string())
+                    .chain(ids.iter().map(|t| t.to_string()))
+                    .map(|n| Self::record(n.as_bytes()))
+                    .collect();
+            }
+            let mut n = 0;
+            while let Some(r) = self.left.front() {
+                if n + r.len() > buf.len() {
+                    break;
+                }
+                buf[n..n + r.len()].copy_from_slice(r);
+                n += r.len();
+                self.left.pop_front();
+            }
+            n as isize
+        }
+    }
+
+    /// Lists with [`list`] from a fake directory; the ids given, whether
+    /// it said whole, and how many times it read from the start.
+    fn list_fake(calls: &[&[i32]], room: usize) -> (Vec<i32>, bool, usize) {
+        let fake = std::cell::RefCell::new(FakeTask {
+            script: calls.iter().map(|c| c.to_vec()).collect(),
+            left: Default::default(),
+            fresh: false,
+            rewinds: 0,
+        });
+        let mut ids = Vec::new();
+        let mut buf = vec![0u8; room];
+        let whole = list(
+            &mut buf,
+            || {
+                let mut f = fake.borrow_mut();
+                (f.rewinds, f.fresh) = (f.rewinds + 1, true);
+                f.left.clear();
+                true
+            },
+            |b| fake.borrow_mut().read(b),
+            |tid| ids.push(tid),
+        );
+        let rewinds = fake.borrow().rewinds;
+        (ids, whole, rewinds)
+    }
+
+    /// A walk that stopped at thread 3 as it exited, after which the
+    /// next call counted past thread 4 and gave 5: the listing is read
+    /// again, and only the whole one is given.
+    #[test]
+    fn a_listing_cut_short_by_an_exit_is_read_again() {
+        let calls: &[&[i32]] = &[&[1, 2, 3], &[5], &[1, 2, 4, 5], &[]];
+        assert_eq!(list_fake(calls, LIST_BYTES), (vec![1, 2, 4, 5], true, 2));
+        // Whole the first time: one listing.
+        assert_eq!(list_fake(&[&[1, 2, 3], &[]], LIST_BYTES), (vec![1, 2, 3], true, 1));
+    }
+
+    /// Cut short at every try: after the last, its ids and the rest as
+    /// the calls give them, and not whole.
+    #[test]
+    fn a_listing_cut_short_at_every_try_is_taken_as_it_comes_and_said_so() {
+        let mut calls: Vec<&[i32]> = Vec::new();
+        for _ in 0..LIST_TRIES - 1 {
+            calls.extend([&[1, 2][..], &[4][..]]);
+        }
+        calls.extend([&[1, 2][..], &[4][..], &[][..]]);
+        assert_eq!(
+            list_fake(&calls, LIST_BYTES),
+            (vec![1, 2, 4], false, LIST_TRIES as usize)
+        );
+    }
+
+    /// More threads than the buffer holds: the further calls give the
+    /// rest (past what memhook keeps), and the listing is whole.
+    #[test]
+    fn a_full_buffer_goes_on_with_further_calls() {
+        // Room for `.`, `..` and two ids (24 bytes each) and not a third.
+        let (ids, whole, rewinds) = list_fake(&[&[1001, 1002, 1003, 1004, 1005], &[]], 112);
+        assert_eq!((ids, whole, rewinds), (vec![1001, 1002, 1003, 1004, 1005], true, 1));
+    }
+
+    /// A directory that cannot be read lists nothing and says so.
+    #[test]
+    fn a_listing_that_cannot_be_read_says_so() {
+        assert_eq!(list_fake(&[&[0]], LIST_BYTES), (vec![], false, 1));
+        let mut ids = Vec::new();
+        let whole = list(
+            &mut [0u8; 64],
+            || false,
+            |_| panic!("read without a rewind"),
+            |t| ids.push(t),
+        );
+        assert!(!whole && ids.is_empty());
+    }
+
     #[test]
     fn the_syscall_file_says_blocked_with_the_pc_running_or_neither() {
         let blocked = b"0 0x3 0x7ffc1234 0x1 0x0 0x0 0x0 0x7ffc0000 0x7f12345678ab\n";
@@ -847,8 +1051,8 @@ mod tests {
         let tasks = Tasks::open().expect("/proc/self/task");
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() };
-        let mut listed = Vec::new();
-        tasks.each(|tid| listed.push(tid));
+        let (mut buf, mut listed) = (vec![0u8; LIST_BYTES], Vec::new());
+        assert!(tasks.each(&mut buf, |tid| listed.push(tid)));
         assert!(listed.contains(&me), "{listed:?}");
         assert_eq!(tasks.stands(i32::MAX - 1), Stands::Gone);
 
