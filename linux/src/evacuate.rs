@@ -698,19 +698,16 @@ fn list(
         if room && tries < LIST_TRIES {
             let mut probe = [0u8; 2 * RECORD];
             match read(&mut probe) {
-                0 => {
-                    records(&buf[..n], &mut f);
-                    return true;
-                }
+                0 => return records(&buf[..n], &mut f),
                 m if m < 0 => return false,
                 _ => continue, // cut short: read it again
             }
         }
-        records(&buf[..n], &mut f);
+        let mut whole = records(&buf[..n], &mut f) && !room;
         loop {
             match usize::try_from(read(buf)) {
-                Ok(0) => return !room,
-                Ok(n) => records(&buf[..n], &mut f),
+                Ok(0) => return whole,
+                Ok(n) => whole &= records(&buf[..n], &mut f),
                 Err(_) => return false,
             }
         }
@@ -718,15 +715,16 @@ fn list(
 }
 
 /// Calls `f` with each thread id among `linux_dirent64` records (`.` and
-/// `..` are not ids).
-fn records(buf: &[u8], f: &mut impl FnMut(i32)) {
+/// `..` are not ids); false where one is not a record (the rest are not
+/// read).
+fn records(buf: &[u8], f: &mut impl FnMut(i32)) -> bool {
     let mut at = 0usize;
     while at + 19 < buf.len() {
         // linux_dirent64: d_ino (8), d_off (8), d_reclen (2), d_type (1),
         // d_name (NUL-terminated).
         let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
-        if reclen == 0 {
-            return;
+        if reclen < 20 {
+            return false; // none is shorter than a header and a NUL
         }
         let name = &buf[at + 19..(at + reclen).min(buf.len())];
         let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
@@ -735,6 +733,7 @@ fn records(buf: &[u8], f: &mut impl FnMut(i32)) {
         }
         at += reclen;
     }
+    true
 }
 
 /// `/proc/PID/task/TID/syscall`: `running`, or the call's number (-1 for
@@ -979,6 +978,35 @@ mod tests {
         // Room for `.`, `..` and two ids (24 bytes each) and not a third.
         let (ids, whole, rewinds) = list_fake(&[&[1001, 1002, 1003, 1004, 1005], &[]], 112);
         assert_eq!((ids, whole, rewinds), (vec![1001, 1002, 1003, 1004, 1005], true, 1));
+    }
+
+    /// A record too short to hold a name ends the parse, without a panic
+    /// (a hook may be installing); the records before it are given, and
+    /// the listing is not whole.
+    #[test]
+    fn a_record_too_short_ends_the_parse() {
+        let mut buf = FakeTask::record(b"41");
+        let mut bad = FakeTask::record(b"42");
+        bad[16..18].copy_from_slice(&5u16.to_ne_bytes());
+        buf.extend(bad);
+        buf.extend(FakeTask::record(b"43"));
+        let mut ids = Vec::new();
+        assert!(!records(&buf, &mut |t| ids.push(t)));
+        assert_eq!(ids, [41]);
+        // Its listing is not whole.
+        let (mut fake, mut given) = (Some(buf), 0usize);
+        let whole = list(
+            &mut [0u8; LIST_BYTES],
+            || true,
+            |b| {
+                let Some(r) = fake.take() else { return 0 };
+                b[..r.len()].copy_from_slice(&r);
+                given += 1;
+                r.len() as isize
+            },
+            |_| {},
+        );
+        assert!(!whole && given == 1);
     }
 
     /// A directory that cannot be read lists nothing and says so.
