@@ -401,9 +401,10 @@ fn info_of(answer: Lookup, addr: usize, len: usize) -> memhook_mem_info_t {
 
 /// What the driver says about `[addr, addr + len)`
 /// (`cuPointerGetAttributes`, loading libcuda if the process has not):
-/// the answer is recorded in the map for later lookups, except in a CUDA
-/// graph's allocation, whose memory comes and goes with the graph's
-/// launches (the map keeps it `MEM_TYPE_UNKNOWN`). `MEM_TYPE_UNKNOWN`
+/// the answer (the allocation's range; for memory mapped into a reserved
+/// range with `cuMemMap`, the mapping's) is recorded in the map for later
+/// lookups, except in a CUDA graph's allocation, whose memory comes and
+/// goes with the graph's launches (the map keeps it `MEM_TYPE_UNKNOWN`). `MEM_TYPE_UNKNOWN`
 /// when there is no driver, it refuses, or the range spans allocations.
 /// Calls the driver: use [`memhook_memtype_lookup`] first. Ask only about
 /// memory known to be allocated: a free of it on another thread at the

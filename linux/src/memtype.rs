@@ -89,7 +89,11 @@ pub fn lookup(addr: usize, len: usize) -> Lookup {
 /// What the driver says about `[addr, addr + len)`: asks
 /// `cuPointerGetAttributes` (loading libcuda through cudarc when no hooked
 /// libcuda is loaded yet), records a CUDA answer in the map, and returns
-/// it. (Not recorded in a CUDA graph's allocation, whose memory comes and
+/// it. Its range is the allocation's; for memory mapped into a reserved
+/// range with `cuMemMap` (PyTorch's expandable segments, NCCL), the
+/// mapping's, not the reservation the driver's range attributes give
+/// there, which may hold mappings of other types and devices and
+/// unmapped space (no CUDA memory: `Host`, unrecorded). (Not recorded in a CUDA graph's allocation, whose memory comes and
 /// goes with the graph's launches: the map keeps it Unknown.) Plain host
 /// memory is `Found` with [`MemType::Host`] (not recorded: absence means
 /// host). [`Lookup::Unknown`] when there is no driver, it refuses, or the

@@ -234,6 +234,29 @@ static int record(uintptr_t base, size_t size, int type) {
 
 static void forget(struct alloc *a) { *a = allocs[--nallocs]; }
 
+/* Address space reserved with cuMemAddressReserve, for cuMemMap. As the
+ * H200's driver 580 answers: an address mapped there has the whole
+ * reservation as its range attributes and the mapping as its mapping
+ * attributes (and cuMemGetAddressRange gives the mapping, with base 0
+ * where the mapping is of host memory); an address there that nothing is
+ * mapped at is no CUDA memory (type 0), its range the reservation. */
+static struct {
+    uintptr_t base;
+    size_t size;
+} reserved[64];
+static int nreserved;
+
+static int reservation_of(uintptr_t p) {
+    for (int i = 0; i < nreserved; i++)
+        if (p >= reserved[i].base && p - reserved[i].base < reserved[i].size)
+            return i;
+    return -1;
+}
+
+/* Set by fake_set_old_driver: cuPointerGetAttributes refuses the mapping
+ * attributes (18 and 19, CUDA 12's), as an older driver does. */
+static int old_driver;
+
 /* Device-side allocation of `size` in `arena`, recorded with `type`. */
 static CUresult alloc_in(struct arena *a, size_t arena_size, int extra, uintptr_t *out, size_t size, int type) {
     atomic_fetch_add(&calls, 1);
@@ -964,6 +987,13 @@ IMPL CUresult impl_cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUde
         if (size)
             *size = a->size;
         rc = CUDA_SUCCESS;
+    } else if (a && a->type == T_HOST && reservation_of(p) >= 0) {
+        /* Host memory mapped into a reservation: driver 580's answer. */
+        if (base)
+            *base = 0;
+        if (size)
+            *size = a->size;
+        rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&lock);
     return rc;
@@ -972,12 +1002,25 @@ ENTRY(cuPointerGetAttributes)
 IMPL CUresult impl_cuPointerGetAttributes(unsigned n, int *attributes, void **data, CUdeviceptr p) {
     if (!attributes || !data)
         return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n; i++)
+        if (old_driver && (attributes[i] == 18 || attributes[i] == 19))
+            return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     struct alloc *a = find(p);
     struct alloc none = {0, 0, T_NONE, -2, 0};
     if (!a || a->type == T_GRAPH)
         a = &none;
     int type = a->type == T_HOST + 16 ? T_HOST : a->type == T_IPC ? T_DEVICE : a->type;
+    /* The range: the allocation, or the reservation around a mapping.
+     * The mapping: the mapping in a reservation; else the driver's 2 MiB
+     * chunks around the allocation (a 4 KiB cuMemAlloc lies in a 2 MiB
+     * mapping with others on the H200). */
+    int r = reservation_of(p);
+    uintptr_t range_base = r >= 0 ? reserved[r].base : a->base;
+    size_t range_size = r >= 0 ? reserved[r].size : a->size;
+    const uintptr_t chunk = (uintptr_t)2 << 20;
+    uintptr_t map_base = r >= 0 ? a->base : a->base & ~(chunk - 1);
+    size_t map_size = r >= 0 ? a->size : a->size ? ((a->base + a->size + chunk - 1) & ~(chunk - 1)) - map_base : 0;
     for (unsigned i = 0; i < n; i++) {
         switch (attributes[i]) {
         case 1: /* CU_POINTER_ATTRIBUTE_CONTEXT */
@@ -993,10 +1036,16 @@ IMPL CUresult impl_cuPointerGetAttributes(unsigned n, int *attributes, void **da
             *(int *)data[i] = a->device;
             break;
         case 11: /* CU_POINTER_ATTRIBUTE_RANGE_START_ADDR */
-            *(CUdeviceptr *)data[i] = a->base;
+            *(CUdeviceptr *)data[i] = range_base;
             break;
         case 12: /* CU_POINTER_ATTRIBUTE_RANGE_SIZE */
-            *(size_t *)data[i] = a->size;
+            *(size_t *)data[i] = range_size;
+            break;
+        case 18: /* CU_POINTER_ATTRIBUTE_MAPPING_SIZE */
+            *(size_t *)data[i] = map_size;
+            break;
+        case 19: /* CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR */
+            *(CUdeviceptr *)data[i] = map_base;
             break;
         default:
             break;
@@ -1102,8 +1151,46 @@ IMPL CUresult impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int versi
     return get_proc(symbol, pfn, version, flags, status);
 }
 
+/* cuMemAddressReserve and cuMemAddressFree (not hooked: no memory comes
+ * or goes with them), reservations 2 MiB-aligned in the device arena. */
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+    (void)alignment;
+    (void)addr;
+    (void)flags;
+    const uintptr_t align = (uintptr_t)2 << 20;
+    if (!ptr || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t raw;
+    if (nreserved < (int)(sizeof reserved / sizeof reserved[0]) && arena_init(&device_arena, (size_t)1 << 40, 0) == 0
+        && (raw = arena_alloc(&device_arena, size + align)) != 0) {
+        uintptr_t base = (raw + align - 1) & ~(align - 1);
+        reserved[nreserved].base = base;
+        reserved[nreserved++].size = size;
+        *ptr = base;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    (void)size;
+    pthread_mutex_lock(&lock);
+    int r = reservation_of(ptr);
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (r >= 0 && reserved[r].base == ptr) {
+        reserved[r] = reserved[--nreserved];
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
 /* ---- For the tests. ---- */
 unsigned long fake_calls(void) { return atomic_load(&calls); }
+void fake_set_old_driver(int old) { old_driver = old; }
 
 /* Sets the work of each allocation and free (above); returns 0, or -1 if
  * the buffer cannot be mapped. Call it with no driver call in flight. */

@@ -370,6 +370,109 @@ fn every_driver_function_reports_its_type_size_and_device() {
     memhook::uninstall();
 }
 
+/// Memory mapped into a reserved range (`cuMemAddressReserve` +
+/// `cuMemMap`, as PyTorch's expandable segments and NCCL map it): the
+/// driver's range attributes give the whole reservation, its mapping
+/// attributes the mapping. A classify records the mapping alone, never
+/// the reservation over the other mappings in it (of another type or
+/// device) and the unmapped space between them; where the driver refuses
+/// the mapping attributes (older than CUDA 12), cuMemGetAddressRange's
+/// range of the mapping.
+#[test]
+fn classify_in_a_reserved_range_records_the_mapping_alone() {
+    let _serial = serial();
+    let h = bistro_fake_driver();
+    let reserve: unsafe extern "C" fn(*mut Dptr, usize, usize, Dptr, u64) -> u32 = f(h, c"cuMemAddressReserve");
+    let unreserve: unsafe extern "C" fn(Dptr, usize) -> u32 = f(h, c"cuMemAddressFree");
+    let map: unsafe extern "C" fn(Dptr, usize, usize, u64, u64) -> u32 = f(h, c"cuMemMap");
+    let unmap: unsafe extern "C" fn(Dptr, usize) -> u32 = f(h, c"cuMemUnmap");
+    let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
+    let set_old_driver: unsafe extern "C" fn(i32) = f(h, c"fake_set_old_driver");
+    const MIB: usize = 1 << 20;
+    let entry = |p: usize| {
+        let i = found(p, 1);
+        (i.mem_type, i.device, i.base, i.len)
+    };
+    let _ = take();
+
+    for old in [false, true] {
+        // SAFETY: (every call below) the fake driver's functions with
+        // valid arguments.
+        unsafe {
+            set_old_driver(i32::from(old));
+            set_device(1);
+            let mut va: Dptr = 0;
+            assert_eq!(reserve(&mut va, 16 * MIB, 0, 0, 0), 0);
+            let va = va as usize;
+            // Page 0 and page 5: device memory of device 1; pages 2 and 3,
+            // one mapping of host memory (to the fake, a handle with bit 0
+            // set); pages 1, 4, 6 and 7 unmapped.
+            assert_eq!(map(va as Dptr, 2 * MIB, 0, 0, 0), 0);
+            assert_eq!(map((va + 4 * MIB) as Dptr, 4 * MIB, 0, 1, 0), 0);
+            assert_eq!(map((va + 10 * MIB) as Dptr, 2 * MIB, 0, 0, 0), 0);
+            assert_eq!(take().len(), 3, "old driver {old}");
+            let host = (MemType::CudaHost, -1, va + 4 * MIB, 4 * MIB);
+            assert_eq!(entry(va + 5 * MIB), host);
+
+            // The map lost page 0 (as a full map drops a range); the
+            // driver gives it back: the page, on its device.
+            memtype::remove(va, 2 * MIB).unwrap();
+            let c = memtype::classify(va + 16, 64);
+            assert_eq!(
+                c,
+                Lookup::Found(MemInfo {
+                    mem_type: MemType::Cuda,
+                    device: 1,
+                    base: va,
+                    len: 2 * MIB
+                }),
+                "old driver {old}"
+            );
+            assert_eq!(entry(va), (MemType::Cuda, 1, va, 2 * MIB), "recorded");
+            // Nothing else changed: the host mapping keeps its type, page 5
+            // its entry, and the unmapped pages stay out of the map.
+            assert_eq!(entry(va + 4 * MIB), host, "old driver {old}");
+            assert_eq!(entry(va + 11 * MIB), (MemType::Cuda, 1, va + 10 * MIB, 2 * MIB));
+            for page in [1, 4, 6, 7] {
+                assert_eq!(memtype::lookup(va + page * 2 * MIB, 1), Lookup::Absent, "page {page}");
+            }
+            // A range over two mappings is no allocation.
+            assert_eq!(memtype::classify(va + 11 * MIB, 2 * MIB), Lookup::Unknown);
+            // Unmapped space in the reservation is no CUDA memory, and
+            // stays unrecorded.
+            assert!(matches!(memtype::classify(va + 3 * MIB, 64), Lookup::Found(i) if i.mem_type == MemType::Host));
+            assert_eq!(memtype::lookup(va + 3 * MIB, 1), Lookup::Absent);
+            if !old {
+                // The host mapping, classified where the map lost it.
+                memtype::remove(va + 4 * MIB, 4 * MIB).unwrap();
+                assert_eq!(
+                    memtype::classify(va + 7 * MIB, 4096),
+                    Lookup::Found(MemInfo {
+                        mem_type: MemType::CudaHost,
+                        device: -1,
+                        base: va + 4 * MIB,
+                        len: 4 * MIB
+                    })
+                );
+                assert_eq!(entry(va), (MemType::Cuda, 1, va, 2 * MIB));
+                assert_eq!(entry(va + 10 * MIB), (MemType::Cuda, 1, va + 10 * MIB, 2 * MIB));
+            }
+
+            for (at, len) in [(0, 2), (4, 4), (10, 2)] {
+                assert_eq!(unmap((va + at * MIB) as Dptr, len * MIB), 0);
+            }
+            assert_eq!(take().len(), 3);
+            for page in 0..8 {
+                assert_eq!(memtype::lookup(va + page * 2 * MIB, 1), Lookup::Absent, "page {page}");
+            }
+            assert_eq!(unreserve(va as Dptr, 16 * MIB), 0);
+            set_device(0);
+        }
+    }
+    // SAFETY: the fake's control function.
+    unsafe { set_old_driver(0) };
+}
+
 #[test]
 fn lookups_stay_right_while_threads_allocate_and_free() {
     let _serial = serial();

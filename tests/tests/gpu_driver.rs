@@ -132,8 +132,12 @@ fn every_hooked_driver_function_on_the_gpu() {
         ));
         let mut handle = 0;
         ok(sys::cuMemCreate(&mut handle, gran, &prop, 0));
-        let mut va = 0;
-        ok(sys::cuMemAddressReserve(&mut va, gran, 0, 0, 0));
+        // Mapped in the second of four granules reserved: the driver's
+        // range attributes give the reservation, and classify records
+        // the mapping alone.
+        let mut reservation = 0;
+        ok(sys::cuMemAddressReserve(&mut reservation, 4 * gran, 0, 0, 0));
+        let va = reservation + gran as sys::CUdeviceptr;
         ok(sys::cuMemMap(va, gran, 0, handle, 0));
         one(take(), A, va as usize, gran);
         let access = sys::CUmemAccessDesc {
@@ -142,10 +146,25 @@ fn every_hooked_driver_function_on_the_gpu() {
         };
         ok(sys::cuMemSetAccess(va, gran, &access, 1));
         agrees(va as usize, MemType::Cuda);
+        let mapping = memtype::MemInfo {
+            mem_type: MemType::Cuda,
+            device: 0,
+            base: va as usize,
+            len: gran,
+        };
+        assert_eq!(memtype::classify(va as usize + 100, 1), Lookup::Found(mapping));
+        assert_eq!(memtype::lookup(va as usize, gran), Lookup::Found(mapping));
+        for unmapped in [reservation as usize, va as usize + gran] {
+            assert!(
+                matches!(memtype::classify(unmapped, 1), Lookup::Found(i) if i.mem_type == MemType::Host),
+                "{unmapped:#x}"
+            );
+            assert_eq!(memtype::lookup(unmapped, 1), Lookup::Absent, "{unmapped:#x}");
+        }
         ok(sys::cuMemUnmap(va, gran));
         one(take(), F, va as usize, gran);
         ok(sys::cuMemRelease(handle));
-        ok(sys::cuMemAddressFree(va, gran));
+        ok(sys::cuMemAddressFree(reservation, 4 * gran));
 
         // Pinned host memory.
         let mut h: *mut c_void = std::ptr::null_mut();

@@ -145,15 +145,42 @@ fn context_device() -> i32 {
 
 /// The allocation `addr` lies in, as the driver sees it: (base, size).
 pub(crate) fn range(addr: usize) -> Option<(usize, usize)> {
-    if let Some(f) = function::<AddressRangeFn>(&ADDRESS_RANGE) {
-        let (mut base, mut size): (CUdeviceptr, usize) = (0, 0);
-        // SAFETY: valid out-parameters; the driver checks the pointer.
-        if unsafe { f(&mut base, &mut size, addr as CUdeviceptr) } == SUCCESS && size != 0 {
-            return Some((base as usize, size));
-        }
-    }
     // Pinned host memory: the range attributes know it.
-    classify(addr).filter(|i| i.len != 0).map(|i| (i.base, i.len))
+    address_range(addr).or_else(|| classify(addr).filter(|i| i.len != 0).map(|i| (i.base, i.len)))
+}
+
+/// `cuMemGetAddressRange`'s answer for `addr`, where it holds `addr`:
+/// the allocation, or for memory mapped into a reserved range
+/// (`cuMemMap`) the mapping. (For host memory mapped so, driver 580 on
+/// the H200 answers base 0: not taken.)
+fn address_range(addr: usize) -> Option<(usize, usize)> {
+    let f = function::<AddressRangeFn>(&ADDRESS_RANGE)?;
+    let (mut base, mut size): (CUdeviceptr, usize) = (0, 0);
+    // SAFETY: valid out-parameters; the driver checks the pointer.
+    if unsafe { f(&mut base, &mut size, addr as CUdeviceptr) } != SUCCESS {
+        return None;
+    }
+    let base = base as usize;
+    (base <= addr && addr - base < size).then_some((base, size))
+}
+
+/// The part of the driver's range `[start, start + size)` that the
+/// mapping `[map_base, map_base + map_size)` also covers. The range
+/// attributes give an allocation, or, for memory mapped into a reserved
+/// range with `cuMemMap`, the whole reservation; the mapping attributes
+/// give the mapping, which for an allocation may hold others beside it
+/// (a 4 KiB `cuMemAlloc` lies in a 2 MiB mapping on the H200). What
+/// both cover is the allocation, or the mapping: never memory of another
+/// mapping, which may be of another type or device, or none at all. No
+/// mapping known (size 0), or none that meets the range: the range.
+fn mapped_part(start: usize, size: usize, map_base: usize, map_size: usize) -> (usize, usize) {
+    let lo = start.max(map_base);
+    let hi = start.saturating_add(size).min(map_base.saturating_add(map_size));
+    if map_size == 0 || hi <= lo {
+        (start, size)
+    } else {
+        (lo, hi - lo)
+    }
 }
 
 /// The size of the allocation that starts at `addr`, as the driver sees
@@ -163,7 +190,8 @@ pub(crate) fn allocation_at(addr: usize) -> Option<usize> {
 }
 
 /// What the driver says `addr` is: type, device, and the allocation's
-/// range. `None` when the driver is not loaded or refuses.
+/// range (for memory mapped into a reserved range, the mapping's: see
+/// [`mapped_part`]). `None` when the driver is not loaded or refuses.
 pub(crate) fn classify(addr: usize) -> Option<MemInfo> {
     let f = function::<GetAttributesFn>(&GET_ATTRIBUTES)?;
     let mut memory_type: c_uint = 0;
@@ -171,25 +199,40 @@ pub(crate) fn classify(addr: usize) -> Option<MemInfo> {
     let mut ordinal: c_int = -1;
     let mut start: CUdeviceptr = 0;
     let mut size: usize = 0;
+    let mut map_base: CUdeviceptr = 0;
+    let mut map_size: usize = 0;
     let mut attributes = [
         CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
         CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
         CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
         CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
         CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPING_SIZE,
     ];
-    let mut data: [*mut c_void; 5] = [
+    let mut data: [*mut c_void; 7] = [
         (&raw mut memory_type).cast(),
         (&raw mut managed).cast(),
         (&raw mut ordinal).cast(),
         (&raw mut start).cast(),
         (&raw mut size).cast(),
+        (&raw mut map_base).cast(),
+        (&raw mut map_size).cast(),
     ];
-    // SAFETY: five attributes, each with storage of its documented type
+    let ptr = addr as CUdeviceptr;
+    // SAFETY: seven attributes, each with storage of its documented type
     // (the boolean in a zeroed 4-byte word).
-    let status = unsafe { f(5, attributes.as_mut_ptr(), data.as_mut_ptr(), addr as CUdeviceptr) };
-    if status != SUCCESS {
-        return None;
+    if unsafe { f(7, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr) } != SUCCESS {
+        // A driver older than the mapping attributes (CUDA 12) refuses
+        // them: the first five alone (classify is off the hooks' fast
+        // paths: two calls there cost no hooked call anything).
+        // SAFETY: the first five of the attributes above, as there.
+        if unsafe { f(5, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr) } != SUCCESS {
+            return None;
+        }
+        // What that driver calls the allocation: for memory mapped into a
+        // reserved range, the mapping (see `address_range`).
+        (map_base, map_size) = address_range(addr).map_or((0, 0), |(b, n)| (b as CUdeviceptr, n));
     }
     // CU_MEMORYTYPE_HOST 1, DEVICE 2, ARRAY 3, UNIFIED 4; 0: not CUDA's.
     let mem_type = match (memory_type, managed != 0) {
@@ -205,7 +248,7 @@ pub(crate) fn classify(addr: usize) -> Option<MemInfo> {
     let (base, len) = if mem_type == MemType::Host {
         (addr, 0)
     } else {
-        (start as usize, size)
+        mapped_part(start as usize, size, map_base as usize, map_size)
     };
     Some(MemInfo {
         mem_type,
@@ -297,4 +340,41 @@ pub fn pci_bus_id(device: i32) -> Option<PciBusId> {
 fn nvml() -> Option<&'static nvml_wrapper::Nvml> {
     static NVML: std::sync::OnceLock<Option<nvml_wrapper::Nvml>> = std::sync::OnceLock::new();
     NVML.get_or_init(|| nvml_wrapper::Nvml::init().ok()).as_ref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mapped_part;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn the_part_of_a_range_its_mapping_covers_is_recorded() {
+        // What driver 580 answered on the H200 (run 158). A page mapped
+        // into a 16 MiB reservation: the range is the reservation, the
+        // mapping the page.
+        let va = 0x7f95_d8e0_0000;
+        assert_eq!(mapped_part(va, 16 * MIB, va, 2 * MIB), (va, 2 * MIB));
+        // Two pages mapped by one call, asked about at the second.
+        assert_eq!(
+            mapped_part(va, 16 * MIB, va + 4 * MIB, 4 * MIB),
+            (va + 4 * MIB, 4 * MIB)
+        );
+        // A 4 KiB allocation in the driver's 2 MiB mapping, not at its
+        // start; a pool's 4 KiB in a 32 MiB one: the allocation.
+        let p = 0x7f95_d3e0_1000;
+        assert_eq!(mapped_part(p, 4096, p - 4096, 2 * MIB), (p, 4096));
+        assert_eq!(
+            mapped_part(0x3_0200_0000, 4096, 0x3_0200_0000, 32 * MIB),
+            (0x3_0200_0000, 4096)
+        );
+        // Range and mapping the same (a 4 MiB allocation).
+        assert_eq!(mapped_part(p, 4 * MIB, p, 4 * MIB), (p, 4 * MIB));
+        // No mapping known, or one that does not meet the range: the range.
+        assert_eq!(mapped_part(va, 16 * MIB, 0, 0), (va, 16 * MIB));
+        assert_eq!(mapped_part(va, 2 * MIB, va + 8 * MIB, 2 * MIB), (va, 2 * MIB));
+        // A nonsense mapping that runs past the end of the address space:
+        // no overflow, the range.
+        assert_eq!(mapped_part(p, 4096, p - 4096, usize::MAX), (p, 4096));
+    }
 }
