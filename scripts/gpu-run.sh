@@ -131,6 +131,13 @@ if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
     for mode in bistro procaddr bistro,reloc,procaddr reloc; do
         check "torch NCCL $mode" bash src/torch_nccl.sh "$mode"
     done
+    # The caching allocator with expandable segments: pages mapped into
+    # one reserved range (cuMemMap) and unmapped when the cache is emptied
+    # (cuMemUnmap); src/torch_expandable.py says what the map must hold.
+    for mode in bistro procaddr bistro,reloc,procaddr; do
+        check "torch expandable segments $mode" bash src/torch_expandable.sh "$mode"
+    done
+    bash src/torch_expandable.sh reloc 2>&1 | tail -1 | tee -a "$results"
     check "torch work (no memhook)" python3 src/torch_work.py
     check "torch work under memhook run" ./memhook run -- python3 src/torch_work.py
     # DataLoader workers forked from a process that used CUDA, while
@@ -156,6 +163,11 @@ gcc -O1 -o entry_bytes src/entry_bytes.c -ldl &&
         2>&1 | sed 's/^/FIXTURE /' | tee -a "$results"
 ./entry_bytes libc.so.6 process_madvise fallocate ftruncate truncate dlopen dlclose dlsym dlvsym 2>&1 | sed 's/^/FIXTURE /' | tee -a "$results"
 ./memhook scan --json "$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')" 2>&1 | sed 's/^/SCAN libcuda /' | tee -a "$results"
+# What the driver answers about pointers of each kind (the range and
+# mapping attributes classify reads): for the record, not a check.
+gcc -O1 -I "$(dirname "$NVCC")/../include" -o pointer_attributes src/pointer_attributes.c \
+    -L/usr/local/nvidia/lib64 -L"$(dirname "$NVCC")/../lib64/stubs" -lcuda &&
+    ./pointer_attributes 2>&1 | sed 's/^/ATTRIBUTES /' | tee -a "$results"
 
 check "memhook demo (GPU part)" ./memhook demo
 check "memhook doctor" ./memhook doctor

@@ -26,11 +26,12 @@ def lib():
 
 def ask(name, ptr, what, length=4096):
     """Calls memhook_memtype_<name> ("lookup" or "classify") over
-    [ptr, ptr + length), prints the answer after `what`, and returns
-    (rc, info)."""
+    [ptr, ptr + length), prints the answer after `what` (None: prints
+    nothing), and returns (rc, info)."""
     info = MemInfo()
     fn = getattr(lib(), f"memhook_memtype_{name}")
     rc = fn(ctypes.c_void_p(ptr), ctypes.c_size_t(length), ctypes.byref(info))
-    print(f"{what}: rc={rc} mem_type={info.mem_type} device={info.device} "
-          f"base={info.base or 0:#x} len={info.len}", flush=True)
+    if what is not None:
+        print(f"{what}: rc={rc} mem_type={info.mem_type} device={info.device} "
+              f"base={info.base or 0:#x} len={info.len}", flush=True)
     return rc, info
