@@ -408,18 +408,27 @@ IMPL CUresult impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, unsigne
     return ok ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 ENTRY(cuMemUnmap)
+/* As the driver: the range must be whole mappings, back to back (one
+ * that cuts a mapping, or holds unmapped space, is refused and unmaps
+ * nothing). */
 IMPL CUresult impl_cuMemUnmap(CUdeviceptr ptr, size_t size) {
-    (void)size;
     atomic_fetch_add(&calls, 1);
     pthread_mutex_lock(&lock);
-    struct alloc *a = find(ptr);
-    CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    if (a && a->base == ptr) {
+    uintptr_t end = ptr + size, at = ptr;
+    int whole = size != 0 && end > ptr;
+    while (whole && at < end) {
+        struct alloc *a = find(at);
+        whole = a && a->base == at && a->size <= end - at;
+        if (whole)
+            at += a->size;
+    }
+    for (at = ptr; whole && at < end;) {
+        struct alloc *a = find(at);
+        at += a->size;
         forget(a);
-        rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&lock);
-    return rc;
+    return whole ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* Globals: "managed_*" names are __managed__ variables. Each module or

@@ -473,6 +473,92 @@ fn classify_in_a_reserved_range_records_the_mapping_alone() {
     unsafe { set_old_driver(0) };
 }
 
+/// A `cuMemUnmap` the driver refuses (its range cuts a mapping, or holds
+/// unmapped space: a program error): the hook reported the range freed
+/// and took it out of the map before the call; after the refusal, every
+/// mapping the driver kept in the range is recorded and reported again,
+/// with its own type and device, so that no mapped page reads as host.
+#[test]
+fn a_refused_unmap_reports_the_mappings_it_kept_again() {
+    let _serial = serial();
+    let h = bistro_fake_driver();
+    let reserve: unsafe extern "C" fn(*mut Dptr, usize, usize, Dptr, u64) -> u32 = f(h, c"cuMemAddressReserve");
+    let unreserve: unsafe extern "C" fn(Dptr, usize) -> u32 = f(h, c"cuMemAddressFree");
+    let map: unsafe extern "C" fn(Dptr, usize, usize, u64, u64) -> u32 = f(h, c"cuMemMap");
+    let unmap: unsafe extern "C" fn(Dptr, usize) -> u32 = f(h, c"cuMemUnmap");
+    let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
+    let ev = |kind: u32, addr: usize, size: usize, t: MemType| (kind, addr, size, t as u32);
+    let entry = |p: usize| {
+        let i = found(p, 1);
+        (i.mem_type, i.device, i.base, i.len)
+    };
+    const A: u32 = bits::MEM_TYPE_ALLOC;
+    const F: u32 = bits::MEM_TYPE_FREE;
+    const MIB: usize = 1 << 20;
+    let _ = take();
+
+    // SAFETY: (every call below) the fake driver's functions with valid
+    // arguments (the refused unmaps are refused by the driver).
+    unsafe {
+        set_device(2);
+        let mut va: Dptr = 0;
+        assert_eq!(reserve(&mut va, 16 * MIB, 0, 0, 0), 0);
+        let va = va as usize;
+        // [0, 2) MiB device memory of device 2; [2, 6) one mapping of host
+        // memory; [6, 10) unmapped; [10, 12) device memory of device 3.
+        assert_eq!(map(va as Dptr, 2 * MIB, 0, 0, 0), 0);
+        assert_eq!(map((va + 2 * MIB) as Dptr, 4 * MIB, 0, 1, 0), 0);
+        set_device(3);
+        assert_eq!(map((va + 10 * MIB) as Dptr, 2 * MIB, 0, 0, 0), 0);
+        set_device(2);
+        assert_eq!(take().len(), 3);
+        let first = (MemType::Cuda, 2, va, 2 * MIB);
+        let host = (MemType::CudaHost, -1, va + 2 * MIB, 4 * MIB);
+        let last = (MemType::Cuda, 3, va + 10 * MIB, 2 * MIB);
+
+        // A range that cuts the host mapping: refused; reported freed,
+        // then both mappings again.
+        assert_ne!(unmap(va as Dptr, 4 * MIB), 0);
+        assert_eq!(
+            take(),
+            [
+                ev(F, va, 4 * MIB, MemType::Cuda),
+                ev(A, va, 2 * MIB, MemType::Cuda),
+                ev(A, va + 2 * MIB, 4 * MIB, MemType::CudaHost)
+            ]
+        );
+        assert_eq!(entry(va + 100), first);
+        assert_eq!(entry(va + 5 * MIB), host);
+        // A range with unmapped space in it: refused; the mapping past
+        // the space is found and reported again too.
+        assert_ne!(unmap(va as Dptr, 12 * MIB), 0);
+        assert_eq!(
+            take(),
+            [
+                ev(F, va, 12 * MIB, MemType::Cuda),
+                ev(A, va, 2 * MIB, MemType::Cuda),
+                ev(A, va + 2 * MIB, 4 * MIB, MemType::CudaHost),
+                ev(A, va + 10 * MIB, 2 * MIB, MemType::Cuda)
+            ]
+        );
+        assert_eq!(
+            (entry(va), entry(va + 2 * MIB), entry(va + 10 * MIB)),
+            (first, host, last)
+        );
+        assert_eq!(memtype::lookup(va + 6 * MIB, 1), Lookup::Absent);
+        // Whole mappings, back to back: unmapped, reported once, gone.
+        assert_eq!(unmap(va as Dptr, 6 * MIB), 0);
+        assert_eq!(take(), [ev(F, va, 6 * MIB, MemType::Cuda)]);
+        assert_eq!(unmap((va + 10 * MIB) as Dptr, 2 * MIB), 0);
+        assert_eq!(take(), [ev(F, va + 10 * MIB, 2 * MIB, MemType::Cuda)]);
+        for page in 0..8 {
+            assert_eq!(memtype::lookup(va + page * 2 * MIB, 1), Lookup::Absent, "page {page}");
+        }
+        assert_eq!(unreserve(va as Dptr, 16 * MIB), 0);
+        set_device(0);
+    }
+}
+
 #[test]
 fn lookups_stay_right_while_threads_allocate_and_free() {
     let _serial = serial();

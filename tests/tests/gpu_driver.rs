@@ -161,6 +161,17 @@ fn every_hooked_driver_function_on_the_gpu() {
             );
             assert_eq!(memtype::lookup(unmapped, 1), Lookup::Absent, "{unmapped:#x}");
         }
+        // A range that cuts the mapping: the driver refuses it. The hook
+        // reported it freed before the call, then the mapping again.
+        assert_ne!(sys::cuMemUnmap(va, gran / 2), CUresult::CUDA_SUCCESS);
+        let ours: Vec<_> = take()
+            .into_iter()
+            .filter(|r| r.1 == va as usize)
+            .map(|r| (r.0, r.2, r.3))
+            .collect();
+        let cuda = MemType::Cuda as u32;
+        assert_eq!(ours, [(F, gran / 2, cuda), (A, gran, cuda)]);
+        assert_eq!(memtype::lookup(va as usize, gran), Lookup::Found(mapping));
         ok(sys::cuMemUnmap(va, gran));
         one(take(), F, va as usize, gran);
         ok(sys::cuMemRelease(handle));

@@ -125,6 +125,40 @@ pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
     reporting_free(id, address, size);
 }
 
+/// After a `cuMemUnmap` of `[address, address + size)` the driver
+/// refused (its hook reported the range freed and took it out of the map
+/// before the call): each mapping the driver still has in the range is
+/// recorded and reported again, `MEM_TYPE_ALLOC` of the whole mapping.
+/// Mappings start at multiples of the allocation granularity (2 MiB on
+/// every GPU so far): unmapped space is passed over in steps of that
+/// from the next such multiple, at most [`UNMAP_STEPS`] driver queries
+/// in all (a longer range with holes leaves the mappings past them
+/// unrecorded, read as host until mapped again).
+#[cold]
+#[inline(never)]
+pub(super) fn unmap_refused(id: Id, address: usize, size: usize) {
+    const STEP: usize = 2 << 20;
+    let end = address.saturating_add(size);
+    let mut at = address;
+    for _ in 0..UNMAP_STEPS {
+        if at >= end {
+            return;
+        }
+        match driver::classify(at) {
+            Some(info) if info.mem_type != MemType::Host && info.len != 0 && info.base <= at => {
+                // Unknown: type and device asked again, as for a mapping
+                // of memory of any device.
+                allocated(id, info.base, info.len, MemType::Unknown);
+                at = info.base.saturating_add(info.len);
+            }
+            _ => at = (at | (STEP - 1)).saturating_add(1),
+        }
+    }
+}
+
+/// The most driver queries [`unmap_refused`] makes.
+pub(super) const UNMAP_STEPS: usize = 1024;
+
 /// After the free of an entry recorded Unknown: a graph allocation's
 /// range is recorded Unknown again (its graph may make the memory again
 /// with no call memhook sees: see [`super::graph`]). (Base and length by

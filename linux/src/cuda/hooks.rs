@@ -351,6 +351,26 @@ fn on_free(id: Id, address: usize, size: Option<usize>, call: impl FnOnce() -> S
     })
 }
 
+/// `cuMemUnmap`: as [`on_free`], and where the driver refuses the call
+/// (a range that cuts a mapping or holds unmapped space: a program error
+/// the driver catches), the mappings it kept in the range are recorded
+/// and reported again (see [`super::events::unmap_refused`]): an early
+/// free, then an allocation, never a mapped range read as host.
+#[inline(always)]
+fn on_unmap(id: Id, address: usize, size: usize, call: impl FnOnce() -> Status) -> Status {
+    with_guard(id, |flag| {
+        if address == 0 || flag.is_some_and(Cell::get) {
+            return call();
+        }
+        freeing(id, address, Some(size));
+        let status = guarded(id, flag, call);
+        if status != SUCCESS {
+            super::events::unmap_refused(id, address, size);
+        }
+        status
+    })
+}
+
 /// A close of memory another process exported: `MEM_TYPE_FREE`, and
 /// the range out of the map, only when it is the last close of the
 /// mapping as the hooks count (see [`super::ipc`]); then the original.
@@ -527,7 +547,8 @@ unsafe fn out_ptr(p: *const *mut c_void) -> usize {
 
 /// Defines a hook: `alloc TYPE => (address, size)` or `free => (address,
 /// size or None)`, both expressions over the arguments (and, for alloc,
-/// the out-parameters the successful original filled); `free_node =>
+/// the out-parameters the successful original filled); `unmap =>
+/// (address, size)`, `cuMemUnmap` (see [`on_unmap`]); `free_node =>
 /// address`, a graph's free node, reported once the call succeeded; `node
 /// => parameters`, a node of any kind (see [`on_node`]).
 macro_rules! hook {
@@ -611,6 +632,14 @@ macro_rules! hook {
             unsafe { f($($a),*) }
         }
     };
+    ($name:ident($($a:ident: $t:ty),*) unmap => ($addr:expr, $size:expr)) => {
+        pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
+            type F = unsafe extern "C" fn($($t),*) -> Status;
+            let Some(f) = original::<F>(Id::$name) else { return UNAVAILABLE };
+            // SAFETY: the caller's arguments, to the function they called.
+            on_unmap(Id::$name, $addr, $size, || unsafe { f($($a),*) })
+        }
+    };
     ($name:ident($($a:ident: $t:ty),*) free => ($addr:expr, $size:expr)) => {
         pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
             type F = unsafe extern "C" fn($($t),*) -> Status;
@@ -656,7 +685,7 @@ hook!(cuMemFree_v2(dptr: CUdeviceptr) free => (dptr as usize, None));
 hook!(cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) free => (dptr as usize, None));
 hook!(cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) free => (dptr as usize, None));
 hook!(cuMemFreeHost(p: *mut c_void) free => (p as usize, None));
-hook!(cuMemUnmap(ptr: CUdeviceptr, size: usize) free => (ptr as usize, Some(size)));
+hook!(cuMemUnmap(ptr: CUdeviceptr, size: usize) unmap => (ptr as usize, size));
 hook!(cuMemHostUnregister(p: *mut c_void) free => (p as usize, None));
 // Memory another process exported, mapped into this one: an IPC handle
 // (passed by value, 64 bytes) opens the exporter's whole allocation, and a
