@@ -370,6 +370,65 @@ fn every_driver_function_reports_its_type_size_and_device() {
     memhook::uninstall();
 }
 
+/// The fake driver's virtual memory calls, for the tests of memory mapped
+/// into reserved ranges (each asserts what the fake driver must do).
+struct Vmm {
+    reserve: unsafe extern "C" fn(*mut Dptr, usize, usize, Dptr, u64) -> u32,
+    unreserve: unsafe extern "C" fn(Dptr, usize) -> u32,
+    map: unsafe extern "C" fn(Dptr, usize, usize, u64, u64) -> u32,
+    unmap: unsafe extern "C" fn(Dptr, usize) -> u32,
+    set_device: unsafe extern "C" fn(i32),
+}
+
+impl Vmm {
+    fn new(h: *mut c_void) -> Vmm {
+        Vmm {
+            reserve: f(h, c"cuMemAddressReserve"),
+            unreserve: f(h, c"cuMemAddressFree"),
+            map: f(h, c"cuMemMap"),
+            unmap: f(h, c"cuMemUnmap"),
+            set_device: f(h, c"fake_set_device"),
+        }
+    }
+
+    /// A reserved range of `size` bytes: its start.
+    fn reserve(&self, size: usize) -> usize {
+        let mut va: Dptr = 0;
+        // SAFETY: the fake's function, with a valid out-parameter.
+        assert_eq!(unsafe { (self.reserve)(&mut va, size, 0, 0, 0) }, 0);
+        va as usize
+    }
+
+    fn unreserve(&self, va: usize, size: usize) {
+        // SAFETY: the fake's function; a range it reserved.
+        assert_eq!(unsafe { (self.unreserve)(va as Dptr, size) }, 0);
+    }
+
+    /// Maps `size` bytes at `at`, of host memory where `host` (to the fake,
+    /// a handle with bit 0 set), else of this thread's device.
+    fn map(&self, at: usize, size: usize, host: bool) {
+        // SAFETY: the fake's function; it checks nothing else.
+        assert_eq!(unsafe { (self.map)(at as Dptr, size, 0, u64::from(host), 0) }, 0);
+    }
+
+    /// The driver's status for an unmap of `[at, at + size)`.
+    fn unmap(&self, at: usize, size: usize) -> u32 {
+        // SAFETY: the fake's function; it refuses a bad range.
+        unsafe { (self.unmap)(at as Dptr, size) }
+    }
+
+    fn set_device(&self, device: i32) {
+        // SAFETY: the fake's control function.
+        unsafe { (self.set_device)(device) }
+    }
+}
+
+/// The map's entry at `p`: type, device, base, length.
+fn entry(p: usize) -> (MemType, i32, usize, usize) {
+    let i = found(p, 1);
+    (i.mem_type, i.device, i.base, i.len)
+}
+
 /// Memory mapped into a reserved range (`cuMemAddressReserve` +
 /// `cuMemMap`, as PyTorch's expandable segments and NCCL map it): the
 /// driver's range attributes give the whole reservation, its mapping
@@ -382,92 +441,78 @@ fn every_driver_function_reports_its_type_size_and_device() {
 fn classify_in_a_reserved_range_records_the_mapping_alone() {
     let _serial = serial();
     let h = bistro_fake_driver();
-    let reserve: unsafe extern "C" fn(*mut Dptr, usize, usize, Dptr, u64) -> u32 = f(h, c"cuMemAddressReserve");
-    let unreserve: unsafe extern "C" fn(Dptr, usize) -> u32 = f(h, c"cuMemAddressFree");
-    let map: unsafe extern "C" fn(Dptr, usize, usize, u64, u64) -> u32 = f(h, c"cuMemMap");
-    let unmap: unsafe extern "C" fn(Dptr, usize) -> u32 = f(h, c"cuMemUnmap");
-    let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
+    let vmm = Vmm::new(h);
     let set_old_driver: unsafe extern "C" fn(i32) = f(h, c"fake_set_old_driver");
     const MIB: usize = 1 << 20;
-    let entry = |p: usize| {
-        let i = found(p, 1);
-        (i.mem_type, i.device, i.base, i.len)
-    };
     let _ = take();
 
     for old in [false, true] {
-        // SAFETY: (every call below) the fake driver's functions with
-        // valid arguments.
-        unsafe {
-            set_old_driver(i32::from(old));
-            set_device(1);
-            let mut va: Dptr = 0;
-            assert_eq!(reserve(&mut va, 16 * MIB, 0, 0, 0), 0);
-            let va = va as usize;
-            // Page 0 and page 5: device memory of device 1; pages 2 and 3,
-            // one mapping of host memory (to the fake, a handle with bit 0
-            // set); pages 1, 4, 6 and 7 unmapped.
-            assert_eq!(map(va as Dptr, 2 * MIB, 0, 0, 0), 0);
-            assert_eq!(map((va + 4 * MIB) as Dptr, 4 * MIB, 0, 1, 0), 0);
-            assert_eq!(map((va + 10 * MIB) as Dptr, 2 * MIB, 0, 0, 0), 0);
-            assert_eq!(take().len(), 3, "old driver {old}");
-            let host = (MemType::CudaHost, -1, va + 4 * MIB, 4 * MIB);
-            assert_eq!(entry(va + 5 * MIB), host);
+        // SAFETY: the fake's control function.
+        unsafe { set_old_driver(i32::from(old)) };
+        vmm.set_device(1);
+        let va = vmm.reserve(16 * MIB);
+        // Page 0 and page 5: device memory of device 1; pages 2 and 3, one
+        // mapping of host memory; pages 1, 4, 6 and 7 unmapped.
+        vmm.map(va, 2 * MIB, false);
+        vmm.map(va + 4 * MIB, 4 * MIB, true);
+        vmm.map(va + 10 * MIB, 2 * MIB, false);
+        assert_eq!(take().len(), 3, "old driver {old}");
+        let host = (MemType::CudaHost, -1, va + 4 * MIB, 4 * MIB);
+        assert_eq!(entry(va + 5 * MIB), host);
 
-            // The map lost page 0 (as a full map drops a range); the
-            // driver gives it back: the page, on its device.
-            memtype::remove(va, 2 * MIB).unwrap();
-            let c = memtype::classify(va + 16, 64);
-            assert_eq!(
-                c,
-                Lookup::Found(MemInfo {
-                    mem_type: MemType::Cuda,
-                    device: 1,
-                    base: va,
-                    len: 2 * MIB
-                }),
-                "old driver {old}"
-            );
-            assert_eq!(entry(va), (MemType::Cuda, 1, va, 2 * MIB), "recorded");
-            // Nothing else changed: the host mapping keeps its type, page 5
-            // its entry, and the unmapped pages stay out of the map.
-            assert_eq!(entry(va + 4 * MIB), host, "old driver {old}");
-            assert_eq!(entry(va + 11 * MIB), (MemType::Cuda, 1, va + 10 * MIB, 2 * MIB));
-            for page in [1, 4, 6, 7] {
-                assert_eq!(memtype::lookup(va + page * 2 * MIB, 1), Lookup::Absent, "page {page}");
-            }
-            // A range over two mappings is no allocation.
-            assert_eq!(memtype::classify(va + 11 * MIB, 2 * MIB), Lookup::Unknown);
-            // Unmapped space in the reservation is no CUDA memory, and
-            // stays unrecorded.
-            assert!(matches!(memtype::classify(va + 3 * MIB, 64), Lookup::Found(i) if i.mem_type == MemType::Host));
-            assert_eq!(memtype::lookup(va + 3 * MIB, 1), Lookup::Absent);
-            if !old {
-                // The host mapping, classified where the map lost it.
-                memtype::remove(va + 4 * MIB, 4 * MIB).unwrap();
-                assert_eq!(
-                    memtype::classify(va + 7 * MIB, 4096),
-                    Lookup::Found(MemInfo {
-                        mem_type: MemType::CudaHost,
-                        device: -1,
-                        base: va + 4 * MIB,
-                        len: 4 * MIB
-                    })
-                );
-                assert_eq!(entry(va), (MemType::Cuda, 1, va, 2 * MIB));
-                assert_eq!(entry(va + 10 * MIB), (MemType::Cuda, 1, va + 10 * MIB, 2 * MIB));
-            }
-
-            for (at, len) in [(0, 2), (4, 4), (10, 2)] {
-                assert_eq!(unmap((va + at * MIB) as Dptr, len * MIB), 0);
-            }
-            assert_eq!(take().len(), 3);
-            for page in 0..8 {
-                assert_eq!(memtype::lookup(va + page * 2 * MIB, 1), Lookup::Absent, "page {page}");
-            }
-            assert_eq!(unreserve(va as Dptr, 16 * MIB), 0);
-            set_device(0);
+        // The map lost page 0 (as a full map drops a range); the driver
+        // gives it back: the page, on its device.
+        memtype::remove(va, 2 * MIB).unwrap();
+        let c = memtype::classify(va + 16, 64);
+        assert_eq!(
+            c,
+            Lookup::Found(MemInfo {
+                mem_type: MemType::Cuda,
+                device: 1,
+                base: va,
+                len: 2 * MIB
+            }),
+            "old driver {old}"
+        );
+        assert_eq!(entry(va), (MemType::Cuda, 1, va, 2 * MIB), "recorded");
+        // Nothing else changed: the host mapping keeps its type, page 5 its
+        // entry, and the unmapped pages stay out of the map.
+        assert_eq!(entry(va + 4 * MIB), host, "old driver {old}");
+        assert_eq!(entry(va + 11 * MIB), (MemType::Cuda, 1, va + 10 * MIB, 2 * MIB));
+        for page in [1, 4, 6, 7] {
+            assert_eq!(memtype::lookup(va + page * 2 * MIB, 1), Lookup::Absent, "page {page}");
         }
+        // A range over two mappings is no allocation.
+        assert_eq!(memtype::classify(va + 11 * MIB, 2 * MIB), Lookup::Unknown);
+        // Unmapped space in the reservation is no CUDA memory, and stays
+        // unrecorded.
+        assert!(matches!(memtype::classify(va + 3 * MIB, 64), Lookup::Found(i) if i.mem_type == MemType::Host));
+        assert_eq!(memtype::lookup(va + 3 * MIB, 1), Lookup::Absent);
+        if !old {
+            // The host mapping, classified where the map lost it.
+            memtype::remove(va + 4 * MIB, 4 * MIB).unwrap();
+            assert_eq!(
+                memtype::classify(va + 7 * MIB, 4096),
+                Lookup::Found(MemInfo {
+                    mem_type: MemType::CudaHost,
+                    device: -1,
+                    base: va + 4 * MIB,
+                    len: 4 * MIB
+                })
+            );
+            assert_eq!(entry(va), (MemType::Cuda, 1, va, 2 * MIB));
+            assert_eq!(entry(va + 10 * MIB), (MemType::Cuda, 1, va + 10 * MIB, 2 * MIB));
+        }
+
+        for (at, len) in [(0, 2), (4, 4), (10, 2)] {
+            assert_eq!(vmm.unmap(va + at * MIB, len * MIB), 0);
+        }
+        assert_eq!(take().len(), 3);
+        for page in 0..8 {
+            assert_eq!(memtype::lookup(va + page * 2 * MIB, 1), Lookup::Absent, "page {page}");
+        }
+        vmm.unreserve(va, 16 * MIB);
+        vmm.set_device(0);
     }
     // SAFETY: the fake's control function.
     unsafe { set_old_driver(0) };
@@ -481,82 +526,67 @@ fn classify_in_a_reserved_range_records_the_mapping_alone() {
 #[test]
 fn a_refused_unmap_reports_the_mappings_it_kept_again() {
     let _serial = serial();
-    let h = bistro_fake_driver();
-    let reserve: unsafe extern "C" fn(*mut Dptr, usize, usize, Dptr, u64) -> u32 = f(h, c"cuMemAddressReserve");
-    let unreserve: unsafe extern "C" fn(Dptr, usize) -> u32 = f(h, c"cuMemAddressFree");
-    let map: unsafe extern "C" fn(Dptr, usize, usize, u64, u64) -> u32 = f(h, c"cuMemMap");
-    let unmap: unsafe extern "C" fn(Dptr, usize) -> u32 = f(h, c"cuMemUnmap");
-    let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
+    let vmm = Vmm::new(bistro_fake_driver());
     let ev = |kind: u32, addr: usize, size: usize, t: MemType| (kind, addr, size, t as u32);
-    let entry = |p: usize| {
-        let i = found(p, 1);
-        (i.mem_type, i.device, i.base, i.len)
-    };
     const A: u32 = bits::MEM_TYPE_ALLOC;
     const F: u32 = bits::MEM_TYPE_FREE;
     const MIB: usize = 1 << 20;
     let _ = take();
 
-    // SAFETY: (every call below) the fake driver's functions with valid
-    // arguments (the refused unmaps are refused by the driver).
-    unsafe {
-        set_device(2);
-        let mut va: Dptr = 0;
-        assert_eq!(reserve(&mut va, 16 * MIB, 0, 0, 0), 0);
-        let va = va as usize;
-        // [0, 2) MiB device memory of device 2; [2, 6) one mapping of host
-        // memory; [6, 10) unmapped; [10, 12) device memory of device 3.
-        assert_eq!(map(va as Dptr, 2 * MIB, 0, 0, 0), 0);
-        assert_eq!(map((va + 2 * MIB) as Dptr, 4 * MIB, 0, 1, 0), 0);
-        set_device(3);
-        assert_eq!(map((va + 10 * MIB) as Dptr, 2 * MIB, 0, 0, 0), 0);
-        set_device(2);
-        assert_eq!(take().len(), 3);
-        let first = (MemType::Cuda, 2, va, 2 * MIB);
-        let host = (MemType::CudaHost, -1, va + 2 * MIB, 4 * MIB);
-        let last = (MemType::Cuda, 3, va + 10 * MIB, 2 * MIB);
+    vmm.set_device(2);
+    let va = vmm.reserve(16 * MIB);
+    // [0, 2) MiB device memory of device 2; [2, 6) one mapping of host
+    // memory; [6, 10) unmapped; [10, 12) device memory of device 3.
+    vmm.map(va, 2 * MIB, false);
+    vmm.map(va + 2 * MIB, 4 * MIB, true);
+    vmm.set_device(3);
+    vmm.map(va + 10 * MIB, 2 * MIB, false);
+    vmm.set_device(2);
+    assert_eq!(take().len(), 3);
+    let first = (MemType::Cuda, 2, va, 2 * MIB);
+    let host = (MemType::CudaHost, -1, va + 2 * MIB, 4 * MIB);
+    let last = (MemType::Cuda, 3, va + 10 * MIB, 2 * MIB);
 
-        // A range that cuts the host mapping: refused; reported freed,
-        // then both mappings again.
-        assert_ne!(unmap(va as Dptr, 4 * MIB), 0);
-        assert_eq!(
-            take(),
-            [
-                ev(F, va, 4 * MIB, MemType::Cuda),
-                ev(A, va, 2 * MIB, MemType::Cuda),
-                ev(A, va + 2 * MIB, 4 * MIB, MemType::CudaHost)
-            ]
-        );
-        assert_eq!(entry(va + 100), first);
-        assert_eq!(entry(va + 5 * MIB), host);
-        // A range with unmapped space in it: refused; the mapping past
-        // the space is found and reported again too.
-        assert_ne!(unmap(va as Dptr, 12 * MIB), 0);
-        assert_eq!(
-            take(),
-            [
-                ev(F, va, 12 * MIB, MemType::Cuda),
-                ev(A, va, 2 * MIB, MemType::Cuda),
-                ev(A, va + 2 * MIB, 4 * MIB, MemType::CudaHost),
-                ev(A, va + 10 * MIB, 2 * MIB, MemType::Cuda)
-            ]
-        );
-        assert_eq!(
-            (entry(va), entry(va + 2 * MIB), entry(va + 10 * MIB)),
-            (first, host, last)
-        );
-        assert_eq!(memtype::lookup(va + 6 * MIB, 1), Lookup::Absent);
-        // Whole mappings, back to back: unmapped, reported once, gone.
-        assert_eq!(unmap(va as Dptr, 6 * MIB), 0);
-        assert_eq!(take(), [ev(F, va, 6 * MIB, MemType::Cuda)]);
-        assert_eq!(unmap((va + 10 * MIB) as Dptr, 2 * MIB), 0);
-        assert_eq!(take(), [ev(F, va + 10 * MIB, 2 * MIB, MemType::Cuda)]);
-        for page in 0..8 {
-            assert_eq!(memtype::lookup(va + page * 2 * MIB, 1), Lookup::Absent, "page {page}");
-        }
-        assert_eq!(unreserve(va as Dptr, 16 * MIB), 0);
-        set_device(0);
+    // A range that cuts the host mapping: refused; reported freed, then
+    // both mappings again.
+    assert_ne!(vmm.unmap(va, 4 * MIB), 0);
+    assert_eq!(
+        take(),
+        [
+            ev(F, va, 4 * MIB, MemType::Cuda),
+            ev(A, va, 2 * MIB, MemType::Cuda),
+            ev(A, va + 2 * MIB, 4 * MIB, MemType::CudaHost)
+        ]
+    );
+    assert_eq!(entry(va + 100), first);
+    assert_eq!(entry(va + 5 * MIB), host);
+    // A range with unmapped space in it: refused; the mapping past the
+    // space is found and reported again too.
+    assert_ne!(vmm.unmap(va, 12 * MIB), 0);
+    assert_eq!(
+        take(),
+        [
+            ev(F, va, 12 * MIB, MemType::Cuda),
+            ev(A, va, 2 * MIB, MemType::Cuda),
+            ev(A, va + 2 * MIB, 4 * MIB, MemType::CudaHost),
+            ev(A, va + 10 * MIB, 2 * MIB, MemType::Cuda)
+        ]
+    );
+    assert_eq!(
+        (entry(va), entry(va + 2 * MIB), entry(va + 10 * MIB)),
+        (first, host, last)
+    );
+    assert_eq!(memtype::lookup(va + 6 * MIB, 1), Lookup::Absent);
+    // Whole mappings, back to back: unmapped, reported once, gone.
+    assert_eq!(vmm.unmap(va, 6 * MIB), 0);
+    assert_eq!(take(), [ev(F, va, 6 * MIB, MemType::Cuda)]);
+    assert_eq!(vmm.unmap(va + 10 * MIB, 2 * MIB), 0);
+    assert_eq!(take(), [ev(F, va + 10 * MIB, 2 * MIB, MemType::Cuda)]);
+    for page in 0..8 {
+        assert_eq!(memtype::lookup(va + page * 2 * MIB, 1), Lookup::Absent, "page {page}");
     }
+    vmm.unreserve(va, 16 * MIB);
+    vmm.set_device(0);
 }
 
 #[test]
