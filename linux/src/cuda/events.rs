@@ -145,7 +145,7 @@ pub(super) fn unmap_refused(id: Id, address: usize, size: usize) {
             return;
         }
         match driver::classify(at) {
-            Some(info) if info.mem_type != MemType::Host && info.len != 0 && info.base <= at => {
+            Some(info) if info.mem_type != MemType::Host && info.base <= at && at - info.base < info.len => {
                 // Unknown: type and device asked again, as for a mapping
                 // of memory of any device.
                 allocated(id, info.base, info.len, MemType::Unknown);
