@@ -224,8 +224,10 @@ pub(crate) fn classify(addr: usize) -> Option<MemInfo> {
     // (the boolean in a zeroed 4-byte word).
     if unsafe { f(7, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr) } != SUCCESS {
         // A driver older than the mapping attributes (CUDA 12) refuses
-        // them: the first five alone (classify is off the hooks' fast
-        // paths: two calls there cost no hooked call anything).
+        // them: the first five alone. (A second call there, where a
+        // range is asked for: the public classify, an IPC open, a free
+        // of memory the map does not know; allocations whose call gives
+        // the size ask `kind`.)
         // SAFETY: the first five of the attributes above, as there.
         if unsafe { f(5, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr) } != SUCCESS {
             return None;
@@ -234,17 +236,7 @@ pub(crate) fn classify(addr: usize) -> Option<MemInfo> {
         // reserved range, the mapping (see `address_range`).
         (map_base, map_size) = address_range(addr).map_or((0, 0), |(b, n)| (b as CUdeviceptr, n));
     }
-    // CU_MEMORYTYPE_HOST 1, DEVICE 2, ARRAY 3, UNIFIED 4; 0: not CUDA's.
-    let mem_type = match (memory_type, managed != 0) {
-        (_, true) | (4, _) => MemType::CudaManaged,
-        (2 | 3, false) => MemType::Cuda,
-        (1, false) => MemType::CudaHost,
-        _ => MemType::Host,
-    };
-    let device = match mem_type {
-        MemType::Cuda | MemType::CudaManaged => ordinal,
-        _ => -1,
-    };
+    let (mem_type, device) = decoded(memory_type, managed, ordinal);
     let (base, len) = if mem_type == MemType::Host {
         (addr, 0)
     } else {
@@ -256,6 +248,50 @@ pub(crate) fn classify(addr: usize) -> Option<MemInfo> {
         base,
         len,
     })
+}
+
+/// The type and device of the memory at `addr`, without its range: what
+/// an allocation's hook needs where the call gave the size (three
+/// pointer attributes; [`classify`] asks seven). `None` when the driver
+/// is not loaded or refuses.
+pub(crate) fn kind(addr: usize) -> Option<(MemType, i32)> {
+    let f = function::<GetAttributesFn>(&GET_ATTRIBUTES)?;
+    let mut memory_type: c_uint = 0;
+    let mut managed: c_uint = 0;
+    let mut ordinal: c_int = -1;
+    let mut attributes = [
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+    ];
+    let mut data: [*mut c_void; 3] = [
+        (&raw mut memory_type).cast(),
+        (&raw mut managed).cast(),
+        (&raw mut ordinal).cast(),
+    ];
+    // SAFETY: three attributes, each with storage of its documented type
+    // (the boolean in a zeroed 4-byte word).
+    if unsafe { f(3, attributes.as_mut_ptr(), data.as_mut_ptr(), addr as CUdeviceptr) } != SUCCESS {
+        return None;
+    }
+    Some(decoded(memory_type, managed, ordinal))
+}
+
+/// The driver's memory type, managed flag and device ordinal as memhook's
+/// type and device (-1 but for device and managed memory).
+fn decoded(memory_type: c_uint, managed: c_uint, ordinal: c_int) -> (MemType, i32) {
+    // CU_MEMORYTYPE_HOST 1, DEVICE 2, ARRAY 3, UNIFIED 4; 0: not CUDA's.
+    let mem_type = match (memory_type, managed != 0) {
+        (_, true) | (4, _) => MemType::CudaManaged,
+        (2 | 3, false) => MemType::Cuda,
+        (1, false) => MemType::CudaHost,
+        _ => MemType::Host,
+    };
+    let device = match mem_type {
+        MemType::Cuda | MemType::CudaManaged => ordinal,
+        _ => -1,
+    };
+    (mem_type, device)
 }
 
 /// The context the allocation at `addr` belongs to (0 for none: memory

@@ -90,13 +90,20 @@ pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) 
 /// allocation made while the stream captures): reserved, with memory only
 /// while the graph runs. Unknown, not host: host would be a wrong type
 /// once the graph runs.
+///
+/// Where the call gave the size, the driver is asked the type and device
+/// alone ([`driver::kind`]: three pointer attributes, where a range takes
+/// seven): the stream-ordered allocations (`cuMemAllocAsync`,
+/// `cudaMallocAsync`) come this way at every call.
 #[inline(never)]
 fn classified(address: usize, size: usize) -> (MemType, i32, usize) {
-    match driver::classify(address) {
-        Some(info) if info.mem_type != MemType::Host => {
-            let size = if size != 0 { size } else { info.len };
-            (info.mem_type, info.device, size)
-        }
+    let answer = if size != 0 {
+        driver::kind(address).map(|(mem_type, device)| (mem_type, device, size))
+    } else {
+        driver::classify(address).map(|info| (info.mem_type, info.device, info.len))
+    };
+    match answer {
+        Some((mem_type, device, size)) if mem_type != MemType::Host => (mem_type, device, size),
         Some(_) => {
             super::graph::remember(address, size);
             (MemType::Unknown, -1, size)
