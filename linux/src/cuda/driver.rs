@@ -193,54 +193,31 @@ pub(crate) fn allocation_at(addr: usize) -> Option<usize> {
 /// range (for memory mapped into a reserved range, the mapping's: see
 /// [`mapped_part`]). `None` when the driver is not loaded or refuses.
 pub(crate) fn classify(addr: usize) -> Option<MemInfo> {
-    let f = function::<GetAttributesFn>(&GET_ATTRIBUTES)?;
-    let mut memory_type: c_uint = 0;
-    let mut managed: c_uint = 0;
-    let mut ordinal: c_int = -1;
-    let mut start: CUdeviceptr = 0;
-    let mut size: usize = 0;
-    let mut map_base: CUdeviceptr = 0;
-    let mut map_size: usize = 0;
-    let mut attributes = [
-        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-        CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
-        CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-        CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-        CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
-        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPING_SIZE,
-    ];
-    let mut data: [*mut c_void; 7] = [
-        (&raw mut memory_type).cast(),
-        (&raw mut managed).cast(),
-        (&raw mut ordinal).cast(),
-        (&raw mut start).cast(),
-        (&raw mut size).cast(),
-        (&raw mut map_base).cast(),
-        (&raw mut map_size).cast(),
-    ];
-    let ptr = addr as CUdeviceptr;
-    // SAFETY: seven attributes, each with storage of its documented type
-    // (the boolean in a zeroed 4-byte word).
-    if unsafe { f(7, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr) } != SUCCESS {
-        // A driver older than the mapping attributes (CUDA 12) refuses
-        // them: the first five alone. (A second call there, where a
-        // range is asked for: the public classify, an IPC open, a free
-        // of memory the map does not know; allocations whose call gives
-        // the size ask `kind`.)
-        // SAFETY: the first five of the attributes above, as there.
-        if unsafe { f(5, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr) } != SUCCESS {
-            return None;
+    let answer = match attributes(addr, WITH_MAPPING) {
+        Some(answer) => answer,
+        None => {
+            // A driver older than the mapping attributes (CUDA 12) refuses
+            // them: the range alone. (A second call there, where a range
+            // is asked for: the public classify, an IPC open, a free of
+            // memory the map does not know; allocations whose call gives
+            // the size ask `kind`.) What that driver calls the allocation,
+            // for memory mapped into a reserved range the mapping, stands
+            // for the mapping (see `address_range`).
+            let mut answer = attributes(addr, WITH_RANGE)?;
+            (answer.map_base, answer.map_size) = address_range(addr).map_or((0, 0), |(b, n)| (b as CUdeviceptr, n));
+            answer
         }
-        // What that driver calls the allocation: for memory mapped into a
-        // reserved range, the mapping (see `address_range`).
-        (map_base, map_size) = address_range(addr).map_or((0, 0), |(b, n)| (b as CUdeviceptr, n));
-    }
-    let (mem_type, device) = decoded(memory_type, managed, ordinal);
+    };
+    let (mem_type, device) = answer.decoded();
     let (base, len) = if mem_type == MemType::Host {
         (addr, 0)
     } else {
-        mapped_part(start as usize, size, map_base as usize, map_size)
+        mapped_part(
+            answer.start as usize,
+            answer.size,
+            answer.map_base as usize,
+            answer.map_size,
+        )
     };
     Some(MemInfo {
         mem_type,
@@ -255,43 +232,92 @@ pub(crate) fn classify(addr: usize) -> Option<MemInfo> {
 /// pointer attributes; [`classify`] asks seven). `None` when the driver
 /// is not loaded or refuses.
 pub(crate) fn kind(addr: usize) -> Option<(MemType, i32)> {
-    let f = function::<GetAttributesFn>(&GET_ATTRIBUTES)?;
-    let mut memory_type: c_uint = 0;
-    let mut managed: c_uint = 0;
-    let mut ordinal: c_int = -1;
-    let mut attributes = [
-        CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-        CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
-        CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-    ];
-    let mut data: [*mut c_void; 3] = [
-        (&raw mut memory_type).cast(),
-        (&raw mut managed).cast(),
-        (&raw mut ordinal).cast(),
-    ];
-    // SAFETY: three attributes, each with storage of its documented type
-    // (the boolean in a zeroed 4-byte word).
-    if unsafe { f(3, attributes.as_mut_ptr(), data.as_mut_ptr(), addr as CUdeviceptr) } != SUCCESS {
-        return None;
-    }
-    Some(decoded(memory_type, managed, ordinal))
+    attributes(addr, TYPE_ONLY).map(|answer| answer.decoded())
 }
 
-/// The driver's memory type, managed flag and device ordinal as memhook's
-/// type and device (-1 but for device and managed memory).
-fn decoded(memory_type: c_uint, managed: c_uint, ordinal: c_int) -> (MemType, i32) {
-    // CU_MEMORYTYPE_HOST 1, DEVICE 2, ARRAY 3, UNIFIED 4; 0: not CUDA's.
-    let mem_type = match (memory_type, managed != 0) {
-        (_, true) | (4, _) => MemType::CudaManaged,
-        (2 | 3, false) => MemType::Cuda,
-        (1, false) => MemType::CudaHost,
-        _ => MemType::Host,
+/// The pointer attributes memhook asks, in this order: the first three
+/// give the type and device, the next two the range, the last two the
+/// mapping.
+const ASKED: [CUpointer_attribute; 7] = [
+    CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+    CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+    CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+    CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+    CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+    CUpointer_attribute::CU_POINTER_ATTRIBUTE_MAPPING_SIZE,
+];
+const TYPE_ONLY: usize = 3;
+const WITH_RANGE: usize = 5;
+const WITH_MAPPING: usize = 7;
+
+/// The driver's answers to the first attributes of [`ASKED`] (those not
+/// asked keep their defaults).
+struct Answer {
+    memory_type: c_uint,
+    managed: c_uint,
+    ordinal: c_int,
+    start: CUdeviceptr,
+    size: usize,
+    map_base: CUdeviceptr,
+    map_size: usize,
+}
+
+/// The first `n` attributes of [`ASKED`] for `addr` (`n` at most 7), in
+/// one `cuPointerGetAttributes` call.
+fn attributes(addr: usize, n: usize) -> Option<Answer> {
+    let f = function::<GetAttributesFn>(&GET_ATTRIBUTES)?;
+    let mut a = Answer {
+        memory_type: 0,
+        managed: 0,
+        ordinal: -1,
+        start: 0,
+        size: 0,
+        map_base: 0,
+        map_size: 0,
     };
-    let device = match mem_type {
-        MemType::Cuda | MemType::CudaManaged => ordinal,
-        _ => -1,
+    let mut attributes = ASKED;
+    let mut data: [*mut c_void; ASKED.len()] = [
+        (&raw mut a.memory_type).cast(),
+        (&raw mut a.managed).cast(),
+        (&raw mut a.ordinal).cast(),
+        (&raw mut a.start).cast(),
+        (&raw mut a.size).cast(),
+        (&raw mut a.map_base).cast(),
+        (&raw mut a.map_size).cast(),
+    ];
+    let n = n.min(ASKED.len());
+    // SAFETY: the first `n` attributes, each with storage of its
+    // documented type (the boolean in a zeroed 4-byte word); the pointers
+    // are not used after the call.
+    let status = unsafe {
+        f(
+            n as c_uint,
+            attributes.as_mut_ptr(),
+            data.as_mut_ptr(),
+            addr as CUdeviceptr,
+        )
     };
-    (mem_type, device)
+    (status == SUCCESS).then_some(a)
+}
+
+impl Answer {
+    /// The driver's memory type, managed flag and device ordinal as
+    /// memhook's type and device (-1 but for device and managed memory).
+    fn decoded(&self) -> (MemType, i32) {
+        // CU_MEMORYTYPE_HOST 1, DEVICE 2, ARRAY 3, UNIFIED 4; 0: not CUDA's.
+        let mem_type = match (self.memory_type, self.managed != 0) {
+            (_, true) | (4, _) => MemType::CudaManaged,
+            (2 | 3, false) => MemType::Cuda,
+            (1, false) => MemType::CudaHost,
+            _ => MemType::Host,
+        };
+        let device = match mem_type {
+            MemType::Cuda | MemType::CudaManaged => self.ordinal,
+            _ => -1,
+        };
+        (mem_type, device)
+    }
 }
 
 /// The context the allocation at `addr` belongs to (0 for none: memory

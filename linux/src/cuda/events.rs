@@ -164,7 +164,7 @@ pub(super) fn unmap_refused(id: Id, address: usize, size: usize) {
 }
 
 /// The most driver queries [`unmap_refused`] makes.
-pub(super) const UNMAP_STEPS: usize = 1024;
+const UNMAP_STEPS: usize = 1024;
 
 /// After the free of an entry recorded Unknown: a graph allocation's
 /// range is recorded Unknown again (its graph may make the memory again
