@@ -168,6 +168,11 @@ gcc -O1 -o entry_bytes src/entry_bytes.c -ldl &&
 gcc -O1 -I "$(dirname "$NVCC")/../include" -o pointer_attributes src/pointer_attributes.c \
     -L/usr/local/nvidia/lib64 -L"$(dirname "$NVCC")/../lib64/stubs" -lcuda &&
     ./pointer_attributes 2>&1 | sed 's/^/ATTRIBUTES /' | tee -a "$results"
+# Which frees the driver refuses (memory of another kind), and what is
+# left after each: for the record (gpu_driver checks the hooks' part).
+gcc -O1 -I "$(dirname "$NVCC")/../include" -o refusals src/refusals.c \
+    -L/usr/local/nvidia/lib64 -L"$(dirname "$NVCC")/../lib64/stubs" -lcuda &&
+    ./refusals 2>&1 | sed 's/^/REFUSALS /' | tee -a "$results"
 
 check "memhook demo (GPU part)" ./memhook demo
 check "memhook doctor" ./memhook doctor

@@ -302,6 +302,19 @@ static CUresult low_alloc(unsigned int *dptr, size_t size) {
     return rc;
 }
 
+/* Whether a free of `type` (0: a device free, cuMemFree*) ends `a`. As
+ * driver 580 on the H200 (tests/gpu/refusals.c): a device free refuses
+ * pinned and registered host memory (a host pool's allocation aside) and
+ * pages mapped with cuMemMap; cuMemFreeHost refuses all but pinned host
+ * memory; only cuIpcCloseMemHandle ends an opened IPC mapping. */
+static int frees(const struct alloc *a, int type) {
+    if (reservation_of(a->base) >= 0)
+        return 0;
+    if (type != 0)
+        return a->type == type && (type != T_HOST || a->ctx != 0);
+    return a->type != T_IPC && a->type != T_HOST + 16 && (a->type != T_HOST || a->ctx == 0);
+}
+
 /* Frees the allocation starting at p (of `type` when type != 0). */
 static CUresult free_at(uintptr_t p, int type) {
     atomic_fetch_add(&calls, 1);
@@ -309,7 +322,7 @@ static CUresult free_at(uintptr_t p, int type) {
     pthread_mutex_lock(&lock);
     struct alloc *a = find(p);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    if (a && a->base == p && (type == 0 ? a->type != T_IPC : a->type == type)) {
+    if (a && a->base == p && frees(a, type)) {
         uintptr_t base = a->base;
         size_t size = a->size;
         int t = a->type;

@@ -203,6 +203,60 @@ fn every_hooked_driver_function_on_the_gpu() {
         ok(sys::cuMemHostRegister_v2(mem, size, 0));
         one(take(), A, mem as usize, size);
         agrees(mem as usize + 4096, MemType::CudaHost);
+
+        // Frees the driver refuses (memory of the other kind: a program
+        // error): each hook reported the free before the call, then the
+        // memory again, and the map holds it as before.
+        ok(sys::cuMemAllocHost_v2(&mut h, 1 << 16));
+        ok(sys::cuMemAlloc_v2(&mut p, 1 << 16));
+        let _ = take();
+        let entry = |at: usize| match memtype::lookup(at, 1) {
+            Lookup::Found(i) => (i.mem_type, i.device, i.base, i.len),
+            other => panic!("{at:#x}: {other:?}"),
+        };
+        let (pinned, registered, device) = (h as usize, mem as usize, p as usize);
+        let kept = [entry(pinned), entry(registered), entry(device)];
+        let refusals = [
+            (
+                "cuMemFree_v2 of pinned memory",
+                sys::cuMemFree_v2(pinned as u64),
+                pinned,
+            ),
+            (
+                "cuMemFreeAsync of registered memory",
+                sys::cuMemFreeAsync(registered as u64, std::ptr::null_mut()),
+                registered,
+            ),
+            (
+                "cuMemFreeHost of registered memory",
+                sys::cuMemFreeHost(mem),
+                registered,
+            ),
+            (
+                "cuMemHostUnregister of pinned memory",
+                sys::cuMemHostUnregister(h),
+                pinned,
+            ),
+            (
+                "cuMemFreeHost of device memory",
+                sys::cuMemFreeHost(device as *mut c_void),
+                device,
+            ),
+        ];
+        let mut logged = take().into_iter();
+        for (what, status, at) in refusals {
+            assert_ne!(status, CUresult::CUDA_SUCCESS, "{what}: the driver refuses it");
+            let (t, _, base, len) = entry(at);
+            assert_eq!([entry(pinned), entry(registered), entry(device)], kept, "{what}");
+            let got = [logged.next(), logged.next()];
+            let t = t as u32;
+            assert_eq!(got, [Some((F, base, len, t)), Some((A, base, len, t))], "{what}");
+        }
+        assert_eq!(logged.next(), None);
+        ok(sys::cuMemFreeHost(h));
+        ok(sys::cuMemFree_v2(p));
+        assert_eq!(take().len(), 2);
+
         ok(sys::cuMemHostUnregister(mem));
         one(take(), F, mem as usize, size);
         libc::munmap(mem, size);

@@ -114,8 +114,15 @@ fn classified(address: usize, size: usize) -> (MemType, i32, usize) {
 
 /// A free of the allocation at `address` (its size when the call carries
 /// it; else what the map recorded; else the driver's range; else 0).
+///
+/// Returns 0, or, where `id` frees device memory and the map held pinned
+/// host memory at `address`, that entry's length: the entry is then out
+/// of the map and nothing is reported yet, and the hook makes the call
+/// through [`super::hooks`]' checked path (driver 580 refuses a device
+/// free of pinned or registered host memory, a program error, but frees a
+/// host pool's allocation: which one it was shows only after the call).
 #[inline(always)]
-pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
+pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) -> usize {
     // As in `allocated`: the map's line is asked for before the loads.
     memtype::map().prefetch_update();
     if size.is_none() && !wants(bits::MEM_TYPE_FREE) {
@@ -125,11 +132,133 @@ pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) {
                 forget_unrecorded(address);
             }
             Some(info) if info.mem_type == MemType::Unknown => keep_graph_range(info.base, info.len),
+            Some(info) if info.mem_type == MemType::CudaHost && frees_device_memory(id) => return info.len,
             Some(_) => {}
         }
+        return 0;
+    }
+    reporting_free(id, address, size)
+}
+
+/// Whether `id` is a free of device memory, which the driver refuses a
+/// pointer to pinned or registered host memory (driver 580 on the H200:
+/// `tests/gpu/refusals.c`), a host pool's allocation aside.
+#[inline(always)]
+const fn frees_device_memory(id: Id) -> bool {
+    matches!(
+        id,
+        Id::cuMemFree
+            | Id::cuMemFree_v2
+            | Id::cuMemFreeAsync
+            | Id::cuMemFreeAsync_ptsz
+            | Id::cudaFree
+            | Id::cudaFreeAsync
+            | Id::cudaFreeAsync_ptsz
+    )
+}
+
+/// What a free took out of the map before its call (or found in the
+/// driver alone), and reports: kept for a call the driver may refuse,
+/// to be put back if it does ([`refused`]).
+#[derive(Clone, Copy)]
+pub(super) struct Taken {
+    /// The freed address.
+    address: usize,
+    /// What the map held there, or `None`: the map held nothing that
+    /// starts there, and `size` is the driver's (0: none).
+    entry: Option<MemInfo>,
+    /// The size reported.
+    size: usize,
+}
+
+impl Taken {
+    /// Pinned host memory of `len` bytes at `address`, taken by
+    /// [`freeing`] (its nonzero answer).
+    const fn pinned(address: usize, len: usize) -> Self {
+        let entry = MemInfo {
+            mem_type: MemType::CudaHost,
+            device: -1,
+            base: address,
+            len,
+        };
+        Taken {
+            address,
+            entry: Some(entry),
+            size: len,
+        }
+    }
+}
+
+/// Before a device free of the pinned host memory [`freeing`] took (its
+/// nonzero answer, `len`): `MEM_TYPE_FREE` for it.
+#[cold]
+#[inline(never)]
+pub(super) fn pinned_freeing(id: Id, address: usize, len: usize) {
+    report_taken(id, &Taken::pinned(address, len));
+}
+
+/// After the driver refused that free: the memory back (see [`refused`]).
+#[cold]
+#[inline(never)]
+pub(super) fn pinned_refused(id: Id, address: usize, len: usize) {
+    refused(id, Taken::pinned(address, len));
+}
+
+/// Takes what a free of `address` ends out of the map, as
+/// [`reporting_free`] does, and says what it took (nothing is reported).
+pub(super) fn take(address: usize) -> Taken {
+    let (entry, size) = match memtype::map().take(address) {
+        Some(info) => {
+            if info.mem_type == MemType::Unknown {
+                keep_graph_range(info.base, info.len);
+            }
+            (Some(info), info.len)
+        }
+        None => (None, forget_unrecorded(address)),
+    };
+    Taken { address, entry, size }
+}
+
+/// `MEM_TYPE_FREE` for what [`take`] took (where a handler wants it).
+pub(super) fn report_taken(id: Id, taken: &Taken) {
+    if wants(bits::MEM_TYPE_FREE) {
+        let mem_type = taken.entry.map_or(MemType::Unknown, |info| info.mem_type);
+        deliver_free(id, taken.address, taken.size, mem_type);
+    }
+}
+
+/// After a free the driver refused (its hook reported it and took it out
+/// of the map before the call): where the driver still has the
+/// allocation at the address, what the map held is put back and
+/// `MEM_TYPE_ALLOC` reported for it (an early free, then an allocation,
+/// as for a refused `cuMemUnmap`); a range the map did not hold is
+/// recorded from the driver's answers. Where the driver no longer knows
+/// the address (a refusal after it shut down, at the process's exit), it
+/// stays out.
+#[cold]
+#[inline(never)]
+pub(super) fn refused(id: Id, taken: Taken) {
+    if driver::allocation_at(taken.address).is_none() {
         return;
     }
-    reporting_free(id, address, size);
+    match taken.entry {
+        Some(info) => {
+            // A full map drops the range and answers Unknown inside it.
+            let _ = memtype::map().insert(info.base, info.len, info.mem_type, info.device);
+            if wants(bits::MEM_TYPE_ALLOC) {
+                deliver(
+                    id,
+                    Event::MemTypeAlloc(MemTypeEvent {
+                        address: info.base,
+                        size: info.len,
+                        mem_type: info.mem_type as u32,
+                    }),
+                );
+            }
+        }
+        None if taken.size != 0 => allocated(id, taken.address, taken.size, MemType::Unknown),
+        None => {}
+    }
 }
 
 /// After a `cuMemUnmap` of `[address, address + size)` the driver
@@ -194,9 +323,9 @@ fn forget_unrecorded(address: usize) -> usize {
 
 /// [`freeing`] with a handler to tell, or the size given. The map first,
 /// as for an allocation: a handler's lookup of the range already says
-/// it is gone.
+/// it is gone. (Returns as [`freeing`].)
 #[inline(never)]
-fn reporting_free(id: Id, address: usize, size: Option<usize>) {
+fn reporting_free(id: Id, address: usize, size: Option<usize>) -> usize {
     dispatch::prefetch_delivery(bits::MEM_TYPE_FREE);
     let (size, mem_type) = match size {
         // The call carries the size (cuMemUnmap): the type is the map's,
@@ -211,26 +340,29 @@ fn reporting_free(id: Id, address: usize, size: Option<usize>) {
         }
         // The allocation recorded at `address`, taken out in one step;
         // else the driver's range.
-        None => match memtype::map().take(address) {
-            Some(info) => {
-                if info.mem_type == MemType::Unknown {
-                    keep_graph_range(info.base, info.len);
-                }
-                (info.len, info.mem_type)
+        None => match take(address) {
+            Taken { entry: Some(info), .. } if info.mem_type == MemType::CudaHost && frees_device_memory(id) => {
+                return info.len;
             }
-            None => (forget_unrecorded(address), MemType::Unknown),
+            taken => (taken.size, taken.entry.map_or(MemType::Unknown, |info| info.mem_type)),
         },
     };
     if wants(bits::MEM_TYPE_FREE) {
-        deliver(
-            id,
-            Event::MemTypeFree(MemTypeEvent {
-                address,
-                size,
-                mem_type: mem_type as u32,
-            }),
-        );
+        deliver_free(id, address, size, mem_type);
     }
+    0
+}
+
+/// Delivers `MEM_TYPE_FREE` for `[address, address + size)`.
+fn deliver_free(id: Id, address: usize, size: usize, mem_type: MemType) {
+    deliver(
+        id,
+        Event::MemTypeFree(MemTypeEvent {
+            address,
+            size,
+            mem_type: mem_type as u32,
+        }),
+    );
 }
 
 /// A context is about to be destroyed, and with it every allocation made
@@ -292,14 +424,7 @@ fn ended(id: Id, info: MemInfo) {
         return;
     };
     if wants(bits::MEM_TYPE_FREE) {
-        deliver(
-            id,
-            Event::MemTypeFree(MemTypeEvent {
-                address: info.base,
-                size: info.len,
-                mem_type: info.mem_type as u32,
-            }),
-        );
+        deliver_free(id, info.base, info.len, info.mem_type);
     }
 }
 

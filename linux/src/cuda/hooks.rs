@@ -48,7 +48,7 @@ use cudarc::runtime::sys::{
 use memhook_core::memtype::{Lookup, MemType};
 
 use super::driver;
-use super::events::{allocated, ending_context, freeing, global_seen, releasing_primary, unloading};
+use super::events::{self, allocated, ending_context, freeing, global_seen, releasing_primary, unloading};
 
 /// A `CUresult` or `cudaError_t` value.
 pub(crate) type Status = u32;
@@ -339,15 +339,56 @@ fn on_alloc(
 }
 
 /// A freeing call: `MEM_TYPE_FREE` for `address` (size when the call
-/// carries it), then the original.
+/// carries it), then the original, in a tail call. A device free of
+/// pinned host memory, which the driver refuses unless the memory is a
+/// host pool's, looks at the driver's answer and, where it refused, puts
+/// the memory back (see [`events::freeing`]). (Only scalars go to the
+/// functions out of line: an aggregate, passed by its address, would
+/// keep the hook from its tail call.)
 #[inline(always)]
 fn on_free(id: Id, address: usize, size: Option<usize>, call: impl FnOnce() -> Status) -> Status {
     with_guard(id, |flag| {
         if address == 0 || flag.is_some_and(Cell::get) {
             return call();
         }
-        freeing(id, address, size);
-        guarded(id, flag, call)
+        match freeing(id, address, size) {
+            0 => guarded(id, flag, call),
+            // Inline, with the call not in the tail: out of line, the
+            // call's closure (three words for two arguments) would be
+            // passed by its address, and no call of the hook could then
+            // be a tail call. `check-hook-code.sh` allows this one.
+            len => {
+                events::pinned_freeing(id, address, len);
+                let status = guarded(id, flag, call);
+                if status != SUCCESS {
+                    events::pinned_refused(id, address, len);
+                }
+                status
+            }
+        }
+    })
+}
+
+/// A free of host memory (`cuMemFreeHost`, `cuMemHostUnregister` and the
+/// runtime's): as [`on_free`], and where the driver refuses the call
+/// (memory of the other kind, pinned where registered is freed or the
+/// reverse: a program error the driver catches), what the map held is
+/// put back and reported again (see [`events::refused`]). These calls
+/// unpin memory, microseconds or more: the look after the call costs
+/// nothing beside them.
+#[inline(always)]
+fn on_host_free(id: Id, address: usize, call: impl FnOnce() -> Status) -> Status {
+    with_guard(id, |flag| {
+        if address == 0 || flag.is_some_and(Cell::get) {
+            return call();
+        }
+        let taken = events::take(address);
+        events::report_taken(id, &taken);
+        let status = guarded(id, flag, call);
+        if status != SUCCESS {
+            events::refused(id, taken);
+        }
+        status
     })
 }
 
@@ -548,7 +589,8 @@ unsafe fn out_ptr(p: *const *mut c_void) -> usize {
 /// Defines a hook: `alloc TYPE => (address, size)` or `free => (address,
 /// size or None)`, both expressions over the arguments (and, for alloc,
 /// the out-parameters the successful original filled); `unmap =>
-/// (address, size)`, `cuMemUnmap` (see [`on_unmap`]); `free_node =>
+/// (address, size)`, `cuMemUnmap` (see [`on_unmap`]); `host_free =>
+/// address`, a free of host memory (see [`on_host_free`]); `free_node =>
 /// address`, a graph's free node, reported once the call succeeded; `node
 /// => parameters`, a node of any kind (see [`on_node`]).
 macro_rules! hook {
@@ -640,12 +682,21 @@ macro_rules! hook {
             on_unmap(Id::$name, $addr, $size, || unsafe { f($($a),*) })
         }
     };
+    ($name:ident($($a:ident: $t:ty),*) host_free => $addr:expr) => {
+        pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
+            type F = unsafe extern "C" fn($($t),*) -> Status;
+            let Some(f) = original::<F>(Id::$name) else { return UNAVAILABLE };
+            // SAFETY: the caller's arguments, to the function they called.
+            on_host_free(Id::$name, $addr, || unsafe { f($($a),*) })
+        }
+    };
     ($name:ident($($a:ident: $t:ty),*) free => ($addr:expr, $size:expr)) => {
         pub(crate) unsafe extern "C" fn $name($($a: $t),*) -> Status {
             type F = unsafe extern "C" fn($($t),*) -> Status;
             let Some(f) = original::<F>(Id::$name) else { return UNAVAILABLE };
             // SAFETY: the caller's arguments, to the function they called.
-            on_free(Id::$name, $addr, $size, || unsafe { f($($a),*) })
+            // (Moved in, as for `close`.)
+            on_free(Id::$name, $addr, $size, move || unsafe { f($($a),*) })
         }
     };
 }
@@ -684,9 +735,9 @@ hook!(cuMemFree(dptr: CUdeviceptr_v1) free => (dptr as usize, None));
 hook!(cuMemFree_v2(dptr: CUdeviceptr) free => (dptr as usize, None));
 hook!(cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) free => (dptr as usize, None));
 hook!(cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) free => (dptr as usize, None));
-hook!(cuMemFreeHost(p: *mut c_void) free => (p as usize, None));
+hook!(cuMemFreeHost(p: *mut c_void) host_free => p as usize);
 hook!(cuMemUnmap(ptr: CUdeviceptr, size: usize) unmap => (ptr as usize, size));
-hook!(cuMemHostUnregister(p: *mut c_void) free => (p as usize, None));
+hook!(cuMemHostUnregister(p: *mut c_void) host_free => p as usize);
 // Memory another process exported, mapped into this one: an IPC handle
 // (passed by value, 64 bytes) opens the exporter's whole allocation, and a
 // pool's export data one allocation of a shared pool. Type, device and
@@ -926,8 +977,8 @@ hook!(cudaHostRegister(p: *mut c_void, size: usize, flags: c_uint) alloc CudaHos
 hook!(cudaFree(p: *mut c_void) free => (p as usize, None));
 hook!(cudaFreeAsync(p: *mut c_void, stream: CudaStream) free => (p as usize, None));
 hook!(cudaFreeAsync_ptsz(p: *mut c_void, stream: CudaStream) free => (p as usize, None));
-hook!(cudaFreeHost(p: *mut c_void) free => (p as usize, None));
-hook!(cudaHostUnregister(p: *mut c_void) free => (p as usize, None));
+hook!(cudaFreeHost(p: *mut c_void) host_free => p as usize);
+hook!(cudaHostUnregister(p: *mut c_void) host_free => p as usize);
 hook!(cudaIpcOpenMemHandle(p: *mut *mut c_void, handle: cudaIpcMemHandle_t, flags: c_uint) open => out_ptr(p));
 hook!(cudaIpcCloseMemHandle(p: *mut c_void) close => p as usize);
 hook!(cudaMemPoolImportPointer(p: *mut *mut c_void, pool: cudaMemPool_t, export_data: *mut cudaMemPoolPtrExportData)

@@ -1,0 +1,205 @@
+//! Frees the driver refuses (a program error it catches: a free of memory
+//! of the other kind) leave the memory-type map as it was, with a handler
+//! (the free reported, then the allocation again) and with none (the
+//! hooks' short path, which ends in a tail call to the driver). Its own
+//! process: the first part runs before any handler is registered. The
+//! fake driver refuses as driver 580 does on the H200
+//! (`tests/gpu/refusals.c`).
+#![cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+
+mod common;
+
+use std::ffi::{CStr, c_uint, c_void};
+
+use common::*;
+use memhook::event::bits;
+use memhook::memtype::{self, Lookup, MemType};
+
+type Dptr = u64;
+
+fn f<T>(h: *mut c_void, name: &CStr) -> T {
+    // SAFETY: each name below is the fake driver's function of type T.
+    unsafe { cast(sym(h, name)) }
+}
+
+/// A map entry: type, device, base, length.
+type Entry = (MemType, i32, usize, usize);
+
+/// The map's entry at `p`.
+#[track_caller]
+fn entry(p: usize) -> Entry {
+    match memtype::lookup(p, 1) {
+        Lookup::Found(i) => (i.mem_type, i.device, i.base, i.len),
+        other => panic!("{p:#x}: {other:?}"),
+    }
+}
+
+/// The fake driver's entries the test calls.
+struct Driver {
+    alloc: unsafe extern "C" fn(*mut Dptr, usize) -> u32,
+    alloc_host: unsafe extern "C" fn(*mut *mut c_void, usize) -> u32,
+    register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> u32,
+    from_pool: unsafe extern "C" fn(*mut Dptr, usize, usize, usize) -> u32,
+    free: unsafe extern "C" fn(Dptr) -> u32,
+    free_async: unsafe extern "C" fn(Dptr, usize) -> u32,
+    free_host: unsafe extern "C" fn(*mut c_void) -> u32,
+    unregister: unsafe extern "C" fn(*mut c_void) -> u32,
+}
+
+const A: u32 = bits::MEM_TYPE_ALLOC;
+const F: u32 = bits::MEM_TYPE_FREE;
+const DEVICE: usize = 1 << 20;
+const PINNED: usize = 1 << 16;
+const REGISTERED: usize = 1 << 16;
+const POOL: usize = 1 << 16;
+
+/// One round: memory of each kind, each freed by the calls the driver
+/// refuses it, then by its own. `events`: a handler logs them (checked).
+fn round(d: &Driver, events: bool) {
+    let ev = |kind: u32, addr: usize, size: usize, t: MemType| (kind, addr, size, t as u32);
+    let mut p: Dptr = 0;
+    // SAFETY: the fake's allocation, with a valid out-parameter.
+    assert_eq!(unsafe { (d.alloc)(&mut p, DEVICE) }, 0);
+    let device = p as usize;
+    let mut h: *mut c_void = std::ptr::null_mut();
+    // SAFETY: as above.
+    assert_eq!(unsafe { (d.alloc_host)(&mut h, PINNED) }, 0);
+    let pinned = h as usize;
+    let own = EveryKind::own_mapping();
+    // SAFETY: the test's own mapping of that size.
+    assert_eq!(unsafe { (d.register)(own, REGISTERED, 0) }, 0);
+    let registered = own as usize;
+    // A pool of host memory (to the fake, a handle with bit 0 set): its
+    // allocations are pinned host memory that a device free ends.
+    // SAFETY: as above; the fake takes any stream.
+    assert_eq!(unsafe { (d.from_pool)(&mut p, POOL, 1, 0) }, 0);
+    let pool = p as usize;
+    let kept_device = (MemType::Cuda, 0, device, DEVICE);
+    let kept_pinned = (MemType::CudaHost, -1, pinned, PINNED);
+    let kept_registered = (MemType::CudaHost, -1, registered, REGISTERED);
+    assert_eq!(
+        (entry(device), entry(pinned), entry(registered), entry(pool)),
+        (
+            kept_device,
+            kept_pinned,
+            kept_registered,
+            (MemType::CudaHost, -1, pool, POOL)
+        )
+    );
+    let _ = take();
+
+    // Refused: each free of memory of the other kind.
+    // SAFETY: the fake's functions; each checks the pointer and refuses
+    // what it did not allocate for that call.
+    let refusals: [(&str, u32, usize, Entry); 6] = unsafe {
+        [
+            (
+                "cuMemFree_v2 of pinned memory",
+                (d.free)(pinned as Dptr),
+                pinned,
+                kept_pinned,
+            ),
+            (
+                "cuMemFreeAsync of registered memory",
+                (d.free_async)(registered as Dptr, 0),
+                registered,
+                kept_registered,
+            ),
+            (
+                "cuMemFreeHost of registered memory",
+                (d.free_host)(own),
+                registered,
+                kept_registered,
+            ),
+            (
+                "cuMemHostUnregister of pinned memory",
+                (d.unregister)(h),
+                pinned,
+                kept_pinned,
+            ),
+            (
+                "cuMemFreeHost of device memory",
+                (d.free_host)(device as *mut c_void),
+                device,
+                kept_device,
+            ),
+            (
+                "cuMemHostUnregister of device memory",
+                (d.unregister)(device as *mut c_void),
+                device,
+                kept_device,
+            ),
+        ]
+    };
+    let mut logged = take().into_iter();
+    for (what, status, at, kept) in refusals {
+        assert_ne!(status, 0, "{what}: the fake refuses it");
+        assert_eq!(entry(at), kept, "{what}: the map holds the memory as before");
+        if events {
+            let (t, _, base, len) = kept;
+            let got = [logged.next(), logged.next()];
+            assert_eq!(
+                got,
+                [Some(ev(F, base, len, t)), Some(ev(A, base, len, t))],
+                "{what}: reported freed, then again"
+            );
+        }
+    }
+    assert_eq!(logged.next(), None);
+    // Refused, of an address inside an allocation: nothing is taken.
+    // SAFETY: as above.
+    assert_ne!(unsafe { (d.unregister)((registered + 4096) as *mut c_void) }, 0);
+    // SAFETY: as above.
+    assert_ne!(unsafe { (d.free)((device + 4096) as Dptr) }, 0);
+    assert_eq!((entry(device), entry(registered)), (kept_device, kept_registered));
+    assert!(!take().iter().any(|r| r.0 == A), "nothing was taken to put back");
+
+    // The host pool's allocation: a device free ends it.
+    // SAFETY: the fake's function; the pool allocation above.
+    assert_eq!(unsafe { (d.free_async)(pool as Dptr, 0) }, 0);
+    assert_eq!(memtype::lookup(pool, 1), Lookup::Absent);
+    // Each by its own free.
+    // SAFETY: as above: each of its own kind.
+    let ends = unsafe { [(d.free)(device as Dptr), (d.free_host)(h), (d.unregister)(own)] };
+    assert_eq!(ends, [0, 0, 0]);
+    for gone in [device, pinned, registered] {
+        assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");
+    }
+    if events {
+        assert_eq!(
+            take(),
+            [
+                ev(F, pool, POOL, MemType::CudaHost),
+                ev(F, device, DEVICE, MemType::Cuda),
+                ev(F, pinned, PINNED, MemType::CudaHost),
+                ev(F, registered, REGISTERED, MemType::CudaHost)
+            ]
+        );
+    }
+    // SAFETY: the test's own mapping, no longer registered.
+    unsafe { libc::munmap(own, REGISTERED) };
+}
+
+#[test]
+fn a_refused_free_leaves_the_memory_in_the_map() {
+    let _serial = serial();
+    // The fake driver hooked in bistro mode, no handler yet.
+    prepare();
+    memhook::install(&memhook::Config::parse("cuda=bistro;mmap=none").unwrap());
+    let _ = open(&fake().plt);
+    assert!(memhook::cuda::attached().0);
+    let h = libcuda();
+    let d = Driver {
+        alloc: f(h, c"cuMemAlloc_v2"),
+        alloc_host: f(h, c"cuMemAllocHost_v2"),
+        register: f(h, c"cuMemHostRegister_v2"),
+        from_pool: f(h, c"cuMemAllocFromPoolAsync"),
+        free: f(h, c"cuMemFree_v2"),
+        free_async: f(h, c"cuMemFreeAsync"),
+        free_host: f(h, c"cuMemFreeHost"),
+        unregister: f(h, c"cuMemHostUnregister"),
+    };
+    round(&d, false);
+    log_events();
+    round(&d, true);
+}
