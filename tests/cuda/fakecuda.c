@@ -315,6 +315,15 @@ static int frees(const struct alloc *a, int type) {
     return a->type != T_IPC && a->type != T_HOST + 16 && (a->type != T_HOST || a->ctx == 0);
 }
 
+/* Set by fake_error_after_free: the next free that frees answers this
+ * error all the same (as the runtime's frees may answer an error of
+ * earlier asynchronous work), then it is cleared; where
+ * device_after_free is set, the freed range is then device memory (as
+ * if another thread had been given it meanwhile: forget it with
+ * fake_forget). */
+static CUresult error_after_free;
+static int device_after_free;
+
 /* Frees the allocation starting at p (of `type` when type != 0). */
 static CUresult free_at(uintptr_t p, int type) {
     atomic_fetch_add(&calls, 1);
@@ -333,7 +342,11 @@ static CUresult free_at(uintptr_t p, int type) {
             arena_free(&low_arena, base, size);
         else
             arena_free(&device_arena, base, size);
-        rc = CUDA_SUCCESS;
+        rc = error_after_free;
+        if (rc != CUDA_SUCCESS && device_after_free)
+            record(base, size, T_DEVICE);
+        error_after_free = CUDA_SUCCESS;
+        device_after_free = 0;
     }
     pthread_mutex_unlock(&lock);
     return rc;
@@ -1213,6 +1226,24 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 /* ---- For the tests. ---- */
 unsigned long fake_calls(void) { return atomic_load(&calls); }
 void fake_set_old_driver(int old) { old_driver = old; }
+
+/* The next free that frees answers `error`, and leaves device memory
+ * where it freed if `device` (see error_after_free). */
+void fake_error_after_free(int error, int device) {
+    pthread_mutex_lock(&lock);
+    error_after_free = error;
+    device_after_free = device;
+    pthread_mutex_unlock(&lock);
+}
+
+/* Forgets the allocation recorded at p, freeing nothing. */
+void fake_forget(uintptr_t p) {
+    pthread_mutex_lock(&lock);
+    struct alloc *a = find(p);
+    if (a && a->base == p)
+        forget(a);
+    pthread_mutex_unlock(&lock);
+}
 
 /* Sets the work of each allocation and free (above); returns 0, or -1 if
  * the buffer cannot be mapped. Call it with no driver call in flight. */

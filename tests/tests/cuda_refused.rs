@@ -44,6 +44,8 @@ struct Driver {
     free_async: unsafe extern "C" fn(Dptr, usize) -> u32,
     free_host: unsafe extern "C" fn(*mut c_void) -> u32,
     unregister: unsafe extern "C" fn(*mut c_void) -> u32,
+    error_after_free: unsafe extern "C" fn(i32, i32),
+    forget: unsafe extern "C" fn(usize),
 }
 
 const A: u32 = bits::MEM_TYPE_ALLOC;
@@ -154,6 +156,31 @@ fn round(d: &Driver, events: bool) {
     assert_eq!((entry(device), entry(registered)), (kept_device, kept_registered));
     assert!(!take().iter().any(|r| r.0 == A), "nothing was taken to put back");
 
+    // An error from a free that freed all the same (as the runtime's
+    // frees may answer an error of earlier work): the memory is gone, and
+    // nothing is put back; nor where other memory lies there by then.
+    for other in [false, true] {
+        let mut extra: *mut c_void = std::ptr::null_mut();
+        // SAFETY: as above.
+        assert_eq!(unsafe { (d.alloc_host)(&mut extra, PINNED) }, 0);
+        let _ = take();
+        // SAFETY: the fake's control function.
+        unsafe { (d.error_after_free)(719, i32::from(other)) };
+        // SAFETY: as above.
+        assert_eq!(unsafe { (d.free_host)(extra) }, 719);
+        let left = memtype::lookup(extra as usize, 1);
+        assert_eq!(
+            left,
+            Lookup::Absent,
+            "freed with an error (other memory there: {other})"
+        );
+        if events {
+            assert_eq!(take(), [ev(F, extra as usize, PINNED, MemType::CudaHost)]);
+        }
+        // SAFETY: the fake's control function; the device memory it left.
+        unsafe { (d.forget)(extra as usize) };
+    }
+
     // The host pool's allocation: a device free ends it.
     // SAFETY: the fake's function; the pool allocation above.
     assert_eq!(unsafe { (d.free_async)(pool as Dptr, 0) }, 0);
@@ -198,6 +225,8 @@ fn a_refused_free_leaves_the_memory_in_the_map() {
         free_async: f(h, c"cuMemFreeAsync"),
         free_host: f(h, c"cuMemFreeHost"),
         unregister: f(h, c"cuMemHostUnregister"),
+        error_after_free: f(h, c"fake_error_after_free"),
+        forget: f(h, c"fake_forget"),
     };
     round(&d, false);
     log_events();

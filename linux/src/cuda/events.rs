@@ -228,20 +228,27 @@ pub(super) fn report_taken(id: Id, taken: &Taken) {
 }
 
 /// After a free the driver refused (its hook reported it and took it out
-/// of the map before the call): where the driver still has the
-/// allocation at the address, what the map held is put back and
-/// `MEM_TYPE_ALLOC` reported for it (an early free, then an allocation,
-/// as for a refused `cuMemUnmap`); a range the map did not hold is
-/// recorded from the driver's answers. Where the driver no longer knows
-/// the address (a refusal after it shut down, at the process's exit), it
-/// stays out.
+/// of the map before the call): where the driver still has memory of the
+/// type the map held starting at the address, what the map held is put
+/// back and `MEM_TYPE_ALLOC` reported for it (an early free, then an
+/// allocation, as for a refused `cuMemUnmap`); a range the map did not
+/// hold is recorded from the driver's answers. Where the driver no
+/// longer knows the address (a refusal after it shut down, at the
+/// process's exit; an error status from earlier work, which the runtime's
+/// frees may return after freeing) or has other memory there now
+/// (allocated by another thread since, whose hook records it), nothing is
+/// put back: never a type the memory no longer has.
 #[cold]
 #[inline(never)]
 pub(super) fn refused(id: Id, taken: Taken) {
-    if driver::allocation_at(taken.address).is_none() {
+    let Some(now) = driver::classify(taken.address) else {
+        return;
+    };
+    if now.base != taken.address || now.mem_type == MemType::Host {
         return;
     }
     match taken.entry {
+        Some(info) if info.mem_type != now.mem_type || info.device != now.device => {}
         Some(info) => {
             // A full map drops the range and answers Unknown inside it.
             let _ = memtype::map().insert(info.base, info.len, info.mem_type, info.device);
