@@ -18,7 +18,8 @@ use memhook::memtype::{self, Lookup, MemType};
 type Dptr = u64;
 
 fn f<T>(h: *mut c_void, name: &CStr) -> T {
-    // SAFETY: each name below is the fake driver's function of type T.
+    // SAFETY: each name below is the fake driver's (or runtime's) function
+    // of type T.
     unsafe { cast(sym(h, name)) }
 }
 
@@ -231,4 +232,26 @@ fn a_refused_free_leaves_the_memory_in_the_map() {
     round(&d, false);
     log_events();
     round(&d, true);
+
+    // Through the runtime: cudaFree of pinned memory, which the runtime
+    // refuses as the driver does (the fake's cudaFree calls the driver's
+    // cuMemFree, whose hook passes it through): reported once as freed
+    // and once again, by the runtime function's hook alone.
+    let cudart = open(&fake().cudart);
+    memhook::refresh();
+    assert_eq!(memhook::cuda::attached(), (true, true));
+    let cuda_free: unsafe extern "C" fn(*mut c_void) -> i32 = f(cudart, c"cudaFree");
+    let mut h: *mut c_void = std::ptr::null_mut();
+    // SAFETY: as in `round`.
+    assert_eq!(unsafe { (d.alloc_host)(&mut h, PINNED) }, 0);
+    let _ = take();
+    // SAFETY: the fake runtime's function; it refuses what the driver refuses.
+    assert_ne!(unsafe { cuda_free(h) }, 0);
+    let at = h as usize;
+    let host = MemType::CudaHost as u32;
+    assert_eq!(take(), [(F, at, PINNED, host), (A, at, PINNED, host)]);
+    assert_eq!(entry(at), (MemType::CudaHost, -1, at, PINNED));
+    // SAFETY: its own free.
+    assert_eq!(unsafe { (d.free_host)(h) }, 0);
+    assert_eq!(memtype::lookup(at, 1), Lookup::Absent);
 }
