@@ -65,5 +65,16 @@ int main(void) {
     still("sync", d);
     TRY(cuMemFreeHost(h), h);
     TRY(cuMemHostUnregister(reg), reg);
+
+    /* A reservation freed while a page is still mapped in it (memhook
+     * does not hook cuMemAddressFree): refused, or unmapped with it?
+     * "after" shows what the driver has at the page then. */
+    CUmemGenericAllocationHandle h1; OK(cuMemCreate(&h1, gran, &prop, 0));
+    CUdeviceptr vb; OK(cuMemAddressReserve(&vb, 2 * gran, 0, 0, 0)); OK(cuMemMap(vb, gran, 0, h1, 0));
+    OK(cuMemSetAccess(vb, gran, &acc, 1));
+    TRY(cuMemAddressFree(vb, 2 * gran), vb);
+    TRY(cuMemUnmap(vb, gran), vb);
+    TRY(cuMemAddressFree(vb, 2 * gran), vb);
+    TRY(cuMemRelease(h1), vb);
     return 0;
 }
