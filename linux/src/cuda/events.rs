@@ -71,15 +71,21 @@ pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) 
         let _ = memtype::map().insert(address, size, mem_type, device);
     }
     if want {
-        deliver(
-            id,
-            Event::MemTypeAlloc(MemTypeEvent {
-                address,
-                size,
-                mem_type: mem_type as u32,
-            }),
-        );
+        deliver_alloc(id, address, size, mem_type);
     }
+}
+
+/// Delivers `MEM_TYPE_ALLOC` for `[address, address + size)`.
+#[inline(always)]
+fn deliver_alloc(id: Id, address: usize, size: usize, mem_type: MemType) {
+    deliver(
+        id,
+        Event::MemTypeAlloc(MemTypeEvent {
+            address,
+            size,
+            mem_type: mem_type as u32,
+        }),
+    );
 }
 
 /// The type, device and size the driver gives an allocation of unknown
@@ -117,10 +123,11 @@ fn classified(address: usize, size: usize) -> (MemType, i32, usize) {
 ///
 /// Returns 0, or, where `id` frees device memory and the map held pinned
 /// host memory at `address`, that entry's length: the entry is then out
-/// of the map and nothing is reported yet, and the hook makes the call
-/// through [`super::hooks`]' checked path (driver 580 refuses a device
-/// free of pinned or registered host memory, a program error, but frees a
-/// host pool's allocation: which one it was shows only after the call).
+/// of the map and nothing is reported yet, and the hook reports it
+/// ([`pinned_freeing`]), makes the call, and puts it back if the driver
+/// refused ([`pinned_refused`]) (driver 580 refuses a device free of
+/// pinned or registered host memory, a program error, but frees a host
+/// pool's allocation: which one it was shows only after the call).
 #[inline(always)]
 pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) -> usize {
     // As in `allocated`: the map's line is asked for before the loads.
@@ -247,24 +254,17 @@ pub(super) fn refused(id: Id, taken: Taken) {
     if now.base != taken.address || now.mem_type == MemType::Host {
         return;
     }
-    match taken.entry {
-        Some(info) if info.mem_type != now.mem_type || info.device != now.device => {}
-        Some(info) => {
-            // A full map drops the range and answers Unknown inside it.
-            let _ = memtype::map().insert(info.base, info.len, info.mem_type, info.device);
-            if wants(bits::MEM_TYPE_ALLOC) {
-                deliver(
-                    id,
-                    Event::MemTypeAlloc(MemTypeEvent {
-                        address: info.base,
-                        size: info.len,
-                        mem_type: info.mem_type as u32,
-                    }),
-                );
-            }
-        }
-        None if taken.size != 0 => allocated(id, taken.address, taken.size, MemType::Unknown),
-        None => {}
+    // What the map held (an entry taken at the address starts there);
+    // else the driver's range, with the type and device it gives now.
+    let len = match taken.entry {
+        Some(info) if (info.mem_type, info.device) == (now.mem_type, now.device) => info.len,
+        None if taken.size != 0 => taken.size,
+        _ => return,
+    };
+    // A full map drops the range and answers Unknown inside it.
+    let _ = memtype::map().insert(taken.address, len, now.mem_type, now.device);
+    if wants(bits::MEM_TYPE_ALLOC) {
+        deliver_alloc(id, taken.address, len, now.mem_type);
     }
 }
 

@@ -395,7 +395,7 @@ fn on_host_free(id: Id, address: usize, call: impl FnOnce() -> Status) -> Status
 /// `cuMemUnmap`: as [`on_free`], and where the driver refuses the call
 /// (a range that cuts a mapping or holds unmapped space: a program error
 /// the driver catches), the mappings it kept in the range are recorded
-/// and reported again (see [`super::events::unmap_refused`]): an early
+/// and reported again (see [`events::unmap_refused`]): an early
 /// free, then an allocation, never a mapped range read as host.
 #[inline(always)]
 fn on_unmap(id: Id, address: usize, size: usize, call: impl FnOnce() -> Status) -> Status {
@@ -406,7 +406,7 @@ fn on_unmap(id: Id, address: usize, size: usize, call: impl FnOnce() -> Status) 
         freeing(id, address, Some(size));
         let status = guarded(id, flag, call);
         if status != SUCCESS {
-            super::events::unmap_refused(id, address, size);
+            events::unmap_refused(id, address, size);
         }
         status
     })
