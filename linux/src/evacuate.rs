@@ -786,47 +786,89 @@ mod tests {
     /// The tests that take or look at the signal's action, one at a time.
     static SIGNAL_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    /// Busy threads are held at the first look and found again at the
-    /// second: each listed once, each held, none signalled twice; the
-    /// threads run on once the holding ends.
+    /// Threads standing in the bytes are held at the first look and found
+    /// again at the second: each listed once, each held, none signalled
+    /// twice; the threads run on once the holding ends.
+    ///
+    /// The threads wait in a futex call, and its return address is made
+    /// an exit (one that goes on at itself: the handler moves nothing), so
+    /// each is seen blocked inside the bytes at every look. Threads that
+    /// spin would not do: on a loaded machine the kernel shows a spinner
+    /// it preempted as stopped at its pc, outside the bytes, and such a
+    /// thread is rightly not signalled.
     #[test]
     fn a_second_look_finds_the_threads_of_the_first() {
         let _one = SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
-        // Bytes no thread runs: a patch of them has one exit inside.
-        static BYTES: [u8; 16] = [0; 16];
-        let at = BYTES.as_ptr() as usize;
-        let exits = [Exit {
-            from: at + 2,
-            to: at + 8,
-        }];
-        let mut regions = [Region {
-            at,
-            len: 5,
-            stuck: false,
-        }];
-        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        static WORD: AtomicU32 = AtomicU32::new(0);
+        WORD.store(0, Ordering::SeqCst);
         let (tx, rx) = std::sync::mpsc::channel();
-        let spinners: Vec<_> = (0..3)
+        let sleepers: Vec<_> = (0..3)
             .map(|_| {
-                let (stop, tx) = (stop.clone(), tx.clone());
+                let tx = tx.clone();
                 std::thread::spawn(move || {
                     // SAFETY: gettid has no preconditions.
                     tx.send(unsafe { libc::gettid() }).unwrap();
-                    let mut n = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        n = core::hint::black_box(n + 1);
+                    let mut waits = 0u32;
+                    while WORD.load(Ordering::SeqCst) == 0 {
+                        // SAFETY: waits on the futex word WORD while it is 0.
+                        unsafe {
+                            libc::syscall(
+                                libc::SYS_futex,
+                                WORD.as_ptr(),
+                                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                                0u32,
+                                core::ptr::null::<libc::timespec>(),
+                            )
+                        };
+                        waits += 1;
                     }
-                    n
+                    waits
                 })
             })
             .collect();
         let tids: Vec<i32> = (0..3).map(|_| rx.recv().unwrap()).collect();
-        // While other threads are held (the harness's too, wherever they
-        // stand), this thread allocates nothing: the marks are read into
-        // arrays and checked after the release. A listed thread's
-        // waiting mark is reset at each look and set again only if it is
-        // signalled, so a look that lists none leaves the first look's.
-        // Per thread: (slots it has, held, waiting) at its first slot.
+        // Where each thread waits, once all three are in the call.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let pcs: Vec<usize> = loop {
+            let seen: Vec<Option<usize>> = tids
+                .iter()
+                .map(|tid| {
+                    let text = std::fs::read(format!("/proc/self/task/{tid}/syscall")).ok()?;
+                    let waiting = text.starts_with(format!("{} ", libc::SYS_futex).as_bytes());
+                    match parse_syscall(&text) {
+                        Stands::Blocked(pc) if waiting => Some(pc),
+                        _ => None,
+                    }
+                })
+                .collect();
+            if seen.iter().all(Option::is_some) {
+                break seen.into_iter().flatten().collect();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the threads did not all wait in futex: {seen:x?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        let mut distinct = pcs.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let exits: Vec<Exit> = distinct.iter().map(|&pc| Exit { from: pc, to: pc }).collect();
+        let mut regions: Vec<Region> = distinct
+            .iter()
+            .map(|&pc| Region {
+                at: pc - 2,
+                len: 5,
+                stuck: false,
+            })
+            .collect();
+        // While other threads are held (the harness's too, where they wait
+        // in the same call), this thread allocates nothing: the marks are
+        // read into arrays and checked after the release. A listed
+        // thread's waiting mark is reset at each look and set again only
+        // if it is signalled, so a look that lists none leaves the first
+        // look's. Per thread: (slots it has, held, waiting) at its first
+        // slot.
         let mark = |count: usize, tid: i32| {
             let slots = (0..count).filter(|&i| TIDS[i].load(Ordering::SeqCst) == tid);
             let first = slots.clone().next().unwrap_or(0);
@@ -846,8 +888,18 @@ mod tests {
         for (m, &tid) in second.iter_mut().zip(&tids) {
             *m = mark(holding.count, tid);
         }
-        let stuck = regions[0].stuck;
+        let stuck = regions.iter().any(|r| r.stuck);
         holding.release();
+        WORD.store(1, Ordering::SeqCst);
+        // SAFETY: wakes every waiter on WORD.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                WORD.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                i32::MAX,
+            )
+        };
         for ((f, s), tid) in first.iter().zip(&second).zip(&tids) {
             assert_eq!(
                 *f,
@@ -861,9 +913,8 @@ mod tests {
             );
         }
         assert!(!stuck);
-        stop.store(true, Ordering::Relaxed);
-        for s in spinners {
-            assert!(s.join().unwrap() > 0);
+        for s in sleepers {
+            assert!(s.join().unwrap() > 0, "each thread waited and ran on");
         }
     }
 
