@@ -12,8 +12,8 @@
 #    caller, and look up no thread-local (a call into the dynamic linker)
 #    while no runtime hook runs (cuIpcCloseMemHandle's last close, which
 #    asks the driver afterwards whether the mapping remains, is out of
-#    line; the arm of a device free of pinned host memory, which looks at
-#    the driver's answer, calls it after calling pinned_freeing; the host
+#    line; the arm of a device free of marked memory, which looks at
+#    the driver's answer, calls it after calling kept_freeing; the host
 #    frees, cuMemFreeHost and cuMemHostUnregister, look at it always:
 #    unpinning takes microseconds);
 #  - cuMemAlloc_v2's hook looks up no thread-local before the driver call.
@@ -66,10 +66,10 @@ reg_jump = re.compile(r"\sjmp\s+\*%r")
 for h in ("cuMemFree_v2", "cuMemFree", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuIpcCloseMemHandle"):
     body = hooks.get(h, [])
     need(body, f"{h}: not found")
-    # The one call allowed: of the driver, in the arm of pinned host
-    # memory, which looks at its answer (right after pinned_freeing).
+    # The one call allowed: of the driver, in the arm of marked memory,
+    # which looks at its answer (right after kept_freeing).
     need(
-        all(any("pinned_freeing" in p for p in body[max(0, i - 6):i]) for i, l in enumerate(body) if reg_call.search(l)),
+        all(any("kept_freeing" in p for p in body[max(0, i - 6):i]) for i, l in enumerate(body) if reg_call.search(l)),
         f"{h}: calls the driver through a register (no tail call)",
     )
     need(any(reg_jump.search(l) for l in body), f"{h}: no tail jump to the driver")

@@ -202,13 +202,19 @@ pub enum Inserted {
     Dropped,
 }
 
+/// An entry's packed type and device: the type in the low bits, the
+/// caller's mark ([`MemtypeMap::insert_marked`]) in bit 16, the device in
+/// the high word.
 const fn pack(mem_type: MemType, device: i32) -> u64 {
     (mem_type as u32 as u64) | ((device as u32 as u64) << 32)
 }
 
+/// The mark's bit in a packed entry.
+const MARK: u64 = 1 << 16;
+
 const fn unpack(meta: u64, base: usize, end: usize) -> MemInfo {
     MemInfo {
-        mem_type: MemType::from_raw(meta as u32),
+        mem_type: MemType::from_raw(meta as u32 & 0xffff),
         device: (meta >> 32) as u32 as i32,
         base,
         len: end - base,
@@ -816,6 +822,13 @@ impl<const N: usize> Table<N> {
 
     fn end(&self, i: usize) -> usize {
         self.slots[i].end.load(Ordering::Relaxed)
+    }
+
+    /// The end and packed type of the entry that starts at `start`.
+    fn starting_at(&self, start: usize) -> Option<(usize, u64)> {
+        let i = self.upper_bound(self.len.load(Ordering::Relaxed).min(N), start);
+        let (s, e, m) = self.get(i.checked_sub(1)?);
+        (s == start && e > start).then_some((e, m))
     }
 
     fn get(&self, i: usize) -> (usize, usize, u64) {
@@ -1912,8 +1925,29 @@ impl<const N: usize> MemtypeMap<N> {
     /// is not an error: see [`Inserted::Dropped`].
     #[inline(always)]
     pub fn insert(&self, start: usize, len: usize, mem_type: MemType, device: i32) -> Result<Inserted, MapError> {
+        self.insert_marked(start, len, mem_type, device, false)
+    }
+
+    /// [`Self::insert`], with a mark: one bit the caller keeps with the
+    /// entry. Lookups do not see it; the pieces a later update splits the
+    /// entry into keep it; [`Self::take_marked`] gives it back. (memhook's
+    /// CUDA hooks mark the memory that a free of device memory may be
+    /// refused for, to look at that free's answer.)
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::insert`].
+    #[inline(always)]
+    pub fn insert_marked(
+        &self,
+        start: usize,
+        len: usize,
+        mem_type: MemType,
+        device: i32,
+        mark: bool,
+    ) -> Result<Inserted, MapError> {
         let end = range_end(start, len)?;
-        let meta = pack(mem_type, device);
+        let meta = pack(mem_type, device) | if mark { MARK } else { 0 };
         Ok(self.update(Op::Insert {
             start,
             end,
@@ -1957,6 +1991,12 @@ impl<const N: usize> MemtypeMap<N> {
     /// of the allocation recorded last needs neither search nor table work.
     #[inline]
     pub fn take(&self, start: usize) -> Option<MemInfo> {
+        self.take_marked(start).map(|(info, _)| info)
+    }
+
+    /// [`Self::take`], with the entry's mark ([`Self::insert_marked`]).
+    #[inline]
+    pub fn take_marked(&self, start: usize) -> Option<(MemInfo, bool)> {
         let mut pending = self.writer.lock();
         // The allocation recorded last, stored as it came (the live table
         // has it): no search, and the removal is a shortcut.
@@ -1972,11 +2012,11 @@ impl<const N: usize> MemtypeMap<N> {
             && s == start
         {
             self.update_locked(&mut pending, Op::Remove { start, end });
-            return Some(unpack(meta, start, end));
+            return Some((unpack(meta, start, end), meta & MARK != 0));
         }
         match self.take_recorded(&mut pending, start) {
             (0, _) => None,
-            (end, meta) => Some(unpack(meta, start, end)),
+            (end, meta) => Some((unpack(meta, start, end), meta & MARK != 0)),
         }
     }
 
@@ -1992,16 +2032,11 @@ impl<const N: usize> MemtypeMap<N> {
         let live = &self.tables[self.read.live.load(Ordering::Relaxed)];
         // The writer lock is held: no writer changes the live table while
         // it is read here, so the answer needs no validation.
-        let Some(past) = start.checked_add(1) else {
+        let Some((end, meta)) = live.starting_at(start) else {
             return (0, 0);
         };
-        let info = match live.probe(start, past) {
-            Lookup::Found(info) if info.base == start => info,
-            _ => return (0, 0),
-        };
-        let end = start + info.len;
         self.update_locked(pending, Op::Remove { start, end });
-        (end, pack(info.mem_type, info.device))
+        (end, meta)
     }
 
     /// Makes the map whole again in the child of a `fork` made while a
@@ -3025,6 +3060,61 @@ mod tests {
 
     /// The writer's words share one line; what lookups read first lies on
     /// the next, which an update writes once (the live index).
+    /// A mark is the caller's: lookups answer as without it, the pieces
+    /// of a split entry keep it, and a take gives it back, whether the
+    /// entry was the one recorded last or lies among thousands.
+    #[test]
+    fn a_mark_stays_with_its_entry_and_its_pieces_and_lookups_do_not_see_it() {
+        let map = MemtypeMap::<4096>::new();
+        // The last recorded, taken by the shortcut.
+        map.insert_marked(0x1000, 0x1000, MemType::Cuda, -1, true).unwrap();
+        assert_eq!(found(&map, 0x1800, 1), Some((MemType::Cuda, 0x1000, 0x1000)));
+        let (info, mark) = map.take_marked(0x1000).unwrap();
+        assert_eq!(
+            (info.mem_type, info.device, info.len, mark),
+            (MemType::Cuda, -1, 0x1000, true)
+        );
+        map.insert_marked(0x1000, 0x1000, MemType::Cuda, -1, false).unwrap();
+        assert_eq!(map.take_marked(0x1000).map(|(_, m)| m), Some(false));
+        // Many entries, alternately marked, of every type and a device each.
+        let types = [MemType::Cuda, MemType::CudaManaged, MemType::CudaHost, MemType::Unknown];
+        for i in 0..2000usize {
+            let t = types[i % 4];
+            map.insert_marked(0x10_0000 + i * 0x1000, 0x1000, t, (i % 7) as i32 - 1, i % 2 == 0)
+                .unwrap();
+        }
+        for i in (0..2000usize).step_by(3) {
+            let at = 0x10_0000 + i * 0x1000;
+            let info = match map.lookup(at + 8, 8) {
+                Lookup::Found(info) => info,
+                other => panic!("{at:#x}: {other:?}"),
+            };
+            assert_eq!((info.mem_type, info.device), (types[i % 4], (i % 7) as i32 - 1));
+        }
+        // A remove splits entry 10 (marked), an insert splits entry 11 (not).
+        let at = |i: usize| 0x10_0000 + i * 0x1000;
+        map.remove(at(10) + 0x400, 0x400).unwrap();
+        map.insert(at(11) + 0x400, 0x400, MemType::CudaHost, 3).unwrap();
+        for (start, len, mark) in [
+            (at(10), 0x400, true),
+            (at(10) + 0x800, 0x800, true),
+            (at(11), 0x400, false),
+            (at(11) + 0x400, 0x400, false),
+            (at(11) + 0x800, 0x800, false),
+        ] {
+            let (info, m) = map.take_marked(start).expect("an entry starts there");
+            assert_eq!((info.base, info.len, m), (start, len, mark), "{start:#x}");
+        }
+        for i in (12..2000usize).rev() {
+            let (info, m) = map.take_marked(at(i)).unwrap();
+            assert_eq!(
+                (info.mem_type, info.device, info.len, m),
+                (types[i % 4], (i % 7) as i32 - 1, 0x1000, i % 2 == 0)
+            );
+        }
+        assert_eq!(map.take_marked(at(3) + 1), None);
+    }
+
     #[test]
     fn the_writers_words_and_the_readers_words_lie_on_two_lines() {
         let map = MemtypeMap::<64>::new();

@@ -139,8 +139,9 @@ pub fn classify(addr: usize, len: usize) -> Lookup {
         }
         // Recorded already as the driver says (a repeated question): no
         // writer work, which costs the map's lock and both its tables.
+        // Marked: which call made it is not known (see `cuda::events`).
         if MAP.lookup(info.base, info.len) != Lookup::Found(info) {
-            let _ = MAP.insert(info.base, info.len, info.mem_type, info.device);
+            let _ = MAP.insert_marked(info.base, info.len, info.mem_type, info.device, true);
         }
         Lookup::Found(info)
     }
@@ -152,12 +153,15 @@ pub fn classify(addr: usize, len: usize) -> Lookup {
 }
 
 /// Records `[start, start + len)` as `mem_type` on `device` (-1: none).
+/// (A CUDA free of the range, where the hooks are installed too, looks at
+/// the driver's answer and puts the range back if the driver refused:
+/// which call made the memory is not known.)
 ///
 /// # Errors
 ///
 /// An empty or wrapping range.
 pub fn insert(start: usize, len: usize, mem_type: MemType, device: i32) -> Result<Inserted, MapError> {
-    MAP.insert(start, len, mem_type, device)
+    MAP.insert_marked(start, len, mem_type, device, true)
 }
 
 /// Forgets `[start, start + len)`.
@@ -225,7 +229,8 @@ pub fn is_empty() -> bool {
 pub(crate) fn record(event: &Event) {
     match *event {
         Event::MemTypeAlloc(m) if m.size != 0 => {
-            let _ = MAP.insert(m.address, m.size, MemType::from_raw(m.mem_type), -1);
+            let mem_type = MemType::from_raw(m.mem_type);
+            let _ = MAP.insert_marked(m.address, m.size, mem_type, -1, true);
         }
         Event::MemTypeFree(m) if m.size != 0 => {
             let _ = MAP.remove(m.address, m.size);

@@ -12,7 +12,9 @@
  * install), one through the hook; the close memhook takes for the last
  * is reported, and since the driver still maps the address afterwards,
  * the range is recorded and reported again (a lookup says CUDA); the
- * real last close ends it.
+ * real last close ends it. Last, a cuMemFree_v2 of opened memory (a
+ * program error): its status, and that a refusal leaves the range CUDA
+ * in the map (reported freed, then again) until the close ends it.
  *
  *   gcc -O2 -I. ipc.c -L. -lmemhook -ldl -Wl,-rpath,'$ORIGIN' -o ipc
  *   ./ipc bistro        (or procaddr, a comma list; none: what a lookup
@@ -104,6 +106,23 @@ static int child(const char *mode, const char *hex) {
                frees2 - frees1, info.mem_type);
         ok = ok && unseen == p && again == p && frees1 - frees0 == 1 && allocs1 - allocs0 == 1 &&
              mid.mem_type == MEMHOOK_MEM_TYPE_CUDA && mid.device == 0 && mid.len == SIZE && frees2 - frees1 == 1 &&
+             info.mem_type == MEMHOOK_MEM_TYPE_HOST;
+        /* A device free of opened memory: the driver is expected to
+         * refuse it (only the close ends an opened mapping). */
+        int (*mem_free)(CUdeviceptr) = fn("cuMemFree_v2");
+        CHECK(open(&again, handle, 1));
+        int a0 = seen(MEMHOOK_EVENT_MEM_TYPE_ALLOC, again, NULL), f0 = seen(MEMHOOK_EVENT_MEM_TYPE_FREE, again, NULL);
+        int status = mem_free(again);
+        int a1 = seen(MEMHOOK_EVENT_MEM_TYPE_ALLOC, again, NULL), f1 = seen(MEMHOOK_EVENT_MEM_TYPE_FREE, again, NULL);
+        CHECK(memhook_memtype_lookup((void *)(uintptr_t)again, 4096, &mid));
+        int closed = close(again);
+        int f2 = seen(MEMHOOK_EVENT_MEM_TYPE_FREE, again, NULL);
+        CHECK(memhook_memtype_lookup((void *)(uintptr_t)again, 4096, &info));
+        printf("ipc %s: cuMemFree_v2 of opened memory: status %d, %d free(s) %d alloc(s), lookup type %u device %d "
+               "len %zu; close %d: %d free(s), lookup type %u\n",
+               mode, status, f1 - f0, a1 - a0, mid.mem_type, mid.device, mid.len, closed, f2 - f1, info.mem_type);
+        ok = ok && status != 0 && f1 - f0 == 1 && a1 - a0 == 1 && mid.mem_type == MEMHOOK_MEM_TYPE_CUDA &&
+             mid.device == 0 && mid.len == SIZE && closed == 0 && f2 - f1 == 1 &&
              info.mem_type == MEMHOOK_MEM_TYPE_HOST;
     }
     printf("ipc %s: %s\n", mode, ok ? "ok" : "FAILED");

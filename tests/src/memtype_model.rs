@@ -20,6 +20,17 @@ pub enum Op {
         /// Device.
         device: i32,
     },
+    /// `insert_marked(start, len, mem_type, device, true)`.
+    InsertMarked {
+        /// Start address.
+        start: usize,
+        /// Length.
+        len: usize,
+        /// Type.
+        mem_type: MemType,
+        /// Device.
+        device: i32,
+    },
     /// `remove(start, len)`.
     Remove {
         /// Start address.
@@ -27,7 +38,8 @@ pub enum Op {
         /// Length.
         len: usize,
     },
-    /// `take(start)`: forget the entry starting at `start`, returning it.
+    /// `take_marked(start)`: forget the entry starting at `start`,
+    /// returning it and its mark.
     Take {
         /// Start address.
         start: usize,
@@ -41,12 +53,15 @@ pub enum Op {
     },
 }
 
+/// An entry of the model: end, type, device, mark.
+type Entry = (usize, MemType, i32, bool);
+
 /// The obviously-correct model: entries keyed by start, with the same
 /// capacity rules as the real map.
 #[derive(Debug)]
 pub struct Model {
     capacity: usize,
-    entries: BTreeMap<usize, (usize, MemType, i32)>,
+    entries: BTreeMap<usize, Entry>,
     hull: Option<(usize, usize)>,
     /// Ranges dropped because the model was full.
     pub dropped: u64,
@@ -78,55 +93,63 @@ impl Model {
         });
     }
 
-    fn overlapping(&self, start: usize, end: usize) -> Vec<(usize, usize, MemType, i32)> {
+    fn overlapping(&self, start: usize, end: usize) -> Vec<(usize, Entry)> {
         self.entries
             .iter()
-            .filter(|(s, (e, _, _))| **s < end && start < *e)
-            .map(|(s, (e, t, d))| (*s, *e, *t, *d))
+            .filter(|(s, (e, ..))| **s < end && start < *e)
+            .map(|(s, entry)| (*s, *entry))
             .collect()
     }
 
     /// Removes `[start, start + len)`.
     pub fn remove(&mut self, start: usize, len: usize) -> Result<(), MapError> {
         let end = end_of(start, len)?;
-        for (s, e, t, d) in self.overlapping(start, end) {
+        for (s, (e, t, d, m)) in self.overlapping(start, end) {
             self.entries.remove(&s);
             if s < start {
-                self.entries.insert(s, (start, t, d));
+                self.entries.insert(s, (start, t, d, m));
             }
             if e > end {
                 if s < start && self.entries.len() == self.capacity {
                     // A split the full map has no slot for.
                     self.drop_range(end, e);
                 } else {
-                    self.entries.insert(end, (e, t, d));
+                    self.entries.insert(end, (e, t, d, m));
                 }
             }
         }
         Ok(())
     }
 
-    /// Inserts, replacing what it overlaps.
-    pub fn insert(&mut self, start: usize, len: usize, mem_type: MemType, device: i32) -> Result<Inserted, MapError> {
+    /// Inserts, replacing what it overlaps; `mark` stays with it.
+    pub fn insert(
+        &mut self,
+        start: usize,
+        len: usize,
+        mem_type: MemType,
+        device: i32,
+        mark: bool,
+    ) -> Result<Inserted, MapError> {
         let end = end_of(start, len)?;
         self.remove(start, len)?;
         if self.entries.len() == self.capacity {
             self.drop_range(start, end);
             return Ok(Inserted::Dropped);
         }
-        self.entries.insert(start, (end, mem_type, device));
+        self.entries.insert(start, (end, mem_type, device, mark));
         Ok(Inserted::Stored)
     }
 
-    /// Forgets the entry that starts at `start`, returning it.
-    pub fn take(&mut self, start: usize) -> Option<MemInfo> {
-        let (end, mem_type, device) = self.entries.remove(&start)?;
-        Some(MemInfo {
+    /// Forgets the entry that starts at `start`, returning it and its mark.
+    pub fn take(&mut self, start: usize) -> Option<(MemInfo, bool)> {
+        let (end, mem_type, device, mark) = self.entries.remove(&start)?;
+        let info = MemInfo {
             mem_type,
             device,
             base: start,
             len: end - start,
-        })
+        };
+        Some((info, mark))
     }
 
     /// What the map must answer.
@@ -136,7 +159,7 @@ impl Model {
         };
         let hits = self.overlapping(addr, end);
         match hits.as_slice() {
-            [(s, e, t, d)] if *s <= addr && end <= *e => Lookup::Found(MemInfo {
+            [(s, (e, t, d, _))] if *s <= addr && end <= *e => Lookup::Found(MemInfo {
                 mem_type: *t,
                 device: *d,
                 base: *s,
@@ -154,7 +177,7 @@ impl Model {
     pub fn entries(&self) -> Vec<MemInfo> {
         self.entries
             .iter()
-            .map(|(s, (e, t, d))| MemInfo {
+            .map(|(s, (e, t, d, _))| MemInfo {
                 mem_type: *t,
                 device: *d,
                 base: *s,
@@ -179,14 +202,24 @@ pub fn check_ops<const N: usize>(map: &MemtypeMap<N>, ops: &[Op]) {
                 device,
             } => {
                 let got = map.insert(start, len, mem_type, device);
-                let want = model.insert(start, len, mem_type, device);
+                let want = model.insert(start, len, mem_type, device, false);
+                assert_eq!(got, want, "step {step}: {op:?}");
+            }
+            Op::InsertMarked {
+                start,
+                len,
+                mem_type,
+                device,
+            } => {
+                let got = map.insert_marked(start, len, mem_type, device, true);
+                let want = model.insert(start, len, mem_type, device, true);
                 assert_eq!(got, want, "step {step}: {op:?}");
             }
             Op::Remove { start, len } => {
                 assert_eq!(map.remove(start, len), model.remove(start, len), "step {step}: {op:?}");
             }
             Op::Take { start } => {
-                assert_eq!(map.take(start), model.take(start), "step {step}: {op:?}");
+                assert_eq!(map.take_marked(start), model.take(start), "step {step}: {op:?}");
             }
             Op::Lookup { addr, len } => {
                 assert_eq!(map.lookup(addr, len), model.lookup(addr, len), "step {step}: {op:?}");
@@ -232,6 +265,12 @@ fn length(b: u8) -> usize {
 pub fn ops_from_bytes(data: &[u8]) -> Vec<Op> {
     data.chunks_exact(4)
         .map(|c| match c[0] % 4 {
+            0 | 1 if c[0] & 4 != 0 => Op::InsertMarked {
+                start: address(c[1]),
+                len: length(c[2]),
+                mem_type: TYPES[(c[3] % 5) as usize],
+                device: (c[3] / 5) as i32 % 3 - 1,
+            },
             0 | 1 => Op::Insert {
                 start: address(c[1]),
                 len: length(c[2]),

@@ -1,5 +1,6 @@
 //! Frees the driver refuses (a program error it catches: a free of memory
-//! of the other kind) leave the memory-type map as it was, with a handler
+//! of another kind, or of memory mapped with `cuMemMap` or opened from
+//! another process by a free of device memory) leave the memory-type map as it was, with a handler
 //! (the free reported, then the allocation again) and with none (the
 //! hooks' short path, which ends in a tail call to the driver). Its own
 //! process: the first part runs before any handler is registered. The
@@ -47,6 +48,12 @@ struct Driver {
     unregister: unsafe extern "C" fn(*mut c_void) -> u32,
     error_after_free: unsafe extern "C" fn(i32, i32),
     forget: unsafe extern "C" fn(usize),
+    reserve: unsafe extern "C" fn(*mut Dptr, usize, usize, Dptr, u64) -> u32,
+    unreserve: unsafe extern "C" fn(Dptr, usize) -> u32,
+    map: unsafe extern "C" fn(Dptr, usize, usize, u64, u64) -> u32,
+    unmap: unsafe extern "C" fn(Dptr, usize) -> u32,
+    ipc_open: unsafe extern "C" fn(*mut Dptr, Handle, c_uint) -> u32,
+    ipc_close: unsafe extern "C" fn(Dptr) -> u32,
 }
 
 const A: u32 = bits::MEM_TYPE_ALLOC;
@@ -55,6 +62,7 @@ const DEVICE: usize = 1 << 20;
 const PINNED: usize = 1 << 16;
 const REGISTERED: usize = 1 << 16;
 const POOL: usize = 1 << 16;
+const PAGE: usize = 2 << 20;
 
 /// One round: memory of each kind, each freed by the calls the driver
 /// refuses it, then by its own. `events`: a handler logs them (checked).
@@ -77,6 +85,20 @@ fn round(d: &Driver, events: bool) {
     // SAFETY: as above; the fake takes any stream.
     assert_eq!(unsafe { (d.from_pool)(&mut p, POOL, 1, 0) }, 0);
     let pool = p as usize;
+    // A page of device memory mapped into a reserved range, and memory
+    // of device 3 opened from another process.
+    let mut va: Dptr = 0;
+    // SAFETY: the fake's functions, with a valid out-parameter; the page
+    // lies in the range reserved.
+    unsafe {
+        assert_eq!((d.reserve)(&mut va, 2 * PAGE, 0, 0, 0), 0);
+        assert_eq!((d.map)(va, PAGE, 0, 0, 0), 0);
+        assert_eq!((d.ipc_open)(&mut p, handle(PAGE, 3), 1), 0);
+    }
+    let (mapped, opened) = (va as usize, p as usize);
+    let kept_mapped = (MemType::Cuda, 0, mapped, PAGE);
+    let kept_opened = (MemType::Cuda, 3, opened, PAGE);
+    assert_eq!((entry(mapped), entry(opened)), (kept_mapped, kept_opened));
     let kept_device = (MemType::Cuda, 0, device, DEVICE);
     let kept_pinned = (MemType::CudaHost, -1, pinned, PINNED);
     let kept_registered = (MemType::CudaHost, -1, registered, REGISTERED);
@@ -94,8 +116,26 @@ fn round(d: &Driver, events: bool) {
     // Refused: each free of memory of the other kind.
     // SAFETY: the fake's functions; each checks the pointer and refuses
     // what it did not allocate for that call.
-    let refusals: [(&str, u32, usize, Entry); 6] = unsafe {
+    let refusals: [(&str, u32, usize, Entry); 9] = unsafe {
         [
+            (
+                "cuMemFree_v2 of a page mapped with cuMemMap",
+                (d.free)(mapped as Dptr),
+                mapped,
+                kept_mapped,
+            ),
+            (
+                "cuMemFreeAsync of memory opened from another process",
+                (d.free_async)(opened as Dptr, 0),
+                opened,
+                kept_opened,
+            ),
+            (
+                "cuMemFree_v2 of memory opened from another process",
+                (d.free)(opened as Dptr),
+                opened,
+                kept_opened,
+            ),
             (
                 "cuMemFree_v2 of pinned memory",
                 (d.free)(pinned as Dptr),
@@ -188,9 +228,17 @@ fn round(d: &Driver, events: bool) {
     assert_eq!(memtype::lookup(pool, 1), Lookup::Absent);
     // Each by its own free.
     // SAFETY: as above: each of its own kind.
-    let ends = unsafe { [(d.free)(device as Dptr), (d.free_host)(h), (d.unregister)(own)] };
-    assert_eq!(ends, [0, 0, 0]);
-    for gone in [device, pinned, registered] {
+    let ends = unsafe {
+        [
+            (d.free)(device as Dptr),
+            (d.free_host)(h),
+            (d.unregister)(own),
+            (d.unmap)(mapped as Dptr, PAGE),
+            (d.ipc_close)(opened as Dptr),
+        ]
+    };
+    assert_eq!(ends, [0; 5]);
+    for gone in [device, pinned, registered, mapped, opened] {
         assert_eq!(memtype::lookup(gone, 1), Lookup::Absent, "{gone:#x}");
     }
     if events {
@@ -200,10 +248,14 @@ fn round(d: &Driver, events: bool) {
                 ev(F, pool, POOL, MemType::CudaHost),
                 ev(F, device, DEVICE, MemType::Cuda),
                 ev(F, pinned, PINNED, MemType::CudaHost),
-                ev(F, registered, REGISTERED, MemType::CudaHost)
+                ev(F, registered, REGISTERED, MemType::CudaHost),
+                ev(F, mapped, PAGE, MemType::Cuda),
+                ev(F, opened, PAGE, MemType::Cuda),
             ]
         );
     }
+    // SAFETY: the fake's function; the range reserved above, unmapped.
+    assert_eq!(unsafe { (d.unreserve)(va, 2 * PAGE) }, 0);
     // SAFETY: the test's own mapping, no longer registered.
     unsafe { libc::munmap(own, REGISTERED) };
 }
@@ -228,6 +280,12 @@ fn a_refused_free_leaves_the_memory_in_the_map() {
         unregister: f(h, c"cuMemHostUnregister"),
         error_after_free: f(h, c"fake_error_after_free"),
         forget: f(h, c"fake_forget"),
+        reserve: f(h, c"cuMemAddressReserve"),
+        unreserve: f(h, c"cuMemAddressFree"),
+        map: f(h, c"cuMemMap"),
+        unmap: f(h, c"cuMemUnmap"),
+        ipc_open: f(h, c"cuIpcOpenMemHandle_v2"),
+        ipc_close: f(h, c"cuIpcCloseMemHandle"),
     };
     round(&d, false);
     log_events();

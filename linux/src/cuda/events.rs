@@ -68,11 +68,51 @@ pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) 
     };
     if size != 0 && mem_type != MemType::Host {
         // A full map drops the range and answers Unknown inside it.
-        let _ = memtype::map().insert(address, size, mem_type, device);
+        let mark = marked(id, mem_type);
+        let _ = memtype::map().insert_marked(address, size, mem_type, device, mark);
     }
     if want {
         deliver_alloc(id, address, size, mem_type);
     }
+}
+
+/// Whether the entry that `id` records for memory of `mem_type` is
+/// marked ([`memhook_core::memtype::MemtypeMap::insert_marked`]): memory
+/// a free of device memory (`cuMemFree*`, `cudaFree*`) may be refused
+/// for, which is all but the device and managed memory of the device
+/// allocations (pinned memory from a stream-ordered pool of host memory,
+/// which `cuMemFreeAsync` frees, is marked by its type). Driver 580
+/// refuses a device free of pinned or registered host memory and of
+/// pages mapped with `cuMemMap` (`tests/gpu/refusals.c`), and is expected
+/// to refuse one of memory opened from another process, which only its
+/// close ends (`tests/gpu/ipc.c` asks); a free of a marked entry looks at
+/// the driver's answer ([`freeing`]), the others keep their tail call.
+#[inline(always)]
+const fn marked(id: Id, mem_type: MemType) -> bool {
+    let device_allocation = matches!(
+        id,
+        Id::cuMemAlloc_v2
+            | Id::cuMemAlloc
+            | Id::cuMemAllocAsync
+            | Id::cuMemAllocAsync_ptsz
+            | Id::cuMemAllocFromPoolAsync
+            | Id::cuMemAllocFromPoolAsync_ptsz
+            | Id::cuMemAllocManaged
+            | Id::cuMemAllocPitch
+            | Id::cuMemAllocPitch_v2
+            | Id::cuMemPoolImportPointer
+            | Id::cuExternalMemoryGetMappedBuffer
+            | Id::cudaMalloc
+            | Id::cudaMallocAsync
+            | Id::cudaMallocAsync_ptsz
+            | Id::cudaMallocFromPoolAsync
+            | Id::cudaMallocFromPoolAsync_ptsz
+            | Id::cudaMallocManaged
+            | Id::cudaMallocPitch
+            | Id::cudaMemPoolImportPointer
+            | Id::cudaExternalMemoryGetMappedBuffer
+    );
+    !device_allocation || matches!(mem_type, MemType::CudaHost)
 }
 
 /// Delivers `MEM_TYPE_ALLOC` for `[address, address + size)`.
@@ -121,35 +161,77 @@ fn classified(address: usize, size: usize) -> (MemType, i32, usize) {
 /// A free of the allocation at `address` (its size when the call carries
 /// it; else what the map recorded; else the driver's range; else 0).
 ///
-/// Returns 0, or, where `id` frees device memory and the map held pinned
-/// host memory at `address`, that entry's length: the entry is then out
-/// of the map and nothing is reported yet, and the hook reports it
-/// ([`pinned_freeing`]), makes the call, and puts it back if the driver
-/// refused ([`pinned_refused`]) (driver 580 refuses a device free of
-/// pinned or registered host memory, a program error, but frees a host
-/// pool's allocation: which one it was shows only after the call).
+/// Returns [`Kept::NONE`], or, where `id` frees device memory and the
+/// map held a marked entry at `address` ([`marked`]: memory the driver
+/// may refuse that free for), that entry: it is then out of the map and
+/// nothing is reported yet, and the hook reports it ([`kept_freeing`]),
+/// makes the call, and puts it back if the driver refused
+/// ([`kept_refused`]) (driver 580 refuses a device free of pinned host
+/// memory, a program error, but frees a host pool's allocation: which
+/// one it was shows only after the call).
 #[inline(always)]
-pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) -> usize {
+pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) -> Kept {
     // As in `allocated`: the map's line is asked for before the loads.
     memtype::map().prefetch_update();
     if size.is_none() && !wants(bits::MEM_TYPE_FREE) {
         // Nobody to tell: end the recorded allocation in one step.
-        match memtype::map().take(address) {
+        match memtype::map().take_marked(address) {
             None => {
                 forget_unrecorded(address);
             }
-            Some(info) if info.mem_type == MemType::Unknown => keep_graph_range(info.base, info.len),
-            Some(info) if info.mem_type == MemType::CudaHost && frees_device_memory(id) => return info.len,
+            Some((info, _)) if info.mem_type == MemType::Unknown => keep_graph_range(info.base, info.len),
+            Some((info, true)) if frees_device_memory(id) => return Kept::of(&info),
             Some(_) => {}
         }
-        return 0;
+        return Kept::NONE;
     }
     reporting_free(id, address, size)
 }
 
-/// Whether `id` is a free of device memory, which the driver refuses a
-/// pointer to pinned or registered host memory (driver 580 on the H200:
-/// `tests/gpu/refusals.c`), a host pool's allocation aside.
+/// A marked entry a free of device memory took ([`freeing`]): its length
+/// (0: none), type and device. Two words, which go to and come back from
+/// a function in registers (a third would go through memory, and the
+/// hook's stack could then be seen by its callee: no tail call).
+#[derive(Clone, Copy)]
+pub(super) struct Kept {
+    /// The entry's length; 0: nothing kept.
+    pub(super) len: usize,
+    /// Its type in the low word, its device in the high one.
+    kind: u64,
+}
+
+impl Kept {
+    /// Nothing kept.
+    pub(super) const NONE: Kept = Kept { len: 0, kind: 0 };
+
+    #[inline(always)]
+    const fn of(info: &MemInfo) -> Kept {
+        Kept {
+            len: info.len,
+            kind: (info.mem_type as u32 as u64) | ((info.device as u32 as u64) << 32),
+        }
+    }
+
+    /// The entry, at `address`.
+    const fn at(self, address: usize) -> Taken {
+        let entry = MemInfo {
+            mem_type: MemType::from_raw(self.kind as u32),
+            device: (self.kind >> 32) as u32 as i32,
+            base: address,
+            len: self.len,
+        };
+        Taken {
+            address,
+            entry: Some(entry),
+            size: self.len,
+            mark: true,
+        }
+    }
+}
+
+/// Whether `id` is a free of device memory, which driver 580 refuses
+/// for memory of other kinds (see [`marked`]), a host pool's allocation
+/// aside.
 #[inline(always)]
 const fn frees_device_memory(id: Id) -> bool {
     matches!(
@@ -176,54 +258,43 @@ pub(super) struct Taken {
     entry: Option<MemInfo>,
     /// The size reported.
     size: usize,
+    /// The entry's mark (marked where the map held none).
+    mark: bool,
 }
 
-impl Taken {
-    /// Pinned host memory of `len` bytes at `address`, taken by
-    /// [`freeing`] (its nonzero answer).
-    const fn pinned(address: usize, len: usize) -> Self {
-        let entry = MemInfo {
-            mem_type: MemType::CudaHost,
-            device: -1,
-            base: address,
-            len,
-        };
-        Taken {
-            address,
-            entry: Some(entry),
-            size: len,
-        }
-    }
-}
-
-/// Before a device free of the pinned host memory [`freeing`] took (its
-/// nonzero answer, `len`): `MEM_TYPE_FREE` for it.
+/// Before a device free of the marked entry [`freeing`] took (its answer
+/// `kept`): `MEM_TYPE_FREE` for it.
 #[cold]
 #[inline(never)]
-pub(super) fn pinned_freeing(id: Id, address: usize, len: usize) {
-    report_taken(id, &Taken::pinned(address, len));
+pub(super) fn kept_freeing(id: Id, address: usize, kept: Kept) {
+    report_taken(id, &kept.at(address));
 }
 
 /// After the driver refused that free: the memory back (see [`refused`]).
 #[cold]
 #[inline(never)]
-pub(super) fn pinned_refused(id: Id, address: usize, len: usize) {
-    refused(id, Taken::pinned(address, len));
+pub(super) fn kept_refused(id: Id, address: usize, kept: Kept) {
+    refused(id, kept.at(address));
 }
 
 /// Takes what a free of `address` ends out of the map, as
 /// [`reporting_free`] does, and says what it took (nothing is reported).
 pub(super) fn take(address: usize) -> Taken {
-    let (entry, size) = match memtype::map().take(address) {
-        Some(info) => {
+    let (entry, size, mark) = match memtype::map().take_marked(address) {
+        Some((info, mark)) => {
             if info.mem_type == MemType::Unknown {
                 keep_graph_range(info.base, info.len);
             }
-            (Some(info), info.len)
+            (Some(info), info.len, mark)
         }
-        None => (None, forget_unrecorded(address)),
+        None => (None, forget_unrecorded(address), true),
     };
-    Taken { address, entry, size }
+    Taken {
+        address,
+        entry,
+        size,
+        mark,
+    }
 }
 
 /// `MEM_TYPE_FREE` for what [`take`] took (where a handler wants it).
@@ -262,7 +333,7 @@ pub(super) fn refused(id: Id, taken: Taken) {
         _ => return,
     };
     // A full map drops the range and answers Unknown inside it.
-    let _ = memtype::map().insert(taken.address, len, now.mem_type, now.device);
+    let _ = memtype::map().insert_marked(taken.address, len, now.mem_type, now.device, taken.mark);
     if wants(bits::MEM_TYPE_ALLOC) {
         deliver_alloc(id, taken.address, len, now.mem_type);
     }
@@ -332,7 +403,7 @@ fn forget_unrecorded(address: usize) -> usize {
 /// as for an allocation: a handler's lookup of the range already says
 /// it is gone. (Returns as [`freeing`].)
 #[inline(never)]
-fn reporting_free(id: Id, address: usize, size: Option<usize>) -> usize {
+fn reporting_free(id: Id, address: usize, size: Option<usize>) -> Kept {
     dispatch::prefetch_delivery(bits::MEM_TYPE_FREE);
     let (size, mem_type) = match size {
         // The call carries the size (cuMemUnmap): the type is the map's,
@@ -348,8 +419,12 @@ fn reporting_free(id: Id, address: usize, size: Option<usize>) -> usize {
         // The allocation recorded at `address`, taken out in one step;
         // else the driver's range.
         None => match take(address) {
-            Taken { entry: Some(info), .. } if info.mem_type == MemType::CudaHost && frees_device_memory(id) => {
-                return info.len;
+            Taken {
+                entry: Some(info),
+                mark: true,
+                ..
+            } if info.mem_type != MemType::Unknown && frees_device_memory(id) => {
+                return Kept::of(&info);
             }
             taken => (taken.size, taken.entry.map_or(MemType::Unknown, |info| info.mem_type)),
         },
@@ -357,7 +432,7 @@ fn reporting_free(id: Id, address: usize, size: Option<usize>) -> usize {
     if wants(bits::MEM_TYPE_FREE) {
         deliver_free(id, address, size, mem_type);
     }
-    0
+    Kept::NONE
 }
 
 /// Delivers `MEM_TYPE_FREE` for `[address, address + size)`.

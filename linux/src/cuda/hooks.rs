@@ -340,32 +340,33 @@ fn on_alloc(
 
 /// A freeing call: `MEM_TYPE_FREE` for `address` (size when the call
 /// carries it), then the original, in a tail call. A device free of
-/// pinned host memory, which the driver refuses unless the memory is a
-/// host pool's, looks at the driver's answer and, where it refused, puts
-/// the memory back (see [`events::freeing`]). (Only scalars go to the
-/// functions out of line: an aggregate, passed by its address, would
-/// keep the hook from its tail call.)
+/// memory the driver may refuse it for (pinned host memory, unless a
+/// host pool's; pages mapped with `cuMemMap`; memory opened from another
+/// process: the map's mark says which) looks at the driver's answer and,
+/// where it refused, puts the memory back (see [`events::freeing`]).
+/// (Only values of at most two words go to the functions out of line: a
+/// larger aggregate, passed by its address, would keep the hook from its
+/// tail call.)
 #[inline(always)]
 fn on_free(id: Id, address: usize, size: Option<usize>, call: impl FnOnce() -> Status) -> Status {
     with_guard(id, |flag| {
         if address == 0 || flag.is_some_and(Cell::get) {
             return call();
         }
-        match freeing(id, address, size) {
-            0 => guarded(id, flag, call),
-            // Inline, with the call not in the tail: out of line, the
-            // call's closure (three words for two arguments) would be
-            // passed by its address, and no call of the hook could then
-            // be a tail call. `check-hook-code.sh` allows this one.
-            len => {
-                events::pinned_freeing(id, address, len);
-                let status = guarded(id, flag, call);
-                if status != SUCCESS {
-                    events::pinned_refused(id, address, len);
-                }
-                status
-            }
+        let kept = freeing(id, address, size);
+        if kept.len == 0 {
+            return guarded(id, flag, call);
         }
+        // Inline, with the call not in the tail: out of line, the call's
+        // closure (three words for two arguments) would be passed by its
+        // address, and no call of the hook could then be a tail call.
+        // `check-hook-code.sh` allows this one.
+        events::kept_freeing(id, address, kept);
+        let status = guarded(id, flag, call);
+        if status != SUCCESS {
+            events::kept_refused(id, address, kept);
+        }
+        status
     })
 }
 
