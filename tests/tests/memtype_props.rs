@@ -34,8 +34,10 @@ fn len() -> impl Strategy<Value = usize> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (addr(), len(), mem_type(), -1i32..4)
+        2 => (addr(), len(), mem_type(), -1i32..4)
             .prop_map(|(start, len, mem_type, device)| Op::Insert { start, len, mem_type, device }),
+        1 => (addr(), len(), mem_type(), -1i32..4)
+            .prop_map(|(start, len, mem_type, device)| Op::InsertMarked { start, len, mem_type, device }),
         1 => (addr(), len()).prop_map(|(start, len)| Op::Remove { start, len }),
         1 => addr().prop_map(|start| Op::Take { start }),
         4 => (addr(), prop_oneof![Just(0usize), 1usize..0x400]).prop_map(|(addr, len)| Op::Lookup { addr, len }),
