@@ -522,7 +522,8 @@ fn classify_in_a_reserved_range_records_the_mapping_alone() {
 /// unmapped space: a program error): the hook reported the range freed
 /// and took it out of the map before the call; after the refusal, every
 /// mapping the driver kept in the range is recorded and reported again,
-/// with its own type and device, so that no mapped page reads as host.
+/// with its own type and device, so that no mapped page reads as host
+/// (past the walk's limit: Unknown).
 #[test]
 fn a_refused_unmap_reports_the_mappings_it_kept_again() {
     let _serial = serial();
@@ -586,6 +587,36 @@ fn a_refused_unmap_reports_the_mappings_it_kept_again() {
         assert_eq!(memtype::lookup(va + page * 2 * MIB, 1), Lookup::Absent, "page {page}");
     }
     vmm.unreserve(va, 16 * MIB);
+
+    // A range whose holes take more queries than the walk makes (1,024
+    // steps of 2 MiB: 2 GiB): the mapping past them is not reported
+    // again, and the rest of the range reads Unknown (ask the driver),
+    // never host; the driver's answer records the mapping there.
+    const GIB: usize = 1 << 30;
+    let va = vmm.reserve(4 * GIB);
+    vmm.map(va, 2 * MIB, false);
+    vmm.map(va + 3 * GIB, 2 * MIB, false);
+    let _ = take();
+    assert_ne!(vmm.unmap(va, 4 * GIB), 0);
+    assert_eq!(
+        take(),
+        [ev(F, va, 4 * GIB, MemType::Cuda), ev(A, va, 2 * MIB, MemType::Cuda)]
+    );
+    assert_eq!(entry(va), (MemType::Cuda, 2, va, 2 * MIB));
+    assert_eq!(memtype::lookup(va + 2 * GIB - 1, 1), Lookup::Absent, "walked: a hole");
+    for past in [2 * GIB, 3 * GIB + 100, 4 * GIB - 1] {
+        let info = found(va + past, 1);
+        assert_eq!(info.mem_type, MemType::Unknown, "{past:#x} into the range");
+    }
+    let far = (MemType::Cuda, 2, va + 3 * GIB, 2 * MIB);
+    match memtype::classify(va + 3 * GIB + 100, 64) {
+        Lookup::Found(i) => assert_eq!((i.mem_type, i.device, i.base, i.len), far),
+        other => panic!("classify: {other:?}"),
+    }
+    assert_eq!(entry(va + 3 * GIB + 4096), far, "recorded");
+    assert_eq!((vmm.unmap(va, 2 * MIB), vmm.unmap(va + 3 * GIB, 2 * MIB)), (0, 0));
+    memtype::remove(va, 4 * GIB).unwrap();
+    vmm.unreserve(va, 4 * GIB);
     vmm.set_device(0);
 }
 

@@ -346,16 +346,22 @@ pub(super) fn refused(id: Id, taken: Taken) {
 /// Mappings start at multiples of the allocation granularity (2 MiB on
 /// every GPU so far): unmapped space is passed over in steps of that
 /// from the next such multiple, at most [`UNMAP_STEPS`] driver queries
-/// in all (a longer range with holes leaves the mappings past them
-/// unrecorded, read as host until mapped again).
+/// in all. The part of a longer range with holes that the queries did not
+/// reach is recorded Unknown (marked): the mappings there are not
+/// reported again, but a lookup there says to ask the driver, never host
+/// (`memtype::classify` records what the driver has there).
 #[cold]
 #[inline(never)]
 pub(super) fn unmap_refused(id: Id, address: usize, size: usize) {
     const STEP: usize = 2 << 20;
     let end = address.saturating_add(size);
     let mut at = address;
-    for _ in 0..UNMAP_STEPS {
+    for step in 0..=UNMAP_STEPS {
         if at >= end {
+            return;
+        }
+        if step == UNMAP_STEPS {
+            let _ = memtype::map().insert_marked(at, end - at, MemType::Unknown, -1, true);
             return;
         }
         match driver::classify(at) {
