@@ -172,6 +172,17 @@ fn every_hooked_driver_function_on_the_gpu() {
         let cuda = MemType::Cuda as u32;
         assert_eq!(ours, [(F, gran / 2, cuda), (A, gran, cuda)]);
         assert_eq!(memtype::lookup(va as usize, gran), Lookup::Found(mapping));
+        // A device free of the mapped page: refused too (run 164). The
+        // map marked the mapping, so the hook looked at the answer: the
+        // page was reported freed, then again, and stays in the map.
+        assert_ne!(sys::cuMemFree_v2(va), CUresult::CUDA_SUCCESS);
+        let ours: Vec<_> = take()
+            .into_iter()
+            .filter(|r| r.1 == va as usize)
+            .map(|r| (r.0, r.2, r.3))
+            .collect();
+        assert_eq!(ours, [(F, gran, cuda), (A, gran, cuda)], "a refused cuMemFree_v2");
+        assert_eq!(memtype::lookup(va as usize, gran), Lookup::Found(mapping));
         ok(sys::cuMemUnmap(va, gran));
         one(take(), F, va as usize, gran);
         ok(sys::cuMemRelease(handle));
