@@ -179,7 +179,9 @@ pub fn doctor() -> i32 {
         "membarrier:",
         match serialization() {
             Serialization::MembarrierSyncCore => "PRIVATE_EXPEDITED_SYNC_CORE: patches serialise every core at once",
-            _ => "not available: patches wait a 2 ms grace period instead",
+            _ => {
+                "not available: patches signal each running thread instead (a 2 ms grace period where it cannot be signalled)"
+            }
         },
     );
     line(

@@ -6,10 +6,16 @@
 //! membarrier makes every thread of the process execute a core-serialising
 //! instruction before it returns to user space, so no core runs stale
 //! instructions. Where the kernel lacks it (before 4.16, or a seccomp filter
-//! that forbids it), memhook falls back to a grace wait of
-//! [`GRACE_WAIT_NS`]: an interrupt or a context switch (which serialise)
-//! reaches every running thread well within that time on a live system. The
-//! fallback is reported by [`serialization`].
+//! that forbids it), memhook signals each other thread that is running and
+//! waits until its handler has run (the kernel enters and leaves a handler
+//! by a serialising return; see `evacuate::sync_running_threads`): tens of
+//! microseconds where the membarrier takes a few. Where that cannot be done
+//! (the program handles both signals memhook can use, `/proc` cannot be
+//! read, a thread runs with the signal blocked), it waits a grace period of
+//! [`GRACE_WAIT_NS`] instead: an interrupt or a context switch (which
+//! serialise) reaches every running thread well within that time on a live
+//! system. Which one is used is reported by [`serialization`] and counted by
+//! [`serializations_by_signal`].
 //!
 //! Threads inside the bytes: around a batch's locks (before them where a
 //! lock covers an instruction start, and once they are seen), every other
@@ -32,7 +38,8 @@ use core::sync::atomic::{AtomicU8, Ordering};
 
 use crate::{maps, membarrier};
 
-/// The grace wait used where membarrier SYNC_CORE is unavailable.
+/// The grace wait used where membarrier SYNC_CORE is unavailable and
+/// the threads cannot be signalled.
 pub const GRACE_WAIT_NS: i64 = 2_000_000;
 
 /// How code writes are made visible to every core.
@@ -40,8 +47,10 @@ pub const GRACE_WAIT_NS: i64 = 2_000_000;
 pub enum Serialization {
     /// `membarrier(PRIVATE_EXPEDITED_SYNC_CORE)`.
     MembarrierSyncCore,
-    /// A grace wait of [`GRACE_WAIT_NS`] (the kernel lacks the membarrier).
-    GraceWait,
+    /// The kernel lacks the membarrier: each other running thread is
+    /// signalled and its handler waited for, or, where that cannot be
+    /// done, a grace wait of [`GRACE_WAIT_NS`].
+    Signals,
 }
 
 static MEMBARRIER: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 yes, 2 no
@@ -61,7 +70,7 @@ pub fn serialization() -> Serialization {
     if state == 1 {
         Serialization::MembarrierSyncCore
     } else {
-        Serialization::GraceWait
+        Serialization::Signals
     }
 }
 
@@ -79,10 +88,23 @@ static REGISTER_AT_LOAD: extern "C" fn() = register_at_load;
 
 /// Makes every core of the process see the code written so far.
 pub fn serialize_all_cores() {
+    serialize(None);
+}
+
+/// [`serialize_all_cores`], by `holding`'s signal while it holds threads.
+fn serialize(holding: Option<&mut Holding>) {
     SERIALIZED.fetch_add(1, Ordering::Relaxed);
     if serialization() == Serialization::MembarrierSyncCore
         && membarrier::call(membarrier::PRIVATE_EXPEDITED_SYNC_CORE) == 0
     {
+        return;
+    }
+    let signalled = match holding {
+        Some(h) => h.sync(),
+        None => crate::evacuate::sync_running_threads(),
+    };
+    if signalled {
+        BY_SIGNAL.fetch_add(1, Ordering::Relaxed);
         return;
     }
     let ts = libc::timespec {
@@ -95,6 +117,18 @@ pub fn serialize_all_cores() {
 
 /// Serialisations of every core made ([`serialize_all_cores`]).
 static SERIALIZED: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+/// Those of them made by signals.
+static BY_SIGNAL: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// How many of the [`serializations`] were made by signalling the other
+/// running threads (the kernel lacks the membarrier), how many signals
+/// they sent in all, and how many of those the threads' handlers
+/// answered within the wait (the others went to threads not running
+/// then). The others, where the kernel lacks it, were grace waits.
+pub fn serializations_by_signal() -> (u64, u64, u64) {
+    let (signals, answers) = crate::evacuate::sync_signals();
+    (BY_SIGNAL.load(Ordering::Relaxed), signals, answers)
+}
 
 /// How many times memhook has serialised every core (each a `membarrier`
 /// that interrupts every core running the process, or a grace wait of
@@ -290,7 +324,7 @@ impl CodeMemory for LinuxCode<'_> {
     }
 
     fn serialize(&mut self) {
-        serialize_all_cores();
+        serialize(self.holding.as_mut());
     }
 
     fn hold(&mut self, regions: &mut [Region], locked: bool) {

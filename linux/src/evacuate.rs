@@ -128,6 +128,32 @@ const LIST_BYTES: usize = (MAX_THREADS + 2) * RECORD;
 /// again ([`list`]).
 const LIST_TRIES: u32 = 8;
 
+/// The threads a serialisation by signals ([`sync_running_threads`])
+/// signalled (the first `SYNC_COUNT`), and, for each, the serialisation
+/// its handler last ran in (`SYNC_GEN` then).
+static SYNC_TIDS: [AtomicI32; MAX_THREADS] = [const { AtomicI32::new(0) }; MAX_THREADS];
+static SYNC_SEEN: [AtomicU32; MAX_THREADS] = [const { AtomicU32::new(0) }; MAX_THREADS];
+static SYNC_COUNT: AtomicUsize = AtomicUsize::new(0);
+/// The serialisation by signals in progress (0: none).
+static SYNC_GEN: AtomicU32 = AtomicU32::new(0);
+/// Signals sent by serialisations, and the handlers that answered them
+/// within the wait.
+static SYNC_SIGNALS: AtomicU64 = AtomicU64::new(0);
+static SYNC_ANSWERS: AtomicU64 = AtomicU64::new(0);
+/// How long a serialisation by signals waits for the threads' handlers
+/// (see [`sync_threads`]).
+const SYNC_WAIT_NS: u64 = 200_000;
+
+/// How many signals memhook has sent to serialise other threads' cores
+/// where the kernel lacks `membarrier` (see `code::serialization`), and
+/// how many of them the threads' handlers answered within the wait.
+pub fn sync_signals() -> (u64, u64) {
+    (
+        SYNC_SIGNALS.load(Ordering::Relaxed),
+        SYNC_ANSWERS.load(Ordering::Relaxed),
+    )
+}
+
 /// How many threads memhook has moved out of code it was overwriting, in
 /// this process (a child of `fork` counts from 0).
 pub fn threads_moved() -> u64 {
@@ -333,6 +359,13 @@ impl Holding {
 
     /// Lets the held threads go on (also on drop).
     pub(crate) fn release(self) {}
+
+    /// [`sync_running_threads`] while threads are held (this writer holds
+    /// `ONE`): a held thread waits inside the handler, blocked, and needs
+    /// no signal; one signalled now is held too, until the release.
+    pub(crate) fn sync(&mut self) -> bool {
+        sync_threads(&self.tasks, &mut self.one[..], self.me, self.pid, self.signal.number)
+    }
 }
 
 impl core::fmt::Debug for Holding {
@@ -387,6 +420,90 @@ pub(crate) fn any_inside(exits: &[Exit], regions: &[Region], len: usize) -> bool
     exits.iter().any(|e| regions.iter().any(|r| within(r, e.from, len)))
 }
 
+/// Makes every other thread of the process that is running execute a
+/// core-serialising instruction before it runs its own code again, as
+/// `membarrier(PRIVATE_EXPEDITED_SYNC_CORE)` does, for a kernel that
+/// lacks it: each thread `/proc` does not show blocked is signalled
+/// (one on a CPU is interrupted at once), and the writer waits until each
+/// one's handler has run (the kernel enters and leaves a handler by an
+/// `iret`, or an `eret` on arm64, both serialising), at most
+/// [`SYNC_WAIT_NS`]: a thread that has not answered by then is not
+/// running its own code, and runs the handler before it does again.
+/// `false` where that does not hold or cannot be done (the threads cannot
+/// be listed or signalled, the program handles both signals, a thread
+/// that has not answered blocks the signal): the caller then waits a
+/// grace period instead.
+pub(crate) fn sync_running_threads() -> bool {
+    let mut one = ONE.lock();
+    let Some(tasks) = Tasks::open() else {
+        return false;
+    };
+    let Some(signal) = Signal::take() else {
+        return false;
+    };
+    // SAFETY: getpid and gettid have no preconditions.
+    let (pid, me) = unsafe { (libc::getpid(), libc::gettid()) };
+    PID.store(pid, Ordering::Relaxed);
+    // The action goes back when `signal` drops: a signal that reaches a
+    // thread after that (it had blocked it) does what the default does.
+    sync_threads(&tasks, &mut one[..], me, pid, signal.number)
+}
+
+/// [`sync_running_threads`]' work, with `ONE` held (its buffer is `buf`)
+/// and memhook's handler on `signal`.
+fn sync_threads(tasks: &Tasks, buf: &mut [u8], me: i32, pid: i32, signal: i32) -> bool {
+    let round = SYNC_GEN.load(Ordering::Relaxed).wrapping_add(1).max(1);
+    SYNC_COUNT.store(0, Ordering::SeqCst);
+    SYNC_GEN.store(round, Ordering::SeqCst);
+    let (mut count, mut signalled_all) = (0, true);
+    let whole = tasks.each(buf, |tid| {
+        if tid == me || matches!(tasks.stands(tid), Stands::Blocked(_) | Stands::Gone) {
+            return;
+        }
+        if count == MAX_THREADS {
+            signalled_all = false;
+            return;
+        }
+        SYNC_TIDS[count].store(tid, Ordering::SeqCst);
+        SYNC_SEEN[count].store(0, Ordering::SeqCst);
+        count += 1;
+        SYNC_COUNT.store(count, Ordering::SeqCst);
+        // SAFETY: tgkill of a thread of this process with a signal whose
+        // handler is memhook's.
+        if unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, signal) } == 0 {
+            SYNC_SIGNALS.fetch_add(1, Ordering::Relaxed);
+        } else if crate::maps::errno() == libc::ESRCH {
+            SYNC_SEEN[count - 1].store(round, Ordering::SeqCst); // exited
+        } else {
+            signalled_all = false; // refused (a seccomp filter)
+        }
+    });
+    let mut done = whole && signalled_all;
+    // A thread on a CPU takes the signal's interrupt and answers within
+    // microseconds; one that does not answer within the wait is not
+    // running its own code (blocked, or preempted: runnable, waiting for
+    // a CPU), and runs the handler, pending now, before it does again.
+    let start = crate::fork::now_ns();
+    let waits = |i: &usize| SYNC_SEEN[*i].load(Ordering::SeqCst) != round;
+    // (Spinning, not yielding: a yield hands a thread queued on this CPU
+    // a whole time slice, milliseconds, and the ones that matter answer
+    // from other CPUs.)
+    while done && (0..count).any(|i| waits(&i)) && crate::fork::now_ns().saturating_sub(start) < SYNC_WAIT_NS {
+        core::hint::spin_loop();
+    }
+    let answered = (0..count).filter(|i| !waits(i)).count();
+    SYNC_ANSWERS.fetch_add(answered as u64, Ordering::Relaxed);
+    // Unless it blocks the signal: then nothing makes it serialise.
+    for i in (0..count).filter(waits) {
+        let tid = SYNC_TIDS[i].load(Ordering::SeqCst);
+        if !matches!(tasks.stands(tid), Stands::Blocked(_) | Stands::Gone) && tasks.blocks(tid, signal) {
+            done = false;
+        }
+    }
+    SYNC_GEN.store(0, Ordering::SeqCst);
+    done
+}
+
 /// What `/proc/self/task/TID/syscall` says of a thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stands {
@@ -412,6 +529,15 @@ extern "C" fn on_signal(_signal: libc::c_int, info: *mut libc::siginfo_t, contex
     }
     let errno = crate::maps::errno();
     ACTIVE.fetch_add(1, Ordering::SeqCst);
+    let round = SYNC_GEN.load(Ordering::SeqCst);
+    if round != 0 {
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        let count = SYNC_COUNT.load(Ordering::SeqCst).min(MAX_THREADS);
+        if let Some(i) = SYNC_TIDS[..count].iter().position(|t| t.load(Ordering::SeqCst) == me) {
+            SYNC_SEEN[i].store(round, Ordering::SeqCst);
+        }
+    }
     let len = EXITS_LEN.load(Ordering::SeqCst);
     let exits = EXITS.load(Ordering::SeqCst);
     if len != 0 && !exits.is_null() {

@@ -2,16 +2,18 @@
 //! a container's seccomp filter): the test runs itself again in a child
 //! under a seccomp filter that answers `ENOSYS` to `membarrier`, from
 //! before the child's first instruction (memhook registers at load). There
-//! bistro serialises by grace waits of 2 ms and dispatch readers use the
-//! shared counters; the host hooks must install, report and uninstall as
-//! anywhere else, in one batch of patches per library (a grace wait costs
-//! what a hundred patches do).
+//! bistro serialises by signalling the other running threads (threads
+//! spin meanwhile: each serialisation must reach them by signal, none
+//! fall back), and, where the program handles both signals memhook can
+//! use, by grace waits of 2 ms; dispatch readers use the shared counters.
+//! The host hooks must install, report and uninstall as anywhere else, in
+//! one batch of patches per library.
 #![cfg(all(feature = "bistro", target_arch = "x86_64"))]
 
 use std::os::unix::process::CommandExt;
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use memhook::code::Serialization;
 use memhook::config::{HookConfig, HookMode, ModeSet};
@@ -97,35 +99,8 @@ fn entry_bytes(name: &std::ffi::CStr) -> [u8; 16] {
     unsafe { *(libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as *const [u8; 16]) }
 }
 
-/// What the child checks, under the filter.
-fn child() {
-    assert_eq!(
-        memhook::code::serialization(),
-        Serialization::GraceWait,
-        "the filter refuses membarrier"
-    );
-    assert!(
-        !memhook::dispatch::reader_slots(),
-        "readers fall back to the shared counters"
-    );
-    let before = entry_bytes(c"mmap");
-    let config = Config {
-        hooks: HookConfig {
-            mmap: ModeSet::of(&[HookMode::Bistro]),
-            cuda: ModeSet::NONE,
-        },
-    };
-    let serialized = memhook::code::serializations();
-    let started = Instant::now();
-    memhook::install(&config);
-    let took = started.elapsed();
-    let status = memhook::status();
-    assert!(!status.is_empty() && status.iter().all(|s| s.installed), "{status:?}");
-    // The host functions in one batch, the loader's four in another.
-    assert_eq!(memhook::code::serializations() - serialized, 6);
-    assert_ne!(entry_bytes(c"mmap"), before, "patched");
-
-    let id = memhook::set_handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, HandlerFn::Rust(&count)).unwrap();
+/// Maps and unmaps `LEN` bytes once.
+fn map_and_unmap() {
     // SAFETY: a fresh anonymous mapping, unmapped at once.
     unsafe {
         let p = libc::mmap(
@@ -139,6 +114,66 @@ fn child() {
         assert_ne!(p, libc::MAP_FAILED);
         assert_eq!(libc::munmap(p, LEN), 0);
     }
+}
+
+/// What the child checks, under the filter.
+fn child() {
+    assert_eq!(
+        memhook::code::serialization(),
+        Serialization::Signals,
+        "the filter refuses membarrier"
+    );
+    assert!(
+        !memhook::dispatch::reader_slots(),
+        "readers fall back to the shared counters"
+    );
+    let before = entry_bytes(c"mmap");
+    let config = Config {
+        hooks: HookConfig {
+            mmap: ModeSet::of(&[HookMode::Bistro]),
+            cuda: ModeSet::NONE,
+        },
+    };
+    // Two threads run meanwhile, one mapping and unmapping all along.
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let spinners: Vec<_> = (0..2)
+        .map(|n| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut spins = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if n == 0 {
+                        map_and_unmap();
+                    }
+                    spins = std::hint::black_box(spins + 1);
+                }
+                spins
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(20));
+    let serialized = memhook::code::serializations();
+    let (by_signal, signals, answers) = memhook::code::serializations_by_signal();
+    let started = Instant::now();
+    memhook::install(&config);
+    let took = started.elapsed();
+    let status = memhook::status();
+    assert!(!status.is_empty() && status.iter().all(|s| s.installed), "{status:?}");
+    // The host functions in one batch, the loader's four in another; each
+    // serialisation by signals, none by a grace wait.
+    let (by_signal_now, signals_now, answers_now) = memhook::code::serializations_by_signal();
+    assert_eq!(memhook::code::serializations() - serialized, 6);
+    assert_eq!(by_signal_now - by_signal, 6, "every serialisation by signals");
+    assert!(signals_now > signals, "the running threads were signalled");
+    assert!(answers_now > answers, "a thread on the other core answered");
+    assert_ne!(entry_bytes(c"mmap"), before, "patched");
+    stop.store(true, Ordering::Relaxed);
+    for s in spinners {
+        assert!(s.join().unwrap() > 0);
+    }
+
+    let id = memhook::set_handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, HandlerFn::Rust(&count)).unwrap();
+    map_and_unmap();
     // Unregistering waits for no reader slot (the shared counters).
     memhook::unset_handler(id).unwrap();
     assert_eq!((MAPPED.load(Ordering::SeqCst), UNMAPPED.load(Ordering::SeqCst)), (1, 1));
@@ -147,10 +182,43 @@ fn child() {
     memhook::uninstall();
     assert_eq!(memhook::code::serializations() - serialized, 6);
     assert_eq!(entry_bytes(c"mmap"), before, "uninstall restores the bytes");
+
+    // Again with no other thread running: what the serialisations cost.
+    let started = Instant::now();
+    memhook::install(&config);
+    let quiet = started.elapsed();
+    assert!(memhook::status().iter().all(|s| s.installed));
+    memhook::uninstall();
+
+    // The program handles both signals memhook can use: grace waits.
+    extern "C" fn own(_: libc::c_int) {}
+    for signal in [libc::SIGURG, libc::SIGWINCH] {
+        // SAFETY: a handler that does nothing, for signals nobody sends.
+        let was = unsafe { libc::signal(signal, own as *const () as usize) };
+        assert_ne!(was, libc::SIG_ERR);
+    }
+    let (by_signal, ..) = memhook::code::serializations_by_signal();
+    let started = Instant::now();
+    memhook::install(&config);
+    let waited = started.elapsed();
+    assert!(memhook::status().iter().all(|s| s.installed));
+    assert_eq!(
+        memhook::code::serializations_by_signal().0,
+        by_signal,
+        "no serialisation by signals"
+    );
+    assert_ne!(entry_bytes(c"mmap"), before, "patched");
+    memhook::uninstall();
+    assert_eq!(entry_bytes(c"mmap"), before, "uninstall restores the bytes");
     println!(
-        "child: ok; install {:.1} ms with grace waits of {} ms",
+        "child: ok; install by signals {:.2} ms beside two running threads ({} signals, {} answered), \
+         {:.2} ms alone; by grace waits of {} ms {:.2} ms",
         took.as_secs_f64() * 1e3,
-        memhook::code::GRACE_WAIT_NS / 1_000_000
+        signals_now - signals,
+        answers_now - answers,
+        quiet.as_secs_f64() * 1e3,
+        memhook::code::GRACE_WAIT_NS / 1_000_000,
+        waited.as_secs_f64() * 1e3,
     );
 }
 
