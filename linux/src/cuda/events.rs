@@ -180,7 +180,7 @@ pub(super) fn freeing(id: Id, address: usize, size: Option<usize>) -> Kept {
                 forget_unrecorded(address);
             }
             Some((info, _)) if info.mem_type == MemType::Unknown => keep_graph_range(info.base, info.len),
-            Some((info, true)) if frees_device_memory(id) => return Kept::of(&info),
+            Some((info, mark)) if keeps(id, &info, mark) => return Kept::of(&info),
             Some(_) => {}
         }
         return Kept::NONE;
@@ -227,6 +227,14 @@ impl Kept {
             mark: true,
         }
     }
+}
+
+/// Whether a free by `id` keeps the entry it took, with its `mark`, to
+/// look at the driver's answer ([`freeing`]): a device free of a marked
+/// entry (a graph's range, recorded Unknown, is ended as usual).
+#[inline(always)]
+const fn keeps(id: Id, info: &MemInfo, mark: bool) -> bool {
+    mark && !matches!(info.mem_type, MemType::Unknown) && frees_device_memory(id)
 }
 
 /// Whether `id` is a free of device memory, which driver 580 refuses
@@ -356,12 +364,8 @@ pub(super) fn unmap_refused(id: Id, address: usize, size: usize) {
     const STEP: usize = 2 << 20;
     let end = address.saturating_add(size);
     let mut at = address;
-    for step in 0..=UNMAP_STEPS {
+    for _ in 0..UNMAP_STEPS {
         if at >= end {
-            return;
-        }
-        if step == UNMAP_STEPS {
-            let _ = memtype::map().insert_marked(at, end - at, MemType::Unknown, -1, true);
             return;
         }
         match driver::classify(at) {
@@ -373,6 +377,9 @@ pub(super) fn unmap_refused(id: Id, address: usize, size: usize) {
             }
             _ => at = (at | (STEP - 1)).saturating_add(1),
         }
+    }
+    if at < end {
+        let _ = memtype::map().insert_marked(at, end - at, MemType::Unknown, -1, true);
     }
 }
 
@@ -427,9 +434,9 @@ fn reporting_free(id: Id, address: usize, size: Option<usize>) -> Kept {
         None => match take(address) {
             Taken {
                 entry: Some(info),
-                mark: true,
+                mark,
                 ..
-            } if info.mem_type != MemType::Unknown && frees_device_memory(id) => {
+            } if keeps(id, &info, mark) => {
                 return Kept::of(&info);
             }
             taken => (taken.size, taken.entry.map_or(MemType::Unknown, |info| info.mem_type)),
