@@ -1187,7 +1187,10 @@ IMPL CUresult impl_cuGetProcAddress_v2(const char *symbol, void **pfn, int versi
 }
 
 /* cuMemAddressReserve and cuMemAddressFree (not hooked: no memory comes
- * or goes with them), reservations 2 MiB-aligned in the device arena. */
+ * or goes with them), reservations 2 MiB-aligned in the device arena. As
+ * driver 580 on the H200 (tests/gpu/refusals.c, run 167), freeing a
+ * reservation with a page still mapped in it is refused and leaves the
+ * page mapped: no mapping ends without its cuMemUnmap. */
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                              unsigned long long flags) {
     (void)alignment;
@@ -1215,7 +1218,10 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     pthread_mutex_lock(&lock);
     int r = reservation_of(ptr);
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
-    if (r >= 0 && reserved[r].base == ptr) {
+    int mapped = 0;
+    for (int i = 0; r >= 0 && i < nallocs; i++)
+        mapped |= reservation_of(allocs[i].base) == r;
+    if (r >= 0 && reserved[r].base == ptr && !mapped) {
         reserved[r] = reserved[--nreserved];
         rc = CUDA_SUCCESS;
     }
