@@ -197,15 +197,52 @@ pub fn thread_check() -> Result<&'static str, &'static str> {
         .ok_or("the program handles both SIGURG and SIGWINCH")
 }
 
+/// What a writer that signals the other threads works with, from
+/// [`Writer::start`] to its drop: memhook's handler on a signal, the
+/// thread list, and `ONE`. The fields drop in this order: the signal's
+/// action goes back before the next writer can take `ONE` (which would
+/// otherwise find memhook's handler there and take the other signal, or
+/// none).
+struct Writer {
+    signal: Signal,
+    tasks: Tasks,
+    /// `ONE`, held: its buffer receives the listings.
+    one: crate::fork::Guard<'static, [u8; LIST_BYTES]>,
+    me: i32,
+    pid: i32,
+}
+
+impl Writer {
+    /// Takes `ONE`, opens the thread list and puts memhook's handler on a
+    /// signal; `None` where the threads cannot be listed or the program
+    /// handles both signals.
+    fn start() -> Option<Writer> {
+        let one = ONE.lock();
+        let tasks = Tasks::open()?;
+        let signal = Signal::take()?;
+        // SAFETY: getpid and gettid have no preconditions.
+        let (pid, me) = unsafe { (libc::getpid(), libc::gettid()) };
+        PID.store(pid, Ordering::Relaxed);
+        Some(Writer {
+            signal,
+            tasks,
+            one,
+            me,
+            pid,
+        })
+    }
+
+    /// Serialises the cores of the other running threads by signals
+    /// ([`sync_running_threads`]).
+    fn sync(&mut self) -> bool {
+        sync_threads(&self.tasks, &mut self.one[..], self.me, self.pid, self.signal.number)
+    }
+}
+
 /// The other threads held for one write ([`Holding::hold`] to
 /// [`Holding::release`], or its drop).
 pub(crate) struct Holding {
-    /// `ONE`, held: its buffer receives the listings.
-    one: crate::fork::Guard<'static, [u8; LIST_BYTES]>,
-    tasks: Tasks,
-    signal: Signal,
-    me: i32,
-    pid: i32,
+    writer: Writer,
     /// Threads in `TIDS`.
     count: usize,
 }
@@ -220,29 +257,14 @@ impl Holding {
         if !any_inside(exits, regions, usize::MAX) {
             return None; // one instruction each: nothing to stand inside of
         }
-        let one = ONE.lock();
-        let Some(tasks) = Tasks::open() else {
+        let Some(writer) = Writer::start() else {
             UNCHECKED.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        let Some(signal) = Signal::take() else {
-            UNCHECKED.fetch_add(1, Ordering::Relaxed);
-            return None;
-        };
-        // SAFETY: getpid and gettid have no preconditions.
-        let (pid, me) = unsafe { (libc::getpid(), libc::gettid()) };
-        PID.store(pid, Ordering::Relaxed);
         HOLD.store(1, Ordering::SeqCst);
         EXITS.store(exits.as_ptr().cast_mut(), Ordering::SeqCst);
         EXITS_LEN.store(exits.len(), Ordering::SeqCst);
-        let mut holding = Holding {
-            one,
-            tasks,
-            signal,
-            me,
-            pid,
-            count: 0,
-        };
+        let mut holding = Holding { writer, count: 0 };
         holding.hold(exits, regions);
         Some(holding)
     }
@@ -254,7 +276,8 @@ impl Holding {
         let outside = |regions: &[Region], s: Stands| {
             matches!(s, Stands::Gone) || matches!(s, Stands::Blocked(pc) if !at_exit(regions, pc))
         };
-        let (me, pid, signal) = (self.me, self.pid, self.signal.number);
+        let (me, pid, signal) = (self.writer.me, self.writer.pid, self.writer.signal.number);
+        let Writer { tasks, one, .. } = &mut self.writer;
         let (before, mut count) = (self.count, self.count);
         // Only threads of earlier looks are searched (one listing names
         // each thread once), and the kernel lists a process's threads in
@@ -263,7 +286,7 @@ impl Holding {
         // thread, not a search of them all (thousands of threads, each
         // listed at both looks).
         let mut next = 0;
-        let whole = self.tasks.each(&mut self.one[..], |tid| {
+        let whole = tasks.each(&mut one[..], |tid| {
             if tid == me {
                 return;
             }
@@ -288,7 +311,7 @@ impl Holding {
             };
             WAITING[i].store(false, Ordering::Relaxed);
             MASKED[i].store(false, Ordering::Relaxed);
-            if HELD[i].load(Ordering::SeqCst) || outside(regions, self.tasks.stands(tid)) {
+            if HELD[i].load(Ordering::SeqCst) || outside(regions, tasks.stands(tid)) {
                 return;
             }
             // SAFETY: tgkill of a thread of this process with a signal
@@ -314,7 +337,7 @@ impl Holding {
             let waited = crate::fork::now_ns().saturating_sub(start);
             if waited > LIMIT_NS {
                 for i in (0..count).filter(waits) {
-                    match self.tasks.stands(TIDS[i].load(Ordering::SeqCst)) {
+                    match tasks.stands(TIDS[i].load(Ordering::SeqCst)) {
                         Stands::Blocked(pc) if at_exit(regions, pc) => {
                             for r in regions.iter_mut().filter(|r| within(r, pc, usize::MAX)) {
                                 r.stuck = true;
@@ -331,10 +354,7 @@ impl Holding {
             if !asked && waited > ASK_MASK_NS {
                 asked = true;
                 for i in (0..count).filter(waits) {
-                    MASKED[i].store(
-                        self.tasks.blocks(TIDS[i].load(Ordering::SeqCst), signal),
-                        Ordering::Relaxed,
-                    );
+                    MASKED[i].store(tasks.blocks(TIDS[i].load(Ordering::SeqCst), signal), Ordering::Relaxed);
                 }
             }
             // A thread not held yet may be seen blocked outside (it blocks
@@ -342,7 +362,7 @@ impl Holding {
             // runs cannot be seen at all: counted, and not waited for.
             if spins % 64 == 63 {
                 for i in (0..count).filter(waits) {
-                    let stands = self.tasks.stands(TIDS[i].load(Ordering::SeqCst));
+                    let stands = tasks.stands(TIDS[i].load(Ordering::SeqCst));
                     if outside(regions, stands) {
                         WAITING[i].store(false, Ordering::Relaxed);
                     } else if MASKED[i].load(Ordering::Relaxed) && stands == Stands::Running {
@@ -364,14 +384,14 @@ impl Holding {
     /// `ONE`): a held thread waits inside the handler, blocked, and needs
     /// no signal; one signalled now is held too, until the release.
     pub(crate) fn sync(&mut self) -> bool {
-        sync_threads(&self.tasks, &mut self.one[..], self.me, self.pid, self.signal.number)
+        self.writer.sync()
     }
 }
 
 impl core::fmt::Debug for Holding {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Holding")
-            .field("signal", &self.signal.number)
+            .field("signal", &self.writer.signal.number)
             .field("threads", &self.count)
             .finish()
     }
@@ -434,19 +454,9 @@ pub(crate) fn any_inside(exits: &[Exit], regions: &[Region], len: usize) -> bool
 /// that has not answered blocks the signal): the caller then waits a
 /// grace period instead.
 pub(crate) fn sync_running_threads() -> bool {
-    let mut one = ONE.lock();
-    let Some(tasks) = Tasks::open() else {
-        return false;
-    };
-    let Some(signal) = Signal::take() else {
-        return false;
-    };
-    // SAFETY: getpid and gettid have no preconditions.
-    let (pid, me) = unsafe { (libc::getpid(), libc::gettid()) };
-    PID.store(pid, Ordering::Relaxed);
-    // The action goes back when `signal` drops: a signal that reaches a
+    // The action goes back when the writer drops: a signal that reaches a
     // thread after that (it had blocked it) does what the default does.
-    sync_threads(&tasks, &mut one[..], me, pid, signal.number)
+    Writer::start().is_some_and(|mut writer| writer.sync())
 }
 
 /// [`sync_running_threads`]' work, with `ONE` held (its buffer is `buf`)
@@ -1298,6 +1308,43 @@ mod tests {
         assert_eq!(parse_syscall(b"running\n"), Stands::Running);
         assert_eq!(parse_syscall(b""), Stands::Unknown);
         assert_eq!(parse_syscall(b"0 0x3 zz\n"), Stands::Unknown);
+    }
+
+    /// Writers one after another, from two threads, each take SIGURG:
+    /// a writer puts the signal's action back before the next can start
+    /// (else that one finds memhook's handler there and takes SIGWINCH,
+    /// or, where the program handles SIGWINCH, nothing: its threads
+    /// unchecked).
+    #[test]
+    fn each_writer_finds_the_signal_the_one_before_put_back() {
+        let _one = SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let stop = AtomicBool::new(false);
+        let signals = |tries: usize| {
+            let mut other = 0;
+            for _ in 0..tries {
+                let writer = Writer::start().expect("threads can be listed and SIGURG taken here");
+                other += usize::from(writer.signal.number != libc::SIGURG);
+            }
+            other
+        };
+        let (mine, theirs) = std::thread::scope(|s| {
+            let theirs = s.spawn(|| {
+                let mut other = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    other += signals(16);
+                }
+                other
+            });
+            let mine = signals(20_000);
+            stop.store(true, Ordering::Relaxed);
+            (mine, theirs.join().unwrap())
+        });
+        assert_eq!(
+            (mine, theirs),
+            (0, 0),
+            "writers that found memhook's handler still on SIGURG"
+        );
+        assert!(left_to_default(libc::SIGURG) && left_to_default(libc::SIGWINCH));
     }
 
     /// Here threads can be read and SIGURG is left to the default; a
