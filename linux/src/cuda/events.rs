@@ -83,9 +83,9 @@ pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) 
 /// allocations (pinned memory from a stream-ordered pool of host memory,
 /// which `cuMemFreeAsync` frees, is marked by its type). Driver 580
 /// refuses a device free of pinned or registered host memory and of
-/// pages mapped with `cuMemMap` (`tests/gpu/refusals.c`), and is expected
-/// to refuse one of memory opened from another process, which only its
-/// close ends (`tests/gpu/ipc.c` asks); a free of a marked entry looks at
+/// pages mapped with `cuMemMap` (`tests/gpu/refusals.c`), and one of
+/// memory opened from another process, which only its close ends
+/// (`tests/gpu/ipc.c`, run 167); a free of a marked entry looks at
 /// the driver's answer ([`freeing`]), the others keep their tail call.
 #[inline(always)]
 const fn marked(id: Id, mem_type: MemType) -> bool {
