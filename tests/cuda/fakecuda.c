@@ -158,6 +158,16 @@ static struct {
     void *handle;
     CUdeviceptr plain, managed;
 } modules[2048];
+/* Set while an unload frees its globals: only it does (see frees). */
+static __thread int in_unload;
+
+/* Whether p is a module's or library's global. */
+static int is_global(uintptr_t p) {
+    for (int i = 0; i < 2048; i++)
+        if (p && (modules[i].plain == p || modules[i].managed == p))
+            return 1;
+    return 0;
+}
 #define MAX_ALLOCS 65536
 static struct alloc allocs[MAX_ALLOCS];
 static int nallocs;
@@ -304,11 +314,13 @@ static CUresult low_alloc(unsigned int *dptr, size_t size) {
 
 /* Whether a free of `type` (0: a device free, cuMemFree*) ends `a`. As
  * driver 580 on the H200 (tests/gpu/refusals.c): a device free refuses
- * pinned and registered host memory (a host pool's allocation aside) and
- * pages mapped with cuMemMap; cuMemFreeHost refuses all but pinned host
- * memory; only cuIpcCloseMemHandle ends an opened IPC mapping. */
+ * pinned and registered host memory (a host pool's allocation aside),
+ * pages mapped with cuMemMap and a module's globals (run 169: each a
+ * range of its own, which only the unload ends); cuMemFreeHost refuses
+ * all but pinned host memory; only cuIpcCloseMemHandle ends an opened
+ * IPC mapping. */
 static int frees(const struct alloc *a, int type) {
-    if (reservation_of(a->base) >= 0)
+    if (reservation_of(a->base) >= 0 || (!in_unload && is_global(a->base)))
         return 0;
     if (type != 0)
         return a->type == type && (type != T_HOST || a->ctx != 0);
@@ -509,10 +521,12 @@ static CUresult unload(void *handle) {
     for (int m = 0; m < 2048; m++) {
         if (modules[m].handle != handle || !(modules[m].plain || modules[m].managed))
             continue;
+        in_unload = 1;
         if (modules[m].plain)
             free_at(modules[m].plain, 0);
         if (modules[m].managed)
             free_at(modules[m].managed, 0);
+        in_unload = 0;
         modules[m].plain = modules[m].managed = 0;
         modules[m].handle = NULL;
         return CUDA_SUCCESS;

@@ -76,5 +76,37 @@ int main(void) {
     TRY(cuMemUnmap(vb, gran), vb);
     TRY(cuMemAddressFree(vb, 2 * gran), vb);
     TRY(cuMemRelease(h1), vb);
+
+    /* A device free of a module's globals (memhook marks their entries,
+     * so a device free of one looks at the driver's answer and puts the
+     * entry back only where the driver's range starts at the address):
+     * what range the driver gives each global, and whether it refuses. */
+    static const char ptx[] =
+        ".version 7.0\n.target sm_70\n.address_size 64\n"
+        ".visible .global .align 8 .b8 first[256];\n"
+        ".visible .global .align 8 .b8 second[256];\n"
+        ".visible .global .attribute(.managed) .align 8 .b8 managed[256];\n";
+    CUmodule mod;
+    OK(cuModuleLoadData(&mod, ptx));
+    CUdeviceptr g[3] = {0, 0, 0}; size_t gsize[3] = {0, 0, 0};
+    const char *names[3] = {"first", "second", "managed"};
+    for (int i = 0; i < 3; i++) {
+        OK(cuModuleGetGlobal(&g[i], &gsize[i], mod, names[i]));
+        CUdeviceptr mbase = 0; size_t msize = 0;
+        CUpointer_attribute a[2] = {CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, CU_POINTER_ATTRIBUTE_MAPPING_SIZE};
+        void *d2[2] = {&mbase, &msize};
+        CUresult r = cuPointerGetAttributes(2, a, d2, g[i]);
+        printf("global %-8s at %#llx size %zu: mapping rc=%d [%#llx,+%zu)\n", names[i], (unsigned long long)g[i], gsize[i], r,
+               (unsigned long long)mbase, msize);
+        still(names[i], g[i]);
+    }
+    TRY(cuMemFree(g[1]), g[1]);
+    TRY(cuMemFree(g[0]), g[0]);
+    TRY(cuMemFreeAsync(g[0], 0), g[0]);
+    OK(cuStreamSynchronize(0));
+    still("sync", g[0]);
+    TRY(cuMemFree(g[2]), g[2]);
+    TRY(cuMemFreeHost((void *)g[0]), g[0]);
+    TRY(cuModuleUnload(mod), g[0]);
     return 0;
 }

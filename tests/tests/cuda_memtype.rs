@@ -920,6 +920,7 @@ fn unloading_a_module_reports_its_globals() {
     let module_unload: unsafe extern "C" fn(*mut c_void) -> u32 = f(h, c"cuModuleUnload");
     let library_unload: unsafe extern "C" fn(*mut c_void) -> u32 = f(h, c"cuLibraryUnload");
     let (module, library) = (0x111 as *mut c_void, 0x222 as *mut c_void);
+    const A: u32 = bits::MEM_TYPE_ALLOC;
     const F: u32 = bits::MEM_TYPE_FREE;
     let _ = take();
     // SAFETY: (every call below) the fake driver's functions with valid
@@ -939,6 +940,28 @@ fn unloading_a_module_reports_its_globals() {
         assert_eq!(take(), [(bits::MEM_TYPE_ALLOC, lm, 256, MemType::CudaManaged as u32)]);
         assert_eq!(found(mg, 1).mem_type, MemType::CudaManaged);
         assert_eq!(found(lm + 255, 1).mem_type, MemType::CudaManaged);
+
+        // A device free of a global: refused (by driver 580 as by the
+        // fake, tests/gpu/refusals.c: a global is a range of its own,
+        // which only its module's unload ends). Reported freed, then
+        // again; still in the map, and still the unload's to report.
+        let free: unsafe extern "C" fn(Dptr) -> u32 = f(h, c"cuMemFree_v2");
+        let free_async: unsafe extern "C" fn(Dptr, *mut c_void) -> u32 = f(h, c"cuMemFreeAsync");
+        assert_ne!(free(g as Dptr), 0);
+        assert_ne!(free_async(mg as Dptr, std::ptr::null_mut()), 0);
+        let (cuda, managed) = (MemType::Cuda as u32, MemType::CudaManaged as u32);
+        assert_eq!(
+            take(),
+            [
+                (F, g, 256, cuda),
+                (A, g, 256, cuda),
+                (F, mg, 256, managed),
+                (A, mg, 256, managed)
+            ],
+            "each refused free reported, then the global again"
+        );
+        assert_eq!(found(g, 1).mem_type, MemType::Cuda);
+        assert_eq!(found(mg, 1).mem_type, MemType::CudaManaged);
 
         assert_eq!(module_unload(module), 0);
         same_events(

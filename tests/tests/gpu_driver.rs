@@ -316,6 +316,27 @@ fn every_hooked_driver_function_on_the_gpu() {
         agrees(p as usize, MemType::Cuda);
         let library_global = p as usize;
 
+        // A device free of a global: refused by driver 580 (run 169,
+        // tests/gpu/refusals.c), reported freed, then again, and the
+        // global still in the map, for its unload to report.
+        assert_ne!(sys::cuMemFree_v2(module_global as u64), CUresult::CUDA_SUCCESS);
+        assert_ne!(
+            sys::cuMemFreeAsync(module_managed as u64, std::ptr::null_mut()),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            take(),
+            [
+                (F, module_global, 256, MemType::Cuda as u32),
+                (A, module_global, 256, MemType::Cuda as u32),
+                (F, module_managed, 256, MemType::CudaManaged as u32),
+                (A, module_managed, 256, MemType::CudaManaged as u32),
+            ],
+            "each refused free of a global reported, then the global again"
+        );
+        agrees(module_global, MemType::Cuda);
+        agrees(module_managed, MemType::CudaManaged);
+
         // Their unloads free them, with no free call: one MEM_TYPE_FREE
         // each, before the call, and the map forgets them.
         ok(sys::cuModuleUnload(module));
