@@ -135,6 +135,7 @@ struct alloc {
     uintptr_t ctx; /* the context it belongs to; 0: a stream-ordered pool's */
     unsigned long long ipc_id; /* T_IPC: the handle's export (0: none) */
     int opens;                 /* T_IPC: opens not yet closed */
+    int global;                /* a module's or library's global */
 };
 
 /* Contexts: device d's primary context is PRIMARY(d), current unless the
@@ -160,14 +161,8 @@ static struct {
 } modules[2048];
 /* Set while an unload frees its globals: only it does (see frees). */
 static __thread int in_unload;
-
-/* Whether p is a module's or library's global. */
-static int is_global(uintptr_t p) {
-    for (int i = 0; i < 2048; i++)
-        if (p && (modules[i].plain == p || modules[i].managed == p))
-            return 1;
-    return 0;
-}
+/* Set while a global is allocated (record marks it). */
+static __thread int in_global_alloc;
 #define MAX_ALLOCS 65536
 static struct alloc allocs[MAX_ALLOCS];
 static int nallocs;
@@ -238,7 +233,8 @@ static int record(uintptr_t base, size_t size, int type) {
         primary_refs[current_device] = 1;
     }
     int device = type == T_HOST ? -1 : exporter_device >= 0 ? exporter_device : current_device;
-    allocs[nallocs++] = (struct alloc){base, size, type, device, ctx};
+    allocs[nallocs] = (struct alloc){base, size, type, device, ctx};
+    allocs[nallocs++].global = in_global_alloc;
     return 0;
 }
 
@@ -320,7 +316,7 @@ static CUresult low_alloc(unsigned int *dptr, size_t size) {
  * all but pinned host memory; only cuIpcCloseMemHandle ends an opened
  * IPC mapping. */
 static int frees(const struct alloc *a, int type) {
-    if (reservation_of(a->base) >= 0 || (!in_unload && is_global(a->base)))
+    if (reservation_of(a->base) >= 0 || (a->global && !in_unload))
         return 0;
     if (type != 0)
         return a->type == type && (type != T_HOST || a->ctx != 0);
@@ -490,7 +486,9 @@ static CUresult global_of(void *handle, CUdeviceptr *dptr, size_t *bytes, const 
         managed = 1;
     CUdeviceptr *slot = managed ? &modules[m].managed : &modules[m].plain;
     if (!*slot) {
+        in_global_alloc = 1;
         CUresult rc = dev_alloc(slot, 256, slot == &modules[m].managed ? T_MANAGED : T_DEVICE);
+        in_global_alloc = 0;
         if (rc != CUDA_SUCCESS)
             return rc;
     } else {
