@@ -249,8 +249,7 @@ pub fn install(config: &Config) {
         // taken back below).
         #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
-            unfollow_loader(&mut state);
-            unpatch_all(&mut state.hooks);
+            unpatch_host_and_loader(&mut state);
             if !state.namespace_hooks.is_empty() {
                 unhook_namespaces(&mut state);
             }
@@ -265,9 +264,22 @@ pub fn install(config: &Config) {
     } else {
         [0; LIBC_TARGETS]
     };
+    // For the host hooks alone in bistro mode, the loader's functions are
+    // patched too (`loader_requests`), in the host functions' batch: one
+    // hold of the other threads and three serialisations for all.
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let mut followed = false;
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     if mmap.contains(HookMode::Bistro) {
-        patch_host_functions(&mut state, &in_libc);
+        let loader = if !mmap.contains(HookMode::Reloc) && config.hooks.cuda.is_empty() {
+            // Before the patches: their entries report what the loader
+            // does from the first call.
+            crate::reloc::LOADER_EVENTS.store(true, core::sync::atomic::Ordering::Release);
+            loader_requests(&mut state, &in_libc)
+        } else {
+            None
+        };
+        followed = patch_host_functions(&mut state, &in_libc, loader.as_deref());
     } else if !mmap.contains(HookMode::Reloc) {
         note_kept(&mut state);
     }
@@ -321,7 +333,7 @@ pub fn install(config: &Config) {
         crate::cuda::install(config.hooks.cuda);
         if host && !state.reloc && config.hooks.cuda.is_empty() {
             #[cfg(feature = "bistro")]
-            let patched = mmap.contains(HookMode::Bistro) && follow_loader(&mut state, &in_libc);
+            let patched = followed;
             #[cfg(not(feature = "bistro"))]
             let patched = false;
             if patched {
@@ -366,15 +378,23 @@ enum Step {
 }
 
 /// Bistro-patches every host function of the main namespace's C library,
-/// all in one batch (`Hook::patch_batch`: three serialisations of every
-/// core for all twelve), and notes how each stands, in the functions'
-/// order.
+/// and the loader's functions where `loader` has them
+/// ([`loader_requests`]), all in one batch (`Hook::patch_batch`: one hold
+/// of the other threads and three serialisations of every core for all
+/// sixteen), and notes how each host function stands, in the functions'
+/// order. Whether the loader's were all patched (all or none: where one
+/// could not be, the ones done are undone, and reloc's GOT hooks follow
+/// the loader instead).
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-fn patch_host_functions(state: &mut Installed, in_libc: &[usize; LIBC_TARGETS]) {
+fn patch_host_functions(
+    state: &mut Installed,
+    in_libc: &[usize; LIBC_TARGETS],
+    loader: Option<&[crate::bistro::Request<'static>]>,
+) -> bool {
     use crate::bistro::{BistroError, Hook, Request};
     const N: usize = crate::host::FUNCTIONS;
     let mut steps = [Step::Absent; N];
-    let mut requests = heapless::Vec::<Request<'static>, N>::new();
+    let mut requests = heapless::Vec::<Request<'static>, { N + 4 }>::new();
     for (i, (name, hook, original)) in functions().into_iter().enumerate() {
         if !present(name) {
             continue;
@@ -389,16 +409,23 @@ fn patch_host_functions(state: &mut Installed, in_libc: &[usize; LIBC_TARGETS]) 
             Step::Patch
         };
     }
+    let host = requests.len();
+    let _ = requests.extend_from_slice(loader.unwrap_or(&[]));
     // SAFETY: each hook has its function's signature and calls the
-    // original through `original`, which patch_batch sets first.
-    let mut done = unsafe { Hook::patch_batch::<N>(&requests) }.into_iter();
+    // original through `original`, which patch_batch sets first (the
+    // loader's entries reach their functions that way: see
+    // `loader_requests`).
+    let mut done = unsafe { Hook::patch_batch::<{ N + 4 }>(&requests) }.into_iter();
+    // The host functions' results first (one for each Patch step, below),
+    // then the loader's.
+    let mut host_results = (&mut done).take(host);
     for (step, (name, _, _)) in steps.into_iter().zip(functions()) {
         let function = name.to_str().unwrap_or("?");
         let why: Option<&dyn fmt::Display> = match step {
             Step::Absent => continue,
             Step::Kept => None,
             Step::NoSymbol => Some(&BistroError::NoSymbol),
-            Step::Patch => match done.next() {
+            Step::Patch => match host_results.next() {
                 Some(Ok(h)) => match state.hooks.push(h) {
                     Ok(()) => None,
                     // Cannot happen (room for every function); undone
@@ -417,22 +444,31 @@ fn patch_host_functions(state: &mut Installed, in_libc: &[usize; LIBC_TARGETS]) 
         };
         note(&mut state.status, function, HookMode::Bistro, why);
     }
+    // Past any host result left unread (none: one per Patch step).
+    host_results.for_each(drop);
+    loader.is_some() && follow_loader(state, done)
 }
 
-/// Bistro-patches the loader's dlopen, dlclose, dlsym and dlvsym to
+/// The patches of the loader's dlopen, dlclose, dlsym and dlvsym to
 /// reloc's entries for them, for the host hooks alone in bistro mode:
 /// four patches instead of a pass over every object's relocations (a
-/// millisecond and more in a process of a few hundred libraries). All or
-/// none: where one cannot be patched, the ones done are undone and reloc's
-/// GOT hooks follow the loader instead.
+/// millisecond and more in a process of a few hundred libraries), made in
+/// the host functions' batch ([`patch_host_functions`]). `None` where one
+/// cannot be found: reloc's GOT hooks follow the loader instead. Each
+/// entry has its function's signature and reaches the function through
+/// its `original`, which the batch sets to the trampoline before the
+/// patch.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-fn follow_loader(state: &mut Installed, in_libc: &[usize; LIBC_TARGETS]) -> bool {
+fn loader_requests(
+    state: &mut Installed,
+    in_libc: &[usize; LIBC_TARGETS],
+) -> Option<heapless::Vec<crate::bistro::Request<'static>, 4>> {
     let mut requests = heapless::Vec::<crate::bistro::Request<'static>, 4>::new();
     for (i, (name, entry, real)) in crate::reloc::dl_entries().into_iter().enumerate() {
         let target = entry_of(name, in_libc[crate::host::FUNCTIONS + i]);
         if target == 0 {
             unfollow_loader(state);
-            return false;
+            return None;
         }
         if state.loader.iter().any(|h| h.target() == target) {
             continue; // kept from before (see `install`)
@@ -443,10 +479,16 @@ fn follow_loader(state: &mut Installed, in_libc: &[usize; LIBC_TARGETS]) -> bool
             original: real,
         });
     }
-    // SAFETY: each entry has its function's signature and reaches the
-    // function through `real`, which patch_batch sets to the trampoline
-    // before the patch.
-    let done = unsafe { crate::bistro::Hook::patch_batch::<4>(&requests) };
+    Some(requests)
+}
+
+/// Takes the loader's patches of the batch (`done`, what remains of it
+/// after the host functions'): all or none, as [`loader_requests`] says.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn follow_loader(
+    state: &mut Installed,
+    done: impl Iterator<Item = Result<crate::bistro::Hook, crate::bistro::BistroError>>,
+) -> bool {
     let mut all = true;
     for d in done {
         match d {
@@ -470,6 +512,40 @@ fn follow_loader(state: &mut Installed, in_libc: &[usize; LIBC_TARGETS]) -> bool
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn unfollow_loader(state: &mut Installed) {
     if unpatch_all(&mut state.loader) {
+        crate::reloc::BISTRO_DL.store(false, core::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Undoes the host functions' patches and the loader's in one batch (one
+/// hold of the other threads, three serialisations), as
+/// [`unfollow_loader`] and [`unpatch_all`] each do for theirs: the
+/// patches another hooker patched over stay, each in its list.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn unpatch_host_and_loader(state: &mut Installed) {
+    if state.loader.is_empty() || state.hooks.len() + state.loader.len() > state.hooks.capacity() {
+        // (The second cannot happen: twelve host functions, four.)
+        unfollow_loader(state);
+        unpatch_all(&mut state.hooks);
+        return;
+    }
+    // The loader's patches join the host functions' list for the batch
+    // (in place: an install may run on a small stack), and those kept go
+    // back after it.
+    let mut loader_targets = heapless::Vec::<usize, 4>::new();
+    while let Some(h) = state.loader.pop() {
+        let _ = loader_targets.push(h.target());
+        let _ = state.hooks.push(h); // room checked above
+    }
+    unpatch_all(&mut state.hooks);
+    let mut i = 0;
+    while i < state.hooks.len() {
+        if loader_targets.contains(&state.hooks[i].target()) {
+            let _ = state.loader.push(state.hooks.swap_remove(i));
+        } else {
+            i += 1;
+        }
+    }
+    if state.loader.is_empty() {
         crate::reloc::BISTRO_DL.store(false, core::sync::atomic::Ordering::Release);
     }
 }
@@ -530,9 +606,7 @@ fn remove(state: &mut Installed) {
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     unhook_namespaces(state);
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-    unfollow_loader(state);
-    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-    unpatch_all(&mut state.hooks);
+    unpatch_host_and_loader(state);
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::namespace::RELOC.store(false, core::sync::atomic::Ordering::Release);
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
