@@ -141,7 +141,7 @@ static SYNC_GEN: AtomicU32 = AtomicU32::new(0);
 static SYNC_SIGNALS: AtomicU64 = AtomicU64::new(0);
 static SYNC_ANSWERS: AtomicU64 = AtomicU64::new(0);
 /// How long a serialisation by signals waits for the threads' handlers
-/// (see [`sync_threads`]).
+/// (see [`Writer::sync`]).
 const SYNC_WAIT_NS: u64 = 200_000;
 
 /// How many signals memhook has sent to serialise other threads' cores
@@ -232,10 +232,68 @@ impl Writer {
         })
     }
 
-    /// Serialises the cores of the other running threads by signals
-    /// ([`sync_running_threads`]).
+    /// Serialises the cores of the other running threads by signals:
+    /// [`sync_running_threads`]' work, with `ONE` held (its buffer takes
+    /// the listing) and memhook's handler on the writer's signal.
     fn sync(&mut self) -> bool {
-        sync_threads(&self.tasks, &mut self.one[..], self.me, self.pid, self.signal.number)
+        let Writer {
+            signal,
+            tasks,
+            one,
+            me,
+            pid,
+        } = self;
+        let (me, pid, signal) = (*me, *pid, signal.number);
+        let round = SYNC_GEN.load(Ordering::Relaxed).wrapping_add(1).max(1);
+        SYNC_COUNT.store(0, Ordering::SeqCst);
+        SYNC_GEN.store(round, Ordering::SeqCst);
+        let (mut count, mut signalled_all) = (0, true);
+        let whole = tasks.each(&mut one[..], |tid| {
+            if tid == me || matches!(tasks.stands(tid), Stands::Blocked(_) | Stands::Gone) {
+                return;
+            }
+            if count == MAX_THREADS {
+                signalled_all = false;
+                return;
+            }
+            SYNC_TIDS[count].store(tid, Ordering::SeqCst);
+            SYNC_SEEN[count].store(0, Ordering::SeqCst);
+            count += 1;
+            SYNC_COUNT.store(count, Ordering::SeqCst);
+            // SAFETY: tgkill of a thread of this process with a signal whose
+            // handler is memhook's.
+            if unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, signal) } == 0 {
+                SYNC_SIGNALS.fetch_add(1, Ordering::Relaxed);
+            } else if crate::maps::errno() == libc::ESRCH {
+                SYNC_SEEN[count - 1].store(round, Ordering::SeqCst); // exited
+            } else {
+                signalled_all = false; // refused (a seccomp filter)
+            }
+        });
+        let mut done = whole && signalled_all;
+        // A thread on a CPU takes the signal's interrupt and answers within
+        // microseconds; one that does not answer within the wait is not
+        // running its own code (blocked, or preempted: runnable, waiting for
+        // a CPU), and runs the handler, pending now, before it does again.
+        let start = crate::fork::now_ns();
+        let waits = |i: &usize| SYNC_SEEN[*i].load(Ordering::SeqCst) != round;
+        // (Spinning, not yielding: a yield hands a thread queued on this CPU
+        // a whole time slice, milliseconds, and the ones that matter answer
+        // from other CPUs.)
+        while done && (0..count).any(|i| waits(&i)) && crate::fork::now_ns().saturating_sub(start) < SYNC_WAIT_NS {
+            core::hint::spin_loop();
+        }
+        let answered = (0..count).filter(|i| !waits(i)).count();
+        SYNC_ANSWERS.fetch_add(answered as u64, Ordering::Relaxed);
+        // Unless it blocks the signal: then nothing makes it serialise.
+        for i in (0..count).filter(waits) {
+            let tid = SYNC_TIDS[i].load(Ordering::SeqCst);
+            if !matches!(tasks.stands(tid), Stands::Blocked(_) | Stands::Gone) && tasks.blocks(tid, signal) {
+                done = false;
+            }
+        }
+        SYNC_GEN.store(0, Ordering::SeqCst);
+        done
     }
 }
 
@@ -457,61 +515,6 @@ pub(crate) fn sync_running_threads() -> bool {
     // The action goes back when the writer drops: a signal that reaches a
     // thread after that (it had blocked it) does what the default does.
     Writer::start().is_some_and(|mut writer| writer.sync())
-}
-
-/// [`sync_running_threads`]' work, with `ONE` held (its buffer is `buf`)
-/// and memhook's handler on `signal`.
-fn sync_threads(tasks: &Tasks, buf: &mut [u8], me: i32, pid: i32, signal: i32) -> bool {
-    let round = SYNC_GEN.load(Ordering::Relaxed).wrapping_add(1).max(1);
-    SYNC_COUNT.store(0, Ordering::SeqCst);
-    SYNC_GEN.store(round, Ordering::SeqCst);
-    let (mut count, mut signalled_all) = (0, true);
-    let whole = tasks.each(buf, |tid| {
-        if tid == me || matches!(tasks.stands(tid), Stands::Blocked(_) | Stands::Gone) {
-            return;
-        }
-        if count == MAX_THREADS {
-            signalled_all = false;
-            return;
-        }
-        SYNC_TIDS[count].store(tid, Ordering::SeqCst);
-        SYNC_SEEN[count].store(0, Ordering::SeqCst);
-        count += 1;
-        SYNC_COUNT.store(count, Ordering::SeqCst);
-        // SAFETY: tgkill of a thread of this process with a signal whose
-        // handler is memhook's.
-        if unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, signal) } == 0 {
-            SYNC_SIGNALS.fetch_add(1, Ordering::Relaxed);
-        } else if crate::maps::errno() == libc::ESRCH {
-            SYNC_SEEN[count - 1].store(round, Ordering::SeqCst); // exited
-        } else {
-            signalled_all = false; // refused (a seccomp filter)
-        }
-    });
-    let mut done = whole && signalled_all;
-    // A thread on a CPU takes the signal's interrupt and answers within
-    // microseconds; one that does not answer within the wait is not
-    // running its own code (blocked, or preempted: runnable, waiting for
-    // a CPU), and runs the handler, pending now, before it does again.
-    let start = crate::fork::now_ns();
-    let waits = |i: &usize| SYNC_SEEN[*i].load(Ordering::SeqCst) != round;
-    // (Spinning, not yielding: a yield hands a thread queued on this CPU
-    // a whole time slice, milliseconds, and the ones that matter answer
-    // from other CPUs.)
-    while done && (0..count).any(|i| waits(&i)) && crate::fork::now_ns().saturating_sub(start) < SYNC_WAIT_NS {
-        core::hint::spin_loop();
-    }
-    let answered = (0..count).filter(|i| !waits(i)).count();
-    SYNC_ANSWERS.fetch_add(answered as u64, Ordering::Relaxed);
-    // Unless it blocks the signal: then nothing makes it serialise.
-    for i in (0..count).filter(waits) {
-        let tid = SYNC_TIDS[i].load(Ordering::SeqCst);
-        if !matches!(tasks.stands(tid), Stands::Blocked(_) | Stands::Gone) && tasks.blocks(tid, signal) {
-            done = false;
-        }
-    }
-    SYNC_GEN.store(0, Ordering::SeqCst);
-    done
 }
 
 /// What `/proc/self/task/TID/syscall` says of a thread.
