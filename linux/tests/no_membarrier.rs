@@ -7,7 +7,7 @@
 //! fall back), and, where the program handles both signals memhook can
 //! use, by grace waits of 2 ms; dispatch readers use the shared counters.
 //! The host hooks must install, report and uninstall as anywhere else, in
-//! one batch of patches per library.
+//! one batch of patches (the host functions and the loader's four).
 #![cfg(all(feature = "bistro", target_arch = "x86_64"))]
 
 use std::os::unix::process::CommandExt;
