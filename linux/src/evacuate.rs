@@ -717,6 +717,7 @@ impl Tasks {
             // SAFETY: getdents64 writes at most `b.len()` bytes of records
             // into `b`.
             |b| unsafe { libc::syscall(libc::SYS_getdents64, fd, b.as_mut_ptr(), b.len()) } as isize,
+            thread_count,
             f,
         )
     }
@@ -798,6 +799,35 @@ impl Drop for Tasks {
     }
 }
 
+/// How many threads the process has (`num_threads` of `/proc/self/stat`),
+/// 0 where it cannot be read. No allocation: the file is read into the
+/// stack (its fields after the command's name take about 300 bytes; the
+/// name, up to 64 bytes in parentheses, may hold spaces and `)`).
+fn thread_count() -> usize {
+    // SAFETY: a NUL-terminated path; the descriptor is closed below.
+    let fd = unsafe { libc::open(c"/proc/self/stat".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return 0;
+    }
+    let mut buf = [0u8; 1024];
+    // SAFETY: reads at most `buf.len()` bytes into `buf`.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    // SAFETY: closes the descriptor opened above.
+    unsafe { libc::close(fd) };
+    let Ok(n) = usize::try_from(n) else {
+        return 0;
+    };
+    parse_num_threads(&buf[..n]).unwrap_or(0)
+}
+
+/// `num_threads`, the 20th field of a `/proc/PID/stat` line: the 18th
+/// after the command's name, which ends at the line's last `)`.
+fn parse_num_threads(stat: &[u8]) -> Option<usize> {
+    let after = stat.iter().rposition(|&b| b == b')')? + 1;
+    let field = stat[after..].split(|&b| b == b' ').filter(|f| !f.is_empty()).nth(17)?;
+    usize::try_from(parse_decimal(field)?).ok()
+}
+
 /// Lists the thread ids of `/proc/self/task`: `rewind` goes back to the
 /// directory's start, `read` is one `getdents64` call into the buffer
 /// given (bytes written, or negative), `f` is called with each id of one
@@ -806,22 +836,27 @@ impl Drop for Tasks {
 /// Linux walks a process's threads from a listing's start to its end in
 /// one call, as far as the buffer has room; each further call starts at
 /// the thread saved where the last ran out of room, or, where there is
-/// none, at the Nth thread from the first, N being the records given so
+/// none, at the Nth thread from the first, N being the threads walked so
 /// far. A walk stops early when the thread it stands on exits under it
 /// (`next_tid` finds it no longer alive), and the next call then counts N
 /// threads among the ones left: one past the thread after the one that
 /// exited, which is never listed. A thread missed so could stand inside
 /// the bytes about to be written. So the whole listing is read in one
 /// call into `buf` (room for [`MAX_THREADS`]), and a call after it that
-/// still gives records says the walk was cut short: the listing is read
-/// again from the start ([`LIST_TRIES`] times, then taken with the rest
-/// as the further calls give it, and false). A full buffer (more threads
-/// than that) goes on with further calls: the threads they give are past
-/// [`MAX_THREADS`], unchecked anyway.
+/// still gives records says the walk was cut short. Where N reaches the
+/// threads left (an exiting thread the walk passed over unlisted counts
+/// in N), that call gives nothing: so a listing with fewer threads than
+/// `threads` says the process has (read after it; 0 where unknown) was
+/// cut short too. Either way it is read again from the start
+/// ([`LIST_TRIES`] times, then taken with the rest as the further calls
+/// give it, and false). A full buffer (more threads than that) goes on
+/// with further calls: the threads they give are past [`MAX_THREADS`],
+/// unchecked anyway.
 fn list(
     buf: &mut [u8],
     mut rewind: impl FnMut() -> bool,
     mut read: impl FnMut(&mut [u8]) -> isize,
+    mut threads: impl FnMut() -> usize,
     mut f: impl FnMut(i32),
 ) -> bool {
     let mut tries = 0;
@@ -837,10 +872,21 @@ fn list(
         if room && tries < LIST_TRIES {
             let mut probe = [0u8; 2 * RECORD];
             match read(&mut probe) {
-                0 => return records(&buf[..n], &mut f),
+                0 => {
+                    let mut listed = 0;
+                    // (A malformed record stops the count; `records`
+                    // below says so.)
+                    let _ = records(&buf[..n], &mut |_| listed += 1);
+                    if listed >= threads() {
+                        return records(&buf[..n], &mut f);
+                    }
+                    // Fewer than the process has: cut short where the
+                    // next call could not tell.
+                }
                 m if m < 0 => return false,
-                _ => continue, // cut short: read it again
+                _ => {} // cut short: read it again
             }
+            continue;
         }
         let mut whole = records(&buf[..n], &mut f) && !room;
         loop {
@@ -1199,6 +1245,11 @@ mod tests {
     /// Lists with [`list`] from a fake directory; the ids given, whether
     /// it said whole, and how many times it read from the start.
     fn list_fake(calls: &[&[i32]], room: usize) -> (Vec<i32>, bool, usize) {
+        list_fake_with(calls, room, 0)
+    }
+
+    /// [`list_fake`] where the process says it has `threads` threads.
+    fn list_fake_with(calls: &[&[i32]], room: usize, threads: usize) -> (Vec<i32>, bool, usize) {
         let fake = std::cell::RefCell::new(FakeTask {
             script: calls.iter().map(|c| c.to_vec()).collect(),
             left: Default::default(),
@@ -1216,6 +1267,7 @@ mod tests {
                 true
             },
             |b| fake.borrow_mut().read(b),
+            || threads,
             |tid| ids.push(tid),
         );
         let rewinds = fake.borrow().rewinds;
@@ -1231,6 +1283,26 @@ mod tests {
         assert_eq!(list_fake(calls, LIST_BYTES), (vec![1, 2, 4, 5], true, 2));
         // Whole the first time: one listing.
         assert_eq!(list_fake(&[&[1, 2, 3], &[]], LIST_BYTES), (vec![1, 2, 3], true, 1));
+    }
+
+    /// A walk cut short where the next call gives nothing (the threads
+    /// walked, an exiting one passed over among them, reach the threads
+    /// left): the listing has fewer threads than the process says it has,
+    /// and is read again; one as long is taken.
+    #[test]
+    fn a_listing_shorter_than_the_thread_count_is_read_again() {
+        let calls: &[&[i32]] = &[&[1, 2], &[], &[1, 2, 4], &[]];
+        assert_eq!(list_fake_with(calls, LIST_BYTES, 3), (vec![1, 2, 4], true, 2));
+        // Never as long (threads made meanwhile, or the count unreadable
+        // as too high): after the last try, taken and said not whole.
+        let mut calls: Vec<&[i32]> = Vec::new();
+        for _ in 0..LIST_TRIES {
+            calls.extend([&[1, 2][..], &[]]);
+        }
+        assert_eq!(
+            list_fake_with(&calls, LIST_BYTES, 3),
+            (vec![1, 2], false, LIST_TRIES as usize)
+        );
     }
 
     /// Cut short at every try: after the last, its ids and the rest as
@@ -1281,6 +1353,7 @@ mod tests {
                 given += 1;
                 r.len() as isize
             },
+            || 0,
             |_| {},
         );
         assert!(!whole && given == 1);
@@ -1295,6 +1368,7 @@ mod tests {
             &mut [0u8; 64],
             || false,
             |_| panic!("read without a rewind"),
+            || 0,
             |t| ids.push(t),
         );
         assert!(!whole && ids.is_empty());
@@ -1370,6 +1444,33 @@ mod tests {
         // SAFETY: as above.
         unsafe { libc::sigaction(libc::SIGURG, &old, core::ptr::null_mut()) };
         assert_eq!(with_handler, Ok("SIGWINCH"));
+    }
+
+    /// The thread count is the stat line's 20th field, past a name that
+    /// may hold spaces and parentheses; this process's is read (where
+    /// the kernel writes the line: not under qemu-user).
+    #[test]
+    fn the_thread_count_is_read_from_the_stat_line() {
+        let line = b"4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 7 0 12345 1000 10 18446744073709551615\n";
+        assert_eq!(parse_num_threads(line), Some(7));
+        assert_eq!(parse_num_threads(b"4242 (x) S 1"), None);
+        assert_eq!(parse_num_threads(b"no name"), None);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let before = thread_count();
+        if before == 0 {
+            // qemu-user writes its own stat line, with 0 there: the
+            // listing then goes without the count, as where it cannot be
+            // read.
+            eprintln!("skipped: /proc/self/stat gives no thread count here (an emulator)");
+            return;
+        }
+        let other = std::thread::spawn(move || rx.recv());
+        // Other tests' threads come and go meanwhile: at least one more
+        // is there while this one waits.
+        let with = (0..100).map(|_| thread_count()).max().unwrap();
+        assert!(with >= 2, "{before} then {with}");
+        tx.send(()).unwrap();
+        other.join().unwrap().unwrap();
     }
 
     #[test]
