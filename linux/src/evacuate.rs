@@ -717,7 +717,7 @@ impl Tasks {
             // SAFETY: getdents64 writes at most `b.len()` bytes of records
             // into `b`.
             |b| unsafe { libc::syscall(libc::SYS_getdents64, fd, b.as_mut_ptr(), b.len()) } as isize,
-            thread_count,
+            |tid| self.listed(tid),
             f,
         )
     }
@@ -799,35 +799,6 @@ impl Drop for Tasks {
     }
 }
 
-/// How many threads the process has (`num_threads` of `/proc/self/stat`),
-/// 0 where it cannot be read. No allocation: the file is read into the
-/// stack (its fields after the command's name take about 300 bytes; the
-/// name, up to 64 bytes in parentheses, may hold spaces and `)`).
-fn thread_count() -> usize {
-    // SAFETY: a NUL-terminated path; the descriptor is closed below.
-    let fd = unsafe { libc::open(c"/proc/self/stat".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return 0;
-    }
-    let mut buf = [0u8; 1024];
-    // SAFETY: reads at most `buf.len()` bytes into `buf`.
-    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-    // SAFETY: closes the descriptor opened above.
-    unsafe { libc::close(fd) };
-    let Ok(n) = usize::try_from(n) else {
-        return 0;
-    };
-    parse_num_threads(&buf[..n]).unwrap_or(0)
-}
-
-/// `num_threads`, the 20th field of a `/proc/PID/stat` line: the 18th
-/// after the command's name, which ends at the line's last `)`.
-fn parse_num_threads(stat: &[u8]) -> Option<usize> {
-    let after = stat.iter().rposition(|&b| b == b')')? + 1;
-    let field = stat[after..].split(|&b| b == b' ').filter(|f| !f.is_empty()).nth(17)?;
-    usize::try_from(parse_decimal(field)?).ok()
-}
-
 /// Lists the thread ids of `/proc/self/task`: `rewind` goes back to the
 /// directory's start, `read` is one `getdents64` call into the buffer
 /// given (bytes written, or negative), `f` is called with each id of one
@@ -844,10 +815,14 @@ fn parse_num_threads(stat: &[u8]) -> Option<usize> {
 /// the bytes about to be written. So the whole listing is read in one
 /// call into `buf` (room for [`MAX_THREADS`]), and a call after it that
 /// still gives records says the walk was cut short. Where N reaches the
-/// threads left (an exiting thread the walk passed over unlisted counts
-/// in N), that call gives nothing: so a listing with fewer threads than
-/// `threads` says the process has (read after it; 0 where unknown) was
-/// cut short too. Either way it is read again from the start
+/// threads left, that call gives nothing; but a walk stops early only
+/// on a thread gone under it: one it passed over unlisted (its id read
+/// as 0), which the listing's end offset counts (the last record's
+/// `d_off`, 2 past the dots, is then more than the threads listed), or
+/// the one it listed last, which `alive` (asked after the listing) then
+/// finds gone. A listing with neither was not cut short. (A count of the
+/// process's threads cannot tell: threads listed that exited since make
+/// up for threads missed.) Either way it is read again from the start
 /// ([`LIST_TRIES`] times, then taken with the rest as the further calls
 /// give it, and false). A full buffer (more threads than that) goes on
 /// with further calls: the threads they give are past [`MAX_THREADS`],
@@ -856,7 +831,7 @@ fn list(
     buf: &mut [u8],
     mut rewind: impl FnMut() -> bool,
     mut read: impl FnMut(&mut [u8]) -> isize,
-    mut threads: impl FnMut() -> usize,
+    mut alive: impl FnMut(i32) -> bool,
     mut f: impl FnMut(i32),
 ) -> bool {
     let mut tries = 0;
@@ -873,15 +848,15 @@ fn list(
             let mut probe = [0u8; 2 * RECORD];
             match read(&mut probe) {
                 0 => {
-                    let mut listed = 0;
-                    // (A malformed record stops the count; `records`
+                    let (mut listed, mut last) = (0u64, None);
+                    // (A malformed record stops the walk; `records`
                     // below says so.)
-                    let _ = records(&buf[..n], &mut |_| listed += 1);
-                    if listed >= threads() {
+                    let _ = records(&buf[..n], &mut |tid| (listed, last) = (listed + 1, Some(tid)));
+                    if end_offset(&buf[..n]) == Some(listed + 2) && last.is_none_or(&mut alive) {
                         return records(&buf[..n], &mut f);
                     }
-                    // Fewer than the process has: cut short where the
-                    // next call could not tell.
+                    // A thread passed over, or the last one gone: cut
+                    // short where the next call could not tell.
                 }
                 m if m < 0 => return false,
                 _ => {} // cut short: read it again
@@ -897,6 +872,21 @@ fn list(
             }
         }
     }
+}
+
+/// The `d_off` of the last of `linux_dirent64` records (where the next
+/// call would start); `None` for no record or a malformed one.
+fn end_offset(buf: &[u8]) -> Option<u64> {
+    let (mut at, mut end) = (0usize, None);
+    while at + 19 < buf.len() {
+        let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
+        if reclen < 20 {
+            return None;
+        }
+        end = Some(u64::from_ne_bytes(buf[at + 8..at + 16].try_into().ok()?));
+        at += reclen;
+    }
+    end
 }
 
 /// Calls `f` with each thread id among `linux_dirent64` records (`.` and
@@ -1194,18 +1184,22 @@ mod tests {
     /// the script's next entry (`.` and `..` first in the first call
     /// after a rewind), as many as the buffer has room for; the rest stay
     /// for the next call, as the kernel's saved place does. An entry `[0]`
-    /// is a call that fails.
+    /// is a call that fails. Each record's `d_off` is the place after it;
+    /// a negative id is a thread walked and passed over unlisted (gone
+    /// under the walk), which moves the place on past the last record.
     struct FakeTask {
         script: std::collections::VecDeque<Vec<i32>>,
         left: std::collections::VecDeque<Vec<u8>>,
         fresh: bool,
         rewinds: usize,
+        place: u64,
     }
 
     impl FakeTask {
-        fn record(name: &[u8]) -> Vec<u8> {
+        fn record(name: &[u8], d_off: u64) -> Vec<u8> {
             let len = (19 + name.len() + 1).next_multiple_of(8);
             let mut r = vec![0u8; len];
+            r[8..16].copy_from_slice(&d_off.to_ne_bytes());
             r[16..18].copy_from_slice(&(len as u16).to_ne_bytes());
             r[18] = libc::DT_DIR;
             r[19..19 + name.len()].copy_from_slice(name);
@@ -1222,12 +1216,20 @@ mod tests {
                 }
                 let dots = if self.fresh { vec![".", ".."] } else { vec![] };
                 self.fresh = false;
-                self.left = dots
+                for name in dots
                     .into_iter()
-                    .map(|d| d.to_string())
+                    .map(str::to_string)
                     .chain(ids.iter().map(|t| t.to_string()))
-                    .map(|n| Self::record(n.as_bytes()))
-                    .collect();
+                {
+                    self.place += 1;
+                    if name.starts_with('-') {
+                        if let Some(r) = self.left.back_mut() {
+                            r[8..16].copy_from_slice(&self.place.to_ne_bytes());
+                        }
+                    } else {
+                        self.left.push_back(Self::record(name.as_bytes(), self.place));
+                    }
+                }
             }
             let mut n = 0;
             while let Some(r) = self.left.front() {
@@ -1245,16 +1247,17 @@ mod tests {
     /// Lists with [`list`] from a fake directory; the ids given, whether
     /// it said whole, and how many times it read from the start.
     fn list_fake(calls: &[&[i32]], room: usize) -> (Vec<i32>, bool, usize) {
-        list_fake_with(calls, room, 0)
+        list_fake_with(calls, room, &[])
     }
 
-    /// [`list_fake`] where the process says it has `threads` threads.
-    fn list_fake_with(calls: &[&[i32]], room: usize, threads: usize) -> (Vec<i32>, bool, usize) {
+    /// [`list_fake`] where the threads `gone` have exited.
+    fn list_fake_with(calls: &[&[i32]], room: usize, gone: &[i32]) -> (Vec<i32>, bool, usize) {
         let fake = std::cell::RefCell::new(FakeTask {
             script: calls.iter().map(|c| c.to_vec()).collect(),
             left: Default::default(),
             fresh: false,
             rewinds: 0,
+            place: 0,
         });
         let mut ids = Vec::new();
         let mut buf = vec![0u8; room];
@@ -1262,12 +1265,12 @@ mod tests {
             &mut buf,
             || {
                 let mut f = fake.borrow_mut();
-                (f.rewinds, f.fresh) = (f.rewinds + 1, true);
+                (f.rewinds, f.fresh, f.place) = (f.rewinds + 1, true, 0);
                 f.left.clear();
                 true
             },
             |b| fake.borrow_mut().read(b),
-            || threads,
+            |tid| !gone.contains(&tid),
             |tid| ids.push(tid),
         );
         let rewinds = fake.borrow().rewinds;
@@ -1285,22 +1288,30 @@ mod tests {
         assert_eq!(list_fake(&[&[1, 2, 3], &[]], LIST_BYTES), (vec![1, 2, 3], true, 1));
     }
 
-    /// A walk cut short where the next call gives nothing (the threads
-    /// walked, an exiting one passed over among them, reach the threads
-    /// left): the listing has fewer threads than the process says it has,
-    /// and is read again; one as long is taken.
+    /// Walks cut short where the next call gives nothing (the threads
+    /// walked reach the threads left): one stopped at thread 2 after
+    /// listing it, as it went (its last thread is gone), and one stopped
+    /// at thread 2 gone before it was listed (its id read as 0: passed
+    /// over, which the end offset counts). Each is read again, and the
+    /// listing with neither is taken. (Thread 4, made and gone meanwhile,
+    /// makes a count of the threads agree with the first listings, which
+    /// a count would have taken.)
     #[test]
-    fn a_listing_shorter_than_the_thread_count_is_read_again() {
-        let calls: &[&[i32]] = &[&[1, 2], &[], &[1, 2, 4], &[]];
-        assert_eq!(list_fake_with(calls, LIST_BYTES, 3), (vec![1, 2, 4], true, 2));
-        // Never as long (threads made meanwhile, or the count unreadable
-        // as too high): after the last try, taken and said not whole.
+    fn a_listing_cut_short_where_the_next_call_gives_nothing_is_read_again() {
+        let calls: &[&[i32]] = &[&[1, 4, 2], &[], &[1, 3], &[]];
+        assert_eq!(list_fake_with(calls, LIST_BYTES, &[2, 4]), (vec![1, 3], true, 2));
+        let calls: &[&[i32]] = &[&[1, 4, -2], &[], &[1, 3], &[]];
+        assert_eq!(list_fake_with(calls, LIST_BYTES, &[2, 4]), (vec![1, 3], true, 2));
+        // A thread gone in the middle did not stop the walk: taken.
+        let calls: &[&[i32]] = &[&[1, 4, 3], &[]];
+        assert_eq!(list_fake_with(calls, LIST_BYTES, &[4]), (vec![1, 4, 3], true, 1));
+        // Gone at every try: after the last, taken and said not whole.
         let mut calls: Vec<&[i32]> = Vec::new();
         for _ in 0..LIST_TRIES {
             calls.extend([&[1, 2][..], &[]]);
         }
         assert_eq!(
-            list_fake_with(&calls, LIST_BYTES, 3),
+            list_fake_with(&calls, LIST_BYTES, &[2]),
             (vec![1, 2], false, LIST_TRIES as usize)
         );
     }
@@ -1334,11 +1345,11 @@ mod tests {
     /// the listing is not whole.
     #[test]
     fn a_record_too_short_ends_the_parse() {
-        let mut buf = FakeTask::record(b"41");
-        let mut bad = FakeTask::record(b"42");
+        let mut buf = FakeTask::record(b"41", 1);
+        let mut bad = FakeTask::record(b"42", 2);
         bad[16..18].copy_from_slice(&5u16.to_ne_bytes());
         buf.extend(bad);
-        buf.extend(FakeTask::record(b"43"));
+        buf.extend(FakeTask::record(b"43", 3));
         let mut ids = Vec::new();
         assert!(!records(&buf, &mut |t| ids.push(t)));
         assert_eq!(ids, [41]);
@@ -1353,7 +1364,7 @@ mod tests {
                 given += 1;
                 r.len() as isize
             },
-            || 0,
+            |_| true,
             |_| {},
         );
         assert!(!whole && given == 1);
@@ -1368,7 +1379,7 @@ mod tests {
             &mut [0u8; 64],
             || false,
             |_| panic!("read without a rewind"),
-            || 0,
+            |_| true,
             |t| ids.push(t),
         );
         assert!(!whole && ids.is_empty());
@@ -1446,33 +1457,6 @@ mod tests {
         assert_eq!(with_handler, Ok("SIGWINCH"));
     }
 
-    /// The thread count is the stat line's 20th field, past a name that
-    /// may hold spaces and parentheses; this process's is read (where
-    /// the kernel writes the line: not under qemu-user).
-    #[test]
-    fn the_thread_count_is_read_from_the_stat_line() {
-        let line = b"4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 7 0 12345 1000 10 18446744073709551615\n";
-        assert_eq!(parse_num_threads(line), Some(7));
-        assert_eq!(parse_num_threads(b"4242 (x) S 1"), None);
-        assert_eq!(parse_num_threads(b"no name"), None);
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let before = thread_count();
-        if before == 0 {
-            // qemu-user writes its own stat line, with 0 there: the
-            // listing then goes without the count, as where it cannot be
-            // read.
-            eprintln!("skipped: /proc/self/stat gives no thread count here (an emulator)");
-            return;
-        }
-        let other = std::thread::spawn(move || rx.recv());
-        // Other tests' threads come and go meanwhile: at least one more
-        // is there while this one waits.
-        let with = (0..100).map(|_| thread_count()).max().unwrap();
-        assert!(with >= 2, "{before} then {with}");
-        tx.send(()).unwrap();
-        other.join().unwrap().unwrap();
-    }
-
     #[test]
     fn thread_ids_are_read_and_written_in_decimal() {
         assert_eq!(parse_decimal(b"12345"), Some(12345));
@@ -1484,6 +1468,53 @@ mod tests {
         assert_eq!(&out[..n], b"4194304");
         let n = write_decimal(0, &mut out);
         assert_eq!(&out[..n], b"0");
+    }
+
+    /// Threads that exit while the listing is read never hide a thread
+    /// listed after them: in each round, eight threads that exit as the
+    /// listings start, then one that stays; every listing taken as whole
+    /// holds the one that stays. (With a count of the process's threads
+    /// in place of the look at the last one listed, some whole listings
+    /// missed it.)
+    #[test]
+    fn threads_exiting_meanwhile_never_hide_the_ones_after_them() {
+        let tasks = Tasks::open().expect("/proc/self/task");
+        let (mut buf, mut listed) = (vec![0u8; LIST_BYTES], Vec::new());
+        let (mut whole, mut hidden) = (0, 0);
+        for _ in 0..400 {
+            let go = std::sync::Arc::new(std::sync::Barrier::new(9));
+            let short: Vec<_> = (0..8)
+                .map(|_| {
+                    let go = go.clone();
+                    std::thread::spawn(move || {
+                        go.wait();
+                    })
+                })
+                .collect();
+            let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+            let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+            let stays = std::thread::spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                tid_tx.send(unsafe { libc::gettid() }).unwrap();
+                let _ = end_rx.recv();
+            });
+            let stay = tid_rx.recv().unwrap();
+            go.wait();
+            for _ in 0..20 {
+                listed.clear();
+                if tasks.each(&mut buf, |tid| listed.push(tid)) {
+                    whole += 1;
+                    hidden += usize::from(!listed.contains(&stay));
+                }
+            }
+            drop(end_tx);
+            stays.join().unwrap();
+            for t in short {
+                t.join().unwrap();
+            }
+        }
+        assert_eq!(hidden, 0, "{hidden} of {whole} whole listings hid a thread");
+        assert!(whole > 0, "no listing was whole");
     }
 
     /// This thread is listed among the process's; a thread blocked in a
