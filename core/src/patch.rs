@@ -487,20 +487,41 @@ pub fn write_patches<M: CodeMemory, const N: usize>(
     patches: &[(usize, &[u8])],
     lock: &[u8],
 ) -> heapless::Vec<Result<RestorePoint, PatchError>, N> {
-    let points: heapless::Vec<RestorePoint, N> = patches
+    let mut out: [Option<Result<RestorePoint, PatchError>>; N] = [const { None }; N];
+    let answered = write_patches_into::<M, N>(mem, patches, lock, &mut out);
+    out.into_iter().take(answered).flatten().collect()
+}
+
+/// [`write_patches`], each patch's result written into `out` at the
+/// patch's place, for a caller that keeps the results off the stack (an
+/// install inside a hook may run on a small one: the pass itself keeps
+/// `N` jobs of 48 bytes). Returns how many patches were answered: at most
+/// `N` and `out.len()`, the rest neither written nor answered.
+///
+/// Every entry must be distinct, and no patch's bytes may overlap
+/// another's.
+pub fn write_patches_into<M: CodeMemory, const N: usize>(
+    mem: &mut M,
+    patches: &[(usize, &[u8])],
+    lock: &[u8],
+    out: &mut [Option<Result<RestorePoint, PatchError>>],
+) -> usize {
+    let patches = &patches[..patches.len().min(N).min(out.len())];
+    for (o, &(at, patch)) in out.iter_mut().zip(patches) {
+        *o = Some(Ok(RestorePoint::read(mem, at, patch)));
+    }
+    // The bytes each point holds as written (no more than MAX_PATCH).
+    let mut jobs: heapless::Vec<Job<'_>, N> = patches
         .iter()
-        .take(N)
-        .map(|&(at, patch)| RestorePoint::read(mem, at, patch))
+        .map(|&(at, patch)| Job::new(at, &patch[..patch.len().min(MAX_PATCH)]))
         .collect();
-    let mut jobs: heapless::Vec<Job<'_>, N> = points.iter().map(|p| Job::new(p.at, &p.patched)).collect();
     write_locked::<M, N>(mem, &mut jobs, lock);
-    let results: heapless::Vec<Result<(), PatchError>, N> = jobs.iter().map(|j| j.result).collect();
-    drop(jobs);
-    points
-        .into_iter()
-        .zip(results)
-        .map(|(point, result)| result.map(|()| point))
-        .collect()
+    for (o, job) in out.iter_mut().zip(&jobs) {
+        if let Err(e) = job.result {
+            *o = Some(Err(e));
+        }
+    }
+    patches.len()
 }
 
 /// Undoes each patch of `points` with the lock protocol, all in one pass,

@@ -31,7 +31,7 @@ use core::ffi::CStr;
 use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-use memhook_core::patch::{Arch, PatchBytes, PatchError, RelocError, RestorePoint, undo_patches, write_patches};
+use memhook_core::patch::{Arch, PatchBytes, PatchError, RelocError, RestorePoint, undo_patches, write_patches_into};
 
 use crate::code::{Exit, LinuxCode};
 use crate::{maps, trampoline};
@@ -192,6 +192,13 @@ struct State {
     /// The batch being written: where a thread standing inside its bytes
     /// goes on (here, not on the stack: a few KiB).
     exits: heapless::Vec<Exit, EXITS>,
+    /// The batch being written: each request's plan, then what its write
+    /// gave (here, not on the stack: 10 KiB, in an install that may run
+    /// inside a hook on a small stack).
+    planned: heapless::Vec<Result<Planned, BistroError>, BATCH>,
+    written: [Option<Result<RestorePoint, PatchError>>; BATCH],
+    /// One protection's pass: its results, in the order of its patches.
+    pass: [Option<Result<RestorePoint, PatchError>>; BATCH],
 }
 
 /// Serialises patching: install paths only, never a hook path.
@@ -199,6 +206,9 @@ static STATE: crate::fork::Mutex<State> = crate::fork::Mutex::new(State {
     trampolines: heapless::Vec::new(),
     far_slots: heapless::Vec::new(),
     exits: heapless::Vec::new(),
+    planned: heapless::Vec::new(),
+    written: [const { None }; BATCH],
+    pass: [const { None }; BATCH],
 });
 
 /// A patched function entry. Dropping it leaves the patch in place (hooks
@@ -348,19 +358,26 @@ struct Planned {
     prot: i32,
 }
 
-/// Most patches written in one pass: three serialisations for each
-/// `BATCH` functions, with the bookkeeping of a pass on the stack (a few
-/// KiB, in an install that may run inside a hook).
-pub const BATCH: usize = 32;
+/// Most patches written in one pass (one hold of the other threads and
+/// three serialisations): every hooked CUDA function of the driver and
+/// the runtime (70), or the host functions and the loader's (16). The
+/// pass's bookkeeping lies in the patching state, not on the stack.
+pub const BATCH: usize = 80;
 
-/// [`Hook::patch_batch`] for at most [`BATCH`] requests.
-fn patch_chunk(state: &mut State, requests: &[Request<'_>]) -> heapless::Vec<Result<Hook, BistroError>, BATCH> {
-    let mut planned = heapless::Vec::<Result<Planned, BistroError>, BATCH>::new();
+/// [`Hook::patch_batch`] for at most [`BATCH`] requests: their results,
+/// in order, pushed onto `done` (as many as it has room for).
+fn patch_chunk<const N: usize>(
+    state: &mut State,
+    requests: &[Request<'_>],
+    done: &mut heapless::Vec<Result<Hook, BistroError>, N>,
+) {
     state.exits.clear();
+    state.planned.clear();
     for r in requests.iter().take(BATCH) {
         let plan = plan(state, r.target, r.hook).and_then(|p| {
             let (start, end) = (p.at, p.at + p.jump.len());
-            let overlaps = planned
+            let overlaps = state
+                .planned
                 .iter()
                 .flatten()
                 .any(|q| q.at < end && start < q.at + q.jump.len());
@@ -374,10 +391,17 @@ fn patch_chunk(state: &mut State, requests: &[Request<'_>]) -> heapless::Vec<Res
             r.original.store(p.trampoline, Ordering::Release);
         }
         // Cannot fail: at most BATCH taken.
-        let _ = planned.push(plan);
+        let _ = state.planned.push(plan);
     }
-    let exits = &state.exits[..];
-    let mut written: [Option<Result<RestorePoint, PatchError>>; BATCH] = core::array::from_fn(|_| None);
+    let State {
+        exits,
+        planned,
+        written,
+        pass,
+        ..
+    } = state;
+    let exits = &exits[..];
+    written.fill_with(|| None);
     by_protection(
         |i| planned[i].as_ref().ok().map(|p| p.prot),
         planned.len(),
@@ -387,34 +411,37 @@ fn patch_chunk(state: &mut State, requests: &[Request<'_>]) -> heapless::Vec<Res
                 .filter_map(|&i| planned[i].as_ref().ok().map(|p| (p.at, &p.jump[..])))
                 .collect();
             let mut code = LinuxCode::with_protection(prot).with_exits(exits);
-            let results = write_patches::<_, BATCH>(&mut code, &patches, NativeArch::LOCK);
-            for (&i, r) in group.iter().zip(results) {
-                written[i] = Some(r);
+            let answered = write_patches_into::<_, BATCH>(&mut code, &patches, NativeArch::LOCK, &mut pass[..]);
+            for (&i, r) in group.iter().zip(pass.iter_mut()).take(answered) {
+                written[i] = r.take();
             }
         },
     );
-    planned
-        .into_iter()
-        .zip(written)
-        .zip(requests)
-        .map(|((plan, written), r)| {
-            let p = plan?;
-            // Every plan was written, in its protection's pass.
-            let written = written.unwrap_or(Err(PatchError::Protection(0)));
-            let restore = written.map_err(|error| BistroError::Patch {
-                target: r.target,
-                error,
-            })?;
-            Ok(Hook {
-                target: r.target,
-                hook: r.hook,
-                trampoline: p.trampoline,
-                taken: p.taken,
-                prot: p.prot,
-                restore,
-            })
-        })
-        .collect()
+    for ((plan, written), r) in planned.iter().zip(written.iter_mut()).zip(requests) {
+        let result = match plan {
+            Ok(p) => {
+                // Every plan was written, in its protection's pass.
+                let written = written.take().unwrap_or(Err(PatchError::Protection(0)));
+                written
+                    .map(|restore| Hook {
+                        target: r.target,
+                        hook: r.hook,
+                        trampoline: p.trampoline,
+                        taken: p.taken,
+                        prot: p.prot,
+                        restore,
+                    })
+                    .map_err(|error| BistroError::Patch {
+                        target: r.target,
+                        error,
+                    })
+            }
+            Err(e) => Err(*e),
+        };
+        if done.push(result).is_err() {
+            break;
+        }
+    }
 }
 
 /// Calls `write(prot, group)` once for each protection among the first
@@ -586,10 +613,7 @@ impl Hook {
         let mut state = STATE.lock();
         let mut done = heapless::Vec::new();
         for chunk in requests[..requests.len().min(N)].chunks(BATCH) {
-            for result in patch_chunk(&mut state, chunk) {
-                // Cannot fail: at most N requests.
-                let _ = done.push(result);
-            }
+            patch_chunk(&mut state, chunk, &mut done);
         }
         done
     }

@@ -353,6 +353,7 @@ fn sync(state: &mut State) {
         return;
     }
     let found = loaded_libs();
+    let mut attaching = [None, None];
     for lib in [Lib::Driver, Lib::Runtime] {
         let now = found[lib.index()].as_ref().map(|f| f.id);
         let before = state.attached[lib.index()];
@@ -360,7 +361,7 @@ fn sync(state: &mut State) {
             detach(state, lib);
         }
         match &found[lib.index()] {
-            Some(f) if before != now => attach(state, lib, f),
+            Some(f) if before != now => attaching[lib.index()] = Some((lib, f)),
             #[cfg(feature = "bistro")]
             None if before.is_none() && !state.absent_noted[lib.index()] && state.modes.contains(HookMode::Bistro) => {
                 state.absent_noted[lib.index()] = true;
@@ -380,6 +381,7 @@ fn sync(state: &mut State) {
             _ => {}
         }
     }
+    attach(state, attaching.iter().flatten().copied());
 }
 
 /// Longest library path memhook attaches to.
@@ -392,103 +394,112 @@ struct Found {
     segments: heapless::Vec<(usize, usize), { reloc::MAX_SEGMENTS }>,
 }
 
-/// Resolves `lib`'s hooked functions in the object just found, patches
-/// them (bistro) and makes the hooks' originals the definitions.
-fn attach(state: &mut State, lib: Lib, found: &Found) {
-    // The map's one-time layout (2 MiB of writes) now, while a CUDA
-    // library loads, not in the first hooked allocation; a process that
-    // never loads one never pays it.
-    crate::memtype::map().prepare();
-    // SAFETY: a NUL-terminated copy of the object's path; RTLD_NOLOAD only
-    // finds an object already loaded.
-    let handle = unsafe { libc::dlopen(found.name.as_ptr().cast(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
-    if handle.is_null() {
-        return;
-    }
-    let segments = &found.segments;
-    let inside = |p: usize| segments.iter().any(|&(s, e)| (s..e).contains(&p));
-    // SAFETY: a live handle and a NUL-terminated name.
-    let answer = |symbol: &CStr| unsafe { libc::dlsym(handle, symbol.as_ptr()) } as usize;
-    let lookup = |symbol: &CStr| {
-        let p = answer(symbol);
-        if inside(p) { p } else { 0 }
-    };
-    if lib == Lib::Driver {
-        driver::resolve(lookup);
-    }
+/// Resolves the hooked functions of each library just found (the driver,
+/// the runtime, or both), patches them (bistro) in one batch (one hold of
+/// the other threads and three serialisations for both libraries) and
+/// makes the hooks' originals the definitions.
+fn attach<'a>(state: &mut State, libs: impl Iterator<Item = (Lib, &'a Found)>) {
     // Functions to patch, and aliases of them, resolved after the batch.
     #[cfg(feature = "bistro")]
     let mut requests = heapless::Vec::<crate::bistro::Request<'static>, COUNT>::new();
     #[cfg(feature = "bistro")]
     let mut patching = heapless::Vec::<Id, COUNT>::new();
     let mut aliases = heapless::Vec::<(Id, Id), COUNT>::new();
-    for id in Id::ALL.into_iter().filter(|id| id.lib() == lib) {
-        let found = answer(id.name());
-        let entry = if inside(found) { found } else { 0 };
-        ENTRY[id as usize].store(entry, Ordering::Release);
-        if entry == 0 {
-            // Found elsewhere: another hooker interposes dlsym, such as a
-            // second copy of memhook in reloc or procaddr mode.
-            let (why, other) = if found != 0 {
-                ("dlsym answers a definition outside", " (another hooker's)")
-            } else {
-                ("not exported by", "")
-            };
-            if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
-                note(
-                    state,
-                    id,
-                    HookMode::Bistro,
-                    Some(&format_args!("{why} {}{other}", lib.soname())),
-                );
-            }
-            if state.modes.contains(HookMode::Procaddr) && lib == Lib::Driver {
-                note(
-                    state,
-                    id,
-                    HookMode::Procaddr,
-                    Some(&format_args!("{why} {}{other}", lib.soname())),
-                );
-            }
+    // Each library resolved, with the reference that keeps it loaded
+    // until its entries are patched.
+    let mut opened = heapless::Vec::<(Lib, *mut libc::c_void, reloc::ObjectId), 2>::new();
+    for (lib, found) in libs {
+        // The map's one-time layout (2 MiB of writes) now, while a CUDA
+        // library loads, not in the first hooked allocation; a process
+        // that never loads one never pays it.
+        crate::memtype::map().prepare();
+        // SAFETY: a NUL-terminated copy of the object's path; RTLD_NOLOAD
+        // only finds an object already loaded.
+        let handle = unsafe { libc::dlopen(found.name.as_ptr().cast(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        if handle.is_null() {
             continue;
         }
-        #[cfg(feature = "bistro")]
-        if kept(id) {
-            // Taken back (see `take_back_kept`): its original stays the
-            // patch's trampoline.
-            note(state, id, HookMode::Bistro, None);
-            continue;
+        // Cannot fail: at most one for each library.
+        let _ = opened.push((lib, handle, found.id));
+        let segments = &found.segments;
+        let inside = |p: usize| segments.iter().any(|&(s, e)| (s..e).contains(&p));
+        // SAFETY: a live handle and a NUL-terminated name.
+        let answer = |symbol: &CStr| unsafe { libc::dlsym(handle, symbol.as_ptr()) } as usize;
+        let lookup = |symbol: &CStr| {
+            let p = answer(symbol);
+            if inside(p) { p } else { 0 }
+        };
+        if lib == Lib::Driver {
+            driver::resolve(lookup);
         }
-        if let Some(first) = Id::ALL
-            .into_iter()
-            .take_while(|&o| o != id)
-            .find(|&o| o.lib() == lib && ENTRY[o as usize].load(Ordering::Acquire) == entry)
-        {
-            // One definition under two names (an alias): patched once, as
-            // `first`, whose hook reports its calls; this one's hook, which
-            // reloc and procaddr may hand out, calls what `first`'s calls,
-            // so that no call reports twice.
-            // (`first`'s original is known once the batch below is made.)
-            let _ = aliases.push((id, first));
-            if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
+        for id in Id::ALL.into_iter().filter(|id| id.lib() == lib) {
+            let found = answer(id.name());
+            let entry = if inside(found) { found } else { 0 };
+            ENTRY[id as usize].store(entry, Ordering::Release);
+            if entry == 0 {
+                // Found elsewhere: another hooker interposes dlsym, such as
+                // a second copy of memhook in reloc or procaddr mode.
+                let (why, other) = if found != 0 {
+                    ("dlsym answers a definition outside", " (another hooker's)")
+                } else {
+                    ("not exported by", "")
+                };
+                if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
+                    note(
+                        state,
+                        id,
+                        HookMode::Bistro,
+                        Some(&format_args!("{why} {}{other}", lib.soname())),
+                    );
+                }
+                if state.modes.contains(HookMode::Procaddr) && lib == Lib::Driver {
+                    note(
+                        state,
+                        id,
+                        HookMode::Procaddr,
+                        Some(&format_args!("{why} {}{other}", lib.soname())),
+                    );
+                }
+                continue;
+            }
+            #[cfg(feature = "bistro")]
+            if kept(id) {
+                // Taken back (see `take_back_kept`): its original stays the
+                // patch's trampoline.
                 note(state, id, HookMode::Bistro, None);
+                continue;
             }
-            continue;
+            if let Some(first) = Id::ALL
+                .into_iter()
+                .take_while(|&o| o != id)
+                .find(|&o| o.lib() == lib && ENTRY[o as usize].load(Ordering::Acquire) == entry)
+            {
+                // One definition under two names (an alias): patched once,
+                // as `first`, whose hook reports its calls; this one's hook,
+                // which reloc and procaddr may hand out, calls what
+                // `first`'s calls, so that no call reports twice.
+                // (`first`'s original is known once the batch below is made.)
+                let _ = aliases.push((id, first));
+                if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
+                    note(state, id, HookMode::Bistro, None);
+                }
+                continue;
+            }
+            #[cfg(feature = "bistro")]
+            if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
+                let _ = requests.push(crate::bistro::Request {
+                    target: entry,
+                    hook: id.hook(),
+                    original: &ORIG[id as usize],
+                });
+                let _ = patching.push(id);
+                continue;
+            }
+            ORIG[id as usize].store(entry, Ordering::Release);
         }
-        #[cfg(feature = "bistro")]
-        if state.modes.contains(HookMode::Bistro) && id.kind() != Kind::ProcAddr {
-            let _ = requests.push(crate::bistro::Request {
-                target: entry,
-                hook: id.hook(),
-                original: &ORIG[id as usize],
-            });
-            let _ = patching.push(id);
-            continue;
-        }
-        ORIG[id as usize].store(entry, Ordering::Release);
     }
-    // The bistro patches, in one batch: three serialisations of every core
-    // for the library's functions, not three each.
+    // The bistro patches of both libraries, in one batch: three
+    // serialisations of every core, not three for each library.
     #[cfg(feature = "bistro")]
     {
         // SAFETY: each entry is the function's its id names, and its hook
@@ -511,9 +522,11 @@ fn attach(state: &mut State, lib: Lib, found: &Found) {
     for (id, first) in aliases {
         ORIG[id as usize].store(ORIG[first as usize].load(Ordering::Acquire), Ordering::Release);
     }
-    // SAFETY: the handle dlopen returned above.
-    unsafe { libc::dlclose(handle) };
-    state.attached[lib.index()] = Some(found.id);
+    for (lib, handle, id) in opened {
+        // SAFETY: the handle dlopen returned above.
+        unsafe { libc::dlclose(handle) };
+        state.attached[lib.index()] = Some(id);
+    }
 }
 
 /// `lib` was unloaded: its code is gone, so nothing is unpatched; the hooks
