@@ -474,11 +474,12 @@ fn by_protection(prot_of: impl Fn(usize) -> Option<i32>, len: usize, mut write: 
 /// thread then and called one of those functions (an allocator's `mmap`
 /// in a profiler's or a garbage collector's handler) would spin there for
 /// ever, since the thread that would write the rest is the one spinning.
-/// Deferred, the signal is taken once the batch is written.
-struct SignalsBlocked(libc::sigset_t);
+/// Deferred, the signal is taken once the batch is written. (A listing
+/// of the threads blocks them too: `evacuate`.)
+pub(crate) struct SignalsBlocked(libc::sigset_t);
 
 impl SignalsBlocked {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut all = core::mem::MaybeUninit::<libc::sigset_t>::uninit();
         let mut found = core::mem::MaybeUninit::<libc::sigset_t>::uninit();
         // SAFETY: sigfillset initialises `all`; pthread_sigmask reads it
