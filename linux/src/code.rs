@@ -125,7 +125,8 @@ static BY_SIGNAL: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64:
 /// they sent in all, and how many of those reached a thread that
 /// serialised: its handler answered within the wait, or it was found
 /// inside memhook's handler, which it leaves by a serialising return
-/// (the others went to threads not running then). The others, where the kernel lacks it, were grace waits.
+/// (the others went to threads not running then). The other
+/// serialisations, where the kernel lacks it, were grace waits.
 pub fn serializations_by_signal() -> (u64, u64, u64) {
     let (signals, answers) = crate::evacuate::sync_signals();
     (BY_SIGNAL.load(Ordering::Relaxed), signals, answers)
