@@ -457,11 +457,13 @@ impl Holding {
             if waited > LIMIT_NS {
                 for i in (0..count).filter(waits) {
                     let tid = TIDS[i].load(Ordering::SeqCst);
-                    let inside_handler = returning(tid);
+                    // (Its mark read first, as at every look: inside the
+                    // handler still, it was never seen.)
+                    if returning(tid) {
+                        UNCHECKED.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     match tasks.stands(tid) {
-                        _ if inside_handler => {
-                            UNCHECKED.fetch_add(1, Ordering::Relaxed);
-                        }
                         Stands::Blocked(pc) if at_exit(regions, pc) => {
                             for r in regions.iter_mut().filter(|r| within(r, pc, usize::MAX)) {
                                 r.stuck = true;
@@ -654,7 +656,8 @@ extern "C" fn on_signal(_signal: libc::c_int, info: *mut libc::siginfo_t, contex
     }
     let len = EXITS_LEN.load(Ordering::SeqCst);
     let exits = EXITS.load(Ordering::SeqCst);
-    if len != 0 && !exits.is_null() {
+    let held = len != 0 && !exits.is_null();
+    if held {
         // SAFETY: the writer published `len` exits at `exits` and keeps
         // them until ACTIVE is back to 0 after withdrawing them.
         let exits = unsafe { core::slice::from_raw_parts(exits, len) };
@@ -689,7 +692,6 @@ extern "C" fn on_signal(_signal: libc::c_int, info: *mut libc::siginfo_t, contex
         }
         slot.store(me, Ordering::SeqCst);
     }
-    let held = len != 0 && !exits.is_null();
     if ACTIVE.fetch_sub(1, Ordering::SeqCst) == 1 && ACTIVE_WAITER.load(Ordering::SeqCst) {
         // SAFETY: wakes the writer waiting on the futex word ACTIVE.
         unsafe {
