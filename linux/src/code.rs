@@ -99,6 +99,8 @@ fn serialize(holding: Option<&mut Holding>) {
     {
         return;
     }
+    // The grace period counts from here: the code is written.
+    let start = crate::fork::now_ns();
     let signalled = match holding {
         Some(h) => h.sync(),
         None => crate::evacuate::sync_running_threads(),
@@ -107,12 +109,19 @@ fn serialize(holding: Option<&mut Holding>) {
         BY_SIGNAL.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    let ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: GRACE_WAIT_NS,
-    };
-    // SAFETY: a valid timespec; the remainder is not wanted.
-    unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+    // The rest of it (a serialisation by signals that found a thread
+    // blocking the signal waited for it already: see
+    // `evacuate::sync_running_threads`).
+    let left = (GRACE_WAIT_NS as u64).saturating_sub(crate::fork::now_ns().saturating_sub(start));
+    if left > 0 {
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: left as libc::c_long,
+        };
+        // SAFETY: a valid timespec (under a second); the remainder is not
+        // wanted.
+        unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+    }
 }
 
 /// Serialisations of every core made ([`serialize_all_cores`]).

@@ -174,6 +174,16 @@ static SYNC_ANSWERS: AtomicU64 = AtomicU64::new(0);
 /// (see [`Writer::sync`]).
 const SYNC_WAIT_NS: u64 = 200_000;
 
+/// Serialisations by signals that waited on for a thread blocking the
+/// signal (see [`Writer::sync`]): a thread inside memhook's handler is
+/// marked, and needs no such wait.
+static SYNC_WAITED_ON: AtomicU64 = AtomicU64::new(0);
+
+#[cfg(test)]
+fn sync_waited_on() -> u64 {
+    SYNC_WAITED_ON.load(Ordering::Relaxed)
+}
+
 /// How many signals memhook has sent to serialise other threads' cores
 /// where the kernel lacks `membarrier` (see `code::serialization`), and
 /// how many of them reached a thread that serialised: its handler
@@ -336,15 +346,42 @@ impl Writer {
         while done && (0..count).any(|i| waits(&i)) && crate::fork::now_ns().saturating_sub(start) < SYNC_WAIT_NS {
             core::hint::spin_loop();
         }
+        // Unless it blocks the signal: then only its unblocking it (the
+        // signal, pending, then reaches it before its own code runs) or a
+        // grace period makes it serialise. A thread between its handler's
+        // last mark and its `sigreturn` shows every signal blocked for as
+        // long as it waits for a CPU (1 serialisation in about 50 fell
+        // back so beside three busy processes on two cores, in a test
+        // that shares the writer's CPU with it). So the writer waits on,
+        // sleeping (such a thread may need this CPU), until no thread
+        // that has not answered still blocks the signal while it runs,
+        // but not past [`GRACE_WAIT_NS`] from the start, when the grace
+        // period (the caller's fallback, which counts from there) is
+        // over anyway.
+        let blocking = |i: &usize| {
+            let tid = SYNC_TIDS[*i].load(Ordering::SeqCst);
+            waits(i) && !matches!(tasks.stands(tid), Stands::Blocked(_) | Stands::Gone) && tasks.blocks(tid, signal)
+        };
+        let grace = crate::code::GRACE_WAIT_NS as u64;
+        let mut naps = 0u32;
+        while done && (0..count).any(|i| blocking(&i)) {
+            if naps == 0 {
+                SYNC_WAITED_ON.fetch_add(1, Ordering::Relaxed);
+            }
+            naps += 1;
+            if crate::fork::now_ns().saturating_sub(start) >= grace {
+                done = false;
+                break;
+            }
+            let nap = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 50_000,
+            };
+            // SAFETY: a valid timespec; the remainder is not wanted.
+            unsafe { libc::nanosleep(&nap, core::ptr::null_mut()) };
+        }
         let answered = (0..count).filter(|i| !waits(i)).count();
         SYNC_ANSWERS.fetch_add(answered as u64, Ordering::Relaxed);
-        // Unless it blocks the signal: then nothing makes it serialise.
-        for i in (0..count).filter(waits) {
-            let tid = SYNC_TIDS[i].load(Ordering::SeqCst);
-            if !matches!(tasks.stands(tid), Stands::Blocked(_) | Stands::Gone) && tasks.blocks(tid, signal) {
-                done = false;
-            }
-        }
         SYNC_GEN.store(0, Ordering::SeqCst);
         done
     }
@@ -608,10 +645,13 @@ pub(crate) fn any_inside(exits: &[Exit], regions: &[Region], len: usize) -> bool
 /// `iret`, or an `eret` on arm64, both serialising), at most
 /// [`SYNC_WAIT_NS`]: a thread that has not answered by then is not
 /// running its own code, and runs the handler before it does again.
+/// A thread that has not answered and blocks the signal is waited for
+/// on, until it lets the signal in (or blocks in the kernel, or exits),
+/// at most [`GRACE_WAIT_NS`](crate::code::GRACE_WAIT_NS) from the start.
 /// `false` where that does not hold or cannot be done (the threads cannot
 /// be listed or signalled, the program handles both signals, a thread
-/// that has not answered blocks the signal): the caller then waits a
-/// grace period instead.
+/// still blocks the signal at the end of the grace period): the caller
+/// then waits what is left of the grace period.
 pub(crate) fn sync_running_threads() -> bool {
     // The action goes back when the writer drops: a signal that reaches a
     // thread after that (it had blocked it) does what the default does.
@@ -1101,7 +1141,13 @@ fn write_decimal(v: i32, out: &mut [u8]) -> usize {
 mod tests {
     use super::*;
 
-    /// The tests that take or look at the signal's action, one at a time.
+    /// The tests that take or look at the signal's action, one at a time;
+    /// and beside none of them, the tests whose threads come and go
+    /// without pause or block signals: a serialisation or a hold whose
+    /// course a test asserts deals with every thread of the process (a
+    /// listing cut short at every try by exiting threads falls back to a
+    /// grace wait; a thread that blocks the signal while it runs is
+    /// waited for).
     static SIGNAL_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     /// Per thread of `tids` at a look: (slots it has, held, waiting) at
@@ -1397,11 +1443,16 @@ mod tests {
     /// handler, where every signal is blocked. A serialisation by signals
     /// right after the release must count on the `sigreturn` it has yet
     /// to make, not take it for a thread that blocks the signal (then
-    /// the serialisation falls back to a grace wait of 2 ms; an install
-    /// beside busy threads made a third of its serialisations so). The
-    /// writer and a busy thread share one CPU, so the thread, let go,
-    /// yields it to the writer and is still inside the handler when the
-    /// serialisation looks: each round must be one by signals.
+    /// the serialisation waits for it to leave the handler and answer,
+    /// and, before that wait, fell back to a grace wait of 2 ms: an
+    /// install beside busy threads made a third of its serialisations
+    /// so). The writer and a busy thread share one CPU, so the thread,
+    /// let go, yields it to the writer and is still inside the handler
+    /// when the serialisation looks: each round must be one by signals,
+    /// and those that find it inside must not wait for it. (Beside busy
+    /// processes the thread may be preempted in the few instructions it
+    /// runs unmarked before its `sigreturn`, and waited for: a round in
+    /// 50 or so there.)
     #[test]
     fn a_thread_let_go_serialises_by_its_return_from_the_handler() {
         if emulated() {
@@ -1428,9 +1479,10 @@ mod tests {
         };
         let tid = rx.recv().unwrap();
         // Each round: (held, inside the handler after the release, the
-        // serialisation made by signals). Nothing allocates while the
-        // thread is held.
-        let mut rounds = [(false, false, false); 20];
+        // serialisation made by signals, and without waiting on for a
+        // thread blocking the signal). Nothing allocates while the thread
+        // is held.
+        let mut rounds = [(false, false, false, false); 20];
         for round in &mut rounds {
             let (exits, mut regions) = unrun();
             let holding = Holding::start(&exits, &mut regions).expect("threads can be held here");
@@ -1438,17 +1490,107 @@ mod tests {
                 (0..holding.count).any(|i| TIDS[i].load(Ordering::SeqCst) == tid && HELD[i].load(Ordering::SeqCst));
             holding.release();
             let inside = returning(tid);
-            *round = (held, inside, sync_running_threads());
+            let waited = sync_waited_on();
+            let by_signals = sync_running_threads();
+            *round = (held, inside, by_signals, sync_waited_on() == waited);
         }
         drop(pinned);
         stop.store(true, Ordering::Relaxed);
         busy.join().unwrap();
-        assert!(rounds.iter().all(|r| r.2), "every serialisation by signals: {rounds:?}");
+        // (One may fall back to the grace period where the scheduler left
+        // the thread, unmarked, without a CPU for all of it.)
+        let grace = rounds.iter().filter(|r| !r.2).count();
+        assert!(grace <= 1, "every serialisation by signals: {rounds:?}");
+        let inside: Vec<_> = rounds.iter().filter(|&&(held, inside, ..)| held && inside).collect();
         assert!(
-            rounds.iter().any(|&(held, inside, _)| held && inside),
+            !inside.is_empty(),
             "no round found the thread let go still inside the handler: {rounds:?}"
         );
+        let waited = inside.iter().filter(|r| !r.3).count();
+        assert!(
+            waited * 4 <= inside.len(),
+            "{waited} of {} serialisations that found the thread inside waited for it: {rounds:?}",
+            inside.len()
+        );
         assert!(!returning(tid), "the thread left the handler unmarked");
+    }
+
+    /// A thread that blocks the signal for a moment, longer than the
+    /// wait for answers but within the grace period, is waited for until
+    /// it lets the signal in and answers: a serialisation that finds it
+    /// blocking is one by signals (before, each fell back to the grace
+    /// wait). The thread lets the signal in half a millisecond after the
+    /// writer begins (the wait for answers is 200 us); where the writer
+    /// lost its CPU meanwhile, the round does not find it blocking and
+    /// does not count.
+    #[test]
+    fn a_thread_that_blocks_the_signal_a_moment_is_waited_for() {
+        if emulated() {
+            eprintln!("skipped: /proc shows the emulator's threads and signal masks");
+            return;
+        }
+        let _one = SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        // 0: run; 1: block every signal; 2: blocking, until half a
+        // millisecond after `began` (when not 0); 3: stop.
+        let state = std::sync::Arc::new(core::sync::atomic::AtomicU8::new(0));
+        let began = std::sync::Arc::new(core::sync::atomic::AtomicU64::new(0));
+        let thread = {
+            let (state, began) = (state.clone(), began.clone());
+            std::thread::spawn(move || {
+                loop {
+                    match state.load(Ordering::SeqCst) {
+                        1 => {
+                            let blocked = crate::bistro::SignalsBlocked::new();
+                            state.store(2, Ordering::SeqCst);
+                            loop {
+                                let at = began.load(Ordering::SeqCst);
+                                if at != 0 && crate::fork::now_ns() > at + 500_000 {
+                                    break;
+                                }
+                                core::hint::spin_loop();
+                            }
+                            drop(blocked);
+                            state.store(0, Ordering::SeqCst);
+                        }
+                        3 => return,
+                        _ => core::hint::spin_loop(),
+                    }
+                }
+            })
+        };
+        // Each round that found the thread blocking: made by signals.
+        let mut found = Vec::new();
+        for _ in 0..40 {
+            if found.len() == 5 {
+                break;
+            }
+            began.store(0, Ordering::SeqCst);
+            state.store(1, Ordering::SeqCst);
+            while state.load(Ordering::SeqCst) != 2 {
+                core::hint::spin_loop();
+            }
+            let waited = sync_waited_on();
+            began.store(crate::fork::now_ns(), Ordering::SeqCst);
+            let by_signals = sync_running_threads();
+            if sync_waited_on() != waited {
+                found.push(by_signals);
+            }
+            while state.load(Ordering::SeqCst) != 0 {
+                core::hint::spin_loop();
+            }
+        }
+        state.store(3, Ordering::SeqCst);
+        thread.join().unwrap();
+        assert!(
+            !found.is_empty(),
+            "no serialisation found the thread blocking the signal"
+        );
+        // (Some may fall back where the scheduler left the thread without
+        // a CPU for the rest of the grace period: beside busy processes.)
+        assert!(
+            found.iter().any(|&s| s),
+            "every serialisation that found the thread blocking fell back: {found:?}"
+        );
     }
 
     /// Threads let go by a hold give their core back from inside the
@@ -1844,6 +1986,7 @@ mod tests {
     /// missed it.)
     #[test]
     fn threads_exiting_meanwhile_never_hide_the_ones_after_them() {
+        let _one = SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let tasks = Tasks::open().expect("/proc/self/task");
         let (mut buf, mut listed) = (vec![0u8; LIST_BYTES], Vec::new());
         let (mut whole, mut hidden) = (0, 0);
@@ -1895,6 +2038,7 @@ mod tests {
     /// their tries.)
     #[test]
     fn signals_to_the_lister_never_cut_a_listing_short() {
+        let _one = SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         extern "C" fn nothing(_: libc::c_int) {}
         // (Not a real-time signal: those queue up, one for each sent.)
         let signal = libc::SIGUSR2;
@@ -1962,6 +2106,7 @@ mod tests {
     /// thread that blocks a signal says so.
     #[test]
     fn the_task_directory_lists_threads_and_where_they_stand() {
+        let _one = SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let tasks = Tasks::open().expect("/proc/self/task");
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() };
