@@ -1381,6 +1381,17 @@ mod tests {
         nr != Some(libc::SYS_read)
     }
 
+    /// For a test that reads the threads' states and signal masks in
+    /// `/proc`: the signal tests' lock, or `None` (saying so) under an
+    /// emulator, where those are the emulator's.
+    fn native_signal_test() -> Option<std::sync::MutexGuard<'static, ()>> {
+        if emulated() {
+            eprintln!("skipped: /proc shows the emulator's threads and signal masks");
+            return None;
+        }
+        Some(SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// Bytes no thread runs: a patch of them (a fresh region) has one
     /// exit inside.
     fn unrun() -> ([Exit; 1], [Region; 1]) {
@@ -1455,11 +1466,9 @@ mod tests {
     /// 50 or so there.)
     #[test]
     fn a_thread_let_go_serialises_by_its_return_from_the_handler() {
-        if emulated() {
-            eprintln!("skipped: /proc shows the emulator's threads and signal masks");
+        let Some(_one) = native_signal_test() else {
             return;
-        }
-        let _one = SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        };
         let pinned = Pinned::here();
         let cpu = pinned.cpu;
         let stop = std::sync::Arc::new(AtomicBool::new(false));
@@ -1525,11 +1534,9 @@ mod tests {
     /// does not count.
     #[test]
     fn a_thread_that_blocks_the_signal_a_moment_is_waited_for() {
-        if emulated() {
-            eprintln!("skipped: /proc shows the emulator's threads and signal masks");
+        let Some(_one) = native_signal_test() else {
             return;
-        }
-        let _one = SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        };
         // 0: run; 1: block every signal; 2: blocking, until half a
         // millisecond after `began` (when not 0); 3: stop.
         let state = std::sync::Arc::new(core::sync::atomic::AtomicU8::new(0));
@@ -1608,11 +1615,9 @@ mod tests {
     /// find them inside the handler.
     #[test]
     fn threads_let_go_are_held_again_by_the_next_hold() {
-        if emulated() {
-            eprintln!("skipped: /proc shows the emulator's threads and signal masks");
+        let Some(_one) = native_signal_test() else {
             return;
-        }
-        let _one = SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        };
         static SPINS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
         let pinned = Pinned::here();
         let cpu = pinned.cpu;
