@@ -112,16 +112,7 @@ fn serialize(holding: Option<&mut Holding>) {
     // The rest of it (a serialisation by signals that found a thread
     // blocking the signal waited for it already: see
     // `evacuate::sync_running_threads`).
-    let left = (GRACE_WAIT_NS as u64).saturating_sub(crate::fork::now_ns().saturating_sub(start));
-    if left > 0 {
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: left as libc::c_long,
-        };
-        // SAFETY: a valid timespec (under a second); the remainder is not
-        // wanted.
-        unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
-    }
+    crate::evacuate::sleep_ns((GRACE_WAIT_NS as u64).saturating_sub(crate::fork::now_ns().saturating_sub(start)));
 }
 
 /// Serialisations of every core made ([`serialize_all_cores`]).

@@ -224,6 +224,21 @@ pub(crate) fn after_fork_in_child() {
     }
 }
 
+/// Sleeps `ns` nanoseconds (none for 0); a signal handled meanwhile ends
+/// it early.
+pub(crate) fn sleep_ns(ns: u64) {
+    if ns == 0 {
+        return;
+    }
+    let ts = libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: a valid timespec (nanoseconds under a second); the
+    // remainder is not wanted.
+    unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+}
+
 /// The slot of [`RETURNING`] a thread marks.
 fn returning_slot(tid: i32) -> &'static AtomicI32 {
     &RETURNING[tid as u32 as usize % MAX_THREADS]
@@ -363,22 +378,17 @@ impl Writer {
             waits(i) && !matches!(tasks.stands(tid), Stands::Blocked(_) | Stands::Gone) && tasks.blocks(tid, signal)
         };
         let grace = crate::code::GRACE_WAIT_NS as u64;
-        let mut naps = 0u32;
+        let mut waited_on = false;
         while done && (0..count).any(|i| blocking(&i)) {
-            if naps == 0 {
+            if !waited_on {
+                waited_on = true;
                 SYNC_WAITED_ON.fetch_add(1, Ordering::Relaxed);
             }
-            naps += 1;
             if crate::fork::now_ns().saturating_sub(start) >= grace {
                 done = false;
                 break;
             }
-            let nap = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 50_000,
-            };
-            // SAFETY: a valid timespec; the remainder is not wanted.
-            unsafe { libc::nanosleep(&nap, core::ptr::null_mut()) };
+            sleep_ns(50_000);
         }
         let answered = (0..count).filter(|i| !waits(i)).count();
         SYNC_ANSWERS.fetch_add(answered as u64, Ordering::Relaxed);
@@ -535,13 +545,17 @@ impl Holding {
                 looked = waited;
                 for i in (0..count).filter(waits) {
                     let tid = TIDS[i].load(Ordering::SeqCst);
-                    if left_alone(regions, tid) {
+                    // (As `left_alone`, with one read of `/proc` for both
+                    // questions.)
+                    let marked = returning(tid);
+                    let stands = tasks.stands(tid);
+                    if !marked && outside(regions, stands) {
                         // (Unless it was held meanwhile: a held thread
                         // waits, unmarked, blocked in the handler.)
                         if !HELD[i].load(Ordering::SeqCst) {
                             WAITING[i].store(false, Ordering::Relaxed);
                         }
-                    } else if MASKED[i].load(Ordering::Relaxed) && tasks.stands(tid) == Stands::Running {
+                    } else if MASKED[i].load(Ordering::Relaxed) && stands == Stands::Running {
                         UNCHECKED.fetch_add(1, Ordering::Relaxed);
                         WAITING[i].store(false, Ordering::Relaxed);
                     }
