@@ -67,7 +67,11 @@
 //! and blocks every signal: it marks itself ([`RETURNING`]), and a look
 //! signals it and waits until its `sigreturn` lets the signal in, and a
 //! serialisation counts on that `sigreturn` (serialising) in place of an
-//! answer.
+//! answer. In the few instructions from its mark's removal to its
+//! `sigreturn` it is marked as leaving: a look that finds it blocking the
+//! signal then waits on for it as for a thread that has not answered
+//! (it lets the signal in as soon as it runs), where it would count a
+//! thread that blocks the signal while it runs unchecked.
 //!
 //! Not seen: a thread whose pc was inside when another signal handler
 //! interrupted it, while the handler still runs (the pc is in the
@@ -138,6 +142,11 @@ static ACTIVE_WAITER: AtomicBool = AtomicBool::new(false);
 /// one slot leave one of them unmarked (the other is taken as a thread
 /// that blocks the signal of its own accord: counted unchecked, or a
 /// grace wait); a mark is never left behind by a thread that has left.
+/// Its last store makes the mark `-tid` ([`leaving`]): from there to its
+/// `sigreturn` it runs a few instructions, with the signal blocked, and
+/// may wait for a core there too. That mark stays after it has left
+/// (until it enters the handler again), and says only that the thread
+/// was here last.
 static RETURNING: [AtomicI32; MAX_THREADS] = [const { AtomicI32::new(0) }; MAX_THREADS];
 /// 1 while held threads wait (a futex word).
 static HOLD: AtomicU32 = AtomicU32::new(0);
@@ -249,6 +258,13 @@ fn returning_slot(tid: i32) -> &'static AtomicI32 {
 /// code, the signal pending then reaching it there.
 fn returning(tid: i32) -> bool {
     returning_slot(tid).load(Ordering::SeqCst) == tid
+}
+
+/// Whether `tid` left memhook's handler last, or is leaving it: between
+/// its mark's removal and its `sigreturn` (signal blocked), or back in
+/// its own code since ([`RETURNING`]).
+fn leaving(tid: i32) -> bool {
+    tid > 0 && returning_slot(tid).load(Ordering::SeqCst) == -tid
 }
 
 /// Whether threads stopped inside bytes being patched can be moved out
@@ -555,7 +571,16 @@ impl Holding {
                         if !HELD[i].load(Ordering::SeqCst) {
                             WAITING[i].store(false, Ordering::Relaxed);
                         }
-                    } else if MASKED[i].load(Ordering::Relaxed) && stands == Stands::Running {
+                    } else if MASKED[i].load(Ordering::Relaxed) && stands == Stands::Running && !marked && !leaving(tid)
+                    {
+                        // (Marked, it has let the signal in since; marked
+                        // as leaving memhook's handler, it may be in the
+                        // instructions before its `sigreturn`, waiting
+                        // for a core: waited for, up to LIMIT_NS, as a
+                        // thread that has not answered. Such a mark stays
+                        // on a thread that has left, so a thread that
+                        // blocks the signal for good after it was held
+                        // costs the whole wait.)
                         UNCHECKED.fetch_add(1, Ordering::Relaxed);
                         WAITING[i].store(false, Ordering::Relaxed);
                     }
@@ -769,8 +794,8 @@ extern "C" fn on_signal(_signal: libc::c_int, info: *mut libc::siginfo_t, contex
         unsafe { libc::sched_yield() };
     }
     // Last: from here to its `sigreturn` the thread runs a few
-    // instructions with the signal blocked, unmarked.
-    let _ = slot.compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
+    // instructions with the signal blocked, marked as leaving.
+    let _ = slot.compare_exchange(me, -me, Ordering::SeqCst, Ordering::SeqCst);
     // SAFETY: errno is thread-local; put back as the interrupted code left it.
     unsafe { *libc::__errno_location() = errno };
 }
@@ -1704,6 +1729,103 @@ mod tests {
         assert!(
             rounds.iter().any(|r| r.3 > 0),
             "no hold found a thread let go still inside the handler: {rounds:?}"
+        );
+    }
+
+    /// A thread let go by a hold runs a few instructions, every signal
+    /// blocked, between its mark's removal and its `sigreturn`, and beside
+    /// busy threads may wait there for a core past the point (2 ms) where
+    /// a hold takes a running thread that blocks the signal for one that
+    /// blocks it of its own accord (counted unchecked, not waited for:
+    /// were the pc it goes back to inside the bytes, it would run into
+    /// them). It leaves a mark there, and the hold waits on for it. Here
+    /// a thread held once blocks every signal while it runs for 6 ms from
+    /// the next hold's start, as such a thread would until it had a core:
+    /// each hold that found it blocking must hold it before it returns.
+    #[test]
+    fn a_thread_leaving_the_handler_is_waited_for_by_the_next_hold() {
+        let Some(_one) = native_signal_test() else {
+            return;
+        };
+        // 0: run; 1: block every signal; 2: blocking, until 6 ms after
+        // `began` (when not 0); 3: stop.
+        let state = std::sync::Arc::new(core::sync::atomic::AtomicU8::new(0));
+        let began = std::sync::Arc::new(AtomicU64::new(0));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = {
+            let (state, began) = (state.clone(), began.clone());
+            std::thread::spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                tx.send(unsafe { libc::gettid() }).unwrap();
+                loop {
+                    match state.load(Ordering::SeqCst) {
+                        1 => {
+                            let blocked = crate::bistro::SignalsBlocked::new();
+                            state.store(2, Ordering::SeqCst);
+                            loop {
+                                let at = began.load(Ordering::SeqCst);
+                                if at != 0 && crate::fork::now_ns() > at + 6_000_000 {
+                                    break;
+                                }
+                                core::hint::spin_loop();
+                            }
+                            drop(blocked);
+                            state.store(0, Ordering::SeqCst);
+                        }
+                        3 => return,
+                        _ => core::hint::spin_loop(),
+                    }
+                }
+            })
+        };
+        let tid = rx.recv().unwrap();
+        let held = |holding: &Holding| {
+            (0..holding.count).any(|i| TIDS[i].load(Ordering::SeqCst) == tid && HELD[i].load(Ordering::SeqCst))
+        };
+        let masked = |holding: &Holding| {
+            (0..holding.count).any(|i| TIDS[i].load(Ordering::SeqCst) == tid && MASKED[i].load(Ordering::SeqCst))
+        };
+        // Each hold that found the thread blocking: whether it held it.
+        let mut found = Vec::new();
+        for _ in 0..20 {
+            if found.len() == 3 {
+                break;
+            }
+            // A hold holds it (it runs) and lets it go: it leaves a mark.
+            let (exits, mut regions) = unrun();
+            let holding = Holding::start(&exits, &mut regions).expect("threads can be held here");
+            assert!(held(&holding), "the running thread was not held");
+            holding.release();
+            let start = crate::fork::now_ns();
+            while !leaving(tid) {
+                assert!(
+                    crate::fork::now_ns() - start < 1_000_000_000,
+                    "the thread let go left no mark"
+                );
+                std::thread::yield_now();
+            }
+            began.store(0, Ordering::SeqCst);
+            state.store(1, Ordering::SeqCst);
+            while state.load(Ordering::SeqCst) != 2 {
+                core::hint::spin_loop();
+            }
+            began.store(crate::fork::now_ns(), Ordering::SeqCst);
+            let (exits, mut regions) = unrun();
+            let holding = Holding::start(&exits, &mut regions).expect("threads can be held here");
+            if masked(&holding) {
+                found.push(held(&holding));
+            }
+            holding.release();
+            while state.load(Ordering::SeqCst) != 0 {
+                core::hint::spin_loop();
+            }
+        }
+        state.store(3, Ordering::SeqCst);
+        thread.join().unwrap();
+        assert!(!found.is_empty(), "no hold found the thread blocking the signal");
+        assert!(
+            found.iter().all(|&h| h),
+            "a hold that found the thread leaving the handler, blocking the signal, did not hold it: {found:?}"
         );
     }
 
