@@ -1501,8 +1501,8 @@ mod tests {
     /// when the serialisation looks: each round must be one by signals,
     /// and those that find it inside must not wait for it. (Beside busy
     /// processes the thread may be preempted in the few instructions it
-    /// runs unmarked before its `sigreturn`, and waited for: a round in
-    /// 50 or so there.)
+    /// runs marked as leaving before its `sigreturn`, and waited for: a
+    /// round in 50 or so there.)
     #[test]
     fn a_thread_let_go_serialises_by_its_return_from_the_handler() {
         let Some(_one) = native_signal_test() else {
@@ -1546,7 +1546,7 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         busy.join().unwrap();
         // (One may fall back to the grace period where the scheduler left
-        // the thread, unmarked, without a CPU for all of it.)
+        // the thread, leaving, without a CPU for all of it.)
         let grace = rounds.iter().filter(|r| !r.2).count();
         assert!(grace <= 1, "every serialisation by signals: {rounds:?}");
         let inside: Vec<_> = rounds.iter().filter(|&&(held, inside, ..)| held && inside).collect();
@@ -1560,7 +1560,7 @@ mod tests {
             "{waited} of {} serialisations that found the thread inside waited for it: {rounds:?}",
             inside.len()
         );
-        assert!(!returning(tid), "the thread left the handler unmarked");
+        assert!(!returning(tid), "the thread left the handler marked as inside");
     }
 
     /// A thread that blocks the signal for a moment, longer than the
