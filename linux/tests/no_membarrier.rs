@@ -152,21 +152,37 @@ fn child() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(20));
-    let serialized = memhook::code::serializations();
-    let (by_signal, signals, answers) = memhook::code::serializations_by_signal();
-    let started = Instant::now();
-    memhook::install(&config);
-    let took = started.elapsed();
-    let status = memhook::status();
-    assert!(!status.is_empty() && status.iter().all(|s| s.installed), "{status:?}");
-    // The host functions and the loader's four in one batch; each
-    // serialisation by signals, none by a grace wait.
-    let (by_signal_now, signals_now, answers_now) = memhook::code::serializations_by_signal();
-    assert_eq!(memhook::code::serializations() - serialized, 3);
-    assert_eq!(by_signal_now - by_signal, 3, "every serialisation by signals");
-    assert!(signals_now > signals, "the running threads were signalled");
-    assert!(answers_now > answers, "a thread on the other core answered");
-    assert_ne!(entry_bytes(c"mmap"), before, "patched");
+    // A thread that waits for a core through a serialisation's whole
+    // wait (beside busy processes) answers no signal then, and needs
+    // none: it runs the handler before its own code. So an install with
+    // no answer is made again (uninstalled first), up to five times.
+    let mut installs = 0;
+    let (took, signals, answered) = loop {
+        installs += 1;
+        let serialized = memhook::code::serializations();
+        let (by_signal, signals, answers) = memhook::code::serializations_by_signal();
+        let started = Instant::now();
+        memhook::install(&config);
+        let took = started.elapsed();
+        let status = memhook::status();
+        assert!(!status.is_empty() && status.iter().all(|s| s.installed), "{status:?}");
+        // The host functions and the loader's four in one batch; each
+        // serialisation by signals, none by a grace wait.
+        let (by_signal_now, signals_now, answers_now) = memhook::code::serializations_by_signal();
+        assert_eq!(memhook::code::serializations() - serialized, 3);
+        assert_eq!(by_signal_now - by_signal, 3, "every serialisation by signals");
+        assert!(signals_now > signals, "the running threads were signalled");
+        assert_ne!(entry_bytes(c"mmap"), before, "patched");
+        if answers_now > answers || installs == 5 {
+            break (took, signals_now - signals, answers_now - answers);
+        }
+        memhook::uninstall();
+        assert_eq!(entry_bytes(c"mmap"), before, "uninstall restores the bytes");
+    };
+    assert!(
+        answered > 0,
+        "a thread on the other core answered (in {installs} installs)"
+    );
     stop.store(true, Ordering::Relaxed);
     for s in spinners {
         assert!(s.join().unwrap() > 0);
@@ -214,8 +230,8 @@ fn child() {
         "child: ok; install by signals {:.2} ms beside two running threads ({} signals, {} answered), \
          {:.2} ms alone; by grace waits of {} ms {:.2} ms",
         took.as_secs_f64() * 1e3,
-        signals_now - signals,
-        answers_now - answers,
+        signals,
+        answered,
         quiet.as_secs_f64() * 1e3,
         memhook::code::GRACE_WAIT_NS / 1_000_000,
         waited.as_secs_f64() * 1e3,
