@@ -141,12 +141,12 @@ static ACTIVE_WAITER: AtomicBool = AtomicBool::new(false);
 /// may wait for one for milliseconds beside busy threads. Two threads of
 /// one slot leave one of them unmarked (the other is taken as a thread
 /// that blocks the signal of its own accord: counted unchecked, or a
-/// grace wait); a mark is never left behind by a thread that has left.
-/// Its last store makes the mark `-tid` ([`leaving`]): from there to its
-/// `sigreturn` it runs a few instructions, with the signal blocked, and
-/// may wait for a core there too. That mark stays after it has left
-/// (until it enters the handler again), and says only that the thread
-/// was here last.
+/// grace wait); a mark of being inside is never left behind by a thread
+/// that has left. Its last store makes the mark `-tid` ([`leaving`]):
+/// from there to its `sigreturn` it runs a few instructions, with the
+/// signal blocked, and may wait for a core there too. That mark stays
+/// after it has left (until it enters the handler again), and says only
+/// that the thread was here last.
 static RETURNING: [AtomicI32; MAX_THREADS] = [const { AtomicI32::new(0) }; MAX_THREADS];
 /// 1 while held threads wait (a futex word).
 static HOLD: AtomicU32 = AtomicU32::new(0);
@@ -1563,6 +1563,84 @@ mod tests {
         assert!(!returning(tid), "the thread left the handler marked as inside");
     }
 
+    /// A thread that spins, and, asked to ([`Blocker::block`]), blocks
+    /// every signal while it spins on, until `ns` after the clock starts
+    /// ([`Blocker::start_clock`]).
+    struct Blocker {
+        /// 0: run; 1: block every signal; 2: blocking; 3: stop.
+        state: std::sync::Arc<core::sync::atomic::AtomicU8>,
+        /// When the clock started (0: not yet).
+        began: std::sync::Arc<AtomicU64>,
+        tid: i32,
+        thread: std::thread::JoinHandle<()>,
+    }
+
+    impl Blocker {
+        fn spawn(ns: u64) -> Blocker {
+            let state = std::sync::Arc::new(core::sync::atomic::AtomicU8::new(0));
+            let began = std::sync::Arc::new(AtomicU64::new(0));
+            let (tx, rx) = std::sync::mpsc::channel();
+            let thread = {
+                let (state, began) = (state.clone(), began.clone());
+                std::thread::spawn(move || {
+                    // SAFETY: gettid has no preconditions.
+                    tx.send(unsafe { libc::gettid() }).unwrap();
+                    loop {
+                        match state.load(Ordering::SeqCst) {
+                            1 => {
+                                let blocked = crate::bistro::SignalsBlocked::new();
+                                state.store(2, Ordering::SeqCst);
+                                loop {
+                                    let at = began.load(Ordering::SeqCst);
+                                    if at != 0 && crate::fork::now_ns() > at + ns {
+                                        break;
+                                    }
+                                    core::hint::spin_loop();
+                                }
+                                drop(blocked);
+                                state.store(0, Ordering::SeqCst);
+                            }
+                            3 => return,
+                            _ => core::hint::spin_loop(),
+                        }
+                    }
+                })
+            };
+            let tid = rx.recv().unwrap();
+            Blocker {
+                state,
+                began,
+                tid,
+                thread,
+            }
+        }
+
+        /// Returns once the thread blocks every signal.
+        fn block(&self) {
+            self.began.store(0, Ordering::SeqCst);
+            self.state.store(1, Ordering::SeqCst);
+            while self.state.load(Ordering::SeqCst) != 2 {
+                core::hint::spin_loop();
+            }
+        }
+
+        /// The thread lets the signals in `ns` from now.
+        fn start_clock(&self) {
+            self.began.store(crate::fork::now_ns(), Ordering::SeqCst);
+        }
+
+        fn wait_unblocked(&self) {
+            while self.state.load(Ordering::SeqCst) != 0 {
+                core::hint::spin_loop();
+            }
+        }
+
+        fn stop(self) {
+            self.state.store(3, Ordering::SeqCst);
+            self.thread.join().unwrap();
+        }
+    }
+
     /// A thread that blocks the signal for a moment, longer than the
     /// wait for answers but within the grace period, is waited for until
     /// it lets the signal in and answers: a serialisation that finds it
@@ -1576,57 +1654,23 @@ mod tests {
         let Some(_one) = native_signal_test() else {
             return;
         };
-        // 0: run; 1: block every signal; 2: blocking, until half a
-        // millisecond after `began` (when not 0); 3: stop.
-        let state = std::sync::Arc::new(core::sync::atomic::AtomicU8::new(0));
-        let began = std::sync::Arc::new(core::sync::atomic::AtomicU64::new(0));
-        let thread = {
-            let (state, began) = (state.clone(), began.clone());
-            std::thread::spawn(move || {
-                loop {
-                    match state.load(Ordering::SeqCst) {
-                        1 => {
-                            let blocked = crate::bistro::SignalsBlocked::new();
-                            state.store(2, Ordering::SeqCst);
-                            loop {
-                                let at = began.load(Ordering::SeqCst);
-                                if at != 0 && crate::fork::now_ns() > at + 500_000 {
-                                    break;
-                                }
-                                core::hint::spin_loop();
-                            }
-                            drop(blocked);
-                            state.store(0, Ordering::SeqCst);
-                        }
-                        3 => return,
-                        _ => core::hint::spin_loop(),
-                    }
-                }
-            })
-        };
+        let blocker = Blocker::spawn(500_000);
         // Each round that found the thread blocking: made by signals.
         let mut found = Vec::new();
         for _ in 0..40 {
             if found.len() == 5 {
                 break;
             }
-            began.store(0, Ordering::SeqCst);
-            state.store(1, Ordering::SeqCst);
-            while state.load(Ordering::SeqCst) != 2 {
-                core::hint::spin_loop();
-            }
+            blocker.block();
             let waited = sync_waited_on();
-            began.store(crate::fork::now_ns(), Ordering::SeqCst);
+            blocker.start_clock();
             let by_signals = sync_running_threads();
             if sync_waited_on() != waited {
                 found.push(by_signals);
             }
-            while state.load(Ordering::SeqCst) != 0 {
-                core::hint::spin_loop();
-            }
+            blocker.wait_unblocked();
         }
-        state.store(3, Ordering::SeqCst);
-        thread.join().unwrap();
+        blocker.stop();
         assert!(
             !found.is_empty(),
             "no serialisation found the thread blocking the signal"
@@ -1747,38 +1791,8 @@ mod tests {
         let Some(_one) = native_signal_test() else {
             return;
         };
-        // 0: run; 1: block every signal; 2: blocking, until 6 ms after
-        // `began` (when not 0); 3: stop.
-        let state = std::sync::Arc::new(core::sync::atomic::AtomicU8::new(0));
-        let began = std::sync::Arc::new(AtomicU64::new(0));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let thread = {
-            let (state, began) = (state.clone(), began.clone());
-            std::thread::spawn(move || {
-                // SAFETY: gettid has no preconditions.
-                tx.send(unsafe { libc::gettid() }).unwrap();
-                loop {
-                    match state.load(Ordering::SeqCst) {
-                        1 => {
-                            let blocked = crate::bistro::SignalsBlocked::new();
-                            state.store(2, Ordering::SeqCst);
-                            loop {
-                                let at = began.load(Ordering::SeqCst);
-                                if at != 0 && crate::fork::now_ns() > at + 6_000_000 {
-                                    break;
-                                }
-                                core::hint::spin_loop();
-                            }
-                            drop(blocked);
-                            state.store(0, Ordering::SeqCst);
-                        }
-                        3 => return,
-                        _ => core::hint::spin_loop(),
-                    }
-                }
-            })
-        };
-        let tid = rx.recv().unwrap();
+        let blocker = Blocker::spawn(6_000_000);
+        let tid = blocker.tid;
         let held = |holding: &Holding| {
             (0..holding.count).any(|i| TIDS[i].load(Ordering::SeqCst) == tid && HELD[i].load(Ordering::SeqCst))
         };
@@ -1804,24 +1818,17 @@ mod tests {
                 );
                 std::thread::yield_now();
             }
-            began.store(0, Ordering::SeqCst);
-            state.store(1, Ordering::SeqCst);
-            while state.load(Ordering::SeqCst) != 2 {
-                core::hint::spin_loop();
-            }
-            began.store(crate::fork::now_ns(), Ordering::SeqCst);
+            blocker.block();
+            blocker.start_clock();
             let (exits, mut regions) = unrun();
             let holding = Holding::start(&exits, &mut regions).expect("threads can be held here");
             if masked(&holding) {
                 found.push(held(&holding));
             }
             holding.release();
-            while state.load(Ordering::SeqCst) != 0 {
-                core::hint::spin_loop();
-            }
+            blocker.wait_unblocked();
         }
-        state.store(3, Ordering::SeqCst);
-        thread.join().unwrap();
+        blocker.stop();
         assert!(!found.is_empty(), "no hold found the thread blocking the signal");
         assert!(
             found.iter().all(|&h| h),
