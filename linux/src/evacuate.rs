@@ -986,26 +986,22 @@ impl Tasks {
         true
     }
 
-    /// Whether the thread blocks `signal` (`SigBlk` in its status).
+    /// Whether the thread blocks `signal` (`SigBlk` in its status). A
+    /// status that cannot be read, or has no such line, is taken as one
+    /// that blocks it: such a thread is waited for (and a serialisation
+    /// falls back to its grace period) or counted unchecked, never taken
+    /// for one that will take the signal before its own code. (A thread
+    /// that has exited meanwhile is found gone by its next look.)
     fn blocks(&self, tid: i32, signal: i32) -> bool {
-        // `SigBlk` comes about 660 bytes in (Linux 6.1).
-        let mut buf = [0u8; 1024];
-        let Ok(n) = self.read(tid, b"status", &mut buf) else {
-            return false;
+        let Ok(fd) = self.open_at(tid, b"status", libc::O_RDONLY) else {
+            return true;
         };
-        let text = &buf[..n];
-        let key = b"SigBlk:";
-        let Some(at) = text.windows(key.len()).position(|w| w == key) else {
-            return false;
-        };
-        let mask = text[at + key.len()..]
-            .iter()
-            .skip_while(|b| b.is_ascii_whitespace())
-            .take_while(|b| b.is_ascii_hexdigit())
-            .fold(0u64, |m, &b| {
-                (m << 4) | u64::from((b as char).to_digit(16).unwrap_or(0))
-            });
-        mask & (1 << (signal - 1)) != 0
+        let mut buf = [0u8; 512];
+        // SAFETY: each read writes at most `b.len()` bytes into `b`.
+        let mask = sig_blk(&mut buf, |b| unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) });
+        // SAFETY: closes the descriptor just opened.
+        unsafe { libc::close(fd) };
+        mask.is_none_or(|m| m & (1 << (signal - 1)) != 0)
     }
 }
 
@@ -1131,6 +1127,51 @@ fn records(buf: &[u8], f: &mut impl FnMut(i32)) -> bool {
         at += reclen;
     }
     true
+}
+
+/// The mask of the `SigBlk:` line of a `/proc` status file, read in
+/// pieces into `buf` by `read` (the bytes read; 0 at its end, negative on
+/// an error); `None` where it has no such line or cannot be read. The
+/// file is read as far as that line, wherever it lies: about 670 bytes
+/// in (Linux 6.18), more where the `Groups:` line before it is long (a
+/// user in many groups: 100 of seven digits add 800 bytes; a buffer of
+/// 1,024 bytes would miss it). The key counts only at a line's start (a
+/// thread may be named `SigBlk:...`, and its `Name:` line comes first).
+fn sig_blk(buf: &mut [u8], mut read: impl FnMut(&mut [u8]) -> isize) -> Option<u64> {
+    const KEY: &[u8] = b"SigBlk:";
+    // The bytes of KEY matched from the start of the line (`None` once
+    // the line cannot be it); then, once matched, the mask's digits.
+    let mut matched = Some(0);
+    let mut mask: Option<(u64, u32)> = None;
+    loop {
+        let n = usize::try_from(read(buf)).ok()?;
+        if n == 0 {
+            return mask.filter(|&(_, digits)| digits > 0).map(|(m, _)| m);
+        }
+        for &b in &buf[..n] {
+            if let Some((m, digits)) = mask {
+                if let Some(d) = (b as char).to_digit(16) {
+                    mask = Some(((m << 4) | u64::from(d), digits + 1));
+                } else if digits == 0 && (b == b' ' || b == b'\t') {
+                } else {
+                    return (digits > 0).then_some(m);
+                }
+                continue;
+            }
+            matched = match matched {
+                _ if b == b'\n' => Some(0),
+                Some(i) if KEY[i] == b => {
+                    if i + 1 == KEY.len() {
+                        mask = Some((0, 0));
+                        None
+                    } else {
+                        Some(i + 1)
+                    }
+                }
+                _ => None,
+            };
+        }
+    }
 }
 
 /// `/proc/PID/task/TID/syscall`: `running`, or the call's number (-1 for
@@ -2039,6 +2080,55 @@ mod tests {
             |t| ids.push(t),
         );
         assert!(!whole && ids.is_empty());
+    }
+
+    /// The `SigBlk:` line is found wherever it lies (past a long
+    /// `Groups:` line, across the pieces the file is read in), only at a
+    /// line's start, and not where the file lacks it or cannot be read.
+    #[test]
+    fn the_blocked_mask_is_read_from_the_status_file_in_pieces() {
+        let groups: String = (0..300).map(|g| format!("{} ", 1_000_000 + g)).collect();
+        let status = format!(
+            "Name:\tSigBlk:ffffffff\nUmask:\t0022\nState:\tR (running)\nGroups:\t{groups}\n\
+             Threads:\t1\nSigPnd:\t0000000000000000\nSigBlk:\t0000000008400200\nSigIgn:\tffff\n"
+        );
+        assert!(status.find("\nSigBlk").unwrap() > 2048);
+        // Read in pieces of `piece` bytes, from `text`, into buffers of `len`.
+        let read = |text: &[u8], piece: usize, len: usize| {
+            let mut at = 0;
+            let mut buf = vec![0u8; len];
+            sig_blk(&mut buf, |b| {
+                let n = piece.min(b.len()).min(text.len() - at);
+                b[..n].copy_from_slice(&text[at..at + n]);
+                at += n;
+                n as isize
+            })
+        };
+        for (piece, len) in [(1, 512), (7, 512), (512, 512), (4096, 512), (100_000, 8192), (3, 3)] {
+            assert_eq!(
+                read(status.as_bytes(), piece, len),
+                Some(0x840_0200),
+                "pieces of {piece}, buffer {len}"
+            );
+        }
+        let blocks = |signal: i32| read(status.as_bytes(), 512, 512).is_none_or(|m| m & (1 << (signal - 1)) != 0);
+        // SIGURG (23), SIGWINCH (28) and SIGUSR1 (10).
+        assert!(blocks(libc::SIGURG) && blocks(libc::SIGWINCH) && blocks(libc::SIGUSR1));
+        assert!(!blocks(libc::SIGUSR2) && !blocks(libc::SIGTERM));
+        assert_eq!(
+            read(b"Name:\tx\nSigBlk:\t0000000000000001", 5, 512),
+            Some(1),
+            "at the end"
+        );
+        assert_eq!(
+            read(b"Name:\tSigBlk:ff\nSigPnd:\t0\n", 512, 512),
+            None,
+            "only in the name"
+        );
+        assert_eq!(read(b"Name:\tx\nSigBlk:\t\nSigIgn:\t0\n", 512, 512), None, "no digits");
+        assert_eq!(read(b"", 512, 512), None);
+        let mut buf = [0u8; 64];
+        assert_eq!(sig_blk(&mut buf, |_| -1), None, "a read that fails");
     }
 
     #[test]
