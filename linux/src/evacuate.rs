@@ -873,6 +873,20 @@ impl Signal {
 
 impl Drop for Signal {
     fn drop(&mut self) {
+        // A handler the program put on the signal meanwhile stays: the
+        // action found goes back only over memhook's own. (The program
+        // may set one between this look and the write below: a moment,
+        // where it was the whole hold. A signal memhook sent to a thread
+        // that still blocks it then goes to the program's handler, as a
+        // stray one of the same number would.)
+        // SAFETY: all-zero is a valid sigaction; `now` receives the
+        // signal's action, nothing is changed.
+        let mut now: libc::sigaction = unsafe { core::mem::zeroed() };
+        // SAFETY: as above.
+        let read = unsafe { libc::sigaction(self.number, core::ptr::null(), &mut now) } == 0;
+        if read && now.sa_sigaction != on_signal as *const () as usize {
+            return;
+        }
         // SAFETY: all-zero is a valid sigaction (an empty mask).
         let mut found: libc::sigaction = unsafe { core::mem::zeroed() };
         (found.sa_sigaction, found.sa_flags) = self.found;
@@ -2178,6 +2192,44 @@ mod tests {
             (0, 0),
             "writers that found memhook's handler still on SIGURG"
         );
+        assert!(left_to_default(libc::SIGURG) && left_to_default(libc::SIGWINCH));
+    }
+
+    /// A handler the program puts on the signal while memhook holds it
+    /// (its own thread, during an install) is the program's after the
+    /// writer is done: the action memhook found goes back only over its
+    /// own.
+    #[test]
+    fn a_handler_set_during_a_write_is_kept() {
+        let _one = SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        extern "C" fn program_handler(_: libc::c_int) {}
+        let action_now = |signal: i32| {
+            // SAFETY: reads the signal's action into a zeroed sigaction.
+            unsafe {
+                let mut now: libc::sigaction = core::mem::zeroed();
+                assert_eq!(libc::sigaction(signal, core::ptr::null(), &mut now), 0);
+                now
+            }
+        };
+        let writer = Writer::start().expect("threads can be listed and SIGURG taken here");
+        let signal = writer.signal.number;
+        assert_eq!(action_now(signal).sa_sigaction, on_signal as *const () as usize);
+        // SAFETY: installs a plain handler for the signal; put back below.
+        unsafe {
+            let mut action: libc::sigaction = core::mem::zeroed();
+            action.sa_sigaction = program_handler as *const () as usize;
+            assert_eq!(libc::sigaction(signal, &action, core::ptr::null_mut()), 0);
+        }
+        drop(writer);
+        let kept = action_now(signal).sa_sigaction;
+        // SAFETY: puts the default back.
+        unsafe { libc::signal(signal, libc::SIG_DFL) };
+        assert_eq!(
+            kept, program_handler as *const () as usize,
+            "the program's handler was replaced"
+        );
+        // And without one, the action found goes back.
+        drop(Writer::start().expect("threads can be listed and SIGURG taken here"));
         assert!(left_to_default(libc::SIGURG) && left_to_default(libc::SIGWINCH));
     }
 
