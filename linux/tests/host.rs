@@ -541,6 +541,40 @@ const K64: usize = 64 * 1024;
 
 /// The records of `all` whose kind is in `events`: what a handler
 /// registered for `events` sees of a call that makes `all`.
+/// `shmdt` of an attachment of `id_shm` (`K64` bytes) split in pieces:
+/// by `mprotect` of its second page, and by `munmap` of its first. Linux
+/// unmaps every piece left (`ksys_shmdt`); the hook must report them all
+/// (it reported the first piece alone, or nothing where that was gone).
+fn check_shm_fragments(h: &Helper, events: u32, id_shm: i32, page: usize) {
+    // SAFETY: attaches the caller's segment; each piece changed below lies
+    // inside the attachment, detached after.
+    let a = unsafe { (h.shmat)(id_shm) };
+    assert_ne!(a, usize::MAX);
+    // SAFETY: as above.
+    let protected = unsafe { libc::mprotect((a + page) as *mut _, page, libc::PROT_READ) };
+    assert_eq!(protected, 0);
+    // SAFETY: as above.
+    let log = recorded(|| assert_eq!(unsafe { (h.shmdt)(a) }, 0));
+    assert_eq!(
+        about(&log, a, K64),
+        only(events, [(bits::VM_UNMAPPED, a, K64, 0), (bits::SHMDT, a, 0, 0)])
+    );
+    // SAFETY: as above.
+    let a = unsafe { (h.shmat)(id_shm) };
+    assert_ne!(a, usize::MAX);
+    // SAFETY: as above.
+    assert_eq!(unsafe { (h.munmap)(a, page) }, 0);
+    // SAFETY: as above.
+    let log = recorded(|| assert_eq!(unsafe { (h.shmdt)(a) }, 0));
+    assert_eq!(
+        about(&log, a, K64),
+        only(
+            events,
+            [(bits::VM_UNMAPPED, a + page, K64 - page, 0), (bits::SHMDT, a, 0, 0)]
+        )
+    );
+}
+
 fn only<const K: usize>(events: u32, all: [Rec; K]) -> Vec<Rec> {
     all.into_iter().filter(|r| r.0 & events != 0).collect()
 }
@@ -743,6 +777,14 @@ fn check_mode(mode: HookMode, events: u32) {
         about(&log, a, K64),
         only(events, [(bits::VM_UNMAPPED, a, K64, 0), (bits::SHMDT, a, 0, 0)])
     );
+    // An attachment that `mprotect` split in three, and one whose first
+    // page `munmap` took: `shmdt` unmaps every piece left, and reports
+    // them all (it reported the first piece alone, or nothing).
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    if K64 / page >= 3 {
+        check_shm_fragments(h, events, id_shm, page);
+    }
     // SAFETY: removing the segment created above.
     unsafe { libc::shmctl(id_shm, libc::IPC_RMID, std::ptr::null_mut()) };
 
