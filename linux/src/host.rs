@@ -673,14 +673,14 @@ entry! {
 /// fragment may lie past other mappings): about 0.1 ms in a process of
 /// a thousand mappings, for a call made once per attachment.
 fn shm_attached(at: usize) -> (usize, usize) {
-    // The first fragment's file (device, inode) and start; the last's end.
+    // The first fragment's file (device, inode: the segment's id, which
+    // may be 0) and start; the last's end.
     let mut found: Option<((u32, u32), u64, usize)> = None;
     let mut end = at;
     let _ = crate::maps::for_each(|m| {
         let fragment = m.shared
             && m.start >= at
             && (m.start - at) as u64 == m.offset
-            && m.inode != 0
             && m.path().starts_with(b"/SYSV");
         match found {
             None if fragment => {
