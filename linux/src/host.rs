@@ -678,10 +678,7 @@ fn shm_attached(at: usize) -> (usize, usize) {
     let mut found: Option<((u32, u32), u64, usize)> = None;
     let mut end = at;
     let _ = crate::maps::for_each(|m| {
-        let fragment = m.shared
-            && m.start >= at
-            && (m.start - at) as u64 == m.offset
-            && m.path().starts_with(b"/SYSV");
+        let fragment = m.shared && m.start >= at && (m.start - at) as u64 == m.offset && m.path().starts_with(b"/SYSV");
         match found {
             None if fragment => {
                 found = Some((m.dev, m.inode, m.start));
