@@ -968,15 +968,34 @@ impl Tasks {
         if fd < 0 { Err(crate::maps::errno()) } else { Ok(fd) }
     }
 
-    /// Reads `TID/FILE` into `buf`; the bytes read, or the errno.
-    fn read(&self, tid: i32, file: &[u8], buf: &mut [u8]) -> Result<usize, i32> {
+    /// Opens `TID/FILE` and calls `f` with a reader of it (each call one
+    /// `read` into the buffer given: the bytes read, 0 at the end, or
+    /// negative), closing it after; `f`'s answer, or the open's errno.
+    fn reading<R>(
+        &self,
+        tid: i32,
+        file: &[u8],
+        f: impl FnOnce(&mut dyn FnMut(&mut [u8]) -> isize) -> R,
+    ) -> Result<R, i32> {
         let fd = self.open_at(tid, file, libc::O_RDONLY)?;
-        // SAFETY: reads at most `buf.len()` bytes into `buf`.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        let e = crate::maps::errno();
+        // SAFETY: each read writes at most `b.len()` bytes into `b`.
+        let answer = f(&mut |b: &mut [u8]| unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) });
         // SAFETY: closes the descriptor just opened.
         unsafe { libc::close(fd) };
-        if n < 0 { Err(e) } else { Ok(n as usize) }
+        Ok(answer)
+    }
+
+    /// Reads `TID/FILE` into `buf` (one `read`); the bytes read, or the
+    /// errno.
+    fn read(&self, tid: i32, file: &[u8], buf: &mut [u8]) -> Result<usize, i32> {
+        self.reading(tid, file, |read| {
+            let n = read(buf);
+            if n < 0 {
+                Err(crate::maps::errno())
+            } else {
+                Ok(n as usize)
+            }
+        })?
     }
 
     fn stands(&self, tid: i32) -> Stands {
@@ -1007,15 +1026,9 @@ impl Tasks {
     /// for one that will take the signal before its own code. (A thread
     /// that has exited meanwhile is found gone by its next look.)
     fn blocks(&self, tid: i32, signal: i32) -> bool {
-        let Ok(fd) = self.open_at(tid, b"status", libc::O_RDONLY) else {
-            return true;
-        };
         let mut buf = [0u8; 512];
-        // SAFETY: each read writes at most `b.len()` bytes into `b`.
-        let mask = sig_blk(&mut buf, |b| unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) });
-        // SAFETY: closes the descriptor just opened.
-        unsafe { libc::close(fd) };
-        mask.is_none_or(|m| m & (1 << (signal - 1)) != 0)
+        self.reading(tid, b"status", |read| sig_blk(&mut buf, read))
+            .map_or(true, |mask| mask.is_none_or(|m| m & (1 << (signal - 1)) != 0))
     }
 }
 
@@ -1592,8 +1605,7 @@ mod tests {
         for round in &mut rounds {
             let (exits, mut regions) = unrun();
             let holding = Holding::start(&exits, &mut regions).expect("threads can be held here");
-            let held =
-                (0..holding.count).any(|i| TIDS[i].load(Ordering::SeqCst) == tid && HELD[i].load(Ordering::SeqCst));
+            let held = has_mark(&holding, tid, &HELD);
             holding.release();
             let inside = returning(tid);
             let waited = sync_waited_on();
@@ -1619,6 +1631,12 @@ mod tests {
             inside.len()
         );
         assert!(!returning(tid), "the thread left the handler marked as inside");
+    }
+
+    /// Whether a slot of `holding`'s threads that lists `tid` has its mark
+    /// in `marks` ([`HELD`], [`MASKED`], ...).
+    fn has_mark(holding: &Holding, tid: i32, marks: &[AtomicBool]) -> bool {
+        (0..holding.count).any(|i| TIDS[i].load(Ordering::SeqCst) == tid && marks[i].load(Ordering::SeqCst))
     }
 
     /// A thread that spins, and, asked to ([`Blocker::block`]), blocks
@@ -1860,12 +1878,6 @@ mod tests {
         };
         let blocker = Blocker::spawn(6_000_000);
         let tid = blocker.tid;
-        let held = |holding: &Holding| {
-            (0..holding.count).any(|i| TIDS[i].load(Ordering::SeqCst) == tid && HELD[i].load(Ordering::SeqCst))
-        };
-        let masked = |holding: &Holding| {
-            (0..holding.count).any(|i| TIDS[i].load(Ordering::SeqCst) == tid && MASKED[i].load(Ordering::SeqCst))
-        };
         // Each hold that found the thread blocking: whether it held it.
         let mut found = Vec::new();
         for _ in 0..20 {
@@ -1875,7 +1887,7 @@ mod tests {
             // A hold holds it (it runs) and lets it go: it leaves a mark.
             let (exits, mut regions) = unrun();
             let holding = Holding::start(&exits, &mut regions).expect("threads can be held here");
-            assert!(held(&holding), "the running thread was not held");
+            assert!(has_mark(&holding, tid, &HELD), "the running thread was not held");
             holding.release();
             let start = crate::fork::now_ns();
             while !leaving(tid) {
@@ -1892,8 +1904,8 @@ mod tests {
             // (A hold that finds it in the `sigprocmask` that lets the
             // signal in sees it blocked outside the bytes and rightly
             // leaves it: then it returns as the thread stops blocking.)
-            if masked(&holding) {
-                found.push(held(&holding) || !blocker.blocking());
+            if has_mark(&holding, tid, &MASKED) {
+                found.push(has_mark(&holding, tid, &HELD) || !blocker.blocking());
             }
             holding.release();
             blocker.wait_unblocked();
