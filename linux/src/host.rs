@@ -8,7 +8,9 @@
 //! a shrunk end) with no call on the mappings: `VM_UNMAPPED` of each
 //! mapped range of the file they discard, before the call (no event of
 //! their own either), and again after it where a mapping of a file was
-//! made or moved meanwhile (`FILE_MAPPINGS`). What the dynamic loader maps and unmaps for
+//! made or moved meanwhile (`FILE_MAPPINGS`); and so for `madvise`'s
+//! `MADV_REMOVE`, which punches the same hole through the range's own
+//! mappings. What the dynamic loader maps and unmaps for
 //! `dlopen` and `dlclose` (through its own copies of mmap and munmap) is
 //! reported after those calls (`loader_changed`). A library opened with
 //! `dlmopen` in a namespace of its own calls that namespace's copy of
@@ -859,6 +861,8 @@ unsafe fn madvise_body(ns: usize, addr: *mut c_void, len: usize, advice: c_int) 
         // SAFETY: forwarded.
         return unsafe { orig(addr, len, advice) };
     }
+    let removes = advice == libc::MADV_REMOVE && wants(bits::VM_UNMAPPED);
+    let mappings = if removes { report_removed(addr as usize, len) } else { 0 };
     let mut ev = Event::Madvise(MadviseEvent {
         result: -1,
         addr: addr as usize,
@@ -876,7 +880,51 @@ unsafe fn madvise_body(ns: usize, addr: *mut c_void, len: usize, advice: c_int) 
         },
         |_| None,
     );
-    result_of!(ev, Madvise, -1)
+    let result = result_of!(ev, Madvise, -1);
+    if removes && result == 0 && FILE_MAPPINGS.load(Ordering::SeqCst) != mappings {
+        // A mapping of a file was made or moved during the call: the
+        // second look, as after fallocate ([`report_late_discard`]).
+        report_removed(addr as usize, len);
+    }
+    result
+}
+
+/// `MADV_REMOVE` frees the range's backing store: it punches a hole in
+/// the file each shared mapping in the range maps (a memfd, tmpfs, a
+/// SysV segment, shared anonymous memory, hugetlbfs), so every other
+/// mapping of those bytes of the file loses its pages too, with no call
+/// on it: a second view of a memfd, a duplicate `mremap` made with an
+/// old size of 0, a private mapping's pages not yet copied. `VM_UNMAPPED`
+/// of each, before the call, as for `fallocate`'s punched hole (the
+/// range's own are the call's own dispatch's to report). Returns
+/// [`FILE_MAPPINGS`] as it was before the look, the second look's cue.
+/// Reads `/proc/self/maps` once per mapping in the range: a rare call.
+#[cold]
+fn report_removed(addr: usize, len: usize) -> u64 {
+    let mappings = FILE_MAPPINGS.load(Ordering::SeqCst);
+    let end = addr.saturating_add(whole_pages(addr, len));
+    let mut at = addr;
+    while at < end {
+        let mut next = None;
+        let _ = crate::maps::for_each(|m| {
+            if m.end > at {
+                next = Some(*m);
+                return core::ops::ControlFlow::Break(());
+            }
+            core::ops::ControlFlow::Continue(())
+        });
+        let Some(m) = next.filter(|m| m.start < end) else {
+            break;
+        };
+        if m.shared {
+            let lo = at.max(m.start);
+            let offset = m.offset + (lo - m.start) as u64;
+            let bytes = (end.min(m.end) - lo) as u64;
+            report_discarded_ranges((m.dev, m.inode), offset, offset + bytes, addr..end);
+        }
+        at = m.end;
+    }
+    mappings
 }
 
 /// The most ranges one `process_madvise` takes (`UIO_MAXIOV`): the kernel
@@ -913,11 +961,20 @@ unsafe fn process_madvise_body(
     flags: libc::c_uint,
 ) -> isize {
     let orig = original!(ORIG_PROCESS_MADVISE[slot(ns)], ProcessMadviseFn);
-    if discards(advice) && flags == 0 && vlen <= UIO_MAXIOV {
-        report_ranges(iov as usize, vlen);
+    if !(discards(advice) && flags == 0 && vlen <= UIO_MAXIOV) {
+        // SAFETY: forwarded.
+        return unsafe { orig(pidfd, iov, vlen, advice, flags) };
     }
+    let removes = advice == libc::MADV_REMOVE;
+    let mappings = FILE_MAPPINGS.load(Ordering::SeqCst);
+    report_ranges(iov as usize, vlen, removes);
     // SAFETY: forwarded.
-    unsafe { orig(pidfd, iov, vlen, advice, flags) }
+    let result = unsafe { orig(pidfd, iov, vlen, advice, flags) };
+    if removes && result > 0 && FILE_MAPPINGS.load(Ordering::SeqCst) != mappings {
+        // The second look, as after madvise's.
+        report_ranges(iov as usize, vlen, removes);
+    }
+    result
 }
 
 /// Delivers `VM_UNMAPPED` for each of the `count` ranges (`struct iovec`)
@@ -926,9 +983,11 @@ unsafe fn process_madvise_body(
 /// would answer `EFAULT`, the hook must not crash. The ranges are read
 /// and reported `RANGES_PER_STEP` at a time; at the first step that
 /// cannot be read whole, the rest is not reported (the call then fails
-/// with `EFAULT`, having discarded nothing).
+/// with `EFAULT`, having discarded nothing). With `removes`
+/// (`MADV_REMOVE`), also the other mappings of the files each range
+/// maps ([`report_removed`]).
 #[cold]
-fn report_ranges(array: usize, count: usize) {
+fn report_ranges(array: usize, count: usize, removes: bool) {
     keeping_errno(|| {
         let mut ranges = [libc::iovec {
             iov_base: core::ptr::null_mut(),
@@ -944,6 +1003,9 @@ fn report_ranges(array: usize, count: usize) {
             for range in &ranges[..n] {
                 if let Some(mut event) = unmapped(range.iov_base as usize, range.iov_len) {
                     notify(&mut event);
+                }
+                if removes {
+                    report_removed(range.iov_base as usize, range.iov_len);
                 }
             }
             done += n;
@@ -1273,7 +1335,7 @@ fn report_file_discard(file: Option<FileId>, from: u64, to: u64) -> Option<Disca
     // Before the look: a mapping made after this load may be missed by
     // the look, and is counted after it (the second look's cue).
     let mappings = FILE_MAPPINGS.load(Ordering::SeqCst);
-    report_discarded_ranges(file, from, to);
+    report_discarded_ranges(file, from, to, 0..0);
     Some(Discard {
         file,
         from,
@@ -1310,12 +1372,13 @@ fn report_late_discard(first: Option<Discard>) {
     if FILE_MAPPINGS.load(Ordering::SeqCst) == first.mappings {
         return;
     }
-    report_discarded_ranges(first.file, first.from, first.to);
+    report_discarded_ranges(first.file, first.from, first.to, 0..0);
 }
 
 /// `VM_UNMAPPED` of each range of the mappings of `file` that map its
-/// bytes `[from, to)`, in whole pages, in address order.
-fn report_discarded_ranges((dev, inode): FileId, from: u64, to: u64) {
+/// bytes `[from, to)`, in whole pages, in address order, but for ranges
+/// inside `own` (a call's own range, which its own dispatch reports).
+fn report_discarded_ranges((dev, inode): FileId, from: u64, to: u64, own: core::ops::Range<usize>) {
     let page = page_size() as u64;
     keeping_errno(|| {
         let _ = crate::maps::for_each(|m| {
@@ -1328,7 +1391,8 @@ fn report_discarded_ranges((dev, inode): FileId, from: u64, to: u64) {
                     let end = (m.start as u64 + (hi - m.offset))
                         .next_multiple_of(page)
                         .min(m.end as u64);
-                    if let Some(mut event) = unmapped_bytes(start as usize, (end - start) as usize) {
+                    let inside = own.start <= start as usize && end as usize <= own.end;
+                    if !inside && let Some(mut event) = unmapped_bytes(start as usize, (end - start) as usize) {
                         notify(&mut event);
                     }
                 }
