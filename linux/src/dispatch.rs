@@ -283,6 +283,9 @@ fn ensure_fork_hook() {
 pub fn set_handler(events: u32, priority: i32, handler: HandlerFn) -> Result<HandlerId, RegisterError> {
     ensure_fork_hook();
     let id = LOCAL.with(|l| DISPATCHER.register(&l.depth, events, priority, handler))?;
+    // The hooks let calls pass that no handler wanted: a hugetlb mapping
+    // may have been made unseen.
+    crate::hugetlb::forget();
     if events & bits::EXISTING_ALLOC != 0 && events & (bits::VM_MAPPED | bits::MEM_TYPE_ALLOC) != 0 {
         let _ = crate::maps::for_each(|m| {
             replay(&handler, events, m);

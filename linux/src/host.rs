@@ -306,7 +306,12 @@ fn call_original(
 /// space.
 #[inline(always)]
 fn whole_pages(address: usize, size: usize) -> usize {
-    let page = page_size();
+    whole_pages_of(address, size, page_size())
+}
+
+/// [`whole_pages`] in pages of `page` bytes (a hugetlb mapping's).
+#[inline(always)]
+fn whole_pages_of(address: usize, size: usize, page: usize) -> usize {
     if address & (page - 1) != 0 {
         return size;
     }
@@ -316,17 +321,36 @@ fn whole_pages(address: usize, size: usize) -> usize {
         .map_or(size, |end| end - address)
 }
 
-/// `VM_MAPPED` for what a call that works in whole pages maps at
-/// `address` for `size` bytes ([`whole_pages`]), if it is not empty.
-fn mapped(address: usize, size: usize) -> Option<Event> {
-    mapped_bytes(address, whole_pages(address, size))
-}
-
 /// `VM_UNMAPPED` for what a call that works in whole pages unmaps or
 /// discards at `address` for `size` bytes ([`whole_pages`]), if it is not
 /// empty.
 fn unmapped(address: usize, size: usize) -> Option<Event> {
     unmapped_bytes(address, whole_pages(address, size))
+}
+
+/// `VM_MAPPED` for what a call that works in whole pages of `page` bytes
+/// (the base page's, or a hugetlb mapping's huge page) maps at `address`
+/// for `size` bytes ([`whole_pages`]), if it is not empty.
+fn mapped_in(address: usize, size: usize, page: usize) -> Option<Event> {
+    mapped_bytes(address, whole_pages_of(address, size, page))
+}
+
+/// [`unmapped`] for a mapping of `page`-byte pages.
+fn unmapped_in(address: usize, size: usize, page: usize) -> Option<Event> {
+    unmapped_bytes(address, whole_pages_of(address, size, page))
+}
+
+/// The page size of the mapping at `address` that `mremap` moves or
+/// resizes, or whose pages `shmat` maps: a huge page size where it is a
+/// hugetlb mapping (the kernel rounds the sizes up to it), the base page
+/// otherwise. Asked only of an address a huge page can start at, in a
+/// process that may have a hugetlb mapping (see `crate::hugetlb`).
+#[inline(always)]
+fn page_at(address: usize) -> usize {
+    match crate::hugetlb::size_range() {
+        Some((smallest, _)) if address.is_multiple_of(smallest) => crate::hugetlb::page_at(address),
+        _ => page_size(),
+    }
 }
 
 /// `VM_MAPPED` for exactly `[address, address + size)`, if it is not empty
@@ -380,15 +404,17 @@ fn maps_file(flags: c_int, fd: c_int) -> bool {
 /// handler of unmaps: it replaces what lies at its address
 /// ([`mmap_replaces`]), or it maps a file, which a file-discarding call
 /// in flight must learn of ([`FILE_MAPPINGS`]: a handler of unmaps alone,
-/// a registration cache, sends it through the dispatch to be counted).
-/// Else 0, after one test for the common call, an anonymous mapping
-/// where the kernel chooses the address.
+/// a registration cache, sends it through the dispatch to be counted),
+/// or hugetlb memory, whose later unmaps are sized in huge pages
+/// (noted: `crate::hugetlb::made`). Else 0, after one test for the
+/// common call, an anonymous mapping where the kernel chooses the
+/// address.
 #[inline(always)]
 fn mmap_unmap_bits(flags: c_int, fd: c_int) -> u32 {
-    if flags & (libc::MAP_FIXED | libc::MAP_ANONYMOUS) == libc::MAP_ANONYMOUS {
+    if flags & (libc::MAP_FIXED | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB) == libc::MAP_ANONYMOUS {
         return 0;
     }
-    if maps_file(flags, fd) {
+    if maps_file(flags, fd) || flags & libc::MAP_HUGETLB != 0 {
         bits::VM_UNMAPPED
     } else {
         mmap_replaces(flags)
@@ -435,9 +461,12 @@ unsafe fn mmap_body(
         fd,
         offset: off,
     });
+    // A hugetlb mapping's pages are huge: the kernel rounds the length
+    // up to one.
+    let page = crate::hugetlb::of_new_mapping(flags, fd);
     // A fixed mapping replaces what lay there: unmapped before the call.
     let before = if mmap_replaces(flags) != 0 {
-        unmapped(addr as usize, len)
+        unmapped_in(addr as usize, len, page)
     } else {
         None
     };
@@ -454,7 +483,11 @@ unsafe fn mmap_body(
                 }
             }
         },
-        |e| succeeded(result_of!(*e, Mmap, INVALID_PTR)).and_then(|r| mapped(r, len)),
+        |e| {
+            let r = succeeded(result_of!(*e, Mmap, INVALID_PTR))?;
+            crate::hugetlb::made(page);
+            mapped_in(r, len, page)
+        },
     );
     result_of!(ev, Mmap, INVALID_PTR) as *mut c_void
 }
@@ -506,10 +539,12 @@ unsafe fn mremap_body(
     new_address: *mut c_void,
 ) -> *mut c_void {
     let orig = original!(ORIG_MREMAP[slot(ns)], MremapFn);
+    // A hugetlb mapping's sizes are rounded up to its huge page.
+    let page = page_at(old as usize);
     if flags & libc::MREMAP_FIXED != 0 && wants(bits::VM_UNMAPPED) {
         // The destination's old mapping goes first (before the source's,
         // which the call's own dispatch reports).
-        notify_keeping_errno(unmapped(new_address as usize, new_size));
+        notify_keeping_errno(unmapped_in(new_address as usize, new_size, page));
     }
     let mut ev = Event::Mremap(MremapEvent {
         result: INVALID_PTR,
@@ -520,7 +555,7 @@ unsafe fn mremap_body(
         new_address: new_address as usize,
     });
     call_original(
-        unmapped(old as usize, old_size),
+        unmapped_in(old as usize, old_size, page),
         &mut ev,
         |e| {
             if let Event::Mremap(m) = e {
@@ -532,13 +567,13 @@ unsafe fn mremap_body(
                 }
             }
         },
-        |e| succeeded(result_of!(*e, Mremap, INVALID_PTR)).and_then(|r| mapped(r, new_size)),
+        |e| succeeded(result_of!(*e, Mremap, INVALID_PTR)).and_then(|r| mapped_in(r, new_size, page)),
     );
     let result = result_of!(ev, Mremap, INVALID_PTR);
     if flags & libc::MREMAP_DONTUNMAP != 0 && succeeded(result).is_some() && wants(bits::VM_MAPPED) {
         // The source stays mapped, emptied (its pages moved): a new
         // mapping where the call's dispatch reported one unmapped.
-        notify_keeping_errno(mapped(old as usize, old_size));
+        notify_keeping_errno(mapped_in(old as usize, old_size, page));
     }
     result as *mut c_void
 }
@@ -603,26 +638,83 @@ fn shmat_replaces(shmaddr: *const c_void, shmflg: c_int) -> u32 {
     }
 }
 
-/// The range `shmat(.., shmaddr, shmflg)` of a segment of `size` bytes,
-/// with `SHM_REMAP`, maps over: the segment's pages from the address,
-/// rounded down with `SHM_RND` (to four pages, the largest `SHMLBA` of
-/// the architectures memhook runs on: reporting a little more than was
+/// Where `shmat(.., shmaddr, shmflg)` maps: the address, rounded down
+/// with `SHM_RND` (to four pages, the largest `SHMLBA` of the
+/// architectures memhook runs on: reporting a little more than was
 /// replaced is harmless, less is not).
-fn shmat_replaced(size: usize, shmaddr: *const c_void, shmflg: c_int) -> Option<Event> {
-    let page = page_size();
+fn shmat_start(shmaddr: *const c_void, shmflg: c_int) -> usize {
     let at = shmaddr as usize;
-    let start = if shmflg & libc::SHM_RND != 0 {
-        at & !(4 * page - 1)
+    if shmflg & libc::SHM_RND != 0 {
+        at & !(4 * page_size() - 1)
     } else {
         at
-    };
-    let end = at.saturating_add(size.next_multiple_of(page));
+    }
+}
+
+/// The range `shmat(.., shmaddr, shmflg)` of a segment of `size` bytes
+/// in pages of `page` bytes, with `SHM_REMAP`, maps over: the segment's
+/// pages from [`shmat_start`] (and from the address as given).
+fn shmat_replaced(size: usize, shmaddr: *const c_void, shmflg: c_int, page: usize) -> Option<Event> {
+    let start = shmat_start(shmaddr, shmflg);
+    let end = (shmaddr as usize)
+        .saturating_add(size.next_multiple_of(page_size()))
+        .max(start.saturating_add(size.next_multiple_of(page)));
     unmapped_bytes(start, end - start)
 }
 
+/// The page size of segment `shmid`'s pages, for an attachment with
+/// `SHM_REMAP` at `start`, where the range it replaces must be known
+/// before the call: where a huge page can start there, the segment is
+/// attached for a moment, read-only, where the kernel chooses (by
+/// namespace `ns`'s originals, out of the hooks' sight), and its mapping
+/// asked; the base page elsewhere, or where it cannot be attached (the
+/// call then fails too). The moment's attach and detach update the
+/// segment's times and pids, as the call itself does.
+#[cold]
+fn segment_page(ns: usize, shmid: c_int, start: usize) -> usize {
+    match crate::hugetlb::size_range() {
+        Some((smallest, _)) if start.is_multiple_of(smallest) => {}
+        _ => return page_size(),
+    }
+    let attach = original!(ORIG_SHMAT[slot(ns)], ShmatFn);
+    // SAFETY: shmat of the caller's segment where the kernel chooses,
+    // read-only: a new mapping of nothing else, detached below.
+    let p = unsafe { attach(shmid, core::ptr::null(), libc::SHM_RDONLY) };
+    if p as usize == INVALID_PTR {
+        return page_size();
+    }
+    let page = crate::hugetlb::page_here(p as usize);
+    let detach = ORIG_SHMDT[slot(ns)].load(Ordering::Acquire);
+    // SAFETY: detaches the attachment just made: by the original (set
+    // when its hook was installed; libc's otherwise).
+    unsafe {
+        if detach != 0 {
+            core::mem::transmute::<usize, ShmdtFn>(detach)(p);
+        } else {
+            libc::shmdt(p);
+        }
+    }
+    page
+}
+
+/// The page size of the attachment `shmat` made at `address`: asked of
+/// the kernel where a huge page can start there (a `SHM_HUGETLB`
+/// segment's), and noted (`crate::hugetlb::made`).
+#[cold]
+fn attached_page(address: usize) -> usize {
+    let page = match crate::hugetlb::size_range() {
+        Some((smallest, _)) if address.is_multiple_of(smallest) => crate::hugetlb::page_here(address),
+        _ => page_size(),
+    };
+    crate::hugetlb::made(page);
+    page
+}
+
 entry! {
-    /// The `shmat` hook.
-    shmat_hook => shmat_body, ORIG_SHMAT as ShmatFn, bits::SHMAT | bits::VM_MAPPED | shmat_replaces(shmaddr, shmflg),
+    /// The `shmat` hook (through its body for a handler of unmaps alone
+    /// too: it notes a hugetlb attachment, whose later unmaps are sized in
+    /// huge pages).
+    shmat_hook => shmat_body, ORIG_SHMAT as ShmatFn, bits::SHMAT | bits::VM_MAPPED | bits::VM_UNMAPPED,
     (shmid: c_int, shmaddr: *const c_void, shmflg: c_int) -> *mut c_void
 }
 
@@ -639,7 +731,10 @@ unsafe fn shmat_body(ns: usize, shmid: c_int, shmaddr: *const c_void, shmflg: c_
     // The segment's size, asked once where both the replaced range and
     // the new mapping need it.
     let size = (shmat_replaces(shmaddr, shmflg) != 0 && wants(bits::VM_UNMAPPED)).then(|| shm_size(shmid));
-    let before = size.and_then(|size| shmat_replaced(size, shmaddr, shmflg));
+    let before = size.and_then(|size| {
+        let page = segment_page(ns, shmid, shmat_start(shmaddr, shmflg));
+        shmat_replaced(size, shmaddr, shmflg, page)
+    });
     call_original(
         before,
         &mut ev,
@@ -650,9 +745,12 @@ unsafe fn shmat_body(ns: usize, shmid: c_int, shmaddr: *const c_void, shmflg: c_
             }
         },
         |e| {
-            succeeded(result_of!(*e, Shmat, INVALID_PTR))
-                .filter(|_| wants(bits::VM_MAPPED))
-                .and_then(|r| mapped(r, size.unwrap_or_else(|| shm_size(shmid))))
+            let r = succeeded(result_of!(*e, Shmat, INVALID_PTR))?;
+            let page = attached_page(r);
+            if !wants(bits::VM_MAPPED) {
+                return None;
+            }
+            mapped_in(r, size.unwrap_or_else(|| shm_size(shmid)), page)
         },
     );
     result_of!(ev, Shmat, INVALID_PTR) as *mut c_void
@@ -829,7 +927,7 @@ unsafe fn brk_body(ns: usize, addr: *mut c_void) -> c_int {
 /// `MADV_DONTNEED` that applies to locked pages too (Linux 5.18; not in
 /// the libc crate). The same value on x86_64 and aarch64
 /// (asm-generic/mman-common.h).
-const MADV_DONTNEED_LOCKED: c_int = 24;
+pub(crate) const MADV_DONTNEED_LOCKED: c_int = 24;
 /// Replaces the range's pages by guard markers, which fault on access
 /// (Linux 6.13; not in the libc crate): what the pages held is gone.
 const MADV_GUARD_INSTALL: c_int = 102;
@@ -870,7 +968,7 @@ unsafe fn madvise_body(ns: usize, addr: *mut c_void, len: usize, advice: c_int) 
         advice,
     });
     call_original(
-        unmapped(addr as usize, len),
+        discarded(addr as usize, len, advice),
         &mut ev,
         |e| {
             if let Event::Madvise(m) = e {
@@ -887,6 +985,35 @@ unsafe fn madvise_body(ns: usize, addr: *mut c_void, len: usize, advice: c_int) 
         report_removed(addr as usize, len);
     }
     result
+}
+
+/// `VM_UNMAPPED` of what the discarding `advice` takes at `address` for
+/// `size` bytes: whole pages, and where the kernel rounds a hugetlb
+/// range's end up to a huge page (`MADV_DONTNEED` on Linux 5.19 to 6.8:
+/// `crate::hugetlb::madvise_rounds_up`), the huge page of the mapping
+/// that holds the range's last page (the first pages of a range that
+/// runs over several mappings are in mappings that end inside it). Asked
+/// only in a process that may have a hugetlb mapping, and only where
+/// the end is not on the largest huge page's boundary already.
+pub(crate) fn discarded(address: usize, size: usize, advice: c_int) -> Option<Event> {
+    let base = page_size();
+    let bytes = whole_pages(address, size);
+    if matches!(advice, libc::MADV_DONTNEED | MADV_DONTNEED_LOCKED)
+        && bytes != 0
+        && address.is_multiple_of(base)
+        && crate::hugetlb::madvise_rounds_up()
+        && let Some((_, largest)) = crate::hugetlb::size_range()
+        && let Some(end) = address.checked_add(bytes)
+        && end % largest != 0
+    {
+        let page = crate::hugetlb::page_at(end - base);
+        if page > base
+            && let Some(end) = end.checked_next_multiple_of(page)
+        {
+            return unmapped_bytes(address, end - address);
+        }
+    }
+    unmapped_bytes(address, bytes)
 }
 
 /// `MADV_REMOVE` frees the range's backing store: it punches a hole in
@@ -967,12 +1094,12 @@ unsafe fn process_madvise_body(
     }
     let removes = advice == libc::MADV_REMOVE;
     let mappings = FILE_MAPPINGS.load(Ordering::SeqCst);
-    report_ranges(iov as usize, vlen, removes);
+    report_ranges(iov as usize, vlen, advice);
     // SAFETY: forwarded.
     let result = unsafe { orig(pidfd, iov, vlen, advice, flags) };
     if removes && result > 0 && FILE_MAPPINGS.load(Ordering::SeqCst) != mappings {
         // The second look, as after madvise's.
-        report_ranges(iov as usize, vlen, removes);
+        report_ranges(iov as usize, vlen, advice);
     }
     result
 }
@@ -983,11 +1110,11 @@ unsafe fn process_madvise_body(
 /// would answer `EFAULT`, the hook must not crash. The ranges are read
 /// and reported `RANGES_PER_STEP` at a time; at the first step that
 /// cannot be read whole, the rest is not reported (the call then fails
-/// with `EFAULT`, having discarded nothing). With `removes`
-/// (`MADV_REMOVE`), also the other mappings of the files each range
-/// maps ([`report_removed`]).
+/// with `EFAULT`, having discarded nothing). Each range as `advice`
+/// discards it ([`discarded`]); with `MADV_REMOVE`, also the other
+/// mappings of the files each range maps ([`report_removed`]).
 #[cold]
-fn report_ranges(array: usize, count: usize, removes: bool) {
+fn report_ranges(array: usize, count: usize, advice: c_int) {
     keeping_errno(|| {
         let mut ranges = [libc::iovec {
             iov_base: core::ptr::null_mut(),
@@ -1001,10 +1128,10 @@ fn report_ranges(array: usize, count: usize, removes: bool) {
                 break;
             }
             for range in &ranges[..n] {
-                if let Some(mut event) = unmapped(range.iov_base as usize, range.iov_len) {
+                if let Some(mut event) = discarded(range.iov_base as usize, range.iov_len, advice) {
                     notify(&mut event);
                 }
-                if removes {
+                if advice == libc::MADV_REMOVE {
                     report_removed(range.iov_base as usize, range.iov_len);
                 }
             }

@@ -257,6 +257,8 @@ pub fn install(config: &Config) {
     }
     // Made anew below (an uninstall leaves the kept patches listed).
     state.status.clear();
+    // Mappings made while the hooks were out are unseen.
+    crate::hugetlb::forget();
     let mmap = config.hooks.mmap;
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     let in_libc = if mmap.contains(HookMode::Bistro) {

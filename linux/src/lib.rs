@@ -28,6 +28,7 @@ pub mod dispatch;
 mod evacuate;
 pub mod fork;
 pub mod host;
+mod hugetlb;
 mod install;
 pub mod maps;
 mod membarrier;

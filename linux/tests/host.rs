@@ -844,6 +844,7 @@ fn check_mode(mode: HookMode, events: u32) {
     unsafe { libc::shmctl(id_shm, libc::IPC_RMID, std::ptr::null_mut()) };
 
     check_replacing_calls(h, events);
+    check_hugetlb(h, events);
 
     // sbrk and brk grow and shrink (glibc's break stays right: sbrk(0)
     // agrees after each step).
@@ -937,6 +938,218 @@ fn check_mode(mode: HookMode, events: u32) {
 
     drop(session);
     assert!(memhook::status().is_empty());
+}
+
+const M2: usize = 2 << 20;
+
+/// A 2 MiB hugetlb page for the test, if the kernel has one free
+/// (`/proc/sys/vm/nr_hugepages`; `.ci/run` reserves eight), mapped
+/// privately where the kernel chooses, unrecorded; `None` (and why)
+/// where not, or under qemu-user.
+fn huge_page() -> Option<usize> {
+    if std::env::var_os("MEMHOOK_TEST_QEMU").is_some() {
+        // qemu-user keeps its own map of the guest's pages, in base
+        // pages: a huge page moved by mremap faults where the kernel
+        // put it.
+        eprintln!("hugetlb: under qemu-user (MEMHOOK_TEST_QEMU), not checked");
+        return None;
+    }
+    // SAFETY: a new private mapping, unmapped by the caller.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            M2,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | (21 << libc::MAP_HUGE_SHIFT),
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        eprintln!(
+            "hugetlb: no free 2 MiB page (errno {}; reserve some in /proc/sys/vm/nr_hugepages): not checked",
+            errno()
+        );
+        return None;
+    }
+    Some(p as usize)
+}
+
+/// `len` bytes of 1s in ordinary pages, 2 MiB aligned, unrecorded.
+fn ordinary_aligned(h: &Helper, len: usize) -> usize {
+    // SAFETY: the helper maps fresh private memory; what lies outside the
+    // aligned part is unmapped, the aligned part written whole.
+    unsafe {
+        let r = (h.mmap)(len + M2);
+        assert_ne!(r as isize, -1);
+        let a = r.next_multiple_of(M2);
+        if a > r {
+            (h.munmap)(r, a - r);
+        }
+        if r + M2 > a {
+            (h.munmap)(a + len, r + M2 - a);
+        }
+        std::ptr::write_bytes(a as *mut u8, 1, len);
+        a
+    }
+}
+
+/// Hugetlb mappings are mapped, moved and discarded in whole huge pages
+/// whatever length the call gives: the hooks report the kernel's range,
+/// 2 MiB where the call said 4 KiB (they reported 4 KiB, and a
+/// registration cache kept the rest of the replaced or moved page).
+/// Each step checks the kernel did so (the bytes past the call's length
+/// are gone) beside what was reported.
+fn check_hugetlb(h: &Helper, events: u32) {
+    let Some(first) = huge_page() else {
+        return;
+    };
+    // SAFETY: the page just mapped.
+    unsafe { libc::munmap(first as *mut libc::c_void, M2) };
+    let page = page_size();
+    // mmap(MAP_FIXED | MAP_HUGETLB) of 4 KiB over ordinary memory: the
+    // kernel replaces 2 MiB.
+    let a = ordinary_aligned(h, 2 * M2);
+    let mut x = 0;
+    let log = recorded(|| {
+        // SAFETY: a fixed mapping over the test's own memory.
+        x = unsafe {
+            (h.mmap_at)(
+                a,
+                page,
+                libc::MAP_FIXED | libc::MAP_HUGETLB | (21 << libc::MAP_HUGE_SHIFT),
+            )
+        }
+    });
+    if x as isize == -1 {
+        eprintln!("hugetlb: MAP_FIXED refused (errno {}): not checked", errno());
+        // SAFETY: the test's mapping.
+        unsafe { (h.munmap)(a, 2 * M2) };
+        return;
+    }
+    // What is left of the ordinary memory: the mremap below replaces it.
+    assert_eq!(x, a);
+    // SAFETY: inside the new huge page.
+    assert_eq!(unsafe { *((a + page) as *const u8) }, 0, "the kernel replaced 2 MiB");
+    assert_eq!(
+        about(&log, a, M2),
+        only(
+            events,
+            [
+                (bits::VM_UNMAPPED, a, M2, 0),
+                (bits::MMAP, a, page, a as isize),
+                (bits::VM_MAPPED, a, M2, 0)
+            ]
+        ),
+        "{log:x?}"
+    );
+
+    // mremap of 4 KiB of it onto the next 2 MiB (ordinary memory): the
+    // kernel moves the whole huge page, and replaces 2 MiB there.
+    let to = a + M2;
+    // SAFETY: the test's huge page, written whole.
+    unsafe { std::ptr::write_bytes(a as *mut u8, 7, M2) };
+    let log = recorded(|| {
+        // SAFETY: as above.
+        x = unsafe { (h.mremap_to)(a, page, page, to) };
+    });
+    assert_eq!(x, to, "mremap errno {}", errno());
+    // SAFETY: the moved huge page.
+    assert_eq!(unsafe { *((to + M2 - 1) as *const u8) }, 7, "the kernel moved 2 MiB");
+    let log: Vec<Rec> = log.into_iter().filter(|e| near(e, a, 2 * M2)).collect();
+    assert_eq!(
+        log,
+        only(
+            events,
+            [
+                (bits::VM_UNMAPPED, to, M2, 0),
+                (bits::VM_UNMAPPED, a, M2, 0),
+                (bits::MREMAP, a, page, to as isize),
+                (bits::VM_MAPPED, to, M2, 0)
+            ]
+        ),
+        "{log:x?}"
+    );
+
+    // madvise(MADV_DONTNEED) of 4 KiB at its start: Linux 5.19 to 6.8
+    // discard the whole huge page, 6.9 on none of it; whatever this
+    // kernel did, every byte it discarded was reported.
+    let log = recorded(|| {
+        // SAFETY: as above.
+        assert_eq!(unsafe { (h.madvise)(to, page, libc::MADV_DONTNEED) }, 0);
+    });
+    let unmapped: Vec<(usize, usize)> = about(&log, to, M2)
+        .iter()
+        .filter(|e| e.0 == bits::VM_UNMAPPED)
+        .map(|e| (e.1, e.1 + e.2))
+        .collect();
+    if events & bits::VM_UNMAPPED != 0 {
+        assert!(
+            unmapped.contains(&(to, to + page)) || unmapped.contains(&(to, to + M2)),
+            "{log:x?}"
+        );
+        for at in (to..to + M2).step_by(page) {
+            // SAFETY: the huge page, still mapped.
+            if unsafe { *(at as *const u8) } == 0 {
+                assert!(
+                    unmapped.iter().any(|&(s, e)| (s..e).contains(&at)),
+                    "{at:#x} discarded, unreported: {log:x?}"
+                );
+            }
+        }
+    }
+    // SAFETY: the test's huge page (where it was is unmapped: moved).
+    assert_eq!(unsafe { (h.munmap)(to, M2) }, 0);
+
+    // A SysV segment made with SHM_HUGETLB of 4 KiB: attached in a 2 MiB
+    // huge page, and again with SHM_REMAP over ordinary memory, which
+    // replaces 2 MiB.
+    // SAFETY: a private segment, removed below.
+    let id = unsafe { libc::shmget(libc::IPC_PRIVATE, page, libc::IPC_CREAT | libc::SHM_HUGETLB | 0o600) };
+    if id < 0 {
+        eprintln!("hugetlb: shmget(SHM_HUGETLB) refused (errno {}): not checked", errno());
+        return;
+    }
+    let log = recorded(|| {
+        // SAFETY: attaches the test's segment.
+        x = unsafe { (h.shmat)(id) };
+    });
+    assert_ne!(x as isize, -1);
+    assert_eq!(
+        about(&log, x, M2),
+        only(
+            events,
+            [(bits::SHMAT, 0, id as usize, x as isize), (bits::VM_MAPPED, x, M2, 0)]
+        ),
+        "{log:x?}"
+    );
+    // SAFETY: detaches it.
+    assert_eq!(unsafe { (h.shmdt)(x) }, 0);
+    let b = ordinary_aligned(h, M2);
+    let log = recorded(|| {
+        // SAFETY: attaches the test's segment over the test's memory.
+        x = unsafe { (h.shmat_at)(id, b, libc::SHM_REMAP) };
+    });
+    assert_eq!(x, b, "shmat(SHM_REMAP) errno {}", errno());
+    // SAFETY: inside the segment's page, which reads zeros.
+    assert_eq!(unsafe { *((b + M2 - 1) as *const u8) }, 0, "the kernel replaced 2 MiB");
+    assert_eq!(
+        about(&log, b, M2),
+        only(
+            events,
+            [
+                (bits::VM_UNMAPPED, b, M2, 0),
+                (bits::SHMAT, b, id as usize, b as isize),
+                (bits::VM_MAPPED, b, M2, 0)
+            ]
+        ),
+        "{log:x?}"
+    );
+    // SAFETY: the test's attachment (over all of `b`) and segment.
+    unsafe {
+        assert_eq!((h.shmdt)(b), 0);
+        libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
+    }
 }
 
 /// Calls that map at a fixed address replace what lay there, which the

@@ -1,0 +1,708 @@
+//! Hugetlb mappings: anonymous memory mapped with `MAP_HUGETLB`, files on
+//! a hugetlbfs mount, `memfd_create(MFD_HUGETLB)` files, SysV segments
+//! made with `SHM_HUGETLB`. The kernel maps, moves and discards them in
+//! whole huge pages, whatever length a call gives:
+//! `mmap(MAP_FIXED | MAP_HUGETLB, 4 KiB)` replaces 2 MiB, `mremap` of 4
+//! KiB of one moves 2 MiB (Linux 5.16 on), `shmat` of a 4 KiB
+//! `SHM_HUGETLB` segment maps 2 MiB, and `madvise(MADV_DONTNEED)` of 4
+//! KiB at its start discards 2 MiB on Linux 5.19 to 6.8 (6.9 rounds the
+//! end down instead; older kernels refuse). A hook that reported the
+//! call's length in base pages reported less than went, and a
+//! registration cache kept registrations of pages the process no longer
+//! has: the host hooks report these calls' ranges in the mapping's own
+//! page size, from what this module finds.
+//!
+//! For a new mapping the call says which: `MAP_HUGETLB` and the size in
+//! its flags, or a file whose filesystem (`fstatfs`) is hugetlbfs. For
+//! one that exists (`mremap`, `madvise`), the kernel is asked
+//! (`PROCMAP_QUERY` on `/proc/self/maps`, Linux 6.11, about 1 us), or,
+//! where it cannot answer, the mapping's line in `/proc/self/maps` is
+//! read and its device compared with those of the kernel's own hugetlbfs
+//! mounts (learnt once, from a `memfd_create(MFD_HUGETLB)` of each size)
+//! or its file's filesystem asked (`statfs`). Only in a process that has
+//! a hugetlb mapping: the hooks that make one say so ([`made`]), and one
+//! look over the process's mappings answers the question after an
+//! install or a new handler (the hooks may not have run for a while
+//! before: [`forget`]). Everything here is allocation-free and safe in
+//! a signal handler (system calls on the stack's buffers).
+
+use core::ffi::c_int;
+use core::ops::ControlFlow;
+use core::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+
+use crate::maps::{Mapping, page_size};
+
+/// `statfs.f_type` of hugetlbfs.
+const HUGETLBFS_MAGIC: u32 = 0x9584_58f6;
+
+/// Where `mmap`'s and `memfd_create`'s flags carry a huge page size's
+/// log2 (`MAP_HUGE_SHIFT`, `MFD_HUGE_SHIFT`), and its mask.
+const HUGE_SHIFT: u32 = 26;
+const HUGE_MASK: c_int = 0x3f;
+
+/// The huge page sizes the kernel offers: bit `k` for `2^k` bytes; bit 0
+/// once found (never a size); 0 before.
+static SIZES: AtomicU64 = AtomicU64::new(0);
+
+/// The device of the kernel's own hugetlbfs mount of each size (index
+/// `k`), as `major << 32 | minor`, plus one (0: none found).
+static DEVICES: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+
+/// The default huge page size (`MAP_HUGETLB` without a size); 0 before
+/// it is found or where there is none.
+static DEFAULT: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether the process may have a hugetlb mapping.
+static PRESENT: AtomicU8 = AtomicU8::new(UNKNOWN);
+const UNKNOWN: u8 = 0;
+const ABSENT: u8 = 1;
+const PRESENT_NOW: u8 = 2;
+
+/// Whether `PROCMAP_QUERY` answers here.
+static QUERY: AtomicU8 = AtomicU8::new(UNKNOWN);
+const QUERY_WORKS: u8 = 1;
+const QUERY_REFUSED: u8 = 2;
+
+/// The process has a hugetlb mapping of `page` bytes' pages, if `page`
+/// is larger than the base page (a hook made one).
+#[inline]
+pub(crate) fn made(page: usize) {
+    if page > page_size() {
+        PRESENT.store(PRESENT_NOW, Ordering::Release);
+    }
+}
+
+/// The hooks may not have seen every mapping made since the last look (an
+/// install, a handler that wants events the hooks let pass before): the
+/// next question looks again, unless a hugetlb mapping is known.
+pub(crate) fn forget() {
+    let _ = PRESENT.compare_exchange(ABSENT, UNKNOWN, Ordering::AcqRel, Ordering::Acquire);
+}
+
+/// The huge page sizes (bit `k` for `2^k` bytes), found once.
+fn sizes() -> u64 {
+    match SIZES.load(Ordering::Acquire) {
+        0 => probe(),
+        found => found & !1,
+    }
+}
+
+/// Finds the sizes and the devices of their mounts: a
+/// `memfd_create(MFD_HUGETLB)` of each size from 64 KiB to 16 GiB (the
+/// sizes of x86_64 and arm64 kernels) succeeds where the kernel offers
+/// it, with or without pages reserved, and its file lies on that size's
+/// mount. A kernel older than 4.14 or a filter that refuses the call:
+/// no sizes, and mappings are sized in base pages.
+#[cold]
+fn probe() -> u64 {
+    let mut sizes = 0u64;
+    for k in 16..=34 {
+        if let Some(fd) = memfd_huge(k << HUGE_SHIFT) {
+            let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
+            // SAFETY: fstat fills `st` or fails.
+            if unsafe { libc::fstat(fd, st.as_mut_ptr()) } == 0 {
+                // SAFETY: filled by fstat.
+                let st = unsafe { st.assume_init() };
+                DEVICES[k as usize].store(
+                    device(libc::major(st.st_dev), libc::minor(st.st_dev)),
+                    Ordering::Relaxed,
+                );
+                sizes |= 1 << k;
+            }
+            // SAFETY: the descriptor opened above, closed once.
+            unsafe { libc::close(fd) };
+        }
+    }
+    if let Some(fd) = memfd_huge(0) {
+        if let Some(page) = hugetlb_page(fd) {
+            DEFAULT.store(page, Ordering::Relaxed);
+        }
+        // SAFETY: as above.
+        unsafe { libc::close(fd) };
+    }
+    SIZES.store(sizes | 1, Ordering::Release);
+    sizes
+}
+
+/// A hugetlb memfd of the size `size_flags` names (0: the default).
+fn memfd_huge(size_flags: c_int) -> Option<c_int> {
+    // SAFETY: a NUL-terminated name and flags; the file is empty (nothing
+    // reserved) and closed by the caller.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"memhook-hugetlb".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_HUGETLB | size_flags as libc::c_uint,
+        )
+    };
+    (fd >= 0).then_some(fd)
+}
+
+/// [`DEVICES`]'s form of a device.
+fn device(major: u32, minor: u32) -> u64 {
+    ((u64::from(major) << 32) | u64::from(minor)) + 1
+}
+
+/// The huge page size of the file open at `fd`, if it lies on hugetlbfs.
+fn hugetlb_page(fd: c_int) -> Option<usize> {
+    let mut sf = core::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: fstatfs fills `sf` or fails.
+    if unsafe { libc::fstatfs(fd, sf.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: filled by fstatfs.
+    statfs_page(&unsafe { sf.assume_init() })
+}
+
+/// The huge page size a `statfs` of hugetlbfs gives (its block size).
+fn statfs_page(sf: &libc::statfs) -> Option<usize> {
+    (sf.f_type as u32 == HUGETLBFS_MAGIC && sf.f_bsize > 0).then_some(sf.f_bsize as usize)
+}
+
+/// The page size of the mapping `mmap` with `flags` and `fd` makes: the
+/// huge page size for `MAP_HUGETLB` (the one its flags name, or the
+/// default) or for a file on hugetlbfs (one `fstatfs`); the base page
+/// otherwise. Noted ([`made`]) by the caller once the mapping exists.
+/// For ordinary anonymous memory, one test.
+#[inline(always)]
+pub(crate) fn of_new_mapping(flags: c_int, fd: c_int) -> usize {
+    if flags & (libc::MAP_ANONYMOUS | libc::MAP_HUGETLB) == libc::MAP_ANONYMOUS {
+        return page_size();
+    }
+    of_other_mapping(flags, fd)
+}
+
+/// [`of_new_mapping`] for hugetlb or file memory.
+#[inline(never)]
+fn of_other_mapping(flags: c_int, fd: c_int) -> usize {
+    let base = page_size();
+    if flags & libc::MAP_ANONYMOUS != 0 {
+        let log2 = (flags >> HUGE_SHIFT) & HUGE_MASK;
+        if log2 != 0 {
+            return 1usize.checked_shl(log2 as u32).unwrap_or(base).max(base);
+        }
+        let _ = sizes();
+        return DEFAULT.load(Ordering::Relaxed).max(base);
+    }
+    if fd < 0 {
+        return base;
+    }
+    hugetlb_page(fd).unwrap_or(base).max(base)
+}
+
+/// Whether `madvise`'s discarding advices round a hugetlb range's end up
+/// to a huge page: Linux 5.19 (the first to take them on hugetlb) to
+/// 6.8; 6.9 rounds it down (`8ebe0a5eaaeb`). Where the release cannot
+/// be read, yes: a report too large costs a cache a registration it
+/// makes again, one too small a stale one.
+pub(crate) fn madvise_rounds_up() -> bool {
+    #[cfg(test)]
+    match tests::ROUNDS_UP.load(Ordering::Relaxed) {
+        0 => {}
+        v => return v == 2,
+    }
+    static ROUNDS_UP: AtomicU8 = AtomicU8::new(0);
+    match ROUNDS_UP.load(Ordering::Relaxed) {
+        0 => {
+            let mut uts = core::mem::MaybeUninit::<libc::utsname>::zeroed();
+            // SAFETY: uname fills `uts` or fails.
+            let release = if unsafe { libc::uname(uts.as_mut_ptr()) } == 0 {
+                // SAFETY: filled by uname (NUL-terminated fields).
+                let uts = unsafe { uts.assume_init() };
+                release_of(&uts.release)
+            } else {
+                None
+            };
+            let yes = rounds_up_in(release);
+            ROUNDS_UP.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+            yes
+        }
+        v => v == 2,
+    }
+}
+
+/// [`madvise_rounds_up`] for a kernel release (major, minor).
+fn rounds_up_in(release: Option<(u32, u32)>) -> bool {
+    release.is_none_or(|r| ((5, 19)..(6, 9)).contains(&r))
+}
+
+/// The major and minor numbers of a release string (`"6.8.0-45-generic"`).
+fn release_of(field: &[libc::c_char]) -> Option<(u32, u32)> {
+    let mut parts = [0u32; 2];
+    let mut i = 0;
+    let mut digits = 0;
+    for &c in field {
+        let c = c as u8;
+        if c.is_ascii_digit() {
+            parts[i] = parts[i].checked_mul(10)?.checked_add(u32::from(c - b'0'))?;
+            digits += 1;
+        } else if c == b'.' && i == 0 && digits > 0 {
+            i = 1;
+            digits = 0;
+        } else {
+            break;
+        }
+    }
+    (i == 1 && digits > 0).then_some((parts[0], parts[1]))
+}
+
+/// The smallest and the largest huge page size, if the kernel offers any.
+pub(crate) fn size_range() -> Option<(usize, usize)> {
+    let sizes = sizes();
+    (sizes != 0).then(|| (1 << sizes.trailing_zeros(), 1 << (63 - sizes.leading_zeros())))
+}
+
+/// The page size of the mapping that holds `addr`, if the process may
+/// have a hugetlb mapping (else, and where nothing is mapped there, the
+/// base page). The first question after [`forget`] looks over every
+/// mapping.
+pub(crate) fn page_at(addr: usize) -> usize {
+    if size_range().is_none() || !present() {
+        return page_size();
+    }
+    page_here(addr)
+}
+
+/// The page size of the mapping that holds `addr` (the base page where
+/// nothing is), asked of the kernel.
+pub(crate) fn page_here(addr: usize) -> usize {
+    let base = page_size();
+    match query(addr, false) {
+        Ok(found) => found
+            .filter(|&(start, _, _)| start <= addr)
+            .map_or(base, |(_, _, page)| page),
+        Err(()) => crate::maps::find(addr).map_or(base, |m| page_of(&m)),
+    }
+}
+
+/// Whether the process may have a hugetlb mapping: known by the hooks,
+/// or found by a look over the mappings after [`forget`].
+fn present() -> bool {
+    match PRESENT.load(Ordering::Acquire) {
+        PRESENT_NOW => true,
+        ABSENT => false,
+        _ => {
+            let found = look();
+            // A hook that made one meanwhile has said so: kept.
+            let _ = PRESENT.compare_exchange(
+                UNKNOWN,
+                if found { PRESENT_NOW } else { ABSENT },
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            found || PRESENT.load(Ordering::Acquire) == PRESENT_NOW
+        }
+    }
+}
+
+/// Whether any mapping of the process is a hugetlb one.
+#[cold]
+fn look() -> bool {
+    let base = page_size();
+    let mut at = 0usize;
+    loop {
+        match query(at, true) {
+            Ok(Some((_, end, page))) => {
+                if page > base {
+                    return true;
+                }
+                if end <= at {
+                    return false;
+                }
+                at = end;
+            }
+            Ok(None) => return false,
+            Err(()) => break,
+        }
+    }
+    let mut found = false;
+    let _ = crate::maps::for_each(|m| {
+        found = page_of(m) > base;
+        if found {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
+    found
+}
+
+/// `struct procmap_query` (linux/fs.h, Linux 6.11).
+#[repr(C)]
+#[derive(Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+/// `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: libc::c_ulong = 0xc068_6611;
+/// The mapping that holds the address, or else the next one.
+const COVERING_OR_NEXT_VMA: u64 = 0x10;
+
+const _: () = assert!(size_of::<ProcmapQuery>() == 104);
+
+/// `PROCMAP_QUERY` of the mapping that holds `addr` (or, with `next`, of
+/// the first one that ends past it): its start, end and page size, or
+/// `None` where there is none; `Err` where the kernel does not answer
+/// (older than 6.11, no `/proc`).
+fn query(addr: usize, next: bool) -> Result<Option<(usize, usize, usize)>, ()> {
+    if QUERY.load(Ordering::Relaxed) == QUERY_REFUSED || query_off() {
+        return Err(());
+    }
+    // SAFETY: a NUL-terminated path and plain flags; closed below.
+    let fd = unsafe { libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(());
+    }
+    let mut q = ProcmapQuery {
+        size: size_of::<ProcmapQuery>() as u64,
+        query_flags: if next { COVERING_OR_NEXT_VMA } else { 0 },
+        query_addr: addr as u64,
+        ..ProcmapQuery::default()
+    };
+    // SAFETY: PROCMAP_QUERY reads and writes `q`, whose size it is told
+    // (no name or build id asked: their addresses are 0); a kernel
+    // without it fails the call (ENOTTY) and touches nothing.
+    let r = unsafe { libc::ioctl(fd, PROCMAP_QUERY as _, &mut q) };
+    let e = crate::maps::errno();
+    // SAFETY: the descriptor opened above, closed once.
+    unsafe { libc::close(fd) };
+    if r == 0 {
+        QUERY.store(QUERY_WORKS, Ordering::Relaxed);
+        return Ok(Some((
+            q.vma_start as usize,
+            q.vma_end as usize,
+            q.vma_page_size as usize,
+        )));
+    }
+    if e == libc::ENOENT {
+        // No mapping there (a kernel without the call says ENOTTY).
+        QUERY.store(QUERY_WORKS, Ordering::Relaxed);
+        return Ok(None);
+    }
+    if matches!(e, libc::ENOTTY | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS) {
+        QUERY.store(QUERY_REFUSED, Ordering::Relaxed);
+    }
+    Err(())
+}
+
+/// Whether a test turned [`query`] off (as on a kernel older than 6.11,
+/// so that the way by `/proc/self/maps` is taken).
+#[inline(always)]
+fn query_off() -> bool {
+    #[cfg(test)]
+    return tests::QUERY_OFF.load(Ordering::Relaxed);
+    #[cfg(not(test))]
+    false
+}
+
+/// The page size of a mapping by its line in `/proc/self/maps`: a huge
+/// page size where its device is that of the kernel's own hugetlbfs
+/// mount of that size (anonymous `MAP_HUGETLB` memory, `SHM_HUGETLB`
+/// segments, hugetlb memfds), or its file (or, removed, the file's
+/// directory) lies on a hugetlbfs mount; the base page otherwise. Only a
+/// mapping whose ends are huge-page aligned can be one.
+fn page_of(m: &Mapping) -> usize {
+    let base = page_size();
+    let Some((smallest, _)) = size_range() else {
+        return base;
+    };
+    if !m.start.is_multiple_of(smallest) || !m.end.is_multiple_of(smallest) {
+        return base;
+    }
+    let dev = device(m.dev.0, m.dev.1);
+    let sizes = sizes();
+    for (k, known) in DEVICES.iter().enumerate() {
+        if sizes & (1 << k) != 0 && known.load(Ordering::Relaxed) == dev {
+            return 1 << k;
+        }
+    }
+    if m.inode == 0 || !m.path().starts_with(b"/") {
+        return base;
+    }
+    let path = m.path();
+    let path = path.strip_suffix(b" (deleted)").unwrap_or(path);
+    if let Some(page) = statfs_path(path) {
+        return page.max(base);
+    }
+    let dir = path
+        .iter()
+        .rposition(|&c| c == b'/')
+        .map_or(&b"/"[..], |i| &path[..i.max(1)]);
+    statfs_path(dir).map_or(base, |page| page.max(base))
+}
+
+/// The huge page size of `path`'s filesystem, if it is hugetlbfs.
+fn statfs_path(path: &[u8]) -> Option<usize> {
+    let mut c_path = [0u8; crate::maps::PATH_CAPACITY + 1];
+    if path.len() >= c_path.len() || path.contains(&0) {
+        return None;
+    }
+    c_path[..path.len()].copy_from_slice(path);
+    let mut sf = core::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: a NUL-terminated path on the stack; statfs fills `sf` or
+    // fails.
+    if unsafe { libc::statfs(c_path.as_ptr().cast(), sf.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: filled by statfs.
+    statfs_page(&unsafe { sf.assume_init() })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use core::sync::atomic::AtomicBool;
+    use memhook_core::event::Event;
+    use std::sync::Mutex;
+
+    /// [`query`] answers `Err` while set.
+    pub(crate) static QUERY_OFF: AtomicBool = AtomicBool::new(false);
+    /// [`madvise_rounds_up`]'s answer while not 0: 1 no, 2 yes.
+    pub(crate) static ROUNDS_UP: AtomicU8 = AtomicU8::new(0);
+    /// Taken by the tests that set those, or map hugetlb memory.
+    static HUGE_TESTS: Mutex<()> = Mutex::new(());
+
+    const M2: usize = 2 << 20;
+
+    #[test]
+    fn the_kernel_release_says_whether_madvise_rounds_up() {
+        let release = |s: &str| {
+            let mut field = [0 as libc::c_char; 65];
+            for (f, b) in field.iter_mut().zip(s.bytes()) {
+                *f = b as libc::c_char;
+            }
+            release_of(&field)
+        };
+        assert_eq!(release("6.8.0-45-generic"), Some((6, 8)));
+        assert_eq!(release("5.19"), Some((5, 19)));
+        assert_eq!(release("10.1.2"), Some((10, 1)));
+        assert_eq!(release("6.18.44-fc-v1252"), Some((6, 18)));
+        assert_eq!(release("6"), None);
+        assert_eq!(release("6."), None);
+        assert_eq!(release(".8"), None);
+        assert_eq!(release(""), None);
+        assert_eq!(release("99999999999.1"), None);
+        for (r, want) in [
+            (Some((4, 18)), false),
+            (Some((5, 18)), false),
+            (Some((5, 19)), true),
+            (Some((6, 1)), true),
+            (Some((6, 8)), true),
+            (Some((6, 9)), false),
+            (Some((6, 18)), false),
+            (None, true),
+        ] {
+            assert_eq!(rounds_up_in(r), want, "{r:?}");
+        }
+    }
+
+    /// A private mapping of one 2 MiB hugetlb page, if the kernel has one
+    /// free (`.ci/run` reserves some), and not under qemu-user (the
+    /// aarch64 CI step says so: `MEMHOOK_TEST_QEMU`), which keeps its own
+    /// map of the guest's pages in base pages and knows nothing of a
+    /// hugetlb mapping's rounding.
+    fn huge_page() -> Option<usize> {
+        if std::env::var_os("MEMHOOK_TEST_QEMU").is_some() {
+            eprintln!("under qemu-user: hugetlb mappings not checked");
+            return None;
+        }
+        // SAFETY: a new private mapping, unmapped by the caller.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                M2,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | (21 << HUGE_SHIFT),
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            eprintln!("no free 2 MiB hugetlb page (/proc/sys/vm/nr_hugepages): not checked");
+            return None;
+        }
+        Some(p as usize)
+    }
+
+    fn unmap(p: usize, len: usize) {
+        // SAFETY: the test's own mapping.
+        assert_eq!(unsafe { libc::munmap(p as *mut libc::c_void, len) }, 0);
+    }
+
+    /// An ordinary private mapping of `len` bytes.
+    fn ordinary(len: usize) -> usize {
+        // SAFETY: a new private mapping, unmapped by the caller.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p as usize
+    }
+
+    /// The size a new mapping's pages will have, from mmap's flags and
+    /// the file's filesystem.
+    #[test]
+    fn a_new_mappings_page_comes_from_its_flags_or_its_file() {
+        let base = page_size();
+        assert_eq!(of_new_mapping(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1), base);
+        let huge = |log2: c_int| {
+            of_new_mapping(
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | (log2 << HUGE_SHIFT),
+                -1,
+            )
+        };
+        assert_eq!(huge(21), M2);
+        assert_eq!(huge(30), 1 << 30);
+        // SAFETY: a NUL-terminated name; closed below.
+        let plain = unsafe { libc::memfd_create(c"memhook-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(plain >= 0);
+        assert_eq!(of_new_mapping(libc::MAP_SHARED, plain), base);
+        assert_eq!(of_new_mapping(libc::MAP_SHARED, -1), base);
+        // SAFETY: as above.
+        unsafe { libc::close(plain) };
+        let Some(fd) = memfd_huge(21 << HUGE_SHIFT) else {
+            eprintln!("no hugetlb memfd here: not checked further");
+            return;
+        };
+        assert_eq!(of_new_mapping(libc::MAP_SHARED, fd), M2);
+        // SAFETY: as above.
+        unsafe { libc::close(fd) };
+        // The default: /proc/meminfo's Hugepagesize.
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+        let kib: usize = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("Hugepagesize:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        assert_eq!(huge(0), kib * 1024);
+        let (smallest, largest) = size_range().unwrap();
+        assert!(smallest <= M2 && M2 <= largest, "{smallest:#x} {largest:#x}");
+    }
+
+    /// The page size of the mapping at an address, by `PROCMAP_QUERY` and
+    /// by `/proc/self/maps` (as on a kernel older than 6.11), alike.
+    #[test]
+    fn a_mappings_page_is_found_by_query_and_by_maps() {
+        let _t = HUGE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(huge) = huge_page() else {
+            return;
+        };
+        let base = page_size();
+        let plain = ordinary(4 * base);
+        let hole = ordinary(base);
+        unmap(hole, base);
+        for off in [false, true] {
+            QUERY_OFF.store(off, Ordering::Relaxed);
+            assert_eq!(page_here(huge), M2, "query off: {off}");
+            assert_eq!(page_here(huge + M2 - 1), M2, "query off: {off}");
+            assert_eq!(page_here(plain + base), base, "query off: {off}");
+            assert_eq!(page_here(hole), base, "query off: {off}");
+            assert!(look(), "query off: {off}");
+        }
+        QUERY_OFF.store(false, Ordering::Relaxed);
+        // Without it, the look finds none (no other test maps any while
+        // this one holds the lock).
+        unmap(huge, M2);
+        for off in [false, true] {
+            QUERY_OFF.store(off, Ordering::Relaxed);
+            assert!(!look(), "query off: {off}");
+        }
+        QUERY_OFF.store(false, Ordering::Relaxed);
+        unmap(plain, 4 * base);
+    }
+
+    /// A hugetlb mapping unknown to the hooks (made while none wanted its
+    /// events) is found by the look that follows `forget`; one they made
+    /// is known at once.
+    #[test]
+    fn a_hugetlb_mapping_is_known_after_forget_or_made() {
+        let _t = HUGE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(huge) = huge_page() else {
+            return;
+        };
+        PRESENT.store(ABSENT, Ordering::Release);
+        assert_eq!(page_at(huge), page_size(), "no hugetlb mapping known: not asked");
+        forget();
+        assert_eq!(page_at(huge), M2);
+        assert_eq!(PRESENT.load(Ordering::Acquire), PRESENT_NOW);
+        forget();
+        assert_eq!(PRESENT.load(Ordering::Acquire), PRESENT_NOW, "forget keeps a known one");
+        PRESENT.store(ABSENT, Ordering::Release);
+        made(page_size());
+        assert_eq!(PRESENT.load(Ordering::Acquire), ABSENT, "a base page is no news");
+        made(M2);
+        assert_eq!(page_at(huge), M2);
+        unmap(huge, M2);
+    }
+
+    /// `madvise(MADV_DONTNEED)` of a hugetlb mapping's first 4 KiB, where
+    /// the kernel rounds the end up (5.19 to 6.8): `VM_UNMAPPED` of the
+    /// huge page; where it does not, or for ordinary memory, the 4 KiB;
+    /// a range that ends in the huge page, from ordinary memory before
+    /// it, to the huge page's end.
+    #[test]
+    fn a_hugetlb_discard_is_reported_as_the_kernel_makes_it() {
+        let _t = HUGE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(huge) = huge_page() else {
+            return;
+        };
+        made(M2);
+        let base = page_size();
+        let plain = ordinary(base);
+        let range = |e: Option<Event>| match e {
+            Some(Event::VmUnmapped(v)) => (v.address, v.size),
+            other => panic!("{other:?}"),
+        };
+        for off in [false, true] {
+            QUERY_OFF.store(off, Ordering::Relaxed);
+            ROUNDS_UP.store(2, Ordering::Relaxed);
+            for advice in [libc::MADV_DONTNEED, crate::host::MADV_DONTNEED_LOCKED] {
+                assert_eq!(range(crate::host::discarded(huge, base, advice)), (huge, M2));
+            }
+            assert_eq!(range(crate::host::discarded(huge, M2, libc::MADV_DONTNEED)), (huge, M2));
+            assert_eq!(
+                range(crate::host::discarded(huge - base, 2 * base, libc::MADV_DONTNEED)),
+                (huge - base, M2 + base)
+            );
+            assert_eq!(
+                range(crate::host::discarded(plain, 100, libc::MADV_DONTNEED)),
+                (plain, base)
+            );
+            // MADV_REMOVE rounds inward, MADV_FREE is refused: as given.
+            assert_eq!(
+                range(crate::host::discarded(huge, base, libc::MADV_REMOVE)),
+                (huge, base)
+            );
+            ROUNDS_UP.store(1, Ordering::Relaxed);
+            assert_eq!(
+                range(crate::host::discarded(huge, base, libc::MADV_DONTNEED)),
+                (huge, base)
+            );
+        }
+        QUERY_OFF.store(false, Ordering::Relaxed);
+        ROUNDS_UP.store(0, Ordering::Relaxed);
+        unmap(plain, base);
+        unmap(huge, M2);
+    }
+}
