@@ -19,7 +19,7 @@
 //! where it cannot answer, the mapping's line in `/proc/self/maps` is
 //! read and its device compared with those of the kernel's own hugetlbfs
 //! mounts (learnt once, from a `memfd_create(MFD_HUGETLB)` of each size)
-//! or its file's filesystem asked (`statfs`). Only in a process that has
+//! and of the hugetlbfs mounts in `/proc/self/mountinfo`. Only in a process that has
 //! a hugetlb mapping: the hooks that make one say so ([`made`]), and one
 //! look over the process's mappings answers the question after an
 //! install or a new handler (the hooks may not have run for a while
@@ -270,7 +270,7 @@ pub(crate) fn page_here(addr: usize) -> usize {
         Ok(found) => found
             .filter(|&(start, _, _)| start <= addr)
             .map_or(base, |(_, _, page)| page),
-        Err(()) => crate::maps::find(addr).map_or(base, |m| page_of(&m)),
+        Err(()) => crate::maps::find(addr).map_or(base, |m| page_of(&m, &Mounts::read())),
     }
 }
 
@@ -298,25 +298,31 @@ fn present() -> bool {
 #[cold]
 fn look() -> bool {
     let base = page_size();
-    let mut at = 0usize;
-    loop {
-        match query(at, true) {
-            Ok(Some((_, end, page))) => {
-                if page > base {
-                    return true;
+    let by_query = with_maps(|fd| {
+        let mut at = 0usize;
+        loop {
+            match query_on(fd, at, true) {
+                Ok(Some((_, end, page))) => {
+                    if page > base {
+                        return Ok(true);
+                    }
+                    if end <= at {
+                        return Ok(false);
+                    }
+                    at = end;
                 }
-                if end <= at {
-                    return false;
-                }
-                at = end;
+                Ok(None) => return Ok(false),
+                Err(()) => return Err(()),
             }
-            Ok(None) => return false,
-            Err(()) => break,
         }
+    });
+    if let Ok(found) = by_query {
+        return found;
     }
+    let mounts = Mounts::read();
     let mut found = false;
     let _ = crate::maps::for_each(|m| {
-        found = page_of(m) > base;
+        found = page_of(m, &mounts) > base;
         if found {
             ControlFlow::Break(())
         } else {
@@ -359,6 +365,12 @@ const _: () = assert!(size_of::<ProcmapQuery>() == 104);
 /// `None` where there is none; `Err` where the kernel does not answer
 /// (older than 6.11, no `/proc`).
 fn query(addr: usize, next: bool) -> Result<Option<(usize, usize, usize)>, ()> {
+    with_maps(|fd| query_on(fd, addr, next))
+}
+
+/// Runs `f` with `/proc/self/maps` open (`Err` where it cannot be opened,
+/// or `PROCMAP_QUERY` is known not to answer).
+fn with_maps<R>(f: impl FnOnce(c_int) -> Result<R, ()>) -> Result<R, ()> {
     if QUERY.load(Ordering::Relaxed) == QUERY_REFUSED || query_off() {
         return Err(());
     }
@@ -367,6 +379,14 @@ fn query(addr: usize, next: bool) -> Result<Option<(usize, usize, usize)>, ()> {
     if fd < 0 {
         return Err(());
     }
+    let result = f(fd);
+    // SAFETY: the descriptor opened above, closed once.
+    unsafe { libc::close(fd) };
+    result
+}
+
+/// [`query`] on `/proc/self/maps` open at `fd`.
+fn query_on(fd: c_int, addr: usize, next: bool) -> Result<Option<(usize, usize, usize)>, ()> {
     let mut q = ProcmapQuery {
         size: size_of::<ProcmapQuery>() as u64,
         query_flags: if next { COVERING_OR_NEXT_VMA } else { 0 },
@@ -378,8 +398,6 @@ fn query(addr: usize, next: bool) -> Result<Option<(usize, usize, usize)>, ()> {
     // without it fails the call (ENOTTY) and touches nothing.
     let r = unsafe { libc::ioctl(fd, PROCMAP_QUERY as _, &mut q) };
     let e = crate::maps::errno();
-    // SAFETY: the descriptor opened above, closed once.
-    unsafe { libc::close(fd) };
     if r == 0 {
         QUERY.store(QUERY_WORKS, Ordering::Relaxed);
         return Ok(Some((
@@ -412,10 +430,12 @@ fn query_off() -> bool {
 /// The page size of a mapping by its line in `/proc/self/maps`: a huge
 /// page size where its device is that of the kernel's own hugetlbfs
 /// mount of that size (anonymous `MAP_HUGETLB` memory, `SHM_HUGETLB`
-/// segments, hugetlb memfds), or its file (or, removed, the file's
-/// directory) lies on a hugetlbfs mount; the base page otherwise. Only a
-/// mapping whose ends are huge-page aligned can be one.
-fn page_of(m: &Mapping) -> usize {
+/// segments, hugetlb memfds) or of one of the hugetlbfs `mounts` (its
+/// files, removed ones too); the base page otherwise. Only a mapping
+/// whose ends are huge-page aligned can be one. Nothing is asked of the
+/// file itself (a `statfs` of a path on a server that stopped answering
+/// would block the hook).
+fn page_of(m: &Mapping, mounts: &Mounts) -> usize {
     let base = page_size();
     let Some((smallest, _)) = size_range() else {
         return base;
@@ -430,36 +450,91 @@ fn page_of(m: &Mapping) -> usize {
             return 1 << k;
         }
     }
-    if m.inode == 0 || !m.path().starts_with(b"/") {
-        return base;
-    }
-    let path = m.path();
-    let path = path.strip_suffix(b" (deleted)").unwrap_or(path);
-    if let Some(page) = statfs_path(path) {
-        return page.max(base);
-    }
-    let dir = path
-        .iter()
-        .rposition(|&c| c == b'/')
-        .map_or(&b"/"[..], |i| &path[..i.max(1)]);
-    statfs_path(dir).map_or(base, |page| page.max(base))
+    mounts.page_of(dev).map_or(base, |page| page.max(base))
 }
 
-/// The huge page size of `path`'s filesystem, if it is hugetlbfs.
-fn statfs_path(path: &[u8]) -> Option<usize> {
-    let mut c_path = [0u8; crate::maps::PATH_CAPACITY + 1];
-    if path.len() >= c_path.len() || path.contains(&0) {
+/// The hugetlbfs mounts of `/proc/self/mountinfo`: each one's device and
+/// page size (up to 16; more are left out).
+struct Mounts {
+    found: [(u64, usize); 16],
+    count: usize,
+}
+
+impl Mounts {
+    /// Read from `/proc/self/mountinfo` (none where it cannot be).
+    fn read() -> Mounts {
+        let mut mounts = Mounts {
+            found: [(0, 0); 16],
+            count: 0,
+        };
+        let _ = crate::maps::for_each_line(c"/proc/self/mountinfo", |line| {
+            if let Some(mount) = hugetlbfs_mount(line)
+                && mounts.count < mounts.found.len()
+            {
+                mounts.found[mounts.count] = mount;
+                mounts.count += 1;
+            }
+            ControlFlow::Continue(())
+        });
+        mounts
+    }
+
+    /// The page size of the mount of device `dev` ([`device`]'s form).
+    fn page_of(&self, dev: u64) -> Option<usize> {
+        self.found[..self.count]
+            .iter()
+            .find(|&&(d, _)| d == dev)
+            .map(|&(_, page)| page)
+    }
+}
+
+/// The device ([`device`]'s form) and page size of the mount a line of
+/// `/proc/self/mountinfo` describes, if it is hugetlbfs: `36 35 0:33 /
+/// /dev/hugepages rw,relatime shared:16 - hugetlbfs hugetlbfs
+/// rw,pagesize=2M` (the size from the super options; the default size
+/// where they have none).
+fn hugetlbfs_mount(line: &[u8]) -> Option<(u64, usize)> {
+    let mut fields = line.split(|&c| c == b' ').filter(|f| !f.is_empty());
+    let dev = fields.nth(2)?;
+    let mut rest = fields.skip_while(|&f| f != b"-");
+    rest.next()?;
+    if rest.next()? != b"hugetlbfs" {
         return None;
     }
-    c_path[..path.len()].copy_from_slice(path);
-    let mut sf = core::mem::MaybeUninit::<libc::statfs>::zeroed();
-    // SAFETY: a NUL-terminated path on the stack; statfs fills `sf` or
-    // fails.
-    if unsafe { libc::statfs(c_path.as_ptr().cast(), sf.as_mut_ptr()) } != 0 {
+    let options = rest.nth(1).unwrap_or(b"");
+    let colon = dev.iter().position(|&c| c == b':')?;
+    let number = |digits: &[u8]| -> Option<u32> {
+        if digits.is_empty() || digits.len() > 9 || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        Some(digits.iter().fold(0, |v, &c| v * 10 + u32::from(c - b'0')))
+    };
+    let dev = device(number(&dev[..colon])?, number(&dev[colon + 1..])?);
+    let page = options
+        .split(|&c| c == b',')
+        .find_map(|o| o.strip_prefix(b"pagesize="))
+        .and_then(page_size_option)
+        .or_else(|| {
+            let _ = sizes();
+            Some(DEFAULT.load(Ordering::Relaxed)).filter(|&p| p != 0)
+        })?;
+    Some((dev, page))
+}
+
+/// A `pagesize=` option's value: digits and a unit (`2M`, `1G`, `64K`).
+fn page_size_option(value: &[u8]) -> Option<usize> {
+    let (&unit, digits) = value.split_last()?;
+    let shift = match unit {
+        b'K' => 10,
+        b'M' => 20,
+        b'G' => 30,
+        _ => return None,
+    };
+    if digits.is_empty() || digits.len() > 6 || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    // SAFETY: filled by statfs.
-    statfs_page(&unsafe { sf.assume_init() })
+    let n = digits.iter().fold(0usize, |v, &c| v * 10 + usize::from(c - b'0'));
+    n.checked_shl(shift).filter(|p| p.is_power_of_two())
 }
 
 #[cfg(test)]
@@ -508,6 +583,62 @@ pub(crate) mod tests {
         ] {
             assert_eq!(rounds_up_in(r), want, "{r:?}");
         }
+    }
+
+    /// A hugetlbfs mount's device and page size from its line in
+    /// `/proc/self/mountinfo`; other filesystems, and lines cut short,
+    /// are none.
+    #[test]
+    fn hugetlbfs_mounts_are_read_from_mountinfo() {
+        let _ = sizes();
+        let default = DEFAULT.load(Ordering::Relaxed);
+        let line = |s: &str| hugetlbfs_mount(s.as_bytes());
+        assert_eq!(
+            line("36 35 0:33 / /dev/hugepages rw,relatime shared:16 - hugetlbfs hugetlbfs rw,pagesize=2M"),
+            Some((device(0, 33), M2))
+        );
+        assert_eq!(
+            line("40 35 0:45 / /mnt/huge1g rw,relatime - hugetlbfs none rw,pagesize=1024M"),
+            Some((device(0, 45), 1 << 30))
+        );
+        assert_eq!(
+            line("41 35 0:46 / /mnt/h rw - hugetlbfs none rw,size=64M,pagesize=1G,min_size=0"),
+            Some((device(0, 46), 1 << 30))
+        );
+        assert_eq!(
+            line("42 35 0:47 / /mnt/k rw - hugetlbfs none rw,pagesize=64K"),
+            Some((device(0, 47), 64 << 10))
+        );
+        // No size, or one the kernel never writes: the default.
+        for odd in ["rw", "rw,pagesize=3M", "rw,pagesize=M"] {
+            let found = line(&format!("43 35 0:48 / /mnt/d rw - hugetlbfs none {odd}"));
+            assert_eq!(found, (default != 0).then_some((device(0, 48), default)), "{odd}");
+        }
+        for other in [
+            "25 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw",
+            "26 25 0:22 / /dev/shm rw - tmpfs tmpfs rw,size=64M",
+            "36 35 0:33 / /dev/hugepages rw",
+            "36 35 0:33",
+            "36 35 x:33 / /h rw - hugetlbfs none rw,pagesize=2M",
+            "",
+        ] {
+            assert_eq!(line(other), None, "{other}");
+        }
+        // A mapping of a file on such a mount (removed: the path is no
+        // use) is sized by its device; one beside it, on another, not.
+        let mounts = Mounts {
+            found: [(device(0, 33), M2); 16],
+            count: 1,
+        };
+        let mapping = |s: &str| crate::maps::parse_line(s.as_bytes()).unwrap();
+        if size_range().is_some() {
+            let huge = mapping("7f0000200000-7f0000600000 rw-s 00000000 00:21 77 /dev/hugepages/pool (deleted)");
+            assert_eq!(page_of(&huge, &mounts), M2);
+        }
+        let other = mapping("7f0000200000-7f0000600000 rw-s 00000000 00:22 77 /dev/shm/pool");
+        assert_eq!(page_of(&other, &mounts), page_size());
+        let unaligned = mapping("7f0000201000-7f0000600000 rw-s 00000000 00:21 77 /dev/hugepages/pool");
+        assert_eq!(page_of(&unaligned, &mounts), page_size());
     }
 
     /// A private mapping of one 2 MiB hugetlb page, if the kernel has one

@@ -139,8 +139,22 @@ pub fn parse_line(line: &[u8]) -> Option<Mapping> {
 ///
 /// The errno of a failed `open` or `read`.
 pub fn for_each(mut f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
+    for_each_line(c"/proc/self/maps", |line| match parse_line(line) {
+        Some(m) => f(&m),
+        None => ControlFlow::Continue(()),
+    })
+}
+
+/// Calls `f` with each line of the file at `path` (without its newline),
+/// read through a buffer on this stack, until it breaks. A line longer
+/// than the buffer (4 KiB) is passed cut to it.
+///
+/// # Errors
+///
+/// The errno of a failed `open` or `read`.
+pub(crate) fn for_each_line(path: &core::ffi::CStr, mut f: impl FnMut(&[u8]) -> ControlFlow<()>) -> Result<(), i32> {
     // SAFETY: a NUL-terminated path and plain flags.
-    let fd = unsafe { libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
         return Err(errno());
     }
@@ -160,27 +174,21 @@ pub fn for_each(mut f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i3
         have += n as usize;
         let mut used = 0;
         while let Some(nl) = buf[used..have].iter().position(|&c| c == b'\n') {
-            if let Some(m) = parse_line(&buf[used..used + nl])
-                && f(&m).is_break()
-            {
+            if f(&buf[used..used + nl]).is_break() {
                 break 'read Ok(());
             }
             used += nl + 1;
         }
         if eof {
-            if used < have
-                && let Some(m) = parse_line(&buf[used..have])
-            {
-                let _ = f(&m);
+            if used < have {
+                let _ = f(&buf[used..have]);
             }
             break Ok(());
         }
         if used == 0 && have == buf.len() {
-            // A line longer than the buffer: parse what fits (the path is
+            // A line longer than the buffer: pass what fits (a path is
             // cut), then skip to its end.
-            if let Some(m) = parse_line(&buf[..have])
-                && f(&m).is_break()
-            {
+            if f(&buf[..have]).is_break() {
                 break Ok(());
             }
             have = 0;
