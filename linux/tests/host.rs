@@ -1104,12 +1104,14 @@ fn check_hugetlb(h: &Helper, events: u32) {
     // A SysV segment made with SHM_HUGETLB of 4 KiB: attached in a 2 MiB
     // huge page, and again with SHM_REMAP over ordinary memory, which
     // replaces 2 MiB.
-    // SAFETY: a private segment, removed below.
+    // SAFETY: a private segment, removed when `_removed` drops (a failed
+    // step too: its huge page would stay reserved).
     let id = unsafe { libc::shmget(libc::IPC_PRIVATE, page, libc::IPC_CREAT | libc::SHM_HUGETLB | 0o600) };
     if id < 0 {
         eprintln!("hugetlb: shmget(SHM_HUGETLB) refused (errno {}): not checked", errno());
         return;
     }
+    let _removed = RemovedAtEnd(id);
     let log = recorded(|| {
         // SAFETY: attaches the test's segment.
         x = unsafe { (h.shmat)(id) };
@@ -1145,10 +1147,17 @@ fn check_hugetlb(h: &Helper, events: u32) {
         ),
         "{log:x?}"
     );
-    // SAFETY: the test's attachment (over all of `b`) and segment.
-    unsafe {
-        assert_eq!((h.shmdt)(b), 0);
-        libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
+    // SAFETY: the test's attachment (over all of `b`).
+    assert_eq!(unsafe { (h.shmdt)(b) }, 0);
+}
+
+/// A SysV segment removed when this drops.
+struct RemovedAtEnd(i32);
+
+impl Drop for RemovedAtEnd {
+    fn drop(&mut self) {
+        // SAFETY: removes the test's segment (gone with its last detach).
+        unsafe { libc::shmctl(self.0, libc::IPC_RMID, std::ptr::null_mut()) };
     }
 }
 
