@@ -357,11 +357,14 @@ fn check_file_discards(h: &Helper, events: u32) {
                 (shared + 7 * page, 2 * page)
             ]),
         );
-        assert_eq!(
-            *((private + 8 * page) as *const u8),
-            0,
-            "the private view lost the page"
-        );
+        if std::env::var_os("MEMHOOK_TEST_QEMU").is_none() {
+            // (qemu-user answers MADV_REMOVE without passing it on.)
+            assert_eq!(
+                *((private + 8 * page) as *const u8),
+                0,
+                "the private view lost the page"
+            );
+        }
         assert_eq!(*((tail + page) as *const u8), 0x5a, "past the hole: kept");
         // Not every advice on a shared mapping reaches the file: DONTNEED
         // drops this view's pages alone.
