@@ -1036,14 +1036,7 @@ fn check_hugetlb(h: &Helper, events: u32) {
     assert_eq!(unsafe { *((a + page) as *const u8) }, 0, "the kernel replaced 2 MiB");
     assert_eq!(
         about(&log, a, M2),
-        only(
-            events,
-            [
-                (bits::VM_UNMAPPED, a, M2, 0),
-                (bits::MMAP, a, page, a as isize),
-                (bits::VM_MAPPED, a, M2, 0)
-            ]
-        ),
+        only(events, replaced_by((bits::MMAP, a, page, a as isize), a, M2)),
         "{log:x?}"
     );
 
@@ -1060,19 +1053,7 @@ fn check_hugetlb(h: &Helper, events: u32) {
     // SAFETY: the moved huge page.
     assert_eq!(unsafe { *((to + M2 - 1) as *const u8) }, 7, "the kernel moved 2 MiB");
     let log: Vec<Rec> = log.into_iter().filter(|e| near(e, a, 2 * M2)).collect();
-    assert_eq!(
-        log,
-        only(
-            events,
-            [
-                (bits::VM_UNMAPPED, to, M2, 0),
-                (bits::VM_UNMAPPED, a, M2, 0),
-                (bits::MREMAP, a, page, to as isize),
-                (bits::VM_MAPPED, to, M2, 0)
-            ]
-        ),
-        "{log:x?}"
-    );
+    assert_eq!(log, only(events, moved(a, page, to, M2)), "{log:x?}");
 
     // madvise(MADV_DONTNEED) of 4 KiB at its start: Linux 5.19 to 6.8
     // discard the whole huge page, 6.9 on none of it; whatever this
@@ -1140,14 +1121,7 @@ fn check_hugetlb(h: &Helper, events: u32) {
     assert_eq!(unsafe { *((b + M2 - 1) as *const u8) }, 0, "the kernel replaced 2 MiB");
     assert_eq!(
         about(&log, b, M2),
-        only(
-            events,
-            [
-                (bits::VM_UNMAPPED, b, M2, 0),
-                (bits::SHMAT, b, id as usize, b as isize),
-                (bits::VM_MAPPED, b, M2, 0)
-            ]
-        ),
+        only(events, replaced_by((bits::SHMAT, b, id as usize, b as isize), b, M2)),
         "{log:x?}"
     );
     // SAFETY: the test's attachment (over all of `b`).
@@ -1162,6 +1136,27 @@ impl Drop for RemovedAtEnd {
         // SAFETY: removes the test's segment (gone with its last detach).
         unsafe { libc::shmctl(self.0, libc::IPC_RMID, std::ptr::null_mut()) };
     }
+}
+
+/// Every event of a `call` that maps `size` bytes at `at` over what lay
+/// there (`MAP_FIXED`, `SHM_REMAP`), in order: the old mapping
+/// unmapped, the call, the new mapping.
+fn replaced_by(call: Rec, at: usize, size: usize) -> [Rec; 3] {
+    [(bits::VM_UNMAPPED, at, size, 0), call, (bits::VM_MAPPED, at, size, 0)]
+}
+
+/// Every event of `mremap(from, size, size, MREMAP_MAYMOVE |
+/// MREMAP_FIXED, to)` that moves `moved` bytes (the kernel's: `size` in
+/// whole pages, huge ones for hugetlb memory), in order: the
+/// destination's old mapping unmapped, then the source, the call, the
+/// moved mapping at the destination.
+fn moved(from: usize, size: usize, to: usize, moved: usize) -> [Rec; 4] {
+    [
+        (bits::VM_UNMAPPED, to, moved, 0),
+        (bits::VM_UNMAPPED, from, moved, 0),
+        (bits::MREMAP, from, size, to as isize),
+        (bits::VM_MAPPED, to, moved, 0),
+    ]
 }
 
 /// Calls that map at a fixed address replace what lay there, which the
@@ -1181,14 +1176,7 @@ fn check_replacing_calls(h: &Helper, events: u32) {
     assert_eq!(x, r);
     assert_eq!(
         about(&log, r, K64),
-        only(
-            events,
-            [
-                (bits::VM_UNMAPPED, r, K64, 0),
-                (bits::MMAP, r, K64, r as isize),
-                (bits::VM_MAPPED, r, K64, 0)
-            ]
-        ),
+        only(events, replaced_by((bits::MMAP, r, K64, r as isize), r, K64)),
         "{log:x?}"
     );
 
@@ -1225,19 +1213,7 @@ fn check_replacing_calls(h: &Helper, events: u32) {
         .into_iter()
         .filter(|e| near(e, s, K64) || near(e, to, K64))
         .collect();
-    assert_eq!(
-        log,
-        only(
-            events,
-            [
-                (bits::VM_UNMAPPED, to, K64, 0),
-                (bits::VM_UNMAPPED, s, K64, 0),
-                (bits::MREMAP, s, K64, to as isize),
-                (bits::VM_MAPPED, to, K64, 0)
-            ]
-        ),
-        "{log:x?}"
-    );
+    assert_eq!(log, only(events, moved(s, K64, to, K64)), "{log:x?}");
 
     // mremap(MREMAP_DONTUNMAP) moves the pages and leaves the source
     // mapped, empty: unmapped, then mapped again after the call (where the
@@ -1285,14 +1261,7 @@ fn check_replacing_calls(h: &Helper, events: u32) {
     assert_eq!(x, r, "shmat(SHM_REMAP) errno {}", errno());
     assert_eq!(
         about(&log, r, K64),
-        only(
-            events,
-            [
-                (bits::VM_UNMAPPED, r, K64, 0),
-                (bits::SHMAT, r, id as usize, r as isize),
-                (bits::VM_MAPPED, r, K64, 0)
-            ]
-        ),
+        only(events, replaced_by((bits::SHMAT, r, id as usize, r as isize), r, K64)),
         "{log:x?}"
     );
     // SAFETY: detaching the segment attached above, and removing it; then
