@@ -168,6 +168,38 @@ fn map_pages() -> String {
     }
 }
 
+/// The `hugetlb:` line: the huge page sizes, how a mapping's is found,
+/// and whether `MADV_DONTNEED` rounds up here.
+fn hugetlb() -> String {
+    let s = memhook::hugetlb::support();
+    if s.sizes == 0 {
+        return "no huge page sizes offered (or memfd_create(MFD_HUGETLB) refused): mappings sized in base pages"
+            .into();
+    }
+    let sizes: Vec<String> = (0..64)
+        .filter(|k| s.sizes & (1u64 << k) != 0)
+        .map(|k| match k {
+            30.. => format!("{} GiB", 1u64 << (k - 30)),
+            20.. => format!("{} MiB", 1u64 << (k - 20)),
+            _ => format!("{} KiB", 1u64 << (k - 10)),
+        })
+        .collect();
+    format!(
+        "{} pages; a mapping's page size {}; MADV_DONTNEED {}",
+        sizes.join(", "),
+        if s.query {
+            "asked of the kernel (PROCMAP_QUERY)"
+        } else {
+            "read from /proc/self/maps and mountinfo (no PROCMAP_QUERY before Linux 6.11)"
+        },
+        if s.madvise_rounds_up {
+            "rounds a hugetlb range's end up to its huge page here (reported so)"
+        } else {
+            "does not round a hugetlb range's end up here"
+        }
+    )
+}
+
 pub fn doctor() -> i32 {
     println!("memhook {} doctor", env!("CARGO_PKG_VERSION"));
     match code_pages() {
@@ -202,6 +234,7 @@ pub fn doctor() -> i32 {
         },
     );
     line("memtype map:", &map_pages());
+    line("hugetlb:", &hugetlb());
     line(
         "loader:",
         if memhook::reloc::sees_relocation() {

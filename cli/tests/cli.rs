@@ -624,6 +624,7 @@ fn doctor_names_each_check() {
         "threads in patches:",
         "dispatch readers:",
         "memtype map:",
+        "hugetlb:",
         "loader:",
         "loader namespaces:",
         "libcuda:",
@@ -637,6 +638,21 @@ fn doctor_names_each_check() {
         t.contains("reloc alone cannot catch a statically linked CUDA runtime"),
         "{t}"
     );
+    // Linux 6.11 and later answer PROCMAP_QUERY.
+    // SAFETY: a plain C struct, all zeros valid; uname fills it.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::uname(&mut uts) }, 0);
+    // SAFETY: uname's fields are NUL-terminated.
+    let release = unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) }.to_string_lossy();
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    let hugetlb = t.lines().find(|l| l.starts_with("hugetlb:")).unwrap();
+    if (major, minor) >= (6, 11) && !hugetlb.contains("no huge page sizes") {
+        assert!(hugetlb.contains("PROCMAP_QUERY)"), "{release}: {hugetlb}");
+    }
     // This machine reads its threads and leaves SIGURG to the default.
     assert!(
         t.lines()

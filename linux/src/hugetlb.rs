@@ -20,11 +20,13 @@
 //! read and its device compared with those of the kernel's own hugetlbfs
 //! mounts (learnt once, from a `memfd_create(MFD_HUGETLB)` of each size)
 //! and of the hugetlbfs mounts in `/proc/self/mountinfo`. Only in a process that has
-//! a hugetlb mapping: the hooks that make one say so ([`made`]), and one
+//! a hugetlb mapping: the hooks that make one say so (`made`), and one
 //! look over the process's mappings answers the question after an
 //! install or a new handler (the hooks may not have run for a while
-//! before: [`forget`]). Everything here is allocation-free and safe in
-//! a signal handler (system calls on the stack's buffers).
+//! before: `forget`). Everything here is allocation-free and safe in
+//! a signal handler (system calls on the stack's buffers). [`support`]
+//! says what applies in this process (`memhook doctor`'s `hugetlb:`
+//! line).
 
 use core::ffi::c_int;
 use core::ops::ControlFlow;
@@ -62,6 +64,35 @@ const PRESENT_NOW: u8 = 2;
 static QUERY: AtomicU8 = AtomicU8::new(UNKNOWN);
 const QUERY_WORKS: u8 = 1;
 const QUERY_REFUSED: u8 = 2;
+
+/// How hugetlb memory is sized here (`memhook doctor`'s `hugetlb:` line).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Support {
+    /// The huge page sizes the kernel offers: bit `k` for `2^k` bytes
+    /// (none: the kernel has no hugetlb, or refuses
+    /// `memfd_create(MFD_HUGETLB)`, and every mapping is sized in base
+    /// pages).
+    pub sizes: u64,
+    /// Whether the kernel tells a mapping's page size (`PROCMAP_QUERY`,
+    /// Linux 6.11); else `/proc/self/maps` and `/proc/self/mountinfo`
+    /// are read.
+    pub query: bool,
+    /// Whether `MADV_DONTNEED` rounds a hugetlb range's end up to a huge
+    /// page here (Linux 5.19 to 6.8): its `VM_UNMAPPED` then runs to the
+    /// end of the huge page.
+    pub madvise_rounds_up: bool,
+}
+
+/// How hugetlb memory is sized in this process ([`Support`]).
+pub fn support() -> Support {
+    // Any mapped address will do: this function's own code.
+    let query = query(support as *const () as usize, false).is_ok();
+    Support {
+        sizes: sizes(),
+        query,
+        madvise_rounds_up: madvise_rounds_up(),
+    }
+}
 
 /// The process has a hugetlb mapping of `page` bytes' pages, if `page`
 /// is larger than the base page (a hook made one).
@@ -552,6 +583,25 @@ pub(crate) mod tests {
     static HUGE_TESTS: Mutex<()> = Mutex::new(());
 
     const M2: usize = 2 << 20;
+
+    /// `support` tells what the hooks use: the sizes probed, whether the
+    /// kernel answered, the release's rounding.
+    #[test]
+    fn support_says_how_mappings_are_sized() {
+        let _t = HUGE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let s = support();
+        assert_eq!(s.sizes, sizes());
+        assert_eq!(s.madvise_rounds_up, madvise_rounds_up());
+        let here = support as *const () as usize;
+        assert_eq!(s.query, query(here, false).is_ok());
+        if s.query {
+            let (start, end, page) = query(here, false).unwrap().unwrap();
+            assert!(start <= here && here < end && page == page_size());
+        }
+        QUERY_OFF.store(true, Ordering::Relaxed);
+        assert!(!support().query);
+        QUERY_OFF.store(false, Ordering::Relaxed);
+    }
 
     #[test]
     fn the_kernel_release_says_whether_madvise_rounds_up() {

@@ -28,7 +28,7 @@ pub mod dispatch;
 mod evacuate;
 pub mod fork;
 pub mod host;
-mod hugetlb;
+pub mod hugetlb;
 mod install;
 pub mod maps;
 mod membarrier;
