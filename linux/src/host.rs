@@ -462,11 +462,20 @@ unsafe fn mmap_body(
         offset: off,
     });
     // A hugetlb mapping's pages are huge: the kernel rounds the length
-    // up to one.
-    let page = crate::hugetlb::of_new_mapping(flags, fd);
+    // up to one. Anonymous memory's size is in the flags; a file's is
+    // known before the call only where the range it replaces needs it
+    // (0: asked of the mapping after the call).
+    let replaces = mmap_replaces(flags) != 0;
+    let page = if flags & libc::MAP_ANONYMOUS != 0 {
+        crate::hugetlb::of_anonymous(flags)
+    } else if replaces {
+        crate::hugetlb::of_file(fd)
+    } else {
+        0
+    };
     // A fixed mapping replaces what lay there: unmapped before the call.
-    let before = if mmap_replaces(flags) != 0 {
-        unmapped_in(addr as usize, len, page)
+    let before = if replaces {
+        unmapped_in(addr as usize, len, page.max(page_size()))
     } else {
         None
     };
@@ -485,6 +494,10 @@ unsafe fn mmap_body(
         },
         |e| {
             let r = succeeded(result_of!(*e, Mmap, INVALID_PTR))?;
+            let page = match page {
+                0 => crate::hugetlb::of_new_at(r),
+                page => page,
+            };
             crate::hugetlb::made(page);
             mapped_in(r, len, page)
         },
@@ -697,19 +710,6 @@ fn segment_page(ns: usize, shmid: c_int, start: usize) -> usize {
     page
 }
 
-/// The page size of the attachment `shmat` made at `address`: asked of
-/// the kernel where a huge page can start there (a `SHM_HUGETLB`
-/// segment's), and noted (`crate::hugetlb::made`).
-#[cold]
-fn attached_page(address: usize) -> usize {
-    let page = match crate::hugetlb::size_range() {
-        Some((smallest, _)) if address.is_multiple_of(smallest) => crate::hugetlb::page_here(address),
-        _ => page_size(),
-    };
-    crate::hugetlb::made(page);
-    page
-}
-
 entry! {
     /// The `shmat` hook (through its body for a handler of unmaps alone
     /// too: it notes a hugetlb attachment, whose later unmaps are sized in
@@ -746,7 +746,7 @@ unsafe fn shmat_body(ns: usize, shmid: c_int, shmaddr: *const c_void, shmflg: c_
         },
         |e| {
             let r = succeeded(result_of!(*e, Shmat, INVALID_PTR))?;
-            let page = attached_page(r);
+            let page = crate::hugetlb::of_new_at(r);
             if !wants(bits::VM_MAPPED) {
                 return None;
             }

@@ -12,9 +12,9 @@
 //! has: the host hooks report these calls' ranges in the mapping's own
 //! page size, from what this module finds.
 //!
-//! For a new mapping the call says which: `MAP_HUGETLB` and the size in
-//! its flags, or a file whose filesystem (`fstatfs`) is hugetlbfs. For
-//! one that exists (`mremap`, `madvise`), the kernel is asked
+//! For new anonymous memory the call says which: `MAP_HUGETLB` and the
+//! size in its flags. For a new mapping of a file or a segment, and one
+//! that exists (`mremap`, `madvise`), the kernel is asked
 //! (`PROCMAP_QUERY` on `/proc/self/maps`, Linux 6.11, about 1 us), or,
 //! where it cannot answer, the mapping's line in `/proc/self/maps` is
 //! read and its device compared with those of the kernel's own hugetlbfs
@@ -145,7 +145,7 @@ fn probe() -> u64 {
         }
     }
     if let Some(fd) = memfd_huge(0) {
-        if let Some(page) = hugetlb_page(fd) {
+        if let Some(page) = memfd_page(fd) {
             DEFAULT.store(page, Ordering::Relaxed);
         }
         // SAFETY: as above.
@@ -168,56 +168,108 @@ fn memfd_huge(size_flags: c_int) -> Option<c_int> {
     (fd >= 0).then_some(fd)
 }
 
-/// [`DEVICES`]'s form of a device.
-fn device(major: u32, minor: u32) -> u64 {
-    ((u64::from(major) << 32) | u64::from(minor)) + 1
-}
-
-/// The huge page size of the file open at `fd`, if it lies on hugetlbfs.
-fn hugetlb_page(fd: c_int) -> Option<usize> {
+/// The huge page size of the hugetlb memfd open at `fd` (its file
+/// system's block size: a local one, the kernel's own mount).
+fn memfd_page(fd: c_int) -> Option<usize> {
     let mut sf = core::mem::MaybeUninit::<libc::statfs>::zeroed();
     // SAFETY: fstatfs fills `sf` or fails.
     if unsafe { libc::fstatfs(fd, sf.as_mut_ptr()) } != 0 {
         return None;
     }
     // SAFETY: filled by fstatfs.
-    statfs_page(&unsafe { sf.assume_init() })
-}
-
-/// The huge page size a `statfs` of hugetlbfs gives (its block size).
-fn statfs_page(sf: &libc::statfs) -> Option<usize> {
+    let sf = unsafe { sf.assume_init() };
     (sf.f_type as u32 == HUGETLBFS_MAGIC && sf.f_bsize > 0).then_some(sf.f_bsize as usize)
 }
 
-/// The page size of the mapping `mmap` with `flags` and `fd` makes: the
-/// huge page size for `MAP_HUGETLB` (the one its flags name, or the
-/// default) or for a file on hugetlbfs (one `fstatfs`); the base page
-/// otherwise. Noted ([`made`]) by the caller once the mapping exists.
-/// For ordinary anonymous memory, one test.
-#[inline(always)]
-pub(crate) fn of_new_mapping(flags: c_int, fd: c_int) -> usize {
-    if flags & (libc::MAP_ANONYMOUS | libc::MAP_HUGETLB) == libc::MAP_ANONYMOUS {
-        return page_size();
-    }
-    of_other_mapping(flags, fd)
+/// [`DEVICES`]'s form of a device.
+fn device(major: u32, minor: u32) -> u64 {
+    ((u64::from(major) << 32) | u64::from(minor)) + 1
 }
 
-/// [`of_new_mapping`] for hugetlb or file memory.
-#[inline(never)]
-fn of_other_mapping(flags: c_int, fd: c_int) -> usize {
-    let base = page_size();
-    if flags & libc::MAP_ANONYMOUS != 0 {
-        let log2 = (flags >> HUGE_SHIFT) & HUGE_MASK;
-        if log2 != 0 {
-            return 1usize.checked_shl(log2 as u32).unwrap_or(base).max(base);
-        }
-        let _ = sizes();
-        return DEFAULT.load(Ordering::Relaxed).max(base);
+/// The page size of anonymous memory `mmap` with `flags` makes: the
+/// huge page size for `MAP_HUGETLB` (the one its flags name, or the
+/// default), the base page otherwise (one test). Noted ([`made`]) by the
+/// caller once the mapping exists.
+#[inline(always)]
+pub(crate) fn of_anonymous(flags: c_int) -> usize {
+    if flags & libc::MAP_HUGETLB == 0 {
+        return page_size();
     }
-    if fd < 0 {
+    of_huge_flags(flags)
+}
+
+/// [`of_anonymous`] for `MAP_HUGETLB`.
+#[inline(never)]
+fn of_huge_flags(flags: c_int) -> usize {
+    let base = page_size();
+    let log2 = (flags >> HUGE_SHIFT) & HUGE_MASK;
+    if log2 != 0 {
+        return 1usize.checked_shl(log2 as u32).unwrap_or(base).max(base);
+    }
+    let _ = sizes();
+    DEFAULT.load(Ordering::Relaxed).max(base)
+}
+
+/// The page size of the file open at `fd`, for `mmap` with `MAP_FIXED`,
+/// which must know the range it replaces before the call: by its device
+/// alone, as the kernel has it (`statx` with `AT_STATX_DONT_SYNC`: the
+/// file system is asked nothing, where a `statfs` would ask a network
+/// file system's servers, all of Lustre's, and block on one that stopped
+/// answering), compared with those of the hugetlbfs mounts (the kernel's
+/// own, and `/proc/self/mountinfo`'s). The base page for another file,
+/// or where `statx` is refused.
+#[cold]
+pub(crate) fn of_file(fd: c_int) -> usize {
+    let base = page_size();
+    if fd < 0 || sizes() == 0 {
         return base;
     }
-    hugetlb_page(fd).unwrap_or(base).max(base)
+    let mut stx = core::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: an empty NUL-terminated path with AT_EMPTY_PATH names `fd`
+    // itself; statx fills `stx` or fails. No field is asked (mask 0):
+    // the device comes with every answer.
+    let r = unsafe {
+        libc::statx(
+            fd,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
+            0,
+            stx.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return base;
+    }
+    // SAFETY: filled by statx.
+    let stx = unsafe { stx.assume_init() };
+    let dev = device(stx.stx_dev_major, stx.stx_dev_minor);
+    internal_page(dev)
+        .or_else(|| Mounts::read().page_of(dev))
+        .map_or(base, |page| page.max(base))
+}
+
+/// The page size of the mapping a call just made at `address` (a file's,
+/// a segment's): asked of the kernel where a huge page can start there,
+/// the base page elsewhere; noted ([`made`]).
+#[cold]
+pub(crate) fn of_new_at(address: usize) -> usize {
+    let page = match size_range() {
+        Some((smallest, _)) if address.is_multiple_of(smallest) => page_here(address),
+        _ => page_size(),
+    };
+    made(page);
+    page
+}
+
+/// The huge page size of the kernel's own hugetlbfs mount of device
+/// `dev` ([`device`]'s form), if it is one.
+fn internal_page(dev: u64) -> Option<usize> {
+    let sizes = sizes();
+    DEVICES
+        .iter()
+        .enumerate()
+        .find(|&(k, known)| sizes & (1 << k) != 0 && known.load(Ordering::Relaxed) == dev)
+        .map(|(k, _)| 1 << k)
 }
 
 /// Whether `madvise`'s discarding advices round a hugetlb range's end up
@@ -475,13 +527,9 @@ fn page_of(m: &Mapping, mounts: &Mounts) -> usize {
         return base;
     }
     let dev = device(m.dev.0, m.dev.1);
-    let sizes = sizes();
-    for (k, known) in DEVICES.iter().enumerate() {
-        if sizes & (1 << k) != 0 && known.load(Ordering::Relaxed) == dev {
-            return 1 << k;
-        }
-    }
-    mounts.page_of(dev).map_or(base, |page| page.max(base))
+    internal_page(dev)
+        .or_else(|| mounts.page_of(dev))
+        .map_or(base, |page| page.max(base))
 }
 
 /// The hugetlbfs mounts of `/proc/self/mountinfo`: each one's device and
@@ -741,32 +789,29 @@ pub(crate) mod tests {
         p as usize
     }
 
-    /// The size a new mapping's pages will have, from mmap's flags and
-    /// the file's filesystem.
+    /// The size a new mapping's pages will have, from mmap's flags, or
+    /// the file's device.
     #[test]
     fn a_new_mappings_page_comes_from_its_flags_or_its_file() {
         let base = page_size();
-        assert_eq!(of_new_mapping(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1), base);
+        assert_eq!(of_anonymous(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS), base);
         let huge = |log2: c_int| {
-            of_new_mapping(
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | (log2 << HUGE_SHIFT),
-                -1,
-            )
+            of_anonymous(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | (log2 << HUGE_SHIFT))
         };
         assert_eq!(huge(21), M2);
         assert_eq!(huge(30), 1 << 30);
         // SAFETY: a NUL-terminated name; closed below.
         let plain = unsafe { libc::memfd_create(c"memhook-test".as_ptr(), libc::MFD_CLOEXEC) };
         assert!(plain >= 0);
-        assert_eq!(of_new_mapping(libc::MAP_SHARED, plain), base);
-        assert_eq!(of_new_mapping(libc::MAP_SHARED, -1), base);
+        assert_eq!(of_file(plain), base);
+        assert_eq!(of_file(-1), base);
         // SAFETY: as above.
         unsafe { libc::close(plain) };
         let Some(fd) = memfd_huge(21 << HUGE_SHIFT) else {
             eprintln!("no hugetlb memfd here: not checked further");
             return;
         };
-        assert_eq!(of_new_mapping(libc::MAP_SHARED, fd), M2);
+        assert_eq!(of_file(fd), M2, "by its device: the kernel's own mount");
         // SAFETY: as above.
         unsafe { libc::close(fd) };
         // The default: /proc/meminfo's Hugepagesize.

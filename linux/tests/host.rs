@@ -1085,6 +1085,55 @@ fn check_hugetlb(h: &Helper, events: u32) {
     // SAFETY: the test's huge page (where it was is unmapped: moved).
     assert_eq!(unsafe { (h.munmap)(to, M2) }, 0);
 
+    // A hugetlb memfd's file, mapped for 4 KiB: 2 MiB, where the kernel
+    // chooses (the page size asked of the mapping after the call) and
+    // with MAP_FIXED over ordinary memory (asked of the file's device
+    // before it: the range it replaces).
+    // SAFETY: a new memfd, closed below.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"memhook-hugetlb-test".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_HUGETLB | (21 << libc::MFD_HUGE_SHIFT),
+        )
+    };
+    assert!(fd >= 0, "memfd_create(MFD_HUGETLB): {}", errno());
+    // SAFETY: sizes the test's memfd.
+    assert_eq!(unsafe { libc::ftruncate(fd, M2 as i64) }, 0);
+    let log = recorded(|| {
+        // SAFETY: a new shared mapping of the test's file.
+        x = unsafe { (h.mmap_file)(0, page, libc::MAP_SHARED, fd, 0) };
+    });
+    assert_ne!(x as isize, -1, "errno {}", errno());
+    let vm: Vec<Rec> = about(&log, x, M2)
+        .into_iter()
+        .filter(|r| r.0 & (bits::VM_MAPPED | bits::VM_UNMAPPED) != 0)
+        .collect();
+    assert_eq!(vm, only(events, [(bits::VM_MAPPED, x, M2, 0)]), "{log:x?}");
+    // SAFETY: the mapping just made.
+    assert_eq!(unsafe { (h.munmap)(x, M2) }, 0);
+    let c = ordinary_aligned(h, M2);
+    let log = recorded(|| {
+        // SAFETY: a fixed mapping of the test's file over the test's memory.
+        x = unsafe { (h.mmap_file)(c, page, libc::MAP_SHARED | libc::MAP_FIXED, fd, 0) };
+    });
+    assert_eq!(x, c, "errno {}", errno());
+    // SAFETY: inside the file's huge page, which the kernel zeroed.
+    assert_eq!(unsafe { *((c + M2 - 1) as *const u8) }, 0, "the kernel replaced 2 MiB");
+    let vm: Vec<Rec> = about(&log, c, M2)
+        .into_iter()
+        .filter(|r| r.0 & (bits::VM_MAPPED | bits::VM_UNMAPPED) != 0)
+        .collect();
+    assert_eq!(
+        vm,
+        only(events, [(bits::VM_UNMAPPED, c, M2, 0), (bits::VM_MAPPED, c, M2, 0)]),
+        "{log:x?}"
+    );
+    // SAFETY: the mapping and the memfd.
+    unsafe {
+        assert_eq!((h.munmap)(c, M2), 0);
+        libc::close(fd);
+    }
+
     // A SysV segment made with SHM_HUGETLB of 4 KiB: attached in a 2 MiB
     // huge page, and again with SHM_REMAP over ordinary memory, which
     // replaces 2 MiB.
