@@ -19,11 +19,11 @@
 //! where it cannot answer, the mapping's line in `/proc/self/maps` is
 //! read and its device compared with those of the kernel's own hugetlbfs
 //! mounts (learnt once, from a `memfd_create(MFD_HUGETLB)` of each size)
-//! and of the hugetlbfs mounts in `/proc/self/mountinfo`. Only in a process that has
-//! a hugetlb mapping: the hooks that make one say so (`made`), and one
-//! look over the process's mappings answers the question after an
-//! install or a new handler (the hooks may not have run for a while
-//! before: `forget`). Everything here is allocation-free and safe in
+//! and of the hugetlbfs mounts in `/proc/self/mountinfo`. An existing
+//! mapping is asked of only in a process that has a hugetlb mapping: the
+//! hooks that make one say so (`made`), and one look over the process's
+//! mappings answers the question after an install or a new handler (the
+//! hooks may not have run for a while before: `forget`). Everything here is allocation-free and safe in
 //! a signal handler (system calls on the stack's buffers). [`support`]
 //! says what applies in this process (`memhook doctor`'s `hugetlb:`
 //! line).
@@ -54,14 +54,18 @@ static DEVICES: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
 /// it is found or where there is none.
 static DEFAULT: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether the process may have a hugetlb mapping.
-static PRESENT: AtomicU8 = AtomicU8::new(UNKNOWN);
-const UNKNOWN: u8 = 0;
-const ABSENT: u8 = 1;
-const PRESENT_NOW: u8 = 2;
+/// Whether the process may have a hugetlb mapping: [`ABSENT`] or
+/// [`PRESENT_NOW`] where known (neither: look), and above them the count
+/// of [`forget`]s, so that a look that a `forget` overtook does not
+/// record what it found (a mapping made before that `forget`, unseen,
+/// may have come after the look passed its address).
+static PRESENT: AtomicU64 = AtomicU64::new(0);
+const ABSENT: u64 = 1;
+const PRESENT_NOW: u64 = 2;
+const FORGOTTEN: u64 = 4;
 
 /// Whether `PROCMAP_QUERY` answers here.
-static QUERY: AtomicU8 = AtomicU8::new(UNKNOWN);
+static QUERY: AtomicU8 = AtomicU8::new(0);
 const QUERY_WORKS: u8 = 1;
 const QUERY_REFUSED: u8 = 2;
 
@@ -99,7 +103,7 @@ pub fn support() -> Support {
 #[inline]
 pub(crate) fn made(page: usize) {
     if page > page_size() {
-        PRESENT.store(PRESENT_NOW, Ordering::Release);
+        PRESENT.fetch_or(PRESENT_NOW, Ordering::AcqRel);
     }
 }
 
@@ -107,7 +111,9 @@ pub(crate) fn made(page: usize) {
 /// install, a handler that wants events the hooks let pass before): the
 /// next question looks again, unless a hugetlb mapping is known.
 pub(crate) fn forget() {
-    let _ = PRESENT.compare_exchange(ABSENT, UNKNOWN, Ordering::AcqRel, Ordering::Acquire);
+    let _ = PRESENT.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+        (s & PRESENT_NOW == 0).then(|| (s & !(FORGOTTEN - 1)) + FORGOTTEN)
+    });
 }
 
 /// The huge page sizes (bit `k` for `2^k` bytes), found once.
@@ -360,20 +366,22 @@ pub(crate) fn page_here(addr: usize) -> usize {
 /// Whether the process may have a hugetlb mapping: known by the hooks,
 /// or found by a look over the mappings after [`forget`].
 fn present() -> bool {
-    match PRESENT.load(Ordering::Acquire) {
-        PRESENT_NOW => true,
-        ABSENT => false,
-        _ => {
-            let found = look();
-            // A hook that made one meanwhile has said so: kept.
-            let _ = PRESENT.compare_exchange(
-                UNKNOWN,
-                if found { PRESENT_NOW } else { ABSENT },
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
-            found || PRESENT.load(Ordering::Acquire) == PRESENT_NOW
-        }
+    let before = PRESENT.load(Ordering::Acquire);
+    if before & PRESENT_NOW != 0 {
+        return true;
+    }
+    if before & ABSENT != 0 {
+        return false;
+    }
+    if look() {
+        PRESENT.fetch_or(PRESENT_NOW, Ordering::AcqRel);
+        return true;
+    }
+    // Recorded only if nothing happened meanwhile: a hook that made one
+    // has said so, and after a `forget` the next question looks again.
+    match PRESENT.compare_exchange(before, before | ABSENT, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => false,
+        Err(now) => now & PRESENT_NOW != 0,
     }
 }
 
@@ -867,19 +875,33 @@ pub(crate) mod tests {
         let Some(huge) = huge_page() else {
             return;
         };
+        let known = || PRESENT.load(Ordering::Acquire) & (ABSENT | PRESENT_NOW);
         PRESENT.store(ABSENT, Ordering::Release);
         assert_eq!(page_at(huge), page_size(), "no hugetlb mapping known: not asked");
         forget();
+        assert_eq!(known(), 0);
         assert_eq!(page_at(huge), M2);
-        assert_eq!(PRESENT.load(Ordering::Acquire), PRESENT_NOW);
+        assert_eq!(known(), PRESENT_NOW);
         forget();
-        assert_eq!(PRESENT.load(Ordering::Acquire), PRESENT_NOW, "forget keeps a known one");
+        assert_eq!(known(), PRESENT_NOW, "forget keeps a known one");
         PRESENT.store(ABSENT, Ordering::Release);
         made(page_size());
-        assert_eq!(PRESENT.load(Ordering::Acquire), ABSENT, "a base page is no news");
+        assert_eq!(known(), ABSENT, "a base page is no news");
         made(M2);
         assert_eq!(page_at(huge), M2);
         unmap(huge, M2);
+        // A look that a forget overtook records nothing: the next one
+        // looks again.
+        PRESENT.store(0, Ordering::Release);
+        let before = PRESENT.load(Ordering::Acquire);
+        forget();
+        assert!(
+            PRESENT
+                .compare_exchange(before, before | ABSENT, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        );
+        assert!(!present(), "none left");
+        assert_eq!(known(), ABSENT);
     }
 
     /// `madvise(MADV_DONTNEED)` of a hugetlb mapping's first 4 KiB, where
