@@ -309,16 +309,20 @@ fn whole_pages(address: usize, size: usize) -> usize {
     whole_pages_of(address, size, page_size())
 }
 
-/// [`whole_pages`] in pages of `page` bytes (a hugetlb mapping's).
+/// [`whole_pages`] in pages of `page` bytes (a hugetlb mapping's), a
+/// power of two: rounded with a mask (a division by a page size not
+/// known at compile time would cost the mmap hook's path tens of
+/// cycles).
 #[inline(always)]
 fn whole_pages_of(address: usize, size: usize, page: usize) -> usize {
-    if address & (page - 1) != 0 {
+    let mask = page - 1;
+    if address & mask != 0 {
         return size;
     }
     address
         .checked_add(size)
-        .and_then(|end| end.checked_next_multiple_of(page))
-        .map_or(size, |end| end - address)
+        .and_then(|end| end.checked_add(mask))
+        .map_or(size, |end| (end & !mask) - address)
 }
 
 /// `VM_UNMAPPED` for what a call that works in whole pages unmaps or
