@@ -499,7 +499,7 @@ unsafe fn mmap_body(
         |e| {
             let r = succeeded(result_of!(*e, Mmap, INVALID_PTR))?;
             let page = match page {
-                0 => crate::hugetlb::of_new_at(r),
+                0 => crate::hugetlb::of_file_at(fd, r),
                 page => page,
             };
             crate::hugetlb::made(page);

@@ -217,41 +217,69 @@ fn of_huge_flags(flags: c_int) -> usize {
 }
 
 /// The page size of the file open at `fd`, for `mmap` with `MAP_FIXED`,
-/// which must know the range it replaces before the call: by its device
-/// alone, as the kernel has it (`statx` with `AT_STATX_DONT_SYNC`: the
-/// file system is asked nothing, where a `statfs` would ask a network
-/// file system's servers, all of Lustre's, and block on one that stopped
-/// answering), compared with those of the hugetlbfs mounts (the kernel's
-/// own, and `/proc/self/mountinfo`'s). The base page for another file,
-/// or where `statx` is refused.
+/// which must know the range it replaces before the call: by the file's
+/// device ([`hugetlbfs_device`]) against those of the hugetlbfs mounts
+/// (the kernel's own, and `/proc/self/mountinfo`'s). The base page for
+/// any other file.
 #[cold]
 pub(crate) fn of_file(fd: c_int) -> usize {
     let base = page_size();
-    if fd < 0 || sizes() == 0 {
+    let Some(dev) = hugetlbfs_device(fd) else {
         return base;
+    };
+    internal_page(dev)
+        .or_else(|| Mounts::read().page_of(dev))
+        .map_or(base, |page| page.max(base))
+}
+
+/// The page size of the mapping `mmap` just made at `address` of the
+/// file open at `fd`: the base page for a file that cannot lie on
+/// hugetlbfs ([`hugetlbfs_device`]: a device such as the GPU driver's,
+/// a file on a disk); a hugetlb memfd's by its device; otherwise asked
+/// of the kernel where a huge page can start there. Noted ([`made`]).
+#[cold]
+pub(crate) fn of_file_at(fd: c_int, address: usize) -> usize {
+    let page = match hugetlbfs_device(fd) {
+        None => page_size(),
+        Some(dev) => internal_page(dev).unwrap_or_else(|| of_new_at(address)),
+    };
+    made(page);
+    page
+}
+
+/// The device ([`device`]'s form) of the file open at `fd`, if it could
+/// lie on hugetlbfs: a regular file on a device without a major number
+/// (hugetlbfs's, as tmpfs's, a network file system's, an overlay's);
+/// not a device file (the GPU driver maps its own), not a file on a
+/// disk. As the kernel has it: `statx` with `AT_STATX_DONT_SYNC` asks
+/// the file system nothing, where a `statfs` would ask a network file
+/// system's servers (all of Lustre's) and block on one that stopped
+/// answering. `None` too where there are no huge page sizes, or `statx`
+/// is refused.
+fn hugetlbfs_device(fd: c_int) -> Option<u64> {
+    if fd < 0 || sizes() == 0 {
+        return None;
     }
     let mut stx = core::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: an empty NUL-terminated path with AT_EMPTY_PATH names `fd`
-    // itself; statx fills `stx` or fails. No field is asked (mask 0):
-    // the device comes with every answer.
+    // itself; statx fills `stx` or fails. The device comes with every
+    // answer; the type is asked.
     let r = unsafe {
         libc::statx(
             fd,
             c"".as_ptr(),
             libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
-            0,
+            libc::STATX_TYPE,
             stx.as_mut_ptr(),
         )
     };
     if r != 0 {
-        return base;
+        return None;
     }
     // SAFETY: filled by statx.
     let stx = unsafe { stx.assume_init() };
-    let dev = device(stx.stx_dev_major, stx.stx_dev_minor);
-    internal_page(dev)
-        .or_else(|| Mounts::read().page_of(dev))
-        .map_or(base, |page| page.max(base))
+    let regular = u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFREG;
+    (regular && stx.stx_dev_major == 0).then(|| device(0, stx.stx_dev_minor))
 }
 
 /// The page size of the mapping a call just made at `address` (a file's,
@@ -818,6 +846,14 @@ pub(crate) mod tests {
         assert!(plain >= 0);
         assert_eq!(of_file(plain), base);
         assert_eq!(of_file(-1), base);
+        // A device file, a file on a disk: not even looked up.
+        let null = std::fs::File::open("/dev/null").unwrap();
+        assert_eq!(hugetlbfs_device(std::os::fd::AsRawFd::as_raw_fd(&null)), None);
+        assert_eq!(of_file_at(std::os::fd::AsRawFd::as_raw_fd(&null), 0), base);
+        assert!(
+            hugetlbfs_device(plain).is_some(),
+            "a memfd: tmpfs, a device without a major number"
+        );
         // SAFETY: as above.
         unsafe { libc::close(plain) };
         let Some(fd) = memfd_huge(21 << HUGE_SHIFT) else {
@@ -825,6 +861,7 @@ pub(crate) mod tests {
             return;
         };
         assert_eq!(of_file(fd), M2, "by its device: the kernel's own mount");
+        assert_eq!(of_file_at(fd, 12345), M2, "the same, not asked of a mapping");
         // SAFETY: as above.
         unsafe { libc::close(fd) };
         // The default: /proc/meminfo's Hugepagesize.
