@@ -387,7 +387,7 @@ pub(crate) fn page_here(addr: usize) -> usize {
         Ok(found) => found
             .filter(|&(start, _, _)| start <= addr)
             .map_or(base, |(_, _, page)| page),
-        Err(()) => crate::maps::find(addr).map_or(base, |m| page_of(&m, &Mounts::read())),
+        Err(()) => crate::maps::find(addr).map_or(base, |m| page_of(&m, &mut None)),
     }
 }
 
@@ -443,10 +443,10 @@ fn look() -> bool {
     if let Ok(found) = by_query {
         return found;
     }
-    let mounts = Mounts::read();
+    let mut mounts = None;
     let mut found = false;
     let _ = crate::maps::for_each(|m| {
-        found = page_of(m, &mounts) > base;
+        found = page_of(m, &mut mounts) > base;
         if found {
             ControlFlow::Break(())
         } else {
@@ -556,20 +556,21 @@ fn query_off() -> bool {
 /// mount of that size (anonymous `MAP_HUGETLB` memory, `SHM_HUGETLB`
 /// segments, hugetlb memfds) or of one of the hugetlbfs `mounts` (its
 /// files, removed ones too); the base page otherwise. Only a mapping
-/// whose ends are huge-page aligned can be one. Nothing is asked of the
-/// file itself (a `statfs` of a path on a server that stopped answering
-/// would block the hook).
-fn page_of(m: &Mapping, mounts: &Mounts) -> usize {
+/// whose ends are huge-page aligned, on a device without a major number,
+/// can be one; `mounts` is read the first time one needs it. Nothing is
+/// asked of the file itself (a `statfs` of a path on a server that
+/// stopped answering would block the hook).
+fn page_of(m: &Mapping, mounts: &mut Option<Mounts>) -> usize {
     let base = page_size();
     let Some((smallest, _)) = size_range() else {
         return base;
     };
-    if !m.start.is_multiple_of(smallest) || !m.end.is_multiple_of(smallest) {
+    if !m.start.is_multiple_of(smallest) || !m.end.is_multiple_of(smallest) || m.dev.0 != 0 {
         return base;
     }
     let dev = device(m.dev.0, m.dev.1);
     internal_page(dev)
-        .or_else(|| mounts.page_of(dev))
+        .or_else(|| mounts.get_or_insert_with(Mounts::read).page_of(dev))
         .map_or(base, |page| page.max(base))
 }
 
@@ -765,19 +766,29 @@ pub(crate) mod tests {
         }
         // A mapping of a file on such a mount (removed: the path is no
         // use) is sized by its device; one beside it, on another, not.
-        let mounts = Mounts {
+        let mut mounts = Some(Mounts {
             found: [(device(0, 33), M2); 16],
             count: 1,
-        };
+        });
         let mapping = |s: &str| crate::maps::parse_line(s.as_bytes()).unwrap();
         if size_range().is_some() {
             let huge = mapping("7f0000200000-7f0000600000 rw-s 00000000 00:21 77 /dev/hugepages/pool (deleted)");
-            assert_eq!(page_of(&huge, &mounts), M2);
+            assert_eq!(page_of(&huge, &mut mounts), M2);
         }
         let other = mapping("7f0000200000-7f0000600000 rw-s 00000000 00:22 77 /dev/shm/pool");
-        assert_eq!(page_of(&other, &mounts), page_size());
+        assert_eq!(page_of(&other, &mut mounts), page_size());
         let unaligned = mapping("7f0000201000-7f0000600000 rw-s 00000000 00:21 77 /dev/hugepages/pool");
-        assert_eq!(page_of(&unaligned, &mounts), page_size());
+        assert_eq!(page_of(&unaligned, &mut mounts), page_size());
+        let on_a_disk = mapping("7f0000200000-7f0000600000 rw-s 00000000 08:01 77 /data/pool");
+        let mut disk_mount = Some(Mounts {
+            found: [(device(8, 1), M2); 16],
+            count: 1,
+        });
+        assert_eq!(
+            page_of(&on_a_disk, &mut disk_mount),
+            page_size(),
+            "a device with a major number"
+        );
     }
 
     /// A private mapping of one 2 MiB hugetlb page, if the kernel has one
