@@ -90,6 +90,7 @@
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+use crate::maps::parse_decimal;
 use memhook_core::patch::Region;
 
 /// A thread standing at `from` goes on at `to`.
@@ -1217,13 +1218,6 @@ fn parse_syscall(text: &[u8]) -> Stands {
         }
         _ => Stands::Unknown,
     }
-}
-
-fn parse_decimal(name: &[u8]) -> Option<i32> {
-    if name.is_empty() || name.len() > 9 || !name.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(name.iter().fold(0i32, |v, &b| v * 10 + i32::from(b - b'0')))
 }
 
 /// Writes `v` (non-negative) in decimal at the start of `out`; its length.

@@ -351,9 +351,10 @@ fn unmapped_in(address: usize, size: usize, page: usize) -> Option<Event> {
 /// process that may have a hugetlb mapping (see `crate::hugetlb`).
 #[inline(always)]
 fn page_at(address: usize) -> usize {
-    match crate::hugetlb::size_range() {
-        Some((smallest, _)) if address.is_multiple_of(smallest) => crate::hugetlb::page_at(address),
-        _ => page_size(),
+    if crate::hugetlb::may_start_huge_page(address) {
+        crate::hugetlb::page_at(address)
+    } else {
+        page_size()
     }
 }
 
@@ -689,9 +690,8 @@ fn shmat_replaced(size: usize, shmaddr: *const c_void, shmflg: c_int, page: usiz
 /// segment's times and pids, as the call itself does.
 #[cold]
 fn segment_page(ns: usize, shmid: c_int, start: usize) -> usize {
-    match crate::hugetlb::size_range() {
-        Some((smallest, _)) if start.is_multiple_of(smallest) => {}
-        _ => return page_size(),
+    if !crate::hugetlb::may_start_huge_page(start) {
+        return page_size();
     }
     let attach = original!(ORIG_SHMAT[slot(ns)], ShmatFn);
     // SAFETY: shmat of the caller's segment where the kernel chooses,

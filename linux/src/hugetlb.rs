@@ -23,10 +23,10 @@
 //! mapping is asked of only in a process that has a hugetlb mapping: the
 //! hooks that make one say so (`made`), and one look over the process's
 //! mappings answers the question after an install or a new handler (the
-//! hooks may not have run for a while before: `forget`). Everything here is allocation-free and safe in
-//! a signal handler (system calls on the stack's buffers). [`support`]
-//! says what applies in this process (`memhook doctor`'s `hugetlb:`
-//! line).
+//! hooks may not have run for a while before: `forget`). Everything here
+//! is allocation-free and safe in a signal handler (system calls on the
+//! stack's buffers). [`support`] says what applies in this process
+//! (`memhook doctor`'s `hugetlb:` line).
 
 use core::ffi::c_int;
 use core::ops::ControlFlow;
@@ -236,15 +236,14 @@ pub(crate) fn of_file(fd: c_int) -> usize {
 /// file open at `fd`: the base page for a file that cannot lie on
 /// hugetlbfs ([`hugetlbfs_device`]: a device such as the GPU driver's,
 /// a file on a disk); a hugetlb memfd's by its device; otherwise asked
-/// of the kernel where a huge page can start there. Noted ([`made`]).
+/// of the kernel where a huge page can start there. Noted ([`made`]) by
+/// the caller.
 #[cold]
 pub(crate) fn of_file_at(fd: c_int, address: usize) -> usize {
-    let page = match hugetlbfs_device(fd) {
+    match hugetlbfs_device(fd) {
         None => page_size(),
         Some(dev) => internal_page(dev).unwrap_or_else(|| of_new_at(address)),
-    };
-    made(page);
-    page
+    }
 }
 
 /// The device ([`device`]'s form) of the file open at `fd`, if it could
@@ -287,12 +286,21 @@ fn hugetlbfs_device(fd: c_int) -> Option<u64> {
 /// the base page elsewhere; noted ([`made`]).
 #[cold]
 pub(crate) fn of_new_at(address: usize) -> usize {
-    let page = match size_range() {
-        Some((smallest, _)) if address.is_multiple_of(smallest) => page_here(address),
-        _ => page_size(),
+    let page = if may_start_huge_page(address) {
+        page_here(address)
+    } else {
+        page_size()
     };
     made(page);
     page
+}
+
+/// Whether a hugetlb mapping can start at `address`: the kernel offers
+/// huge pages, and the smallest's boundary lies there. Elsewhere a
+/// mapping that starts (or a call that must start) there is one of base
+/// pages, and nothing need be asked.
+pub(crate) fn may_start_huge_page(address: usize) -> bool {
+    size_range().is_some_and(|(smallest, _)| address.is_multiple_of(smallest))
 }
 
 /// The huge page size of the kernel's own hugetlbfs mount of device
@@ -624,12 +632,7 @@ fn hugetlbfs_mount(line: &[u8]) -> Option<(u64, usize)> {
     }
     let options = rest.nth(1).unwrap_or(b"");
     let colon = dev.iter().position(|&c| c == b':')?;
-    let number = |digits: &[u8]| -> Option<u32> {
-        if digits.is_empty() || digits.len() > 9 || !digits.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        Some(digits.iter().fold(0, |v, &c| v * 10 + u32::from(c - b'0')))
-    };
+    let number = |digits: &[u8]| crate::maps::parse_decimal(digits).map(|n| n as u32);
     let dev = device(number(&dev[..colon])?, number(&dev[colon + 1..])?);
     let page = options
         .split(|&c| c == b',')
@@ -651,10 +654,10 @@ fn page_size_option(value: &[u8]) -> Option<usize> {
         b'G' => 30,
         _ => return None,
     };
-    if digits.is_empty() || digits.len() > 6 || !digits.iter().all(u8::is_ascii_digit) {
+    if digits.len() > 6 {
         return None;
     }
-    let n = digits.iter().fold(0usize, |v, &c| v * 10 + usize::from(c - b'0'));
+    let n = crate::maps::parse_decimal(digits)? as usize;
     n.checked_shl(shift).filter(|p| p.is_power_of_two())
 }
 

@@ -84,6 +84,15 @@ fn decimal(field: &[u8]) -> Option<u64> {
     })
 }
 
+/// A decimal number of one to nine digits (a thread id, a device
+/// number, a size): `None` for anything else (`.`, a sign, more digits).
+pub(crate) fn parse_decimal(name: &[u8]) -> Option<i32> {
+    if name.is_empty() || name.len() > 9 || !name.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(name.iter().fold(0i32, |v, &b| v * 10 + i32::from(b - b'0')))
+}
+
 /// Parses one line (without its newline).
 pub fn parse_line(line: &[u8]) -> Option<Mapping> {
     let mut fields = line.split(|&c| c == b' ').filter(|f| !f.is_empty());
