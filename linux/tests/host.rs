@@ -347,7 +347,7 @@ fn check_file_discards(h: &Helper, events: u32) {
             assert_eq!((h.madvise)(shared + 7 * page, 2 * page - 100, libc::MADV_REMOVE), 0);
             assert_eq!(errno(), 77, "errno survives the handlers around madvise");
         });
-        let mut unmaps: Vec<Rec> = log.iter().copied().filter(|r| r.0 == bits::VM_UNMAPPED).collect();
+        let mut unmaps = only(bits::VM_UNMAPPED, log.iter().copied());
         unmaps.sort_by_key(|r| r.1);
         assert_eq!(
             unmaps,
@@ -369,7 +369,7 @@ fn check_file_discards(h: &Helper, events: u32) {
         // Not every advice on a shared mapping reaches the file: DONTNEED
         // drops this view's pages alone.
         let log = recorded(|| assert_eq!((h.madvise)(shared + 9 * page, page, libc::MADV_DONTNEED), 0));
-        let unmaps: Vec<Rec> = log.iter().copied().filter(|r| r.0 == bits::VM_UNMAPPED).collect();
+        let unmaps = only(bits::VM_UNMAPPED, log.iter().copied());
         assert_eq!(unmaps, vm(&[(shared + 9 * page, page)]));
         assert_eq!(*((tail + page) as *const u8), 0x5a, "the file kept page 9");
         // The same advice through process_madvise (glibc 2.36; the
@@ -382,7 +382,7 @@ fn check_file_discards(h: &Helper, events: u32) {
         let log = recorded(|| result = (h.process_madvise)(pidfd, iov.as_ptr(), 1, libc::MADV_REMOVE, 0));
         libc::close(pidfd);
         if result != -2 {
-            let mut unmaps: Vec<Rec> = log.iter().copied().filter(|r| r.0 == bits::VM_UNMAPPED).collect();
+            let mut unmaps = only(bits::VM_UNMAPPED, log.iter().copied());
             unmaps.sort_by_key(|r| r.1);
             assert_eq!(
                 unmaps,
@@ -633,7 +633,7 @@ fn check_shm_fragments(h: &Helper, events: u32, id_shm: i32, page: usize) {
     );
 }
 
-fn only<const K: usize>(events: u32, all: [Rec; K]) -> Vec<Rec> {
+fn only(events: u32, all: impl IntoIterator<Item = Rec>) -> Vec<Rec> {
     all.into_iter().filter(|r| r.0 & events != 0).collect()
 }
 
@@ -1062,9 +1062,8 @@ fn check_hugetlb(h: &Helper, events: u32) {
         // SAFETY: as above.
         assert_eq!(unsafe { (h.madvise)(to, page, libc::MADV_DONTNEED) }, 0);
     });
-    let unmapped: Vec<(usize, usize)> = about(&log, to, M2)
+    let unmapped: Vec<(usize, usize)> = only(bits::VM_UNMAPPED, about(&log, to, M2))
         .iter()
-        .filter(|e| e.0 == bits::VM_UNMAPPED)
         .map(|e| (e.1, e.1 + e.2))
         .collect();
     if events & bits::VM_UNMAPPED != 0 {
@@ -1104,10 +1103,7 @@ fn check_hugetlb(h: &Helper, events: u32) {
         x = unsafe { (h.mmap_file)(0, page, libc::MAP_SHARED, fd, 0) };
     });
     assert_ne!(x as isize, -1, "errno {}", errno());
-    let vm: Vec<Rec> = about(&log, x, M2)
-        .into_iter()
-        .filter(|r| r.0 & (bits::VM_MAPPED | bits::VM_UNMAPPED) != 0)
-        .collect();
+    let vm = only(bits::VM_MAPPED | bits::VM_UNMAPPED, about(&log, x, M2));
     assert_eq!(vm, only(events, [(bits::VM_MAPPED, x, M2, 0)]), "{log:x?}");
     // SAFETY: the mapping just made.
     assert_eq!(unsafe { (h.munmap)(x, M2) }, 0);
@@ -1119,10 +1115,7 @@ fn check_hugetlb(h: &Helper, events: u32) {
     assert_eq!(x, c, "errno {}", errno());
     // SAFETY: inside the file's huge page, which the kernel zeroed.
     assert_eq!(unsafe { *((c + M2 - 1) as *const u8) }, 0, "the kernel replaced 2 MiB");
-    let vm: Vec<Rec> = about(&log, c, M2)
-        .into_iter()
-        .filter(|r| r.0 & (bits::VM_MAPPED | bits::VM_UNMAPPED) != 0)
-        .collect();
+    let vm = only(bits::VM_MAPPED | bits::VM_UNMAPPED, about(&log, c, M2));
     assert_eq!(
         vm,
         only(events, [(bits::VM_UNMAPPED, c, M2, 0), (bits::VM_MAPPED, c, M2, 0)]),
