@@ -149,7 +149,8 @@
  truncate that discards pages of a mapped file (one per mapping), or a
  call that
  maps at a fixed address over it (mmap with MAP_FIXED, mremap with
- MREMAP_FIXED at its destination, shmat with SHM_REMAP). One comes
+ MREMAP_FIXED at its destination, shmat with SHM_REMAP,
+ remap_file_pages). One comes
  after: a library dlclose unloaded (the loader unmaps it out of any
  hook's sight).
  */
@@ -664,7 +665,8 @@ int memhook_memtype_classify(const void *addr, size_t len, struct memhook_mem_in
  must go unreported (an allocator's own mappings, as UCM's
  `ucm_orig_mmap`): a host function (`"mmap"`, `"munmap"`, `"mremap"`,
  `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
- `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`) or a
+ `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`,
+ `"remap_file_pages"`) or a
  hooked CUDA
  function (`"cuMemAlloc_v2"`, `"cudaMalloc"`, ...). Cast it to the
  function's own type. NULL, with `memhook_last_error` saying why, for a

@@ -84,7 +84,8 @@ pub mod bits {
     /// mapped file (one per mapping), or a call that maps at a fixed
     /// address over it
     /// (`mmap` with `MAP_FIXED`, `mremap` with `MREMAP_FIXED` at its
-    /// destination, `shmat` with `SHM_REMAP`), reported whether or not
+    /// destination, `shmat` with `SHM_REMAP`, `remap_file_pages`, which
+    /// puts other pages of the file in the range), reported whether or not
     /// anything was mapped there. One exception comes after the range
     /// went: a library the dynamic loader unloaded (`dlclose`), which it
     /// unmaps out of any hook's sight.

@@ -437,7 +437,8 @@ pub unsafe extern "C" fn memhook_memtype_classify(
 /// must go unreported (an allocator's own mappings, as UCM's
 /// `ucm_orig_mmap`): a host function (`"mmap"`, `"munmap"`, `"mremap"`,
 /// `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
-/// `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`) or a
+/// `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`,
+/// `"remap_file_pages"`) or a
 /// hooked CUDA
 /// function (`"cuMemAlloc_v2"`, `"cudaMalloc"`, ...). Cast it to the
 /// function's own type. NULL, with `memhook_last_error` saying why, for a

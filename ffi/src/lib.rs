@@ -140,7 +140,8 @@ pub const MEMHOOK_EVENT_VM_MAPPED: u32 = 1 << 16;
 /// truncate that discards pages of a mapped file (one per mapping), or a
 /// call that
 /// maps at a fixed address over it (mmap with MAP_FIXED, mremap with
-/// MREMAP_FIXED at its destination, shmat with SHM_REMAP). One comes
+/// MREMAP_FIXED at its destination, shmat with SHM_REMAP,
+/// remap_file_pages). One comes
 /// after: a library dlclose unloaded (the loader unmaps it out of any
 /// hook's sight).
 pub const MEMHOOK_EVENT_VM_UNMAPPED: u32 = 1 << 17;

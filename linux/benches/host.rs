@@ -5,7 +5,7 @@
 //! - `mmap_munmap/unhooked` vs `mmap_munmap/hooked`: a 4 KiB anonymous
 //!   mmap + munmap pair, plain, then with every bistro hook installed and
 //!   one empty handler for all events (the added cost is the difference).
-//! - `install/bistro_all_host`: installing every host hook (twelve) in
+//! - `install/bistro_all_host`: installing every host hook (thirteen) in
 //!   bistro mode (the uninstall between samples is not timed).
 
 use std::hint::black_box;

@@ -9,7 +9,7 @@
 //! times one `reloc::install` of all 30 (one pass over every object's
 //! relocations; the uninstall between samples is not timed). With the
 //! `bistro` feature, `install/host_hooks_bistro` times `memhook::install`
-//! of the host hooks alone in bistro mode in the same process: twelve
+//! of the host hooks alone in bistro mode in the same process: thirteen
 //! patches and, to follow the loader's `dlopen`/`dlclose`, four more (of
 //! the loader's functions) and a look at every object's program headers
 //! (no pass over their relocations; the CUDA hooks, when on, make that

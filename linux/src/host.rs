@@ -10,7 +10,10 @@
 //! their own either), and again after it where a mapping of a file was
 //! made or moved meanwhile (`FILE_MAPPINGS`); and so for `madvise`'s
 //! `MADV_REMOVE`, which punches the same hole through the range's own
-//! mappings. What the dynamic loader maps and unmaps for
+//! mappings. `remap_file_pages` puts other pages of a file in a range of
+//! a shared mapping of it: `VM_UNMAPPED` of the range before the call,
+//! `VM_MAPPED` after it (no event of its own). What the dynamic loader
+//! maps and unmaps for
 //! `dlopen` and `dlclose` (through its own copies of mmap and munmap) is
 //! reported after those calls (`loader_changed`). A library opened with
 //! `dlmopen` in a namespace of its own calls that namespace's copy of
@@ -55,7 +58,8 @@ use crate::maps::page_size;
 
 /// The address that runs `function`'s original (`"mmap"`, `"munmap"`,
 /// `"mremap"`, `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
-/// `"process_madvise"`, `"fallocate"`, `"ftruncate"` or `"truncate"`), past
+/// `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"` or
+/// `"remap_file_pages"`), past
 /// memhook's hook: with bistro, its trampoline (the relocated first
 /// instructions, then a jump into the function); with reloc, the
 /// definition it found. `None` for another name, or before memhook hooked
@@ -119,6 +123,11 @@ pub(crate) fn functions_in<const NS: usize>() -> [Hooked; FUNCTIONS] {
             truncate_hook::<NS> as *const () as usize,
             &ORIG_TRUNCATE[NS],
         ),
+        (
+            c"remap_file_pages",
+            remap_file_pages_hook::<NS> as *const () as usize,
+            &ORIG_REMAP_FILE_PAGES[NS],
+        ),
     ]
 }
 
@@ -146,7 +155,7 @@ const fn slot(ns: usize) -> usize {
 const _: () = assert!(HOOK_SLOTS.is_power_of_two());
 
 /// How many host functions memhook hooks.
-pub(crate) const FUNCTIONS: usize = 12;
+pub(crate) const FUNCTIONS: usize = 13;
 
 /// glibc's other names of hooked functions (the same functions on the
 /// 64-bit targets memhook runs on), each with the function's own name.
@@ -188,6 +197,7 @@ pub(crate) static ORIG_PROCESS_MADVISE: Originals = [const { AtomicUsize::new(0)
 pub(crate) static ORIG_FALLOCATE: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 pub(crate) static ORIG_FTRUNCATE: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 pub(crate) static ORIG_TRUNCATE: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_REMAP_FILE_PAGES: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 /// Reloc's records of the aliases (the same functions in glibc): the
 /// hooks call the main name's original, which each install sets.
 pub(crate) static ORIG_MMAP64: AtomicUsize = AtomicUsize::new(0);
@@ -207,6 +217,7 @@ type ProcessMadviseFn = unsafe extern "C" fn(c_int, *const libc::iovec, usize, c
 type FallocateFn = unsafe extern "C" fn(c_int, c_int, libc::off_t, libc::off_t) -> c_int;
 type FtruncateFn = unsafe extern "C" fn(c_int, libc::off_t) -> c_int;
 type TruncateFn = unsafe extern "C" fn(*const core::ffi::c_char, libc::off_t) -> c_int;
+type RemapFilePagesFn = unsafe extern "C" fn(*mut c_void, usize, c_int, usize, c_int) -> c_int;
 
 /// Loads an original. The hooks are only reachable once it is set (install
 /// stores it before any patch points to the hook).
@@ -1401,6 +1412,65 @@ unsafe fn truncate_body(ns: usize, path: *const core::ffi::c_char, length: libc:
     };
     // SAFETY: forwarded.
     discarding(first, || unsafe { orig(path, length) })
+}
+
+entry! {
+    /// The `remap_file_pages` hook: the pages of a range of a shared
+    /// mapping of a file are replaced by other pages of the file (Linux
+    /// emulates the call, deprecated since 3.16, with an `mmap` of the
+    /// file at the range's address with `MAP_FIXED`): `VM_UNMAPPED` of the
+    /// range before the call and `VM_MAPPED` after it, as for an `mmap`
+    /// that replaces what lies at its address.
+    remap_file_pages_hook => remap_file_pages_body, ORIG_REMAP_FILE_PAGES as RemapFilePagesFn,
+    bits::VM_MAPPED | bits::VM_UNMAPPED,
+    (addr: *mut c_void, size: usize, prot: c_int, pgoff: usize, flags: c_int) -> c_int
+}
+
+/// [`remap_file_pages_hook`] when a handler wants `VM_MAPPED` or
+/// `VM_UNMAPPED`, for namespace `ns`'s libc. A failed call has reported
+/// `VM_UNMAPPED` of a range it left as it was (a private mapping, a
+/// range not mapped): a report too many, as for a failed `munmap`.
+#[inline(always)]
+unsafe fn remap_file_pages_body(
+    ns: usize,
+    addr: *mut c_void,
+    size: usize,
+    prot: c_int,
+    pgoff: usize,
+    flags: c_int,
+) -> c_int {
+    let orig = original!(ORIG_REMAP_FILE_PAGES[slot(ns)], RemapFilePagesFn);
+    let Some((start, bytes)) = remapped_range(addr as usize, size, prot) else {
+        // Refused before it looks at the mappings.
+        // SAFETY: forwarded.
+        return unsafe { orig(addr, size, prot, pgoff, flags) };
+    };
+    if wants(bits::VM_UNMAPPED) {
+        notify_keeping_errno(unmapped_bytes(start, bytes));
+    }
+    // SAFETY: forwarded.
+    let result = unsafe { orig(addr, size, prot, pgoff, flags) };
+    if result == 0 {
+        // A new mapping of a file, as an mmap's (see [`FILE_MAPPINGS`]).
+        file_mapping_changed();
+        if wants(bits::VM_MAPPED) {
+            notify_keeping_errno(mapped_bytes(start, bytes));
+        }
+    }
+    result
+}
+
+/// The range `remap_file_pages(addr, size, prot, ..)` acts on, as Linux
+/// takes it (`mm/mmap.c`): the address rounded down to a page, the size
+/// rounded down to whole pages (not the end up, as `munmap` does: a
+/// partial last page stays as it was). `None` where Linux refuses the
+/// call before it looks at the mappings: `prot` other than 0 (its only
+/// valid value), a size under a page, a range past the top of the
+/// address space.
+fn remapped_range(addr: usize, size: usize, prot: c_int) -> Option<(usize, usize)> {
+    let mask = page_size() - 1;
+    let (start, bytes) = (addr & !mask, size & !mask);
+    (prot == 0 && bytes != 0 && start.checked_add(bytes).is_some()).then_some((start, bytes))
 }
 
 /// A file's identity: its device (major, minor) and inode.

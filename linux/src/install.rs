@@ -129,7 +129,7 @@ pub const MAX_STATUS: usize = HOST_STATUS;
 pub type Status = heapless::Vec<FunctionStatus, MAX_STATUS>;
 
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-type BistroHooks = heapless::Vec<crate::bistro::Hook, 16>;
+type BistroHooks = heapless::Vec<crate::bistro::Hook, { crate::host::FUNCTIONS + 4 }>;
 
 struct Installed {
     config: Option<Config>,
@@ -383,7 +383,7 @@ enum Step {
 /// and the loader's functions where `loader` has them
 /// ([`loader_requests`]), all in one batch (`Hook::patch_batch`: one hold
 /// of the other threads and three serialisations of every core for all
-/// sixteen), and notes how each host function stands, in the functions'
+/// seventeen), and notes how each host function stands, in the functions'
 /// order. Whether the loader's were all patched (all or none: where one
 /// could not be, the ones done are undone, and reloc's GOT hooks follow
 /// the loader instead).
@@ -525,7 +525,8 @@ fn unfollow_loader(state: &mut Installed) {
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn unpatch_host_and_loader(state: &mut Installed) {
     if state.loader.is_empty() || state.hooks.len() + state.loader.len() > state.hooks.capacity() {
-        // (The second cannot happen: twelve host functions, four.)
+        // (The second cannot happen: room for every host function and
+        // the loader's four.)
         unfollow_loader(state);
         unpatch_all(&mut state.hooks);
         return;

@@ -44,6 +44,7 @@ int mhh_ftruncate(int fd, long len) { return ftruncate(fd, len); }
 int mhh_ftruncate64(int fd, long len) { return ftruncate64(fd, len); }
 int mhh_truncate(const char *path, long len) { return truncate(path, len); }
 void *mhh_mmap_file(void *at, size_t len, int flags, int fd, long off) { return mmap(at, len, PROT_READ | PROT_WRITE, flags, fd, off); }
+int mhh_remap_file_pages(void *p, size_t size, int prot, size_t pgoff, int flags) { return remap_file_pages(p, size, prot, pgoff, flags); }
 #include <dlfcn.h>
 void *mhh_dlopen(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
 int mhh_dlclose(void *handle) { return dlclose(handle); }
@@ -71,6 +72,7 @@ struct Helper {
     ftruncate64: unsafe extern "C" fn(i32, i64) -> i32,
     truncate: unsafe extern "C" fn(*const libc::c_char, i64) -> i32,
     mmap_file: unsafe extern "C" fn(usize, usize, i32, i32, i64) -> usize,
+    remap_file_pages: unsafe extern "C" fn(usize, usize, i32, usize, i32) -> i32,
     dlopen: unsafe extern "C" fn(*const libc::c_char) -> usize,
     dlclose: unsafe extern "C" fn(usize) -> i32,
     dlsym: unsafe extern "C" fn(usize, *const libc::c_char) -> usize,
@@ -146,6 +148,7 @@ fn helper() -> &'static Helper {
                 ftruncate64: cast(sym(c"mhh_ftruncate64")),
                 truncate: cast(sym(c"mhh_truncate")),
                 mmap_file: cast(sym(c"mhh_mmap_file")),
+                remap_file_pages: cast(sym(c"mhh_remap_file_pages")),
                 dlopen: cast(sym(c"mhh_dlopen")),
                 dlclose: cast(sym(c"mhh_dlclose")),
                 dlsym: cast(sym(c"mhh_dlsym")),
@@ -243,12 +246,12 @@ fn about(log: &[Rec], addr: usize, len: usize) -> Vec<Rec> {
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// How many host functions memhook hooks here: twelve, or eleven with a
-/// glibc older than 2.36 (no `process_madvise`, so nothing to hook).
+/// How many host functions memhook hooks here: thirteen, or twelve with
+/// a glibc older than 2.36 (no `process_madvise`, so nothing to hook).
 fn host_functions() -> usize {
     // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
     let present = !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"process_madvise".as_ptr()) }.is_null();
-    11 + usize::from(present)
+    12 + usize::from(present)
 }
 
 fn page_size() -> usize {
@@ -448,6 +451,64 @@ fn check_file_discards(h: &Helper, events: u32) {
     }
 }
 
+/// remap_file_pages puts other pages of a file in a range of a shared
+/// mapping of it (Linux emulates it with an `mmap` of the file over the
+/// range): the pages a registration cache pinned there are no longer the
+/// mapping's. `VM_UNMAPPED` of the range before the call, `VM_MAPPED`
+/// after, the range as the kernel takes it (address rounded down to a
+/// page, size down to whole pages); nothing for a call it refuses before
+/// looking at the mappings, with its errno.
+fn check_remap_file_pages(h: &Helper, events: u32) {
+    let page = page_size();
+    // SAFETY: a new memfd, closed below.
+    let fd = unsafe { libc::memfd_create(c"memhook-remap".as_ptr(), 0) };
+    assert!(fd >= 0);
+    // SAFETY: the helper wraps the libc call; the ranges it is given lie
+    // in the mapping made here (or are refused by the kernel), unmapped
+    // below.
+    unsafe {
+        assert_eq!(libc::ftruncate(fd, (8 * page) as libc::off_t), 0);
+        let m = map_file(fd, 8, 0, true);
+        for i in 0..8 {
+            std::ptr::write_bytes((m + i * page) as *mut u8, i as u8 + 1, page);
+        }
+        // From inside page 1, two pages and a bit: pages 1 and 2 now show
+        // the file's pages 5 and 6; page 3 keeps its own.
+        let mut result = -1;
+        let log = recorded(|| {
+            set_errno(77);
+            result = (h.remap_file_pages)(m + page + 100, 2 * page + 50, 0, 5, 0);
+            assert_eq!(errno(), 77, "errno survives the handlers around remap_file_pages");
+        });
+        assert_eq!(result, 0);
+        assert_eq!(
+            about(&log, m, 8 * page),
+            only(
+                events,
+                [
+                    (bits::VM_UNMAPPED, m + page, 2 * page, 0),
+                    (bits::VM_MAPPED, m + page, 2 * page, 0)
+                ]
+            )
+        );
+        assert_eq!(*((m + page) as *const u8), 6, "page 1 shows the file's page 5");
+        assert_eq!(*((m + 2 * page) as *const u8), 7, "page 2 shows the file's page 6");
+        assert_eq!(*((m + 3 * page) as *const u8), 4, "page 3 kept its own");
+        // Refused before the mappings are looked at: a protection other
+        // than 0, a size under a page. Nothing reported.
+        let log = recorded(|| {
+            assert_eq!((h.remap_file_pages)(m, page, libc::PROT_READ, 1, 0), -1);
+            assert_eq!(errno(), libc::EINVAL);
+            assert_eq!((h.remap_file_pages)(m, page - 1, 0, 1, 0), -1);
+            assert_eq!(errno(), libc::EINVAL);
+        });
+        assert_eq!(about(&log, m, 8 * page), []);
+        assert_eq!(*(m as *const u8), 1, "page 0 kept its own");
+        libc::munmap(m as *mut libc::c_void, 8 * page);
+        libc::close(fd);
+    }
+}
+
 /// process_madvise (glibc 2.36): a discarding advice on the caller's own
 /// memory (Linux 6.13; an allocator's batch of `MADV_DONTNEED`s) is a
 /// `VM_UNMAPPED` of each range, in order, before the call; the function
@@ -597,8 +658,6 @@ fn config(mmap: HookMode) -> Config {
 
 const K64: usize = 64 * 1024;
 
-/// The records of `all` whose kind is in `events`: what a handler
-/// registered for `events` sees of a call that makes `all`.
 /// `shmdt` of an attachment of `id_shm` (`K64` bytes) split in pieces:
 /// by `mprotect` of its second page, and by `munmap` of its first. Linux
 /// unmaps every piece left (`ksys_shmdt`); the hook must report them all
@@ -633,6 +692,8 @@ fn check_shm_fragments(h: &Helper, events: u32, id_shm: i32, page: usize) {
     );
 }
 
+/// The records of `all` whose kind is in `events`: what a handler
+/// registered for `events` sees of a call that makes `all`.
 fn only(events: u32, all: impl IntoIterator<Item = Rec>) -> Vec<Rec> {
     all.into_iter().filter(|r| r.0 & events != 0).collect()
 }
@@ -811,6 +872,7 @@ fn check_mode(mode: HookMode, events: u32) {
 
     check_process_madvise(h, events);
     check_file_discards(h, events);
+    check_remap_file_pages(h, events);
 
     // shmat/shmdt: sizes from the segment and the mapping.
     // SAFETY: a private segment, removed below.
@@ -1352,7 +1414,8 @@ fn record_then_act(e: &mut Event) {
 /// pages runs (after the hook looked at `/proc/self/maps`, before the
 /// call: here by the handler of the hook's first report, at an address
 /// below the ones reported, which the look has passed; or a reported one
-/// moved there) is reported after
+/// moved there, or given other pages of the file by `remap_file_pages`)
+/// is reported after
 /// the call, with every range of the file again: late, not lost. For a
 /// handler of `VM_UNMAPPED` alone, a registration cache's subscription,
 /// whose hooks of mmap otherwise would not dispatch a plain mmap.
@@ -1441,6 +1504,28 @@ fn check_mapping_during_a_discard(mode: HookMode) {
         assert_eq!(
             about(&log, low, 64 * page),
             [pages_2_to_4(low), pages_2_to_4(shared), pages_2_to_4(private)],
+            "{log:x?}"
+        );
+
+        // The first mapping reported given the file's pages 2 to 4 at its
+        // pages 8 to 10 (remap_file_pages), past what the look saw there,
+        // by the handler of its report.
+        *DURING_DISCARD.lock().unwrap() = Some(Box::new(move || {
+            assert_eq!((h.remap_file_pages)(low + 8 * page, 3 * page, 0, 2, 0), 0);
+        }));
+        let log = recorded(|| assert_eq!(punch(fd), 0));
+        assert_eq!(
+            about(&log, low, 64 * page),
+            [
+                pages_2_to_4(low),
+                (bits::VM_UNMAPPED, low + 8 * page, 3 * page, 0),
+                pages_2_to_4(shared),
+                pages_2_to_4(private),
+                pages_2_to_4(low),
+                (bits::VM_UNMAPPED, low + 8 * page, 3 * page, 0),
+                pages_2_to_4(shared),
+                pages_2_to_4(private)
+            ],
             "{log:x?}"
         );
         *DURING_DISCARD.lock().unwrap() = None;
@@ -1696,6 +1781,7 @@ fn install_uninstall_cycles_restore_the_bytes() {
         c"fallocate",
         c"ftruncate",
         c"truncate",
+        c"remap_file_pages",
     ];
     // SAFETY: NUL-terminated names and the pseudo-handle RTLD_DEFAULT.
     let names: Vec<_> = names
