@@ -54,7 +54,7 @@ use memhook_core::event::{
 };
 
 use crate::dispatch::{begin, finish, notify, wants};
-use crate::maps::page_size;
+use crate::maps::{keeping_errno, page_size};
 
 /// The address that runs `function`'s original (`"mmap"`, `"munmap"`,
 /// `"mremap"`, `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
@@ -607,18 +607,6 @@ unsafe fn mremap_body(
     result as *mut c_void
 }
 
-/// Runs `f` (which delivers events outside a call's own dispatch) and
-/// puts back the caller's errno, whatever the handlers did to it.
-fn keeping_errno(f: impl FnOnce()) {
-    // SAFETY: __errno_location has no preconditions.
-    let errno = unsafe { libc::__errno_location() };
-    // SAFETY: this thread's errno, which stays where it is.
-    let saved = unsafe { *errno };
-    f();
-    // SAFETY: as above.
-    unsafe { *errno = saved };
-}
-
 /// Delivers `event` (if any) outside a call's own dispatch, keeping the
 /// caller's errno whatever the handlers do.
 #[cold]
@@ -704,6 +692,13 @@ fn segment_page(ns: usize, shmid: c_int, start: usize) -> usize {
     if !crate::hugetlb::may_start_huge_page(start) {
         return page_size();
     }
+    // (Before the call: its own attach's errno is not the caller's.)
+    keeping_errno(|| attached_page(ns, shmid))
+}
+
+/// [`segment_page`]'s look: the segment attached for a moment, and the
+/// page size of its mapping.
+fn attached_page(ns: usize, shmid: c_int) -> usize {
     let attach = original!(ORIG_SHMAT[slot(ns)], ShmatFn);
     // SAFETY: shmat of the caller's segment where the kernel chooses,
     // read-only: a new mapping of nothing else, detached below.

@@ -25,14 +25,16 @@
 //! mappings answers the question after an install or a new handler (the
 //! hooks may not have run for a while before: `forget`). Everything here
 //! is allocation-free and safe in a signal handler (system calls on the
-//! stack's buffers). [`support`] says what applies in this process
+//! stack's buffers), and leaves errno as it finds it: the hooks ask
+//! before the calls they hook, whose callers see the errno of their own
+//! call alone. [`support`] says what applies in this process
 //! (`memhook doctor`'s `hugetlb:` line).
 
 use core::ffi::c_int;
 use core::ops::ControlFlow;
 use core::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
-use crate::maps::{Mapping, page_size};
+use crate::maps::{Mapping, keeping_errno, page_size};
 
 /// `statfs.f_type` of hugetlbfs.
 const HUGETLBFS_MAGIC: u32 = 0x9584_58f6;
@@ -132,6 +134,11 @@ fn sizes() -> u64 {
 /// no sizes, and mappings are sized in base pages.
 #[cold]
 fn probe() -> u64 {
+    keeping_errno(probe_sizes)
+}
+
+/// [`probe`]'s work (its refused `memfd_create`s set errno).
+fn probe_sizes() -> u64 {
     let mut sizes = 0u64;
     for k in 16..=34 {
         if let Some(fd) = memfd_huge(k << HUGE_SHIFT) {
@@ -223,13 +230,15 @@ fn of_huge_flags(flags: c_int) -> usize {
 /// any other file.
 #[cold]
 pub(crate) fn of_file(fd: c_int) -> usize {
-    let base = page_size();
-    let Some(dev) = hugetlbfs_device(fd) else {
-        return base;
-    };
-    internal_page(dev)
-        .or_else(|| Mounts::read().page_of(dev))
-        .map_or(base, |page| page.max(base))
+    keeping_errno(|| {
+        let base = page_size();
+        let Some(dev) = hugetlbfs_device(fd) else {
+            return base;
+        };
+        internal_page(dev)
+            .or_else(|| Mounts::read().page_of(dev))
+            .map_or(base, |page| page.max(base))
+    })
 }
 
 /// The page size of the mapping `mmap` just made at `address` of the
@@ -240,7 +249,7 @@ pub(crate) fn of_file(fd: c_int) -> usize {
 /// the caller.
 #[cold]
 pub(crate) fn of_file_at(fd: c_int, address: usize) -> usize {
-    match hugetlbfs_device(fd) {
+    match keeping_errno(|| hugetlbfs_device(fd)) {
         None => page_size(),
         Some(dev) => internal_page(dev).unwrap_or_else(|| of_new_at(address)),
     }
@@ -391,12 +400,13 @@ pub(crate) fn page_at(addr: usize) -> usize {
 /// nothing is), asked of the kernel.
 pub(crate) fn page_here(addr: usize) -> usize {
     let base = page_size();
-    match query(addr, false) {
+    // (`PROCMAP_QUERY` of an address with no mapping sets ENOENT.)
+    keeping_errno(|| match query(addr, false) {
         Ok(found) => found
             .filter(|&(start, _, _)| start <= addr)
             .map_or(base, |(_, _, page)| page),
         Err(()) => crate::maps::find(addr).map_or(base, |m| page_of(&m, &mut None)),
-    }
+    })
 }
 
 /// Whether the process may have a hugetlb mapping: known by the hooks,
@@ -429,6 +439,11 @@ fn present_by(look: impl FnOnce() -> bool) -> bool {
 /// Whether any mapping of the process is a hugetlb one.
 #[cold]
 fn look() -> bool {
+    keeping_errno(look_over)
+}
+
+/// [`look`]'s work.
+fn look_over() -> bool {
     let base = page_size();
     let by_query = with_maps(|fd| {
         let mut at = 0usize;
@@ -957,6 +972,46 @@ pub(crate) mod tests {
         assert_eq!(known(), 0, "unknown still");
         assert!(!present(), "none left");
         assert_eq!(known(), ABSENT);
+    }
+
+    /// The questions the hooks ask before the calls they hook leave errno
+    /// as they find it (the caller sees its own call's alone): the first
+    /// one's probe (each size the kernel lacks is an `EINVAL`), a
+    /// mapping asked of at an address with none (`PROCMAP_QUERY` says
+    /// `ENOENT`), a look over the mappings, both ways, a file that cannot
+    /// be asked of (`EBADF`).
+    #[test]
+    fn the_questions_leave_errno_as_they_find_it() {
+        let _t = HUGE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let keeps = |what: &str, f: &dyn Fn()| {
+            // SAFETY: this thread's errno.
+            unsafe { *libc::__errno_location() = 77 };
+            f();
+            assert_eq!(crate::maps::errno(), 77, "{what}");
+        };
+        let found = sizes();
+        SIZES.store(0, Ordering::Release);
+        keeps("the probe", &|| {
+            let _ = size_range();
+        });
+        assert_eq!(sizes(), found, "the same sizes found again");
+        let state = PRESENT.load(Ordering::Acquire);
+        // The lowest page: never mapped (`vm.mmap_min_addr`).
+        let nothing = page_size();
+        for off in [false, true] {
+            QUERY_OFF.store(off, Ordering::Relaxed);
+            keeps("nothing mapped", &|| assert_eq!(page_here(nothing), page_size()));
+            PRESENT.store(0, Ordering::Release);
+            keeps("a look", &|| {
+                let _ = present();
+            });
+        }
+        QUERY_OFF.store(false, Ordering::Relaxed);
+        PRESENT.store(state, Ordering::Release);
+        keeps("a bad descriptor", &|| {
+            assert_eq!(of_file(i32::MAX), page_size());
+            assert_eq!(of_file_at(i32::MAX, nothing), page_size());
+        });
     }
 
     /// `madvise(MADV_DONTNEED)` of a hugetlb mapping's first 4 KiB, where

@@ -267,6 +267,22 @@ pub(crate) fn errno() -> i32 {
     unsafe { *libc::__errno_location() }
 }
 
+/// Runs `f` and puts back the calling thread's errno as it was, whatever
+/// `f`'s system calls or a handler it calls left there: for what a hook
+/// does besides the call it hooks (a look at the mappings, events
+/// delivered outside the call's own dispatch), so that the caller sees
+/// the errno of its own call alone.
+pub(crate) fn keeping_errno<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: __errno_location has no preconditions.
+    let errno = unsafe { libc::__errno_location() };
+    // SAFETY: this thread's errno, which stays where it is.
+    let saved = unsafe { *errno };
+    let result = f();
+    // SAFETY: as above.
+    unsafe { *errno = saved };
+    result
+}
+
 /// For tests: `pages` fresh read-write pages between two `PROT_NONE`
 /// guard pages (the one after them starts at `base + pages * page`).
 /// The guards keep the pages a mapping of their own whatever else is
