@@ -807,7 +807,9 @@ fn shm_attached(at: usize) -> (usize, usize) {
 unsafe fn shmdt_body(ns: usize, shmaddr: *const c_void) -> c_int {
     let orig = original!(ORIG_SHMDT[slot(ns)], ShmdtFn);
     let before = if wants(bits::VM_UNMAPPED) {
-        let (at, size) = shm_attached(shmaddr as usize);
+        // (Before the call: a refused open of /proc/self/maps is not the
+        // caller's errno.)
+        let (at, size) = keeping_errno(|| shm_attached(shmaddr as usize));
         unmapped(at, size)
     } else {
         None
@@ -1036,8 +1038,14 @@ pub(crate) fn discarded(address: usize, size: usize, advice: c_int) -> Option<Ev
 /// range's own are the call's own dispatch's to report). Returns
 /// [`FILE_MAPPINGS`] as it was before the look, the second look's cue.
 /// Reads `/proc/self/maps` once per mapping in the range: a rare call.
+/// Keeps errno (it runs before the call, whose caller sees its own).
 #[cold]
 fn report_removed(addr: usize, len: usize) -> u64 {
+    keeping_errno(|| report_removed_mappings(addr, len))
+}
+
+/// [`report_removed`]'s work.
+fn report_removed_mappings(addr: usize, len: usize) -> u64 {
     let mappings = FILE_MAPPINGS.load(Ordering::SeqCst);
     let end = addr.saturating_add(whole_pages(addr, len));
     let mut at = addr;

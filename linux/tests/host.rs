@@ -1619,6 +1619,62 @@ fn every_function_in_reloc_mode_with_aggregate_events_alone() {
     check_mode(HookMode::Reloc, VM);
 }
 
+/// The look at `/proc/self/maps` some hooks make before their call
+/// (`shmdt`, `madvise(MADV_REMOVE)`) may be refused (`EMFILE`, in a
+/// process at its limit of descriptors): a call that succeeds still
+/// leaves errno as it found it. In a child, so that the limit binds no
+/// other test's thread.
+#[test]
+fn a_refused_look_leaves_errno_alone() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(bits::ALL_EVENTS, 0, &record);
+    let page = page_size();
+    // SAFETY: a private segment attached, and a memfd mapped, both let go
+    // below (the child's copies die with it); the child calls only the
+    // helpers and async-signal-safe functions before `_exit`.
+    unsafe {
+        let id = libc::shmget(libc::IPC_PRIVATE, page, libc::IPC_CREAT | 0o600);
+        assert!(id >= 0);
+        let a = (h.shmat)(id);
+        assert_ne!(a, usize::MAX);
+        libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
+        let fd = libc::memfd_create(c"memhook-emfile".as_ptr(), 0);
+        assert!(fd >= 0);
+        assert_eq!(libc::ftruncate(fd, (2 * page) as libc::off_t), 0);
+        let m = map_file(fd, 2, 0, true);
+        let pid = libc::fork();
+        if pid == 0 {
+            // Every descriptor from the lowest free one on refused.
+            let free = libc::dup(0);
+            libc::close(free);
+            let mut limit = std::mem::zeroed::<libc::rlimit>();
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+            limit.rlim_cur = free as libc::rlim_t;
+            let refused = libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0
+                && libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY) == -1;
+            set_errno(77);
+            let detached = (h.shmdt)(a) == 0 && errno() == 77;
+            set_errno(77);
+            let removed = (h.madvise)(m, page, libc::MADV_REMOVE) == 0 && errno() == 77;
+            let code = i32::from(!refused) | i32::from(!detached) << 1 | i32::from(!removed) << 2;
+            libc::_exit(code);
+        }
+        assert!(pid > 0);
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, 0);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child exit {} (1: opens not refused, 2: errno after shmdt, 4: errno after madvise)",
+            libc::WEXITSTATUS(status)
+        );
+        assert_eq!((h.shmdt)(a), 0);
+        libc::munmap(m as *mut libc::c_void, 2 * page);
+        libc::close(fd);
+    }
+}
+
 /// A pre-handler that supplies the result for one marker length.
 const MARKER: usize = 0x7e57_0000;
 fn fake_mmap(e: &mut Event) {
