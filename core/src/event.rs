@@ -78,7 +78,8 @@ pub mod bits {
     /// library the dynamic loader loaded (`dlopen`) included.
     pub const VM_MAPPED: u32 = 1 << 16;
     /// A range of virtual memory is about to be unmapped: by `munmap`,
-    /// `mremap` (its source), `shmdt`, a shrinking `brk`/`sbrk`, a
+    /// `mremap` (its source where it may move it; of a shrink, which
+    /// stays in place, the pages past the new end), `shmdt`, a shrinking `brk`/`sbrk`, a
     /// discarding `madvise` or `process_madvise` (one event per range),
     /// a `fallocate`, `ftruncate` or `truncate` that discards pages of a
     /// mapped file (one per mapping), or a call that maps at a fixed

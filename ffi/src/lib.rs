@@ -134,8 +134,8 @@ pub const MEMHOOK_EVENT_MADVISE: u32 = 1 << 6;
 pub const MEMHOOK_EVENT_BRK: u32 = 1 << 7;
 /// A range became mapped (a library dlopen loaded included).
 pub const MEMHOOK_EVENT_VM_MAPPED: u32 = 1 << 16;
-/// A range is about to be unmapped: by munmap, mremap (its source),
-/// shmdt, a shrinking brk or sbrk, a discarding madvise or
+/// A range is about to be unmapped: by munmap, mremap (its source where
+/// it may move it; of a shrink, the pages past the new end), shmdt, a shrinking brk or sbrk, a discarding madvise or
 /// process_madvise (one event per range), a fallocate, ftruncate or
 /// truncate that discards pages of a mapped file (one per mapping), or a
 /// call that

@@ -583,8 +583,14 @@ unsafe fn mremap_body(
         flags,
         new_address: new_address as usize,
     });
+    let resize = in_place(old as usize, old_size, new_size, flags, page);
+    let before = match resize {
+        // What a shrink cuts off: the rest stays where it is.
+        Some((old_end, new_end)) => unmapped_bytes(old as usize + new_end, old_end.saturating_sub(new_end)),
+        None => unmapped_in(old as usize, old_size, page),
+    };
     call_original(
-        unmapped_in(old as usize, old_size, page),
+        before,
         &mut ev,
         |e| {
             if let Event::Mremap(m) = e {
@@ -596,15 +602,55 @@ unsafe fn mremap_body(
                 }
             }
         },
-        |e| succeeded(result_of!(*e, Mremap, INVALID_PTR)).and_then(|r| mapped_in(r, new_size, page)),
+        |e| {
+            let r = succeeded(result_of!(*e, Mremap, INVALID_PTR))?;
+            match resize {
+                // What a growth in place added.
+                Some((old_end, new_end)) if r == old as usize => {
+                    mapped_bytes(r + old_end, new_end.saturating_sub(old_end))
+                }
+                _ => mapped_in(r, new_size, page),
+            }
+        },
     );
     let result = result_of!(ev, Mremap, INVALID_PTR);
+    if let Some((_, new_end)) = resize
+        && succeeded(result).is_some_and(|r| r != old as usize)
+        && wants(bits::VM_UNMAPPED)
+    {
+        // Moved where Linux resizes in place (qemu-user moves a shrink
+        // made with MREMAP_MAYMOVE): the pages that stayed are gone from
+        // here too. Late, not lost.
+        notify_keeping_errno(unmapped_bytes(old as usize, new_end));
+    }
     if flags & libc::MREMAP_DONTUNMAP != 0 && succeeded(result).is_some() && wants(bits::VM_MAPPED) {
         // The source stays mapped, emptied (its pages moved): a new
         // mapping where the call's dispatch reported one unmapped.
         notify_keeping_errno(mapped_in(old as usize, old_size, page));
     }
     result as *mut c_void
+}
+
+/// Where `mremap(old, old_size, new_size, flags)` cannot move the
+/// mapping, the ends (from `old`, in whole pages of `page` bytes) of the
+/// mapping before and after it: a shrink, which Linux always makes in
+/// place (it unmaps the pages past the new end, whatever the flags but
+/// `MREMAP_FIXED` and `MREMAP_DONTUNMAP`, which move), a call that keeps
+/// the size, and a growth without `MREMAP_MAYMOVE` (in place, or
+/// refused). Then the pages kept are neither unmapped nor mapped again:
+/// a registration cache keeps its registrations of a buffer `realloc`
+/// shrank (glibc shrinks a large block with `mremap`) but for the pages
+/// cut off. `None` where the call may move the mapping (a growth with
+/// `MREMAP_MAYMOVE`, an old size of 0, which makes a second mapping),
+/// or moves it: the whole old range goes before the call, and the
+/// result's is mapped after.
+#[inline(always)]
+fn in_place(old: usize, old_size: usize, new_size: usize, flags: c_int, page: usize) -> Option<(usize, usize)> {
+    if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 || old_size == 0 || new_size == 0 {
+        return None;
+    }
+    let (old_end, new_end) = (whole_pages_of(old, old_size, page), whole_pages_of(old, new_size, page));
+    (new_end <= old_end || flags & libc::MREMAP_MAYMOVE == 0).then_some((old_end, new_end))
 }
 
 /// Delivers `event` (if any) outside a call's own dispatch, keeping the

@@ -526,6 +526,95 @@ fn check_remap_file_pages(h: &Helper, events: u32) {
     }
 }
 
+/// An `mremap` that cannot move the mapping acts in place: a shrink
+/// (Linux makes every one in place) unmaps only the pages past the new
+/// end, a call that keeps the size changes nothing, and a growth
+/// without `MREMAP_MAYMOVE` maps only the pages added (or is refused).
+/// The pages kept are neither unmapped nor mapped again: a registration
+/// cache keeps its registrations of them.
+fn check_mremap_in_place(h: &Helper, events: u32) {
+    let page = page_size();
+    // SAFETY: a mapping of the helper's, resized in place below and
+    // unmapped at its last size; the helpers pass what libc expects.
+    unsafe {
+        let a = (h.mmap)(2 * K64);
+        assert_ne!(a as isize, -1);
+        // To K64 + 100 bytes, may move: in place, the pages past K64 + one
+        // page unmapped.
+        let mut r = 0;
+        let log = recorded(|| {
+            set_errno(77);
+            r = (h.mremap)(a, 2 * K64, K64 + 100);
+            assert_eq!(errno(), 77, "errno survives the handlers of a shrink");
+        });
+        if r != a {
+            // qemu-user moves it (Linux does not): the pages that stayed
+            // are reported gone from the old place after the call, late,
+            // and the new place mapped.
+            assert!(
+                std::env::var_os("MEMHOOK_TEST_QEMU").is_some(),
+                "Linux shrinks in place: {a:#x} moved to {r:#x}"
+            );
+            let log: Vec<Rec> = log
+                .into_iter()
+                .filter(|x| near(x, a, 2 * K64) || near(x, r, K64))
+                .collect();
+            assert_eq!(
+                log,
+                only(
+                    events,
+                    [
+                        (bits::VM_UNMAPPED, a + K64 + page, K64 - page, 0),
+                        (bits::MREMAP, a, K64 + 100, r as isize),
+                        (bits::VM_MAPPED, r, K64 + page, 0),
+                        (bits::VM_UNMAPPED, a, K64 + page, 0)
+                    ]
+                ),
+                "{log:x?}"
+            );
+            assert_eq!((h.munmap)(r, K64 + page), 0);
+            return;
+        }
+        assert_eq!(
+            about(&log, a, 2 * K64),
+            only(
+                events,
+                [
+                    (bits::VM_UNMAPPED, a + K64 + page, K64 - page, 0),
+                    (bits::MREMAP, a, K64 + 100, a as isize)
+                ]
+            ),
+            "{log:x?}"
+        );
+        // The same pages: nothing unmapped or mapped.
+        let log = recorded(|| r = (h.mremap)(a, K64 + 100, K64 + page));
+        assert_eq!(r, a);
+        assert_eq!(
+            about(&log, a, 2 * K64),
+            only(events, [(bits::MREMAP, a, K64 + page, a as isize)]),
+            "{log:x?}"
+        );
+        // Back to 2 * K64 without MREMAP_MAYMOVE: in place (the pages
+        // after it were its own a moment ago; another thread may have
+        // mapped there since, and then the kernel refuses).
+        let log = recorded(|| r = (h.mremap_flags)(a, K64 + page, 2 * K64, 0));
+        let (size, want) = if r == a {
+            (
+                2 * K64,
+                vec![
+                    (bits::MREMAP, a, 2 * K64, a as isize),
+                    (bits::VM_MAPPED, a + K64 + page, K64 - page, 0),
+                ],
+            )
+        } else {
+            assert_eq!(errno(), libc::ENOMEM, "a growth in place refused");
+            (K64 + page, vec![(bits::MREMAP, a, 2 * K64, -1)])
+        };
+        assert_eq!(about(&log, a, 2 * K64), only(events, want), "{log:x?}");
+        assert_eq!((h.munmap)(a, size), 0);
+    }
+}
+
 /// Whether `remap_file_pages` works here (tried once, by the system call
 /// itself, on a mapping of its own), or the errno it refuses with
 /// (qemu-user answers `ENOSYS`).
@@ -800,6 +889,8 @@ fn check_mode(mode: HookMode, events: u32) {
         ),
         "{log:x?}"
     );
+
+    check_mremap_in_place(h, events);
 
     // madvise: a discarding advice is an unmap of the contents; others are
     // not reported.
