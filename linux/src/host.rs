@@ -1489,7 +1489,7 @@ unsafe fn remap_file_pages_body(
     flags: c_int,
 ) -> c_int {
     let orig = original!(ORIG_REMAP_FILE_PAGES[slot(ns)], RemapFilePagesFn);
-    let Some((start, bytes)) = remapped_range(addr as usize, size, prot) else {
+    let Some((start, bytes)) = remapped_range(addr as usize, size, prot, pgoff) else {
         // Refused before it looks at the mappings.
         // SAFETY: forwarded.
         return unsafe { orig(addr, size, prot, pgoff, flags) };
@@ -1515,11 +1515,15 @@ unsafe fn remap_file_pages_body(
 /// partial last page stays as it was). `None` where Linux refuses the
 /// call before it looks at the mappings: `prot` other than 0 (its only
 /// valid value), a size under a page, a range past the top of the
-/// address space.
-fn remapped_range(addr: usize, size: usize, prot: c_int) -> Option<(usize, usize)> {
-    let mask = page_size() - 1;
-    let (start, bytes) = (addr & !mask, size & !mask);
-    (prot == 0 && bytes != 0 && start.checked_add(bytes).is_some()).then_some((start, bytes))
+/// address space, file pages from `pgoff` past the largest offset.
+fn remapped_range(addr: usize, size: usize, prot: c_int, pgoff: usize) -> Option<(usize, usize)> {
+    let page = page_size();
+    let (start, bytes) = (addr & !(page - 1), size & !(page - 1));
+    let valid = prot == 0
+        && bytes != 0
+        && start.checked_add(bytes).is_some()
+        && pgoff.checked_add(bytes >> page.trailing_zeros()).is_some();
+    valid.then_some((start, bytes))
 }
 
 /// A file's identity: its device (major, minor) and inode.

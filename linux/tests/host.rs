@@ -512,11 +512,14 @@ fn check_remap_file_pages(h: &Helper, events: u32) {
         assert_eq!(*((m + 2 * page) as *const u8), 7, "page 2 shows the file's page 6");
         assert_eq!(*((m + 3 * page) as *const u8), 4, "page 3 kept its own");
         // Refused before the mappings are looked at: a protection other
-        // than 0, a size under a page. Nothing reported.
+        // than 0, a size under a page, file pages past the largest
+        // offset. Nothing reported.
         let log = recorded(|| {
             assert_eq!((h.remap_file_pages)(m, page, libc::PROT_READ, 1, 0), -1);
             assert_eq!(errno(), libc::EINVAL);
             assert_eq!((h.remap_file_pages)(m, page - 1, 0, 1, 0), -1);
+            assert_eq!(errno(), libc::EINVAL);
+            assert_eq!((h.remap_file_pages)(m, 2 * page, 0, usize::MAX, 0), -1);
             assert_eq!(errno(), libc::EINVAL);
         });
         assert_eq!(about(&log, m, 8 * page), []);
