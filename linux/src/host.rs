@@ -643,14 +643,16 @@ unsafe fn mremap_body(
 /// cut off. `None` where the call may move the mapping (a growth with
 /// `MREMAP_MAYMOVE`, an old size of 0, which makes a second mapping),
 /// or moves it: the whole old range goes before the call, and the
-/// result's is mapped after.
+/// result's is mapped after; and for a range past the top of the address
+/// space (the kernel refuses it).
 #[inline(always)]
 fn in_place(old: usize, old_size: usize, new_size: usize, flags: c_int, page: usize) -> Option<(usize, usize)> {
     if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 || old_size == 0 || new_size == 0 {
         return None;
     }
     let (old_end, new_end) = (whole_pages_of(old, old_size, page), whole_pages_of(old, new_size, page));
-    (new_end <= old_end || flags & libc::MREMAP_MAYMOVE == 0).then_some((old_end, new_end))
+    let stays = new_end <= old_end || flags & libc::MREMAP_MAYMOVE == 0;
+    (stays && old.checked_add(old_end.max(new_end)).is_some()).then_some((old_end, new_end))
 }
 
 /// Delivers `event` (if any) outside a call's own dispatch, keeping the

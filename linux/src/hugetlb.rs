@@ -976,7 +976,7 @@ pub(crate) mod tests {
 
     /// The questions the hooks ask before the calls they hook leave errno
     /// as they find it (the caller sees its own call's alone): the first
-    /// one's probe (each size the kernel lacks is an `EINVAL`), a
+    /// one's probe (each size the kernel lacks fails: `ENODEV` here), a
     /// mapping asked of at an address with none (`PROCMAP_QUERY` says
     /// `ENOENT`), a look over the mappings, both ways, a file that cannot
     /// be asked of (`EBADF`).

@@ -600,6 +600,11 @@ fn check_mremap_in_place(h: &Helper, events: u32) {
         // Back to 2 * K64 without MREMAP_MAYMOVE: in place (the pages
         // after it were its own a moment ago; another thread may have
         // mapped there since, and then the kernel refuses).
+        // A range at the top of the address space, whose ends the hook
+        // must not compute past it: refused by the kernel, and nothing
+        // worse.
+        let top = usize::MAX & !(page - 1);
+        assert_eq!((h.mremap_flags)(top, 2 * page, page, 0), usize::MAX);
         let log = recorded(|| r = (h.mremap_flags)(a, K64 + page, 2 * K64, 0));
         let (size, want) = if r == a {
             (
@@ -1766,6 +1771,103 @@ fn a_refused_look_leaves_errno_alone() {
         assert_eq!((h.shmdt)(a), 0);
         libc::munmap(m as *mut libc::c_void, 2 * page);
         libc::close(fd);
+    }
+}
+
+/// Arguments the kernel refuses, at the top of the address space and
+/// past it (addresses no process can map: above 2^57, past five-level
+/// paging's user space) and sizes up to the largest: every hooked
+/// function gives the kernel's answer, and no hook computes a range past
+/// the top (a panic there, in the test's debug build, ends the process).
+/// The hooks' arithmetic on what the caller gives is checked. (Not under
+/// qemu-user, which answers some of these calls as it likes, a `madvise`
+/// past its guest's space with 0, and fails an assertion of its own on
+/// another.)
+#[test]
+fn arguments_at_the_top_of_the_address_space_are_the_kernels_to_refuse() {
+    if std::env::var_os("MEMHOOK_TEST_QEMU").is_some() {
+        eprintln!("under qemu-user: not checked");
+        return;
+    }
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    for mode in [HookMode::Bistro, HookMode::Reloc] {
+        let mut session = Session::new(mode);
+        session.handler(bits::ALL_EVENTS, -1, &record);
+        session.handler(bits::ALL_EVENTS, 0, &record);
+        let page = page_size();
+        let top = usize::MAX & !(page - 1);
+        let addresses = [1usize << 57, (1 << 63) + 1, top - page, top, usize::MAX - 1, usize::MAX];
+        let sizes = [1usize, page, 2 * page + 1, 1 << 62, usize::MAX - page + 1, usize::MAX];
+        let refused = |what: &str, r: isize| assert_eq!(r, -1, "{mode:?} {what}");
+        for &a in &addresses {
+            for &n in &sizes {
+                // SAFETY: nothing is mapped at these addresses; the kernel
+                // refuses each call (checked), and the helpers pass what
+                // libc expects.
+                unsafe {
+                    let what = format!("{a:#x} {n:#x}");
+                    refused(&format!("munmap {what}"), (h.munmap)(a, n) as isize);
+                    refused(
+                        &format!("madvise {what}"),
+                        (h.madvise)(a, n, libc::MADV_DONTNEED) as isize,
+                    );
+                    refused(
+                        &format!("madvise remove {what}"),
+                        (h.madvise)(a, n, libc::MADV_REMOVE) as isize,
+                    );
+                    for flags in [0, libc::MREMAP_MAYMOVE] {
+                        refused(
+                            &format!("mremap {what} {flags}"),
+                            (h.mremap_flags)(a, n, page, flags) as isize,
+                        );
+                        refused(
+                            &format!("mremap grow {what} {flags}"),
+                            (h.mremap_flags)(a, page, n, flags) as isize,
+                        );
+                    }
+                    refused(&format!("mremap to {what}"), (h.mremap_to)(a, page, n, top) as isize);
+                    refused(&format!("mmap at {what}"), (h.mmap_at)(a, n, libc::MAP_FIXED) as isize);
+                    refused(
+                        &format!("mmap at {what} no replace"),
+                        (h.mmap_at)(a, n, libc::MAP_FIXED_NOREPLACE) as isize,
+                    );
+                    refused(&format!("shmdt {what}"), (h.shmdt)(a) as isize);
+                    refused(&format!("remap {what}"), (h.remap_file_pages)(a, n, 0, 0, 0) as isize);
+                    let iov = [iovec(a, n), iovec(a, n)];
+                    let pidfd = -1;
+                    let r = (h.process_madvise)(pidfd, iov.as_ptr(), 2, libc::MADV_DONTNEED, 0);
+                    // (-2: no process_madvise in this glibc.)
+                    refused(&format!("process_madvise {what}"), if r == -2 { -1 } else { r });
+                }
+            }
+        }
+        // SAFETY: sizes no process can have, and breaks no heap can
+        // reach or shrink by: each refused (ENOMEM), nothing changed.
+        unsafe {
+            for &n in &sizes[3..] {
+                refused(&format!("mmap {n:#x}"), (h.mmap)(n) as isize);
+            }
+            for increment in [isize::MAX, 1 << 62, -(1 << 62), isize::MIN + 1, isize::MIN] {
+                refused(&format!("sbrk {increment:#x}"), (h.sbrk)(increment) as isize);
+            }
+            for &a in &addresses {
+                refused(&format!("brk {a:#x}"), (h.brk)(a) as isize);
+            }
+        }
+        // SAFETY: as above: a segment attached at an address the kernel
+        // refuses, then removed.
+        unsafe {
+            let id = libc::shmget(libc::IPC_PRIVATE, page, libc::IPC_CREAT | 0o600);
+            assert!(id >= 0);
+            for &a in &addresses {
+                for flags in [0, libc::SHM_RND, libc::SHM_REMAP, libc::SHM_RND | libc::SHM_REMAP] {
+                    refused(&format!("shmat {a:#x} {flags}"), (h.shmat_at)(id, a, flags) as isize);
+                }
+            }
+            libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut());
+        }
+        drop(session);
     }
 }
 
