@@ -1285,6 +1285,41 @@ fn check_hugetlb(h: &Helper, events: u32) {
     // SAFETY: the test's huge page (where it was is unmapped: moved).
     assert_eq!(unsafe { (h.munmap)(to, M2) }, 0);
 
+    // A shrink in place of two huge pages: to 2 MiB and 4 KiB the kernel
+    // rounds the new size up to the huge page (nothing changes, nothing
+    // reported); to 2 MiB the second huge page goes.
+    let huge = libc::MAP_HUGETLB | (21 << libc::MAP_HUGE_SHIFT);
+    // SAFETY: a new hugetlb mapping of the test's, unmapped below.
+    let b = unsafe { (h.mmap_at)(0, 2 * M2, huge) };
+    if b as isize == -1 {
+        eprintln!(
+            "hugetlb: no two free 2 MiB pages (errno {}): shrink not checked",
+            errno()
+        );
+    } else {
+        // SAFETY: resizes the test's mapping in place.
+        let log = recorded(|| x = unsafe { (h.mremap)(b, 2 * M2, M2 + page) });
+        assert_eq!(x, b, "mremap errno {}", errno());
+        assert_eq!(
+            about(&log, b, 2 * M2),
+            only(events, [(bits::MREMAP, b, M2 + page, b as isize)]),
+            "{log:x?}"
+        );
+        // SAFETY: as above.
+        let log = recorded(|| x = unsafe { (h.mremap)(b, 2 * M2, M2) });
+        assert_eq!(x, b, "mremap errno {}", errno());
+        assert_eq!(
+            about(&log, b, 2 * M2),
+            only(
+                events,
+                [(bits::VM_UNMAPPED, b + M2, M2, 0), (bits::MREMAP, b, M2, b as isize)]
+            ),
+            "{log:x?}"
+        );
+        // SAFETY: what is left of it.
+        assert_eq!(unsafe { (h.munmap)(b, M2) }, 0);
+    }
+
     // A hugetlb memfd's file, mapped for 4 KiB: 2 MiB, where the kernel
     // chooses (the page size asked of the mapping after the call) and
     // with MAP_FIXED over ordinary memory (asked of the file's device
