@@ -113,8 +113,7 @@ static PLATFORM: Asymmetric = Asymmetric {
         // SAFETY: signal 0 only checks that the thread exists in this
         // process (tgkill with our own pid).
         let r = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::pid_t, 0) };
-        // SAFETY: errno is thread-local and always accessible.
-        r == 0 || unsafe { *libc::__errno_location() } != libc::ESRCH
+        r == 0 || crate::maps::errno() != libc::ESRCH
     },
 };
 

@@ -480,7 +480,8 @@ unsafe fn mmap_body(
     // A hugetlb mapping's pages are huge: the kernel rounds the length
     // up to one. Anonymous memory's size is in the flags; a file's is
     // known before the call only where the range it replaces needs it
-    // (0: asked of the mapping after the call).
+    // (0: asked of the mapping after the call; never where it replaces,
+    // both ways giving the base page or more).
     let replaces = mmap_replaces(flags) != 0;
     let page = if flags & libc::MAP_ANONYMOUS != 0 {
         crate::hugetlb::of_anonymous(flags)
@@ -491,7 +492,7 @@ unsafe fn mmap_body(
     };
     // A fixed mapping replaces what lay there: unmapped before the call.
     let before = if replaces {
-        unmapped_in(addr as usize, len, page.max(page_size()))
+        unmapped_in(addr as usize, len, page)
     } else {
         None
     };
@@ -1235,8 +1236,7 @@ fn read_by_kernel(from: usize, out: &mut [libc::iovec]) -> Option<bool> {
     if got >= 0 {
         return Some(got as usize == bytes);
     }
-    // SAFETY: this thread's errno.
-    (unsafe { *libc::__errno_location() } == libc::EFAULT).then_some(false)
+    (crate::maps::errno() == libc::EFAULT).then_some(false)
 }
 
 /// [`read_caller`] by a plain copy, if `/proc/self/maps` shows the whole
