@@ -71,7 +71,11 @@
 //! `sigreturn` it is marked as leaving: a look that finds it blocking the
 //! signal then waits on for it as for a thread that has not answered
 //! (it lets the signal in as soon as it runs), where it would count a
-//! thread that blocks the signal while it runs unchecked.
+//! thread that blocks the signal while it runs unchecked. The mark stays
+//! after the `sigreturn`; the mask tells the two apart: the handler's
+//! blocks glibc's own two signals, which no mask a program sets through
+//! glibc does ([`INTERNAL_SIGNALS`]), so a thread held once that later
+//! blocks the signal of its own accord is not waited for.
 //!
 //! Not seen: a thread whose pc was inside when another signal handler
 //! interrupted it, while the handler still runs (the pc is in the
@@ -147,7 +151,8 @@ static ACTIVE_WAITER: AtomicBool = AtomicBool::new(false);
 /// from there to its `sigreturn` it runs a few instructions, with the
 /// signal blocked, and may wait for a core there too. That mark stays
 /// after it has left (until it enters the handler again), and says only
-/// that the thread was here last.
+/// that the thread was here last; its mask says whether it still is
+/// ([`Tasks::blocks_as_the_handler`]).
 static RETURNING: [AtomicI32; MAX_THREADS] = [const { AtomicI32::new(0) }; MAX_THREADS];
 /// 1 while held threads wait (a futex word).
 static HOLD: AtomicU32 = AtomicU32::new(0);
@@ -248,6 +253,19 @@ pub(crate) fn sleep_ns(ns: u64) {
     // remainder is not wanted.
     unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
 }
+
+/// Signals 32 and 33 (bits 31 and 32 of a mask), which glibc keeps for
+/// itself (thread cancellation, and `setuid` and the like on every
+/// thread) and takes out of every mask a program sets through it
+/// (`sigprocmask`, `pthread_sigmask`, `sigfillset`, a handler's mask
+/// through `sigaction` made with those). memhook's handler blocks them
+/// too: a thread's `SigBlk` has them from the handler's entry to its
+/// `sigreturn`, and, in a program that blocks signals through glibc, not
+/// after (glibc blocks them itself only for a moment: around the `clone`
+/// of `pthread_create` and `posix_spawn`). A cancellation or a `setuid`
+/// of another thread meanwhile waits for the handler to return, as it
+/// waits for a thread that blocks every signal.
+const INTERNAL_SIGNALS: u64 = (1 << 31) | (1 << 32);
 
 /// The slot of [`RETURNING`] a thread marks.
 fn returning_slot(tid: i32) -> &'static AtomicI32 {
@@ -572,16 +590,19 @@ impl Holding {
                         if !HELD[i].load(Ordering::SeqCst) {
                             WAITING[i].store(false, Ordering::Relaxed);
                         }
-                    } else if MASKED[i].load(Ordering::Relaxed) && stands == Stands::Running && !marked && !leaving(tid)
+                    } else if MASKED[i].load(Ordering::Relaxed)
+                        && stands == Stands::Running
+                        && !marked
+                        && !(leaving(tid) && tasks.blocks_as_the_handler(tid))
                     {
                         // (Marked, it has let the signal in since; marked
-                        // as leaving memhook's handler, it may be in the
-                        // instructions before its `sigreturn`, waiting
-                        // for a core: waited for, up to LIMIT_NS, as a
-                        // thread that has not answered. Such a mark stays
-                        // on a thread that has left, so a thread that
-                        // blocks the signal for good after it was held
-                        // costs the whole wait.)
+                        // as leaving memhook's handler, with the handler's
+                        // mask still, it may be in the instructions before
+                        // its `sigreturn`, waiting for a core: waited for,
+                        // up to LIMIT_NS, as a thread that has not
+                        // answered. Such a mark stays on a thread that has
+                        // left; with a mask of its own, it has: it blocks
+                        // the signal of its own accord.)
                         UNCHECKED.fetch_add(1, Ordering::Relaxed);
                         WAITING[i].store(false, Ordering::Relaxed);
                     }
@@ -851,6 +872,15 @@ impl Signal {
             ours.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
             // SAFETY: as above.
             unsafe { libc::sigfillset(&mut ours.sa_mask) };
+            // glibc's sigfillset leaves out its own two signals; the
+            // kernel takes them (see INTERNAL_SIGNALS).
+            // SAFETY: `sa_mask` begins with the kernel's 64-bit mask, the
+            // part of a sigset_t the kernel reads (signal n is bit n - 1);
+            // written as a u64, without the alignment it has.
+            unsafe {
+                let first = (&raw mut ours.sa_mask).cast::<u64>();
+                first.write_unaligned(first.read_unaligned() | INTERNAL_SIGNALS);
+            }
             // SAFETY: as above; `was` receives the action replaced.
             let mut was: libc::sigaction = unsafe { core::mem::zeroed() };
             // SAFETY: as above.
@@ -1027,9 +1057,24 @@ impl Tasks {
     /// for one that will take the signal before its own code. (A thread
     /// that has exited meanwhile is found gone by its next look.)
     fn blocks(&self, tid: i32, signal: i32) -> bool {
+        self.blocks_all_of(tid, 1 << (signal - 1))
+    }
+
+    /// Whether the thread's mask may be the one memhook's handler runs
+    /// with: it blocks glibc's own signals ([`INTERNAL_SIGNALS`]), which
+    /// no mask a program sets through glibc does. A thread marked as
+    /// leaving the handler that no longer does has returned from it: its
+    /// mark is stale. (A status that cannot be read: it may be.)
+    fn blocks_as_the_handler(&self, tid: i32) -> bool {
+        self.blocks_all_of(tid, INTERNAL_SIGNALS)
+    }
+
+    /// Whether `SigBlk` has every bit of `bits` (true where it cannot be
+    /// read, as [`Tasks::blocks`] says).
+    fn blocks_all_of(&self, tid: i32, bits: u64) -> bool {
         let mut buf = [0u8; 512];
         self.reading(tid, b"status", |read| sig_blk(&mut buf, read))
-            .map_or(true, |mask| mask.is_none_or(|m| m & (1 << (signal - 1)) != 0))
+            .map_or(true, |mask| mask.is_none_or(|m| m & bits == bits))
     }
 }
 
@@ -1633,6 +1678,28 @@ mod tests {
         (0..holding.count).any(|i| TIDS[i].load(Ordering::SeqCst) == tid && marks[i].load(Ordering::SeqCst))
     }
 
+    /// How a [`Blocker`] blocks every signal.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Mask {
+        /// As a program does, through glibc (which leaves its own two
+        /// signals out).
+        Program,
+        /// As memhook's handler runs, the kernel's every signal: a thread
+        /// between the handler's last mark and its `sigreturn`.
+        Handler,
+    }
+
+    /// The calling thread's mask made `how` (`SIG_BLOCK`, `SIG_SETMASK`)
+    /// with `mask` by the system call itself, which takes every signal;
+    /// the mask it had.
+    fn raw_sigmask(how: libc::c_int, mask: u64) -> u64 {
+        let mut old = 0u64;
+        // SAFETY: the kernel's 8-byte masks, both valid for the call.
+        let r = unsafe { libc::syscall(libc::SYS_rt_sigprocmask, how, &mask, &mut old, 8usize) };
+        assert_eq!(r, 0, "rt_sigprocmask");
+        old
+    }
+
     /// A thread that spins, and, asked to ([`Blocker::block`]), blocks
     /// every signal while it spins on, until `ns` after the clock starts
     /// ([`Blocker::start_clock`]).
@@ -1647,7 +1714,7 @@ mod tests {
     }
 
     impl Blocker {
-        fn spawn(ns: u64) -> Blocker {
+        fn spawn(ns: u64, mask: Mask) -> Blocker {
             let state = std::sync::Arc::new(core::sync::atomic::AtomicU8::new(0));
             let began = std::sync::Arc::new(AtomicU64::new(0));
             let (tx, rx) = std::sync::mpsc::channel();
@@ -1659,7 +1726,8 @@ mod tests {
                     loop {
                         match state.load(Ordering::SeqCst) {
                             1 => {
-                                let blocked = crate::bistro::SignalsBlocked::new();
+                                let blocked = (mask == Mask::Program).then(crate::bistro::SignalsBlocked::new);
+                                let had = (mask == Mask::Handler).then(|| raw_sigmask(libc::SIG_BLOCK, !0));
                                 state.store(2, Ordering::SeqCst);
                                 loop {
                                     let at = began.load(Ordering::SeqCst);
@@ -1670,6 +1738,9 @@ mod tests {
                                 }
                                 state.store(4, Ordering::SeqCst);
                                 drop(blocked);
+                                if let Some(had) = had {
+                                    raw_sigmask(libc::SIG_SETMASK, had);
+                                }
                                 state.store(0, Ordering::SeqCst);
                             }
                             3 => return,
@@ -1699,6 +1770,11 @@ mod tests {
         /// The thread lets the signals in `ns` from now.
         fn start_clock(&self) {
             self.began.store(crate::fork::now_ns(), Ordering::SeqCst);
+        }
+
+        /// The thread lets the signals in now.
+        fn let_in(&self) {
+            self.began.store(1, Ordering::SeqCst);
         }
 
         /// Whether it blocks every signal still (not letting them in yet).
@@ -1731,7 +1807,7 @@ mod tests {
         let Some(_one) = native_signal_test() else {
             return;
         };
-        let blocker = Blocker::spawn(500_000);
+        let blocker = Blocker::spawn(500_000, Mask::Program);
         // Each round that found the thread blocking: made by signals.
         let mut found = Vec::new();
         for _ in 0..40 {
@@ -1861,17 +1937,20 @@ mod tests {
     /// were the pc it goes back to inside the bytes, it would run into
     /// them). It leaves a mark there, and the hold waits on for it. Here
     /// a thread held once blocks every signal while it runs for 6 ms from
-    /// the next hold's start, as such a thread would until it had a core:
-    /// each hold that found it blocking must not return before it stops
-    /// blocking, and then holds it (or finds it blocked in the call that
-    /// lets the signal in: outside the bytes).
+    /// the next hold's start, with the handler's mask (glibc's own signals
+    /// too), as such a thread would until it had a core: each hold that
+    /// found it blocking must not return before it stops blocking, and
+    /// then holds it (or finds it blocked in the call that lets the signal
+    /// in: outside the bytes). And the mask a held thread shows is the
+    /// handler's (glibc's signals blocked), and not once it has returned.
     #[test]
     fn a_thread_leaving_the_handler_is_waited_for_by_the_next_hold() {
         let Some(_one) = native_signal_test() else {
             return;
         };
-        let blocker = Blocker::spawn(6_000_000);
+        let blocker = Blocker::spawn(6_000_000, Mask::Handler);
         let tid = blocker.tid;
+        let tasks = Tasks::open().expect("/proc/self/task");
         // Each hold that found the thread blocking: whether it held it.
         let mut found = Vec::new();
         for _ in 0..20 {
@@ -1882,12 +1961,16 @@ mod tests {
             let (exits, mut regions) = unrun();
             let holding = Holding::start(&exits, &mut regions).expect("threads can be held here");
             assert!(has_mark(&holding, tid, &HELD), "the running thread was not held");
+            assert!(
+                tasks.blocks_as_the_handler(tid),
+                "a thread held in the handler does not show the handler's mask"
+            );
             holding.release();
             let start = crate::fork::now_ns();
-            while !leaving(tid) {
+            while !leaving(tid) || tasks.blocks_as_the_handler(tid) {
                 assert!(
                     crate::fork::now_ns() - start < 1_000_000_000,
-                    "the thread let go left no mark"
+                    "the thread let go left no mark, or kept the handler's mask"
                 );
                 std::thread::yield_now();
             }
@@ -1909,6 +1992,59 @@ mod tests {
         assert!(
             found.iter().all(|&h| h),
             "a hold that found the thread leaving the handler, blocking the signal, did not hold it: {found:?}"
+        );
+    }
+
+    /// A thread held once keeps its mark as leaving the handler once it
+    /// has returned; blocking every signal later, through glibc as a
+    /// program does, it is not waited for as a thread still leaving (up to
+    /// the hold's limit, 200 ms: so it was, before the mask told them
+    /// apart), but taken, as any running thread that blocks the signal,
+    /// for one that blocks it of its own accord: counted unchecked. Here
+    /// it blocks for 2 s from the next hold's start, past that limit.
+    #[test]
+    fn a_thread_held_once_that_blocks_the_signal_later_is_not_waited_for() {
+        let Some(_one) = native_signal_test() else {
+            return;
+        };
+        let blocker = Blocker::spawn(2_000_000_000, Mask::Program);
+        let tid = blocker.tid;
+        let tasks = Tasks::open().expect("/proc/self/task");
+        let (exits, mut regions) = unrun();
+        let holding = Holding::start(&exits, &mut regions).expect("threads can be held here");
+        assert!(has_mark(&holding, tid, &HELD), "the running thread was not held");
+        holding.release();
+        let start = crate::fork::now_ns();
+        while !leaving(tid) || tasks.blocks_as_the_handler(tid) {
+            assert!(
+                crate::fork::now_ns() - start < 1_000_000_000,
+                "the thread let go did not return"
+            );
+            std::thread::yield_now();
+        }
+        blocker.block();
+        blocker.start_clock();
+        let unchecked = threads_unchecked();
+        let start = crate::fork::now_ns();
+        let (exits, mut regions) = unrun();
+        let holding = Holding::start(&exits, &mut regions).expect("threads can be held here");
+        let took = crate::fork::now_ns() - start;
+        let (masked, held) = (has_mark(&holding, tid, &MASKED), has_mark(&holding, tid, &HELD));
+        holding.release();
+        let still = blocker.blocking();
+        blocker.let_in();
+        blocker.wait_unblocked();
+        blocker.stop();
+        assert!(still, "the thread stopped blocking during the hold");
+        assert!(leaving(tid), "the thread's mark is gone");
+        assert!(
+            masked && !held,
+            "the hold did not find the thread blocking: masked {masked}, held {held}"
+        );
+        assert!(threads_unchecked() > unchecked, "the thread was not counted unchecked");
+        assert!(
+            took < LIMIT_NS,
+            "the hold waited {took} ns for a thread whose mark as leaving the handler is stale"
         );
     }
 
