@@ -2511,23 +2511,33 @@ mod tests {
         // SAFETY: getpid and gettid have no preconditions.
         let (pid, me) = unsafe { (libc::getpid(), libc::gettid()) };
         let done = std::sync::Arc::new(AtomicBool::new(false));
-        let sent = {
-            let done = done.clone();
+        let sent = std::sync::Arc::new(AtomicU64::new(0));
+        let sender = {
+            let (done, sent) = (done.clone(), sent.clone());
             std::thread::spawn(move || {
-                let mut sent = 0u64;
                 while !done.load(Ordering::Relaxed) {
                     // SAFETY: tgkill of this process's thread with a
                     // signal whose handler does nothing.
                     if unsafe { libc::syscall(libc::SYS_tgkill, pid, me, signal) } == 0 {
-                        sent += 1;
+                        sent.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                sent
             })
         };
+        // Listings go on until 200 have been read and 200 signals sent
+        // meanwhile (on a loaded machine the sender may wait for a core
+        // while the first listings are read), for at most 20 s.
+        let start = crate::fork::now_ns();
+        while sent.load(Ordering::Relaxed) == 0 && crate::fork::now_ns() - start < 10_000_000_000 {
+            std::thread::yield_now();
+        }
+        let before = sent.load(Ordering::Relaxed);
         let (mut buf, mut listed) = (vec![0u8; LIST_BYTES], Vec::new());
-        let (mut whole, mut missed) = (0, 0);
-        for _ in 0..200 {
+        let (mut lists, mut whole, mut missed) = (0, 0, 0);
+        while lists < 200
+            || (sent.load(Ordering::Relaxed) - before < 200 && crate::fork::now_ns() - start < 20_000_000_000)
+        {
+            lists += 1;
             listed.clear();
             if tasks.each(&mut buf, |tid| listed.push(tid)) {
                 whole += 1;
@@ -2535,16 +2545,17 @@ mod tests {
             }
         }
         done.store(true, Ordering::Relaxed);
-        let sent = sent.join().unwrap();
+        let during = sent.load(Ordering::Relaxed) - before;
+        sender.join().unwrap();
         drop(stop_tx);
         for t in stay {
             t.join().unwrap();
         }
-        assert!(sent > 0, "no signal was sent");
+        assert!(during >= 200, "{during} signals sent during the listings");
         assert_eq!(
             (whole, missed),
-            (200, 0),
-            "whole listings, and those that missed a thread that stays ({sent} signals)"
+            (lists, 0),
+            "whole listings of {lists}, and those that missed a thread that stays ({during} signals)"
         );
     }
 
