@@ -67,15 +67,14 @@
 //! and blocks every signal: it marks itself ([`RETURNING`]), and a look
 //! signals it and waits until its `sigreturn` lets the signal in, and a
 //! serialisation counts on that `sigreturn` (serialising) in place of an
-//! answer. In the few instructions from its mark's removal to its
-//! `sigreturn` it is marked as leaving: a look that finds it blocking the
-//! signal then waits on for it as for a thread that has not answered
-//! (it lets the signal in as soon as it runs), where it would count a
-//! thread that blocks the signal while it runs unchecked. The mark stays
-//! after the `sigreturn`; the mask tells the two apart: the handler's
-//! blocks glibc's own two signals, which no mask a program sets through
-//! glibc does ([`INTERNAL_SIGNALS`]), so a thread held once that later
-//! blocks the signal of its own accord is not waited for.
+//! answer. The handler's mask also blocks glibc's own two signals, which
+//! no mask a program sets through glibc does ([`INTERNAL_SIGNALS`]): a
+//! look that finds a running thread blocking the signal with that mask
+//! (in the few instructions from its mark's removal to its `sigreturn`,
+//! or inside unmarked, its slot taken by another thread's mark) waits on
+//! for it as for a thread that has not answered (it lets the signal in
+//! as soon as it runs), where it counts a thread that blocks the signal
+//! of its own accord unchecked.
 //!
 //! Not seen: a thread whose pc was inside when another signal handler
 //! interrupted it, while the handler still runs (the pc is in the
@@ -144,15 +143,13 @@ static ACTIVE_WAITER: AtomicBool = AtomicBool::new(false);
 /// reaches it there, before its own code. A thread let go by a hold
 /// spends a while there: it gives its core back before it returns, and
 /// may wait for one for milliseconds beside busy threads. Two threads of
-/// one slot leave one of them unmarked (the other is taken as a thread
-/// that blocks the signal of its own accord: counted unchecked, or a
-/// grace wait); a mark of being inside is never left behind by a thread
-/// that has left. Its last store makes the mark `-tid` ([`leaving`]):
-/// from there to its `sigreturn` it runs a few instructions, with the
-/// signal blocked, and may wait for a core there too. That mark stays
-/// after it has left (until it enters the handler again), and says only
-/// that the thread was here last; its mask says whether it still is
-/// ([`Tasks::blocks_as_the_handler`]).
+/// one slot leave one of them unmarked (a hold then knows it by its mask,
+/// [`Tasks::blocks_as_the_handler`], and waits for it; a serialisation
+/// takes it for a thread that blocks the signal: a grace wait); a mark
+/// of being inside is never left behind by a thread that has left. After
+/// its last store, which takes the mark out, it runs a few instructions
+/// to its `sigreturn` with the signal blocked, and may wait for a core
+/// there too: known by its mask as well.
 static RETURNING: [AtomicI32; MAX_THREADS] = [const { AtomicI32::new(0) }; MAX_THREADS];
 /// 1 while held threads wait (a futex word).
 static HOLD: AtomicU32 = AtomicU32::new(0);
@@ -277,13 +274,6 @@ fn returning_slot(tid: i32) -> &'static AtomicI32 {
 /// code, the signal pending then reaching it there.
 fn returning(tid: i32) -> bool {
     returning_slot(tid).load(Ordering::SeqCst) == tid
-}
-
-/// Whether `tid` left memhook's handler last, or is leaving it: between
-/// its mark's removal and its `sigreturn` (signal blocked), or back in
-/// its own code since ([`RETURNING`]).
-fn leaving(tid: i32) -> bool {
-    tid > 0 && returning_slot(tid).load(Ordering::SeqCst) == -tid
 }
 
 /// Whether threads stopped inside bytes being patched can be moved out
@@ -593,16 +583,16 @@ impl Holding {
                     } else if MASKED[i].load(Ordering::Relaxed)
                         && stands == Stands::Running
                         && !marked
-                        && !(leaving(tid) && tasks.blocks_as_the_handler(tid))
+                        && !tasks.blocks_as_the_handler(tid)
                     {
-                        // (Marked, it has let the signal in since; marked
-                        // as leaving memhook's handler, with the handler's
-                        // mask still, it may be in the instructions before
-                        // its `sigreturn`, waiting for a core: waited for,
-                        // up to LIMIT_NS, as a thread that has not
-                        // answered. Such a mark stays on a thread that has
-                        // left; with a mask of its own, it has: it blocks
-                        // the signal of its own accord.)
+                        // (Marked, it has let the signal in since; with
+                        // the handler's mask, it is in memhook's handler,
+                        // unmarked (its slot another's), or in the
+                        // instructions before its `sigreturn`, maybe
+                        // waiting for a core: waited for, up to LIMIT_NS,
+                        // as a thread that has not answered. With a mask
+                        // of its own, it blocks the signal of its own
+                        // accord.)
                         UNCHECKED.fetch_add(1, Ordering::Relaxed);
                         WAITING[i].store(false, Ordering::Relaxed);
                     }
@@ -816,8 +806,8 @@ extern "C" fn on_signal(_signal: libc::c_int, info: *mut libc::siginfo_t, contex
         unsafe { libc::sched_yield() };
     }
     // Last: from here to its `sigreturn` the thread runs a few
-    // instructions with the signal blocked, marked as leaving.
-    let _ = slot.compare_exchange(me, -me, Ordering::SeqCst, Ordering::SeqCst);
+    // instructions unmarked, with the handler's mask.
+    let _ = slot.compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
     // SAFETY: errno is thread-local; put back as the interrupted code left it.
     unsafe { *libc::__errno_location() = errno };
 }
@@ -1062,9 +1052,8 @@ impl Tasks {
 
     /// Whether the thread's mask may be the one memhook's handler runs
     /// with: it blocks glibc's own signals ([`INTERNAL_SIGNALS`]), which
-    /// no mask a program sets through glibc does. A thread marked as
-    /// leaving the handler that no longer does has returned from it: its
-    /// mark is stale. (A status that cannot be read: it may be.)
+    /// no mask a program sets through glibc does. (A status that cannot
+    /// be read: it may be.)
     fn blocks_as_the_handler(&self, tid: i32) -> bool {
         self.blocks_all_of(tid, INTERNAL_SIGNALS)
     }
@@ -1611,8 +1600,8 @@ mod tests {
     /// when the serialisation looks: each round must be one by signals,
     /// and those that find it inside must not wait for it. (Beside busy
     /// processes the thread may be preempted in the few instructions it
-    /// runs marked as leaving before its `sigreturn`, and waited for: a
-    /// round in 50 or so there.)
+    /// runs unmarked before its `sigreturn`, and waited for: a round in
+    /// 50 or so there.)
     #[test]
     fn a_thread_let_go_serialises_by_its_return_from_the_handler() {
         let Some(_one) = native_signal_test() else {
@@ -1655,7 +1644,8 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         busy.join().unwrap();
         // (One may fall back to the grace period where the scheduler left
-        // the thread, leaving, without a CPU for all of it.)
+        // the thread, unmarked before its `sigreturn`, without a CPU for
+        // all of it.)
         let grace = rounds.iter().filter(|r| !r.2).count();
         assert!(grace <= 1, "every serialisation by signals: {rounds:?}");
         let inside: Vec<_> = rounds.iter().filter(|&&(held, inside, ..)| held && inside).collect();
@@ -1935,14 +1925,17 @@ mod tests {
     /// a hold takes a running thread that blocks the signal for one that
     /// blocks it of its own accord (counted unchecked, not waited for:
     /// were the pc it goes back to inside the bytes, it would run into
-    /// them). It leaves a mark there, and the hold waits on for it. Here
-    /// a thread held once blocks every signal while it runs for 6 ms from
-    /// the next hold's start, with the handler's mask (glibc's own signals
-    /// too), as such a thread would until it had a core: each hold that
-    /// found it blocking must not return before it stops blocking, and
-    /// then holds it (or finds it blocked in the call that lets the signal
-    /// in: outside the bytes). And the mask a held thread shows is the
-    /// handler's (glibc's signals blocked), and not once it has returned.
+    /// them). The hold knows it by the handler's mask and waits on for
+    /// it; so too for a thread inside the handler whose slot holds
+    /// another thread's mark. Here a thread held once blocks every signal
+    /// while it runs for 6 ms from the next hold's start, with the
+    /// handler's mask (glibc's own signals too), as such a thread would
+    /// until it had a core, its slot empty or another's in turn: each hold
+    /// that found it blocking must not return before it stops blocking,
+    /// and then holds it (or finds it blocked in the call that lets the
+    /// signal in: outside the bytes). And the mask a held thread shows is
+    /// the handler's (glibc's signals blocked), and not once it has
+    /// returned.
     #[test]
     fn a_thread_leaving_the_handler_is_waited_for_by_the_next_hold() {
         let Some(_one) = native_signal_test() else {
@@ -1951,13 +1944,14 @@ mod tests {
         let blocker = Blocker::spawn(6_000_000, Mask::Handler);
         let tid = blocker.tid;
         let tasks = Tasks::open().expect("/proc/self/task");
-        // Each hold that found the thread blocking: whether it held it.
+        // Each hold that found the thread blocking: whether its slot held
+        // another's mark, and whether it held it.
         let mut found = Vec::new();
-        for _ in 0..20 {
-            if found.len() == 3 {
+        for round in 0..40 {
+            if found.len() == 6 {
                 break;
             }
-            // A hold holds it (it runs) and lets it go: it leaves a mark.
+            // A hold holds it (it runs) and lets it go.
             let (exits, mut regions) = unrun();
             let holding = Holding::start(&exits, &mut regions).expect("threads can be held here");
             assert!(has_mark(&holding, tid, &HELD), "the running thread was not held");
@@ -1967,12 +1961,17 @@ mod tests {
             );
             holding.release();
             let start = crate::fork::now_ns();
-            while !leaving(tid) || tasks.blocks_as_the_handler(tid) {
+            while returning(tid) || tasks.blocks_as_the_handler(tid) {
                 assert!(
                     crate::fork::now_ns() - start < 1_000_000_000,
-                    "the thread let go left no mark, or kept the handler's mask"
+                    "the thread let go kept its mark, or the handler's mask"
                 );
                 std::thread::yield_now();
+            }
+            // Every other round, the mark of a thread of the same slot.
+            let other = round % 2 == 1;
+            if other {
+                returning_slot(tid).store(tid + MAX_THREADS as i32, Ordering::SeqCst);
             }
             blocker.block();
             blocker.start_clock();
@@ -1982,26 +1981,30 @@ mod tests {
             // signal in sees it blocked outside the bytes and rightly
             // leaves it: then it returns as the thread stops blocking.)
             if has_mark(&holding, tid, &MASKED) {
-                found.push(has_mark(&holding, tid, &HELD) || !blocker.blocking());
+                found.push((other, has_mark(&holding, tid, &HELD) || !blocker.blocking()));
             }
             holding.release();
+            returning_slot(tid).store(0, Ordering::SeqCst);
             blocker.wait_unblocked();
         }
         blocker.stop();
-        assert!(!found.is_empty(), "no hold found the thread blocking the signal");
         assert!(
-            found.iter().all(|&h| h),
-            "a hold that found the thread leaving the handler, blocking the signal, did not hold it: {found:?}"
+            found.iter().any(|f| f.0) && found.iter().any(|f| !f.0),
+            "no hold found the thread blocking the signal both ways: {found:?}"
+        );
+        assert!(
+            found.iter().all(|f| f.1),
+            "a hold that found the thread with the handler's mask, blocking the signal, did not hold it: {found:?}"
         );
     }
 
-    /// A thread held once keeps its mark as leaving the handler once it
-    /// has returned; blocking every signal later, through glibc as a
-    /// program does, it is not waited for as a thread still leaving (up to
-    /// the hold's limit, 200 ms: so it was, before the mask told them
-    /// apart), but taken, as any running thread that blocks the signal,
-    /// for one that blocks it of its own accord: counted unchecked. Here
-    /// it blocks for 2 s from the next hold's start, past that limit.
+    /// A thread held once and returned that later blocks every signal,
+    /// through glibc as a program does, is taken, as any running thread
+    /// that blocks the signal, for one that blocks it of its own accord:
+    /// counted unchecked, not waited for as a thread leaving the handler
+    /// (up to the hold's limit, 200 ms: so it was while the handler left a
+    /// mark as leaving, which stayed after its return). Here it blocks
+    /// for 2 s from the next hold's start, past that limit.
     #[test]
     fn a_thread_held_once_that_blocks_the_signal_later_is_not_waited_for() {
         let Some(_one) = native_signal_test() else {
@@ -2015,7 +2018,7 @@ mod tests {
         assert!(has_mark(&holding, tid, &HELD), "the running thread was not held");
         holding.release();
         let start = crate::fork::now_ns();
-        while !leaving(tid) || tasks.blocks_as_the_handler(tid) {
+        while returning(tid) || tasks.blocks_as_the_handler(tid) {
             assert!(
                 crate::fork::now_ns() - start < 1_000_000_000,
                 "the thread let go did not return"
@@ -2036,7 +2039,6 @@ mod tests {
         blocker.wait_unblocked();
         blocker.stop();
         assert!(still, "the thread stopped blocking during the hold");
-        assert!(leaving(tid), "the thread's mark is gone");
         assert!(
             masked && !held,
             "the hold did not find the thread blocking: masked {masked}, held {held}"
@@ -2044,7 +2046,7 @@ mod tests {
         assert!(threads_unchecked() > unchecked, "the thread was not counted unchecked");
         assert!(
             took < LIMIT_NS,
-            "the hold waited {took} ns for a thread whose mark as leaving the handler is stale"
+            "the hold waited {took} ns for a thread held once that blocks the signal of its own accord"
         );
     }
 
