@@ -259,9 +259,11 @@ pub(crate) fn sleep_ns(ns: u64) {
 /// too: a thread's `SigBlk` has them from the handler's entry to its
 /// `sigreturn`, and, in a program that blocks signals through glibc, not
 /// after (glibc blocks them itself only for a moment: around the `clone`
-/// of `pthread_create` and `posix_spawn`). A cancellation or a `setuid`
-/// of another thread meanwhile waits for the handler to return, as it
-/// waits for a thread that blocks every signal.
+/// of `pthread_create` and `posix_spawn`; a program that sets its mask by
+/// the system call itself, as the Go runtime does for moments, may block
+/// them too, and is then waited for as a thread in the handler is). A
+/// cancellation or a `setuid` of another thread meanwhile waits for the
+/// handler to return, as it waits for a thread that blocks every signal.
 const INTERNAL_SIGNALS: u64 = (1 << 31) | (1 << 32);
 
 /// The slot of [`RETURNING`] a thread marks.
