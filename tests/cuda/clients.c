@@ -234,6 +234,24 @@ int cudaGraphicsUnregisterResource(void *resource) {
     graphics_unregister_fn unregister = (graphics_unregister_fn)driver_proc("cuGraphicsUnregisterResource");
     return unregister && unregister(resource) == 0 ? 0 : 1;
 }
+/* EGL interop: the frame is passed as the driver's (the real runtime's
+ * cudaEglFrame describes the planes otherwise: the fake passes its own
+ * caller's frame through), as are a stream's connection and resources. */
+typedef CUresult (*egl_frame_fn)(void *, void *, unsigned, unsigned);
+typedef CUresult (*egl_acquire_fn)(void **, void **, void *, unsigned);
+typedef CUresult (*egl_release_fn)(void **, void *, void *);
+int cudaGraphicsResourceGetMappedEglFrame(void *frame, void *resource, unsigned index, unsigned mip) {
+    egl_frame_fn get = (egl_frame_fn)driver_proc("cuGraphicsResourceGetMappedEglFrame");
+    return get && get(frame, resource, index, mip) == 0 ? 0 : 1;
+}
+int cudaEGLStreamConsumerAcquireFrame(void **conn, void **resource, void *stream, unsigned timeout) {
+    egl_acquire_fn acquire = (egl_acquire_fn)driver_proc("cuEGLStreamConsumerAcquireFrame");
+    return acquire && acquire(conn, resource, stream, timeout) == 0 ? 0 : 1;
+}
+int cudaEGLStreamConsumerReleaseFrame(void **conn, void *resource, void *stream) {
+    egl_release_fn release = (egl_release_fn)driver_proc("cuEGLStreamConsumerReleaseFrame");
+    return release && release(conn, resource, stream) == 0 ? 0 : 1;
+}
 
 int cudaMemPoolImportPointer(void **p, void *pool, ipc_handle *data) {
     pool_import_fn import = (pool_import_fn)driver_proc("cuMemPoolImportPointer");

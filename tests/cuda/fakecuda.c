@@ -715,10 +715,21 @@ IMPL CUresult impl_cuExternalMemoryGetMappedBuffer(CUdeviceptr *dptr, void *ext,
  * resource's unregistration, ends it. A fake resource is made by
  * fake_graphics_register (the real calls take another API's objects);
  * each map gives the buffer an address of its own. ---- */
-enum { CUDA_ERROR_ALREADY_MAPPED = 208, CUDA_ERROR_NOT_MAPPED = 211 };
+enum {
+    CUDA_ERROR_ALREADY_MAPPED = 208,
+    CUDA_ERROR_NOT_MAPPED = 211,
+    CUDA_ERROR_NOT_MAPPED_AS_POINTER = 213
+};
+/* An EGL image (fake_egl_register) has planes in place of a buffer:
+ * `planes` of `size` bytes each, mapped as one allocation (`shared`) or
+ * one a plane, or arrays (`arrays`: no address). */
+enum { EGL_SEPARATE = 0, EGL_SHARED = 1, EGL_ARRAYS = 2 };
 struct graphics_resource {
     size_t size;
     CUdeviceptr dptr; /* 0 while not mapped */
+    unsigned planes;  /* 0: a buffer */
+    int layout;
+    CUdeviceptr plane[3];
 };
 void *fake_graphics_register(size_t size) {
     struct graphics_resource *r = calloc(1, sizeof *r);
@@ -726,14 +737,48 @@ void *fake_graphics_register(size_t size) {
         r->size = size;
     return r;
 }
+void *fake_egl_register(size_t plane_size, unsigned planes, int layout) {
+    if (planes == 0 || planes > 3)
+        return NULL;
+    struct graphics_resource *r = fake_graphics_register(plane_size);
+    if (r) {
+        r->planes = planes;
+        r->layout = layout;
+    }
+    return r;
+}
+static CUresult graphics_map(struct graphics_resource *r) {
+    if (r->dptr)
+        return CUDA_ERROR_ALREADY_MAPPED;
+    if (!r->planes)
+        return dev_alloc(&r->dptr, r->size, T_DEVICE);
+    /* An EGL image: dptr stands for "mapped" (the first plane's, or an
+     * array handle's, address). */
+    if (r->layout == EGL_ARRAYS) {
+        for (unsigned i = 0; i < r->planes; i++)
+            r->plane[i] = 0xa770000 + i;
+    } else if (r->layout == EGL_SHARED) {
+        CUresult rc = dev_alloc(&r->plane[0], r->size * r->planes, T_DEVICE);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        for (unsigned i = 1; i < r->planes; i++)
+            r->plane[i] = r->plane[0] + i * r->size;
+    } else {
+        for (unsigned i = 0; i < r->planes; i++) {
+            CUresult rc = dev_alloc(&r->plane[i], r->size, T_DEVICE);
+            if (rc != CUDA_SUCCESS)
+                return rc;
+        }
+    }
+    r->dptr = r->plane[0];
+    return CUDA_SUCCESS;
+}
 CUresult cuGraphicsMapResources(unsigned count, struct graphics_resource **resources, void *stream) {
     (void)stream;
     if (!resources)
         return CUDA_ERROR_INVALID_VALUE;
     for (unsigned i = 0; i < count; i++) {
-        if (resources[i]->dptr)
-            return CUDA_ERROR_ALREADY_MAPPED;
-        CUresult rc = dev_alloc(&resources[i]->dptr, resources[i]->size, T_DEVICE);
+        CUresult rc = graphics_map(resources[i]);
         if (rc != CUDA_SUCCESS)
             return rc;
     }
@@ -747,6 +792,8 @@ IMPL CUresult impl_cuGraphicsResourceGetMappedPointer_v2(CUdeviceptr *dptr, size
         return CUDA_ERROR_INVALID_VALUE;
     if (!r->dptr)
         return CUDA_ERROR_NOT_MAPPED;
+    if (r->planes)
+        return CUDA_ERROR_NOT_MAPPED_AS_POINTER;
     if (dptr)
         *dptr = r->dptr;
     if (size)
@@ -757,10 +804,18 @@ static CUresult graphics_unmap(unsigned count, struct graphics_resource **resour
     if (!resources)
         return CUDA_ERROR_INVALID_VALUE;
     for (unsigned i = 0; i < count; i++) {
-        if (!resources[i]->dptr)
+        struct graphics_resource *r = resources[i];
+        if (!r->dptr)
             return CUDA_ERROR_NOT_MAPPED;
-        free_at(resources[i]->dptr, 0);
-        resources[i]->dptr = 0;
+        if (!r->planes)
+            free_at(r->dptr, 0);
+        else if (r->layout == EGL_SHARED)
+            free_at(r->plane[0], 0);
+        else if (r->layout == EGL_SEPARATE)
+            for (unsigned p = 0; p < r->planes; p++)
+                free_at(r->plane[p], 0);
+        memset(r->plane, 0, sizeof r->plane);
+        r->dptr = 0;
     }
     return CUDA_SUCCESS;
 }
@@ -782,6 +837,81 @@ IMPL CUresult impl_cuGraphicsUnregisterResource(struct graphics_resource *r) {
         return CUDA_ERROR_INVALID_VALUE;
     if (r->dptr)
         graphics_unmap(1, &r);
+    free(r);
+    return CUDA_SUCCESS;
+}
+
+/* CUeglFrame (cudaEGL.h): a mapped EGL image's planes, device pointers
+ * of a pitch-linear frame (frameType 1) or arrays (0). */
+typedef struct {
+    void *planes[3];
+    unsigned width, height, depth, pitch, planeCount, numChannels, frameType, eglColorFormat, cuFormat;
+} fake_egl_frame;
+ENTRY(cuGraphicsResourceGetMappedEglFrame)
+IMPL CUresult impl_cuGraphicsResourceGetMappedEglFrame(fake_egl_frame *frame, struct graphics_resource *r,
+                                                       unsigned index, unsigned mip) {
+    atomic_fetch_add(&calls, 1);
+    if (!r || !frame || !r->planes || index != 0 || mip != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!r->dptr)
+        return CUDA_ERROR_NOT_MAPPED;
+    memset(frame, 0, sizeof *frame);
+    for (unsigned i = 0; i < r->planes; i++)
+        frame->planes[i] = (void *)r->plane[i];
+    frame->pitch = 256;
+    frame->width = 256;
+    frame->height = (unsigned)(r->size / 256);
+    frame->depth = 1;
+    frame->planeCount = r->planes;
+    frame->numChannels = 1;
+    frame->frameType = r->layout == EGL_ARRAYS ? 0 : 1;
+    return CUDA_SUCCESS;
+}
+
+/* The consumer's end of an EGL stream (fake_egl_stream: frames of
+ * `planes` planes of `size` bytes each, laid out as `layout`): each
+ * acquire gives a frame's resource, mapped, until its release. */
+struct egl_stream {
+    size_t size;
+    unsigned planes;
+    int layout;
+};
+void *fake_egl_stream(size_t plane_size, unsigned planes, int layout) {
+    struct egl_stream *c = calloc(1, sizeof *c);
+    if (c) {
+        c->size = plane_size;
+        c->planes = planes;
+        c->layout = layout;
+    }
+    return c;
+}
+CUresult cuEGLStreamConsumerAcquireFrame(struct egl_stream **conn, struct graphics_resource **resource, void **stream,
+                                         unsigned timeout) {
+    (void)stream;
+    (void)timeout;
+    if (!conn || !*conn || !resource)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct graphics_resource *r = fake_egl_register((*conn)->size, (*conn)->planes, (*conn)->layout);
+    if (!r)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = graphics_map(r);
+    if (rc != CUDA_SUCCESS) {
+        free(r);
+        return rc;
+    }
+    *resource = r;
+    return CUDA_SUCCESS;
+}
+ENTRY(cuEGLStreamConsumerReleaseFrame)
+IMPL CUresult impl_cuEGLStreamConsumerReleaseFrame(struct egl_stream **conn, struct graphics_resource *r,
+                                                   void **stream) {
+    (void)stream;
+    atomic_fetch_add(&calls, 1);
+    if (!conn || !*conn || !r || !r->planes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!r->dptr)
+        return CUDA_ERROR_NOT_MAPPED;
+    graphics_unmap(1, &r);
     free(r);
     return CUDA_SUCCESS;
 }
@@ -1132,7 +1262,8 @@ extern char cuMemAlloc[], cuMemAlloc_v2[], cuMemAllocManaged[], cuMemAllocPitch[
     cuLibraryUnload[], cuIpcOpenMemHandle_v2[], cuIpcOpenMemHandle[], cuIpcCloseMemHandle[], cuMemPoolImportPointer[],
     cuGraphAddMemAllocNode[], cuGraphAddMemFreeNode[], cuGraphAddNode[], cuGraphAddNode_v2[], cuLibraryGetManaged[],
     cuExternalMemoryGetMappedBuffer[], cuGraphicsResourceGetMappedPointer_v2[], cuGraphicsUnmapResources[],
-    cuGraphicsUnmapResources_ptsz[], cuGraphicsUnregisterResource[];
+    cuGraphicsUnmapResources_ptsz[], cuGraphicsUnregisterResource[], cuGraphicsResourceGetMappedEglFrame[],
+    cuEGLStreamConsumerReleaseFrame[];
 
 static const struct {
     const char *name;
@@ -1153,6 +1284,8 @@ static const struct {
     P(cuGraphAddNode_v2), P(cuLibraryGetManaged), P(cuExternalMemoryGetMappedBuffer),
     P(cuGraphicsResourceGetMappedPointer_v2), P(cuGraphicsUnmapResources), P(cuGraphicsUnmapResources_ptsz),
     P(cuGraphicsUnregisterResource), {"cuGraphicsMapResources", (void *)cuGraphicsMapResources},
+    P(cuGraphicsResourceGetMappedEglFrame), P(cuEGLStreamConsumerReleaseFrame),
+    {"cuEGLStreamConsumerAcquireFrame", (void *)cuEGLStreamConsumerAcquireFrame},
 #undef P
 };
 

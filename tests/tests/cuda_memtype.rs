@@ -7,12 +7,12 @@
 
 mod common;
 
-use std::ffi::{CStr, c_char, c_uint, c_void};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 
 use common::*;
-use memhook::event::bits;
+use memhook::event::{Event, MemTypeEvent, bits};
 use memhook::memtype::{self, Lookup, MemInfo, MemType};
 
 type Dptr = u64;
@@ -1080,6 +1080,170 @@ fn graphics_interop_pointers_are_cuda_while_mapped() {
         assert_eq!(memtype::lookup(d, 1), Lookup::Absent);
         assert_eq!(unregister(res[0]), 0);
         assert_eq!(take(), []);
+        set_device(0);
+    }
+}
+
+/// EGL interop: a mapped EGL image's frame (and a frame a consumer of an
+/// EGL stream acquired) gives out its planes; each plane's allocation is
+/// reported once, as the driver gives its range (planes of one
+/// allocation: one event), and is CUDA on the device in the map while
+/// mapped; a frame of arrays gives no address and reports nothing. The
+/// unmap, the unregistration and the stream's release of the frame
+/// report the frees before the call (the mapped pointer's query fails
+/// for an image: the frame is asked). Before, such planes read as host.
+#[test]
+fn egl_frame_planes_are_cuda_while_mapped() {
+    let _serial = serial();
+    let h = bistro_fake_driver();
+    type Res = *mut c_void;
+    /// `CUeglFrame`: three planes, then nine 32-bit fields.
+    #[repr(C)]
+    #[derive(Default)]
+    struct Frame {
+        planes: [usize; 3],
+        fields: [u32; 9],
+    }
+    const SEPARATE: c_int = 0;
+    const SHARED: c_int = 1;
+    const ARRAYS: c_int = 2;
+    let register: unsafe extern "C" fn(usize, c_uint, c_int) -> Res = f(h, c"fake_egl_register");
+    let stream: unsafe extern "C" fn(usize, c_uint, c_int) -> *mut c_void = f(h, c"fake_egl_stream");
+    let map: unsafe extern "C" fn(c_uint, *mut Res, *mut c_void) -> u32 = f(h, c"cuGraphicsMapResources");
+    let frame_of: unsafe extern "C" fn(*mut Frame, Res, c_uint, c_uint) -> u32 =
+        f(h, c"cuGraphicsResourceGetMappedEglFrame");
+    let pointer: unsafe extern "C" fn(*mut Dptr, *mut usize, Res) -> u32 =
+        f(h, c"cuGraphicsResourceGetMappedPointer_v2");
+    let unmap: unsafe extern "C" fn(c_uint, *mut Res, *mut c_void) -> u32 = f(h, c"cuGraphicsUnmapResources");
+    let unregister: unsafe extern "C" fn(Res) -> u32 = f(h, c"cuGraphicsUnregisterResource");
+    type Conn = *mut c_void;
+    let acquire: unsafe extern "C" fn(*mut Conn, *mut Res, *mut c_void, c_uint) -> u32 =
+        f(h, c"cuEGLStreamConsumerAcquireFrame");
+    let release: unsafe extern "C" fn(*mut Conn, Res, *mut c_void) -> u32 = f(h, c"cuEGLStreamConsumerReleaseFrame");
+    let set_device: unsafe extern "C" fn(i32) = f(h, c"fake_set_device");
+    const A: u32 = bits::MEM_TYPE_ALLOC;
+    const F: u32 = bits::MEM_TYPE_FREE;
+    const PLANE: usize = 64 << 10;
+    let cuda = MemType::Cuda as u32;
+    let cuda_on_1 = |p: usize, base: usize, len: usize| {
+        let info = found(p, 256);
+        assert_eq!(
+            (info.mem_type, info.device, info.base, info.len),
+            (MemType::Cuda, 1, base, len),
+            "plane at {p:#x}"
+        );
+    };
+    let _ = take();
+    // SAFETY: (every call below) the fake driver's functions with valid
+    // arguments: resources and a stream the fake made, frames of ours.
+    unsafe {
+        set_device(1);
+        let mut res = [
+            register(PLANE, 2, SEPARATE),
+            register(PLANE, 3, SHARED),
+            register(PLANE, 2, ARRAYS),
+        ];
+        assert!(res.iter().all(|r| !r.is_null()));
+        assert_eq!(map(3, res.as_mut_ptr(), std::ptr::null_mut()), 0);
+        let (mut d, mut size): (Dptr, usize) = (0, 0);
+        assert_ne!(pointer(&mut d, &mut size, res[0]), 0, "an image has no mapped pointer");
+        assert_eq!(take(), [], "a map gives no address yet");
+
+        // Two planes, each an allocation of its own.
+        let mut frame = Frame::default();
+        assert_eq!(frame_of(&mut frame, res[0], 0, 0), 0);
+        let [p0, p1, _] = frame.planes;
+        same_events(
+            take(),
+            vec![(A, p0, PLANE, cuda), (A, p1, PLANE, cuda)],
+            "each plane's allocation",
+        );
+        cuda_on_1(p0 + 4096, p0, PLANE);
+        cuda_on_1(p1, p1, PLANE);
+        // Asked again: no second report.
+        let mut again = Frame::default();
+        assert_eq!(frame_of(&mut again, res[0], 0, 0), 0);
+        assert_eq!((again.planes, take()), (frame.planes, vec![]));
+        // One plane's entry gone (its free reported by hand): asked again,
+        // that plane's allocation alone is reported.
+        memhook::report_event(&mut Event::MemTypeFree(MemTypeEvent {
+            address: p1,
+            size: PLANE,
+            mem_type: cuda,
+        }));
+        assert_eq!(take(), [(F, p1, PLANE, cuda)]);
+        assert_eq!(frame_of(&mut again, res[0], 0, 0), 0);
+        assert_eq!(take(), [(A, p1, PLANE, cuda)]);
+
+        // Three planes of one allocation: one report, its whole range.
+        let mut shared = Frame::default();
+        assert_eq!(frame_of(&mut shared, res[1], 0, 0), 0);
+        let base = shared.planes[0];
+        assert_eq!(shared.planes[2], base + 2 * PLANE);
+        assert_eq!(take(), [(A, base, 3 * PLANE, cuda)]);
+        for p in shared.planes {
+            cuda_on_1(p + 100, base, 3 * PLANE);
+        }
+
+        // Arrays: no address, nothing reported.
+        let mut arrays = Frame::default();
+        assert_eq!(frame_of(&mut arrays, res[2], 0, 0), 0);
+        assert_eq!(take(), []);
+
+        // All three unmapped at once: the frees, before the call; none for
+        // the arrays.
+        assert_eq!(unmap(3, res.as_mut_ptr(), std::ptr::null_mut()), 0);
+        same_events(
+            take(),
+            vec![(F, p0, PLANE, cuda), (F, p1, PLANE, cuda), (F, base, 3 * PLANE, cuda)],
+            "each allocation's free",
+        );
+        for p in [p0, p1, base, shared.planes[2]] {
+            assert_eq!(memtype::lookup(p, 1), Lookup::Absent, "{p:#x} after the unmap");
+        }
+        // Not mapped: no frame, and the refused unmap reports nothing.
+        assert_ne!(frame_of(&mut again, res[0], 0, 0), 0);
+        assert_ne!(unmap(1, res.as_mut_ptr(), std::ptr::null_mut()), 0);
+        assert_eq!(take(), []);
+
+        // Unregistering a mapped image ends its planes.
+        assert_eq!(map(1, res[1..].as_mut_ptr(), std::ptr::null_mut()), 0);
+        assert_eq!(frame_of(&mut shared, res[1], 0, 0), 0);
+        let base = shared.planes[0];
+        assert_eq!(take(), [(A, base, 3 * PLANE, cuda)]);
+        assert_eq!(unregister(res[1]), 0);
+        assert_eq!(take(), [(F, base, 3 * PLANE, cuda)]);
+        assert_eq!(memtype::lookup(base, 1), Lookup::Absent);
+        for r in [res[0], res[2]] {
+            assert_eq!(unregister(r), 0);
+        }
+        assert_eq!(take(), []);
+
+        // A stream's frames: acquired, asked for, released.
+        let mut conn = stream(PLANE, 2, SEPARATE);
+        assert!(!conn.is_null());
+        for _ in 0..2 {
+            let mut r: Res = std::ptr::null_mut();
+            assert_eq!(acquire(&mut conn, &mut r, std::ptr::null_mut(), 0), 0);
+            assert_eq!(take(), [], "an acquire gives no address yet");
+            let mut got = Frame::default();
+            assert_eq!(frame_of(&mut got, r, 0, 0), 0);
+            let [q0, q1, _] = got.planes;
+            same_events(
+                take(),
+                vec![(A, q0, PLANE, cuda), (A, q1, PLANE, cuda)],
+                "the stream frame's planes",
+            );
+            cuda_on_1(q1 + 8, q1, PLANE);
+            assert_eq!(release(&mut conn, r, std::ptr::null_mut()), 0);
+            same_events(
+                take(),
+                vec![(F, q0, PLANE, cuda), (F, q1, PLANE, cuda)],
+                "the released frame's planes",
+            );
+            assert_eq!(memtype::lookup(q0, 1), Lookup::Absent);
+            assert_eq!(memtype::lookup(q1, 1), Lookup::Absent);
+        }
         set_device(0);
     }
 }

@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_uint, c_void};
 
 use common::*;
 use memhook::Config;
@@ -412,6 +412,84 @@ fn graphics_interop_is_reported_once_through_the_runtime() {
                 [(bits::MEM_TYPE_FREE, q, 1 << 20, MemType::Cuda as u32)],
                 "mode {mode}"
             );
+        }
+        let added: Vec<u64> = names.map(delivered).iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert_eq!(added, [2, 1, 1], "mode {mode}: each event once, the driver's");
+        memhook::uninstall();
+    }
+    memhook::unset_handler(counting).expect("registered above, outside any handler");
+}
+
+/// EGL interop through the runtime, as graphics interop above: its calls
+/// reach the driver's through `cuGetProcAddress`. An image's frame (two
+/// planes of one allocation) is reported once, as the driver function's,
+/// and ended by the unmap; a stream's frame by its release.
+#[test]
+fn egl_frames_are_reported_once_through_the_runtime() {
+    type Res = *mut c_void;
+    type Map = unsafe extern "C" fn(i32, *mut Res, *mut c_void) -> i32;
+    type Frame = unsafe extern "C" fn(*mut [usize; 8], Res, c_uint, c_uint) -> i32;
+    type Acquire = unsafe extern "C" fn(*mut Res, *mut Res, *mut c_void, c_uint) -> i32;
+    type Release = unsafe extern "C" fn(*mut Res, Res, *mut c_void) -> i32;
+    const SHARED: c_int = 1;
+    const SEPARATE: c_int = 0;
+    const PLANE: usize = 1 << 16;
+    let _serial = serial();
+    prepare();
+    log_events();
+    let counting = memhook::cuda::count_events_by_function().expect("a free handler slot");
+    let names = [
+        "cuGraphicsResourceGetMappedEglFrame",
+        "cuGraphicsUnmapResources",
+        "cuEGLStreamConsumerReleaseFrame",
+    ];
+    let cuda = MemType::Cuda as u32;
+    for mode in ["bistro", "bistro,reloc,procaddr", "reloc,procaddr"] {
+        memhook::install(&Config::parse(&format!("cuda={mode};mmap=none")).unwrap());
+        let _ = open(&fake().plt);
+        let cudart = open(&fake().cudart);
+        // SAFETY: the fake driver's and runtime's functions, of these types.
+        let (register, stream, map, frame_of, unmap, acquire, release) = unsafe {
+            (
+                cast::<unsafe extern "C" fn(usize, c_uint, c_int) -> Res>(sym(libcuda(), c"fake_egl_register")),
+                cast::<unsafe extern "C" fn(usize, c_uint, c_int) -> Res>(sym(libcuda(), c"fake_egl_stream")),
+                cast::<Map>(sym(cudart, c"cudaGraphicsMapResources")),
+                cast::<Frame>(sym(cudart, c"cudaGraphicsResourceGetMappedEglFrame")),
+                cast::<Map>(sym(cudart, c"cudaGraphicsUnmapResources")),
+                cast::<Acquire>(sym(cudart, c"cudaEGLStreamConsumerAcquireFrame")),
+                cast::<Release>(sym(cudart, c"cudaEGLStreamConsumerReleaseFrame")),
+            )
+        };
+        let _ = take();
+        let before = names.map(delivered);
+        // SAFETY: (every call below) the fake's functions with valid
+        // arguments: resources and a stream the fake made, frames of ours
+        // (a `CUeglFrame` is 64 bytes, its planes first).
+        unsafe {
+            let mut res = [register(PLANE, 2, SHARED)];
+            assert_eq!(map(1, res.as_mut_ptr(), std::ptr::null_mut()), 0, "mode {mode}");
+            let mut frame = [0usize; 8];
+            assert_eq!(frame_of(&mut frame, res[0], 0, 0), 0, "mode {mode}");
+            let base = frame[0];
+            assert_eq!(frame[1], base + PLANE, "mode {mode}");
+            assert_eq!(take(), [(bits::MEM_TYPE_ALLOC, base, 2 * PLANE, cuda)], "mode {mode}");
+            assert!(
+                matches!(memtype::lookup(frame[1], 64), Lookup::Found(i) if i.mem_type == MemType::Cuda),
+                "mode {mode}"
+            );
+            assert_eq!(unmap(1, res.as_mut_ptr(), std::ptr::null_mut()), 0, "mode {mode}");
+            assert_eq!(take(), [(bits::MEM_TYPE_FREE, base, 2 * PLANE, cuda)], "mode {mode}");
+            assert_eq!(memtype::lookup(base, 1), Lookup::Absent, "mode {mode}");
+
+            let mut conn = stream(PLANE, 1, SEPARATE);
+            let mut r: Res = std::ptr::null_mut();
+            assert_eq!(acquire(&mut conn, &mut r, std::ptr::null_mut(), 0), 0, "mode {mode}");
+            assert_eq!(frame_of(&mut frame, r, 0, 0), 0, "mode {mode}");
+            let plane = frame[0];
+            assert_eq!(take(), [(bits::MEM_TYPE_ALLOC, plane, PLANE, cuda)], "mode {mode}");
+            assert_eq!(release(&mut conn, r, std::ptr::null_mut()), 0, "mode {mode}");
+            assert_eq!(take(), [(bits::MEM_TYPE_FREE, plane, PLANE, cuda)], "mode {mode}");
+            assert_eq!(memtype::lookup(plane, 1), Lookup::Absent, "mode {mode}");
         }
         let added: Vec<u64> = names.map(delivered).iter().zip(&before).map(|(a, b)| a - b).collect();
         assert_eq!(added, [2, 1, 1], "mode {mode}: each event once, the driver's");

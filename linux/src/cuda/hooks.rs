@@ -180,6 +180,8 @@ functions! {
     Driver Free cuGraphicsUnmapResources,
     Driver Free cuGraphicsUnmapResources_ptsz,
     Driver Free cuGraphicsUnregisterResource,
+    Driver Alloc cuGraphicsResourceGetMappedEglFrame,
+    Driver Free cuEGLStreamConsumerReleaseFrame,
     Driver Teardown cuCtxDestroy_v2,
     Driver Teardown cuCtxDestroy,
     Driver Teardown cuDevicePrimaryCtxReset_v2,
@@ -782,6 +784,117 @@ hook!(cuGraphicsUnmapResources_ptsz(count: c_uint, resources: *mut CUgraphicsRes
     graphics_end => (count as usize, resources));
 hook!(cuGraphicsUnregisterResource(resource: CUgraphicsResource) graphics_end => (1, &raw const resource));
 
+// EGL interop: an EGL image registered with CUDA
+// (`cuGraphicsEGLRegisterImage`) and mapped, or a frame that a consumer
+// of an EGL stream acquired (`cuEGLStreamConsumerAcquireFrame`), gives
+// out its planes in a frame (`cuGraphicsResourceGetMappedEglFrame`):
+// device pointers when the frame is pitch-linear (arrays otherwise, with
+// no address). Each plane's allocation, as the driver gives its range, is
+// reported once (planes of one allocation, or the same frame asked for
+// again, find it in the map); ended by the unmap or unregistration (as
+// above: the mapped pointer's query fails for an image, and the frame's
+// is asked), or by the consumer's release of the frame
+// (`cuEGLStreamConsumerReleaseFrame`). The runtime's calls reach these
+// through `cuGetProcAddress`, as for the other graphics calls.
+hook!(cuEGLStreamConsumerReleaseFrame(conn: *mut c_void, resource: CUgraphicsResource, stream: *mut CUstream)
+    graphics_end => (1, &raw const resource));
+
+/// `CU_EGL_FRAME_TYPE_PITCH` (`cudaEGL.h`): a frame whose planes are
+/// device pointers.
+const EGL_FRAME_PITCH: u32 = 1;
+
+/// `CUeglFrame` (`cudaEGL.h`, outside cudarc's bindings): the planes
+/// (`MAX_PLANES`, 3: device pointers of a pitch-linear frame, arrays
+/// otherwise), then nine 32-bit fields; 64 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct EglFrame {
+    planes: [usize; 3],
+    width: u32,
+    height: u32,
+    depth: u32,
+    pitch: u32,
+    plane_count: u32,
+    channels: u32,
+    frame_type: u32,
+    color_format: u32,
+    array_format: u32,
+}
+
+const _: () = assert!(size_of::<EglFrame>() == 64);
+
+impl EglFrame {
+    /// The device pointers of its planes: none for a frame of arrays.
+    fn pitch_planes(&self) -> impl Iterator<Item = usize> + '_ {
+        let count = if self.frame_type == EGL_FRAME_PITCH {
+            (self.plane_count as usize).min(self.planes.len())
+        } else {
+            0
+        };
+        self.planes[..count].iter().copied().filter(|&p| p != 0)
+    }
+
+    /// The allocations behind its planes, as the driver gives their
+    /// ranges (`base`, `len`), each once, with no plane repeated.
+    fn allocations(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let mut seen = [0usize; 3];
+        self.pitch_planes().enumerate().filter_map(move |(i, plane)| {
+            let info = driver::classify(plane).filter(|m| m.len != 0 && (m.base..m.base + m.len).contains(&plane))?;
+            let first = !seen[..i].contains(&info.base);
+            seen[i] = info.base;
+            first.then_some((info.base, info.len))
+        })
+    }
+}
+
+type EglFrameFn = unsafe extern "C" fn(*mut EglFrame, CUgraphicsResource, c_uint, c_uint) -> Status;
+
+/// The frame of a mapped EGL resource: `MEM_TYPE_ALLOC` of each plane's
+/// allocation that the map does not hold yet (type and device from the
+/// driver).
+pub(crate) unsafe extern "C" fn cuGraphicsResourceGetMappedEglFrame(
+    frame: *mut EglFrame,
+    resource: CUgraphicsResource,
+    index: c_uint,
+    mip: c_uint,
+) -> Status {
+    const ID: Id = Id::cuGraphicsResourceGetMappedEglFrame;
+    let Some(f) = original::<EglFrameFn>(ID) else {
+        return UNAVAILABLE;
+    };
+    // SAFETY: the caller's arguments, to the function they called.
+    let call = || unsafe { f(frame, resource, index, mip) };
+    with_guard(ID, |flag| {
+        if flag.is_some_and(Cell::get) {
+            return call(); // inside a hooked call, whose hook reports
+        }
+        let status = guarded(ID, flag, call);
+        if status == SUCCESS {
+            // SAFETY: the out-parameter the successful call filled.
+            egl_frame_given(ID, &unsafe { out(frame) });
+        }
+        status
+    })
+}
+
+/// Reports the allocations behind a frame's planes that the map holds
+/// nothing at.
+#[cold]
+#[inline(never)]
+fn egl_frame_given(id: Id, frame: &EglFrame) {
+    if frame
+        .pitch_planes()
+        .all(|p| matches!(crate::memtype::lookup(p, 1), Lookup::Found(_)))
+    {
+        return; // the same frame asked for again
+    }
+    for (base, len) in frame.allocations() {
+        if !matches!(crate::memtype::lookup(base, 1), Lookup::Found(_)) {
+            allocated(id, base, len, MemType::Unknown);
+        }
+    }
+}
+
 /// The range a mapped resource's pointer call gave, to report: none
 /// (address 0) when the map holds exactly that range already, the same
 /// mapping asked for again. (Size 0: the caller did not ask for it; the
@@ -796,11 +909,14 @@ fn graphics_pointer(address: usize, size: usize) -> (usize, usize) {
 
 type GraphicsPointerFn = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, CUgraphicsResource) -> Status;
 
-/// Before an unmap or an unregistration of graphics resources:
-/// `MEM_TYPE_FREE` of each one's mapped pointer, which the driver gives
-/// while the resource is still mapped (one driver call a resource: the
-/// driver, not memhook, keeps which resource has which range). A resource
-/// not mapped, or mapped as an array, has none. Unconditional, like a
+/// Before an unmap or an unregistration of graphics resources, or the
+/// release of an EGL stream's frame: `MEM_TYPE_FREE` of each one's mapped
+/// pointer, which the driver gives while the resource is still mapped
+/// (one driver call a resource: the driver, not memhook, keeps which
+/// resource has which range), or, for an EGL image or frame (whose
+/// pointer the driver refuses), of its planes' allocations (a second
+/// call, and one a plane for their ranges). A resource not mapped, or
+/// mapped as an array, has none. Unconditional, like a
 /// free of an address the map lost: a range reported but dropped by a
 /// full map still gets its free.
 ///
@@ -821,14 +937,31 @@ unsafe fn on_graphics_end(id: Id, count: usize, resources: *const CUgraphicsReso
         if flag.is_some_and(Cell::get) {
             return; // inside a hooked call, whose hook reports
         }
+        let egl_frame = original::<EglFrameFn>(Id::cuGraphicsResourceGetMappedEglFrame);
         for i in 0..count {
             // SAFETY: the caller's contract: `count` handles.
             let resource = unsafe { resources.add(i).read_unaligned() };
             let (mut address, mut size): (CUdeviceptr, usize) = (0, 0);
             // SAFETY: the original of the driver's call, with two
             // out-parameters of ours and the caller's handle.
-            if unsafe { pointer(&mut address, &mut size, resource) } == SUCCESS && address != 0 && size != 0 {
-                freeing(id, address as usize, Some(size));
+            if unsafe { pointer(&mut address, &mut size, resource) } == SUCCESS {
+                if address != 0 && size != 0 {
+                    freeing(id, address as usize, Some(size));
+                }
+                continue;
+            }
+            // Not a buffer: an EGL image's or stream's frame, pitch-linear
+            // or of arrays; or a texture's array, which has neither.
+            let mut frame = EglFrame::default();
+            if let Some(get) = egl_frame
+                // SAFETY: the original of the driver's call, with a frame
+                // of ours and the caller's handle (the first frame: the
+                // only one of a pitch-linear image).
+                && unsafe { get(&mut frame, resource, 0, 0) } == SUCCESS
+            {
+                for (base, len) in frame.allocations() {
+                    freeing(id, base, Some(len));
+                }
             }
         }
     });
