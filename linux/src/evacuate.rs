@@ -943,13 +943,12 @@ struct Tasks(i32);
 
 impl Tasks {
     fn open() -> Option<Tasks> {
-        // SAFETY: a NUL-terminated path; the descriptor is closed on drop.
-        let fd = unsafe {
-            libc::open(
-                c"/proc/self/task".as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
+        // (Closed on drop.)
+        let fd = crate::maps::open_at(
+            libc::AT_FDCWD,
+            c"/proc/self/task",
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        );
         (fd >= 0).then_some(Tasks(fd))
     }
 
@@ -985,9 +984,12 @@ impl Tasks {
             path[len] = b'/';
             path[len + 1..len + 1 + file.len()].copy_from_slice(file);
         }
-        // The rest of `path` is 0: NUL-terminated.
-        // SAFETY: a NUL-terminated relative path under the open directory.
-        let fd = unsafe { libc::openat(self.0, path.as_ptr().cast(), flags | libc::O_CLOEXEC) };
+        // The rest of `path` is 0: NUL-terminated at the first 0 (a
+        // relative path under the open directory).
+        let Ok(path) = core::ffi::CStr::from_bytes_until_nul(&path) else {
+            return Err(libc::ENAMETOOLONG);
+        };
+        let fd = crate::maps::open_at(self.0, path, flags | libc::O_CLOEXEC);
         if fd < 0 { Err(crate::maps::errno()) } else { Ok(fd) }
     }
 

@@ -521,8 +521,8 @@ fn with_maps<R>(f: impl FnOnce(c_int) -> Result<R, ()>) -> Result<R, ()> {
     if QUERY.load(Ordering::Relaxed) == QUERY_REFUSED || query_off() {
         return Err(());
     }
-    // SAFETY: a NUL-terminated path and plain flags; closed below.
-    let fd = unsafe { libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    // (Closed below.)
+    let fd = crate::maps::open_at(libc::AT_FDCWD, c"/proc/self/maps", libc::O_RDONLY | libc::O_CLOEXEC);
     if fd < 0 {
         return Err(());
     }

@@ -162,8 +162,7 @@ pub fn for_each(mut f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i3
 ///
 /// The errno of a failed `open` or `read`.
 pub(crate) fn for_each_line(path: &core::ffi::CStr, mut f: impl FnMut(&[u8]) -> ControlFlow<()>) -> Result<(), i32> {
-    // SAFETY: a NUL-terminated path and plain flags.
-    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    let fd = open_at(libc::AT_FDCWD, path, libc::O_RDONLY | libc::O_CLOEXEC);
     if fd < 0 {
         return Err(errno());
     }
@@ -265,6 +264,16 @@ pub fn page_size() -> usize {
 pub(crate) fn errno() -> i32 {
     // SAFETY: errno is thread-local and always readable.
     unsafe { *libc::__errno_location() }
+}
+
+/// `openat` by the system call itself, for memhook's own opens (the
+/// files of `/proc`): libc's `open` and `openat` are functions memhook
+/// patches, and a writer patching them that opened a file through them
+/// would run into its own locked entry (and a hook would look at the
+/// open). The descriptor, or -1 with errno set.
+pub(crate) fn open_at(dirfd: core::ffi::c_int, path: &core::ffi::CStr, flags: core::ffi::c_int) -> core::ffi::c_int {
+    // SAFETY: a NUL-terminated path and plain flags (no mode: no O_CREAT).
+    unsafe { libc::syscall(libc::SYS_openat, dirfd, path.as_ptr(), flags, 0) as core::ffi::c_int }
 }
 
 /// Runs `f` and puts back the calling thread's errno as it was, whatever
