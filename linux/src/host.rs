@@ -4,8 +4,9 @@
 //! and for process_madvise, whose discarding advices on the caller's own
 //! memory (Linux 6.13) are a `VM_UNMAPPED` per range (it has no event of
 //! its own in the C ABI); and for fallocate, ftruncate and truncate,
-//! which take pages away from every mapping of a file (a punched hole,
-//! a shrunk end) with no call on the mappings: `VM_UNMAPPED` of each
+//! and open and openat with `O_TRUNC`, which take pages away from every
+//! mapping of a file (a punched hole, a shrunk end, an emptied file) with
+//! no call on the mappings: `VM_UNMAPPED` of each
 //! mapped range of the file they discard, before the call (no event of
 //! their own either), and again after it where a mapping of a file was
 //! made or moved meanwhile (`FILE_MAPPINGS`); and so for `madvise`'s
@@ -58,8 +59,8 @@ use crate::maps::{keeping_errno, page_size};
 
 /// The address that runs `function`'s original (`"mmap"`, `"munmap"`,
 /// `"mremap"`, `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
-/// `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"` or
-/// `"remap_file_pages"`), past
+/// `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`,
+/// `"remap_file_pages"`, `"open"` or `"openat"`), past
 /// memhook's hook: with bistro, its trampoline (the relocated first
 /// instructions, then a jump into the function); with reloc, the
 /// definition it found. `None` for another name, or before memhook hooked
@@ -128,6 +129,8 @@ pub(crate) fn functions_in<const NS: usize>() -> [Hooked; FUNCTIONS] {
             remap_file_pages_hook::<NS> as *const () as usize,
             &ORIG_REMAP_FILE_PAGES[NS],
         ),
+        (c"open", open_hook::<NS> as *const () as usize, &ORIG_OPEN[NS]),
+        (c"openat", openat_hook::<NS> as *const () as usize, &ORIG_OPENAT[NS]),
     ]
 }
 
@@ -155,7 +158,7 @@ const fn slot(ns: usize) -> usize {
 const _: () = assert!(HOOK_SLOTS.is_power_of_two());
 
 /// How many host functions memhook hooks.
-pub(crate) const FUNCTIONS: usize = 13;
+pub(crate) const FUNCTIONS: usize = 15;
 
 /// glibc's other names of hooked functions (the same functions on the
 /// 64-bit targets memhook runs on), each with the function's own name.
@@ -164,13 +167,22 @@ pub(crate) const ALIAS_OF: [(&core::ffi::CStr, &core::ffi::CStr); ALIASES] = [
     (c"fallocate64", c"fallocate"),
     (c"ftruncate64", c"ftruncate"),
     (c"truncate64", c"truncate"),
+    (c"open64", c"open"),
+    (c"openat64", c"openat"),
 ];
 
 /// The aliases of [`ALIAS_OF`] with their functions' hooks: reloc rewrites
 /// the slots that name them too (recording each in its own original);
 /// bistro's patch of the function covers them.
 pub(crate) fn aliases() -> [Hooked; ALIASES] {
-    let records = [&ORIG_MMAP64, &ORIG_FALLOCATE64, &ORIG_FTRUNCATE64, &ORIG_TRUNCATE64];
+    let records = [
+        &ORIG_MMAP64,
+        &ORIG_FALLOCATE64,
+        &ORIG_FTRUNCATE64,
+        &ORIG_TRUNCATE64,
+        &ORIG_OPEN64,
+        &ORIG_OPENAT64,
+    ];
     let hooks = functions();
     core::array::from_fn(|i| {
         let (alias, main) = ALIAS_OF[i];
@@ -183,7 +195,7 @@ pub(crate) fn aliases() -> [Hooked; ALIASES] {
 }
 
 /// How many aliases [`aliases`] names.
-pub(crate) const ALIASES: usize = 4;
+pub(crate) const ALIASES: usize = 6;
 
 pub(crate) static ORIG_MMAP: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 pub(crate) static ORIG_MUNMAP: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
@@ -198,12 +210,16 @@ pub(crate) static ORIG_FALLOCATE: Originals = [const { AtomicUsize::new(0) }; HO
 pub(crate) static ORIG_FTRUNCATE: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 pub(crate) static ORIG_TRUNCATE: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 pub(crate) static ORIG_REMAP_FILE_PAGES: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_OPEN: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_OPENAT: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 /// Reloc's records of the aliases (the same functions in glibc): the
 /// hooks call the main name's original, which each install sets.
 pub(crate) static ORIG_MMAP64: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ORIG_FALLOCATE64: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ORIG_FTRUNCATE64: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ORIG_TRUNCATE64: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_OPEN64: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_OPENAT64: AtomicUsize = AtomicUsize::new(0);
 
 type MmapFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, libc::off_t) -> *mut c_void;
 type MunmapFn = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
@@ -218,6 +234,8 @@ type FallocateFn = unsafe extern "C" fn(c_int, c_int, libc::off_t, libc::off_t) 
 type FtruncateFn = unsafe extern "C" fn(c_int, libc::off_t) -> c_int;
 type TruncateFn = unsafe extern "C" fn(*const core::ffi::c_char, libc::off_t) -> c_int;
 type RemapFilePagesFn = unsafe extern "C" fn(*mut c_void, usize, c_int, usize, c_int) -> c_int;
+type OpenFn = unsafe extern "C" fn(*const core::ffi::c_char, c_int, libc::mode_t) -> c_int;
+type OpenatFn = unsafe extern "C" fn(c_int, *const core::ffi::c_char, c_int, libc::mode_t) -> c_int;
 
 /// Loads an original. The hooks are only reachable once it is set (install
 /// stores it before any patch points to the hook).
@@ -1463,6 +1481,104 @@ unsafe fn truncate_body(ns: usize, path: *const core::ffi::c_char, length: libc:
     };
     // SAFETY: forwarded.
     discarding(first, || unsafe { orig(path, length) })
+}
+
+entry! {
+    /// The `open` hook (glibc's is variadic: the mode, read only with
+    /// `O_CREAT` or `O_TMPFILE`, is forwarded as it came): an open that
+    /// truncates ([`truncates`]) empties the file, taking every page from
+    /// its mappings: `VM_UNMAPPED` of each, before the call. glibc's own
+    /// opens (`fopen`, `freopen`, `creat`, the fortified `__open_2`) call
+    /// the same code, which bistro's patch covers; reloc sees the
+    /// program's calls of `open` and `open64` alone.
+    open_hook => open_body, ORIG_OPEN as OpenFn, bits::VM_UNMAPPED,
+    (path: *const core::ffi::c_char, flags: c_int, mode: libc::mode_t) -> c_int
+}
+
+/// [`open_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
+#[inline(always)]
+unsafe fn open_body(ns: usize, path: *const core::ffi::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
+    let orig = original!(ORIG_OPEN[slot(ns)], OpenFn);
+    if !truncates(flags) {
+        // SAFETY: forwarded.
+        return unsafe { orig(path, flags, mode) };
+    }
+    let first = emptied(libc::AT_FDCWD, path, flags);
+    // SAFETY: forwarded.
+    opening(first, || unsafe { orig(path, flags, mode) })
+}
+
+entry! {
+    /// The `openat` hook: as [`open_hook`], the path from a directory's
+    /// descriptor.
+    openat_hook => openat_body, ORIG_OPENAT as OpenatFn, bits::VM_UNMAPPED,
+    (dirfd: c_int, path: *const core::ffi::c_char, flags: c_int, mode: libc::mode_t) -> c_int
+}
+
+/// [`openat_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
+#[inline(always)]
+unsafe fn openat_body(
+    ns: usize,
+    dirfd: c_int,
+    path: *const core::ffi::c_char,
+    flags: c_int,
+    mode: libc::mode_t,
+) -> c_int {
+    let orig = original!(ORIG_OPENAT[slot(ns)], OpenatFn);
+    if !truncates(flags) {
+        // SAFETY: forwarded.
+        return unsafe { orig(dirfd, path, flags, mode) };
+    }
+    let first = emptied(dirfd, path, flags);
+    // SAFETY: forwarded.
+    opening(first, || unsafe { orig(dirfd, path, flags, mode) })
+}
+
+/// Whether an open with `flags` empties the regular file it opens, where
+/// one is there: `O_TRUNC`, with any access mode (Linux then asks for
+/// write permission, and truncates), but for `O_PATH` (which ignores it)
+/// and `O_CREAT | O_EXCL` (refused where the file is there).
+#[inline(always)]
+const fn truncates(flags: c_int) -> bool {
+    const EXCLUSIVE: c_int = libc::O_CREAT | libc::O_EXCL;
+    flags & libc::O_TRUNC != 0 && flags & libc::O_PATH == 0 && flags & EXCLUSIVE != EXCLUSIVE
+}
+
+/// Before an open that truncates: where `path` (from `dirfd`; a symbolic
+/// link followed but with `O_NOFOLLOW`, as the open does) names a regular
+/// file with bytes, `VM_UNMAPPED` of every mapping of it, which the open
+/// leaves with no pages. Nothing where it names nothing (a file the open
+/// creates) or no regular file. Keeps the caller's errno.
+#[cold]
+#[inline(never)]
+fn emptied(dirfd: c_int, path: *const core::ffi::c_char, flags: c_int) -> Option<Discard> {
+    if path.is_null() {
+        return None; // the call's EFAULT
+    }
+    let nofollow = if flags & libc::O_NOFOLLOW != 0 {
+        libc::AT_SYMLINK_NOFOLLOW
+    } else {
+        0
+    };
+    let st = keeping_errno(|| {
+        let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
+        // SAFETY: the kernel reads `path` (a bad pointer is EFAULT, as it
+        // is for the call) and fills `st` or fails.
+        let found = unsafe { libc::fstatat(dirfd, path, st.as_mut_ptr(), nofollow) } == 0;
+        // SAFETY: filled by fstatat where it succeeded.
+        found.then(|| unsafe { st.assume_init() })
+    })?;
+    report_shrink(&st, 0)
+}
+
+/// Makes an open (`call`, a descriptor on success) whose first report was
+/// `first`, then [`report_late_discard`] if it succeeded.
+fn opening(first: Option<Discard>, call: impl FnOnce() -> c_int) -> c_int {
+    let fd = call();
+    if fd >= 0 {
+        report_late_discard(first);
+    }
+    fd
 }
 
 entry! {

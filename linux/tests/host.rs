@@ -45,6 +45,11 @@ int mhh_ftruncate64(int fd, long len) { return ftruncate64(fd, len); }
 int mhh_truncate(const char *path, long len) { return truncate(path, len); }
 void *mhh_mmap_file(void *at, size_t len, int flags, int fd, long off) { return mmap(at, len, PROT_READ | PROT_WRITE, flags, fd, off); }
 int mhh_remap_file_pages(void *p, size_t size, int prot, size_t pgoff, int flags) { return remap_file_pages(p, size, prot, pgoff, flags); }
+#include <stdio.h>
+int mhh_open(const char *path, int flags) { return open(path, flags, 0600); }
+int mhh_open64(const char *path, int flags) { return open64(path, flags, 0600); }
+int mhh_openat(int dirfd, const char *path, int flags) { return openat(dirfd, path, flags, 0600); }
+int mhh_fopen_w(const char *path) { FILE *f = fopen(path, "w"); return f ? fclose(f) : -1; }
 #include <dlfcn.h>
 void *mhh_dlopen(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
 int mhh_dlclose(void *handle) { return dlclose(handle); }
@@ -73,6 +78,10 @@ struct Helper {
     truncate: unsafe extern "C" fn(*const libc::c_char, i64) -> i32,
     mmap_file: unsafe extern "C" fn(usize, usize, i32, i32, i64) -> usize,
     remap_file_pages: unsafe extern "C" fn(usize, usize, i32, usize, i32) -> i32,
+    open: unsafe extern "C" fn(*const libc::c_char, i32) -> i32,
+    open64: unsafe extern "C" fn(*const libc::c_char, i32) -> i32,
+    openat: unsafe extern "C" fn(i32, *const libc::c_char, i32) -> i32,
+    fopen_w: unsafe extern "C" fn(*const libc::c_char) -> i32,
     dlopen: unsafe extern "C" fn(*const libc::c_char) -> usize,
     dlclose: unsafe extern "C" fn(usize) -> i32,
     dlsym: unsafe extern "C" fn(usize, *const libc::c_char) -> usize,
@@ -149,6 +158,10 @@ fn helper() -> &'static Helper {
                 truncate: cast(sym(c"mhh_truncate")),
                 mmap_file: cast(sym(c"mhh_mmap_file")),
                 remap_file_pages: cast(sym(c"mhh_remap_file_pages")),
+                open: cast(sym(c"mhh_open")),
+                open64: cast(sym(c"mhh_open64")),
+                openat: cast(sym(c"mhh_openat")),
+                fopen_w: cast(sym(c"mhh_fopen_w")),
                 dlopen: cast(sym(c"mhh_dlopen")),
                 dlclose: cast(sym(c"mhh_dlclose")),
                 dlsym: cast(sym(c"mhh_dlsym")),
@@ -251,7 +264,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 fn host_functions() -> usize {
     // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
     let present = !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"process_madvise".as_ptr()) }.is_null();
-    12 + usize::from(present)
+    14 + usize::from(present)
 }
 
 fn page_size() -> usize {
@@ -449,6 +462,115 @@ fn check_file_discards(h: &Helper, events: u32) {
         libc::munmap(m as *mut libc::c_void, 4 * page);
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// An open with `O_TRUNC` empties a regular file: every mapping of it
+/// loses its pages (a shared one's read as a `SIGBUS`), with no call on
+/// the mappings. `VM_UNMAPPED` of each whole mapping, before the call,
+/// through `open`, `open64` (glibc's other name: reloc rewrites its slots
+/// too) and `openat`; `fopen(path, "w")` opens inside libc, which bistro's
+/// patch sees and reloc does not. Nothing where the open empties nothing:
+/// no `O_TRUNC`, `O_PATH`, `O_CREAT | O_EXCL` (refused: the file is
+/// there), a file created by the call (errno kept across it), an empty
+/// file, a directory.
+fn check_open_truncate(h: &Helper, mode: HookMode, events: u32) {
+    let page = page_size();
+    let vm = |ranges: &[(usize, usize)]| -> Vec<Rec> {
+        ranges
+            .iter()
+            .filter(|_| events & bits::VM_UNMAPPED != 0)
+            .map(|&(a, n)| (bits::VM_UNMAPPED, a, n, 0))
+            .collect()
+    };
+    let dir = std::env::temp_dir().join(format!("memhook-open-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("mapped");
+    let c_path = CString::new(path.to_str().unwrap()).unwrap();
+    let c_dir = CString::new(dir.to_str().unwrap()).unwrap();
+    let fill = || std::fs::write(&path, vec![1u8; 4 * page]).unwrap();
+    let size = || std::fs::metadata(&path).unwrap().len();
+    fill();
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    let shared = map_file(fd, 4, 0, true);
+    let private = map_file(fd, 2, 1, false);
+    let mut want = vm(&[(shared, 4 * page), (private, 2 * page)]);
+    want.sort_by_key(|r| r.1);
+    // SAFETY: the helpers wrap the libc calls, with NUL-terminated paths
+    // (or none, the kernel's to refuse); each descriptor is closed.
+    unsafe {
+        let close = |fd: i32| {
+            assert!(fd >= 0, "open: errno {}", errno());
+            libc::close(fd);
+        };
+        let dirfd = libc::open(c_dir.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY);
+        assert!(dirfd >= 0);
+        let truncating: [(&str, &dyn Fn() -> i32); 3] = [
+            ("open", &|| (h.open)(c_path.as_ptr(), libc::O_WRONLY | libc::O_TRUNC)),
+            ("open64", &|| (h.open64)(c_path.as_ptr(), libc::O_RDWR | libc::O_TRUNC)),
+            ("openat", &|| {
+                (h.openat)(dirfd, c"mapped".as_ptr(), libc::O_RDWR | libc::O_TRUNC)
+            }),
+        ];
+        for (name, call) in truncating {
+            fill();
+            let log = recorded(|| {
+                set_errno(77);
+                close(call());
+                assert_eq!(errno(), 77, "{name}: errno survives the handlers");
+            });
+            assert_eq!(log, want, "{name}");
+            assert_eq!(size(), 0, "{name} emptied the file");
+        }
+
+        // Opens that empty nothing.
+        fill();
+        let log = recorded(|| {
+            close((h.open)(c_path.as_ptr(), libc::O_RDWR));
+            close((h.open)(c_path.as_ptr(), libc::O_PATH | libc::O_TRUNC));
+            assert_eq!(
+                (h.open)(
+                    c_path.as_ptr(),
+                    libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC
+                ),
+                -1
+            );
+            assert_eq!(errno(), libc::EEXIST);
+            assert_eq!((h.open)(c_dir.as_ptr(), libc::O_RDWR | libc::O_TRUNC), -1);
+            assert_eq!(errno(), libc::EISDIR);
+            assert_eq!((h.open)(std::ptr::null(), libc::O_RDWR | libc::O_TRUNC), -1);
+            assert_eq!(errno(), libc::EFAULT);
+        });
+        assert_eq!(log, [], "no open that empties the file");
+        assert_eq!(size(), 4 * page as u64, "none emptied it");
+        let created = dir.join("created");
+        let c_created = CString::new(created.to_str().unwrap()).unwrap();
+        let log = recorded(|| {
+            set_errno(77);
+            close((h.openat)(
+                dirfd,
+                c"created".as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC,
+            ));
+            assert_eq!(errno(), 77, "errno survives the look at a file not there yet");
+            // Now there, empty: truncated again, nothing to take.
+            close((h.open)(c_created.as_ptr(), libc::O_WRONLY | libc::O_TRUNC));
+        });
+        assert_eq!(log, []);
+
+        // fopen(path, "w") opens inside libc.
+        let log = recorded(|| assert_eq!((h.fopen_w)(c_path.as_ptr()), 0));
+        assert_eq!(size(), 0);
+        match mode {
+            HookMode::Bistro => assert_eq!(log, want, "bistro sees fopen's open inside libc"),
+            _ => assert_eq!(log, [], "reloc cannot see calls inside libc"),
+        }
+        libc::close(dirfd);
+        libc::munmap(shared as *mut libc::c_void, 4 * page);
+        libc::munmap(private as *mut libc::c_void, 2 * page);
+    }
+    drop(file);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// remap_file_pages puts other pages of a file in a range of a shared
@@ -1012,6 +1134,7 @@ fn check_mode(mode: HookMode, events: u32) {
     check_process_madvise(h, events);
     check_file_discards(h, events);
     check_remap_file_pages(h, events);
+    check_open_truncate(h, mode, events);
 
     // shmat/shmdt: sizes from the segment and the mapping.
     // SAFETY: a private segment, removed below.
@@ -2112,6 +2235,8 @@ fn install_uninstall_cycles_restore_the_bytes() {
         c"ftruncate",
         c"truncate",
         c"remap_file_pages",
+        c"open",
+        c"openat",
     ];
     // SAFETY: NUL-terminated names and the pseudo-handle RTLD_DEFAULT.
     let names: Vec<_> = names
