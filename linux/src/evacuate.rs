@@ -1923,6 +1923,28 @@ mod tests {
         );
     }
 
+    /// A hold holds the running thread `tid` and lets it go; returns once
+    /// it has left the handler. The mask it shows while held is the
+    /// handler's (glibc's signals blocked), and not once it has returned.
+    fn held_and_let_go(tid: i32, tasks: &Tasks) {
+        let (exits, mut regions) = unrun();
+        let holding = Holding::start(&exits, &mut regions).expect("threads can be held here");
+        assert!(has_mark(&holding, tid, &HELD), "the running thread was not held");
+        assert!(
+            tasks.blocks_as_the_handler(tid),
+            "a thread held in the handler does not show the handler's mask"
+        );
+        holding.release();
+        let start = crate::fork::now_ns();
+        while returning(tid) || tasks.blocks_as_the_handler(tid) {
+            assert!(
+                crate::fork::now_ns() - start < 1_000_000_000,
+                "the thread let go kept its mark, or the handler's mask"
+            );
+            std::thread::yield_now();
+        }
+    }
+
     /// A thread let go by a hold runs a few instructions, every signal
     /// blocked, between its mark's removal and its `sigreturn`, and beside
     /// busy threads may wait there for a core past the point (2 ms) where
@@ -1937,9 +1959,7 @@ mod tests {
     /// until it had a core, its slot empty or another's in turn: each hold
     /// that found it blocking must not return before it stops blocking,
     /// and then holds it (or finds it blocked in the call that lets the
-    /// signal in: outside the bytes). And the mask a held thread shows is
-    /// the handler's (glibc's signals blocked), and not once it has
-    /// returned.
+    /// signal in: outside the bytes).
     #[test]
     fn a_thread_leaving_the_handler_is_waited_for_by_the_next_hold() {
         let Some(_one) = native_signal_test() else {
@@ -1955,23 +1975,7 @@ mod tests {
             if found.len() == 6 {
                 break;
             }
-            // A hold holds it (it runs) and lets it go.
-            let (exits, mut regions) = unrun();
-            let holding = Holding::start(&exits, &mut regions).expect("threads can be held here");
-            assert!(has_mark(&holding, tid, &HELD), "the running thread was not held");
-            assert!(
-                tasks.blocks_as_the_handler(tid),
-                "a thread held in the handler does not show the handler's mask"
-            );
-            holding.release();
-            let start = crate::fork::now_ns();
-            while returning(tid) || tasks.blocks_as_the_handler(tid) {
-                assert!(
-                    crate::fork::now_ns() - start < 1_000_000_000,
-                    "the thread let go kept its mark, or the handler's mask"
-                );
-                std::thread::yield_now();
-            }
+            held_and_let_go(tid, &tasks);
             // Every other round, the mark of a thread of the same slot.
             let other = round % 2 == 1;
             if other {
@@ -2016,19 +2020,7 @@ mod tests {
         };
         let blocker = Blocker::spawn(2_000_000_000, Mask::Program);
         let tid = blocker.tid;
-        let tasks = Tasks::open().expect("/proc/self/task");
-        let (exits, mut regions) = unrun();
-        let holding = Holding::start(&exits, &mut regions).expect("threads can be held here");
-        assert!(has_mark(&holding, tid, &HELD), "the running thread was not held");
-        holding.release();
-        let start = crate::fork::now_ns();
-        while returning(tid) || tasks.blocks_as_the_handler(tid) {
-            assert!(
-                crate::fork::now_ns() - start < 1_000_000_000,
-                "the thread let go did not return"
-            );
-            std::thread::yield_now();
-        }
+        held_and_let_go(tid, &Tasks::open().expect("/proc/self/task"));
         blocker.block();
         blocker.start_clock();
         let unchecked = threads_unchecked();
