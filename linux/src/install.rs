@@ -383,7 +383,7 @@ enum Step {
 /// and the loader's functions where `loader` has them
 /// ([`loader_requests`]), all in one batch (`Hook::patch_batch`: one hold
 /// of the other threads and three serialisations of every core for all
-/// seventeen), and notes how each host function stands, in the functions'
+/// of them: `host::FUNCTIONS` and four), and notes how each host function stands, in the functions'
 /// order. Whether the loader's were all patched (all or none: where one
 /// could not be, the ones done are undone, and reloc's GOT hooks follow
 /// the loader instead).
