@@ -146,8 +146,9 @@
  A range is about to be unmapped: by munmap, mremap (its source where
  it may move it; of a shrink, the pages past the new end), shmdt, a shrinking brk or sbrk, a discarding madvise or
  process_madvise (one event per range), a fallocate, ftruncate or
- truncate that discards pages of a mapped file, or an open or openat
- with O_TRUNC that empties one (one per mapping), or a call that
+ truncate that discards pages of a mapped file, or an open, openat or
+ shm_open with O_TRUNC that empties one (one per mapping), or a call
+ that
  maps at a fixed address over it (mmap with MAP_FIXED, mremap with
  MREMAP_FIXED at its destination, shmat with SHM_REMAP,
  remap_file_pages). One comes
@@ -666,7 +667,7 @@ int memhook_memtype_classify(const void *addr, size_t len, struct memhook_mem_in
  `ucm_orig_mmap`): a host function (`"mmap"`, `"munmap"`, `"mremap"`,
  `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
  `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`,
- `"remap_file_pages"`, `"open"`, `"openat"`) or a
+ `"remap_file_pages"`, `"open"`, `"openat"`, `"shm_open"`) or a
  hooked CUDA
  function (`"cuMemAlloc_v2"`, `"cudaMalloc"`, ...). Cast it to the
  function's own type. NULL, with `memhook_last_error` saying why, for a

@@ -82,8 +82,8 @@ pub mod bits {
     /// stays in place, the pages past the new end), `shmdt`, a shrinking `brk`/`sbrk`, a
     /// discarding `madvise` or `process_madvise` (one event per range),
     /// a `fallocate`, `ftruncate` or `truncate` that discards pages of a
-    /// mapped file, or an `open` or `openat` with `O_TRUNC` that empties
-    /// one (one per mapping), or a call that maps at a fixed
+    /// mapped file, or an `open`, `openat` or `shm_open` with `O_TRUNC`
+    /// that empties one (one per mapping), or a call that maps at a fixed
     /// address over it
     /// (`mmap` with `MAP_FIXED`, `mremap` with `MREMAP_FIXED` at its
     /// destination, `shmat` with `SHM_REMAP`, `remap_file_pages`, which

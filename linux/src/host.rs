@@ -4,7 +4,7 @@
 //! and for process_madvise, whose discarding advices on the caller's own
 //! memory (Linux 6.13) are a `VM_UNMAPPED` per range (it has no event of
 //! its own in the C ABI); and for fallocate, ftruncate and truncate,
-//! and open and openat with `O_TRUNC`, which take pages away from every
+//! and open, openat and shm_open with `O_TRUNC`, which take pages away from every
 //! mapping of a file (a punched hole, a shrunk end, an emptied file) with
 //! no call on the mappings: `VM_UNMAPPED` of each
 //! mapped range of the file they discard, before the call (no event of
@@ -60,7 +60,7 @@ use crate::maps::{keeping_errno, page_size};
 /// The address that runs `function`'s original (`"mmap"`, `"munmap"`,
 /// `"mremap"`, `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
 /// `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`,
-/// `"remap_file_pages"`, `"open"` or `"openat"`), past
+/// `"remap_file_pages"`, `"open"`, `"openat"` or `"shm_open"`), past
 /// memhook's hook: with bistro, its trampoline (the relocated first
 /// instructions, then a jump into the function); with reloc, the
 /// definition it found. `None` for another name, or before memhook hooked
@@ -131,6 +131,11 @@ pub(crate) fn functions_in<const NS: usize>() -> [Hooked; FUNCTIONS] {
         ),
         (c"open", open_hook::<NS> as *const () as usize, &ORIG_OPEN[NS]),
         (c"openat", openat_hook::<NS> as *const () as usize, &ORIG_OPENAT[NS]),
+        (
+            c"shm_open",
+            shm_open_hook::<NS> as *const () as usize,
+            &ORIG_SHM_OPEN[NS],
+        ),
     ]
 }
 
@@ -158,7 +163,7 @@ const fn slot(ns: usize) -> usize {
 const _: () = assert!(HOOK_SLOTS.is_power_of_two());
 
 /// How many host functions memhook hooks.
-pub(crate) const FUNCTIONS: usize = 15;
+pub(crate) const FUNCTIONS: usize = 16;
 
 /// glibc's other names of hooked functions (the same functions on the
 /// 64-bit targets memhook runs on), each with the function's own name.
@@ -212,6 +217,7 @@ pub(crate) static ORIG_TRUNCATE: Originals = [const { AtomicUsize::new(0) }; HOO
 pub(crate) static ORIG_REMAP_FILE_PAGES: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 pub(crate) static ORIG_OPEN: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 pub(crate) static ORIG_OPENAT: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_SHM_OPEN: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 /// Reloc's records of the aliases (the same functions in glibc): the
 /// hooks call the main name's original, which each install sets.
 pub(crate) static ORIG_MMAP64: AtomicUsize = AtomicUsize::new(0);
@@ -236,6 +242,7 @@ type TruncateFn = unsafe extern "C" fn(*const core::ffi::c_char, libc::off_t) ->
 type RemapFilePagesFn = unsafe extern "C" fn(*mut c_void, usize, c_int, usize, c_int) -> c_int;
 type OpenFn = unsafe extern "C" fn(*const core::ffi::c_char, c_int, libc::mode_t) -> c_int;
 type OpenatFn = unsafe extern "C" fn(c_int, *const core::ffi::c_char, c_int, libc::mode_t) -> c_int;
+type ShmOpenFn = unsafe extern "C" fn(*const core::ffi::c_char, c_int, libc::mode_t) -> c_int;
 
 /// Loads an original. The hooks are only reachable once it is set (install
 /// stores it before any patch points to the hook).
@@ -1532,6 +1539,58 @@ unsafe fn openat_body(
     let first = emptied(dirfd, path, flags);
     // SAFETY: forwarded.
     opening(first, || unsafe { orig(dirfd, path, flags, mode) })
+}
+
+entry! {
+    /// The `shm_open` hook: with `O_TRUNC`, as [`open_hook`], for the
+    /// object's file in `/dev/shm` (glibc opens it by a function of its
+    /// own, `__open64_nocancel`, which the open hooks do not cover).
+    shm_open_hook => shm_open_body, ORIG_SHM_OPEN as ShmOpenFn, bits::VM_UNMAPPED,
+    (name: *const core::ffi::c_char, flags: c_int, mode: libc::mode_t) -> c_int
+}
+
+/// [`shm_open_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
+#[inline(always)]
+unsafe fn shm_open_body(ns: usize, name: *const core::ffi::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
+    let orig = original!(ORIG_SHM_OPEN[slot(ns)], ShmOpenFn);
+    if !truncates(flags) || name.is_null() {
+        // SAFETY: forwarded.
+        return unsafe { orig(name, flags, mode) };
+    }
+    let mut path = [0u8; SHM_PATH];
+    // SAFETY: `name` is the caller's NUL-terminated name, which the call
+    // reads too; glibc opens the object without following a link.
+    let first = unsafe { shm_path(name, &mut path) }
+        .and_then(|path| emptied(libc::AT_FDCWD, path.as_ptr(), flags | libc::O_NOFOLLOW));
+    // SAFETY: forwarded.
+    opening(first, || unsafe { orig(name, flags, mode) })
+}
+
+/// glibc's directory of shared memory objects (`SHMDIR`).
+const SHM_DIR: &[u8] = b"/dev/shm/";
+/// Room for [`SHM_DIR`], a name of up to `NAME_MAX` bytes, and its NUL.
+const SHM_PATH: usize = SHM_DIR.len() + 256;
+
+/// The file of the shared memory object `name`, as glibc names it
+/// (`__shm_get_name`): [`SHM_DIR`] and the name without its leading
+/// slashes, in `buf`. `None` for a name glibc refuses for a slash inside
+/// it or its length (the call then fails, and nothing is emptied).
+///
+/// # Safety
+///
+/// `name` is NUL-terminated.
+unsafe fn shm_path(name: *const core::ffi::c_char, buf: &mut [u8; SHM_PATH]) -> Option<&core::ffi::CStr> {
+    // SAFETY: the caller's contract.
+    let name = unsafe { core::ffi::CStr::from_ptr(name) }.to_bytes();
+    let start = name.iter().position(|&b| b != b'/')?;
+    let name = &name[start..];
+    if name.contains(&b'/') || SHM_DIR.len() + name.len() >= SHM_PATH {
+        return None;
+    }
+    buf[..SHM_DIR.len()].copy_from_slice(SHM_DIR);
+    buf[SHM_DIR.len()..SHM_DIR.len() + name.len()].copy_from_slice(name);
+    buf[SHM_DIR.len() + name.len()] = 0;
+    core::ffi::CStr::from_bytes_until_nul(&buf[..]).ok()
 }
 
 /// Whether an open with `flags` empties the regular file it opens, where

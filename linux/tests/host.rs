@@ -50,6 +50,7 @@ int mhh_open(const char *path, int flags) { return open(path, flags, 0600); }
 int mhh_open64(const char *path, int flags) { return open64(path, flags, 0600); }
 int mhh_openat(int dirfd, const char *path, int flags) { return openat(dirfd, path, flags, 0600); }
 int mhh_fopen_w(const char *path) { FILE *f = fopen(path, "w"); return f ? fclose(f) : -1; }
+int mhh_shm_open(const char *name, int flags) { return shm_open(name, flags, 0600); }
 #include <dlfcn.h>
 void *mhh_dlopen(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
 int mhh_dlclose(void *handle) { return dlclose(handle); }
@@ -82,6 +83,7 @@ struct Helper {
     open64: unsafe extern "C" fn(*const libc::c_char, i32) -> i32,
     openat: unsafe extern "C" fn(i32, *const libc::c_char, i32) -> i32,
     fopen_w: unsafe extern "C" fn(*const libc::c_char) -> i32,
+    shm_open: unsafe extern "C" fn(*const libc::c_char, i32) -> i32,
     dlopen: unsafe extern "C" fn(*const libc::c_char) -> usize,
     dlclose: unsafe extern "C" fn(usize) -> i32,
     dlsym: unsafe extern "C" fn(usize, *const libc::c_char) -> usize,
@@ -162,6 +164,7 @@ fn helper() -> &'static Helper {
                 open64: cast(sym(c"mhh_open64")),
                 openat: cast(sym(c"mhh_openat")),
                 fopen_w: cast(sym(c"mhh_fopen_w")),
+                shm_open: cast(sym(c"mhh_shm_open")),
                 dlopen: cast(sym(c"mhh_dlopen")),
                 dlclose: cast(sym(c"mhh_dlclose")),
                 dlsym: cast(sym(c"mhh_dlsym")),
@@ -264,7 +267,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 fn host_functions() -> usize {
     // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
     let present = !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"process_madvise".as_ptr()) }.is_null();
-    14 + usize::from(present)
+    15 + usize::from(present)
 }
 
 fn page_size() -> usize {
@@ -468,7 +471,9 @@ fn check_file_discards(h: &Helper, events: u32) {
 /// loses its pages (a shared one's read as a `SIGBUS`), with no call on
 /// the mappings. `VM_UNMAPPED` of each whole mapping, before the call,
 /// through `open`, `open64` (glibc's other name: reloc rewrites its slots
-/// too) and `openat`; `fopen(path, "w")` opens inside libc, which bistro's
+/// too) and `openat`, and a shared memory object's through `shm_open`
+/// (whose own open inside libc no open hook sees); `fopen(path, "w")`
+/// opens inside libc, which bistro's
 /// patch sees and reloc does not. Nothing where the open empties nothing:
 /// no `O_TRUNC`, `O_PATH`, `O_CREAT | O_EXCL` (refused: the file is
 /// there), a file created by the call (errno kept across it), an empty
@@ -568,6 +573,29 @@ fn check_open_truncate(h: &Helper, mode: HookMode, events: u32) {
         libc::close(dirfd);
         libc::munmap(shared as *mut libc::c_void, 4 * page);
         libc::munmap(private as *mut libc::c_void, 2 * page);
+
+        // A shared memory object, mapped, emptied by shm_open(O_TRUNC)
+        // (the name's leading slash is glibc's to drop).
+        let name = CString::new(format!("/memhook-shm-{}", std::process::id())).unwrap();
+        let fd = (h.shm_open)(name.as_ptr(), libc::O_RDWR | libc::O_CREAT);
+        assert!(fd >= 0, "shm_open: errno {}", errno());
+        assert_eq!(libc::ftruncate(fd, (2 * page) as libc::off_t), 0);
+        let object = map_file(fd, 2, 0, true);
+        libc::close(fd);
+        let log = recorded(|| {
+            close((h.shm_open)(name.as_ptr(), libc::O_RDWR));
+            set_errno(77);
+            close((h.shm_open)(name.as_ptr(), libc::O_RDWR | libc::O_TRUNC));
+            assert_eq!(errno(), 77, "shm_open: errno survives the handlers");
+        });
+        assert_eq!(log, vm(&[(object, 2 * page)]), "shm_open");
+        let fd = (h.shm_open)(name.as_ptr(), libc::O_RDONLY);
+        let mut st: libc::stat = std::mem::zeroed();
+        assert_eq!(libc::fstat(fd, &mut st), 0);
+        assert_eq!(st.st_size, 0, "shm_open emptied the object");
+        close(fd);
+        libc::munmap(object as *mut libc::c_void, 2 * page);
+        libc::shm_unlink(name.as_ptr());
     }
     drop(file);
     let _ = std::fs::remove_dir_all(&dir);
@@ -2237,6 +2265,7 @@ fn install_uninstall_cycles_restore_the_bytes() {
         c"remap_file_pages",
         c"open",
         c"openat",
+        c"shm_open",
     ];
     // SAFETY: NUL-terminated names and the pseudo-handle RTLD_DEFAULT.
     let names: Vec<_> = names
