@@ -1506,13 +1506,8 @@ entry! {
 #[inline(always)]
 unsafe fn open_body(ns: usize, path: *const core::ffi::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
     let orig = original!(ORIG_OPEN[slot(ns)], OpenFn);
-    if !truncates(flags) {
-        // SAFETY: forwarded.
-        return unsafe { orig(path, flags, mode) };
-    }
-    let first = emptied(libc::AT_FDCWD, path, flags);
     // SAFETY: forwarded.
-    opening(first, || unsafe { orig(path, flags, mode) })
+    open_with(libc::AT_FDCWD, path, flags, || unsafe { orig(path, flags, mode) })
 }
 
 entry! {
@@ -1532,13 +1527,21 @@ unsafe fn openat_body(
     mode: libc::mode_t,
 ) -> c_int {
     let orig = original!(ORIG_OPENAT[slot(ns)], OpenatFn);
+    // SAFETY: forwarded.
+    open_with(dirfd, path, flags, || unsafe { orig(dirfd, path, flags, mode) })
+}
+
+/// An open (`call`) of `path` from `dirfd` with `flags`: where it
+/// truncates ([`truncates`]), the file's mappings reported before it
+/// ([`emptied`]) and looked at again after it ([`opening`]); else the
+/// call alone.
+#[inline(always)]
+fn open_with(dirfd: c_int, path: *const core::ffi::c_char, flags: c_int, call: impl FnOnce() -> c_int) -> c_int {
     if !truncates(flags) {
-        // SAFETY: forwarded.
-        return unsafe { orig(dirfd, path, flags, mode) };
+        return call();
     }
     let first = emptied(dirfd, path, flags);
-    // SAFETY: forwarded.
-    opening(first, || unsafe { orig(dirfd, path, flags, mode) })
+    opening(first, call)
 }
 
 entry! {
