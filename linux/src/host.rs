@@ -363,8 +363,21 @@ fn whole_pages_of(address: usize, size: usize, page: usize) -> usize {
 
 /// `VM_UNMAPPED` for what a call that works in whole pages unmaps or
 /// discards at `address` for `size` bytes ([`whole_pages`]), if it is not
-/// empty.
+/// empty; nothing for a call the kernel refuses before it looks at the
+/// mappings (`munmap` of an address not on a page boundary, or of a range
+/// past the top of the address space: `EINVAL`, and nothing unmapped).
 fn unmapped(address: usize, size: usize) -> Option<Event> {
+    let mask = page_size() - 1;
+    if address & mask != 0
+        || address
+            .checked_add(size)
+            .and_then(|end| end.checked_add(mask))
+            .is_none()
+    {
+        // Refused by the kernel before it looks at the mappings (EINVAL):
+        // nothing goes.
+        return None;
+    }
     unmapped_bytes(address, whole_pages(address, size))
 }
 
@@ -1658,7 +1671,8 @@ entry! {
 /// [`remap_file_pages_hook`] when a handler wants `VM_MAPPED` or
 /// `VM_UNMAPPED`, for namespace `ns`'s libc. A failed call has reported
 /// `VM_UNMAPPED` of a range it left as it was (a private mapping, a
-/// range not mapped): a report too many, as for a failed `munmap`.
+/// range not mapped): a report too many, as for a `munmap` the kernel
+/// refuses once it has looked at the mappings.
 #[inline(always)]
 unsafe fn remap_file_pages_body(
     ns: usize,
