@@ -351,14 +351,22 @@ fn whole_pages(address: usize, size: usize) -> usize {
 /// cycles).
 #[inline(always)]
 fn whole_pages_of(address: usize, size: usize, page: usize) -> usize {
+    pages_taken(address, size, page).unwrap_or(size)
+}
+
+/// [`whole_pages_of`], or `None` where the kernel refuses the call before
+/// it looks at the mappings: an address not on a boundary of `page`, an
+/// end past the top of the address space (`EINVAL`).
+#[inline(always)]
+fn pages_taken(address: usize, size: usize, page: usize) -> Option<usize> {
     let mask = page - 1;
     if address & mask != 0 {
-        return size;
+        return None;
     }
     address
         .checked_add(size)
         .and_then(|end| end.checked_add(mask))
-        .map_or(size, |end| (end & !mask) - address)
+        .map(|end| (end & !mask) - address)
 }
 
 /// `VM_UNMAPPED` for what a call that works in whole pages unmaps or
@@ -367,18 +375,7 @@ fn whole_pages_of(address: usize, size: usize, page: usize) -> usize {
 /// mappings (`munmap` of an address not on a page boundary, or of a range
 /// past the top of the address space: `EINVAL`, and nothing unmapped).
 fn unmapped(address: usize, size: usize) -> Option<Event> {
-    let mask = page_size() - 1;
-    if address & mask != 0
-        || address
-            .checked_add(size)
-            .and_then(|end| end.checked_add(mask))
-            .is_none()
-    {
-        // Refused by the kernel before it looks at the mappings (EINVAL):
-        // nothing goes.
-        return None;
-    }
-    unmapped_bytes(address, whole_pages(address, size))
+    unmapped_bytes(address, pages_taken(address, size, page_size())?)
 }
 
 /// `VM_MAPPED` for what a call that works in whole pages of `page` bytes
@@ -1520,7 +1517,11 @@ entry! {
 unsafe fn open_body(ns: usize, path: *const core::ffi::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
     let orig = original!(ORIG_OPEN[slot(ns)], OpenFn);
     // SAFETY: forwarded.
-    open_with(libc::AT_FDCWD, path, flags, || unsafe { orig(path, flags, mode) })
+    open_with(
+        flags,
+        || emptied(libc::AT_FDCWD, path, flags),
+        || unsafe { orig(path, flags, mode) },
+    )
 }
 
 entry! {
@@ -1541,20 +1542,22 @@ unsafe fn openat_body(
 ) -> c_int {
     let orig = original!(ORIG_OPENAT[slot(ns)], OpenatFn);
     // SAFETY: forwarded.
-    open_with(dirfd, path, flags, || unsafe { orig(dirfd, path, flags, mode) })
+    open_with(
+        flags,
+        || emptied(dirfd, path, flags),
+        || unsafe { orig(dirfd, path, flags, mode) },
+    )
 }
 
-/// An open (`call`) of `path` from `dirfd` with `flags`: where it
-/// truncates ([`truncates`]), the file's mappings reported before it
-/// ([`emptied`]) and looked at again after it ([`opening`]); else the
-/// call alone.
+/// An open (`call`) with `flags`: where it truncates ([`truncates`]),
+/// `look` reports the file's mappings before it ([`emptied`]), and
+/// [`discarding`] looks again after it; else the call alone.
 #[inline(always)]
-fn open_with(dirfd: c_int, path: *const core::ffi::c_char, flags: c_int, call: impl FnOnce() -> c_int) -> c_int {
+fn open_with(flags: c_int, look: impl FnOnce() -> Option<Discard>, call: impl FnOnce() -> c_int) -> c_int {
     if !truncates(flags) {
         return call();
     }
-    let first = emptied(dirfd, path, flags);
-    opening(first, call)
+    discarding(look(), call)
 }
 
 entry! {
@@ -1569,17 +1572,18 @@ entry! {
 #[inline(always)]
 unsafe fn shm_open_body(ns: usize, name: *const core::ffi::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
     let orig = original!(ORIG_SHM_OPEN[slot(ns)], ShmOpenFn);
-    if !truncates(flags) || name.is_null() {
-        // SAFETY: forwarded.
-        return unsafe { orig(name, flags, mode) };
-    }
-    let mut path = [0u8; SHM_PATH];
-    // SAFETY: `name` is the caller's NUL-terminated name, which the call
-    // reads too; glibc opens the object without following a link.
-    let first = unsafe { shm_path(name, &mut path) }
-        .and_then(|path| emptied(libc::AT_FDCWD, path.as_ptr(), flags | libc::O_NOFOLLOW));
+    let look = || {
+        if name.is_null() {
+            return None; // the call's to refuse
+        }
+        let mut path = [0u8; SHM_PATH];
+        // SAFETY: `name` is the caller's NUL-terminated name, which the
+        // call reads too; glibc opens the object without following a link.
+        let path = unsafe { shm_path(name, &mut path) }?;
+        emptied(libc::AT_FDCWD, path.as_ptr(), flags | libc::O_NOFOLLOW)
+    };
     // SAFETY: forwarded.
-    opening(first, || unsafe { orig(name, flags, mode) })
+    open_with(flags, look, || unsafe { orig(name, flags, mode) })
 }
 
 /// glibc's directory of shared memory objects (`SHMDIR`).
@@ -1644,16 +1648,6 @@ fn emptied(dirfd: c_int, path: *const core::ffi::c_char, flags: c_int) -> Option
         found.then(|| unsafe { st.assume_init() })
     })?;
     report_shrink(&st, 0)
-}
-
-/// Makes an open (`call`, a descriptor on success) whose first report was
-/// `first`, then [`report_late_discard`] if it succeeded.
-fn opening(first: Option<Discard>, call: impl FnOnce() -> c_int) -> c_int {
-    let fd = call();
-    if fd >= 0 {
-        report_late_discard(first);
-    }
-    fd
 }
 
 entry! {
@@ -1792,11 +1786,12 @@ fn report_file_discard(file: Option<FileId>, from: u64, to: u64) -> Option<Disca
     })
 }
 
-/// Makes a file-discarding call (`call`, 0 on success) whose first report
-/// was `first`, then [`report_late_discard`] if it succeeded.
+/// Makes a file-discarding call (`call`: 0, or an open's descriptor, on
+/// success; -1 on failure) whose first report was `first`, then
+/// [`report_late_discard`] if it succeeded.
 fn discarding(first: Option<Discard>, call: impl FnOnce() -> c_int) -> c_int {
     let result = call();
-    if result == 0 {
+    if result >= 0 {
         report_late_discard(first);
     }
     result
