@@ -325,16 +325,25 @@ fn on_alloc(
     call: impl FnOnce() -> Status,
     result: impl FnOnce() -> (usize, usize),
 ) -> Status {
+    on_success(id, call, || {
+        let (address, size) = result();
+        if address != 0 {
+            allocated(id, address, size, mem_type);
+        }
+    })
+}
+
+/// A call whose hook reports after it succeeds (`then`), unless it runs
+/// inside a hooked runtime call, whose hook reports.
+#[inline(always)]
+fn on_success(id: Id, call: impl FnOnce() -> Status, then: impl FnOnce()) -> Status {
     with_guard(id, |flag| {
         if flag.is_some_and(Cell::get) {
             return call(); // inside a hooked call, whose hook reports
         }
         let status = guarded(id, flag, call);
         if status == SUCCESS {
-            let (address, size) = result();
-            if address != 0 {
-                allocated(id, address, size, mem_type);
-            }
+            then();
         }
         status
     })
@@ -862,19 +871,13 @@ pub(crate) unsafe extern "C" fn cuGraphicsResourceGetMappedEglFrame(
     let Some(f) = original::<EglFrameFn>(ID) else {
         return UNAVAILABLE;
     };
-    // SAFETY: the caller's arguments, to the function they called.
-    let call = || unsafe { f(frame, resource, index, mip) };
-    with_guard(ID, |flag| {
-        if flag.is_some_and(Cell::get) {
-            return call(); // inside a hooked call, whose hook reports
-        }
-        let status = guarded(ID, flag, call);
-        if status == SUCCESS {
-            // SAFETY: the out-parameter the successful call filled.
-            egl_frame_given(ID, &unsafe { out(frame) });
-        }
-        status
-    })
+    on_success(
+        ID,
+        // SAFETY: the caller's arguments, to the function they called.
+        || unsafe { f(frame, resource, index, mip) },
+        // SAFETY: the out-parameter the successful call filled.
+        || egl_frame_given(ID, &unsafe { out(frame) }),
+    )
 }
 
 /// Reports the allocations behind a frame's planes that the map holds
