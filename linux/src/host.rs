@@ -46,6 +46,7 @@
 //! page would keep a registration of memory that is gone); the call's
 //! own event (`MUNMAP`, `MADVISE`, ...) carries its arguments as given.
 
+use core::cell::Cell;
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -620,16 +621,41 @@ unsafe fn mremap_body(
         new_address: new_address as usize,
     });
     let resize = in_place(old as usize, old_size, new_size, flags, page);
-    let before = match resize {
+    // A growth that may move is tried in place first where a handler
+    // wants the mappings' events (see `may_grow_in_place`).
+    let trial = match resize {
+        None if wants(bits::VM_MAPPED | bits::VM_UNMAPPED) => {
+            may_grow_in_place(old as usize, old_size, new_size, flags, page)
+        }
+        _ => None,
+    };
+    let grew = Cell::new(false);
+    let before = match (resize, trial) {
         // What a shrink cuts off: the rest stays where it is.
-        Some((old_end, new_end)) => unmapped_bytes(old as usize + new_end, old_end.saturating_sub(new_end)),
-        None => unmapped_in(old as usize, old_size, page),
+        (Some((old_end, new_end)), _) => unmapped_bytes(old as usize + new_end, old_end.saturating_sub(new_end)),
+        // Nothing yet: reported below if the growth in place is refused.
+        (None, Some(_)) => None,
+        (None, None) => unmapped_in(old as usize, old_size, page),
     };
     call_original(
         before,
         &mut ev,
         |e| {
             if let Event::Mremap(m) = e {
+                if trial.is_some() {
+                    // SAFETY: the caller's mapping and sizes, without
+                    // MREMAP_MAYMOVE: grown in place or refused (its
+                    // errno not the caller's).
+                    let r = keeping_errno(|| unsafe { orig(old, old_size, new_size, 0, new_address) }) as usize;
+                    if r != INVALID_PTR {
+                        m.result = r;
+                        grew.set(true);
+                        file_mapping_changed();
+                        return;
+                    }
+                    // It will move: the old range goes first.
+                    notify_keeping_errno(unmapped_in(old as usize, old_size, page));
+                }
                 // SAFETY: forwarded.
                 m.result = unsafe { orig(old, old_size, new_size, flags, new_address) } as usize;
                 if m.result != INVALID_PTR {
@@ -640,7 +666,7 @@ unsafe fn mremap_body(
         },
         |e| {
             let r = succeeded(result_of!(*e, Mremap, INVALID_PTR))?;
-            match resize {
+            match resize.or(trial.filter(|_| grew.get())) {
                 // What a growth in place added.
                 Some((old_end, new_end)) if r == old as usize => {
                     mapped_bytes(r + old_end, new_end.saturating_sub(old_end))
@@ -677,10 +703,10 @@ unsafe fn mremap_body(
 /// a registration cache keeps its registrations of a buffer `realloc`
 /// shrank (glibc shrinks a large block with `mremap`) but for the pages
 /// cut off. `None` where the call may move the mapping (a growth with
-/// `MREMAP_MAYMOVE`, an old size of 0, which makes a second mapping),
-/// or moves it: the whole old range goes before the call, and the
-/// result's is mapped after; and for a range past the top of the address
-/// space (the kernel refuses it).
+/// `MREMAP_MAYMOVE`, tried in place first: [`may_grow_in_place`]; an old
+/// size of 0, which makes a second mapping), or moves it: the whole old
+/// range goes before the call, and the result's is mapped after; and for
+/// a range past the top of the address space (the kernel refuses it).
 #[inline(always)]
 fn in_place(old: usize, old_size: usize, new_size: usize, flags: c_int, page: usize) -> Option<(usize, usize)> {
     if flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0 || old_size == 0 || new_size == 0 {
@@ -689,6 +715,31 @@ fn in_place(old: usize, old_size: usize, new_size: usize, flags: c_int, page: us
     let (old_end, new_end) = (whole_pages_of(old, old_size, page), whole_pages_of(old, new_size, page));
     let stays = new_end <= old_end || flags & libc::MREMAP_MAYMOVE == 0;
     (stays && old.checked_add(old_end.max(new_end)).is_some()).then_some((old_end, new_end))
+}
+
+/// Where `mremap(old, old_size, new_size, MREMAP_MAYMOVE)` grows the
+/// mapping (`MREMAP_MAYMOVE` alone), the ends [`in_place`] gives: the
+/// hook first tries the growth without `MREMAP_MAYMOVE`, which the kernel
+/// makes in place where the pages after the mapping are free (what it
+/// tries first with the flag too) and refuses otherwise, changing
+/// nothing; then it reports only the pages added, and a registration
+/// cache keeps its registrations of a buffer `realloc` grew in place
+/// (glibc grows a large block with `mremap`). Only where it is refused
+/// does the old range go (`VM_UNMAPPED`) before the call as made. The
+/// price: a second system call for a growth that moves.
+#[inline(always)]
+fn may_grow_in_place(
+    old: usize,
+    old_size: usize,
+    new_size: usize,
+    flags: c_int,
+    page: usize,
+) -> Option<(usize, usize)> {
+    if flags != libc::MREMAP_MAYMOVE || old_size == 0 {
+        return None;
+    }
+    let (old_end, new_end) = (whole_pages_of(old, old_size, page), whole_pages_of(old, new_size, page));
+    (new_end > old_end && old.checked_add(new_end).is_some()).then_some((old_end, new_end))
 }
 
 /// Delivers `event` (if any) outside a call's own dispatch, keeping the

@@ -262,7 +262,7 @@ fn about(log: &[Rec], addr: usize, len: usize) -> Vec<Rec> {
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// How many host functions memhook hooks here: thirteen, or twelve with
+/// How many host functions memhook hooks here: sixteen, or fifteen with
 /// a glibc older than 2.36 (no `process_madvise`, so nothing to hook).
 fn host_functions() -> usize {
     // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
@@ -773,6 +773,79 @@ fn check_mremap_in_place(h: &Helper, events: u32) {
     }
 }
 
+/// What `mremap(from, K64, 2 * K64, MREMAP_MAYMOVE)` that returned `to`
+/// reports: grown in place, the pages added (after the call); moved, the
+/// old range (before it) and the new one (after).
+fn grown(from: usize, to: usize) -> Vec<Rec> {
+    if to == from {
+        vec![
+            (bits::MREMAP, from, 2 * K64, to as isize),
+            (bits::VM_MAPPED, from + K64, K64, 0),
+        ]
+    } else {
+        vec![
+            (bits::VM_UNMAPPED, from, K64, 0),
+            (bits::MREMAP, from, 2 * K64, to as isize),
+            (bits::VM_MAPPED, to, 2 * K64, 0),
+        ]
+    }
+}
+
+/// A growth that may move (`MREMAP_MAYMOVE`, which glibc's `realloc`
+/// of a large block makes): where the pages after the mapping are free,
+/// the kernel grows it in place, and only the pages added are reported
+/// (mapped): a registration cache keeps its registrations of the rest.
+/// Where they are taken, it moves: the old range unmapped before the
+/// call, the new one mapped after. The caller's errno survives the
+/// refused try in place either way.
+fn check_mremap_grow(h: &Helper, events: u32) {
+    // SAFETY: mappings of the helper's, grown below and unmapped at their
+    // last sizes; the helpers pass what libc expects.
+    unsafe {
+        // Free pages after it: the upper half of a mapping of 2 * K64
+        // given back (another thread may map there meanwhile: then it
+        // moves, and says so).
+        let a = (h.mmap)(2 * K64);
+        assert_ne!(a as isize, -1);
+        assert_eq!((h.munmap)(a + K64, K64), 0);
+        let mut r = 0;
+        let log = recorded(|| {
+            set_errno(77);
+            r = (h.mremap)(a, K64, 2 * K64);
+            assert_eq!(errno(), 77, "errno survives the handlers of a growth");
+        });
+        assert_ne!(r as isize, -1, "mremap errno {}", errno());
+        let log: Vec<Rec> = log
+            .into_iter()
+            .filter(|x| near(x, a, 2 * K64) || near(x, r, 2 * K64))
+            .collect();
+        assert_eq!(log, only(events, grown(a, r)), "{log:x?}");
+        if r != a {
+            eprintln!("the pages after {a:#x} were taken meanwhile: it moved");
+        }
+        assert_eq!((h.munmap)(r, 2 * K64), 0);
+
+        // The pages after it taken (the first half of a mapping): it
+        // moves.
+        let b = (h.mmap)(2 * K64);
+        assert_ne!(b as isize, -1);
+        let log = recorded(|| {
+            set_errno(77);
+            r = (h.mremap)(b, K64, 2 * K64);
+            assert_eq!(errno(), 77, "errno survives the handlers of a growth that moves");
+        });
+        assert_ne!(r as isize, -1, "mremap errno {}", errno());
+        assert_ne!(r, b, "the pages after the first half are the second's");
+        let log: Vec<Rec> = log
+            .into_iter()
+            .filter(|x| near(x, b, 2 * K64) || near(x, r, 2 * K64))
+            .collect();
+        assert_eq!(log, only(events, grown(b, r)), "{log:x?}");
+        assert_eq!((h.munmap)(r, 2 * K64), 0);
+        assert_eq!((h.munmap)(b + K64, K64), 0);
+    }
+}
+
 /// Whether `remap_file_pages` works here (tried once, by the system call
 /// itself, on a mapping of its own), or the errno it refuses with
 /// (qemu-user answers `ENOSYS`).
@@ -1025,8 +1098,9 @@ fn check_mode(mode: HookMode, events: u32) {
         only(events, [(bits::MMAP, 0, K64, p as isize), (bits::VM_MAPPED, p, K64, 0)])
     );
 
-    // mremap grow (may move): VM_UNMAPPED of the old range before, then
-    // MREMAP with its result, then VM_MAPPED of the new range.
+    // mremap grow (may move): where it moves, VM_UNMAPPED of the old
+    // range before, then MREMAP with its result, then VM_MAPPED of the new
+    // range; where it grows in place, the pages added mapped after.
     let mut q = 0;
     // SAFETY: as above.
     let log = recorded(|| q = unsafe { (h.mremap)(p, K64, 2 * K64) });
@@ -1035,20 +1109,10 @@ fn check_mode(mode: HookMode, events: u32) {
         .into_iter()
         .filter(|r| near(r, p, K64) || near(r, q, 2 * K64))
         .collect();
-    assert_eq!(
-        log,
-        only(
-            events,
-            [
-                (bits::VM_UNMAPPED, p, K64, 0),
-                (bits::MREMAP, p, 2 * K64, q as isize),
-                (bits::VM_MAPPED, q, 2 * K64, 0)
-            ]
-        ),
-        "{log:x?}"
-    );
+    assert_eq!(log, only(events, grown(p, q)), "{log:x?}");
 
     check_mremap_in_place(h, events);
+    check_mremap_grow(h, events);
 
     // madvise: a discarding advice is an unmap of the contents; others are
     // not reported.
