@@ -108,11 +108,11 @@ thread_local! {
 static PLATFORM: Asymmetric = Asymmetric {
     barrier: || membarrier::call(membarrier::PRIVATE_EXPEDITED) == 0,
     // SAFETY: gettid has no arguments and cannot fail.
-    thread_id: || unsafe { libc::syscall(libc::SYS_gettid) } as u64,
+    thread_id: || unsafe { crate::sys::syscall!(libc::SYS_gettid) } as u64,
     thread_alive: |tid| {
         // SAFETY: signal 0 only checks that the thread exists in this
         // process (tgkill with our own pid).
-        let r = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::pid_t, 0) };
+        let r = unsafe { crate::sys::syscall!(libc::SYS_tgkill, libc::getpid(), tid as libc::pid_t, 0) };
         r == 0 || crate::maps::errno() != libc::ESRCH
     },
 };

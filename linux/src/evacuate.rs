@@ -363,7 +363,7 @@ impl Writer {
             SYNC_COUNT.store(count, Ordering::SeqCst);
             // SAFETY: tgkill of a thread of this process with a signal whose
             // handler is memhook's.
-            if unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, signal) } == 0 {
+            if unsafe { crate::sys::syscall!(libc::SYS_tgkill, pid, tid, signal) } == 0 {
                 SYNC_SIGNALS.fetch_add(1, Ordering::Relaxed);
             } else if crate::maps::errno() == libc::ESRCH {
                 SYNC_SEEN[count - 1].store(round, Ordering::SeqCst); // exited
@@ -507,7 +507,7 @@ impl Holding {
             }
             // SAFETY: tgkill of a thread of this process with a signal
             // whose handler is memhook's.
-            let sent = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, signal) } == 0;
+            let sent = unsafe { crate::sys::syscall!(libc::SYS_tgkill, pid, tid, signal) } == 0;
             if !sent && crate::maps::errno() != libc::ESRCH {
                 // Not that it exited: refused (a seccomp filter).
                 UNCHECKED.fetch_add(1, Ordering::Relaxed);
@@ -631,7 +631,7 @@ impl Drop for Holding {
         HOLD.store(0, Ordering::SeqCst);
         // SAFETY: wakes every thread waiting on the futex word HOLD.
         unsafe {
-            libc::syscall(
+            crate::sys::syscall!(
                 libc::SYS_futex,
                 HOLD.as_ptr(),
                 libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
@@ -656,7 +656,7 @@ impl Drop for Holding {
             // `active`, at most the timeout; a change of the word or a
             // wake ends the wait.
             unsafe {
-                libc::syscall(
+                crate::sys::syscall!(
                     libc::SYS_futex,
                     ACTIVE.as_ptr(),
                     libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
@@ -774,7 +774,7 @@ extern "C" fn on_signal(_signal: libc::c_int, info: *mut libc::siginfo_t, contex
             // SAFETY: waits on the futex word HOLD while it is 1; a wake
             // or a change of the word ends the wait.
             unsafe {
-                libc::syscall(
+                crate::sys::syscall!(
                     libc::SYS_futex,
                     HOLD.as_ptr(),
                     libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
@@ -788,7 +788,7 @@ extern "C" fn on_signal(_signal: libc::c_int, info: *mut libc::siginfo_t, contex
     if ACTIVE.fetch_sub(1, Ordering::SeqCst) == 1 && ACTIVE_WAITER.load(Ordering::SeqCst) {
         // SAFETY: wakes the writer waiting on the futex word ACTIVE.
         unsafe {
-            libc::syscall(
+            crate::sys::syscall!(
                 libc::SYS_futex,
                 ACTIVE.as_ptr(),
                 libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
@@ -969,7 +969,7 @@ impl Tasks {
             || unsafe { libc::lseek(fd, 0, libc::SEEK_SET) } == 0,
             // SAFETY: getdents64 writes at most `b.len()` bytes of records
             // into `b`.
-            |b| unsafe { libc::syscall(libc::SYS_getdents64, fd, b.as_mut_ptr(), b.len()) } as isize,
+            |b| unsafe { crate::sys::syscall!(libc::SYS_getdents64, fd, b.as_mut_ptr(), b.len()) } as isize,
             |tid| self.listed(tid),
             f,
         )

@@ -272,15 +272,23 @@ macro_rules! entry {
             /// generic: one copy.)
             #[inline(never)]
             unsafe extern "C" fn dispatched($($a: $t),*) -> $r {
+                let orig = original!($orig[0], $ty);
+                // SAFETY: the original, which the body calls with the
+                // caller's arguments (or, for a second try, arguments of
+                // the same call derived from them).
+                let call = move |$($a: $t),*| unsafe { orig($($a),*) };
                 // SAFETY: forwarded.
-                unsafe { $body(0, $($a),*) }
+                unsafe { $body(0, call, $($a),*) }
             }
             /// The same for another namespace's libc (`ns`, 1 to 15): one
             /// copy for them all, the namespace an argument.
             #[inline(never)]
             unsafe extern "C" fn dispatched_ns(ns: usize, $($a: $t),*) -> $r {
+                let orig = original!($orig[slot(ns)], $ty);
+                // SAFETY: as above.
+                let call = move |$($a: $t),*| unsafe { orig($($a),*) };
                 // SAFETY: forwarded.
-                unsafe { $body(ns, $($a),*) }
+                unsafe { $body(ns, call, $($a),*) }
             }
             if !wants($events) {
                 let orig = original!($orig[NS], $ty);
@@ -494,8 +502,10 @@ entry! {
 
 /// [`mmap_hook`] when a handler wants its events, for namespace `ns`'s libc.
 #[inline(always)]
+#[expect(clippy::too_many_arguments, reason = "mmap's six, the namespace and the original")]
 unsafe fn mmap_body(
-    ns: usize,
+    _ns: usize,
+    orig: impl Fn(*mut c_void, usize, c_int, c_int, c_int, libc::off_t) -> *mut c_void,
     addr: *mut c_void,
     len: usize,
     prot: c_int,
@@ -503,7 +513,6 @@ unsafe fn mmap_body(
     fd: c_int,
     off: libc::off_t,
 ) -> *mut c_void {
-    let orig = original!(ORIG_MMAP[slot(ns)], MmapFn);
     let mut ev = Event::Mmap(MmapEvent {
         result: INVALID_PTR,
         address: addr as usize,
@@ -537,9 +546,9 @@ unsafe fn mmap_body(
         &mut ev,
         |e| {
             if let Event::Mmap(m) = e {
-                // SAFETY: as above (a pre-handler cannot change the
-                // arguments the original gets: they are copies).
-                m.result = unsafe { orig(addr, len, prot, flags, fd, off) } as usize;
+                // A pre-handler cannot change the arguments the original
+                // gets: they are copies.
+                m.result = orig(addr, len, prot, flags, fd, off) as usize;
                 if maps_file(flags, fd) && m.result != INVALID_PTR {
                     file_mapping_changed();
                 }
@@ -566,8 +575,7 @@ entry! {
 
 /// [`munmap_hook`] when a handler wants its events, for namespace `ns`'s libc.
 #[inline(always)]
-unsafe fn munmap_body(ns: usize, addr: *mut c_void, len: usize) -> c_int {
-    let orig = original!(ORIG_MUNMAP[slot(ns)], MunmapFn);
+unsafe fn munmap_body(_ns: usize, orig: impl Fn(*mut c_void, usize) -> c_int, addr: *mut c_void, len: usize) -> c_int {
     let mut ev = Event::Munmap(MunmapEvent {
         result: -1,
         address: addr as usize,
@@ -578,8 +586,7 @@ unsafe fn munmap_body(ns: usize, addr: *mut c_void, len: usize) -> c_int {
         &mut ev,
         |e| {
             if let Event::Munmap(m) = e {
-                // SAFETY: forwarded.
-                m.result = unsafe { orig(addr, len) };
+                m.result = orig(addr, len);
             }
         },
         |_| None,
@@ -597,14 +604,14 @@ entry! {
 /// [`mremap_hook`] when a handler wants its events, for namespace `ns`'s libc.
 #[inline(always)]
 unsafe fn mremap_body(
-    ns: usize,
+    _ns: usize,
+    orig: impl Fn(*mut c_void, usize, usize, c_int, *mut c_void) -> *mut c_void,
     old: *mut c_void,
     old_size: usize,
     new_size: usize,
     flags: c_int,
     new_address: *mut c_void,
 ) -> *mut c_void {
-    let orig = original!(ORIG_MREMAP[slot(ns)], MremapFn);
     // A hugetlb mapping's sizes are rounded up to its huge page.
     let page = page_at(old as usize);
     if flags & libc::MREMAP_FIXED != 0 && wants(bits::VM_UNMAPPED) {
@@ -643,10 +650,10 @@ unsafe fn mremap_body(
         |e| {
             if let Event::Mremap(m) = e {
                 if trial.is_some() {
-                    // SAFETY: the caller's mapping and sizes, without
+                    // The caller's mapping and sizes, without
                     // MREMAP_MAYMOVE: grown in place or refused (its
                     // errno not the caller's).
-                    let r = keeping_errno(|| unsafe { orig(old, old_size, new_size, 0, new_address) }) as usize;
+                    let r = keeping_errno(|| orig(old, old_size, new_size, 0, new_address)) as usize;
                     if r != INVALID_PTR {
                         m.result = r;
                         grew.set(true);
@@ -656,8 +663,7 @@ unsafe fn mremap_body(
                     // It will move: the old range goes first.
                     notify_keeping_errno(unmapped_in(old as usize, old_size, page));
                 }
-                // SAFETY: forwarded.
-                m.result = unsafe { orig(old, old_size, new_size, flags, new_address) } as usize;
+                m.result = orig(old, old_size, new_size, flags, new_address) as usize;
                 if m.result != INVALID_PTR {
                     // It may have moved a mapping of a file.
                     file_mapping_changed();
@@ -865,8 +871,13 @@ entry! {
 
 /// [`shmat_hook`] when a handler wants its events, for namespace `ns`'s libc.
 #[inline(always)]
-unsafe fn shmat_body(ns: usize, shmid: c_int, shmaddr: *const c_void, shmflg: c_int) -> *mut c_void {
-    let orig = original!(ORIG_SHMAT[slot(ns)], ShmatFn);
+unsafe fn shmat_body(
+    ns: usize,
+    orig: impl Fn(c_int, *const c_void, c_int) -> *mut c_void,
+    shmid: c_int,
+    shmaddr: *const c_void,
+    shmflg: c_int,
+) -> *mut c_void {
     let mut ev = Event::Shmat(ShmatEvent {
         result: INVALID_PTR,
         shmid,
@@ -885,8 +896,7 @@ unsafe fn shmat_body(ns: usize, shmid: c_int, shmaddr: *const c_void, shmflg: c_
         &mut ev,
         |e| {
             if let Event::Shmat(m) = e {
-                // SAFETY: forwarded.
-                m.result = unsafe { orig(shmid, shmaddr, shmflg) } as usize;
+                m.result = orig(shmid, shmaddr, shmflg) as usize;
             }
         },
         |e| {
@@ -939,8 +949,7 @@ fn shm_attached(at: usize) -> (usize, usize) {
 
 /// [`shmdt_hook`] when a handler wants its events, for namespace `ns`'s libc.
 #[inline(always)]
-unsafe fn shmdt_body(ns: usize, shmaddr: *const c_void) -> c_int {
-    let orig = original!(ORIG_SHMDT[slot(ns)], ShmdtFn);
+unsafe fn shmdt_body(_ns: usize, orig: impl Fn(*const c_void) -> c_int, shmaddr: *const c_void) -> c_int {
     let before = if wants(bits::VM_UNMAPPED) {
         // (Before the call: a refused open of /proc/self/maps is not the
         // caller's errno.)
@@ -958,8 +967,7 @@ unsafe fn shmdt_body(ns: usize, shmaddr: *const c_void) -> c_int {
         &mut ev,
         |e| {
             if let Event::Shmdt(m) = e {
-                // SAFETY: forwarded.
-                m.result = unsafe { orig(shmaddr) };
+                m.result = orig(shmaddr);
             }
         },
         |_| None,
@@ -976,7 +984,7 @@ fn current_break(ns: usize) -> usize {
         return unsafe { core::mem::transmute::<usize, SbrkFn>(sbrk)(0) } as usize;
     }
     // SAFETY: brk(0) returns the current break and changes nothing.
-    unsafe { libc::syscall(libc::SYS_brk, 0 as libc::c_long) as usize }
+    unsafe { crate::sys::syscall!(libc::SYS_brk, 0 as libc::c_long) as usize }
 }
 
 thread_local! {
@@ -993,11 +1001,9 @@ entry! {
 
 /// [`sbrk_hook`] when a handler wants its events, for namespace `ns`'s libc (sbrk(0) only reads the break: just the call).
 #[inline(always)]
-unsafe fn sbrk_body(ns: usize, increment: libc::intptr_t) -> *mut c_void {
-    let orig = original!(ORIG_SBRK[slot(ns)], SbrkFn);
+unsafe fn sbrk_body(ns: usize, orig: impl Fn(libc::intptr_t) -> *mut c_void, increment: libc::intptr_t) -> *mut c_void {
     if increment == 0 {
-        // SAFETY: forwarded.
-        return unsafe { orig(increment) };
+        return orig(increment);
     }
     let before = if increment < 0 && wants(bits::VM_UNMAPPED) {
         let shrink = increment.unsigned_abs();
@@ -1015,8 +1021,7 @@ unsafe fn sbrk_body(ns: usize, increment: libc::intptr_t) -> *mut c_void {
         |e| {
             if let Event::Sbrk(m) = e {
                 let _ = IN_SBRK.try_with(|f| f.set(true));
-                // SAFETY: forwarded.
-                m.result = unsafe { orig(increment) } as usize;
+                m.result = orig(increment) as usize;
                 let _ = IN_SBRK.try_with(|f| f.set(false));
             }
         },
@@ -1037,11 +1042,9 @@ entry! {
 
 /// [`brk_hook`] when a handler wants its events, for namespace `ns`'s libc (sbrk's own call of brk is sbrk's, already reported: just the call).
 #[inline(always)]
-unsafe fn brk_body(ns: usize, addr: *mut c_void) -> c_int {
-    let orig = original!(ORIG_BRK[slot(ns)], BrkFn);
+unsafe fn brk_body(ns: usize, orig: impl Fn(*mut c_void) -> c_int, addr: *mut c_void) -> c_int {
     if IN_SBRK.try_with(|f| f.get()).unwrap_or(false) {
-        // SAFETY: forwarded.
-        return unsafe { orig(addr) };
+        return orig(addr);
     }
     let top = current_break(ns);
     let new = addr as usize;
@@ -1056,8 +1059,7 @@ unsafe fn brk_body(ns: usize, addr: *mut c_void) -> c_int {
         &mut ev,
         |e| {
             if let Event::Brk(m) = e {
-                // SAFETY: forwarded.
-                m.result = unsafe { orig(addr) };
+                m.result = orig(addr);
             }
         },
         |e| {
@@ -1100,11 +1102,15 @@ entry! {
 
 /// [`madvise_hook`] when a handler wants its events, for namespace `ns`'s libc (only the discarding advices have events: the others just the call).
 #[inline(always)]
-unsafe fn madvise_body(ns: usize, addr: *mut c_void, len: usize, advice: c_int) -> c_int {
-    let orig = original!(ORIG_MADVISE[slot(ns)], MadviseFn);
+unsafe fn madvise_body(
+    _ns: usize,
+    orig: impl Fn(*mut c_void, usize, c_int) -> c_int,
+    addr: *mut c_void,
+    len: usize,
+    advice: c_int,
+) -> c_int {
     if !discards(advice) {
-        // SAFETY: forwarded.
-        return unsafe { orig(addr, len, advice) };
+        return orig(addr, len, advice);
     }
     let removes = advice == libc::MADV_REMOVE && wants(bits::VM_UNMAPPED);
     let mappings = if removes { report_removed(addr as usize, len) } else { 0 };
@@ -1119,8 +1125,7 @@ unsafe fn madvise_body(ns: usize, addr: *mut c_void, len: usize, advice: c_int) 
         &mut ev,
         |e| {
             if let Event::Madvise(m) = e {
-                // SAFETY: forwarded.
-                m.result = unsafe { orig(addr, len, advice) };
+                m.result = orig(addr, len, advice);
             }
         },
         |_| None,
@@ -1233,23 +1238,21 @@ entry! {
 /// than `UIO_MAXIOV` ranges) reports nothing.
 #[inline(always)]
 unsafe fn process_madvise_body(
-    ns: usize,
+    _ns: usize,
+    orig: impl Fn(c_int, *const libc::iovec, usize, c_int, libc::c_uint) -> isize,
     pidfd: c_int,
     iov: *const libc::iovec,
     vlen: usize,
     advice: c_int,
     flags: libc::c_uint,
 ) -> isize {
-    let orig = original!(ORIG_PROCESS_MADVISE[slot(ns)], ProcessMadviseFn);
     if !(discards(advice) && flags == 0 && vlen <= UIO_MAXIOV) {
-        // SAFETY: forwarded.
-        return unsafe { orig(pidfd, iov, vlen, advice, flags) };
+        return orig(pidfd, iov, vlen, advice, flags);
     }
     let removes = advice == libc::MADV_REMOVE;
     let mappings = FILE_MAPPINGS.load(Ordering::SeqCst);
     report_ranges(iov as usize, vlen, advice);
-    // SAFETY: forwarded.
-    let result = unsafe { orig(pidfd, iov, vlen, advice, flags) };
+    let result = orig(pidfd, iov, vlen, advice, flags);
     if removes && result > 0 && FILE_MAPPINGS.load(Ordering::SeqCst) != mappings {
         // The second look, as after madvise's.
         report_ranges(iov as usize, vlen, advice);
@@ -1488,8 +1491,14 @@ entry! {
 
 /// [`fallocate_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
 #[inline(always)]
-unsafe fn fallocate_body(ns: usize, fd: c_int, mode: c_int, offset: libc::off_t, len: libc::off_t) -> c_int {
-    let orig = original!(ORIG_FALLOCATE[slot(ns)], FallocateFn);
+unsafe fn fallocate_body(
+    _ns: usize,
+    orig: impl Fn(c_int, c_int, libc::off_t, libc::off_t) -> c_int,
+    fd: c_int,
+    mode: c_int,
+    offset: libc::off_t,
+    len: libc::off_t,
+) -> c_int {
     if mode & FALLOCATE_DISCARDS != 0 && offset >= 0 && len > 0 {
         // Collapse and insert move everything after the offset.
         let end = if mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) != 0 {
@@ -1498,11 +1507,9 @@ unsafe fn fallocate_body(ns: usize, fd: c_int, mode: c_int, offset: libc::off_t,
             (offset as u64).saturating_add(len as u64)
         };
         let first = report_file_discard(file_of_fd(fd), offset as u64, end);
-        // SAFETY: forwarded.
-        return discarding(first, || unsafe { orig(fd, mode, offset, len) });
+        return discarding(first, || orig(fd, mode, offset, len));
     }
-    // SAFETY: forwarded.
-    unsafe { orig(fd, mode, offset, len) }
+    orig(fd, mode, offset, len)
 }
 
 entry! {
@@ -1515,8 +1522,12 @@ entry! {
 
 /// [`ftruncate_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
 #[inline(always)]
-unsafe fn ftruncate_body(ns: usize, fd: c_int, length: libc::off_t) -> c_int {
-    let orig = original!(ORIG_FTRUNCATE[slot(ns)], FtruncateFn);
+unsafe fn ftruncate_body(
+    _ns: usize,
+    orig: impl Fn(c_int, libc::off_t) -> c_int,
+    fd: c_int,
+    length: libc::off_t,
+) -> c_int {
     let first = if length >= 0
         && let Some(st) = stat_of_fd(fd)
     {
@@ -1524,8 +1535,7 @@ unsafe fn ftruncate_body(ns: usize, fd: c_int, length: libc::off_t) -> c_int {
     } else {
         None
     };
-    // SAFETY: forwarded.
-    discarding(first, || unsafe { orig(fd, length) })
+    discarding(first, || orig(fd, length))
 }
 
 entry! {
@@ -1536,8 +1546,12 @@ entry! {
 
 /// [`truncate_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
 #[inline(always)]
-unsafe fn truncate_body(ns: usize, path: *const core::ffi::c_char, length: libc::off_t) -> c_int {
-    let orig = original!(ORIG_TRUNCATE[slot(ns)], TruncateFn);
+unsafe fn truncate_body(
+    _ns: usize,
+    orig: impl Fn(*const core::ffi::c_char, libc::off_t) -> c_int,
+    path: *const core::ffi::c_char,
+    length: libc::off_t,
+) -> c_int {
     let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: the kernel reads `path` (a bad pointer is EFAULT, as it is
     // for the call) and fills `st` or fails.
@@ -1547,8 +1561,7 @@ unsafe fn truncate_body(ns: usize, path: *const core::ffi::c_char, length: libc:
     } else {
         None
     };
-    // SAFETY: forwarded.
-    discarding(first, || unsafe { orig(path, length) })
+    discarding(first, || orig(path, length))
 }
 
 entry! {
@@ -1565,13 +1578,17 @@ entry! {
 
 /// [`open_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
 #[inline(always)]
-unsafe fn open_body(ns: usize, path: *const core::ffi::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
-    let orig = original!(ORIG_OPEN[slot(ns)], OpenFn);
-    // SAFETY: forwarded.
+unsafe fn open_body(
+    _ns: usize,
+    orig: impl Fn(*const core::ffi::c_char, c_int, libc::mode_t) -> c_int,
+    path: *const core::ffi::c_char,
+    flags: c_int,
+    mode: libc::mode_t,
+) -> c_int {
     open_with(
         flags,
         || emptied(libc::AT_FDCWD, path, flags),
-        || unsafe { orig(path, flags, mode) },
+        || orig(path, flags, mode),
     )
 }
 
@@ -1585,19 +1602,14 @@ entry! {
 /// [`openat_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
 #[inline(always)]
 unsafe fn openat_body(
-    ns: usize,
+    _ns: usize,
+    orig: impl Fn(c_int, *const core::ffi::c_char, c_int, libc::mode_t) -> c_int,
     dirfd: c_int,
     path: *const core::ffi::c_char,
     flags: c_int,
     mode: libc::mode_t,
 ) -> c_int {
-    let orig = original!(ORIG_OPENAT[slot(ns)], OpenatFn);
-    // SAFETY: forwarded.
-    open_with(
-        flags,
-        || emptied(dirfd, path, flags),
-        || unsafe { orig(dirfd, path, flags, mode) },
-    )
+    open_with(flags, || emptied(dirfd, path, flags), || orig(dirfd, path, flags, mode))
 }
 
 /// An open (`call`) with `flags`: where it truncates ([`truncates`]),
@@ -1621,8 +1633,13 @@ entry! {
 
 /// [`shm_open_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
 #[inline(always)]
-unsafe fn shm_open_body(ns: usize, name: *const core::ffi::c_char, flags: c_int, mode: libc::mode_t) -> c_int {
-    let orig = original!(ORIG_SHM_OPEN[slot(ns)], ShmOpenFn);
+unsafe fn shm_open_body(
+    _ns: usize,
+    orig: impl Fn(*const core::ffi::c_char, c_int, libc::mode_t) -> c_int,
+    name: *const core::ffi::c_char,
+    flags: c_int,
+    mode: libc::mode_t,
+) -> c_int {
     let look = || {
         if name.is_null() {
             return None; // the call's to refuse
@@ -1633,8 +1650,7 @@ unsafe fn shm_open_body(ns: usize, name: *const core::ffi::c_char, flags: c_int,
         let path = unsafe { shm_path(name, &mut path) }?;
         emptied(libc::AT_FDCWD, path.as_ptr(), flags | libc::O_NOFOLLOW)
     };
-    // SAFETY: forwarded.
-    open_with(flags, look, || unsafe { orig(name, flags, mode) })
+    open_with(flags, look, || orig(name, flags, mode))
 }
 
 /// glibc's directory of shared memory objects (`SHMDIR`).
@@ -1720,24 +1736,22 @@ entry! {
 /// refuses once it has looked at the mappings.
 #[inline(always)]
 unsafe fn remap_file_pages_body(
-    ns: usize,
+    _ns: usize,
+    orig: impl Fn(*mut c_void, usize, c_int, usize, c_int) -> c_int,
     addr: *mut c_void,
     size: usize,
     prot: c_int,
     pgoff: usize,
     flags: c_int,
 ) -> c_int {
-    let orig = original!(ORIG_REMAP_FILE_PAGES[slot(ns)], RemapFilePagesFn);
     let Some((start, bytes)) = remapped_range(addr as usize, size, prot, pgoff) else {
         // Refused before it looks at the mappings.
-        // SAFETY: forwarded.
-        return unsafe { orig(addr, size, prot, pgoff, flags) };
+        return orig(addr, size, prot, pgoff, flags);
     };
     if wants(bits::VM_UNMAPPED) {
         notify_keeping_errno(unmapped_bytes(start, bytes));
     }
-    // SAFETY: forwarded.
-    let result = unsafe { orig(addr, size, prot, pgoff, flags) };
+    let result = orig(addr, size, prot, pgoff, flags);
     if result == 0 {
         // A new mapping of a file, as an mmap's (see [`FILE_MAPPINGS`]).
         file_mapping_changed();

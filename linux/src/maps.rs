@@ -273,7 +273,7 @@ pub(crate) fn errno() -> i32 {
 /// open). The descriptor, or -1 with errno set.
 pub(crate) fn open_at(dirfd: core::ffi::c_int, path: &core::ffi::CStr, flags: core::ffi::c_int) -> core::ffi::c_int {
     // SAFETY: a NUL-terminated path and plain flags (no mode: no O_CREAT).
-    unsafe { libc::syscall(libc::SYS_openat, dirfd, path.as_ptr(), flags, 0) as core::ffi::c_int }
+    unsafe { crate::sys::syscall!(libc::SYS_openat, dirfd, path.as_ptr(), flags, 0) as core::ffi::c_int }
 }
 
 /// Runs `f` and puts back the calling thread's errno as it was, whatever

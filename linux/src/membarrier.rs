@@ -16,7 +16,7 @@ const REGISTER_PRIVATE_EXPEDITED_SYNC_CORE: c_int = 1 << 6;
 /// Issues `cmd`; 0 on success.
 pub(crate) fn call(cmd: c_int) -> c_long {
     // SAFETY: membarrier takes (cmd, flags, cpu_id) and touches no memory.
-    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) }
+    unsafe { crate::sys::syscall!(libc::SYS_membarrier, cmd, 0, 0) }
 }
 
 /// Registers this process for `command` (one of the expedited commands

@@ -95,7 +95,7 @@ fn map_near(near: usize, reach: usize) -> Option<usize> {
         // the result is checked, and a kernel that ignores the flag (before
         // 4.17) treats the address as a hint, which is checked too.
         let p = unsafe {
-            libc::syscall(
+            crate::sys::syscall!(
                 libc::SYS_mmap,
                 word(at),
                 word(REGION),
@@ -112,7 +112,7 @@ fn map_near(near: usize, reach: usize) -> Option<usize> {
             return Some(at);
         }
         // SAFETY: unmapping the region the kernel just gave us elsewhere.
-        unsafe { libc::syscall(libc::SYS_munmap, p, word(REGION)) };
+        unsafe { crate::sys::syscall!(libc::SYS_munmap, p, word(REGION)) };
     }
     None
 }

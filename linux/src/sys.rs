@@ -1,0 +1,143 @@
+//! memhook's own system calls, made by the instruction itself: never
+//! through libc's `syscall` function, which memhook hooks (a program's
+//! `syscall(SYS_munmap, ...)` changes the mappings as surely as
+//! `munmap`). Through it, memhook's own calls would come back into its
+//! hook: its trampoline pages would be reported as the program's
+//! mappings, and a writer patching `syscall`, or a thread it holds out of
+//! the bytes being written, would run into those bytes.
+
+use core::ffi::c_long;
+
+/// System call `n` with `args`, as the kernel answers it: a result, or
+/// `-errno` (from -4095 to -1).
+///
+/// # Safety
+///
+/// As for the system call: the arguments are what the kernel expects of
+/// it (pointers it writes through are valid for it).
+#[inline(always)]
+pub(crate) unsafe fn raw(n: c_long, args: [c_long; 6]) -> c_long {
+    let ret: c_long;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller's contract; `syscall` clobbers rcx and r11 (said
+    // here) and memory as the call says (asm's default: it may read and
+    // write any memory).
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") n => ret,
+            in("rdi") args[0],
+            in("rsi") args[1],
+            in("rdx") args[2],
+            in("r10") args[3],
+            in("r8") args[4],
+            in("r9") args[5],
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: the caller's contract; `svc 0` returns in x0 and keeps every
+    // other register.
+    unsafe {
+        core::arch::asm!(
+            "svc 0",
+            in("x8") n,
+            inlateout("x0") args[0] => ret,
+            in("x1") args[1],
+            in("x2") args[2],
+            in("x3") args[3],
+            in("x4") args[4],
+            in("x5") args[5],
+            options(nostack),
+        );
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        // No hooks here (bistro and reloc need x86_64 or aarch64): libc's
+        // function, its errno turned back into the kernel's answer.
+        // SAFETY: the caller's contract.
+        let r = unsafe { libc::syscall(n, args[0], args[1], args[2], args[3], args[4], args[5]) };
+        ret = if r == -1 {
+            -c_long::from(crate::maps::errno())
+        } else {
+            r
+        };
+    }
+    ret
+}
+
+/// System call `n` with `args`, answered as libc's `syscall` answers: -1
+/// with errno set where the kernel refuses it.
+///
+/// # Safety
+///
+/// As for [`raw`].
+#[inline(always)]
+pub(crate) unsafe fn call(n: c_long, args: [c_long; 6]) -> c_long {
+    // SAFETY: the caller's contract.
+    let r = unsafe { raw(n, args) };
+    if (-4095..0).contains(&r) {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = -r as core::ffi::c_int };
+        return -1;
+    }
+    r
+}
+
+/// `syscall!(n, a, b, ...)`: [`call`] with up to six arguments, each cast
+/// to `c_long` (pointers and integers as the C function takes them), the
+/// rest 0.
+macro_rules! syscall {
+    ($n:expr $(, $a:expr)* $(,)?) => {{
+        let mut args = [0 as core::ffi::c_long; 6];
+        let given = [$($a as core::ffi::c_long),*];
+        args[..given.len()].copy_from_slice(&given);
+        $crate::sys::call($n as core::ffi::c_long, args)
+    }};
+}
+pub(crate) use syscall;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_as_libc_does() {
+        // SAFETY: getpid and gettid have no arguments.
+        assert_eq!(unsafe { syscall!(libc::SYS_getpid) }, std::process::id() as c_long);
+        // SAFETY: as above.
+        assert_eq!(unsafe { syscall!(libc::SYS_gettid) }, unsafe { libc::gettid() }
+            as c_long);
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: closing a descriptor that is not open fails with EBADF.
+        assert_eq!(unsafe { syscall!(libc::SYS_close, -1) }, -1);
+        assert_eq!(crate::maps::errno(), libc::EBADF);
+        assert_eq!(
+            // SAFETY: as above, by the kernel's answer alone.
+            unsafe { raw(libc::SYS_close, [-1, 0, 0, 0, 0, 0]) },
+            -c_long::from(libc::EBADF)
+        );
+        // Six arguments: a mapping made and unmapped, its contents kept.
+        let page = 4096usize;
+        // SAFETY: a new private anonymous mapping, unmapped below.
+        let p = unsafe {
+            syscall!(
+                libc::SYS_mmap,
+                0usize,
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0
+            )
+        };
+        assert!(p > 0, "mmap: {p}");
+        // SAFETY: the mapping just made, writable.
+        unsafe { *(p as *mut u8) = 7 };
+        // SAFETY: the same mapping.
+        assert_eq!(unsafe { syscall!(libc::SYS_munmap, p, page) }, 0);
+    }
+}
