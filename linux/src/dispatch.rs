@@ -86,6 +86,9 @@ static DISPATCHER: Dispatcher<HandlerFn, MAX_HANDLERS> = Dispatcher::new();
 struct Local {
     depth: DispatchDepth,
     errno: core::cell::Cell<*mut core::ffi::c_int>,
+    /// Set while the thread runs a host hook's original (see
+    /// [`inside_original`]).
+    in_original: core::cell::Cell<bool>,
 }
 
 // A thread-local with a destructor would be registered on a thread's first
@@ -99,6 +102,7 @@ thread_local! {
         Local {
             depth: DispatchDepth::new(),
             errno: core::cell::Cell::new(core::ptr::null_mut()),
+            in_original: core::cell::Cell::new(false),
         }
     };
 }
@@ -158,6 +162,9 @@ pub(crate) struct Begun {
     local: *const Local,
     /// The caller's errno before any handler ran.
     caller_errno: core::ffi::c_int,
+    /// Whether the thread ran an outer hook's original when this hook
+    /// began (its handlers run unmarked: see [`inside_original`]).
+    was_original: bool,
 }
 
 impl Begun {
@@ -174,6 +181,14 @@ impl Begun {
         errno_of(unsafe { &*self.local })
     }
 
+    /// Runs `original` (the hooked call's original) marked as such for
+    /// [`inside_original`].
+    #[inline(always)]
+    pub(crate) fn run_original<R>(&self, original: impl FnOnce() -> R) -> R {
+        // SAFETY: as for `errno`.
+        marked_original(unsafe { &*self.local }, original)
+    }
+
     /// The caller's errno as it was when the hook began, before any
     /// handler ran: what the original must be called with, so that a
     /// call that succeeds (and leaves errno alone) leaves the caller's.
@@ -181,6 +196,39 @@ impl Begun {
     pub(crate) fn caller_errno(&self) -> core::ffi::c_int {
         self.caller_errno
     }
+}
+
+/// Runs `original` with `local`'s thread marked as inside a hook's
+/// original, then puts the mark back as it was.
+#[inline(always)]
+fn marked_original<R>(local: &Local, original: impl FnOnce() -> R) -> R {
+    let was = local.in_original.replace(true);
+    let result = original();
+    local.in_original.set(was);
+    result
+}
+
+/// [`Begun::run_original`] for a hook that calls its original outside a
+/// dispatch (the file-discarding calls): finds the thread's state itself.
+pub(crate) fn run_original<R>(original: impl FnOnce() -> R) -> R {
+    match LOCAL.try_with(|l| l as *const Local) {
+        // SAFETY: this thread's own thread-local, alive while it runs
+        // (see `begin`).
+        Ok(local) => marked_original(unsafe { &*local }, original),
+        Err(_) => original(),
+    }
+}
+
+/// Whether this thread is running a host hook's original: the system
+/// call that the `syscall` hook is then asked for is that call's own
+/// (another hooker's hook of it, which makes the call with `syscall`, as
+/// UCM's bistro hooks do), already reported by memhook's hook. Handlers
+/// run unmarked, wherever they are called from (an event delivered
+/// inside an original, a hook nested in another's original): a
+/// `syscall` they make is theirs.
+#[inline]
+pub(crate) fn inside_original() -> bool {
+    LOCAL.try_with(|l| l.in_original.get()).unwrap_or(false)
 }
 
 /// The `errno` location of the thread whose state `local` is (asked of
@@ -213,11 +261,13 @@ pub(crate) fn begin(before: Option<&mut Event>, event: &mut Event) -> Option<Beg
     let l = unsafe { &*local };
     // SAFETY: this thread's errno location.
     let caller_errno = unsafe { *errno_of(l) };
+    let was_original = l.in_original.replace(false);
     let pass = DISPATCHER.begin(&l.depth, before, event);
     Some(Begun {
         pass,
         local,
         caller_errno,
+        was_original,
     })
 }
 
@@ -228,8 +278,9 @@ pub(crate) fn finish(begun: Begun, event: &mut Event, follow: Option<&mut Event>
     // SAFETY: `begin` found this pointer on this thread (`Begun` is neither
     // Send nor Sync) during the hooked call still running, so the thread,
     // and its thread-locals, are alive.
-    let depth = unsafe { &(*begun.local).depth };
-    DISPATCHER.finish(depth, begun.pass, event, follow);
+    let local = unsafe { &*begun.local };
+    DISPATCHER.finish(&local.depth, begun.pass, event, follow);
+    local.in_original.set(begun.was_original);
 }
 
 /// Asks the cache for what delivering events of the kinds `kinds` reads
@@ -242,7 +293,13 @@ pub(crate) fn prefetch_delivery(kinds: u32) {
 
 /// Delivers an event that has no original call.
 pub(crate) fn notify(event: &mut Event) {
-    let _ = LOCAL.try_with(|l| DISPATCHER.notify(&l.depth, event));
+    let _ = LOCAL.try_with(|l| {
+        // Its handlers run unmarked, wherever it is delivered from (see
+        // [`inside_original`]).
+        let was_original = l.in_original.replace(false);
+        DISPATCHER.notify(&l.depth, event);
+        l.in_original.set(was_original);
+    });
 }
 
 static FORK_HOOK: AtomicBool = AtomicBool::new(false);

@@ -47,7 +47,7 @@
 //! own event (`MUNMAP`, `MADVISE`, ...) carries its arguments as given.
 
 use core::cell::Cell;
-use core::ffi::{c_int, c_void};
+use core::ffi::{c_int, c_long, c_void};
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use memhook_core::event::{
@@ -61,7 +61,8 @@ use crate::maps::{keeping_errno, page_size};
 /// The address that runs `function`'s original (`"mmap"`, `"munmap"`,
 /// `"mremap"`, `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
 /// `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`,
-/// `"remap_file_pages"`, `"open"`, `"openat"` or `"shm_open"`), past
+/// `"remap_file_pages"`, `"open"`, `"openat"`, `"shm_open"` or
+/// `"syscall"`), past
 /// memhook's hook: with bistro, its trampoline (the relocated first
 /// instructions, then a jump into the function); with reloc, the
 /// definition it found. `None` for another name, or before memhook hooked
@@ -137,6 +138,7 @@ pub(crate) fn functions_in<const NS: usize>() -> [Hooked; FUNCTIONS] {
             shm_open_hook::<NS> as *const () as usize,
             &ORIG_SHM_OPEN[NS],
         ),
+        (c"syscall", syscall_hook::<NS> as *const () as usize, &ORIG_SYSCALL[NS]),
     ]
 }
 
@@ -164,7 +166,7 @@ const fn slot(ns: usize) -> usize {
 const _: () = assert!(HOOK_SLOTS.is_power_of_two());
 
 /// How many host functions memhook hooks.
-pub(crate) const FUNCTIONS: usize = 16;
+pub(crate) const FUNCTIONS: usize = 17;
 
 /// glibc's other names of hooked functions (the same functions on the
 /// 64-bit targets memhook runs on), each with the function's own name.
@@ -219,6 +221,7 @@ pub(crate) static ORIG_REMAP_FILE_PAGES: Originals = [const { AtomicUsize::new(0
 pub(crate) static ORIG_OPEN: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 pub(crate) static ORIG_OPENAT: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 pub(crate) static ORIG_SHM_OPEN: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_SYSCALL: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 /// Reloc's records of the aliases (the same functions in glibc): the
 /// hooks call the main name's original, which each install sets.
 pub(crate) static ORIG_MMAP64: AtomicUsize = AtomicUsize::new(0);
@@ -244,6 +247,7 @@ type RemapFilePagesFn = unsafe extern "C" fn(*mut c_void, usize, c_int, usize, c
 type OpenFn = unsafe extern "C" fn(*const core::ffi::c_char, c_int, libc::mode_t) -> c_int;
 type OpenatFn = unsafe extern "C" fn(c_int, *const core::ffi::c_char, c_int, libc::mode_t) -> c_int;
 type ShmOpenFn = unsafe extern "C" fn(*const core::ffi::c_char, c_int, libc::mode_t) -> c_int;
+type SyscallFn = unsafe extern "C" fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long;
 
 /// Loads an original. The hooks are only reachable once it is set (install
 /// stores it before any patch points to the hook).
@@ -330,7 +334,7 @@ fn call_original(
         // succeeds leaves errno as it finds it.
         // SAFETY: this thread's errno.
         unsafe { *errno = begun.caller_errno() };
-        original(event);
+        begun.run_original(|| original(event));
         // SAFETY: this thread's errno.
         saved = unsafe { *errno };
     }
@@ -1252,7 +1256,7 @@ unsafe fn process_madvise_body(
     let removes = advice == libc::MADV_REMOVE;
     let mappings = FILE_MAPPINGS.load(Ordering::SeqCst);
     report_ranges(iov as usize, vlen, advice);
-    let result = orig(pidfd, iov, vlen, advice, flags);
+    let result = crate::dispatch::run_original(|| orig(pidfd, iov, vlen, advice, flags));
     if removes && result > 0 && FILE_MAPPINGS.load(Ordering::SeqCst) != mappings {
         // The second look, as after madvise's.
         report_ranges(iov as usize, vlen, advice);
@@ -1296,19 +1300,31 @@ fn report_ranges(array: usize, count: usize, advice: c_int) {
     });
 }
 
-/// Copies `out.len()` ranges from `from`, in the caller's memory, into
+/// Values that any bytes make (integers, pointers, and structs of them):
+/// what [`read_caller`] may fill from the caller's memory.
+///
+/// # Safety
+///
+/// Every bit pattern of the type's size is a valid value of it.
+pub(crate) unsafe trait Plain: Copy {}
+// SAFETY: two words, a pointer and a length: any bits are valid.
+unsafe impl Plain for libc::iovec {}
+// SAFETY: an integer.
+unsafe impl Plain for u64 {}
+
+/// Copies `out.len()` values from `from`, in the caller's memory, into
 /// `out`, if they can all be read: with `process_vm_readv` on this
 /// process (which answers `EFAULT` where a plain read would fault), or,
 /// where that call is refused (a seccomp filter, qemu-user), by reading
 /// them after `/proc/self/maps` shows them readable. `from` need not be
 /// aligned.
-fn read_caller(from: usize, out: &mut [libc::iovec]) -> bool {
+fn read_caller<T: Plain>(from: usize, out: &mut [T]) -> bool {
     read_by_kernel(from, out).unwrap_or_else(|| read_if_mapped(from, out))
 }
 
 /// [`read_caller`] by `process_vm_readv`: whether all of `out` was read,
 /// or `None` where the call is refused (not `EFAULT`).
-fn read_by_kernel(from: usize, out: &mut [libc::iovec]) -> Option<bool> {
+fn read_by_kernel<T: Plain>(from: usize, out: &mut [T]) -> Option<bool> {
     let bytes = size_of_val(out);
     let local = libc::iovec {
         iov_base: out.as_mut_ptr().cast(),
@@ -1330,7 +1346,7 @@ fn read_by_kernel(from: usize, out: &mut [libc::iovec]) -> Option<bool> {
 
 /// [`read_caller`] by a plain copy, if `/proc/self/maps` shows the whole
 /// range readable.
-fn read_if_mapped(from: usize, out: &mut [libc::iovec]) -> bool {
+fn read_if_mapped<T: Plain>(from: usize, out: &mut [T]) -> bool {
     let bytes = size_of_val(out);
     if !readable(from, bytes) {
         return false;
@@ -1356,6 +1372,288 @@ fn readable(from: usize, bytes: usize) -> bool {
         }
     }
     true
+}
+
+/// The events of a system call made by `syscall(n, ..)` (`d` and `e`, its
+/// fourth and fifth arguments: an `mmap`'s flags and descriptor): those
+/// of the hooked function that makes it; 0 for every other call (a
+/// `futex`, a `gettid`: just the call).
+#[inline(always)]
+fn syscall_events(n: c_long, d: c_long, e: c_long) -> u32 {
+    match n {
+        libc::SYS_mmap => bits::MMAP | bits::VM_MAPPED | mmap_unmap_bits(d as c_int, e as c_int),
+        libc::SYS_munmap => bits::MUNMAP | bits::VM_UNMAPPED,
+        libc::SYS_mremap => bits::MREMAP | bits::VM_MAPPED | bits::VM_UNMAPPED,
+        libc::SYS_shmat => bits::SHMAT | bits::VM_MAPPED | bits::VM_UNMAPPED,
+        libc::SYS_shmdt => bits::SHMDT | bits::VM_UNMAPPED,
+        libc::SYS_madvise => bits::MADVISE | bits::VM_UNMAPPED,
+        libc::SYS_remap_file_pages => bits::VM_MAPPED | bits::VM_UNMAPPED,
+        libc::SYS_process_madvise
+        | libc::SYS_fallocate
+        | libc::SYS_ftruncate
+        | libc::SYS_truncate
+        | libc::SYS_openat
+        | libc::SYS_openat2 => bits::VM_UNMAPPED,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_open | libc::SYS_creat => bits::VM_UNMAPPED,
+        _ => 0,
+    }
+}
+
+/// The `syscall` hook: a system call that changes the mappings, made by
+/// libc's `syscall` function (a library that means to pass other hooks
+/// by, as UCM's own originals in its bistro mode; `openat2`, which glibc
+/// has no function for), is reported as the hooked function that makes
+/// it would be. glibc's `syscall` is variadic: six argument words are
+/// taken, and forwarded as they came (the sixth from the caller's stack,
+/// which holds it or the caller's own words). Any other call (`futex`,
+/// the most frequent) costs a compare and a jump; one made inside a
+/// hooked call's original (another hooker's hook of it that makes the
+/// call by `syscall`) is that call's, reported once, by memhook's hook
+/// of it. `brk` is not reported: the break moved by the system call is
+/// not glibc's (its `sbrk` and `malloc` go wrong), and the call's usual
+/// use, `brk(0)`, only asks where the break is.
+pub(crate) unsafe extern "C" fn syscall_hook<const NS: usize>(
+    n: c_long,
+    a: c_long,
+    b: c_long,
+    c: c_long,
+    d: c_long,
+    e: c_long,
+    f: c_long,
+) -> c_long {
+    if syscall_events(n, d, e) == 0 {
+        // Another call: a compare and a jump, no frame.
+        let orig = original!(ORIG_SYSCALL[NS], SyscallFn);
+        // SAFETY: the caller's arguments, forwarded to the original.
+        return unsafe { orig(n, a, b, c, d, e, f) };
+    }
+    // SAFETY: the same arguments, for the same call (a jump: the same
+    // signature, the seventh word where the caller left it).
+    unsafe { memory_syscall::<NS>(n, a, b, c, d, e, f) }
+}
+
+/// [`syscall_hook`] for a call that changes the mappings: its events
+/// delivered where a handler wants them, outside another hooked call's
+/// original.
+#[inline(never)]
+unsafe extern "C" fn memory_syscall<const NS: usize>(
+    n: c_long,
+    a: c_long,
+    b: c_long,
+    c: c_long,
+    d: c_long,
+    e: c_long,
+    f: c_long,
+) -> c_long {
+    if !wants(syscall_events(n, d, e)) || crate::dispatch::inside_original() {
+        let orig = original!(ORIG_SYSCALL[NS], SyscallFn);
+        // SAFETY: the caller's arguments, forwarded to the original.
+        return unsafe { orig(n, a, b, c, d, e, f) };
+    }
+    // SAFETY: the caller's arguments of `syscall(n, ..)`.
+    unsafe { syscall_body(NS, n, [a, b, c, d, e, f]) }
+}
+
+/// [`syscall_hook`] when a handler wants the events of system call `n`
+/// (one that [`syscall_events`] names), for namespace `ns`'s libc: the
+/// body of the hook of the function that makes it, with the system call
+/// as its original. Each result as the kernel's through `syscall`: -1
+/// and errno where it fails.
+///
+/// # Safety
+///
+/// `args` are the caller's arguments of `syscall(n, ..)`.
+#[inline(always)]
+unsafe fn syscall_body(ns: usize, n: c_long, args: [c_long; 6]) -> c_long {
+    let orig = original!(ORIG_SYSCALL[slot(ns)], SyscallFn);
+    // The system call with the arguments a body passes (the words past
+    // them 0: the kernel does not read them).
+    let sys = move |w: [c_long; 6]| {
+        // SAFETY: system call `n`, with the caller's arguments or, for a
+        // second try, arguments of the same call derived from them.
+        unsafe { orig(n, w[0], w[1], w[2], w[3], w[4], w[5]) }
+    };
+    let [a, b, c, d, e, _] = args;
+    let int = |r: c_long| r as c_int;
+    // SAFETY: each body gets the caller's arguments, as the function
+    // that makes the call takes them.
+    unsafe {
+        match n {
+            libc::SYS_mmap => mmap_body(
+                ns,
+                |p, l, pr, fl, fd, off| {
+                    sys([p as c_long, l as c_long, pr.into(), fl.into(), fd.into(), off]) as *mut c_void
+                },
+                a as *mut c_void,
+                b as usize,
+                c as c_int,
+                d as c_int,
+                e as c_int,
+                args[5] as libc::off_t,
+            ) as c_long,
+            libc::SYS_munmap => munmap_body(
+                ns,
+                |p, l| int(sys([p as c_long, l as c_long, 0, 0, 0, 0])),
+                a as *mut c_void,
+                b as usize,
+            )
+            .into(),
+            libc::SYS_mremap => mremap_body(
+                ns,
+                |p, o, s, fl, to| {
+                    sys([p as c_long, o as c_long, s as c_long, fl.into(), to as c_long, 0]) as *mut c_void
+                },
+                a as *mut c_void,
+                b as usize,
+                c as usize,
+                d as c_int,
+                e as *mut c_void,
+            ) as c_long,
+            libc::SYS_shmat => shmat_body(
+                ns,
+                |id, at, fl| sys([id.into(), at as c_long, fl.into(), 0, 0, 0]) as *mut c_void,
+                a as c_int,
+                b as *const c_void,
+                c as c_int,
+            ) as c_long,
+            libc::SYS_shmdt => shmdt_body(ns, |at| int(sys([at as c_long, 0, 0, 0, 0, 0])), a as *const c_void).into(),
+            libc::SYS_madvise => madvise_body(
+                ns,
+                |p, l, adv| int(sys([p as c_long, l as c_long, adv.into(), 0, 0, 0])),
+                a as *mut c_void,
+                b as usize,
+                c as c_int,
+            )
+            .into(),
+            libc::SYS_process_madvise => process_madvise_body(
+                ns,
+                |fd, iov, len, adv, fl| {
+                    sys([fd.into(), iov as c_long, len as c_long, adv.into(), fl.into(), 0]) as isize
+                },
+                a as c_int,
+                b as *const libc::iovec,
+                c as usize,
+                d as c_int,
+                e as libc::c_uint,
+            ) as c_long,
+            libc::SYS_fallocate => fallocate_body(
+                ns,
+                |fd, mode, off, len| int(sys([fd.into(), mode.into(), off, len, 0, 0])),
+                a as c_int,
+                b as c_int,
+                c as libc::off_t,
+                d as libc::off_t,
+            )
+            .into(),
+            libc::SYS_ftruncate => ftruncate_body(
+                ns,
+                |fd, len| int(sys([fd.into(), len, 0, 0, 0, 0])),
+                a as c_int,
+                b as libc::off_t,
+            )
+            .into(),
+            libc::SYS_truncate => truncate_body(
+                ns,
+                |path, len| int(sys([path as c_long, len, 0, 0, 0, 0])),
+                a as *const core::ffi::c_char,
+                b as libc::off_t,
+            )
+            .into(),
+            libc::SYS_remap_file_pages => remap_file_pages_body(
+                ns,
+                |p, l, pr, off, fl| int(sys([p as c_long, l as c_long, pr.into(), off as c_long, fl.into(), 0])),
+                a as *mut c_void,
+                b as usize,
+                c as c_int,
+                d as usize,
+                e as c_int,
+            )
+            .into(),
+            libc::SYS_openat => openat_body(
+                ns,
+                |dir, path, fl, mode| int(sys([dir.into(), path as c_long, fl.into(), mode.into(), 0, 0])),
+                a as c_int,
+                b as *const core::ffi::c_char,
+                c as c_int,
+                d as libc::mode_t,
+            )
+            .into(),
+            libc::SYS_openat2 => openat2_body(
+                a as c_int,
+                b as *const core::ffi::c_char,
+                c as usize,
+                d as usize,
+                || sys(args),
+            ),
+            #[cfg(target_arch = "x86_64")]
+            libc::SYS_open => open_body(
+                ns,
+                |path, fl, mode| int(sys([path as c_long, fl.into(), mode.into(), 0, 0, 0])),
+                a as *const core::ffi::c_char,
+                b as c_int,
+                c as libc::mode_t,
+            )
+            .into(),
+            // creat(path, mode): an open with O_CREAT | O_WRONLY | O_TRUNC.
+            #[cfg(target_arch = "x86_64")]
+            libc::SYS_creat => open_body(
+                ns,
+                |path, _, mode| int(sys([path as c_long, mode.into(), 0, 0, 0, 0])),
+                a as *const core::ffi::c_char,
+                libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC,
+                b as libc::mode_t,
+            )
+            .into(),
+            _ => sys(args),
+        }
+    }
+}
+
+/// `struct open_how` (linux/openat2.h): `openat2`'s flags, mode and
+/// resolution flags, 24 bytes in its first version.
+const OPEN_HOW_FLAGS: usize = 0;
+/// The smallest `struct open_how` the kernel takes (`OPEN_HOW_SIZE_VER0`).
+const OPEN_HOW_SIZE: usize = 24;
+
+/// `openat2(dirfd, path, how, size)` made by `call`: with `O_TRUNC` in
+/// `how`'s flags, as [`openat_body`]: the file's mappings reported
+/// before, and again after where a file mapping was made meanwhile. `how`
+/// is read without trusting it ([`read_caller`]; the kernel answers
+/// `EFAULT` where it cannot be read, and `EINVAL` for a size under the
+/// first version's or flags past an `int`, and then empties nothing).
+/// The file is looked up as [`emptied`] does, from `dirfd`: where the
+/// resolution flags confine the lookup (`RESOLVE_IN_ROOT` makes `dirfd`
+/// the root of an absolute path), the file found may be another than the
+/// call's, and a report then names a file the call did not empty (one
+/// too many; the call's own is missed where it is mapped too).
+///
+/// # Safety
+///
+/// `path` and `how` are the caller's, as the call gets them.
+#[cold]
+#[inline(never)]
+unsafe fn openat2_body(
+    dirfd: c_int,
+    path: *const core::ffi::c_char,
+    how: usize,
+    size: usize,
+    call: impl FnOnce() -> c_long,
+) -> c_long {
+    let mut flags = [0u64];
+    let read = size >= OPEN_HOW_SIZE && keeping_errno(|| read_caller(how + OPEN_HOW_FLAGS, &mut flags));
+    match c_int::try_from(flags[0]) {
+        Ok(flags) if read && truncates(flags) => {
+            let first = emptied(dirfd, path, flags);
+            let mut result = 0;
+            discarding(first, || {
+                result = call();
+                if result >= 0 { 0 } else { -1 }
+            });
+            result
+        }
+        _ => call(),
+    }
 }
 
 #[cfg(test)]
@@ -1442,8 +1740,8 @@ mod tests {
         let read_kernel = |from: usize, out: &mut [libc::iovec]| read_by_kernel(from, out).unwrap();
         let ways: [(&str, Read); 3] = [
             ("kernel", &read_kernel),
-            ("maps", &read_if_mapped),
-            ("either", &read_caller),
+            ("maps", &read_if_mapped::<libc::iovec>),
+            ("either", &read_caller::<libc::iovec>),
         ];
         let mut probe = ranges(1);
         let kernel_reads = read_by_kernel(probe.as_ptr() as usize, &mut probe).is_some();
@@ -1751,7 +2049,7 @@ unsafe fn remap_file_pages_body(
     if wants(bits::VM_UNMAPPED) {
         notify_keeping_errno(unmapped_bytes(start, bytes));
     }
-    let result = orig(addr, size, prot, pgoff, flags);
+    let result = crate::dispatch::run_original(|| orig(addr, size, prot, pgoff, flags));
     if result == 0 {
         // A new mapping of a file, as an mmap's (see [`FILE_MAPPINGS`]).
         file_mapping_changed();
@@ -1855,7 +2153,7 @@ fn report_file_discard(file: Option<FileId>, from: u64, to: u64) -> Option<Disca
 /// success; -1 on failure) whose first report was `first`, then
 /// [`report_late_discard`] if it succeeded.
 fn discarding(first: Option<Discard>, call: impl FnOnce() -> c_int) -> c_int {
-    let result = call();
+    let result = crate::dispatch::run_original(call);
     if result >= 0 {
         report_late_discard(first);
     }

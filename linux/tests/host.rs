@@ -51,6 +51,7 @@ int mhh_open64(const char *path, int flags) { return open64(path, flags, 0600); 
 int mhh_openat(int dirfd, const char *path, int flags) { return openat(dirfd, path, flags, 0600); }
 int mhh_fopen_w(const char *path) { FILE *f = fopen(path, "w"); return f ? fclose(f) : -1; }
 int mhh_shm_open(const char *name, int flags) { return shm_open(name, flags, 0600); }
+long mhh_syscall(long n, long a, long b, long c, long d, long e, long f) { return syscall(n, a, b, c, d, e, f); }
 #include <dlfcn.h>
 void *mhh_dlopen(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
 int mhh_dlclose(void *handle) { return dlclose(handle); }
@@ -84,6 +85,15 @@ struct Helper {
     openat: unsafe extern "C" fn(i32, *const libc::c_char, i32) -> i32,
     fopen_w: unsafe extern "C" fn(*const libc::c_char) -> i32,
     shm_open: unsafe extern "C" fn(*const libc::c_char, i32) -> i32,
+    syscall: unsafe extern "C" fn(
+        libc::c_long,
+        libc::c_long,
+        libc::c_long,
+        libc::c_long,
+        libc::c_long,
+        libc::c_long,
+        libc::c_long,
+    ) -> libc::c_long,
     dlopen: unsafe extern "C" fn(*const libc::c_char) -> usize,
     dlclose: unsafe extern "C" fn(usize) -> i32,
     dlsym: unsafe extern "C" fn(usize, *const libc::c_char) -> usize,
@@ -165,6 +175,7 @@ fn helper() -> &'static Helper {
                 openat: cast(sym(c"mhh_openat")),
                 fopen_w: cast(sym(c"mhh_fopen_w")),
                 shm_open: cast(sym(c"mhh_shm_open")),
+                syscall: cast(sym(c"mhh_syscall")),
                 dlopen: cast(sym(c"mhh_dlopen")),
                 dlclose: cast(sym(c"mhh_dlclose")),
                 dlsym: cast(sym(c"mhh_dlsym")),
@@ -267,7 +278,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 fn host_functions() -> usize {
     // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
     let present = !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"process_madvise".as_ptr()) }.is_null();
-    15 + usize::from(present)
+    16 + usize::from(present)
 }
 
 fn page_size() -> usize {
@@ -478,6 +489,152 @@ fn check_file_discards(h: &Helper, events: u32) {
 /// no `O_TRUNC`, `O_PATH`, `O_CREAT | O_EXCL` (refused: the file is
 /// there), a file created by the call (errno kept across it), an empty
 /// file, a directory.
+/// `syscall(n, ..)` with up to six arguments, through the helper (a
+/// caller of libc's `syscall` that reloc's slots lead to the hook too).
+fn sys(h: &Helper, n: libc::c_long, args: &[libc::c_long]) -> libc::c_long {
+    let mut w = [0; 6];
+    w[..args.len()].copy_from_slice(args);
+    // SAFETY: the callers pass what each system call expects of its
+    // arguments (memory of their own, or what the kernel refuses).
+    unsafe { (h.syscall)(n, w[0], w[1], w[2], w[3], w[4], w[5]) }
+}
+
+/// A system call that changes the mappings, made by libc's `syscall`
+/// (as a library that means to pass other hooks by does; `openat2` has
+/// no other way in): the events of the function that makes it, each
+/// once, with the kernel's result and errno. Other calls pass through
+/// with their results and errno, and no event.
+fn check_syscall(h: &Helper, events: u32) {
+    let page = page_size();
+    let l = |x: usize| x as libc::c_long;
+    // Other calls: the result, and errno where it fails.
+    let log = recorded(|| {
+        assert_eq!(sys(h, libc::SYS_getpid, &[]), std::process::id() as libc::c_long);
+        set_errno(0);
+        assert_eq!(sys(h, libc::SYS_close, &[-1]), -1);
+        assert_eq!(errno(), libc::EBADF);
+    });
+    assert_eq!(log, [], "no event for another call");
+
+    // mmap, mremap (a shrink), madvise, munmap.
+    let mut p = 0;
+    let log = recorded(|| {
+        set_errno(77);
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        p = sys(h, libc::SYS_mmap, &[0, l(2 * K64), 3, flags.into(), -1, 0]) as usize;
+        assert_eq!(errno(), 77, "errno survives the handlers of syscall(SYS_mmap)");
+    });
+    assert_ne!(p as isize, -1, "mmap errno {}", errno());
+    assert_eq!(
+        about(&log, p, 2 * K64),
+        only(
+            events,
+            [(bits::MMAP, 0, 2 * K64, p as isize), (bits::VM_MAPPED, p, 2 * K64, 0)]
+        )
+    );
+    let log = recorded(|| {
+        assert_eq!(
+            sys(h, libc::SYS_mremap, &[l(p), l(2 * K64), l(K64), 0, 0]),
+            p as libc::c_long
+        );
+        assert_eq!(
+            sys(h, libc::SYS_madvise, &[l(p), l(page), libc::MADV_DONTNEED.into()]),
+            0
+        );
+    });
+    assert_eq!(
+        about(&log, p, 2 * K64),
+        only(
+            events,
+            [
+                (bits::VM_UNMAPPED, p + K64, K64, 0),
+                (bits::MREMAP, p, K64, p as isize),
+                (bits::VM_UNMAPPED, p, page, 0),
+                (bits::MADVISE, p, page, 0)
+            ]
+        )
+    );
+    // Refused before the kernel looks at the mappings: its own event
+    // alone, -1 and the kernel's errno.
+    let log = recorded(|| {
+        assert_eq!(sys(h, libc::SYS_munmap, &[l(p + 1), l(page)]), -1);
+        assert_eq!(errno(), libc::EINVAL);
+    });
+    assert_eq!(about(&log, p, K64), only(events, [(bits::MUNMAP, p + 1, page, -1)]));
+    let log = recorded(|| assert_eq!(sys(h, libc::SYS_munmap, &[l(p), l(K64)]), 0));
+    assert_eq!(
+        about(&log, p, K64),
+        only(events, [(bits::VM_UNMAPPED, p, K64, 0), (bits::MUNMAP, p, K64, 0)])
+    );
+
+    // A mapped file emptied by ftruncate and by openat2(O_TRUNC), whose
+    // flags lie in the caller's struct open_how.
+    // A file of this test's own (the four mode tests run at once).
+    let dir = std::env::temp_dir().join(format!("memhook-syscall-{}-{}", std::process::id(), thread_id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("mapped");
+    let c_path = CString::new(path.to_str().unwrap()).unwrap();
+    let fill = || std::fs::write(&path, vec![1u8; 2 * page]).unwrap();
+    fill();
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    let m = map_file(fd, 2, 0, true);
+    let emptied = only(events, [(bits::VM_UNMAPPED, m, 2 * page, 0)]);
+    let log = recorded(|| assert_eq!(sys(h, libc::SYS_ftruncate, &[fd.into(), 0]), 0));
+    assert_eq!(log, emptied, "ftruncate");
+    // (A mode only with O_CREAT: openat2 refuses one otherwise.)
+    let how = |flags: i32| [flags as u64, if flags & libc::O_CREAT != 0 { 0o600 } else { 0 }, 0];
+    for (flags, empties) in [
+        (libc::O_RDWR | libc::O_TRUNC, true),
+        (libc::O_RDWR, false),
+        (libc::O_RDWR | libc::O_TRUNC | libc::O_CREAT | libc::O_EXCL, false),
+    ] {
+        fill();
+        let how = how(flags);
+        let log = recorded(|| {
+            set_errno(77);
+            let r = sys(
+                h,
+                libc::SYS_openat2,
+                &[
+                    libc::AT_FDCWD.into(),
+                    c_path.as_ptr() as libc::c_long,
+                    how.as_ptr() as libc::c_long,
+                    24,
+                ],
+            );
+            if r == -1 && errno() == libc::ENOSYS {
+                return; // a kernel before 5.6
+            }
+            if flags & libc::O_EXCL != 0 {
+                assert_eq!((r, errno()), (-1, libc::EEXIST));
+            } else {
+                assert!(r >= 0, "openat2 errno {}", errno());
+                assert_eq!(errno(), 77, "errno survives the handlers of openat2");
+                // SAFETY: the descriptor just opened.
+                unsafe { libc::close(r as i32) };
+            }
+        });
+        if empties {
+            assert_eq!(log, emptied, "openat2 {flags:#x}");
+        } else {
+            assert_eq!(log, [], "openat2 {flags:#x} empties nothing");
+        }
+    }
+    // A struct open_how the kernel cannot read: EFAULT, no report, no
+    // crash in the hook.
+    let log = recorded(|| {
+        let bad = [libc::AT_FDCWD.into(), c_path.as_ptr() as libc::c_long, 8, 24];
+        assert_eq!(sys(h, libc::SYS_openat2, &bad), -1);
+        assert!(matches!(errno(), libc::EFAULT | libc::ENOSYS), "errno {}", errno());
+    });
+    assert_eq!(log, []);
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(m as *mut libc::c_void, 2 * page) };
+    drop(file);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn check_open_truncate(h: &Helper, mode: HookMode, events: u32) {
     let page = page_size();
     let vm = |ranges: &[(usize, usize)]| -> Vec<Rec> {
@@ -1236,6 +1393,7 @@ fn check_mode(mode: HookMode, events: u32) {
     check_file_discards(h, events);
     check_remap_file_pages(h, events);
     check_open_truncate(h, mode, events);
+    check_syscall(h, events);
 
     // shmat/shmdt: sizes from the segment and the mapping.
     // SAFETY: a private segment, removed below.
@@ -2339,6 +2497,7 @@ fn install_uninstall_cycles_restore_the_bytes() {
         c"open",
         c"openat",
         c"shm_open",
+        c"syscall",
     ];
     // SAFETY: NUL-terminated names and the pseudo-handle RTLD_DEFAULT.
     let names: Vec<_> = names
@@ -2429,6 +2588,65 @@ fn coexists_with_a_hooker_that_patched_mmap_first() {
     unsafe { (h.munmap)(p, K64) };
     drop(session);
     other.unpatch().map_err(|(_, e)| e).unwrap();
+}
+
+static UCM_ORIGINAL: AtomicUsize = AtomicUsize::new(0);
+static UCM_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Another hooker's munmap hook as UCM's bistro mode makes one: its own
+/// work (counted, on the recording thread), then the call by libc's
+/// `syscall`, not by a trampoline to the original.
+extern "C" fn ucm_like_munmap(a: usize, l: usize) -> i32 {
+    if RECORDING.load(Ordering::Acquire) && RECORDER.load(Ordering::Acquire) == thread_id() {
+        UCM_CALLS.fetch_add(1, Ordering::SeqCst);
+    }
+    // SAFETY: the caller's munmap arguments.
+    unsafe { libc::syscall(libc::SYS_munmap, a, l) as i32 }
+}
+
+/// A hooker whose munmap hook makes the call by `syscall` (UCM's bistro
+/// mode), beside memhook: each munmap is reported once, whichever patched
+/// first. Patched before memhook, memhook's hook runs first and the
+/// system call is its original's, already reported (without that, twice);
+/// patched over memhook's patch, memhook's munmap hook never runs, and
+/// the system call is what memhook sees (before the `syscall` hook:
+/// nothing).
+#[test]
+fn a_hooker_that_unmaps_by_syscall_is_seen_once_either_side_of_memhook() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    let unmap_once = |what: &str| {
+        // SAFETY: the helpers wrap mmap and munmap; the mapping is new.
+        let p = unsafe { (h.mmap)(K64) };
+        assert_ne!(p as isize, -1);
+        let n = UCM_CALLS.load(Ordering::SeqCst);
+        // SAFETY: as above.
+        let log = recorded(|| assert_eq!(unsafe { (h.munmap)(p, K64) }, 0));
+        assert_eq!(UCM_CALLS.load(Ordering::SeqCst) - n, 1, "{what}: the other hooker runs");
+        assert_eq!(
+            about(&log, p, K64),
+            [(bits::VM_UNMAPPED, p, K64, 0), (bits::MUNMAP, p, K64, 0)],
+            "{what}: memhook reports it once"
+        );
+    };
+    let patch = || {
+        // SAFETY: ucm_like_munmap has munmap's signature and unmaps.
+        unsafe { memhook::bistro::Hook::patch_symbol(c"munmap", ucm_like_munmap as *const () as usize, &UCM_ORIGINAL) }
+            .unwrap()
+    };
+    let other = patch();
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(bits::MUNMAP | bits::VM_UNMAPPED, 0, &record);
+    unmap_once("patched before memhook");
+    drop(session);
+    other.unpatch().map_err(|(_, e)| e).unwrap();
+
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(bits::MUNMAP | bits::VM_UNMAPPED, 0, &record);
+    let other = patch();
+    unmap_once("patched after memhook");
+    other.unpatch().map_err(|(_, e)| e).unwrap();
+    drop(session);
 }
 
 /// Another hooker patches over memhook's patch of `mmap` after memhook
