@@ -5,8 +5,12 @@
 //! - `mmap_munmap/unhooked` vs `mmap_munmap/hooked`: a 4 KiB anonymous
 //!   mmap + munmap pair, plain, then with every bistro hook installed and
 //!   one empty handler for all events (the added cost is the difference).
-//! - `install/bistro_all_host`: installing every host hook (thirteen) in
-//!   bistro mode (the uninstall between samples is not timed).
+//! - `install/bistro_all_host`: installing every host hook (seventeen)
+//!   in bistro mode (the uninstall between samples is not timed).
+//! - `syscall/original` vs `syscall/hooked`: `syscall(SYS_getppid)`, a
+//!   call the `syscall` hook passes on (as it does `futex`), through
+//!   `host::original("syscall")` and through the hook, both with every
+//!   hook installed and one empty handler for all events.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -67,6 +71,34 @@ fn mmap_munmap(c: &mut Criterion) {
     g.finish();
 }
 
+fn syscall_pass(c: &mut Criterion) {
+    let mut g = c.benchmark_group("syscall");
+    memhook::install(&config());
+    let id = memhook::set_handler(bits::ALL_EVENTS, 0, HandlerFn::Rust(&empty)).unwrap();
+    let original = memhook::host::original("syscall").expect("syscall hooked");
+    // SAFETY: the original of libc's syscall, which has its signature.
+    let original: unsafe extern "C" fn(libc::c_long, ...) -> libc::c_long = unsafe { std::mem::transmute(original) };
+    g.bench_function("original", |b| {
+        b.iter_custom(|iters| {
+            medians::timed("syscall original", iters, || {
+                // SAFETY: getppid takes no arguments.
+                black_box(unsafe { original(black_box(libc::SYS_getppid)) });
+            })
+        })
+    });
+    g.bench_function("hooked", |b| {
+        b.iter_custom(|iters| {
+            medians::timed("syscall hooked", iters, || {
+                // SAFETY: as above.
+                black_box(unsafe { libc::syscall(black_box(libc::SYS_getppid)) });
+            })
+        })
+    });
+    memhook::unset_handler(id).unwrap();
+    memhook::uninstall();
+    g.finish();
+}
+
 fn install(c: &mut Criterion) {
     let mut g = c.benchmark_group("install");
     g.sample_size(30);
@@ -79,7 +111,7 @@ fn install(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = mmap_munmap, install
+    targets = mmap_munmap, syscall_pass, install
 }
 
 fn main() {
@@ -89,6 +121,17 @@ fn main() {
     println!(
         "median mmap+munmap 4 KiB: hooked, one empty handler for all events {} against unhooked {}: added {} ({}) \
          (host_cost measures the same in interleaved rounds, steadier)",
+        medians::ns(hooked),
+        medians::ns(plain),
+        medians::added(hooked, plain),
+        medians::ratio(hooked, plain)
+    );
+    let (hooked, plain) = (
+        medians::median("syscall hooked", SAMPLES),
+        medians::median("syscall original", SAMPLES),
+    );
+    println!(
+        "median syscall(SYS_getppid), another call than memory's: through the hook {} against its original {}: added {} ({})",
         medians::ns(hooked),
         medians::ns(plain),
         medians::added(hooked, plain),
