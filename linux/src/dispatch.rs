@@ -86,9 +86,9 @@ static DISPATCHER: Dispatcher<HandlerFn, MAX_HANDLERS> = Dispatcher::new();
 struct Local {
     depth: DispatchDepth,
     errno: core::cell::Cell<*mut core::ffi::c_int>,
-    /// Set while the thread runs a host hook's original (see
-    /// [`inside_original`]).
-    in_original: core::cell::Cell<bool>,
+    /// While the thread runs a host hook's original, an address in the
+    /// hook's frame; else 0 (see [`inside_original`]).
+    in_original: core::cell::Cell<usize>,
 }
 
 // A thread-local with a destructor would be registered on a thread's first
@@ -102,7 +102,7 @@ thread_local! {
         Local {
             depth: DispatchDepth::new(),
             errno: core::cell::Cell::new(core::ptr::null_mut()),
-            in_original: core::cell::Cell::new(false),
+            in_original: core::cell::Cell::new(0),
         }
     };
 }
@@ -162,9 +162,9 @@ pub(crate) struct Begun {
     local: *const Local,
     /// The caller's errno before any handler ran.
     caller_errno: core::ffi::c_int,
-    /// Whether the thread ran an outer hook's original when this hook
-    /// began (its handlers run unmarked: see [`inside_original`]).
-    was_original: bool,
+    /// The thread's mark when this hook began: an outer hook's original
+    /// running, or 0 (its handlers run unmarked: see [`inside_original`]).
+    was_original: usize,
 }
 
 impl Begun {
@@ -198,11 +198,20 @@ impl Begun {
     }
 }
 
+/// An address in the caller's frame: frames it calls lie below it (the
+/// stack grows down on x86_64 and aarch64).
+#[inline(always)]
+fn frame_address() -> usize {
+    let here = 0u8;
+    core::hint::black_box(&here) as *const u8 as usize
+}
+
 /// Runs `original` with `local`'s thread marked as inside a hook's
-/// original, then puts the mark back as it was.
+/// original (by an address in the hook's frame), then puts the mark back
+/// as it was.
 #[inline(always)]
 fn marked_original<R>(local: &Local, original: impl FnOnce() -> R) -> R {
-    let was = local.in_original.replace(true);
+    let was = local.in_original.replace(frame_address());
     let result = original();
     local.in_original.set(was);
     result
@@ -225,10 +234,29 @@ pub(crate) fn run_original<R>(original: impl FnOnce() -> R) -> R {
 /// UCM's bistro hooks do), already reported by memhook's hook. Handlers
 /// run unmarked, wherever they are called from (an event delivered
 /// inside an original, a hook nested in another's original): a
-/// `syscall` they make is theirs.
+/// `syscall` they make is theirs. The mark holds only for frames below
+/// the marking hook's: a thread that left the original by `longjmp`
+/// (out of a signal handler) without putting the mark back is taken for
+/// one inside it only while it runs deeper than that hook did, and the
+/// mark goes at the first look from above it (here, or a hook's
+/// [`begin`]).
 #[inline]
 pub(crate) fn inside_original() -> bool {
-    LOCAL.try_with(|l| l.in_original.get()).unwrap_or(false)
+    let here = frame_address();
+    LOCAL
+        .try_with(|l| {
+            let mark = live_mark(l.in_original.get(), here);
+            l.in_original.set(mark);
+            mark != 0
+        })
+        .unwrap_or(false)
+}
+
+/// `mark` as a frame at `here` sees it: 0 where `here` lies above the
+/// marking frame (that hook has returned, or was left by `longjmp`).
+#[inline(always)]
+fn live_mark(mark: usize, here: usize) -> usize {
+    if here < mark { mark } else { 0 }
 }
 
 /// The `errno` location of the thread whose state `local` is (asked of
@@ -261,7 +289,7 @@ pub(crate) fn begin(before: Option<&mut Event>, event: &mut Event) -> Option<Beg
     let l = unsafe { &*local };
     // SAFETY: this thread's errno location.
     let caller_errno = unsafe { *errno_of(l) };
-    let was_original = l.in_original.replace(false);
+    let was_original = live_mark(l.in_original.replace(0), frame_address());
     let pass = DISPATCHER.begin(&l.depth, before, event);
     Some(Begun {
         pass,
@@ -296,7 +324,7 @@ pub(crate) fn notify(event: &mut Event) {
     let _ = LOCAL.try_with(|l| {
         // Its handlers run unmarked, wherever it is delivered from (see
         // [`inside_original`]).
-        let was_original = l.in_original.replace(false);
+        let was_original = l.in_original.replace(0);
         DISPATCHER.notify(&l.depth, event);
         l.in_original.set(was_original);
     });
@@ -415,6 +443,55 @@ mod tests {
             _ => (0, 0, 0, 0),
         };
         SEEN.lock().unwrap().push(r);
+    }
+
+    std::thread_local! {
+        /// What `inside_original` said to the last handler call on this
+        /// thread.
+        static HANDLER_SAW: core::cell::Cell<Option<bool>> = const { core::cell::Cell::new(None) };
+    }
+
+    fn note_inside(_: &mut Event) {
+        HANDLER_SAW.with(|s| s.set(Some(inside_original())));
+    }
+
+    /// Leaves this frame marked as a hook's inside its original, as a
+    /// `longjmp` out of the original (from a signal handler) would.
+    #[inline(never)]
+    fn marked_and_left() {
+        LOCAL.with(|l| l.in_original.set(frame_address()));
+        core::hint::black_box(());
+    }
+
+    #[inline(never)]
+    fn deeper() -> bool {
+        core::hint::black_box(inside_original())
+    }
+
+    #[test]
+    fn the_original_mark_holds_inside_an_original_and_not_for_handlers_or_after_it() {
+        // (Asked by a function of its own, as the `syscall` hook is: a
+        // frame below the one that marks.)
+        assert!(!deeper());
+        assert!(run_original(deeper), "in a function the original calls");
+        assert!(!deeper(), "put back after it");
+        // A handler of an event delivered inside an original runs
+        // unmarked; the original is marked again after it.
+        let id = set_handler(bits::SHMDT, 0, HandlerFn::Rust(&note_inside)).unwrap();
+        let (handler_saw, after) = run_original(|| {
+            let mut event = Event::Shmdt(memhook_core::event::ShmdtEvent { result: 0, shmaddr: 1 });
+            notify(&mut event);
+            (HANDLER_SAW.with(|s| s.take()), deeper())
+        });
+        unset_handler(id).unwrap();
+        assert_eq!(handler_saw, Some(false), "the handler ran unmarked");
+        assert!(after, "the original's mark is back after the handler");
+        // A mark left behind (a longjmp out of the original) is not taken
+        // for one by frames above it, and goes at the first look.
+        marked_and_left();
+        assert_ne!(LOCAL.with(|l| l.in_original.get()), 0);
+        assert!(!inside_original(), "a frame above a stale mark is not inside");
+        assert_eq!(LOCAL.with(|l| l.in_original.get()), 0, "the stale mark is gone");
     }
 
     #[test]
