@@ -151,8 +151,8 @@
  that
  maps at a fixed address over it (mmap with MAP_FIXED, mremap with
  MREMAP_FIXED at its destination, shmat with SHM_REMAP,
- remap_file_pages). One comes
- after: a library dlclose unloaded (the loader unmaps it out of any
+ remap_file_pages); any of these made by libc's syscall (openat2 with
+ O_TRUNC too). One comes after: a library dlclose unloaded (the loader unmaps it out of any
  hook's sight).
  */
 #define MEMHOOK_EVENT_VM_UNMAPPED (1 << 17)
@@ -667,8 +667,8 @@ int memhook_memtype_classify(const void *addr, size_t len, struct memhook_mem_in
  `ucm_orig_mmap`): a host function (`"mmap"`, `"munmap"`, `"mremap"`,
  `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
  `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`,
- `"remap_file_pages"`, `"open"`, `"openat"`, `"shm_open"`) or a
- hooked CUDA
+ `"remap_file_pages"`, `"open"`, `"openat"`, `"shm_open"`,
+ `"syscall"`) or a hooked CUDA
  function (`"cuMemAlloc_v2"`, `"cudaMalloc"`, ...). Cast it to the
  function's own type. NULL, with `memhook_last_error` saying why, for a
  name memhook does not hook, or a function it has not hooked (yet). The
