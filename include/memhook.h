@@ -147,7 +147,8 @@
  it may move it; of a shrink, the pages past the new end), shmdt, a shrinking brk or sbrk, a discarding madvise or
  process_madvise (one event per range), a fallocate, ftruncate or
  truncate that discards pages of a mapped file, or an open, openat or
- shm_open with O_TRUNC that empties one (one per mapping), or a call
+ shm_open with O_TRUNC, a creat, or a fopen or freopen with a "w" mode
+ that empties one (one per mapping), or a call
  that
  maps at a fixed address over it (mmap with MAP_FIXED, mremap with
  MREMAP_FIXED at its destination, shmat with SHM_REMAP,
@@ -668,7 +669,7 @@ int memhook_memtype_classify(const void *addr, size_t len, struct memhook_mem_in
  `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
  `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`,
  `"remap_file_pages"`, `"open"`, `"openat"`, `"shm_open"`,
- `"syscall"`) or a hooked CUDA
+ `"syscall"`, `"creat"`) or a hooked CUDA
  function (`"cuMemAlloc_v2"`, `"cudaMalloc"`, ...). Cast it to the
  function's own type. NULL, with `memhook_last_error` saying why, for a
  name memhook does not hook, or a function it has not hooked (yet). The

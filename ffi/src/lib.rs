@@ -138,7 +138,8 @@ pub const MEMHOOK_EVENT_VM_MAPPED: u32 = 1 << 16;
 /// it may move it; of a shrink, the pages past the new end), shmdt, a shrinking brk or sbrk, a discarding madvise or
 /// process_madvise (one event per range), a fallocate, ftruncate or
 /// truncate that discards pages of a mapped file, or an open, openat or
-/// shm_open with O_TRUNC that empties one (one per mapping), or a call
+/// shm_open with O_TRUNC, a creat, or a fopen or freopen with a "w" mode
+/// that empties one (one per mapping), or a call
 /// that
 /// maps at a fixed address over it (mmap with MAP_FIXED, mremap with
 /// MREMAP_FIXED at its destination, shmat with SHM_REMAP,

@@ -61,8 +61,8 @@ use crate::maps::{keeping_errno, page_size};
 /// The address that runs `function`'s original (`"mmap"`, `"munmap"`,
 /// `"mremap"`, `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
 /// `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`,
-/// `"remap_file_pages"`, `"open"`, `"openat"`, `"shm_open"` or
-/// `"syscall"`), past
+/// `"remap_file_pages"`, `"open"`, `"openat"`, `"shm_open"`,
+/// `"syscall"` or `"creat"`), past
 /// memhook's hook: with bistro, its trampoline (the relocated first
 /// instructions, then a jump into the function); with reloc, the
 /// definition it found. `None` for another name, or before memhook hooked
@@ -139,6 +139,7 @@ pub(crate) fn functions_in<const NS: usize>() -> [Hooked; FUNCTIONS] {
             &ORIG_SHM_OPEN[NS],
         ),
         (c"syscall", syscall_hook::<NS> as *const () as usize, &ORIG_SYSCALL[NS]),
+        (c"creat", creat_hook::<NS> as *const () as usize, &ORIG_CREAT[NS]),
     ]
 }
 
@@ -166,7 +167,7 @@ const fn slot(ns: usize) -> usize {
 const _: () = assert!(HOOK_SLOTS.is_power_of_two());
 
 /// How many host functions memhook hooks.
-pub(crate) const FUNCTIONS: usize = 17;
+pub(crate) const FUNCTIONS: usize = 18;
 
 /// glibc's other names of hooked functions (the same functions on the
 /// 64-bit targets memhook runs on), each with the function's own name.
@@ -177,6 +178,7 @@ pub(crate) const ALIAS_OF: [(&core::ffi::CStr, &core::ffi::CStr); ALIASES] = [
     (c"truncate64", c"truncate"),
     (c"open64", c"open"),
     (c"openat64", c"openat"),
+    (c"creat64", c"creat"),
 ];
 
 /// The aliases of [`ALIAS_OF`] with their functions' hooks: reloc rewrites
@@ -190,6 +192,7 @@ pub(crate) fn aliases() -> [Hooked; ALIASES] {
         &ORIG_TRUNCATE64,
         &ORIG_OPEN64,
         &ORIG_OPENAT64,
+        &ORIG_CREAT64,
     ];
     let hooks = functions();
     core::array::from_fn(|i| {
@@ -203,7 +206,7 @@ pub(crate) fn aliases() -> [Hooked; ALIASES] {
 }
 
 /// How many aliases [`aliases`] names.
-pub(crate) const ALIASES: usize = 6;
+pub(crate) const ALIASES: usize = 7;
 
 pub(crate) static ORIG_MMAP: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 pub(crate) static ORIG_MUNMAP: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
@@ -222,6 +225,7 @@ pub(crate) static ORIG_OPEN: Originals = [const { AtomicUsize::new(0) }; HOOK_SL
 pub(crate) static ORIG_OPENAT: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 pub(crate) static ORIG_SHM_OPEN: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 pub(crate) static ORIG_SYSCALL: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_CREAT: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 /// Reloc's records of the aliases (the same functions in glibc): the
 /// hooks call the main name's original, which each install sets.
 pub(crate) static ORIG_MMAP64: AtomicUsize = AtomicUsize::new(0);
@@ -230,6 +234,7 @@ pub(crate) static ORIG_FTRUNCATE64: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ORIG_TRUNCATE64: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ORIG_OPEN64: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ORIG_OPENAT64: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ORIG_CREAT64: AtomicUsize = AtomicUsize::new(0);
 
 type MmapFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, libc::off_t) -> *mut c_void;
 type MunmapFn = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
@@ -247,6 +252,7 @@ type RemapFilePagesFn = unsafe extern "C" fn(*mut c_void, usize, c_int, usize, c
 type OpenFn = unsafe extern "C" fn(*const core::ffi::c_char, c_int, libc::mode_t) -> c_int;
 type OpenatFn = unsafe extern "C" fn(c_int, *const core::ffi::c_char, c_int, libc::mode_t) -> c_int;
 type ShmOpenFn = unsafe extern "C" fn(*const core::ffi::c_char, c_int, libc::mode_t) -> c_int;
+type CreatFn = unsafe extern "C" fn(*const core::ffi::c_char, libc::mode_t) -> c_int;
 type SyscallFn = unsafe extern "C" fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long;
 
 /// Loads an original. The hooks are only reachable once it is set (install
@@ -1595,13 +1601,11 @@ unsafe fn syscall_body(ns: usize, n: c_long, args: [c_long; 6]) -> c_long {
                 c as libc::mode_t,
             )
             .into(),
-            // creat(path, mode): an open with O_CREAT | O_WRONLY | O_TRUNC.
             #[cfg(target_arch = "x86_64")]
-            libc::SYS_creat => open_body(
+            libc::SYS_creat => creat_body(
                 ns,
-                |path, _, mode| int(sys([path as c_long, mode.into(), 0, 0, 0, 0])),
+                |path, mode| int(sys([path as c_long, mode.into(), 0, 0, 0, 0])),
                 a as *const core::ffi::c_char,
-                libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC,
                 b as libc::mode_t,
             )
             .into(),
@@ -1654,6 +1658,118 @@ unsafe fn openat2_body(
         }
         _ => call(),
     }
+}
+
+/// Functions of glibc that open a file inside it (by its own `open`,
+/// which bistro's patch covers and reloc cannot see), `fopen`,
+/// `freopen` and their 64 names: reloc rewrites the
+/// program's slots that name them to hooks of their own (as
+/// [`open_hook`]: an open that empties a mapped file reports its
+/// mappings before the call). Each hook calls the original its slots'
+/// rewrite recorded ([`RELOC_ONLY_ORIGINALS`], in this order). Not for
+/// bistro: its patch of `open` sees their opens already.
+pub(crate) const RELOC_ONLY: usize = 4;
+
+/// Where reloc records the originals of the [`reloc_only`] functions.
+pub(crate) static RELOC_ONLY_ORIGINALS: [AtomicUsize; RELOC_ONLY] = [const { AtomicUsize::new(0) }; RELOC_ONLY];
+
+/// The [`RELOC_ONLY`] functions with their hooks and records.
+pub(crate) fn reloc_only() -> [Hooked; RELOC_ONLY] {
+    let o = &RELOC_ONLY_ORIGINALS;
+    [
+        (c"fopen", fopen_hook::<0> as *const () as usize, &o[0]),
+        (c"fopen64", fopen_hook::<1> as *const () as usize, &o[1]),
+        (c"freopen", freopen_hook::<2> as *const () as usize, &o[2]),
+        (c"freopen64", freopen_hook::<3> as *const () as usize, &o[3]),
+    ]
+}
+
+type FopenFn = unsafe extern "C" fn(*const core::ffi::c_char, *const core::ffi::c_char) -> *mut libc::FILE;
+type FreopenFn =
+    unsafe extern "C" fn(*const core::ffi::c_char, *const core::ffi::c_char, *mut libc::FILE) -> *mut libc::FILE;
+
+/// The open flags of a `fopen` mode that matter here, as glibc reads it
+/// (`_IO_new_file_fopen`): `w` first (`O_CREAT | O_TRUNC`), and an `x`
+/// among the next six characters before a `,` (`O_EXCL`); 0 for any
+/// other (`r`, `a`: nothing emptied; a mode glibc refuses).
+///
+/// # Safety
+///
+/// `mode` is NUL-terminated, or null.
+unsafe fn fopen_flags(mode: *const core::ffi::c_char) -> c_int {
+    if mode.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's contract.
+    let mode = unsafe { core::ffi::CStr::from_ptr(mode) }.to_bytes();
+    if mode.first() != Some(&b'w') {
+        return 0;
+    }
+    let exclusive = mode[1..].iter().take(6).take_while(|&&c| c != b',').any(|&c| c == b'x');
+    libc::O_CREAT | libc::O_TRUNC | if exclusive { libc::O_EXCL } else { 0 }
+}
+
+/// Makes an open that returns a stream (`call`) as [`open_with`] does,
+/// `look` reporting before it where `flags` truncate.
+fn stream_open_with(
+    flags: c_int,
+    look: impl FnOnce() -> Option<Discard>,
+    call: impl FnOnce() -> *mut libc::FILE,
+) -> *mut libc::FILE {
+    let mut stream = core::ptr::null_mut();
+    open_with(flags, look, || {
+        stream = call();
+        if stream.is_null() { -1 } else { 0 }
+    });
+    stream
+}
+
+/// The `fopen` hook (reloc): a mode that begins with `w` empties the file.
+unsafe extern "C" fn fopen_hook<const I: usize>(
+    path: *const core::ffi::c_char,
+    mode: *const core::ffi::c_char,
+) -> *mut libc::FILE {
+    let orig = original!(RELOC_ONLY_ORIGINALS[I], FopenFn);
+    if !wants(bits::VM_UNMAPPED) {
+        // SAFETY: forwarded.
+        return unsafe { orig(path, mode) };
+    }
+    // SAFETY: the caller's mode, which fopen reads too.
+    let flags = unsafe { fopen_flags(mode) };
+    // SAFETY: forwarded.
+    stream_open_with(
+        flags,
+        || emptied(libc::AT_FDCWD, path, flags),
+        || unsafe { orig(path, mode) },
+    )
+}
+
+/// The `freopen` hook (reloc): as [`fopen_hook`], for the file `path`
+/// names or, where it is null, the one `stream` has open (glibc opens it
+/// again by its `/proc/self/fd` name).
+unsafe extern "C" fn freopen_hook<const I: usize>(
+    path: *const core::ffi::c_char,
+    mode: *const core::ffi::c_char,
+    stream: *mut libc::FILE,
+) -> *mut libc::FILE {
+    let orig = original!(RELOC_ONLY_ORIGINALS[I], FreopenFn);
+    if !wants(bits::VM_UNMAPPED) {
+        // SAFETY: forwarded.
+        return unsafe { orig(path, mode, stream) };
+    }
+    // SAFETY: the caller's mode, which freopen reads too.
+    let flags = unsafe { fopen_flags(mode) };
+    let look = || {
+        if !path.is_null() {
+            return emptied(libc::AT_FDCWD, path, flags);
+        }
+        // SAFETY: the caller's open stream, which freopen uses too.
+        let fd = keeping_errno(|| unsafe { libc::fileno(stream) });
+        let st = stat_of_fd(fd)?;
+        report_shrink(&st, 0)
+    };
+    // SAFETY: forwarded.
+    stream_open_with(flags, look, || unsafe { orig(path, mode, stream) })
 }
 
 #[cfg(test)]
@@ -1867,9 +1983,10 @@ entry! {
     /// `O_CREAT` or `O_TMPFILE`, is forwarded as it came): an open that
     /// truncates ([`truncates`]) empties the file, taking every page from
     /// its mappings: `VM_UNMAPPED` of each, before the call. glibc's own
-    /// opens (`fopen`, `freopen`, `creat`, the fortified `__open_2`) call
-    /// the same code, which bistro's patch covers; reloc sees the
-    /// program's calls of `open` and `open64` alone.
+    /// opens (`fopen`, `freopen`, the fortified `__open_2`; `creat` on
+    /// aarch64) call the same code, which bistro's patch covers; reloc
+    /// sees the program's calls of `open` and `open64`, and hooks
+    /// `fopen` and `freopen` themselves ([`reloc_only`]).
     open_hook => open_body, ORIG_OPEN as OpenFn, bits::VM_UNMAPPED,
     (path: *const core::ffi::c_char, flags: c_int, mode: libc::mode_t) -> c_int
 }
@@ -1883,6 +2000,9 @@ unsafe fn open_body(
     flags: c_int,
     mode: libc::mode_t,
 ) -> c_int {
+    if inside_creat(path) {
+        return orig(path, flags, mode);
+    }
     open_with(
         flags,
         || emptied(libc::AT_FDCWD, path, flags),
@@ -1907,7 +2027,58 @@ unsafe fn openat_body(
     flags: c_int,
     mode: libc::mode_t,
 ) -> c_int {
+    if inside_creat(path) {
+        return orig(dirfd, path, flags, mode);
+    }
     open_with(flags, || emptied(dirfd, path, flags), || orig(dirfd, path, flags, mode))
+}
+
+entry! {
+    /// The `creat` hook: an open with `O_CREAT | O_WRONLY | O_TRUNC`
+    /// ([`CREAT_FLAGS`]). glibc makes the `creat` system call where the
+    /// kernel has one (x86_64), which no open hook sees, and calls its
+    /// `open` where it has not (aarch64): that open, inside this hook's
+    /// original, is this call's, reported here ([`IN_CREAT`]).
+    creat_hook => creat_body, ORIG_CREAT as CreatFn, bits::VM_UNMAPPED,
+    (path: *const core::ffi::c_char, mode: libc::mode_t) -> c_int
+}
+
+/// The flags `creat` opens with.
+const CREAT_FLAGS: c_int = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
+
+thread_local! {
+    /// The path (its address) of the `creat` whose original this thread
+    /// runs, else 0: glibc's `creat` opens with its `open` where the
+    /// kernel has no `creat` system call, and the open of that same path
+    /// is the `creat`'s, already reported. Another open meanwhile (a
+    /// signal handler's, of another path) is its own.
+    static IN_CREAT: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+}
+
+/// Whether an open of `path` is the one inside a `creat` of it on this
+/// thread (see [`IN_CREAT`]).
+fn inside_creat(path: *const core::ffi::c_char) -> bool {
+    !path.is_null() && IN_CREAT.try_with(|c| c.get() == path as usize).unwrap_or(false)
+}
+
+/// [`creat_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
+#[inline(always)]
+unsafe fn creat_body(
+    _ns: usize,
+    orig: impl Fn(*const core::ffi::c_char, libc::mode_t) -> c_int,
+    path: *const core::ffi::c_char,
+    mode: libc::mode_t,
+) -> c_int {
+    open_with(
+        CREAT_FLAGS,
+        || emptied(libc::AT_FDCWD, path, CREAT_FLAGS),
+        || {
+            let was = IN_CREAT.try_with(|c| c.replace(path as usize)).unwrap_or(0);
+            let fd = orig(path, mode);
+            let _ = IN_CREAT.try_with(|c| c.set(was));
+            fd
+        },
+    )
 }
 
 /// An open (`call`) with `flags`: where it truncates ([`truncates`]),

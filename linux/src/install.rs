@@ -293,10 +293,16 @@ pub fn install(config: &Config) {
                 usize,
                 &'static core::sync::atomic::AtomicUsize,
             ),
-            { crate::host::FUNCTIONS + crate::host::ALIASES },
+            { crate::host::FUNCTIONS + crate::host::ALIASES + crate::host::RELOC_ONLY },
         > = functions().into_iter().collect();
         // glibc's mmap64 is mmap under another name, and so on.
         let _ = hooks.extend_from_slice(&crate::host::aliases());
+        // fopen, creat, freopen: their opens are inside libc, where
+        // bistro's patch of open sees them (then a hook of their own would
+        // report each twice).
+        if !mmap.contains(HookMode::Bistro) {
+            let _ = hooks.extend_from_slice(&crate::host::reloc_only());
+        }
         // A function whose bistro patch an uninstall kept (another hooker
         // patched over it) is hooked by that patch alone: its slots lead
         // to the entry, through the other hooker, to our hook, which

@@ -50,6 +50,15 @@ int mhh_open(const char *path, int flags) { return open(path, flags, 0600); }
 int mhh_open64(const char *path, int flags) { return open64(path, flags, 0600); }
 int mhh_openat(int dirfd, const char *path, int flags) { return openat(dirfd, path, flags, 0600); }
 int mhh_fopen_w(const char *path) { FILE *f = fopen(path, "w"); return f ? fclose(f) : -1; }
+int mhh_fopen_mode(const char *path, const char *mode) { FILE *f = fopen(path, mode); return f ? fclose(f) : -1; }
+int mhh_creat(const char *path) { int fd = creat(path, 0600); return fd < 0 ? -1 : close(fd); }
+/* The file opened to read, then again to write: by its path, or (null_path) by the stream's own. */
+int mhh_freopen_w(const char *path, int null_path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    FILE *g = freopen(null_path ? NULL : path, "w", f);
+    return g ? fclose(g) : -1;
+}
 int mhh_shm_open(const char *name, int flags) { return shm_open(name, flags, 0600); }
 long mhh_syscall(long n, long a, long b, long c, long d, long e, long f) { return syscall(n, a, b, c, d, e, f); }
 #include <dlfcn.h>
@@ -84,6 +93,9 @@ struct Helper {
     open64: unsafe extern "C" fn(*const libc::c_char, i32) -> i32,
     openat: unsafe extern "C" fn(i32, *const libc::c_char, i32) -> i32,
     fopen_w: unsafe extern "C" fn(*const libc::c_char) -> i32,
+    fopen_mode: unsafe extern "C" fn(*const libc::c_char, *const libc::c_char) -> i32,
+    creat: unsafe extern "C" fn(*const libc::c_char) -> i32,
+    freopen_w: unsafe extern "C" fn(*const libc::c_char, i32) -> i32,
     shm_open: unsafe extern "C" fn(*const libc::c_char, i32) -> i32,
     syscall: unsafe extern "C" fn(
         libc::c_long,
@@ -174,6 +186,9 @@ fn helper() -> &'static Helper {
                 open64: cast(sym(c"mhh_open64")),
                 openat: cast(sym(c"mhh_openat")),
                 fopen_w: cast(sym(c"mhh_fopen_w")),
+                fopen_mode: cast(sym(c"mhh_fopen_mode")),
+                creat: cast(sym(c"mhh_creat")),
+                freopen_w: cast(sym(c"mhh_freopen_w")),
                 shm_open: cast(sym(c"mhh_shm_open")),
                 syscall: cast(sym(c"mhh_syscall")),
                 dlopen: cast(sym(c"mhh_dlopen")),
@@ -273,12 +288,12 @@ fn about(log: &[Rec], addr: usize, len: usize) -> Vec<Rec> {
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// How many host functions memhook hooks here: sixteen, or fifteen with
+/// How many host functions memhook hooks here: eighteen, or seventeen with
 /// a glibc older than 2.36 (no `process_madvise`, so nothing to hook).
 fn host_functions() -> usize {
     // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
     let present = !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"process_madvise".as_ptr()) }.is_null();
-    16 + usize::from(present)
+    17 + usize::from(present)
 }
 
 fn page_size() -> usize {
@@ -720,13 +735,37 @@ fn check_open_truncate(h: &Helper, mode: HookMode, events: u32) {
         });
         assert_eq!(log, []);
 
-        // fopen(path, "w") opens inside libc.
-        let log = recorded(|| assert_eq!((h.fopen_w)(c_path.as_ptr()), 0));
-        assert_eq!(size(), 0);
-        match mode {
-            HookMode::Bistro => assert_eq!(log, want, "bistro sees fopen's open inside libc"),
-            _ => assert_eq!(log, [], "reloc cannot see calls inside libc"),
+        // fopen(path, "w"), creat and freopen open inside libc: bistro
+        // sees that open, reloc hooks the functions themselves. Each
+        // empties the file once.
+        let calls: [(&str, &dyn Fn() -> i32); 5] = [
+            ("fopen w", &|| (h.fopen_w)(c_path.as_ptr())),
+            ("fopen w+e", &|| (h.fopen_mode)(c_path.as_ptr(), c"w+e".as_ptr())),
+            ("creat", &|| (h.creat)(c_path.as_ptr())),
+            ("freopen path w", &|| (h.freopen_w)(c_path.as_ptr(), 0)),
+            ("freopen NULL w", &|| (h.freopen_w)(c_path.as_ptr(), 1)),
+        ];
+        for (name, call) in calls {
+            fill();
+            let log = recorded(|| {
+                set_errno(77);
+                assert_eq!(call(), 0, "{name}: errno {}", errno());
+                assert_eq!(errno(), 77, "{name}: errno survives the handlers");
+            });
+            assert_eq!(size(), 0, "{name} emptied the file");
+            assert_eq!(log, want, "{name} ({mode:?})");
         }
+        // Streams that empty nothing: to read, to append, and exclusive
+        // (the file is there: refused).
+        fill();
+        let log = recorded(|| {
+            assert_eq!((h.fopen_mode)(c_path.as_ptr(), c"r".as_ptr()), 0);
+            assert_eq!((h.fopen_mode)(c_path.as_ptr(), c"a+".as_ptr()), 0);
+            assert_eq!((h.fopen_mode)(c_path.as_ptr(), c"wx".as_ptr()), -1);
+            assert_eq!(errno(), libc::EEXIST);
+        });
+        assert_eq!(log, [], "({mode:?})");
+        assert_eq!(size(), 4 * page as u64, "none emptied it");
         libc::close(dirfd);
         libc::munmap(shared as *mut libc::c_void, 4 * page);
         libc::munmap(private as *mut libc::c_void, 2 * page);
@@ -2498,6 +2537,7 @@ fn install_uninstall_cycles_restore_the_bytes() {
         c"openat",
         c"shm_open",
         c"syscall",
+        c"creat",
     ];
     // SAFETY: NUL-terminated names and the pseudo-handle RTLD_DEFAULT.
     let names: Vec<_> = names
