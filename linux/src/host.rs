@@ -997,6 +997,50 @@ fn current_break(ns: usize) -> usize {
     unsafe { crate::sys::syscall!(libc::SYS_brk, 0 as libc::c_long) as usize }
 }
 
+/// `VM_UNMAPPED` of what moving the break from `top` down to `new`
+/// unmaps; `None` for no shrink, and for one below the heap's start,
+/// which the kernel refuses (`brk(NULL)`, an `sbrk` of more than the
+/// heap: before, the whole range from there to the break was reported
+/// unmapped, the program's own code and data with it).
+fn break_shrink(new: usize, top: usize) -> Option<Event> {
+    if new >= top || new < heap_start(top) {
+        return None;
+    }
+    unmapped_bytes(new, top - new)
+}
+
+/// Where the heap starts (the kernel's `start_brk`, fixed for the
+/// process's life): the `[heap]` mapping's start (or where the kernel
+/// merged it with the data before it, that mapping's: a shrink below
+/// the heap then reported, one too many), read from `/proc/self/maps`
+/// at the first shrink and kept. 0 (every shrink reported) while there
+/// is no such mapping (no heap yet, which `top` would tell apart but
+/// for qemu-user, whose maps may not name it) or the file cannot be read.
+fn heap_start(top: usize) -> usize {
+    static START: AtomicUsize = AtomicUsize::new(0);
+    let known = START.load(Ordering::Relaxed);
+    if known != 0 {
+        return known;
+    }
+    let mut start = None;
+    let read = keeping_errno(|| {
+        crate::maps::for_each(|m| {
+            if m.path() == b"[heap]" {
+                start = Some(m.start);
+                return core::ops::ControlFlow::Break(());
+            }
+            core::ops::ControlFlow::Continue(())
+        })
+    });
+    match (read, start) {
+        (Ok(()), Some(start)) if start <= top => {
+            START.store(start, Ordering::Relaxed);
+            start
+        }
+        _ => 0,
+    }
+}
+
 thread_local! {
     /// Set while this thread runs sbrk's original: glibc's sbrk moves the
     /// break with brk, and that inner call is sbrk's, already reported.
@@ -1016,8 +1060,9 @@ unsafe fn sbrk_body(ns: usize, orig: impl Fn(libc::intptr_t) -> *mut c_void, inc
         return orig(increment);
     }
     let before = if increment < 0 && wants(bits::VM_UNMAPPED) {
-        let shrink = increment.unsigned_abs();
-        unmapped_bytes(current_break(ns).wrapping_sub(shrink), shrink)
+        let top = current_break(ns);
+        top.checked_sub(increment.unsigned_abs())
+            .and_then(|new| break_shrink(new, top))
     } else {
         None
     };
@@ -1058,11 +1103,7 @@ unsafe fn brk_body(ns: usize, orig: impl Fn(*mut c_void) -> c_int, addr: *mut c_
     }
     let top = current_break(ns);
     let new = addr as usize;
-    let before = if new < top {
-        unmapped_bytes(new, top - new)
-    } else {
-        None
-    };
+    let before = break_shrink(new, top);
     let mut ev = Event::Brk(BrkEvent { result: -1, addr: new });
     call_original(
         before,
@@ -1394,6 +1435,7 @@ fn syscall_events(n: c_long, d: c_long, e: c_long) -> u32 {
         libc::SYS_shmdt => bits::SHMDT | bits::VM_UNMAPPED,
         libc::SYS_madvise => bits::MADVISE | bits::VM_UNMAPPED,
         libc::SYS_remap_file_pages => bits::VM_MAPPED | bits::VM_UNMAPPED,
+        libc::SYS_brk => bits::BRK | bits::VM_MAPPED | bits::VM_UNMAPPED,
         libc::SYS_process_madvise
         | libc::SYS_fallocate
         | libc::SYS_ftruncate
@@ -1416,9 +1458,7 @@ fn syscall_events(n: c_long, d: c_long, e: c_long) -> u32 {
 /// the most frequent) costs a compare and a jump; one made inside a
 /// hooked call's original (another hooker's hook of it that makes the
 /// call by `syscall`) is that call's, reported once, by memhook's hook
-/// of it. `brk` is not reported: the break moved by the system call is
-/// not glibc's (its `sbrk` and `malloc` go wrong), and the call's usual
-/// use, `brk(0)`, only asks where the break is.
+/// of it. `brk` is reported as the kernel answers it ([`raw_brk_body`]).
 pub(crate) unsafe extern "C" fn syscall_hook<const NS: usize>(
     n: c_long,
     a: c_long,
@@ -1585,6 +1625,7 @@ unsafe fn syscall_body(ns: usize, n: c_long, args: [c_long; 6]) -> c_long {
                 d as libc::mode_t,
             )
             .into(),
+            libc::SYS_brk => raw_brk_body(|addr| sys([addr as c_long, 0, 0, 0, 0, 0]), a as usize),
             libc::SYS_openat2 => openat2_body(
                 a as c_int,
                 b as *const core::ffi::c_char,
@@ -1612,6 +1653,43 @@ unsafe fn syscall_body(ns: usize, n: c_long, args: [c_long; 6]) -> c_long {
             _ => sys(args),
         }
     }
+}
+
+/// `syscall(SYS_brk, addr)` made by `call`: the kernel's answer, the break
+/// after the call (`addr` where it moved there; the break as it was
+/// where it refused). As glibc's `brk` is reported: `VM_UNMAPPED` of a
+/// shrink before ([`break_shrink`]: none below the heap, which the kernel
+/// refuses), `BRK` with 0 where the break moved to `addr` (-1 where not),
+/// `VM_MAPPED` of a growth after; the break before asked of the kernel,
+/// not of glibc (whose own idea of it such a call leaves behind).
+/// `brk(0)`, which only asks, is just the call.
+fn raw_brk_body(call: impl Fn(usize) -> c_long, addr: usize) -> c_long {
+    if addr == 0 {
+        return call(0);
+    }
+    // SAFETY: brk(0) changes nothing and answers the break.
+    let top = unsafe { crate::sys::raw(libc::SYS_brk, [0; 6]) } as usize;
+    let mut ev = Event::Brk(BrkEvent { result: -1, addr });
+    let answer = Cell::new(top as c_long);
+    call_original(
+        break_shrink(addr, top),
+        &mut ev,
+        |e| {
+            let r = call(addr);
+            answer.set(r);
+            if let Event::Brk(m) = e {
+                m.result = if r as usize == addr { 0 } else { -1 };
+            }
+        },
+        |e| {
+            if result_of!(*e, Brk, -1) == 0 && addr > top {
+                mapped_bytes(top, addr - top)
+            } else {
+                None
+            }
+        },
+    );
+    answer.get()
 }
 
 /// `struct open_how` (linux/openat2.h): `openat2`'s flags, mode and

@@ -582,6 +582,26 @@ fn check_syscall(h: &Helper, events: u32) {
         only(events, [(bits::VM_UNMAPPED, p, K64, 0), (bits::MUNMAP, p, K64, 0)])
     );
 
+    // brk by the system call: the kernel's break moved and back, events
+    // as for glibc's brk; its answer the break after; below the heap,
+    // refused (the break as it was), nothing unmapped; brk(0) only asks.
+    let top = sys(h, libc::SYS_brk, &[0]) as usize;
+    let log = recorded(|| assert_eq!(sys(h, libc::SYS_brk, &[l(top + K64)]), l(top + K64)));
+    assert_eq!(
+        about(&log, top, K64),
+        only(events, [(bits::BRK, top + K64, 0, 0), (bits::VM_MAPPED, top, K64, 0)])
+    );
+    let log = recorded(|| assert_eq!(sys(h, libc::SYS_brk, &[l(top)]), l(top)));
+    assert_eq!(
+        about(&log, top, K64),
+        only(events, [(bits::VM_UNMAPPED, top, K64, 0), (bits::BRK, top, 0, 0)])
+    );
+    let log = recorded(|| {
+        assert_eq!(sys(h, libc::SYS_brk, &[1]), l(top), "refused");
+        assert_eq!(sys(h, libc::SYS_brk, &[0]), l(top));
+    });
+    assert_eq!(log, only(events, [(bits::BRK, 1, 0, -1)]), "{log:x?}");
+
     // A mapped file emptied by ftruncate and by openat2(O_TRUNC), whose
     // flags lie in the caller's struct open_how.
     // A file of this test's own (the four mode tests run at once).
@@ -1510,6 +1530,25 @@ fn check_mode(mode: HookMode, events: u32) {
         about(&log, top, K64),
         only(events, [(bits::VM_UNMAPPED, top, K64, 0), (bits::BRK, top, 0, 0)])
     );
+    // Below the heap's start (brk(NULL), an sbrk of more than the heap):
+    // refused by the kernel, and nothing unmapped (the whole range up to
+    // the break was reported, the program's own code and data in it).
+    // (glibc's brk answers 0 where the kernel's break ends at or past
+    // the address asked, as it does when it refuses one below the heap.)
+    // SAFETY: as above; each is refused, the break unchanged.
+    let log = recorded(|| unsafe {
+        assert_eq!((h.brk)(0), 0);
+        assert_eq!((h.brk)(1), 0);
+        // (sbrk too: it moves the break with brk, and answers the old
+        // one.)
+        assert_eq!((h.sbrk)(-((top - 4096) as isize)), top);
+    });
+    assert!(
+        !log.iter().any(|r| r.0 == bits::VM_UNMAPPED),
+        "nothing unmapped below the heap: {log:x?}"
+    );
+    // SAFETY: as above.
+    assert_eq!(unsafe { (h.sbrk)(0) }, top, "the break unchanged");
 
     // glibc malloc of a large block maps it inside libc: bistro patches the
     // entry and sees it, reloc (no slot for a call inside libc) does not.
