@@ -2490,17 +2490,26 @@ fn eight_threads_mapping_are_counted_exactly() {
     session.handler(bits::MMAP | bits::MUNMAP, 0, &count_marked);
     let (m0, u0) = (MARK_MAPS.load(Ordering::SeqCst), MARK_UNMAPS.load(Ordering::SeqCst));
     const EACH: usize = 2000;
+    // Half the threads through libc's functions, half by `syscall`.
     let threads: Vec<_> = (0..8)
-        .map(|_| {
-            std::thread::spawn(|| {
+        .map(|i| {
+            std::thread::spawn(move || {
                 let h = helper();
                 MARKING.with(|m| m.set(true));
                 for _ in 0..EACH {
-                    // SAFETY: map and unmap a private region.
-                    unsafe {
-                        let p = (h.mmap)(MARK_SIZE);
-                        assert_ne!(p as isize, -1);
-                        assert_eq!((h.munmap)(p, MARK_SIZE), 0);
+                    if i % 2 == 0 {
+                        // SAFETY: map and unmap a private region.
+                        unsafe {
+                            let p = (h.mmap)(MARK_SIZE);
+                            assert_ne!(p as isize, -1);
+                            assert_eq!((h.munmap)(p, MARK_SIZE), 0);
+                        }
+                    } else {
+                        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+                        let size = MARK_SIZE as libc::c_long;
+                        let p = sys(h, libc::SYS_mmap, &[0, size, 3, flags.into(), -1, 0]);
+                        assert_ne!(p, -1);
+                        assert_eq!(sys(h, libc::SYS_munmap, &[p, size]), 0);
                     }
                 }
             })
