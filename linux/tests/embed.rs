@@ -4,6 +4,9 @@
 //! own load-time warm-up of the decoder tables: no recursion, no deadlock,
 //! the hooks end up installed and report the allocator's own mappings. A
 //! full reinstall made later from inside an allocation must not allocate.
+//! Blocks of a megabyte and more are mapped and unmapped by `syscall`, as
+//! tcmalloc's own `mmap` and `munmap` do: reported all the same, with no
+//! allocation on the way.
 #![cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 
 use std::alloc::{GlobalAlloc, Layout};
@@ -26,6 +29,24 @@ thread_local! {
     // Const-initialised with no destructor: reading it never allocates.
     static INSIDE_INSTALL: Cell<bool> = const { Cell::new(false) };
     static IN_HANDLER: Cell<bool> = const { Cell::new(false) };
+    static IN_SYSCALL: Cell<bool> = const { Cell::new(false) };
+}
+/// Allocations made while the allocator's `syscall` ran, memhook's hook
+/// of it included (must stay 0).
+static ALLOCS_IN_SYSCALL: AtomicUsize = AtomicUsize::new(0);
+/// The test's big block, and where a mapping of its size was reported.
+const BIG: usize = 3 << 20;
+static BIG_MAPPED_AT: AtomicUsize = AtomicUsize::new(0);
+/// Blocks this large and larger are mapped and unmapped by `syscall`.
+const BY_SYSCALL: usize = 1 << 20;
+
+/// `syscall(n, args..)`, allocations meanwhile counted.
+fn counted_syscall(n: libc::c_long, args: [libc::c_long; 6]) -> libc::c_long {
+    IN_SYSCALL.set(true);
+    // SAFETY: the callers pass what the system call expects.
+    let r = unsafe { libc::syscall(n, args[0], args[1], args[2], args[3], args[4], args[5]) };
+    IN_SYSCALL.set(false);
+    r
 }
 /// Set by the test: the next allocation reinstalls memhook.
 static REINSTALL: AtomicBool = AtomicBool::new(false);
@@ -42,6 +63,9 @@ fn handler(e: &mut Event) {
     match *e {
         Event::VmMapped(v) => {
             LARGEST_MAPPED.fetch_max(v.size, Ordering::SeqCst);
+            if v.size == BIG {
+                BIG_MAPPED_AT.store(v.address, Ordering::SeqCst);
+            }
         }
         Event::VmUnmapped(_) => {
             UNMAPPED.fetch_add(1, Ordering::SeqCst);
@@ -64,6 +88,9 @@ unsafe impl GlobalAlloc for MmapAllocator {
         }
         if IN_HANDLER.get() {
             ALLOCS_IN_HANDLER.fetch_add(1, Ordering::SeqCst);
+        }
+        if IN_SYSCALL.get() {
+            ALLOCS_IN_SYSCALL.fetch_add(1, Ordering::SeqCst);
         }
         if !STARTED.swap(true, Ordering::SeqCst) {
             // The first allocation of the process: install from here.
@@ -100,6 +127,12 @@ unsafe impl GlobalAlloc for MmapAllocator {
         if layout.align() > 4096 {
             return std::ptr::null_mut();
         }
+        if layout.size() >= BY_SYSCALL {
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+            let size = page_round(layout.size()) as libc::c_long;
+            let p = counted_syscall(libc::SYS_mmap, [0, size, 3, flags.into(), -1, 0]);
+            return if p == -1 { std::ptr::null_mut() } else { p as *mut u8 };
+        }
         // SAFETY: an anonymous private mapping of the rounded size.
         let p = unsafe {
             libc::mmap(
@@ -119,8 +152,17 @@ unsafe impl GlobalAlloc for MmapAllocator {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let size = page_round(layout.size());
+        if layout.size() >= BY_SYSCALL {
+            // (`ptr` is a block this allocator mapped with this size.)
+            counted_syscall(
+                libc::SYS_munmap,
+                [ptr as libc::c_long, size as libc::c_long, 0, 0, 0, 0],
+            );
+            return;
+        }
         // SAFETY: `ptr` is a block this allocator mapped with this size.
-        unsafe { libc::munmap(ptr.cast(), page_round(layout.size())) };
+        unsafe { libc::munmap(ptr.cast(), size) };
     }
 }
 
@@ -151,12 +193,19 @@ fn an_allocator_installs_memhook_from_its_first_allocation() {
     drop(v);
 
     let before = UNMAPPED.load(Ordering::SeqCst);
-    let big = vec![7u8; 3 << 20];
-    assert!(
-        LARGEST_MAPPED.load(Ordering::SeqCst) >= 3 << 20,
-        "the allocator's own mmap was reported"
+    let big = vec![7u8; BIG];
+    assert!(LARGEST_MAPPED.load(Ordering::SeqCst) >= BIG);
+    assert_eq!(
+        BIG_MAPPED_AT.load(Ordering::SeqCst),
+        big.as_ptr() as usize,
+        "the allocator's own mmap by syscall was reported"
     );
     drop(big);
-    assert!(UNMAPPED.load(Ordering::SeqCst) > before, "and its munmap");
+    assert!(UNMAPPED.load(Ordering::SeqCst) > before, "and its munmap by syscall");
     assert_eq!(ALLOCS_IN_HANDLER.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        ALLOCS_IN_SYSCALL.load(Ordering::SeqCst),
+        0,
+        "memhook allocated in its syscall hook"
+    );
 }
