@@ -11,6 +11,11 @@
 //!   call the `syscall` hook passes on (as it does `futex`), through
 //!   `host::original("syscall")` and through the hook, both with every
 //!   hook installed and one empty handler for all events.
+//! - `open_truncate/unhooked` vs `open_truncate/hooked`: `open(O_TRUNC)`
+//!   of a file of one byte (written again before each, untimed), then
+//!   `close`: hooked with one empty `VM_UNMAPPED` handler, the hook looks
+//!   at the file and reads `/proc/self/maps` for its mappings (it has
+//!   none), the cost that grows with the process's mappings.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -99,6 +104,41 @@ fn syscall_pass(c: &mut Criterion) {
     g.finish();
 }
 
+fn open_truncate(c: &mut Criterion) {
+    let dir = std::env::temp_dir().join(format!("memhook-bench-open-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("file");
+    let file = std::fs::File::create(&path).unwrap();
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    let rounds = |id: &str, iters: u64| {
+        let mut total = Duration::ZERO;
+        for _ in 0..iters {
+            // SAFETY: one byte from a local into the bench's own file.
+            assert_eq!(unsafe { libc::pwrite(fd, b"x".as_ptr().cast(), 1, 0) }, 1);
+            let t = std::time::Instant::now();
+            // SAFETY: a NUL-terminated path; the descriptor is closed.
+            let opened = unsafe { libc::open(c_path.as_ptr(), libc::O_WRONLY | libc::O_TRUNC) };
+            // SAFETY: as above.
+            unsafe { libc::close(opened) };
+            total += t.elapsed();
+            assert!(opened >= 0);
+        }
+        medians::record(id, total, iters);
+        total
+    };
+    let mut g = c.benchmark_group("open_truncate");
+    g.bench_function("unhooked", |b| b.iter_custom(|iters| rounds("open unhooked", iters)));
+    memhook::install(&config());
+    let id = memhook::set_handler(bits::VM_UNMAPPED, 0, HandlerFn::Rust(&empty)).unwrap();
+    g.bench_function("hooked", |b| b.iter_custom(|iters| rounds("open hooked", iters)));
+    memhook::unset_handler(id).unwrap();
+    memhook::uninstall();
+    g.finish();
+    drop(file);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn install(c: &mut Criterion) {
     let mut g = c.benchmark_group("install");
     g.sample_size(30);
@@ -111,7 +151,7 @@ fn install(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = mmap_munmap, syscall_pass, install
+    targets = mmap_munmap, syscall_pass, open_truncate, install
 }
 
 fn main() {
@@ -132,6 +172,19 @@ fn main() {
     );
     println!(
         "median syscall(SYS_getppid), another call than memory's: through the hook {} against its original {}: added {} ({})",
+        medians::ns(hooked),
+        medians::ns(plain),
+        medians::added(hooked, plain),
+        medians::ratio(hooked, plain)
+    );
+    let (hooked, plain) = (
+        medians::median("open hooked", SAMPLES),
+        medians::median("open unhooked", SAMPLES),
+    );
+    let mappings = std::fs::read_to_string("/proc/self/maps").map_or(0, |m| m.lines().count());
+    println!(
+        "median open(O_TRUNC)+close of a one-byte file: hooked, one empty VM_UNMAPPED handler {} against unhooked {}: \
+         added {} ({}), with {mappings} mappings in the process",
         medians::ns(hooked),
         medians::ns(plain),
         medians::added(hooked, plain),
