@@ -367,6 +367,9 @@ fn ensure_fork_hook() {
 pub fn set_handler(events: u32, priority: i32, handler: HandlerFn) -> Result<HandlerId, RegisterError> {
     ensure_fork_hook();
     let id = LOCAL.with(|l| DISPATCHER.register(&l.depth, events, priority, handler))?;
+    // Mappings of files made while no handler wanted their events went
+    // uncounted: the filter of mapped files is forgotten.
+    crate::host::forget_mapped_files();
     // The hooks let calls pass that no handler wanted: a hugetlb mapping
     // may have been made unseen.
     crate::hugetlb::forget();

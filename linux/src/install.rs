@@ -362,6 +362,20 @@ pub fn install(config: &Config) {
         hook_namespaces(&mut state);
     }
     state.config = Some(*config);
+    // Every host function bistro-patched: every mapping of a file made
+    // from here on is seen, and the filter of mapped files holds.
+    let all_patched = mmap.contains(HookMode::Bistro)
+        && functions()
+            .into_iter()
+            .filter(|(name, _, _)| present(name))
+            .all(|(name, _, _)| {
+                let name = name.to_str().unwrap_or("?");
+                state
+                    .status
+                    .iter()
+                    .any(|s| s.function == name && s.mode == HookMode::Bistro && s.installed)
+            });
+    crate::host::trust_mapped_files(all_patched);
     drop(busy);
     drop(state);
     // Loads on other threads that the install's rescans found.
@@ -612,6 +626,7 @@ fn present(name: &core::ffi::CStr) -> bool {
 }
 
 fn remove(state: &mut Installed) {
+    crate::host::trust_mapped_files(false);
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     unhook_namespaces(state);
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
