@@ -5,7 +5,7 @@
 //! - `mmap_munmap/unhooked` vs `mmap_munmap/hooked`: a 4 KiB anonymous
 //!   mmap + munmap pair, plain, then with every bistro hook installed and
 //!   one empty handler for all events (the added cost is the difference).
-//! - `install/bistro_all_host`: installing every host hook (seventeen)
+//! - `install/bistro_all_host`: installing every host hook (eighteen)
 //!   in bistro mode (the uninstall between samples is not timed).
 //! - `syscall/original` vs `syscall/hooked`: `syscall(SYS_getppid)`, a
 //!   call the `syscall` hook passes on (as it does `futex`), through
