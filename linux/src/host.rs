@@ -1106,16 +1106,21 @@ unsafe fn brk_body(ns: usize, orig: impl Fn(*mut c_void) -> c_int, addr: *mut c_
     if IN_SBRK.try_with(|f| f.get()).unwrap_or(false) {
         return orig(addr);
     }
-    let top = current_break(ns);
-    let new = addr as usize;
-    let before = break_shrink(new, top);
+    break_moved(current_break(ns), addr as usize, || orig(addr))
+}
+
+/// The break moved from `top` to `new` by `call` (0 where it moved, -1
+/// where not), as `brk` is reported: `VM_UNMAPPED` of a shrink before
+/// ([`break_shrink`]), `BRK` with the call's result, `VM_MAPPED` of a
+/// growth after. The result, as a handler may have left it.
+fn break_moved(top: usize, new: usize, call: impl FnOnce() -> c_int) -> c_int {
     let mut ev = Event::Brk(BrkEvent { result: -1, addr: new });
     call_original(
-        before,
+        break_shrink(new, top),
         &mut ev,
         |e| {
             if let Event::Brk(m) = e {
-                m.result = orig(addr);
+                m.result = call();
             }
         },
         |e| {
@@ -1675,27 +1680,12 @@ fn raw_brk_body(call: impl Fn(usize) -> c_long, addr: usize) -> c_long {
     }
     // SAFETY: brk(0) changes nothing and answers the break.
     let top = unsafe { crate::sys::raw(libc::SYS_brk, [0; 6]) } as usize;
-    let mut ev = Event::Brk(BrkEvent { result: -1, addr });
-    let answer = Cell::new(top as c_long);
-    call_original(
-        break_shrink(addr, top),
-        &mut ev,
-        |e| {
-            let r = call(addr);
-            answer.set(r);
-            if let Event::Brk(m) = e {
-                m.result = if r as usize == addr { 0 } else { -1 };
-            }
-        },
-        |e| {
-            if result_of!(*e, Brk, -1) == 0 && addr > top {
-                mapped_bytes(top, addr - top)
-            } else {
-                None
-            }
-        },
-    );
-    answer.get()
+    let mut answer = top as c_long;
+    break_moved(top, addr, || {
+        answer = call(addr);
+        if answer as usize == addr { 0 } else { -1 }
+    });
+    answer
 }
 
 /// `struct open_how` (linux/openat2.h): `openat2`'s flags, mode and
