@@ -2586,23 +2586,10 @@ mod mapped_files {
     /// The loader's count of objects loaded so far (`dlpi_adds`), or
     /// `None` where it gives none.
     fn loads() -> Option<u64> {
-        unsafe extern "C" fn first(
-            info: *mut libc::dl_phdr_info,
-            size: libc::size_t,
-            data: *mut libc::c_void,
-        ) -> libc::c_int {
-            // The counters follow the first four fields (glibc since 2.4).
-            if size >= core::mem::offset_of!(libc::dl_phdr_info, dlpi_subs) + 8 {
-                // SAFETY: `info` is valid for this call, `data` the
-                // `Option<u64>` below.
-                unsafe { *(data as *mut Option<u64>) = Some((*info).dlpi_adds) };
-            }
-            1 // the first object is enough
-        }
-        let mut adds: Option<u64> = None;
-        // SAFETY: `first` only writes `adds`, through `data`, during the call.
-        unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut adds).cast()) };
-        adds
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+        return crate::reloc::loader_adds();
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        None
     }
 }
 

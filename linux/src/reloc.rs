@@ -444,6 +444,17 @@ pub(crate) fn for_each_object(mut f: impl FnMut(&Object<'_>)) {
     });
 }
 
+/// The loader's count of objects loaded so far (`dlpi_adds`, as the first
+/// object shows it), or `None` where it gives none.
+pub(crate) fn loader_adds() -> Option<u64> {
+    let mut adds = None;
+    for_each_object_while(|o| {
+        adds = o.loads.map(|(adds, _)| adds);
+        ControlFlow::Break(())
+    });
+    adds
+}
+
 /// Calls `f` with every loaded object (under the loader's lock) until it
 /// breaks.
 fn for_each_object_while(mut f: impl FnMut(&Object<'_>) -> ControlFlow<()>) {
