@@ -7,6 +7,7 @@
 //! line dispatch reads anyway) and skip everything when no handler wants
 //! their events.
 
+use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, Ordering};
 use std::ops::ControlFlow;
 
@@ -87,8 +88,52 @@ struct Local {
     depth: DispatchDepth,
     errno: core::cell::Cell<*mut core::ffi::c_int>,
     /// While the thread runs a host hook's original, an address in the
-    /// hook's frame; else 0 (see [`inside_original`]).
+    /// hook's frame; else 0 (see [`is_own_call`]).
     in_original: core::cell::Cell<usize>,
+    /// The call that original makes, while `in_original` is not 0.
+    own_call: core::cell::Cell<OwnCall>,
+}
+
+/// A host hook's call as the system call that makes it names it: the
+/// words a hooker's hook of that function passes to `syscall` (UCM's
+/// bistro mode does so) that say what the call works on. While a hook's
+/// original runs, a memory system call that names the same is that
+/// call's own, reported by the hook ([`is_own_call`]); any other made on
+/// the thread meanwhile (by a signal handler that interrupts the
+/// original, by the other hooker's own bookkeeping) is its own, and
+/// reported.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum OwnCall {
+    /// No call of a host hook (a hook of another kind).
+    Other,
+    /// `mmap`: the address asked for and the length.
+    Mmap(usize, usize),
+    /// `munmap`: the address and length.
+    Munmap(usize, usize),
+    /// `mremap`: the old address and size.
+    Mremap(usize, usize),
+    /// `shmat`: the segment and the address asked for.
+    Shmat(c_int, usize),
+    /// `shmdt`: the address.
+    Shmdt(usize),
+    /// `madvise`: the address and length.
+    Madvise(usize, usize),
+    /// `process_madvise`: the process's descriptor and the ranges' array.
+    ProcessMadvise(c_int, usize),
+    /// `remap_file_pages`: the address and length.
+    RemapFilePages(usize, usize),
+    /// `brk` or `sbrk` (the break glibc's `sbrk` asks for is not the
+    /// caller's word: any `brk` system call).
+    Brk,
+    /// `fallocate`: the descriptor.
+    Fallocate(c_int),
+    /// `ftruncate`: the descriptor.
+    Ftruncate(c_int),
+    /// `truncate`: the path's address.
+    Truncate(usize),
+    /// `open`, `openat`, `creat`, `openat2`, `fopen`, `freopen`: the
+    /// path's address.
+    Open(usize),
 }
 
 // A thread-local with a destructor would be registered on a thread's first
@@ -103,6 +148,7 @@ thread_local! {
             depth: DispatchDepth::new(),
             errno: core::cell::Cell::new(core::ptr::null_mut()),
             in_original: core::cell::Cell::new(0),
+            own_call: core::cell::Cell::new(OwnCall::Other),
         }
     };
 }
@@ -163,7 +209,7 @@ pub(crate) struct Begun {
     /// The caller's errno before any handler ran.
     caller_errno: core::ffi::c_int,
     /// The thread's mark when this hook began: an outer hook's original
-    /// running, or 0 (its handlers run unmarked: see [`inside_original`]).
+    /// running, or 0 (its handlers run unmarked: see [`is_own_call`]).
     was_original: usize,
 }
 
@@ -181,12 +227,12 @@ impl Begun {
         errno_of(unsafe { &*self.local })
     }
 
-    /// Runs `original` (the hooked call's original) marked as such for
-    /// [`inside_original`].
+    /// Runs `original` (the hooked call's original, `own` the call it
+    /// makes) marked as such for [`is_own_call`].
     #[inline(always)]
-    pub(crate) fn run_original<R>(&self, original: impl FnOnce() -> R) -> R {
+    pub(crate) fn run_original<R>(&self, own: OwnCall, original: impl FnOnce() -> R) -> R {
         // SAFETY: as for `errno`.
-        marked_original(unsafe { &*self.local }, original)
+        marked_original(unsafe { &*self.local }, own, original)
     }
 
     /// The caller's errno as it was when the hook began, before any
@@ -207,47 +253,50 @@ fn frame_address() -> usize {
 }
 
 /// Runs `original` with `local`'s thread marked as inside a hook's
-/// original (by an address in the hook's frame), then puts the mark back
-/// as it was.
+/// original (by an address in the hook's frame) that makes `own`, then
+/// puts the mark back as it was.
 #[inline(always)]
-fn marked_original<R>(local: &Local, original: impl FnOnce() -> R) -> R {
+fn marked_original<R>(local: &Local, own: OwnCall, original: impl FnOnce() -> R) -> R {
     let was = local.in_original.replace(frame_address());
+    let was_call = local.own_call.replace(own);
     let result = original();
+    local.own_call.set(was_call);
     local.in_original.set(was);
     result
 }
 
 /// [`Begun::run_original`] for a hook that calls its original outside a
 /// dispatch (the file-discarding calls): finds the thread's state itself.
-pub(crate) fn run_original<R>(original: impl FnOnce() -> R) -> R {
+pub(crate) fn run_original<R>(own: OwnCall, original: impl FnOnce() -> R) -> R {
     match LOCAL.try_with(|l| l as *const Local) {
         // SAFETY: this thread's own thread-local, alive while it runs
         // (see `begin`).
-        Ok(local) => marked_original(unsafe { &*local }, original),
+        Ok(local) => marked_original(unsafe { &*local }, own, original),
         Err(_) => original(),
     }
 }
 
-/// Whether this thread is running a host hook's original: the system
-/// call that the `syscall` hook is then asked for is that call's own
-/// (another hooker's hook of it, which makes the call with `syscall`, as
-/// UCM's bistro hooks do), already reported by memhook's hook. Handlers
-/// run unmarked, wherever they are called from (an event delivered
-/// inside an original, a hook nested in another's original): a
-/// `syscall` they make is theirs. The mark holds only for frames below
-/// the marking hook's: a thread that left the original by `longjmp`
-/// (out of a signal handler) without putting the mark back is taken for
-/// one inside it only while it runs deeper than that hook did, and the
-/// mark goes at the first look from above it (here, or a hook's
-/// [`begin`]).
+/// Whether `call` is the call of the host hook whose original this
+/// thread is running: the system call that the `syscall` hook is then
+/// asked for is that call's own (another hooker's hook of it, which makes
+/// the call with `syscall`, as UCM's bistro hooks do), already reported
+/// by memhook's hook. Any other call made inside the original (a signal
+/// handler's, the other hooker's own) is not ([`OwnCall`]). Handlers run
+/// unmarked, wherever they are called from (an event delivered inside an
+/// original, a hook nested in another's original): a `syscall` they make
+/// is theirs. The mark holds only for frames below the marking hook's: a
+/// thread that left the original by `longjmp` (out of a signal handler)
+/// without putting the mark back is taken for one inside it only while
+/// it runs deeper than that hook did, and the mark goes at the first look
+/// from above it (here, or a hook's [`begin`]).
 #[inline]
-pub(crate) fn inside_original() -> bool {
+pub(crate) fn is_own_call(call: OwnCall) -> bool {
     let here = frame_address();
     LOCAL
         .try_with(|l| {
             let mark = live_mark(l.in_original.get(), here);
             l.in_original.set(mark);
-            mark != 0
+            mark != 0 && call != OwnCall::Other && l.own_call.get() == call
         })
         .unwrap_or(false)
 }
@@ -323,7 +372,7 @@ pub(crate) fn prefetch_delivery(kinds: u32) {
 pub(crate) fn notify(event: &mut Event) {
     let _ = LOCAL.try_with(|l| {
         // Its handlers run unmarked, wherever it is delivered from (see
-        // [`inside_original`]).
+        // [`is_own_call`]).
         let was_original = l.in_original.replace(0);
         DISPATCHER.notify(&l.depth, event);
         l.in_original.set(was_original);
@@ -454,21 +503,32 @@ mod tests {
         static HANDLER_SAW: core::cell::Cell<Option<bool>> = const { core::cell::Cell::new(None) };
     }
 
+    /// The call the tests' originals make.
+    const OWN: OwnCall = OwnCall::Munmap(0x10_0000, 4096);
+
     fn note_inside(_: &mut Event) {
-        HANDLER_SAW.with(|s| s.set(Some(inside_original())));
+        HANDLER_SAW.with(|s| s.set(Some(is_own_call(OWN))));
     }
 
     /// Leaves this frame marked as a hook's inside its original, as a
     /// `longjmp` out of the original (from a signal handler) would.
     #[inline(never)]
     fn marked_and_left() {
-        LOCAL.with(|l| l.in_original.set(frame_address()));
+        LOCAL.with(|l| {
+            l.in_original.set(frame_address());
+            l.own_call.set(OWN);
+        });
         core::hint::black_box(());
     }
 
     #[inline(never)]
     fn deeper() -> bool {
-        core::hint::black_box(inside_original())
+        core::hint::black_box(is_own_call(OWN))
+    }
+
+    #[inline(never)]
+    fn deeper_asks(call: OwnCall) -> bool {
+        core::hint::black_box(is_own_call(call))
     }
 
     #[test]
@@ -476,12 +536,30 @@ mod tests {
         // (Asked by a function of its own, as the `syscall` hook is: a
         // frame below the one that marks.)
         assert!(!deeper());
-        assert!(run_original(deeper), "in a function the original calls");
+        assert!(run_original(OWN, deeper), "in a function the original calls");
         assert!(!deeper(), "put back after it");
+        // Another call made inside the original (a signal handler's, the
+        // other hooker's own) is not the original's.
+        let others = [
+            OwnCall::Munmap(0x10_0000, 8192),
+            OwnCall::Munmap(0x20_0000, 4096),
+            OwnCall::Madvise(0x10_0000, 4096),
+            OwnCall::Other,
+        ];
+        for other in others {
+            assert!(!run_original(OWN, || deeper_asks(other)), "{other:?} inside {OWN:?}");
+        }
+        // Nested: the inner original's call, then the outer's again.
+        let (inner, outer_after) = run_original(OWN, || {
+            let inner = run_original(OwnCall::Brk, || (deeper_asks(OwnCall::Brk), deeper()));
+            (inner, deeper())
+        });
+        assert_eq!(inner, (true, false), "the inner original's call, not the outer's");
+        assert!(outer_after, "the outer original's call after the inner returned");
         // A handler of an event delivered inside an original runs
         // unmarked; the original is marked again after it.
         let id = set_handler(bits::SHMDT, 0, HandlerFn::Rust(&note_inside)).unwrap();
-        let (handler_saw, after) = run_original(|| {
+        let (handler_saw, after) = run_original(OWN, || {
             let mut event = Event::Shmdt(memhook_core::event::ShmdtEvent { result: 0, shmaddr: 1 });
             notify(&mut event);
             (HANDLER_SAW.with(|s| s.take()), deeper())
@@ -493,7 +571,7 @@ mod tests {
         // for one by frames above it, and goes at the first look.
         marked_and_left();
         assert_ne!(LOCAL.with(|l| l.in_original.get()), 0);
-        assert!(!inside_original(), "a frame above a stale mark is not inside");
+        assert!(!is_own_call(OWN), "a frame above a stale mark is not inside");
         assert_eq!(LOCAL.with(|l| l.in_original.get()), 0, "the stale mark is gone");
     }
 

@@ -55,7 +55,7 @@ use memhook_core::event::{
     VmEvent, bits,
 };
 
-use crate::dispatch::{begin, finish, notify, wants};
+use crate::dispatch::{OwnCall, begin, finish, notify, wants};
 use crate::maps::{keeping_errno, page_size};
 
 /// The address that runs `function`'s original (`"mmap"`, `"munmap"`,
@@ -327,6 +327,9 @@ fn call_original(
     original: impl FnOnce(&mut Event),
     after: impl FnOnce(&Event) -> Option<Event>,
 ) {
+    // The call as the caller made it, before a pre-handler changes the
+    // event (the original gets the caller's arguments).
+    let own = own_call(event);
     let Some(begun) = begin(before.as_mut(), event) else {
         original(event); // thread-local gone (thread exit): just the call
         return;
@@ -340,7 +343,7 @@ fn call_original(
         // succeeds leaves errno as it finds it.
         // SAFETY: this thread's errno.
         unsafe { *errno = begun.caller_errno() };
-        begun.run_original(|| original(event));
+        begun.run_original(own, || original(event));
         // SAFETY: this thread's errno.
         saved = unsafe { *errno };
     }
@@ -1313,7 +1316,8 @@ unsafe fn process_madvise_body(
     let removes = advice == libc::MADV_REMOVE;
     let mappings = FILE_MAPPINGS.load(Ordering::SeqCst);
     report_ranges(iov as usize, vlen, advice);
-    let result = crate::dispatch::run_original(|| orig(pidfd, iov, vlen, advice, flags));
+    let own = OwnCall::ProcessMadvise(pidfd, iov as usize);
+    let result = crate::dispatch::run_original(own, || orig(pidfd, iov, vlen, advice, flags));
     if removes && result > 0 && FILE_MAPPINGS.load(Ordering::SeqCst) != mappings {
         // The second look, as after madvise's.
         report_ranges(iov as usize, vlen, advice);
@@ -1431,6 +1435,45 @@ fn readable(from: usize, bytes: usize) -> bool {
     true
 }
 
+/// The call a host hook's event names, as the system call that makes it
+/// would ([`OwnCall`]).
+fn own_call(event: &Event) -> OwnCall {
+    match *event {
+        Event::Mmap(m) => OwnCall::Mmap(m.address, m.size),
+        Event::Munmap(m) => OwnCall::Munmap(m.address, m.size),
+        Event::Mremap(m) => OwnCall::Mremap(m.address, m.old_size),
+        Event::Shmat(m) => OwnCall::Shmat(m.shmid, m.shmaddr),
+        Event::Shmdt(m) => OwnCall::Shmdt(m.shmaddr),
+        Event::Madvise(m) => OwnCall::Madvise(m.addr, m.length),
+        Event::Brk(_) | Event::Sbrk(_) => OwnCall::Brk,
+        _ => OwnCall::Other,
+    }
+}
+
+/// The call a system call made by `syscall(n, a, b, ..)` names, as a host
+/// hook of the function that makes it would ([`OwnCall`]).
+fn syscall_own_call(n: c_long, a: c_long, b: c_long) -> OwnCall {
+    let (a, b) = (a as usize, b as usize);
+    match n {
+        libc::SYS_mmap => OwnCall::Mmap(a, b),
+        libc::SYS_munmap => OwnCall::Munmap(a, b),
+        libc::SYS_mremap => OwnCall::Mremap(a, b),
+        libc::SYS_shmat => OwnCall::Shmat(a as c_int, b),
+        libc::SYS_shmdt => OwnCall::Shmdt(a),
+        libc::SYS_madvise => OwnCall::Madvise(a, b),
+        libc::SYS_process_madvise => OwnCall::ProcessMadvise(a as c_int, b),
+        libc::SYS_remap_file_pages => OwnCall::RemapFilePages(a, b),
+        libc::SYS_brk => OwnCall::Brk,
+        libc::SYS_fallocate => OwnCall::Fallocate(a as c_int),
+        libc::SYS_ftruncate => OwnCall::Ftruncate(a as c_int),
+        libc::SYS_truncate => OwnCall::Truncate(a),
+        libc::SYS_openat | libc::SYS_openat2 => OwnCall::Open(b),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_open | libc::SYS_creat => OwnCall::Open(a),
+        _ => OwnCall::Other,
+    }
+}
+
 /// The events of a system call made by `syscall(n, ..)` (`d` and `e`, its
 /// fourth and fifth arguments: an `mmap`'s flags and descriptor): those
 /// of the hooked function that makes it; 0 for every other call (a
@@ -1467,9 +1510,10 @@ fn syscall_events(n: c_long, d: c_long, e: c_long) -> u32 {
 /// which holds it or the caller's own words). Any other call (`futex`,
 /// the most frequent) costs a few compares and a call of the original
 /// (no measurable time: `--bench host`'s `syscall` group); one made inside a
-/// hooked call's original (another hooker's hook of it that makes the
-/// call by `syscall`) is that call's, reported once, by memhook's hook
-/// of it. `brk` is reported as the kernel answers it ([`raw_brk_body`]).
+/// hooked call's original that names what that call works on (another
+/// hooker's hook of it that makes the call by `syscall`) is that call's,
+/// reported once, by memhook's hook of it; any other, its own
+/// ([`OwnCall`]). `brk` is reported as the kernel answers it ([`raw_brk_body`]).
 pub(crate) unsafe extern "C" fn syscall_hook<const NS: usize>(
     n: c_long,
     a: c_long,
@@ -1503,7 +1547,7 @@ unsafe extern "C" fn memory_syscall<const NS: usize>(
     e: c_long,
     f: c_long,
 ) -> c_long {
-    if !wants(syscall_events(n, d, e)) || crate::dispatch::inside_original() {
+    if !wants(syscall_events(n, d, e)) || crate::dispatch::is_own_call(syscall_own_call(n, a, b)) {
         let orig = original!(ORIG_SYSCALL[NS], SyscallFn);
         // SAFETY: the caller's arguments, forwarded to the original.
         return unsafe { orig(n, a, b, c, d, e, f) };
@@ -1724,7 +1768,7 @@ unsafe fn openat2_body(
         Ok(flags) if read && truncates(flags) => {
             let first = emptied(dirfd, path, flags);
             let mut result = 0;
-            discarding(first, || {
+            discarding(first, OwnCall::Open(path as usize), || {
                 result = call();
                 if result >= 0 { 0 } else { -1 }
             });
@@ -1787,11 +1831,12 @@ unsafe fn fopen_flags(mode: *const core::ffi::c_char) -> c_int {
 /// `look` reporting before it where `flags` truncate.
 fn stream_open_with(
     flags: c_int,
+    path: *const core::ffi::c_char,
     look: impl FnOnce() -> Option<Discard>,
     call: impl FnOnce() -> *mut libc::FILE,
 ) -> *mut libc::FILE {
     let mut stream = core::ptr::null_mut();
-    open_with(flags, look, || {
+    open_with(flags, path, look, || {
         stream = call();
         if stream.is_null() { -1 } else { 0 }
     });
@@ -1813,6 +1858,7 @@ unsafe extern "C" fn fopen_hook<const I: usize>(
     // SAFETY: forwarded.
     stream_open_with(
         flags,
+        path,
         || emptied(libc::AT_FDCWD, path, flags),
         || unsafe { orig(path, mode) },
     )
@@ -1843,7 +1889,7 @@ unsafe extern "C" fn freopen_hook<const I: usize>(
         report_shrink(&st, 0)
     };
     // SAFETY: forwarded.
-    stream_open_with(flags, look, || unsafe { orig(path, mode, stream) })
+    stream_open_with(flags, path, look, || unsafe { orig(path, mode, stream) })
 }
 
 #[cfg(test)]
@@ -1995,7 +2041,7 @@ unsafe fn fallocate_body(
             (offset as u64).saturating_add(len as u64)
         };
         let first = report_file_discard(file_of_fd(fd), offset as u64, end);
-        return discarding(first, || orig(fd, mode, offset, len));
+        return discarding(first, OwnCall::Fallocate(fd), || orig(fd, mode, offset, len));
     }
     orig(fd, mode, offset, len)
 }
@@ -2023,7 +2069,7 @@ unsafe fn ftruncate_body(
     } else {
         None
     };
-    discarding(first, || orig(fd, length))
+    discarding(first, OwnCall::Ftruncate(fd), || orig(fd, length))
 }
 
 entry! {
@@ -2049,7 +2095,7 @@ unsafe fn truncate_body(
     } else {
         None
     };
-    discarding(first, || orig(path, length))
+    discarding(first, OwnCall::Truncate(path as usize), || orig(path, length))
 }
 
 entry! {
@@ -2074,11 +2120,13 @@ unsafe fn open_body(
     flags: c_int,
     mode: libc::mode_t,
 ) -> c_int {
-    if inside_creat(path) {
+    if crate::dispatch::is_own_call(OwnCall::Open(path as usize)) {
+        // A `creat`'s open of its path ([`creat_hook`]).
         return orig(path, flags, mode);
     }
     open_with(
         flags,
+        path,
         || emptied(libc::AT_FDCWD, path, flags),
         || orig(path, flags, mode),
     )
@@ -2101,10 +2149,16 @@ unsafe fn openat_body(
     flags: c_int,
     mode: libc::mode_t,
 ) -> c_int {
-    if inside_creat(path) {
+    if crate::dispatch::is_own_call(OwnCall::Open(path as usize)) {
+        // A `creat`'s open of its path ([`creat_hook`]).
         return orig(dirfd, path, flags, mode);
     }
-    open_with(flags, || emptied(dirfd, path, flags), || orig(dirfd, path, flags, mode))
+    open_with(
+        flags,
+        path,
+        || emptied(dirfd, path, flags),
+        || orig(dirfd, path, flags, mode),
+    )
 }
 
 entry! {
@@ -2112,28 +2166,15 @@ entry! {
     /// ([`CREAT_FLAGS`]). glibc makes the `creat` system call where the
     /// kernel has one (x86_64), which no open hook sees, and calls its
     /// `open` where it has not (aarch64): that open, inside this hook's
-    /// original, is this call's, reported here ([`IN_CREAT`]).
+    /// original and of its path, is this call's, reported here (another
+    /// meanwhile, a signal handler's, of another path, is its own: see
+    /// [`OwnCall`]).
     creat_hook => creat_body, ORIG_CREAT as CreatFn, bits::VM_UNMAPPED,
     (path: *const core::ffi::c_char, mode: libc::mode_t) -> c_int
 }
 
 /// The flags `creat` opens with.
 const CREAT_FLAGS: c_int = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
-
-thread_local! {
-    /// The path (its address) of the `creat` whose original this thread
-    /// runs, else 0: glibc's `creat` opens with its `open` where the
-    /// kernel has no `creat` system call, and the open of that same path
-    /// is the `creat`'s, already reported. Another open meanwhile (a
-    /// signal handler's, of another path) is its own.
-    static IN_CREAT: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
-}
-
-/// Whether an open of `path` is the one inside a `creat` of it on this
-/// thread (see [`IN_CREAT`]).
-fn inside_creat(path: *const core::ffi::c_char) -> bool {
-    !path.is_null() && IN_CREAT.try_with(|c| c.get() == path as usize).unwrap_or(false)
-}
 
 /// [`creat_hook`] when a handler wants `VM_UNMAPPED`, for namespace `ns`'s libc.
 #[inline(always)]
@@ -2145,25 +2186,27 @@ unsafe fn creat_body(
 ) -> c_int {
     open_with(
         CREAT_FLAGS,
+        path,
         || emptied(libc::AT_FDCWD, path, CREAT_FLAGS),
-        || {
-            let was = IN_CREAT.try_with(|c| c.replace(path as usize)).unwrap_or(0);
-            let fd = orig(path, mode);
-            let _ = IN_CREAT.try_with(|c| c.set(was));
-            fd
-        },
+        || orig(path, mode),
     )
 }
 
-/// An open (`call`) with `flags`: where it truncates ([`truncates`]),
-/// `look` reports the file's mappings before it ([`emptied`]), and
-/// [`discarding`] looks again after it; else the call alone.
+/// An open (`call`) of `path` with `flags`: where it truncates
+/// ([`truncates`]), `look` reports the file's mappings before it
+/// ([`emptied`]), and [`discarding`] looks again after it; else the call
+/// alone.
 #[inline(always)]
-fn open_with(flags: c_int, look: impl FnOnce() -> Option<Discard>, call: impl FnOnce() -> c_int) -> c_int {
+fn open_with(
+    flags: c_int,
+    path: *const core::ffi::c_char,
+    look: impl FnOnce() -> Option<Discard>,
+    call: impl FnOnce() -> c_int,
+) -> c_int {
     if !truncates(flags) {
         return call();
     }
-    discarding(look(), call)
+    discarding(look(), OwnCall::Open(path as usize), call)
 }
 
 entry! {
@@ -2193,7 +2236,7 @@ unsafe fn shm_open_body(
         let path = unsafe { shm_path(name, &mut path) }?;
         emptied(libc::AT_FDCWD, path.as_ptr(), flags | libc::O_NOFOLLOW)
     };
-    open_with(flags, look, || orig(name, flags, mode))
+    open_with(flags, name, look, || orig(name, flags, mode))
 }
 
 /// glibc's directory of shared memory objects (`SHMDIR`).
@@ -2294,7 +2337,8 @@ unsafe fn remap_file_pages_body(
     if wants(bits::VM_UNMAPPED) {
         notify_keeping_errno(unmapped_bytes(start, bytes));
     }
-    let result = crate::dispatch::run_original(|| orig(addr, size, prot, pgoff, flags));
+    let own = OwnCall::RemapFilePages(addr as usize, size);
+    let result = crate::dispatch::run_original(own, || orig(addr, size, prot, pgoff, flags));
     if result == 0 {
         // A new mapping of a file, as an mmap's (see [`FILE_MAPPINGS`]).
         file_mapping_changed();
@@ -2397,8 +2441,8 @@ fn report_file_discard(file: Option<FileId>, from: u64, to: u64) -> Option<Disca
 /// Makes a file-discarding call (`call`: 0, or an open's descriptor, on
 /// success; -1 on failure) whose first report was `first`, then
 /// [`report_late_discard`] if it succeeded.
-fn discarding(first: Option<Discard>, call: impl FnOnce() -> c_int) -> c_int {
-    let result = crate::dispatch::run_original(call);
+fn discarding(first: Option<Discard>, own: OwnCall, call: impl FnOnce() -> c_int) -> c_int {
+    let result = crate::dispatch::run_original(own, call);
     if result >= 0 {
         report_late_discard(first);
     }

@@ -2843,12 +2843,39 @@ fn the_filter_of_mapped_files_misses_no_mapping() {
 static UCM_ORIGINAL: AtomicUsize = AtomicUsize::new(0);
 static UCM_CALLS: AtomicUsize = AtomicUsize::new(0);
 
+/// A mapping (64 KiB) the other hooker's munmap hook unmaps by `syscall`
+/// for its own bookkeeping, before the call it was asked for; 0: none.
+static UCM_OWN_UNMAP: AtomicUsize = AtomicUsize::new(0);
+/// A mapping (64 KiB) a signal handler unmaps by `syscall`, the signal
+/// raised inside the other hooker's munmap hook; 0: none.
+static SIGNAL_UNMAP: AtomicUsize = AtomicUsize::new(0);
+
+/// Unmaps [`SIGNAL_UNMAP`]'s mapping by `syscall`.
+extern "C" fn unmap_in_signal_handler(_: i32) {
+    let p = SIGNAL_UNMAP.swap(0, Ordering::SeqCst);
+    if p != 0 {
+        // SAFETY: the test's own mapping, unused by anything else.
+        unsafe { libc::syscall(libc::SYS_munmap, p, K64) };
+    }
+}
+
 /// Another hooker's munmap hook as UCM's bistro mode makes one: its own
-/// work (counted, on the recording thread), then the call by libc's
-/// `syscall`, not by a trampoline to the original.
+/// work (counted, on the recording thread: an unmap of its own and a
+/// signal whose handler unmaps, where the test asks), then the call by
+/// libc's `syscall`, not by a trampoline to the original.
 extern "C" fn ucm_like_munmap(a: usize, l: usize) -> i32 {
     if RECORDING.load(Ordering::Acquire) && RECORDER.load(Ordering::Acquire) == thread_id() {
         UCM_CALLS.fetch_add(1, Ordering::SeqCst);
+        let own = UCM_OWN_UNMAP.swap(0, Ordering::SeqCst);
+        if own != 0 {
+            // SAFETY: the test's own mapping, unused by anything else.
+            unsafe { libc::syscall(libc::SYS_munmap, own, K64) };
+        }
+        if SIGNAL_UNMAP.load(Ordering::SeqCst) != 0 {
+            // SAFETY: raise has no preconditions; the test installed the
+            // handler, which runs before raise returns.
+            unsafe { libc::raise(libc::SIGUSR2) };
+        }
     }
     // SAFETY: the caller's munmap arguments.
     unsafe { libc::syscall(libc::SYS_munmap, a, l) as i32 }
@@ -2860,24 +2887,55 @@ extern "C" fn ucm_like_munmap(a: usize, l: usize) -> i32 {
 /// system call is its original's, already reported (without that, twice);
 /// patched over memhook's patch, memhook's munmap hook never runs, and
 /// the system call is what memhook sees (before the `syscall` hook:
-/// nothing).
+/// nothing). Other unmaps by `syscall` made inside the hooker's hook, its
+/// own and a signal handler's, are theirs, reported either way (taken
+/// for the call's own, they were lost).
 #[test]
 fn a_hooker_that_unmaps_by_syscall_is_seen_once_either_side_of_memhook() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let h = helper();
+    // SAFETY: a handler for a signal nothing else in the tests uses.
+    let was = unsafe {
+        libc::signal(
+            libc::SIGUSR2,
+            unmap_in_signal_handler as *const () as libc::sighandler_t,
+        )
+    };
+    assert_ne!(was, libc::SIG_ERR);
     let unmap_once = |what: &str| {
-        // SAFETY: the helpers wrap mmap and munmap; the mapping is new.
-        let p = unsafe { (h.mmap)(K64) };
-        assert_ne!(p as isize, -1);
+        // SAFETY: the helpers wrap mmap and munmap; the mappings are new.
+        let [p, own, signalled] = [(); 3].map(|()| unsafe { (h.mmap)(K64) });
+        for m in [p, own, signalled] {
+            assert_ne!(m as isize, -1);
+        }
+        UCM_OWN_UNMAP.store(own, Ordering::SeqCst);
+        SIGNAL_UNMAP.store(signalled, Ordering::SeqCst);
         let n = UCM_CALLS.load(Ordering::SeqCst);
         // SAFETY: as above.
         let log = recorded(|| assert_eq!(unsafe { (h.munmap)(p, K64) }, 0));
         assert_eq!(UCM_CALLS.load(Ordering::SeqCst) - n, 1, "{what}: the other hooker runs");
         assert_eq!(
-            about(&log, p, K64),
+            (
+                UCM_OWN_UNMAP.load(Ordering::SeqCst),
+                SIGNAL_UNMAP.load(Ordering::SeqCst)
+            ),
+            (0, 0),
+            "{what}: the hooker's own unmap and the signal handler's ran"
+        );
+        // (The three mappings may lie side by side.)
+        let at = |m: usize| log.iter().copied().filter(|r| r.1 == m).collect::<Vec<_>>();
+        assert_eq!(
+            at(p),
             [(bits::VM_UNMAPPED, p, K64, 0), (bits::MUNMAP, p, K64, 0)],
             "{what}: memhook reports it once"
         );
+        for (m, whose) in [(own, "the hooker's own"), (signalled, "the signal handler's")] {
+            assert_eq!(
+                at(m),
+                [(bits::VM_UNMAPPED, m, K64, 0), (bits::MUNMAP, m, K64, 0)],
+                "{what}: {whose} unmap is reported"
+            );
+        }
     };
     let patch = || {
         // SAFETY: ucm_like_munmap has munmap's signature and unmaps.
@@ -2897,6 +2955,8 @@ fn a_hooker_that_unmaps_by_syscall_is_seen_once_either_side_of_memhook() {
     unmap_once("patched after memhook");
     other.unpatch().map_err(|(_, e)| e).unwrap();
     drop(session);
+    // SAFETY: the disposition the test found.
+    unsafe { libc::signal(libc::SIGUSR2, was) };
 }
 
 /// Another hooker patches over memhook's patch of `mmap` after memhook
