@@ -14,8 +14,11 @@
 //! - `open_truncate/unhooked` vs `open_truncate/hooked`: `open(O_TRUNC)`
 //!   of a file of one byte (written again before each, untimed), then
 //!   `close`: hooked with one empty `VM_UNMAPPED` handler, the hook looks
-//!   at the file and reads `/proc/self/maps` for its mappings (it has
-//!   none), the cost that grows with the process's mappings.
+//!   at the file, which no mapping maps (the filter of mapped files
+//!   answers); `open_truncate/hooked_mapped`: the same file mapped (a
+//!   page, kept), whose mappings the hook then looks for over the
+//!   process's mappings of files (`--bench maps` has that look alone),
+//!   and reports unmapped.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -108,7 +111,14 @@ fn open_truncate(c: &mut Criterion) {
     let dir = std::env::temp_dir().join(format!("memhook-bench-open-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("file");
-    let file = std::fs::File::create(&path).unwrap();
+    // (Readable too: mapped below.)
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
     let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
     let rounds = |id: &str, iters: u64| {
@@ -132,6 +142,15 @@ fn open_truncate(c: &mut Criterion) {
     memhook::install(&config());
     let id = memhook::set_handler(bits::VM_UNMAPPED, 0, HandlerFn::Rust(&empty)).unwrap();
     g.bench_function("hooked", |b| b.iter_custom(|iters| rounds("open hooked", iters)));
+    // SAFETY: a shared mapping of the bench's file, never touched (the
+    // truncations leave nothing behind it), unmapped below.
+    let mapped = unsafe { libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_SHARED, fd, 0) };
+    assert_ne!(mapped, libc::MAP_FAILED);
+    g.bench_function("hooked_mapped", |b| {
+        b.iter_custom(|iters| rounds("open hooked mapped", iters))
+    });
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(mapped, 4096) };
     memhook::unset_handler(id).unwrap();
     memhook::uninstall();
     g.finish();
@@ -189,5 +208,13 @@ fn main() {
         medians::ns(plain),
         medians::added(hooked, plain),
         medians::ratio(hooked, plain)
+    );
+    let mapped = medians::median("open hooked mapped", SAMPLES);
+    println!(
+        "median open(O_TRUNC)+close of the same file mapped: hooked {} against unhooked {}: added {} ({})",
+        medians::ns(mapped),
+        medians::ns(plain),
+        medians::added(mapped, plain),
+        medians::ratio(mapped, plain)
     );
 }

@@ -1241,7 +1241,8 @@ pub(crate) fn discarded(address: usize, size: usize, advice: c_int) -> Option<Ev
 /// of each, before the call, as for `fallocate`'s punched hole (the
 /// range's own are the call's own dispatch's to report). Returns
 /// [`FILE_MAPPINGS`] as it was before the look, the second look's cue.
-/// Reads `/proc/self/maps` once per mapping in the range: a rare call.
+/// Looks at the mappings in the range once, and at the process's
+/// mappings of files once per shared mapping among them: a rare call.
 /// Keeps errno (it runs before the call, whose caller sees its own).
 #[cold]
 fn report_removed(addr: usize, len: usize) -> u64 {
@@ -1252,27 +1253,18 @@ fn report_removed(addr: usize, len: usize) -> u64 {
 fn report_removed_mappings(addr: usize, len: usize) -> u64 {
     let mappings = FILE_MAPPINGS.load(Ordering::SeqCst);
     let end = addr.saturating_add(whole_pages(addr, len));
-    let mut at = addr;
-    while at < end {
-        let mut next = None;
-        let _ = crate::maps::for_each(|m| {
-            if m.end > at {
-                next = Some(*m);
-                return core::ops::ControlFlow::Break(());
-            }
-            core::ops::ControlFlow::Continue(())
-        });
-        let Some(m) = next.filter(|m| m.start < end) else {
-            break;
-        };
+    let _ = crate::maps::for_each_past(addr, |m| {
+        if m.start >= end {
+            return core::ops::ControlFlow::Break(());
+        }
         if m.shared {
-            let lo = at.max(m.start);
+            let lo = addr.max(m.start);
             let offset = m.offset + (lo - m.start) as u64;
             let bytes = (end.min(m.end) - lo) as u64;
             report_discarded_ranges((m.dev, m.inode), offset, offset + bytes, addr..end);
         }
-        at = m.end;
-    }
+        core::ops::ControlFlow::Continue(())
+    });
     mappings
 }
 
@@ -2482,7 +2474,7 @@ fn report_discarded_ranges((dev, inode): FileId, from: u64, to: u64, own: core::
     let page = page_size() as u64;
     let mut filter = mapped_files::Building::begin();
     keeping_errno(|| {
-        let read = crate::maps::for_each(|m| {
+        let read = crate::maps::for_each_of_files(|m| {
             if m.inode != 0 {
                 filter.add((m.dev, m.inode));
             }

@@ -34,7 +34,7 @@ use core::ffi::c_int;
 use core::ops::ControlFlow;
 use core::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
-use crate::maps::{Mapping, keeping_errno, page_size};
+use crate::maps::{Ask, Mapping, Queries, keeping_errno, page_size};
 
 /// `statfs.f_type` of hugetlbfs.
 const HUGETLBFS_MAGIC: u32 = 0x9584_58f6;
@@ -65,11 +65,6 @@ static PRESENT: AtomicU64 = AtomicU64::new(0);
 const ABSENT: u64 = 1;
 const PRESENT_NOW: u64 = 2;
 const FORGOTTEN: u64 = 4;
-
-/// Whether `PROCMAP_QUERY` answers here.
-static QUERY: AtomicU8 = AtomicU8::new(0);
-const QUERY_WORKS: u8 = 1;
-const QUERY_REFUSED: u8 = 2;
 
 /// How hugetlb memory is sized here (`memhook doctor`'s `hugetlb:` line).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -445,18 +440,18 @@ fn look() -> bool {
 /// [`look`]'s work.
 fn look_over() -> bool {
     let base = page_size();
-    let by_query = with_maps(|fd| {
+    let by_query = Queries::open().and_then(|q| {
         let mut at = 0usize;
         loop {
-            match query_on(fd, at, true) {
-                Ok(Some((_, end, page))) => {
+            match q.ask(at, Ask::HOLDING.or_next()) {
+                Ok(Some((m, page))) => {
                     if page > base {
                         return Ok(true);
                     }
-                    if end <= at {
+                    if m.end <= at {
                         return Ok(false);
                     }
-                    at = end;
+                    at = m.end;
                 }
                 Ok(None) => return Ok(false),
                 Err(()) => return Err(()),
@@ -479,99 +474,14 @@ fn look_over() -> bool {
     found
 }
 
-/// `struct procmap_query` (linux/fs.h, Linux 6.11).
-#[repr(C)]
-#[derive(Default)]
-struct ProcmapQuery {
-    size: u64,
-    query_flags: u64,
-    query_addr: u64,
-    vma_start: u64,
-    vma_end: u64,
-    vma_flags: u64,
-    vma_page_size: u64,
-    vma_offset: u64,
-    inode: u64,
-    dev_major: u32,
-    dev_minor: u32,
-    vma_name_size: u32,
-    build_id_size: u32,
-    vma_name_addr: u64,
-    build_id_addr: u64,
-}
-
-/// `_IOWR('f', 17, struct procmap_query)`.
-const PROCMAP_QUERY: libc::c_ulong = 0xc068_6611;
-/// The mapping that holds the address, or else the next one.
-const COVERING_OR_NEXT_VMA: u64 = 0x10;
-
-const _: () = assert!(size_of::<ProcmapQuery>() == 104);
-
 /// `PROCMAP_QUERY` of the mapping that holds `addr` (or, with `next`, of
 /// the first one that ends past it): its start, end and page size, or
 /// `None` where there is none; `Err` where the kernel does not answer
 /// (older than 6.11, no `/proc`).
 fn query(addr: usize, next: bool) -> Result<Option<(usize, usize, usize)>, ()> {
-    with_maps(|fd| query_on(fd, addr, next))
-}
-
-/// Runs `f` with `/proc/self/maps` open (`Err` where it cannot be opened,
-/// or `PROCMAP_QUERY` is known not to answer).
-fn with_maps<R>(f: impl FnOnce(c_int) -> Result<R, ()>) -> Result<R, ()> {
-    if QUERY.load(Ordering::Relaxed) == QUERY_REFUSED || query_off() {
-        return Err(());
-    }
-    // (Closed below.)
-    let fd = crate::maps::open_at(libc::AT_FDCWD, c"/proc/self/maps", libc::O_RDONLY | libc::O_CLOEXEC);
-    if fd < 0 {
-        return Err(());
-    }
-    let result = f(fd);
-    // SAFETY: the descriptor opened above, closed once.
-    unsafe { libc::close(fd) };
-    result
-}
-
-/// [`query`] on `/proc/self/maps` open at `fd`.
-fn query_on(fd: c_int, addr: usize, next: bool) -> Result<Option<(usize, usize, usize)>, ()> {
-    let mut q = ProcmapQuery {
-        size: size_of::<ProcmapQuery>() as u64,
-        query_flags: if next { COVERING_OR_NEXT_VMA } else { 0 },
-        query_addr: addr as u64,
-        ..ProcmapQuery::default()
-    };
-    // SAFETY: PROCMAP_QUERY reads and writes `q`, whose size it is told
-    // (no name or build id asked: their addresses are 0); a kernel
-    // without it fails the call (ENOTTY) and touches nothing.
-    let r = unsafe { libc::ioctl(fd, PROCMAP_QUERY as _, &mut q) };
-    let e = crate::maps::errno();
-    if r == 0 {
-        QUERY.store(QUERY_WORKS, Ordering::Relaxed);
-        return Ok(Some((
-            q.vma_start as usize,
-            q.vma_end as usize,
-            q.vma_page_size as usize,
-        )));
-    }
-    if e == libc::ENOENT {
-        // No mapping there (a kernel without the call says ENOTTY).
-        QUERY.store(QUERY_WORKS, Ordering::Relaxed);
-        return Ok(None);
-    }
-    if matches!(e, libc::ENOTTY | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS) {
-        QUERY.store(QUERY_REFUSED, Ordering::Relaxed);
-    }
-    Err(())
-}
-
-/// Whether a test turned [`query`] off (as on a kernel older than 6.11,
-/// so that the way by `/proc/self/maps` is taken).
-#[inline(always)]
-fn query_off() -> bool {
-    #[cfg(test)]
-    return tests::QUERY_OFF.load(Ordering::Relaxed);
-    #[cfg(not(test))]
-    false
+    let ask = if next { Ask::HOLDING.or_next() } else { Ask::HOLDING };
+    let found = Queries::open()?.ask(addr, ask)?;
+    Ok(found.map(|(m, page)| (m.start, m.end, page)))
 }
 
 /// The page size of a mapping by its line in `/proc/self/maps`: a huge
@@ -679,16 +589,14 @@ fn page_size_option(value: &[u8]) -> Option<usize> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use core::sync::atomic::AtomicBool;
     use memhook_core::event::Event;
     use std::sync::Mutex;
 
-    /// [`query`] answers `Err` while set.
-    pub(crate) static QUERY_OFF: AtomicBool = AtomicBool::new(false);
+    use crate::maps::tests::QUERY_OFF;
     /// [`madvise_rounds_up`]'s answer while not 0: 1 no, 2 yes.
     pub(crate) static ROUNDS_UP: AtomicU8 = AtomicU8::new(0);
     /// Taken by the tests that set those, or map hugetlb memory.
-    static HUGE_TESTS: Mutex<()> = Mutex::new(());
+    pub(crate) static HUGE_TESTS: Mutex<()> = Mutex::new(());
 
     const M2: usize = 2 << 20;
 

@@ -2,9 +2,16 @@
 //!
 //! Each call opens the file itself and parses it through a buffer on its own
 //! stack, so concurrent readers never share state, and an allocator that
-//! embeds memhook can call it.
+//! embeds memhook can call it. Where the kernel answers `PROCMAP_QUERY`
+//! (Linux 6.11), a question about one address ([`find`]) asks it of that
+//! mapping alone, in binary (about 0.2 us, where the text is generated and
+//! parsed line by line up to the address), and a look at the mappings of
+//! files ([`for_each_of_files`]) has the kernel pass over the anonymous
+//! ones; elsewhere the text is read.
 
+use core::ffi::c_int;
 use core::ops::ControlFlow;
+use core::sync::atomic::{AtomicU8, Ordering};
 
 /// Longest path kept per mapping (longer ones are cut).
 pub const PATH_CAPACITY: usize = 256;
@@ -26,14 +33,19 @@ pub struct Mapping {
     pub dev: (u32, u32),
     /// The file's inode; 0 for anonymous memory.
     pub inode: u64,
-    path: [u8; PATH_CAPACITY],
+    /// The path: its first `path_len` bytes are written, the rest not
+    /// (a line's parse writes only what the path has: most are short,
+    /// many empty).
+    path: [core::mem::MaybeUninit<u8>; PATH_CAPACITY],
     path_len: usize,
 }
 
 impl Mapping {
     /// The path or pseudo-path (`[heap]`, `[vdso]`), possibly empty.
     pub fn path(&self) -> &[u8] {
-        &self.path[..self.path_len]
+        // SAFETY: `parse_line` wrote the first `path_len` bytes (at most
+        // PATH_CAPACITY), and nothing unwrites them.
+        unsafe { core::slice::from_raw_parts(self.path.as_ptr().cast::<u8>(), self.path_len) }
     }
 
     /// Whether this maps an NVIDIA device file (`/dev/nvidia0`,
@@ -62,26 +74,101 @@ impl core::fmt::Debug for Mapping {
     }
 }
 
-fn hex(field: &[u8]) -> Option<u64> {
-    if field.is_empty() || field.len() > 16 {
-        return None;
+/// The value of a hexadecimal digit, either case.
+#[inline(always)]
+fn hex_digit(c: u8) -> Option<u64> {
+    match c {
+        b'0'..=b'9' => Some(u64::from(c - b'0')),
+        b'a'..=b'f' => Some(u64::from(c - b'a' + 10)),
+        b'A'..=b'F' => Some(u64::from(c - b'A' + 10)),
+        _ => None,
     }
-    let mut v = 0u64;
-    for &c in field {
-        let d = (c as char).to_digit(16)?;
-        v = (v << 4) | d as u64;
-    }
-    Some(v)
 }
 
-fn decimal(field: &[u8]) -> Option<u64> {
-    if field.is_empty() || field.len() > 20 {
-        return None;
+/// A line's fields, read once from the front: each step skips the spaces
+/// before a field (one or more part them), reads it and stops on the
+/// byte after it.
+struct Fields<'a> {
+    line: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Fields<'a> {
+    /// Moves past the spaces at the cursor.
+    #[inline(always)]
+    fn skip_spaces(&mut self) {
+        while self.line.get(self.at) == Some(&b' ') {
+            self.at += 1;
+        }
     }
-    field.iter().try_fold(0u64, |v, &c| {
-        let d = (c as char).to_digit(10)?;
-        v.checked_mul(10)?.checked_add(u64::from(d))
-    })
+
+    /// Whether the byte at the cursor ends a field that `end` ends: `end`
+    /// itself (taken), or, for a field ended by a space, the line's end.
+    #[inline(always)]
+    fn ends(&mut self, end: u8) -> Option<bool> {
+        match self.line.get(self.at) {
+            Some(&c) if c == end => {
+                self.at += 1;
+                Some(true)
+            }
+            Some(_) => Some(false),
+            None if end == b' ' => Some(true),
+            None => None,
+        }
+    }
+
+    /// A hexadecimal number of one to sixteen digits ended by `end`.
+    #[inline(always)]
+    fn hex(&mut self, end: u8) -> Option<u64> {
+        self.skip_spaces();
+        let (mut v, mut digits) = (0u64, 0);
+        while !self.ends(end)? {
+            let d = hex_digit(self.line[self.at])?;
+            digits += 1;
+            if digits > 16 {
+                return None;
+            }
+            v = (v << 4) | d;
+            self.at += 1;
+        }
+        (digits > 0).then_some(v)
+    }
+
+    /// A decimal number of one to twenty digits that fits in 64 bits,
+    /// ended by a space or the line's end.
+    #[inline(always)]
+    fn decimal(&mut self) -> Option<u64> {
+        self.skip_spaces();
+        let (mut v, mut digits) = (0u64, 0);
+        while !self.ends(b' ')? {
+            let c = self.line[self.at];
+            if !c.is_ascii_digit() {
+                return None;
+            }
+            digits += 1;
+            v = v.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+            self.at += 1;
+        }
+        (digits > 0).then_some(v)
+    }
+
+    /// The next field as it is: the bytes up to a space or the end.
+    #[inline(always)]
+    fn word(&mut self) -> &'a [u8] {
+        self.skip_spaces();
+        let from = self.at;
+        while self.line.get(self.at).is_some_and(|&c| c != b' ') {
+            self.at += 1;
+        }
+        &self.line[from..self.at]
+    }
+
+    /// The rest of the line past the spaces at the cursor.
+    #[inline(always)]
+    fn rest(&mut self) -> &'a [u8] {
+        self.skip_spaces();
+        &self.line[self.at..]
+    }
 }
 
 /// A decimal number of one to nine digits (a thread id, a device
@@ -93,19 +180,18 @@ pub(crate) fn parse_decimal(name: &[u8]) -> Option<i32> {
     Some(name.iter().fold(0i32, |v, &b| v * 10 + i32::from(b - b'0')))
 }
 
-/// Parses one line (without its newline).
+/// Parses one line (without its newline): fields parted by spaces (one
+/// or more), the path the rest of the line after the inode's. Each byte
+/// is read once (a process's maps may have thousands of lines, read
+/// whole for a truncation's look).
 pub fn parse_line(line: &[u8]) -> Option<Mapping> {
-    let mut fields = line.split(|&c| c == b' ').filter(|f| !f.is_empty());
-    let range = fields.next()?;
-    let perms = fields.next()?;
-    let offset = hex(fields.next()?)?;
-    let dev = fields.next()?;
-    let colon = dev.iter().position(|&c| c == b':')?;
-    let dev = (hex(&dev[..colon])? as u32, hex(&dev[colon + 1..])? as u32);
-    let inode = decimal(fields.next()?)?;
-    let dash = range.iter().position(|&c| c == b'-')?;
-    let start = hex(&range[..dash])? as usize;
-    let end = hex(&range[dash + 1..])? as usize;
+    let mut fields = Fields { line, at: 0 };
+    let start = fields.hex(b'-')? as usize;
+    let end = fields.hex(b' ')? as usize;
+    let perms = fields.word();
+    let offset = fields.hex(b' ')?;
+    let dev = (fields.hex(b':')? as u32, fields.hex(b' ')? as u32);
+    let inode = fields.decimal()?;
     if perms.len() < 4 || end < start {
         return None;
     }
@@ -128,16 +214,15 @@ pub fn parse_line(line: &[u8]) -> Option<Mapping> {
         offset,
         dev,
         inode,
-        path: [0; PATH_CAPACITY],
+        path: [core::mem::MaybeUninit::uninit(); PATH_CAPACITY],
         path_len: 0,
     };
-    if let Some(first) = fields.next() {
-        let at = first.as_ptr() as usize - line.as_ptr() as usize;
-        let path = &line[at..];
-        let n = path.len().min(PATH_CAPACITY);
-        m.path[..n].copy_from_slice(&path[..n]);
-        m.path_len = n;
-    }
+    let path = fields.rest();
+    let n = path.len().min(PATH_CAPACITY);
+    // SAFETY: `n` bytes from the line into the path's first `n`, which
+    // do not overlap (`m` is this frame's).
+    unsafe { core::ptr::copy_nonoverlapping(path.as_ptr(), m.path.as_mut_ptr().cast::<u8>(), n) };
+    m.path_len = n;
     Some(m)
 }
 
@@ -218,8 +303,18 @@ pub(crate) fn for_each_line(path: &core::ffi::CStr, mut f: impl FnMut(&[u8]) -> 
     result
 }
 
-/// The mapping that contains `addr`, if any.
+/// The mapping that contains `addr`, if any: asked of the kernel
+/// ([`Queries`]), or read from the text where it does not answer.
 pub fn find(addr: usize) -> Option<Mapping> {
+    match Queries::open().and_then(|q| q.ask(addr, Ask::HOLDING.with_path())) {
+        Ok(found) => found.map(|(m, _)| m),
+        Err(()) => find_by_text(addr),
+    }
+}
+
+/// [`find`] by the text alone, as on a kernel older than 6.11 (`--bench
+/// maps` compares the two).
+pub fn find_by_text(addr: usize) -> Option<Mapping> {
     let mut found = None;
     let _ = for_each(|m| {
         if m.contains(addr) {
@@ -232,6 +327,235 @@ pub fn find(addr: usize) -> Option<Mapping> {
         ControlFlow::Continue(())
     });
     found
+}
+
+/// Calls `f` with each mapping of a file (shared anonymous memory, a SysV
+/// segment and a memfd are files too), in address order, until it
+/// breaks; where the kernel does not answer [`Queries`], with every
+/// mapping (`f` tells a file's by its inode). The paths are not read.
+/// The look of a call that empties a file (a truncating `open`, an
+/// `ftruncate`) for the file's mappings.
+///
+/// # Errors
+///
+/// The errno of a failed `open` or `read` of the text.
+pub fn for_each_of_files(f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
+    for_each_from(0, Ask::FILES, f)
+}
+
+/// Calls `f` with each mapping that ends past `addr` (the one that holds
+/// it first), in address order, until it breaks (as [`for_each`]; by
+/// [`Queries`] where the kernel answers).
+///
+/// # Errors
+///
+/// As [`for_each`].
+pub(crate) fn for_each_past(addr: usize, f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
+    for_each_from(addr, Ask::HOLDING, f)
+}
+
+/// Calls `f` with each mapping `ask` selects (files alone, or all) that
+/// ends past `addr`, in address order, until it breaks: by [`Queries`],
+/// or by the text (every mapping past `addr`) where the kernel does not
+/// answer them, from the start or from where they stopped answering.
+fn for_each_from(addr: usize, ask: Ask, mut f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
+    let mut at = addr;
+    if let Ok(q) = Queries::open() {
+        loop {
+            match q.ask(at, ask.or_next()) {
+                Ok(Some((m, _))) => {
+                    if f(&m).is_break() {
+                        return Ok(());
+                    }
+                    if m.end <= at {
+                        return Ok(()); // (the top of the address space)
+                    }
+                    at = m.end;
+                }
+                Ok(None) => return Ok(()),
+                Err(()) => break,
+            }
+        }
+    }
+    for_each(|m| if m.end > at { f(m) } else { ControlFlow::Continue(()) })
+}
+
+/// What [`Queries::ask`] asks for.
+#[derive(Clone, Copy)]
+pub(crate) struct Ask {
+    flags: u64,
+    path: bool,
+}
+
+impl Ask {
+    /// The mapping that holds the address.
+    pub(crate) const HOLDING: Ask = Ask { flags: 0, path: false };
+    /// The mapping of a file that holds the address.
+    const FILES: Ask = Ask {
+        flags: FILE_BACKED_VMA,
+        path: false,
+    };
+
+    /// Or else the first one past it.
+    pub(crate) const fn or_next(self) -> Ask {
+        Ask {
+            flags: self.flags | COVERING_OR_NEXT_VMA,
+            ..self
+        }
+    }
+
+    /// With its path (a path longer than [`PATH_CAPACITY`] makes the
+    /// question fail: the text has it, cut).
+    const fn with_path(self) -> Ask {
+        Ask { path: true, ..self }
+    }
+}
+
+/// `struct procmap_query` (linux/fs.h, Linux 6.11).
+#[repr(C)]
+#[derive(Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+const _: () = assert!(size_of::<ProcmapQuery>() == 104);
+
+/// `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: libc::c_ulong = 0xc068_6611;
+/// The mapping that holds the address, or else the next one.
+const COVERING_OR_NEXT_VMA: u64 = 0x10;
+/// Mappings of files alone.
+const FILE_BACKED_VMA: u64 = 0x20;
+/// `vma_flags`' bits.
+const VMA_READABLE: u64 = 0x1;
+const VMA_WRITABLE: u64 = 0x2;
+const VMA_EXECUTABLE: u64 = 0x4;
+const VMA_SHARED: u64 = 0x8;
+
+/// Whether `PROCMAP_QUERY` answers here: not known yet, yes, or no.
+static QUERY: AtomicU8 = AtomicU8::new(0);
+const QUERY_WORKS: u8 = 1;
+const QUERY_REFUSED: u8 = 2;
+
+/// `/proc/self/maps` open for `PROCMAP_QUERY` (Linux 6.11): a mapping
+/// asked of the kernel by address, in binary, about 0.2 us a question
+/// (dev VM), where the text is generated and parsed line by line (about
+/// 0.17 us a line); a question for the mappings of files has the kernel
+/// pass over the anonymous ones. Closed when dropped.
+pub(crate) struct Queries {
+    fd: c_int,
+}
+
+impl Queries {
+    /// `Err` where the file cannot be opened, or the kernel is known not
+    /// to answer.
+    pub(crate) fn open() -> Result<Queries, ()> {
+        if QUERY.load(Ordering::Relaxed) == QUERY_REFUSED || query_off() {
+            return Err(());
+        }
+        let fd = open_at(libc::AT_FDCWD, c"/proc/self/maps", libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(());
+        }
+        Ok(Queries { fd })
+    }
+
+    /// The mapping `ask` asks for at `addr`, with its page size; `None`
+    /// where there is none; `Err` where the kernel does not answer (older
+    /// than 6.11; a path longer than asked for).
+    pub(crate) fn ask(&self, addr: usize, ask: Ask) -> Result<Option<(Mapping, usize)>, ()> {
+        let mut m = Mapping {
+            start: 0,
+            end: 0,
+            prot: 0,
+            shared: false,
+            offset: 0,
+            dev: (0, 0),
+            inode: 0,
+            path: [core::mem::MaybeUninit::uninit(); PATH_CAPACITY],
+            path_len: 0,
+        };
+        let mut q = ProcmapQuery {
+            size: size_of::<ProcmapQuery>() as u64,
+            query_flags: ask.flags,
+            query_addr: addr as u64,
+            ..ProcmapQuery::default()
+        };
+        if ask.path {
+            q.vma_name_addr = m.path.as_mut_ptr() as u64;
+            q.vma_name_size = PATH_CAPACITY as u32;
+        }
+        // SAFETY: PROCMAP_QUERY reads and writes `q`, whose size it is
+        // told, and writes at most `vma_name_size` bytes at
+        // `vma_name_addr` (the mapping's path buffer, as long; 0: none);
+        // a kernel without it fails the call (ENOTTY) and touches nothing.
+        let r = unsafe { libc::ioctl(self.fd, PROCMAP_QUERY as _, &mut q) };
+        if r != 0 {
+            let e = errno();
+            if e == libc::ENOENT {
+                // None there (a kernel without the call says ENOTTY).
+                QUERY.store(QUERY_WORKS, Ordering::Relaxed);
+                return Ok(None);
+            }
+            // Refused for good (an older kernel; a seccomp filter on
+            // `ioctl`): the text from now on.
+            if matches!(
+                e,
+                libc::ENOTTY | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS | libc::EPERM | libc::EACCES
+            ) {
+                QUERY.store(QUERY_REFUSED, Ordering::Relaxed);
+            }
+            return Err(());
+        }
+        QUERY.store(QUERY_WORKS, Ordering::Relaxed);
+        let f = q.vma_flags;
+        let bit = |b: u64, prot: i32| if f & b != 0 { prot } else { 0 };
+        m.start = q.vma_start as usize;
+        m.end = q.vma_end as usize;
+        m.prot = bit(VMA_READABLE, libc::PROT_READ)
+            | bit(VMA_WRITABLE, libc::PROT_WRITE)
+            | bit(VMA_EXECUTABLE, libc::PROT_EXEC);
+        m.shared = f & VMA_SHARED != 0;
+        m.offset = q.vma_offset;
+        m.dev = (q.dev_major, q.dev_minor);
+        m.inode = q.inode;
+        if ask.path {
+            // The length with its NUL (0: no name); the kernel wrote it.
+            m.path_len = (q.vma_name_size as usize).saturating_sub(1).min(PATH_CAPACITY);
+        }
+        Ok(Some((m, q.vma_page_size as usize)))
+    }
+}
+
+impl Drop for Queries {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor `open` opened, closed once.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
+/// Whether a test turned [`Queries`] off (as on a kernel older than
+/// 6.11, so that the way by the text is taken).
+#[inline(always)]
+fn query_off() -> bool {
+    #[cfg(test)]
+    return tests::QUERY_OFF.load(Ordering::Relaxed);
+    #[cfg(not(test))]
+    false
 }
 
 /// The base page size: 4 KiB on x86_64; elsewhere (arm64 kernels use 4,
@@ -337,8 +661,12 @@ pub(crate) fn unmap_guarded_pages(base: usize, pages: usize) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use core::sync::atomic::AtomicBool;
+
+    /// [`Queries::open`] answers `Err` while set.
+    pub(crate) static QUERY_OFF: AtomicBool = AtomicBool::new(false);
 
     #[test]
     fn parses_lines_with_and_without_paths() {
@@ -359,6 +687,34 @@ mod tests {
         assert_eq!(m.path(), b"/tmp/a file (deleted)");
         assert!(parse_line(b"garbage").is_none());
         assert!(parse_line(b"2000-1000 rw-p 0 00:00 0").is_none());
+        // Fields parted by more than one space; none after the inode.
+        let m = parse_line(b"1000-2000  r--p  10  fd:01  77").unwrap();
+        assert_eq!(
+            (m.start, m.end, m.offset, m.dev, m.inode),
+            (0x1000, 0x2000, 0x10, (0xfd, 1), 77)
+        );
+        assert!(m.path().is_empty() && !m.shared && m.prot == libc::PROT_READ);
+        // Sixteen hex digits at most; a field cut short; no digits.
+        assert!(parse_line(b"ffffffffffffffff-ffffffffffffffff rw-p 0 00:00 0").is_some());
+        assert!(parse_line(b"10000000000000000-1 rw-p 0 00:00 0").is_none());
+        for bad in [
+            &b""[..],
+            b"1000-2000",
+            b"1000-2000 rw-p",
+            b"1000-2000 rw-p 0 00:00",
+            b"1000-2000 rw- 0 00:00 0",
+            b"1000-2000 rw-p 0x0 00:00 0",
+            b"1000-2000 rw-p 0 0000 0",
+            b"1000-2000 rw-p 0 :00 0",
+            b"1000-2000 rw-p 0 00: 0",
+            b"1000- rw-p 0 00:00 0",
+            b"-2000 rw-p 0 00:00 0",
+            b"1000-2000-3000 rw-p 0 00:00 0",
+            b"1000-2000 rw-p 0 00:00 1a /x",
+            b"1000-2000 rw-p 0 00:00 -1 /x",
+        ] {
+            assert!(parse_line(bad).is_none(), "{}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[test]
@@ -374,6 +730,178 @@ mod tests {
         ));
         assert!(!gpu(b"1000-2000 rw-p 00000000 00:00 0 "));
         assert!(!gpu(b"1000-2000 rw-p 00000000 00:00 0 /dev/zero (deleted)"));
+    }
+
+    /// A mapping's fields, path included, for comparisons.
+    type Fields = (usize, usize, i32, bool, u64, (u32, u32), u64, Vec<u8>);
+
+    fn fields(m: &Mapping) -> Fields {
+        (
+            m.start,
+            m.end,
+            m.prot,
+            m.shared,
+            m.offset,
+            m.dev,
+            m.inode,
+            m.path().to_vec(),
+        )
+    }
+
+    /// Every mapping, by the text.
+    fn text() -> Vec<Fields> {
+        let mut all = Vec::new();
+        for_each(|m| {
+            all.push(fields(m));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        all
+    }
+
+    /// A file of three pages mapped shared with its middle page made
+    /// read-only (three mappings), beside an anonymous one: the kernel
+    /// tells each as the text does, and asked for the mappings of files,
+    /// gives each of the text's (the other tests' mappings may come and
+    /// go meanwhile: only one present in two reads of the text is
+    /// required, only one in either allowed); the same by the text alone,
+    /// as on a kernel older than 6.11.
+    #[test]
+    fn queries_tell_each_mapping_as_the_text_does() {
+        // (The hugetlb tests turn the queries off too.)
+        let _t = crate::hugetlb::tests::HUGE_TESTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let page = page_size();
+        let path = std::env::temp_dir().join(format!("memhook-maps-query-{}", std::process::id()));
+        std::fs::write(&path, vec![7u8; 3 * page]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh shared read-only mapping of the test's file,
+        // and an anonymous one; both unmapped below.
+        let (f, anon) = unsafe {
+            let f = libc::mmap(
+                core::ptr::null_mut(),
+                3 * page,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            );
+            assert_ne!(f, libc::MAP_FAILED);
+            assert_eq!(
+                libc::mprotect(f.cast::<u8>().add(page).cast(), page, libc::PROT_NONE),
+                0
+            );
+            (f as usize, guarded_pages(2))
+        };
+        let q = Queries::open();
+        // (A kernel older than 6.11: `find` reads the text.)
+        let asked = |addr: usize| match &q {
+            Ok(q) => fields(&q.ask(addr, Ask::HOLDING.with_path()).unwrap().unwrap().0),
+            Err(()) => fields(&find(addr).unwrap()),
+        };
+        let want = path.as_os_str().as_encoded_bytes().to_vec();
+        for (at, prot, offset) in [
+            (f, libc::PROT_READ, 0),
+            (f + page, 0, page),
+            (f + 2 * page, libc::PROT_READ, 2 * page),
+        ] {
+            let by_text = fields(&find_by_text(at + 1).unwrap());
+            assert_eq!(by_text.7, want);
+            assert_eq!(
+                (by_text.0, by_text.1, by_text.2, by_text.3, by_text.4),
+                (at, at + page, prot, true, offset as u64)
+            );
+            assert_eq!(asked(at + 1), by_text, "the file's page at {at:#x}");
+            assert_eq!(fields(&find(at + page - 1).unwrap()), by_text);
+        }
+        let by_text = fields(&find_by_text(anon).unwrap());
+        assert_eq!(asked(anon + page), by_text, "anonymous");
+        assert!(!by_text.3 && by_text.6 == 0 && by_text.7.is_empty());
+        // Nothing is mapped in the first page (below mmap_min_addr).
+        assert!(find(0).is_none());
+        if let Ok(q) = &q {
+            assert!(q.ask(0, Ask::HOLDING).unwrap().is_none());
+        }
+        // The mappings of files, and every mapping past an address.
+        let queries = q.is_ok();
+        drop(q);
+        for off in [!queries, true] {
+            QUERY_OFF.store(off, Ordering::Relaxed);
+            look_past_and_at_files(f, anon, off);
+        }
+        QUERY_OFF.store(false, Ordering::Relaxed);
+        // SAFETY: the test's own mappings.
+        unsafe { libc::munmap(f as *mut libc::c_void, 3 * page) };
+        unmap_guarded_pages(anon, 2);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// [`for_each_of_files`] and [`for_each_past`] as the text lists the
+    /// mappings, the test's file's three at `f` among them.
+    fn look_past_and_at_files(f: usize, anon: usize, off: bool) {
+        let page = page_size();
+        let before = text();
+        let mut files = Vec::new();
+        for_each_of_files(|m| {
+            files.push((m.start, m.end, m.dev, m.inode));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        let mut past = Vec::new();
+        for_each_past(f + page + 1, |m| {
+            past.push((m.start, m.end));
+            if past.len() == 8 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap();
+        let after = text();
+        let key = |m: &Fields| (m.0, m.1, m.5, m.6);
+        let of_files = |all: &[Fields]| all.iter().filter(|m| m.6 != 0).map(key).collect::<Vec<_>>();
+        let (b, a) = (of_files(&before), of_files(&after));
+        for m in b.iter().filter(|m| a.contains(m)) {
+            assert!(
+                files.contains(m),
+                "{m:x?} in both reads of the text, not asked (text alone: {off})"
+            );
+        }
+        for m in files.iter().filter(|m| m.3 != 0) {
+            assert!(
+                b.contains(m) || a.contains(m),
+                "{m:x?} asked, in neither read of the text"
+            );
+        }
+        if !off {
+            assert!(files.iter().all(|m| m.3 != 0), "files alone");
+        }
+        assert!(
+            files.iter().any(|m| m.0 == anon) == off,
+            "the anonymous mapping, by the text alone"
+        );
+        assert!(files.contains(&(
+            f + 2 * page,
+            f + 3 * page,
+            by_text_dev(&before, f),
+            by_text_inode(&before, f)
+        )));
+        assert_eq!(
+            past[..2],
+            [(f + page, f + 2 * page), (f + 2 * page, f + 3 * page)],
+            "the one that holds the address first"
+        );
+        assert!(past.windows(2).all(|w| w[0].1 <= w[1].0), "in order: {past:x?}");
+    }
+
+    fn by_text_dev(all: &[Fields], at: usize) -> (u32, u32) {
+        all.iter().find(|m| m.0 == at).unwrap().5
+    }
+
+    fn by_text_inode(all: &[Fields], at: usize) -> u64 {
+        all.iter().find(|m| m.0 == at).unwrap().6
     }
 
     #[test]
