@@ -1,0 +1,164 @@
+//! `memhook::maps::parse_line` against a model written the plain way
+//! (fields split at spaces, each parsed by the standard library), over
+//! lines shaped as `/proc/self/maps` writes them, with their fields
+//! mangled now and then, and over arbitrary bytes: the same mapping or
+//! the same refusal, never a panic.
+
+use memhook::maps::parse_line;
+use proptest::prelude::*;
+
+/// What a line says: start, end, protection, shared, offset, device,
+/// inode, path (cut as the parser cuts it).
+type Fields = (usize, usize, i32, bool, u64, (u32, u32), u64, Vec<u8>);
+
+/// The model: the line split at runs of spaces, the path the rest of the
+/// line from the field after the inode.
+fn model(line: &[u8]) -> Option<Fields> {
+    let text = std::str::from_utf8(line).ok()?;
+    let hex = |f: &str| {
+        (!f.is_empty() && f.len() <= 16 && f.bytes().all(|c| c.is_ascii_hexdigit()))
+            .then(|| u64::from_str_radix(f, 16).ok())
+            .flatten()
+    };
+    let mut fields = text.split(' ').filter(|f| !f.is_empty());
+    let (start, end) = fields.next()?.split_once('-')?;
+    let perms = fields.next()?.as_bytes();
+    let offset = hex(fields.next()?)?;
+    let (major, minor) = fields.next()?.split_once(':')?;
+    let inode_field = fields.next()?;
+    if inode_field.is_empty() || inode_field.len() > 20 || !inode_field.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let inode: u64 = inode_field.parse().ok()?;
+    let (start, end) = (hex(start)? as usize, hex(end)? as usize);
+    let dev = (hex(major)? as u32, hex(minor)? as u32);
+    if perms.len() < 4 || end < start {
+        return None;
+    }
+    let prot = [
+        (b'r', libc::PROT_READ),
+        (b'w', libc::PROT_WRITE),
+        (b'x', libc::PROT_EXEC),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, &(c, p))| if perms[i] == c { p } else { 0 })
+    .sum();
+    let path = match fields.next() {
+        Some(first) => {
+            let at = first.as_ptr() as usize - text.as_ptr() as usize;
+            line[at..].iter().take(memhook::maps::PATH_CAPACITY).copied().collect()
+        }
+        None => Vec::new(),
+    };
+    Some((start, end, prot, perms[3] == b's', offset, dev, inode, path))
+}
+
+fn parsed(line: &[u8]) -> Option<Fields> {
+    parse_line(line).map(|m| {
+        (
+            m.start,
+            m.end,
+            m.prot,
+            m.shared,
+            m.offset,
+            m.dev,
+            m.inode,
+            m.path().to_vec(),
+        )
+    })
+}
+
+/// A field as the kernel writes it, or now and then mangled: empty, too
+/// long, a stray character, upper case.
+fn hex_field(width: usize) -> impl Strategy<Value = String> {
+    prop_oneof![
+        12 => any::<u64>().prop_map(move |v| format!("{v:0width$x}")),
+        1 => Just(String::new()),
+        1 => any::<u64>().prop_map(|v| format!("1{v:016x}")),
+        1 => any::<u64>().prop_map(|v| format!("{v:X}")),
+        1 => "[0-9a-fx-]{1,6}",
+    ]
+}
+
+fn line() -> impl Strategy<Value = Vec<u8>> {
+    let spaces = prop_oneof![8 => Just(" ".to_string()), 1 => " {2,4}", 1 => Just(String::new())];
+    (
+        (hex_field(8), hex_field(8), "[r-][w-][x-][ps]|[rwxps-]{0,3}"),
+        (hex_field(8), hex_field(2), hex_field(2)),
+        prop_oneof![
+            10 => any::<u64>().prop_map(|v| (v % 1_000_000).to_string()),
+            1 => any::<u64>().prop_map(|v| v.to_string()),
+            1 => Just("18446744073709551616".to_string()),
+            1 => "[0-9a-]{0,4}",
+        ],
+        prop_oneof![
+            4 => Just(String::new()),
+            4 => "/[a-z0-9/._ -]{1,40}",
+            1 => "\\[(heap|stack|vdso|anon:[a-z ]{0,8})\\]",
+            1 => "/[a-z]{300,320}",
+        ],
+        proptest::collection::vec(spaces, 6),
+    )
+        .prop_map(|((start, end, perms), (offset, major, minor), inode, path, s)| {
+            format!(
+                "{start}-{end}{}{perms}{}{offset}{}{major}:{minor}{}{inode}{}{path}",
+                s[0],
+                s[1],
+                s[2],
+                s[3],
+                if path.is_empty() { &s[4] } else { "    " }
+            )
+            .into_bytes()
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    #[test]
+    fn parses_lines_as_the_model_does(line in line()) {
+        prop_assert_eq!(parsed(&line), model(&line), "{}", String::from_utf8_lossy(&line));
+    }
+
+    #[test]
+    fn refuses_what_is_no_line_as_the_model_does(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
+        // (The model reads text: a line that is not UTF-8 it refuses,
+        // where the parser may read its fields; only a mapping both read
+        // is compared, and the parser must not panic on any.)
+        let got = parsed(&bytes);
+        if std::str::from_utf8(&bytes).is_ok() {
+            prop_assert_eq!(got, model(&bytes));
+        }
+    }
+}
+
+/// The shapes the kernel writes, each parsed as the model parses it (and
+/// the model checked against known values).
+#[test]
+fn the_kernels_lines_parse_as_the_model_does() {
+    let lines: [&[u8]; 4] = [
+        b"55d0c0a4e000-55d0c0a50000 r--p 00000000 fd:01 1835269                    /usr/bin/cat",
+        b"7ffd5e1c9000-7ffd5e1ea000 rw-p 00000000 00:00 0                          [stack]",
+        b"7f3a12000000-7f3a12021000 rw-s 00000000 00:01 32778                      /SYSV00000000 (deleted)",
+        b"7f3a12021000-7f3a12022000 ---p 00000000 00:00 0 ",
+    ];
+    for line in lines {
+        assert_eq!(parsed(line), model(line), "{}", String::from_utf8_lossy(line));
+    }
+    let m = model(lines[0]).unwrap();
+    assert_eq!(
+        (m.0, m.1, m.2, m.5, m.6),
+        (0x55d0c0a4e000, 0x55d0c0a50000, libc::PROT_READ, (0xfd, 1), 1835269)
+    );
+    assert_eq!(m.7, b"/usr/bin/cat");
+    // And every line of this process's own maps.
+    for line in std::fs::read("/proc/self/maps")
+        .unwrap()
+        .split(|&c| c == b'\n')
+        .filter(|l| !l.is_empty())
+    {
+        assert!(parsed(line).is_some(), "{}", String::from_utf8_lossy(line));
+        assert_eq!(parsed(line), model(line), "{}", String::from_utf8_lossy(line));
+    }
+}
