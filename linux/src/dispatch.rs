@@ -254,13 +254,23 @@ fn frame_address() -> usize {
 
 /// Runs `original` with `local`'s thread marked as inside a hook's
 /// original (by an address in the hook's frame) that makes `own`, then
-/// puts the mark back as it was.
+/// puts the mark back as it was. The frame is 0 while the call is
+/// changed, so that a signal handler that runs in between never sees a
+/// live frame beside another original's call (it sees no mark, and its
+/// calls are its own).
 #[inline(always)]
 fn marked_original<R>(local: &Local, own: OwnCall, original: impl FnOnce() -> R) -> R {
-    let was = local.in_original.replace(frame_address());
+    use core::sync::atomic::compiler_fence;
+    let was = local.in_original.replace(0);
+    compiler_fence(Ordering::SeqCst);
     let was_call = local.own_call.replace(own);
+    compiler_fence(Ordering::SeqCst);
+    local.in_original.set(frame_address());
     let result = original();
+    local.in_original.set(0);
+    compiler_fence(Ordering::SeqCst);
     local.own_call.set(was_call);
+    compiler_fence(Ordering::SeqCst);
     local.in_original.set(was);
     result
 }
