@@ -942,10 +942,67 @@ entry! {
 /// from the first to the last; `(at, 0)` where there is none or
 /// `/proc/self/maps` cannot be read. A mapping of another segment or
 /// file laid in a hole lies inside the range too (reported unmapped
-/// with it: more than went, never less). The whole file is read (a
-/// fragment may lie past other mappings): about 0.1 ms in a process of
-/// a thousand mappings, for a call made once per attachment.
+/// with it: more than went, never less). Asked of the kernel where it
+/// answers ([`shm_attached_by`]: a few questions); else the whole text
+/// is read (a fragment may lie past other mappings): about 0.1 ms in a
+/// process of a thousand mappings.
 fn shm_attached(at: usize) -> (usize, usize) {
+    match crate::maps::Queries::open().and_then(|q| shm_attached_by(&q, at)) {
+        Ok(found) => found,
+        Err(()) => shm_attached_by_text(at),
+    }
+}
+
+/// [`shm_attached`] by `PROCMAP_QUERY`, as Linux looks: the first mapping
+/// of a SysV segment at or above `at` that maps the offset as far from
+/// `at` as it lies, then the others of that segment that do, up to the
+/// segment's size past `at` (where no fragment can lie; unbounded where
+/// the size cannot be asked). `Err` where the kernel stops answering.
+/// About 2.6 us a `shmdt` hooked, where the text took 16 us with 52
+/// mappings, 650 us with 4,000 (dev VM).
+fn shm_attached_by(q: &crate::maps::Queries, at: usize) -> Result<(usize, usize), ()> {
+    use crate::maps::Ask;
+    let fragment = |m: &crate::maps::Mapping| m.shared && m.start >= at && (m.start - at) as u64 == m.offset;
+    let mut cursor = at;
+    let first = loop {
+        let Some((m, _)) = q.ask(cursor, Ask::FILES.or_next())? else {
+            return Ok((at, 0));
+        };
+        if fragment(&m) {
+            let named = q.ask(m.start, Ask::FILES.with_path())?;
+            if named.is_some_and(|(n, _)| n.start == m.start && n.path().starts_with(b"/SYSV")) {
+                break m;
+            }
+        }
+        if m.end <= cursor {
+            return Ok((at, 0));
+        }
+        cursor = m.end;
+    };
+    // (A SysV segment's inode number is its id.)
+    let size = match shm_size(first.inode as c_int) {
+        0 => usize::MAX,
+        size => size.checked_next_multiple_of(page_size()).unwrap_or(usize::MAX),
+    };
+    let mut end = first.end;
+    cursor = first.end;
+    // (Every mapping, not only files': asked for the next mapping of a
+    // file, the kernel would pass over every anonymous one above, past
+    // the segment's end.)
+    while let Some((m, _)) = q.ask(cursor, Ask::HOLDING.or_next())? {
+        if m.end <= cursor || m.end - at > size {
+            break;
+        }
+        if fragment(&m) && m.dev == first.dev && m.inode == first.inode {
+            end = m.end;
+        }
+        cursor = m.end;
+    }
+    Ok((first.start, end - first.start))
+}
+
+/// [`shm_attached`] by the text of `/proc/self/maps`.
+fn shm_attached_by_text(at: usize) -> (usize, usize) {
     // The first fragment's file (device, inode: the segment's id, which
     // may be 0) and start; the last's end.
     let mut found: Option<((u32, u32), u64, usize)> = None;

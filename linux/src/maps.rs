@@ -391,7 +391,7 @@ impl Ask {
     /// The mapping that holds the address.
     pub(crate) const HOLDING: Ask = Ask { flags: 0, path: false };
     /// The mapping of a file that holds the address.
-    const FILES: Ask = Ask {
+    pub(crate) const FILES: Ask = Ask {
         flags: FILE_BACKED_VMA,
         path: false,
     };
@@ -406,7 +406,7 @@ impl Ask {
 
     /// With its path (a path longer than [`PATH_CAPACITY`] makes the
     /// question fail: the text has it, cut).
-    const fn with_path(self) -> Ask {
+    pub(crate) const fn with_path(self) -> Ask {
         Ask { path: true, ..self }
     }
 }
