@@ -236,6 +236,15 @@ pub fn doctor() -> i32 {
     line("memtype map:", &map_pages());
     line("hugetlb:", &hugetlb());
     line(
+        "mappings:",
+        if memhook::maps::queries_answer() {
+            "asked of the kernel (PROCMAP_QUERY): a truncated file's mappings, a shmdt's pieces, the mapping at an address"
+        } else {
+            "read from the text of /proc/self/maps (no PROCMAP_QUERY before Linux 6.11): a truncation of a mapped \
+             file or a shmdt takes time with the process's mappings"
+        },
+    );
+    line(
         "loader:",
         if memhook::reloc::sees_relocation() {
             "_dl_find_object present: reloc hooks a library only once the loader has relocated it"

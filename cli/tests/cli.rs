@@ -625,6 +625,7 @@ fn doctor_names_each_check() {
         "dispatch readers:",
         "memtype map:",
         "hugetlb:",
+        "mappings:",
         "loader:",
         "loader namespaces:",
         "libcuda:",
@@ -653,6 +654,12 @@ fn doctor_names_each_check() {
     if (major, minor) >= (6, 11) && !hugetlb.contains("no huge page sizes") {
         assert!(hugetlb.contains("PROCMAP_QUERY)"), "{release}: {hugetlb}");
     }
+    let mappings = t.lines().find(|l| l.starts_with("mappings:")).unwrap();
+    assert_eq!(
+        mappings.contains("asked of the kernel (PROCMAP_QUERY)"),
+        (major, minor) >= (6, 11),
+        "{release}: {mappings}"
+    );
     // This machine reads its threads and leaves SIGURG to the default.
     assert!(
         t.lines()

@@ -380,6 +380,18 @@ fn for_each_from(addr: usize, ask: Ask, mut f: impl FnMut(&Mapping) -> ControlFl
     for_each(|m| if m.end > at { f(m) } else { ControlFlow::Continue(()) })
 }
 
+/// Whether the kernel answers `PROCMAP_QUERY` here (Linux 6.11; not
+/// under a seccomp filter that refuses the `ioctl`, nor under qemu-user,
+/// which makes up `/proc/self/maps`): the looks at the mappings that
+/// [`find`], [`for_each_of_files`] and the `shmdt` hook make ask it;
+/// else they read the text. (`memhook doctor`'s `mappings:` line.)
+pub fn queries_answer() -> bool {
+    let here = queries_answer as *const () as usize;
+    Queries::open()
+        .and_then(|q| q.ask(here, Ask::HOLDING))
+        .is_ok_and(|m| m.is_some())
+}
+
 /// What [`Queries::ask`] asks for.
 #[derive(Clone, Copy)]
 pub(crate) struct Ask {

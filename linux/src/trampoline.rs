@@ -106,7 +106,7 @@ fn map_near(near: usize, reach: usize) -> Option<usize> {
             )
         };
         if p == -1 {
-            continue; // glibc's syscall() gives -1 for every error
+            continue; // `syscall!` answers -1 for every error, as libc's `syscall`
         }
         if p as usize == at {
             return Some(at);
