@@ -964,14 +964,14 @@ fn shm_attached_by(q: &crate::maps::Queries, at: usize) -> Result<(usize, usize)
     use crate::maps::Ask;
     let fragment = |m: &crate::maps::Mapping| m.shared && m.start >= at && (m.start - at) as u64 == m.offset;
     let mut cursor = at;
-    let first = loop {
-        let Some((m, _)) = q.ask(cursor, Ask::FILES.or_next())? else {
+    let (first, page) = loop {
+        let Some((m, page)) = q.ask(cursor, Ask::FILES.or_next())? else {
             return Ok((at, 0));
         };
         if fragment(&m) {
             let named = q.ask(m.start, Ask::FILES.with_path())?;
             if named.is_some_and(|(n, _)| n.start == m.start && n.path().starts_with(b"/SYSV")) {
-                break m;
+                break (m, page);
             }
         }
         if m.end <= cursor {
@@ -979,10 +979,14 @@ fn shm_attached_by(q: &crate::maps::Queries, at: usize) -> Result<(usize, usize)
         }
         cursor = m.end;
     };
-    // (A SysV segment's inode number is its id.)
+    // A SysV segment's inode number is its id; its file's size (Linux's
+    // bound) is the segment's rounded up to its pages, huge pages for a
+    // SHM_HUGETLB one.
     let size = match shm_size(first.inode as c_int) {
         0 => usize::MAX,
-        size => size.checked_next_multiple_of(page_size()).unwrap_or(usize::MAX),
+        size => size
+            .checked_next_multiple_of(page.max(page_size()))
+            .unwrap_or(usize::MAX),
     };
     let mut end = first.end;
     cursor = first.end;
@@ -1469,7 +1473,7 @@ fn read_if_mapped<T: Plain>(from: usize, out: &mut [T]) -> bool {
 }
 
 /// Whether `[from, from + bytes)` lies in readable mappings, one after
-/// another, by `/proc/self/maps`.
+/// another, as the kernel tells them (`maps::find`).
 fn readable(from: usize, bytes: usize) -> bool {
     let Some(end) = from.checked_add(bytes) else {
         return false;
@@ -2464,10 +2468,12 @@ struct Discard {
 /// `VM_UNMAPPED` of each range of the process's mappings of `file` that
 /// maps bytes `[from, to)` of it, in whole pages, shared and private
 /// mappings alike (a private mapping's pages not yet copied are the
-/// file's), in address order; keeps the caller's errno. Reads
-/// `/proc/self/maps` (without allocating): these calls are rare, and
-/// slow themselves. Where it cannot be read (no descriptor left, no
-/// `/proc`), nothing is reported, as for `shmdt`'s size. What
+/// file's), in address order; keeps the caller's errno. Looks over the
+/// process's mappings of files (`maps::for_each_of_files`: asked of the
+/// kernel, or the text of `/proc/self/maps` read, without allocating):
+/// these calls are rare, and slow themselves. Where it cannot be read
+/// (no descriptor left, no `/proc`), nothing is reported, as for
+/// `shmdt`'s size. What
 /// [`report_late_discard`] needs after the call.
 #[cold]
 fn report_file_discard(file: Option<FileId>, from: u64, to: u64) -> Option<Discard> {
@@ -2557,8 +2563,8 @@ fn report_discarded_ranges((dev, inode): FileId, from: u64, to: u64, own: core::
         }
     });
 }
-/// Which files the process maps, as the last full read of
-/// `/proc/self/maps` found them: a filter (4,096 bits, two a file) that
+/// Which files the process maps, as the last full look over its mappings
+/// of files found them: a filter (4,096 bits, two a file) that
 /// answers "surely not mapped" for most files a truncating `open`, an
 /// `ftruncate` or a `fallocate` empties, which then skip the read (an
 /// `open(O_TRUNC)` of a mapped-nowhere file took 21 us against 2 us

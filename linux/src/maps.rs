@@ -34,8 +34,8 @@ pub struct Mapping {
     /// The file's inode; 0 for anonymous memory.
     pub inode: u64,
     /// The path: its first `path_len` bytes are written, the rest not
-    /// (a line's parse writes only what the path has: most are short,
-    /// many empty).
+    /// (a line's parse, or the kernel's answer, writes only what the path
+    /// has: most are short, many empty).
     path: [core::mem::MaybeUninit<u8>; PATH_CAPACITY],
     path_len: usize,
 }
@@ -43,8 +43,10 @@ pub struct Mapping {
 impl Mapping {
     /// The path or pseudo-path (`[heap]`, `[vdso]`), possibly empty.
     pub fn path(&self) -> &[u8] {
-        // SAFETY: `parse_line` wrote the first `path_len` bytes (at most
-        // PATH_CAPACITY), and nothing unwrites them.
+        // SAFETY: `parse_line` (from the line) or `Queries::ask` (the
+        // kernel, into the buffer it was given) wrote the first
+        // `path_len` bytes (at most PATH_CAPACITY), and nothing unwrites
+        // them.
         unsafe { core::slice::from_raw_parts(self.path.as_ptr().cast::<u8>(), self.path_len) }
     }
 

@@ -1886,6 +1886,40 @@ fn check_hugetlb(h: &Helper, events: u32) {
     );
     // SAFETY: the test's attachment (over all of `b`).
     assert_eq!(unsafe { (h.shmdt)(b) }, 0);
+
+    // A SHM_HUGETLB segment of 3 MiB (two huge pages), its attachment
+    // split by `mprotect` of the second: `shmdt` unmaps both pieces (Linux
+    // looks for them up to the segment's file size, 4 MiB, not 3).
+    // SAFETY: a private segment, removed when `_removed3` drops.
+    let id3 = unsafe {
+        libc::shmget(
+            libc::IPC_PRIVATE,
+            M2 + M2 / 2,
+            libc::IPC_CREAT | libc::SHM_HUGETLB | 0o600,
+        )
+    };
+    if id3 < 0 {
+        eprintln!(
+            "hugetlb: a second shmget(SHM_HUGETLB) refused (errno {}): not checked",
+            errno()
+        );
+        return;
+    }
+    let _removed3 = RemovedAtEnd(id3);
+    // SAFETY: attaches the test's segment; its second huge page made
+    // read-only (a piece of its own).
+    unsafe {
+        x = (h.shmat)(id3);
+        assert_ne!(x as isize, -1, "shmat: errno {}", errno());
+        assert_eq!(libc::mprotect((x + M2) as *mut libc::c_void, M2, libc::PROT_READ), 0);
+    }
+    // SAFETY: detaches it.
+    let log = recorded(|| assert_eq!(unsafe { (h.shmdt)(x) }, 0));
+    assert_eq!(
+        about(&log, x, 2 * M2),
+        only(events, [(bits::VM_UNMAPPED, x, 2 * M2, 0), (bits::SHMDT, x, 0, 0)]),
+        "{log:x?}"
+    );
 }
 
 /// A SysV segment removed when this drops.
