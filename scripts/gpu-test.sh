@@ -16,6 +16,7 @@ cargo build --release -p memhook-core --example readers
 cargo bench -p memhook-tests --bench cuda --no-run 2>/dev/null
 cargo bench -p memhook-tests --bench cuda_cold --no-run 2>/dev/null
 cargo bench -p memhook-core --bench memtype --no-run 2>/dev/null
+cargo bench -p memhook --bench maps --no-run 2>/dev/null
 exes=$(cargo test --release -p memhook-tests --test gpu_driver --test gpu_runtime --test gpu_multi --test cuda_modes --test cuda_memtype \
     --test cuda_late_load --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
@@ -41,6 +42,7 @@ cp target/release/libmemhook.so target/release/memhook target/release/examples/c
 cp "$(ls -t target/release/deps/cuda-* | grep -v '\.d$' | head -1)" "$out/bench_cuda"
 cp "$(ls -t target/release/deps/cuda_cold-* | grep -v '\.d$' | head -1)" "$out/bench_cuda_cold"
 cp "$(ls -t target/release/deps/memtype-* | grep -v '\.d$' | head -1)" "$out/bench_memtype"
+cp "$(ls -t target/release/deps/maps-* | grep -v '\.d$' | head -1)" "$out/bench_maps"
 strip "$out"/* 2>/dev/null || true
 # The carried folder must stay well under the device tool's 64 MiB: the
 # binaries travel gzipped, and run.sh unpacks them.
