@@ -2993,6 +2993,110 @@ fn a_hooker_that_unmaps_by_syscall_is_seen_once_either_side_of_memhook() {
     unsafe { libc::signal(libc::SIGUSR2, was) };
 }
 
+static UCM_FTRUNCATE_ORIGINAL: AtomicUsize = AtomicUsize::new(0);
+/// A descriptor the other hooker's ftruncate hook empties by `syscall`
+/// for its own bookkeeping, before the call it was asked for; -1: none.
+static UCM_OWN_TRUNCATE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// Another hooker's ftruncate hook as UCM's bistro mode would make one:
+/// its own work (on the recording thread, an `ftruncate` of another file
+/// by `syscall`, where the test asks), then the call by `syscall`.
+extern "C" fn ucm_like_ftruncate(fd: i32, length: i64) -> i32 {
+    if RECORDING.load(Ordering::Acquire) && RECORDER.load(Ordering::Acquire) == thread_id() {
+        let own = UCM_OWN_TRUNCATE.swap(-1, Ordering::SeqCst);
+        if own >= 0 {
+            // SAFETY: the test's own file, open for writing.
+            unsafe { libc::syscall(libc::SYS_ftruncate, own, 0) };
+        }
+    }
+    // SAFETY: the caller's ftruncate arguments.
+    unsafe { libc::syscall(libc::SYS_ftruncate, fd, length) as i32 }
+}
+
+/// The same for a call on a file: a hooker whose `ftruncate` hook makes
+/// the call by `syscall`, patched before memhook and after it. The
+/// truncation of a mapped file is reported once either way; the
+/// hooker's own truncation of another mapped file, made by `syscall`
+/// inside its hook (inside memhook's hook's original, where memhook is
+/// patched over it), is its own, reported too (a descriptor the call's
+/// mark does not name).
+#[test]
+fn a_hooker_that_truncates_by_syscall_is_seen_once_either_side_of_memhook() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    let page = page_size();
+    let dir = std::env::temp_dir().join(format!("memhook-hooker-truncate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let open = |name: &str| {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join(name))
+            .unwrap();
+        f.set_len(page as u64).unwrap();
+        f
+    };
+    let truncate_once = |what: &str| {
+        let (asked, own) = (open("asked"), open("own"));
+        use std::os::fd::AsRawFd;
+        let (a, b) = (
+            map_file(asked.as_raw_fd(), 1, 0, true),
+            map_file(own.as_raw_fd(), 1, 0, true),
+        );
+        UCM_OWN_TRUNCATE.store(own.as_raw_fd(), Ordering::SeqCst);
+        // SAFETY: the helper wraps ftruncate; the test's own file.
+        let log = recorded(|| assert_eq!(unsafe { (h.ftruncate)(asked.as_raw_fd(), 0) }, 0));
+        assert_eq!(
+            UCM_OWN_TRUNCATE.load(Ordering::SeqCst),
+            -1,
+            "{what}: the other hooker ran"
+        );
+        let at = |m: usize| log.iter().copied().filter(|r| r.1 == m).collect::<Vec<_>>();
+        assert_eq!(
+            at(a),
+            [(bits::VM_UNMAPPED, a, page, 0)],
+            "{what}: the call's file, once"
+        );
+        assert_eq!(
+            at(b),
+            [(bits::VM_UNMAPPED, b, page, 0)],
+            "{what}: the hooker's own truncation"
+        );
+        // SAFETY: the test's mappings.
+        unsafe {
+            libc::munmap(a as *mut libc::c_void, page);
+            libc::munmap(b as *mut libc::c_void, page);
+        }
+    };
+    let patch = || {
+        // SAFETY: ucm_like_ftruncate has ftruncate's signature.
+        unsafe {
+            memhook::bistro::Hook::patch_symbol(
+                c"ftruncate",
+                ucm_like_ftruncate as *const () as usize,
+                &UCM_FTRUNCATE_ORIGINAL,
+            )
+        }
+        .unwrap()
+    };
+    let other = patch();
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(bits::VM_UNMAPPED, 0, &record);
+    truncate_once("patched before memhook");
+    drop(session);
+    other.unpatch().map_err(|(_, e)| e).unwrap();
+
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(bits::VM_UNMAPPED, 0, &record);
+    let other = patch();
+    truncate_once("patched after memhook");
+    other.unpatch().map_err(|(_, e)| e).unwrap();
+    drop(session);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Another hooker patches over memhook's patch of `mmap` after memhook
 /// installed. An uninstall cannot undo memhook's patch without undoing
 /// theirs: it stays, still reporting, and `status` lists it as
