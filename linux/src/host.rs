@@ -962,13 +962,12 @@ fn shm_attached(at: usize) -> (usize, usize) {
 /// mappings, 650 us with 4,000 (dev VM).
 fn shm_attached_by(q: &crate::maps::Queries, at: usize) -> Result<(usize, usize), ()> {
     use crate::maps::Ask;
-    let fragment = |m: &crate::maps::Mapping| m.shared && m.start >= at && (m.start - at) as u64 == m.offset;
     let mut cursor = at;
     let (first, page) = loop {
         let Some((m, page)) = q.ask(cursor, Ask::FILES.or_next())? else {
             return Ok((at, 0));
         };
-        if fragment(&m) {
+        if piece_of_attachment_at(&m, at) {
             let named = q.ask(m.start, Ask::FILES.with_path())?;
             if named.is_some_and(|(n, _)| n.start == m.start && n.path().starts_with(b"/SYSV")) {
                 break (m, page);
@@ -997,12 +996,20 @@ fn shm_attached_by(q: &crate::maps::Queries, at: usize) -> Result<(usize, usize)
         if m.end <= cursor || m.end - at > size {
             break;
         }
-        if fragment(&m) && m.dev == first.dev && m.inode == first.inode {
+        if piece_of_attachment_at(&m, at) && m.dev == first.dev && m.inode == first.inode {
             end = m.end;
         }
         cursor = m.end;
     }
     Ok((first.start, end - first.start))
+}
+
+/// Whether `m` may be a piece of an attachment made at `at`, as Linux
+/// tells one (`ksys_shmdt`): a shared mapping at or above `at` that maps
+/// the offset as far from `at` as it lies (its segment a SysV one, which
+/// the caller checks).
+fn piece_of_attachment_at(m: &crate::maps::Mapping, at: usize) -> bool {
+    m.shared && m.start >= at && (m.start - at) as u64 == m.offset
 }
 
 /// [`shm_attached`] by the text of `/proc/self/maps`.
@@ -1012,7 +1019,7 @@ fn shm_attached_by_text(at: usize) -> (usize, usize) {
     let mut found: Option<((u32, u32), u64, usize)> = None;
     let mut end = at;
     let _ = crate::maps::for_each(|m| {
-        let fragment = m.shared && m.start >= at && (m.start - at) as u64 == m.offset && m.path().starts_with(b"/SYSV");
+        let fragment = piece_of_attachment_at(m, at) && m.path().starts_with(b"/SYSV");
         match found {
             None if fragment => {
                 found = Some((m.dev, m.inode, m.start));
@@ -2563,6 +2570,7 @@ fn report_discarded_ranges((dev, inode): FileId, from: u64, to: u64, own: core::
         }
     });
 }
+
 /// Which files the process maps, as the last full look over its mappings
 /// of files found them: a filter (4,096 bits, two a file) that
 /// answers "surely not mapped" for most files a truncating `open`, an

@@ -297,9 +297,9 @@ pub fn install(config: &Config) {
         > = functions().into_iter().collect();
         // glibc's mmap64 is mmap under another name, and so on.
         let _ = hooks.extend_from_slice(&crate::host::aliases());
-        // fopen, creat, freopen: their opens are inside libc, where
-        // bistro's patch of open sees them (then a hook of their own would
-        // report each twice).
+        // fopen, freopen and their 64 names: their opens are inside libc,
+        // where bistro's patch of open sees them (then a hook of their own
+        // would report each twice).
         if !mmap.contains(HookMode::Bistro) {
             let _ = hooks.extend_from_slice(&crate::host::reloc_only());
         }
