@@ -34,7 +34,7 @@ pub use crate::evacuate::{thread_check, threads_moved, threads_unchecked};
 /// The lock's length (the self-jump written first).
 const LOCK_LEN: usize = <crate::bistro::NativeArch as memhook_core::patch::Arch>::LOCK.len();
 
-use core::sync::atomic::{AtomicU8, Ordering};
+use core::sync::atomic::Ordering;
 
 use crate::{maps, membarrier};
 
@@ -53,21 +53,10 @@ pub enum Serialization {
     Signals,
 }
 
-static MEMBARRIER: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 yes, 2 no
-
 /// Which serialisation this process uses (registering for membarrier on the
 /// first call).
 pub fn serialization() -> Serialization {
-    let mut state = MEMBARRIER.load(Ordering::Acquire);
-    if state == 0 {
-        state = if membarrier::register(membarrier::PRIVATE_EXPEDITED_SYNC_CORE) {
-            1
-        } else {
-            2
-        };
-        MEMBARRIER.store(state, Ordering::Release);
-    }
-    if state == 1 {
+    if membarrier::sync_core() {
         Serialization::MembarrierSyncCore
     } else {
         Serialization::Signals

@@ -156,7 +156,7 @@ thread_local! {
 /// The barrier, thread ids and liveness the dispatcher's reader slots need
 /// (see `Dispatcher::enter`).
 static PLATFORM: Asymmetric = Asymmetric {
-    barrier: || membarrier::call(membarrier::PRIVATE_EXPEDITED) == 0,
+    barrier: membarrier::fence,
     // SAFETY: gettid has no arguments and cannot fail.
     thread_id: || unsafe { crate::sys::syscall!(libc::SYS_gettid) } as u64,
     thread_alive: |tid| {
@@ -169,13 +169,24 @@ static PLATFORM: Asymmetric = Asymmetric {
 
 /// Whether dispatch readers use slots of their own (plain stores) rather
 /// than the shared counters (two locked instructions per call): the kernel
-/// has `membarrier(PRIVATE_EXPEDITED)` and this process registered for it.
+/// has `membarrier(PRIVATE_EXPEDITED)` (or its SYNC_CORE form, which
+/// serves) and this process registered for it.
 pub fn reader_slots() -> bool {
     DISPATCHER.slots_enabled()
 }
 
+/// Issues the barrier the reader slots rely on (a registration writes and
+/// unregistration waits by it): whether the kernel accepted it. For
+/// tests: the dispatcher falls back to a spin where it fails, which no
+/// event would show.
+#[doc(hidden)]
+pub fn reader_fence() -> bool {
+    (PLATFORM.barrier)()
+}
+
 /// Registers for the expedited membarrier at load, while the process is
-/// (usually) single-threaded, so that the registration is quick; then
+/// (usually) single-threaded, so that the registration is quick (the
+/// registration code patching makes serves: see `membarrier`); then
 /// lets readers use slots. Without it (an old kernel, a seccomp filter),
 /// or with `MEMHOOK_READER_SLOTS=0` in the environment, the shared
 /// counters serve.
@@ -183,7 +194,7 @@ extern "C" fn enable_reader_slots_at_load() {
     if crate::env_says_0(c"MEMHOOK_READER_SLOTS") {
         return;
     }
-    if membarrier::register(membarrier::PRIVATE_EXPEDITED) {
+    if membarrier::fence_command().is_some() {
         DISPATCHER.enable_slots(&PLATFORM);
     }
 }
