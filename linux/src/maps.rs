@@ -87,9 +87,10 @@ fn hex_digit(c: u8) -> Option<u64> {
     }
 }
 
-/// A line's fields, read once from the front: each step skips the spaces
-/// before a field (one or more part them), reads it and stops on the
-/// byte after it.
+/// A line's fields, read once from the front: a step reads a field and
+/// stops on the byte after it; a field that follows a space skips the
+/// spaces before it first (one or more part such fields), one that
+/// follows its `-` or `:` starts right there.
 struct Fields<'a> {
     line: &'a [u8],
     at: usize,
@@ -119,10 +120,10 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// A hexadecimal number of one to sixteen digits ended by `end`.
+    /// A hexadecimal number of one to sixteen digits at the cursor, ended
+    /// by `end`.
     #[inline(always)]
     fn hex(&mut self, end: u8) -> Option<u64> {
-        self.skip_spaces();
         let (mut v, mut digits) = (0u64, 0);
         while !self.ends(end)? {
             let d = hex_digit(self.line[self.at])?;
@@ -137,7 +138,7 @@ impl<'a> Fields<'a> {
     }
 
     /// A decimal number of one to twenty digits that fits in 64 bits,
-    /// ended by a space or the line's end.
+    /// past the spaces at the cursor, ended by a space or the line's end.
     #[inline(always)]
     fn decimal(&mut self) -> Option<u64> {
         self.skip_spaces();
@@ -188,10 +189,13 @@ pub(crate) fn parse_decimal(name: &[u8]) -> Option<i32> {
 /// whole for a truncation's look).
 pub fn parse_line(line: &[u8]) -> Option<Mapping> {
     let mut fields = Fields { line, at: 0 };
+    fields.skip_spaces();
     let start = fields.hex(b'-')? as usize;
     let end = fields.hex(b' ')? as usize;
     let perms = fields.word();
+    fields.skip_spaces();
     let offset = fields.hex(b' ')?;
+    fields.skip_spaces();
     let dev = (fields.hex(b':')? as u32, fields.hex(b' ')? as u32);
     let inode = fields.decimal()?;
     if perms.len() < 4 || end < start {

@@ -172,3 +172,23 @@ fn the_kernels_lines_parse_as_the_model_does() {
         assert_eq!(parsed(line), model(line), "{}", String::from_utf8_lossy(line));
     }
 }
+
+/// A field that follows its `-` or `:` starts right there: a space after
+/// either leaves it empty, and the line refused, as the model refuses it
+/// (the parser once skipped the space and read the next field's digits
+/// in its place; found by `reads_a_path_of_any_bytes`).
+#[test]
+fn a_space_after_the_dash_or_colon_is_no_field() {
+    for line in [
+        b"00000000-00000000 -w-s 00000000 00: 0 0".as_slice(),
+        b"00000000- 00000000 rw-p 00000000 00:00 0",
+        b"1000-2000 rw-p 00000000 00 :00 0",
+    ] {
+        assert_eq!(parsed(line), None, "{}", String::from_utf8_lossy(line));
+        assert_eq!(model(line), None);
+    }
+    // Spaces before a field that follows a space are no matter.
+    let line = b"  1000-2000   rw-p   00000000   08:01   7   /lib";
+    assert_eq!(parsed(line), model(line));
+    assert_eq!(parsed(line).map(|f| f.7), Some(b"/lib".to_vec()));
+}
