@@ -3,9 +3,10 @@
 //! single-threaded, so that the kernel skips the RCU grace period a
 //! threaded process's registration waits for (12 to 16 ms on the dev VM: a
 //! `dlopen` of libmemhook.so into a threaded process, such as Python's,
-//! pays it). One registration serves both
-//! uses: the SYNC_CORE command, which code patching needs, orders memory
-//! as the plain one does, which the dispatcher's reader slots need.
+//! pays it). One registration serves both uses: the SYNC_CORE command,
+//! which code patching needs, gives "the memory ordering guarantees
+//! described in MEMBARRIER_CMD_PRIVATE_EXPEDITED" besides (membarrier(2)),
+//! which the dispatcher's reader slots need.
 
 use core::ffi::{c_int, c_long};
 use core::sync::atomic::{AtomicU8, Ordering};
