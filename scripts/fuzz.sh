@@ -5,7 +5,7 @@
 # copy of the target's corpus. New inputs stay in the copy (printed at the
 # end); a crash is written to the current directory and ends the run.
 #
-#   scripts/fuzz.sh TARGET [SECONDS]   (memtype, relocate, relocate_aarch64, elf; default 600 s)
+#   scripts/fuzz.sh TARGET [SECONDS]   (memtype, relocate, relocate_aarch64, elf, maps_line; default 600 s)
 set -euo pipefail
 target=${1:?usage: scripts/fuzz.sh TARGET [SECONDS]}
 seconds=${2:-600}

@@ -149,6 +149,9 @@ impl<'a> Fields<'a> {
                 return None;
             }
             digits += 1;
+            if digits > 20 {
+                return None;
+            }
             v = v.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
             self.at += 1;
         }

@@ -56,3 +56,19 @@ fn relocate_aarch64_corpus_replays() {
         memhook_tests::reloc_check_aarch64::fuzz_relocate_aarch64(&data);
     }
 }
+
+#[test]
+fn maps_line_corpus_replays() {
+    let files = corpus("maps_line");
+    for (path, data) in &files {
+        eprintln!("{}", path.display());
+        memhook_tests::maps_model::check_line(data);
+    }
+    // The kernel's own lines among the seeds parse (the model's refusal
+    // of everything would pass the check above).
+    let parsed = files
+        .iter()
+        .filter(|(_, d)| memhook_tests::maps_model::parsed(d).is_some())
+        .count();
+    assert!(parsed >= 4, "{parsed}");
+}
