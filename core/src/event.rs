@@ -54,7 +54,7 @@ use core::fmt;
 
 #[cfg(memhook_loom)]
 use crate::sync::fence;
-use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Cell, Mutex, Ordering, spin_wait};
+use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Cell, Mutex, Ordering, spin_wait};
 
 /// Event bits and flags: the stable C ABI values of SPEC.md.
 pub mod bits {
@@ -397,6 +397,13 @@ pub trait Handler: Copy + PartialEq {
 }
 
 /// A plain function and a context word: the simplest [`Handler`].
+///
+/// Two are equal (for [`Dispatcher::unregister_handler`]) when their
+/// function addresses and contexts are. Rust does not promise one address
+/// per function: a pointer made from the function's name in another crate
+/// or codegen unit may differ (Miri makes them differ on purpose). To
+/// unset by handler, keep the pointer that was registered (a `static`
+/// holding it is one pointer), or unset by id.
 #[derive(Clone, Copy, Debug)]
 pub struct FnHandler {
     /// The function.
@@ -621,9 +628,9 @@ struct Hot {
     /// Events that have a handler with priority < 0 (resp. >= 0).
     pre_mask: AtomicU32,
     post_mask: AtomicU32,
-    /// The platform's [`Asymmetric`] (its address; 0 until
+    /// The platform's [`Asymmetric`] (null until
     /// [`Dispatcher::enable_slots`]): readers with a slot use it.
-    asymmetric: AtomicUsize,
+    asymmetric: AtomicPtr<Asymmetric>,
 }
 
 // SAFETY: the tables are only written by the writer-lock holder, and only the
@@ -715,7 +722,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
                 live: AtomicUsize::new(0),
                 pre_mask: AtomicU32::new(0),
                 post_mask: AtomicU32::new(0),
-                asymmetric: AtomicUsize::new(0),
+                asymmetric: AtomicPtr::new(core::ptr::null_mut()),
             },
             readers: [AtomicUsize::new(0), AtomicUsize::new(0)],
             writer: Mutex::new(0),
@@ -733,7 +740,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
                 live: AtomicUsize::new(0),
                 pre_mask: AtomicU32::new(0),
                 post_mask: AtomicU32::new(0),
-                asymmetric: AtomicUsize::new(0),
+                asymmetric: AtomicPtr::new(core::ptr::null_mut()),
             },
             readers: [AtomicUsize::new(0), AtomicUsize::new(0)],
             writer: Mutex::new(0),
@@ -770,7 +777,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     pub fn enable_slots(&self, platform: &'static Asymmetric) {
         self.hot
             .asymmetric
-            .store(platform as *const Asymmetric as usize, Ordering::Release);
+            .store(core::ptr::from_ref(platform).cast_mut(), Ordering::Release);
     }
 
     /// Whether [`Self::enable_slots`] was called.
@@ -779,9 +786,9 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     }
 
     fn platform(&self) -> Option<&'static Asymmetric> {
-        let p = self.hot.asymmetric.load(Ordering::Acquire) as *const Asymmetric;
+        let p = self.hot.asymmetric.load(Ordering::Acquire);
         // SAFETY: the only value ever stored is a `&'static Asymmetric`
-        // (enable_slots), or 0.
+        // (enable_slots), never written through; else it is null.
         unsafe { p.as_ref() }
     }
 
@@ -790,7 +797,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// enabled or all are taken by live threads.
     #[inline]
     fn slot(&self, depth: &DispatchDepth) -> Option<&ReaderSlot> {
-        let me = self as *const Self as usize;
+        let me = core::ptr::from_ref(self).addr();
         let r = depth.1.get();
         if r.dispatcher == me {
             return self.slots.get(r.index);
@@ -990,7 +997,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
             use crate::simd::prefetch;
             prefetch((&raw const self.hot).cast(), 1);
             let r = depth.1.get();
-            if r.dispatcher == self as *const Self as usize
+            if r.dispatcher == core::ptr::from_ref(self).addr()
                 && let Some(slot) = self.slots.get(r.index)
             {
                 prefetch((slot as *const ReaderSlot).cast(), 1);
@@ -1350,7 +1357,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         self.readers[0].store(0, Ordering::SeqCst);
         self.readers[1].store(0, Ordering::SeqCst);
         let mine = depth.1.get();
-        let mine = (mine.dispatcher == self as *const Self as usize).then_some(mine.index);
+        let mine = (mine.dispatcher == core::ptr::from_ref(self).addr()).then_some(mine.index);
         for (i, slot) in self.slots.iter().enumerate() {
             if Some(i) == mine {
                 let id = self.platform().map_or(0, |p| (p.thread_id)());

@@ -2414,8 +2414,11 @@ mod tests {
                         model[i] = Some((len, device));
                     }
                 };
+            // Fewer steps under Miri (`scripts/miri.sh`), which checks the
+            // unsafe mend here a thousand times slower.
+            let (before_steps, after_steps) = if cfg!(miri) { (60, 30) } else { (400, 1500) };
             if case != 2 {
-                for _ in 0..400 {
+                for _ in 0..before_steps {
                     step(&m, &mut model, &mut next);
                 }
             }
@@ -2463,7 +2466,7 @@ mod tests {
             assert!(unsafe { m.reset_after_fork() }, "case {case}");
             check(&m, &model, "mended");
             check_both(&m);
-            for round in 0..1500 {
+            for round in 0..after_steps {
                 step(&m, &mut model, &mut next);
                 check(&m, &model, "after the mend");
                 if round % 100 == 0 {
@@ -2487,6 +2490,10 @@ mod tests {
     /// tables hold the same slots, well formed, and every lookup agrees
     /// with a plain list of the entries.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "minutes under Miri: the layout's logic, no unsafe code (scripts/miri.sh)"
+    )]
     fn both_tables_stay_identical_and_well_formed() {
         fn run<const N: usize>(seed: u64, ops: usize, span: usize) {
             let m: MemtypeMap<N> = MemtypeMap::new();
@@ -2557,6 +2564,10 @@ mod tests {
     /// sorted array moved half the table each time); a table that shrinks
     /// to 16 entries ends packed; small tables never hold a gap.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "minutes under Miri: the layout's logic, no unsafe code (scripts/miri.sh)"
+    )]
     fn updates_rewrite_a_window_and_small_tables_stay_packed() {
         static T: Table<8192> = Table::new();
         T.lay_out();
@@ -2661,6 +2672,10 @@ mod tests {
     /// span, cross its size thresholds and pile many small ranges into
     /// one bucket (where the window falls back to the tree).
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "minutes under Miri: the layout's logic, no unsafe code (scripts/miri.sh)"
+    )]
     fn the_bucket_table_counts_the_starts_exactly() {
         let map: MemtypeMap<512> = MemtypeMap::new();
         let mut next = xorshift(0x2545_f491_4f6c_dd1du64);
@@ -2755,6 +2770,10 @@ mod tests {
     /// the buckets that copy spans. Every bucket of both tables must still
     /// count the starts below it exactly.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "minutes under Miri: the layout's logic, no unsafe code (scripts/miri.sh)"
+    )]
     fn buckets_stay_exact_when_the_spare_catches_up_near_the_end() {
         let map: MemtypeMap<512> = MemtypeMap::new();
         let mut next = xorshift(0x1234_5678_9abc_def1u64);
@@ -2808,6 +2827,10 @@ mod tests {
     /// update of allocation-like traffic in three clusters far apart, on a
     /// map that fills up (so windows meet the end of the starts).
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "minutes under Miri: the layout's logic, no unsafe code (scripts/miri.sh)"
+    )]
     fn segmented_buckets_count_the_starts_exactly() {
         let map: MemtypeMap<512> = MemtypeMap::new();
         let mut next = xorshift(0x9e37_79b9_7f4a_7c15u64);
@@ -2885,6 +2908,10 @@ mod tests {
     /// uniform buckets over the whole span would pile each cluster into a
     /// few crowded buckets.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "minutes under Miri: the layout's logic, no unsafe code (scripts/miri.sh)"
+    )]
     fn clusters_far_apart_get_buckets_of_their_own() {
         static MAP: MemtypeMap<8192> = MemtypeMap::new();
         let device = |i: usize| 0x7f07_afe0_0000 + i * 0x1_0000;
@@ -2990,6 +3017,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "minutes under Miri: the layout's logic, no unsafe code (scripts/miri.sh)"
+    )]
     fn the_search_tree_keeps_the_levels_readers_use_as_tables_grow_and_shrink() {
         let m = MemtypeMap::<4096>::new();
         let at = |i: usize| 0x10_0000 + i * 0x1000;
@@ -3075,6 +3106,10 @@ mod tests {
     /// of a split entry keep it, and a take gives it back, whether the
     /// entry was the one recorded last or lies among thousands.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "minutes under Miri: the layout's logic, no unsafe code (scripts/miri.sh)"
+    )]
     fn a_mark_stays_with_its_entry_and_its_pieces_and_lookups_do_not_see_it() {
         let map = MemtypeMap::<4096>::new();
         // The last recorded, taken by the shortcut.

@@ -6,8 +6,8 @@
 //! compares and their packing (about 80 instructions a node). With AVX2,
 //! four `vpcmpgtq`, two saturating packs, one `vpmovmskb` and a `popcnt`
 //! do it (about 20). The CPU is asked once (cpuid, and xgetbv for the OS's
-//! YMM support); without AVX2 and POPCNT, or under loom, the portable code
-//! runs.
+//! YMM support); without AVX2 and POPCNT, under loom or under Miri, the
+//! portable code runs.
 //!
 //! The keys are read by inline assembly: 32-byte loads that x86_64 performs
 //! as four 8-byte loads, each single-copy atomic (aligned 8-byte accesses
@@ -25,6 +25,10 @@ static AVX2: AtomicU8 = AtomicU8::new(0);
 /// Whether the AVX2 node search can run here.
 #[inline(always)]
 pub(crate) fn avx2() -> bool {
+    // Miri runs no inline assembly: the portable search there.
+    if cfg!(miri) {
+        return false;
+    }
     match AVX2.load(Ordering::Relaxed) {
         1 => true,
         2 => false,

@@ -10,9 +10,9 @@
 //! a type.
 
 #[cfg(not(memhook_loom))]
-pub use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
+pub use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 #[cfg(memhook_loom)]
-pub use loom::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
+pub use loom::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 
 /// Busy-wait hint used by the few loops that wait for another thread
 /// (registration waiting for readers to drain). Under loom it yields to the

@@ -24,8 +24,14 @@ fn take_log() -> Vec<(usize, i32)> {
     LOG.with(|l| std::mem::take(&mut *l.borrow_mut()))
 }
 
+/// [`record`] as one function pointer: Rust promises no unique address
+/// for a function, so each use of its name may make a pointer of its own
+/// (Miri makes them so on purpose), and an unset by handler compares the
+/// pointer. One `static` is one pointer.
+static RECORD: fn(&mut Event, usize) = record;
+
 fn handler(context: usize) -> FnHandler {
-    FnHandler { func: record, context }
+    FnHandler { func: RECORD, context }
 }
 
 fn munmap() -> Event {
@@ -317,8 +323,9 @@ fn concurrent_dispatch_never_sees_an_unregistered_handler() {
         .collect();
     barrier.wait();
     let depth = DispatchDepth::new();
-    for _ in 0..1000 {
-        let gone: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    // One flag per registration, each its own handler's.
+    static GONE: [AtomicBool; 1000] = [const { AtomicBool::new(false) }; 1000];
+    for gone in &GONE {
         let id = D
             .register(&depth, bits::MUNMAP, 0, Watched { calls: &CALLS, gone })
             .unwrap();

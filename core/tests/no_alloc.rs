@@ -73,7 +73,9 @@ fn dispatch_lookup_and_map_updates_do_not_allocate() {
     COUNTING.with(|c| c.set(true));
     let before = ALLOCS.load(Ordering::SeqCst);
     let mut found = 0;
-    for i in 0..10_000usize {
+    // Fewer under Miri (`scripts/miri.sh`), a thousand times slower.
+    let rounds = if cfg!(miri) { 200 } else { 10_000 };
+    for i in 0..rounds {
         let mut vm = Event::VmUnmapped(VmEvent { address: i, size: 4096 });
         D.notify(&depth, &mut vm);
         let mut ev = Event::Munmap(MunmapEvent {
@@ -96,6 +98,7 @@ fn dispatch_lookup_and_map_updates_do_not_allocate() {
     let after = ALLOCS.load(Ordering::SeqCst);
     COUNTING.with(|c| c.set(false));
     assert_eq!(after - before, 0, "allocations on the dispatch/lookup/update paths");
-    assert_eq!(found, 5000);
-    assert_eq!(SEEN.load(Ordering::Relaxed), 30_000);
+    // Every other lookup lands in a mapping; three handler calls a round.
+    assert_eq!(found, rounds / 2);
+    assert_eq!(SEEN.load(Ordering::Relaxed), 3 * rounds);
 }
