@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use memhook_core::memtype::{Lookup, MemInfo, MemType, MemtypeMap};
 
-static MAP: MemtypeMap<4096> = MemtypeMap::new();
+static MAP: MemtypeMap<SLOTS> = MemtypeMap::new();
 
 const DEVICE: usize = 0x7f07_afe0_0000;
 const PINNED: usize = 0x7f86_0000_0000;
@@ -24,17 +24,20 @@ fn pinned(i: usize) -> usize {
     PINNED + i * 0x20_0000
 }
 
-/// Under Miri (`scripts/miri.sh`), which runs a thousand times slower and
-/// checks every access for races, the same patterns at a tenth of the
-/// size: still well over 64 entries, a bucket table with segments, and
-/// batches that halve and double the length.
+/// Under Miri (`scripts/miri.sh`), which runs thousands of times slower
+/// and checks every access for races, the same patterns smaller: still
+/// over 64 entries, a bucket table with segments, and batches that
+/// halve and double the length.
 const MIRI: bool = cfg!(miri);
-/// Device allocations that stay, pinned ones that stay, writer rounds,
-/// and the batch that comes and goes.
-const DEVICES: usize = if MIRI { 100 } else { 1000 };
-const PINNEDS: usize = if MIRI { 20 } else { 200 };
-const ROUNDS: usize = if MIRI { 200 } else { 2000 };
-const BATCH_LEN: usize = if MIRI { 150 } else { 1500 };
+/// The map's slots, the device allocations that stay, the pinned ones
+/// that stay, the writer's rounds, the batch that comes and goes, and the
+/// reading threads.
+const SLOTS: usize = if MIRI { 512 } else { 4096 };
+const DEVICES: usize = if MIRI { 60 } else { 1000 };
+const PINNEDS: usize = if MIRI { 10 } else { 200 };
+const ROUNDS: usize = if MIRI { 40 } else { 2000 };
+const BATCH_LEN: usize = if MIRI { 80 } else { 1500 };
+const READERS: usize = if MIRI { 2 } else { 3 };
 
 #[test]
 fn lookups_stay_whole_while_the_bucket_table_is_rewritten() {
@@ -46,7 +49,7 @@ fn lookups_stay_whole_while_the_bucket_table_is_rewritten() {
     }
     let done = AtomicBool::new(false);
     let lookups = AtomicU64::new(0);
-    let start = Barrier::new(4);
+    let start = Barrier::new(READERS + 1);
     std::thread::scope(|s| {
         s.spawn(|| {
             start.wait();
@@ -73,7 +76,7 @@ fn lookups_stay_whole_while_the_bucket_table_is_rewritten() {
             }
             done.store(true, Ordering::Release);
         });
-        for r in 0..3u64 {
+        for r in 0..READERS as u64 {
             let (done, lookups, start) = (&done, &lookups, &start);
             s.spawn(move || {
                 start.wait();
@@ -202,7 +205,7 @@ fn ring_of_takes<const N: usize>(map: &'static MemtypeMap<N>) {
         // Fewer in a debug build (CI's `cargo test`), where an update of the
         // 65,536-slot map is tens of times slower, and fewer again under Miri.
         let updates = if MIRI {
-            1_000
+            300
         } else if cfg!(debug_assertions) {
             20_000
         } else {
