@@ -10,12 +10,13 @@
 # their own, and the mend after a fork, whose one unsafe call unlocks a
 # spin lock) are skipped (`cfg_attr(miri, ignore)`).
 #
-#   scripts/miri.sh [TOOLCHAIN]   (default nightly-2026-10-01)
+#   scripts/miri.sh [TOOLCHAIN]   (default nightly-2026-10-01; about 6 min on two cores)
 #
 # Two passes. The first checks aliasing too: every test but the memtype
 # map's. The second runs the map's tests without Stacked Borrows, whose
 # retag of a reference to a table walks every atomic in it (thousands:
-# a test that takes 18 s without it ran for over ten minutes with it);
+# no_alloc takes 42 s without it and was still running after ten
+# minutes with it);
 # the map takes no reference that unsafe code makes, so it loses nothing
 # there, and the race and memory checks stay.
 #
