@@ -16,9 +16,8 @@
 # map's. The second runs the map's tests without Stacked Borrows, whose
 # retag of a reference to a table walks every atomic in it (thousands:
 # no_alloc takes 42 s without it and was still running after ten
-# minutes with it);
-# the map takes no reference that unsafe code makes, so it loses nothing
-# there, and the race and memory checks stay.
+# minutes with it); the map takes no reference that unsafe code makes,
+# so it loses nothing there, and the race and memory checks stay.
 #
 # Needs a nightly toolchain with the miri and rust-src components, which
 # CI's machine does not have (rustup toolchain install TOOLCHAIN

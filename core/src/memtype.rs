@@ -2374,7 +2374,7 @@ mod tests {
     #[test]
     #[cfg_attr(
         miri,
-        ignore = "over 15 minutes under Miri even at a tenth of its steps; its unsafe call only unlocks a spin lock"
+        ignore = "still running after ten minutes under Miri; its one unsafe call only unlocks a spin lock"
     )]
     #[allow(unsafe_code)]
     fn reset_after_fork_mends_a_map_left_mid_update() {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use memhook_core::memtype::{Lookup, MemInfo, MemType, MemtypeMap};
 
-static MAP: MemtypeMap<SLOTS> = MemtypeMap::new();
+static MAP: MemtypeMap<MAP_SLOTS> = MemtypeMap::new();
 
 const DEVICE: usize = 0x7f07_afe0_0000;
 const PINNED: usize = 0x7f86_0000_0000;
@@ -32,7 +32,7 @@ const MIRI: bool = cfg!(miri);
 /// The map's slots, the device allocations that stay, the pinned ones
 /// that stay, the writer's rounds, the batch that comes and goes, and the
 /// reading threads.
-const SLOTS: usize = if MIRI { 512 } else { 4096 };
+const MAP_SLOTS: usize = if MIRI { 512 } else { 4096 };
 const DEVICES: usize = if MIRI { 60 } else { 1000 };
 const PINNEDS: usize = if MIRI { 10 } else { 200 };
 const ROUNDS: usize = if MIRI { 40 } else { 2000 };
