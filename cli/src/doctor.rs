@@ -200,6 +200,71 @@ fn hugetlb() -> String {
     )
 }
 
+/// Whether this process may make an io_uring: a ring of one entry is
+/// made and closed. The kernel reads an io_uring's requests from memory
+/// it shares with the process, so a discard submitted there
+/// (`IORING_OP_MADVISE`) or a truncation (`IORING_OP_FTRUNCATE`) calls
+/// no function a hook could see.
+fn io_uring() -> String {
+    // struct io_uring_params: 120 bytes, zero asks for the defaults.
+    let mut params = [0u64; 15];
+    // SAFETY: io_uring_setup(2) writes the 120-byte parameters it is given.
+    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) };
+    let err = std::io::Error::last_os_error();
+    if fd >= 0 {
+        // SAFETY: the descriptor just made.
+        unsafe { libc::close(fd as libc::c_int) };
+        return "usable by this process: what a program submits to a ring (IORING_OP_MADVISE, \
+                IORING_OP_FTRUNCATE, an IORING_OP_OPENAT with O_TRUNC) calls no function and is not reported"
+            .into();
+    }
+    match err.raw_os_error() {
+        Some(libc::ENOSYS) => "not in this kernel: nothing reaches memory past the hooks that way".into(),
+        Some(libc::EPERM) => format!(
+            "refused to this process ({err}: kernel.io_uring_disabled{}, or a seccomp filter): \
+             nothing reaches memory past the hooks that way",
+            std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+                .map(|v| format!(" = {}", v.trim()))
+                .unwrap_or_default()
+        ),
+        _ => format!("not made here ({err}); where a program can make one, what it submits there is not reported"),
+    }
+}
+
+/// Whether this kernel moves pages between ranges for userfaultfd
+/// (`UFFDIO_MOVE`, Linux 6.8), an `ioctl` memhook does not hook.
+fn userfaultfd_move() -> String {
+    const UFFD_USER_MODE_ONLY: libc::c_int = 1;
+    const UFFD_API: u64 = 0xaa;
+    const UFFD_FEATURE_MOVE: u64 = 1 << 16;
+    // _IOWR(0xaa, 0x3f, struct uffdio_api), 24 bytes.
+    const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
+    // SAFETY: userfaultfd(2) takes flags alone.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | UFFD_USER_MODE_ONLY) };
+    if fd < 0 {
+        let err = std::io::Error::last_os_error();
+        return format!("not available to this process ({err}): no page moves past the hooks that way");
+    }
+    let fd = fd as libc::c_int;
+    // struct uffdio_api { api, features, ioctls }: features 0 asks for
+    // none and the kernel answers every one it has.
+    let mut api = [UFFD_API, 0, 0];
+    // SAFETY: UFFDIO_API reads and writes the 24-byte struct it is given.
+    let rc = unsafe { libc::ioctl(fd, UFFDIO_API, api.as_mut_ptr()) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: the descriptor just made.
+    unsafe { libc::close(fd) };
+    if rc != 0 {
+        format!("UFFDIO_API refused ({err}): no page moves past the hooks that way")
+    } else if api[1] & UFFD_FEATURE_MOVE != 0 {
+        "UFFDIO_MOVE available: pages a program moves between ranges it registered are not reported \
+         (the kernel refuses to move pinned pages)"
+            .into()
+    } else {
+        "no UFFDIO_MOVE in this kernel (before Linux 6.8): no page moves past the hooks that way".into()
+    }
+}
+
 pub fn doctor() -> i32 {
     println!("memhook {} doctor", env!("CARGO_PKG_VERSION"));
     match code_pages() {
@@ -263,6 +328,8 @@ pub fn doctor() -> i32 {
              dlmopen calls a libc of its own that memhook does not see"
         },
     );
+    line("io_uring:", &io_uring());
+    line("userfaultfd:", &userfaultfd_move());
     match driver_version() {
         Some(v) => line(
             "libcuda:",

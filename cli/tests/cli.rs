@@ -612,6 +612,64 @@ fn ctrl_c_ends_the_command_not_the_summary() {
     );
 }
 
+/// The running kernel's release string, and its major and minor numbers.
+fn kernel_release() -> (String, u32, u32) {
+    // SAFETY: a plain C struct, all zeros valid; uname fills it.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::uname(&mut uts) }, 0);
+    // SAFETY: uname's fields are NUL-terminated.
+    let release = unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    (release, major, minor)
+}
+
+/// `memhook doctor` says whether memory can change here with no function
+/// called (an io_uring's requests, userfaultfd's page moves), as this
+/// process finds by making the same objects itself.
+#[test]
+fn doctor_says_whether_memory_can_change_past_the_hooks() {
+    let o = memhook().arg("doctor").output().unwrap();
+    let t = text(&o);
+    let ring = t
+        .lines()
+        .find(|l| l.starts_with("io_uring:"))
+        .expect("an io_uring line");
+    let mut params = [0u64; 15];
+    // SAFETY: io_uring_setup(2) writes the 120-byte parameters it is given.
+    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) };
+    if fd >= 0 {
+        // SAFETY: the descriptor just made.
+        unsafe { libc::close(fd as i32) };
+        assert!(ring.contains("usable") && ring.contains("not reported"), "{ring}");
+    } else {
+        assert!(!ring.contains("usable"), "{ring}");
+    }
+    let moves = t
+        .lines()
+        .find(|l| l.starts_with("userfaultfd:"))
+        .expect("a userfaultfd line");
+    // SAFETY: userfaultfd(2) takes flags alone (1: UFFD_USER_MODE_ONLY).
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | 1) };
+    if fd < 0 {
+        assert!(moves.contains("not available"), "{moves}");
+        return;
+    }
+    // SAFETY: the descriptor just made.
+    unsafe { libc::close(fd as i32) };
+    let (release, major, minor) = kernel_release();
+    assert_eq!(
+        moves.contains("UFFDIO_MOVE available") && moves.contains("not reported"),
+        (major, minor) >= (6, 8),
+        "{release}: {moves}"
+    );
+}
+
 #[test]
 fn doctor_names_each_check() {
     let o = memhook().arg("doctor").output().unwrap();
@@ -628,6 +686,8 @@ fn doctor_names_each_check() {
         "mappings:",
         "loader:",
         "loader namespaces:",
+        "io_uring:",
+        "userfaultfd:",
         "libcuda:",
         "GPUs:",
         "bistro dry run:",
@@ -640,16 +700,7 @@ fn doctor_names_each_check() {
         "{t}"
     );
     // Linux 6.11 and later answer PROCMAP_QUERY.
-    // SAFETY: a plain C struct, all zeros valid; uname fills it.
-    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::uname(&mut uts) }, 0);
-    // SAFETY: uname's fields are NUL-terminated.
-    let release = unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) }.to_string_lossy();
-    let mut numbers = release
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|n| n.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    let (release, major, minor) = kernel_release();
     let hugetlb = t.lines().find(|l| l.starts_with("hugetlb:")).unwrap();
     if (major, minor) >= (6, 11) && !hugetlb.contains("no huge page sizes") {
         assert!(hugetlb.contains("PROCMAP_QUERY)"), "{release}: {hugetlb}");
