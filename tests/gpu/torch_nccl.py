@@ -130,7 +130,7 @@ with tempfile.TemporaryDirectory() as d:
         rc, info = ask("lookup", at, "torch_nccl: lookup after ncclMemFree")
         expect("no longer CUDA after ncclMemFree", rc != 0 or info.mem_type != CUDA)
     else:
-        print("torch_nccl: ncclMemAlloc memory not checked through PyTorch's allocator", flush=True)
+        print("torch_nccl: no tensor in PyTorch's NCCL allocator (ncclMemAlloc is called directly below)", flush=True)
     nccl_mem_alloc_directly()
     dist.destroy_process_group()
 
