@@ -41,6 +41,16 @@ def expect(what, cond):
     ok = ok and cond
 
 
+def expect_nccl_mapping(what, rc, info):
+    """A lookup of memory NCCL mapped itself: CUDA on device 0, or, with
+    reloc alone, unknown to the map (NCCL's driver calls bypass GOT
+    slots)."""
+    if RELOC_ONLY:
+        expect(f"reloc alone: {what} unknown to the map", rc != 0 or info.mem_type != CUDA)
+    else:
+        expect(f"{what} is CUDA on device 0", rc == 0 and info.mem_type == CUDA and info.device == 0)
+
+
 def nccl_library():
     """The libnccl this process uses: by its soname (found already loaded,
     PyTorch's), else the one of the nvidia-nccl wheel; None where neither
@@ -73,11 +83,7 @@ def nccl_mem_alloc_directly():
         return
     at = p.value
     rc, info = ask("lookup", at, "torch_nccl: lookup of all of ncclMemAlloc's memory", length=size)
-    if RELOC_ONLY:
-        expect("reloc alone: ncclMemAlloc's memory unknown to the map", rc != 0 or info.mem_type != CUDA)
-    else:
-        expect("all of ncclMemAlloc's memory is CUDA on device 0",
-               rc == 0 and info.mem_type == CUDA and info.device == 0)
+    expect_nccl_mapping("all of ncclMemAlloc's memory", rc, info)
     rc = nccl.ncclMemFree(at)
     expect(f"ncclMemFree (rc {rc})", rc == 0)
     rc, info = ask("lookup", at, "torch_nccl: lookup after ncclMemFree called directly")
@@ -118,11 +124,7 @@ with tempfile.TemporaryDirectory() as d:
         expect("all_reduce in ncclMemAlloc memory", bool((z == 1).all()))
         at = z.data_ptr()
         rc, info = ask("lookup", at, "torch_nccl: lookup of a tensor in ncclMemAlloc memory")
-        if RELOC_ONLY:
-            expect("reloc alone: ncclMemAlloc memory unknown to the map", rc != 0 or info.mem_type != CUDA)
-        else:
-            expect("ncclMemAlloc memory is CUDA on device 0",
-                   rc == 0 and info.mem_type == CUDA and info.device == 0)
+        expect_nccl_mapping("ncclMemAlloc memory", rc, info)
         del z
         del pool  # its blocks go back to NCCL (ncclMemFree)
         torch.cuda.synchronize()
