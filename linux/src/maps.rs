@@ -313,7 +313,8 @@ pub(crate) fn for_each_line(path: &core::ffi::CStr, mut f: impl FnMut(&[u8]) -> 
 }
 
 /// The mapping that contains `addr`, if any: asked of the kernel
-/// ([`Queries`]), or read from the text where it does not answer.
+/// (`PROCMAP_QUERY`, Linux 6.11), or read from the text where it does not
+/// answer.
 pub fn find(addr: usize) -> Option<Mapping> {
     match Queries::open().and_then(|q| q.ask(addr, Ask::HOLDING.with_path())) {
         Ok(found) => found.map(|(m, _)| m),
@@ -340,7 +341,7 @@ pub fn find_by_text(addr: usize) -> Option<Mapping> {
 
 /// Calls `f` with each mapping of a file (shared anonymous memory, a SysV
 /// segment and a memfd are files too), in address order, until it
-/// breaks; where the kernel does not answer [`Queries`], with every
+/// breaks; where the kernel does not answer `PROCMAP_QUERY`, with every
 /// mapping (`f` tells a file's by its inode). The paths are not read.
 /// The look of a call that empties a file (a truncating `open`, an
 /// `ftruncate`) for the file's mappings.

@@ -75,7 +75,7 @@ struct Dyn {
 }
 
 /// How memhook's own object is kept mapped: [`Pinned::NotYet`] until the
-/// first [`crate::install`].
+/// first [`crate::install()`].
 pub fn pinned() -> Pinned {
     match STATE.load(Ordering::Acquire) {
         PROGRAM => Pinned::Program,
