@@ -152,7 +152,8 @@
  that
  maps at a fixed address over it (mmap with MAP_FIXED, mremap with
  MREMAP_FIXED at its destination, shmat with SHM_REMAP,
- remap_file_pages); any of these made by libc's syscall (openat2 with
+ remap_file_pages), or userfaultfd's UFFDIO_MOVE (an ioctl) from its
+ source range; any of these made by libc's syscall (openat2 with
  O_TRUNC too). One comes after: a library dlclose unloaded (the loader unmaps it out of any
  hook's sight).
  */
@@ -669,7 +670,7 @@ int memhook_memtype_classify(const void *addr, size_t len, struct memhook_mem_in
  `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
  `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`,
  `"remap_file_pages"`, `"open"`, `"openat"`, `"shm_open"`,
- `"syscall"`, `"creat"`) or a hooked CUDA
+ `"syscall"`, `"creat"`, `"ioctl"`) or a hooked CUDA
  function (`"cuMemAlloc_v2"`, `"cudaMalloc"`, ...). Cast it to the
  function's own type. NULL, with `memhook_last_error` saying why, for a
  name memhook does not hook, or a function it has not hooked (yet). The

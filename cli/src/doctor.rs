@@ -232,7 +232,8 @@ fn io_uring() -> String {
 }
 
 /// Whether this kernel moves pages between ranges for userfaultfd
-/// (`UFFDIO_MOVE`, Linux 6.8), an `ioctl` memhook does not hook.
+/// (`UFFDIO_MOVE`, Linux 6.8), an `ioctl` memhook reports where libc makes
+/// it.
 fn userfaultfd_move() -> String {
     const UFFD_USER_MODE_ONLY: libc::c_int = 1;
     const UFFD_API: u64 = 0xaa;
@@ -257,8 +258,8 @@ fn userfaultfd_move() -> String {
     if rc != 0 {
         format!("UFFDIO_API refused ({err}): no page moves past the hooks that way")
     } else if api[1] & UFFD_FEATURE_MOVE != 0 {
-        "UFFDIO_MOVE available: pages a program moves between ranges it registered are not reported \
-         (the kernel refuses to move pinned pages)"
+        "UFFDIO_MOVE available: a move through libc's ioctl or syscall is reported (VM_UNMAPPED of \
+         the source range; in reloc mode from the objects it rewrote), one made by the instruction is not"
             .into()
     } else {
         "no UFFDIO_MOVE in this kernel (before Linux 6.8): no page moves past the hooks that way".into()

@@ -88,7 +88,8 @@ pub mod bits {
     /// (`mmap` with `MAP_FIXED`, `mremap` with `MREMAP_FIXED` at its
     /// destination, `shmat` with `SHM_REMAP`, `remap_file_pages`, which
     /// puts other pages of the file in the range), reported whether or not
-    /// anything was mapped there. One exception comes after the range
+    /// anything was mapped there, or userfaultfd's `UFFDIO_MOVE` (an
+    /// `ioctl`) from its source range. One exception comes after the range
     /// went: a library the dynamic loader unloaded (`dlclose`), which it
     /// unmaps out of any hook's sight.
     pub const VM_UNMAPPED: u32 = 1 << 17;

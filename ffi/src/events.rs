@@ -439,7 +439,7 @@ pub unsafe extern "C" fn memhook_memtype_classify(
 /// `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
 /// `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`,
 /// `"remap_file_pages"`, `"open"`, `"openat"`, `"shm_open"`,
-/// `"syscall"`, `"creat"`) or a hooked CUDA
+/// `"syscall"`, `"creat"`, `"ioctl"`) or a hooked CUDA
 /// function (`"cuMemAlloc_v2"`, `"cudaMalloc"`, ...). Cast it to the
 /// function's own type. NULL, with `memhook_last_error` saying why, for a
 /// name memhook does not hook, or a function it has not hooked (yet). The

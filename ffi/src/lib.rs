@@ -143,7 +143,8 @@ pub const MEMHOOK_EVENT_VM_MAPPED: u32 = 1 << 16;
 /// that
 /// maps at a fixed address over it (mmap with MAP_FIXED, mremap with
 /// MREMAP_FIXED at its destination, shmat with SHM_REMAP,
-/// remap_file_pages); any of these made by libc's syscall (openat2 with
+/// remap_file_pages), or userfaultfd's UFFDIO_MOVE (an ioctl) from its
+/// source range; any of these made by libc's syscall (openat2 with
 /// O_TRUNC too). One comes after: a library dlclose unloaded (the loader unmaps it out of any
 /// hook's sight).
 pub const MEMHOOK_EVENT_VM_UNMAPPED: u32 = 1 << 17;

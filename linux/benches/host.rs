@@ -5,12 +5,15 @@
 //! - `mmap_munmap/unhooked` vs `mmap_munmap/hooked`: a 4 KiB anonymous
 //!   mmap + munmap pair, plain, then with every bistro hook installed and
 //!   one empty handler for all events (the added cost is the difference).
-//! - `install/bistro_all_host`: installing every host hook (eighteen)
+//! - `install/bistro_all_host`: installing every host hook (nineteen)
 //!   in bistro mode (the uninstall between samples is not timed).
 //! - `syscall/original` vs `syscall/hooked`: `syscall(SYS_getppid)`, a
 //!   call the `syscall` hook passes on (as it does `futex`), through
 //!   `host::original("syscall")` and through the hook, both with every
 //!   hook installed and one empty handler for all events.
+//! - `ioctl/original` vs `ioctl/hooked`: `ioctl(FIONREAD)` of a pipe, a
+//!   request the `ioctl` hook passes on (as it does a driver's: all but
+//!   userfaultfd's `UFFDIO_MOVE`), the same way.
 //! - `open_truncate/unhooked` vs `open_truncate/hooked`: `open(O_TRUNC)`
 //!   of a file of one byte (written again before each, untimed), then
 //!   `close`: hooked with one empty `VM_UNMAPPED` handler, the hook looks
@@ -107,6 +110,45 @@ fn syscall_pass(c: &mut Criterion) {
     g.finish();
 }
 
+fn ioctl_pass(c: &mut Criterion) {
+    let mut fds = [0; 2];
+    // SAFETY: pipe writes two descriptors into `fds`; closed below.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let mut g = c.benchmark_group("ioctl");
+    memhook::install(&config());
+    let id = memhook::set_handler(bits::ALL_EVENTS, 0, HandlerFn::Rust(&empty)).unwrap();
+    let original = memhook::host::original("ioctl").expect("ioctl hooked");
+    // SAFETY: the original of libc's ioctl, which has its signature.
+    let original: unsafe extern "C" fn(libc::c_int, libc::c_ulong, ...) -> libc::c_int =
+        unsafe { std::mem::transmute(original) };
+    let mut n: libc::c_int = 0;
+    let n = &raw mut n;
+    g.bench_function("original", |b| {
+        b.iter_custom(|iters| {
+            medians::timed("ioctl original", iters, || {
+                // SAFETY: FIONREAD writes an int to `n`.
+                black_box(unsafe { original(black_box(fds[0]), libc::FIONREAD, n) });
+            })
+        })
+    });
+    g.bench_function("hooked", |b| {
+        b.iter_custom(|iters| {
+            medians::timed("ioctl hooked", iters, || {
+                // SAFETY: as above.
+                black_box(unsafe { libc::ioctl(black_box(fds[0]), libc::FIONREAD, n) });
+            })
+        })
+    });
+    memhook::unset_handler(id).unwrap();
+    memhook::uninstall();
+    g.finish();
+    // SAFETY: the descriptors made above.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+}
+
 fn open_truncate(c: &mut Criterion) {
     let dir = std::env::temp_dir().join(format!("memhook-bench-open-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -170,7 +212,7 @@ fn install(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = mmap_munmap, syscall_pass, open_truncate, install
+    targets = mmap_munmap, syscall_pass, ioctl_pass, open_truncate, install
 }
 
 fn main() {
@@ -191,6 +233,18 @@ fn main() {
     );
     println!(
         "median syscall(SYS_getppid), another call than memory's: through the hook {} against its original {}: added {} ({})",
+        medians::ns(hooked),
+        medians::ns(plain),
+        medians::added(hooked, plain),
+        medians::ratio(hooked, plain)
+    );
+    let (hooked, plain) = (
+        medians::median("ioctl hooked", SAMPLES),
+        medians::median("ioctl original", SAMPLES),
+    );
+    println!(
+        "median ioctl(FIONREAD) of a pipe, another request than UFFDIO_MOVE: through the hook {} against its original {}: \
+         added {} ({})",
         medians::ns(hooked),
         medians::ns(plain),
         medians::added(hooked, plain),

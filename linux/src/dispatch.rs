@@ -134,6 +134,8 @@ pub(crate) enum OwnCall {
     /// `open`, `openat`, `creat`, `openat2`, `fopen`, `freopen`: the
     /// path's address.
     Open(usize),
+    /// `ioctl` (`UFFDIO_MOVE`): the descriptor and the argument's address.
+    Ioctl(c_int, usize),
 }
 
 // A thread-local with a destructor would be registered on a thread's first

@@ -13,7 +13,9 @@
 //! `MADV_REMOVE`, which punches the same hole through the range's own
 //! mappings. `remap_file_pages` puts other pages of a file in a range of
 //! a shared mapping of it: `VM_UNMAPPED` of the range before the call,
-//! `VM_MAPPED` after it (no event of its own). What the dynamic loader
+//! `VM_MAPPED` after it (no event of its own). userfaultfd's `UFFDIO_MOVE`
+//! (an `ioctl`) takes a range's pages to another: `VM_UNMAPPED` of the
+//! source range before the call (`ioctl_hook`). What the dynamic loader
 //! maps and unmaps for
 //! `dlopen` and `dlclose` (through its own copies of mmap and munmap) is
 //! reported after those calls (`loader_changed`). A library opened with
@@ -62,7 +64,7 @@ use crate::maps::{keeping_errno, page_size};
 /// `"mremap"`, `"shmat"`, `"shmdt"`, `"brk"`, `"sbrk"`, `"madvise"`,
 /// `"process_madvise"`, `"fallocate"`, `"ftruncate"`, `"truncate"`,
 /// `"remap_file_pages"`, `"open"`, `"openat"`, `"shm_open"`,
-/// `"syscall"` or `"creat"`), past
+/// `"syscall"`, `"creat"` or `"ioctl"`), past
 /// memhook's hook: with bistro, its trampoline (the relocated first
 /// instructions, then a jump into the function); with reloc, the
 /// definition it found. `None` for another name, or before memhook hooked
@@ -140,6 +142,7 @@ pub(crate) fn functions_in<const NS: usize>() -> [Hooked; FUNCTIONS] {
         ),
         (c"syscall", syscall_hook::<NS> as *const () as usize, &ORIG_SYSCALL[NS]),
         (c"creat", creat_hook::<NS> as *const () as usize, &ORIG_CREAT[NS]),
+        (c"ioctl", ioctl_hook::<NS> as *const () as usize, &ORIG_IOCTL[NS]),
     ]
 }
 
@@ -167,7 +170,7 @@ const fn slot(ns: usize) -> usize {
 const _: () = assert!(HOOK_SLOTS.is_power_of_two());
 
 /// How many host functions memhook hooks.
-pub(crate) const FUNCTIONS: usize = 18;
+pub(crate) const FUNCTIONS: usize = 19;
 
 /// glibc's other names of hooked functions (the same functions on the
 /// 64-bit targets memhook runs on), each with the function's own name.
@@ -226,6 +229,7 @@ pub(crate) static ORIG_OPENAT: Originals = [const { AtomicUsize::new(0) }; HOOK_
 pub(crate) static ORIG_SHM_OPEN: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 pub(crate) static ORIG_SYSCALL: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 pub(crate) static ORIG_CREAT: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
+pub(crate) static ORIG_IOCTL: Originals = [const { AtomicUsize::new(0) }; HOOK_SLOTS];
 /// Reloc's records of the aliases (the same functions in glibc): the
 /// hooks call the main name's original, which each install sets.
 pub(crate) static ORIG_MMAP64: AtomicUsize = AtomicUsize::new(0);
@@ -254,6 +258,7 @@ type OpenatFn = unsafe extern "C" fn(c_int, *const core::ffi::c_char, c_int, lib
 type ShmOpenFn = unsafe extern "C" fn(*const core::ffi::c_char, c_int, libc::mode_t) -> c_int;
 type CreatFn = unsafe extern "C" fn(*const core::ffi::c_char, libc::mode_t) -> c_int;
 type SyscallFn = unsafe extern "C" fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long;
+type IoctlFn = unsafe extern "C" fn(c_int, libc::c_ulong, ...) -> c_int;
 
 /// Loads an original. The hooks are only reachable once it is set (install
 /// stores it before any patch points to the hook).
@@ -1510,11 +1515,120 @@ fn own_call(event: &Event) -> OwnCall {
     }
 }
 
+/// userfaultfd's `UFFDIO_MOVE` (Linux 6.8, `linux/userfaultfd.h`):
+/// `_IOWR(0xAA, 0x05, struct uffdio_move)`. The kernel takes an ioctl's
+/// request as 32 bits (`unsigned int cmd`), whatever the caller passed
+/// above them, and so does the hook.
+pub(crate) const UFFDIO_MOVE: u32 = 0xc028_aa05;
+
+/// `UFFDIO_MOVE`'s modes the kernel takes (`UFFDIO_MOVE_MODE_DONTWAKE`,
+/// `UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES`): any other bit is `EINVAL`, before
+/// it moves anything.
+const UFFDIO_MOVE_MODES: u64 = 0b11;
+
+/// `struct uffdio_move`: where to, from where, how many bytes, the mode,
+/// and (the kernel's answer) how many it moved.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct UffdioMove {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    moved: i64,
+}
+
+// SAFETY: five integers: any bits are valid.
+unsafe impl Plain for UffdioMove {}
+
+/// The `ioctl` hook: userfaultfd's `UFFDIO_MOVE` (a garbage collector's
+/// tool: it moves an anonymous range's pages to another range registered
+/// with the userfaultfd, with no call on either mapping) takes the source
+/// range's pages away, as `MADV_DONTNEED` would: `VM_UNMAPPED` of the
+/// source range before the call. The destination range had no pages
+/// there (the kernel refuses the move, `EEXIST`, where it has), so none
+/// is taken from it. Every other request (a driver's: libcuda makes many)
+/// costs a compare and a jump to the original, with no frame of its own;
+/// `UFFDIO_MOVE` with no handler of `VM_UNMAPPED`, one more test. glibc's
+/// `ioctl` is variadic: the third word is forwarded as it came.
+pub(crate) unsafe extern "C" fn ioctl_hook<const NS: usize>(
+    fd: c_int,
+    request: libc::c_ulong,
+    arg: *mut c_void,
+) -> c_int {
+    if request as u32 != UFFDIO_MOVE || !wants(bits::VM_UNMAPPED) {
+        let orig = original!(ORIG_IOCTL[NS], IoctlFn);
+        // SAFETY: the caller's arguments, forwarded to the original.
+        return unsafe { orig(fd, request, arg) };
+    }
+    moving(NS, fd, request, arg)
+}
+
+/// [`ioctl_hook`] for a `UFFDIO_MOVE` a handler wants reported, for hook
+/// slot `ns`'s libc.
+#[cold]
+#[inline(never)]
+fn moving(ns: usize, fd: c_int, request: libc::c_ulong, arg: *mut c_void) -> c_int {
+    let orig = original!(ORIG_IOCTL[slot(ns)], IoctlFn);
+    // SAFETY: the caller's arguments, forwarded to the original.
+    uffd_move_body(
+        move |fd, request, arg| unsafe { orig(fd, request, arg) },
+        fd,
+        request,
+        arg,
+    )
+}
+
+/// `UFFDIO_MOVE` by `orig` (the ioctl, or the system call by `syscall`):
+/// `VM_UNMAPPED` of the source range first, in whole pages, where the
+/// kernel would look at the mappings at all. Its `struct uffdio_move` is
+/// read without trusting it ([`read_caller`]): one that cannot be read
+/// (the call's `EFAULT`), a range or length off a page boundary, a length
+/// of 0, a range past the top of the address space or a mode the kernel
+/// does not take (its `EINVAL`) reports nothing. Whether `fd` is a
+/// userfaultfd is not asked (that costs a look at `/proc`): another
+/// device's ioctl of the same number would report its range, a report
+/// too many. A move that stops short (`EAGAIN`, a hole in the source
+/// without `UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES`) has reported the whole
+/// range. Keeps the caller's errno.
+fn uffd_move_body(
+    orig: impl FnOnce(c_int, libc::c_ulong, *mut c_void) -> c_int,
+    fd: c_int,
+    request: libc::c_ulong,
+    arg: *mut c_void,
+) -> c_int {
+    keeping_errno(|| {
+        let mut m = [UffdioMove::default()];
+        if read_caller(arg as usize, &mut m)
+            && let Some((src, len)) = moved_range(&m[0])
+            && let Some(mut event) = unmapped_bytes(src, len)
+        {
+            notify(&mut event);
+        }
+    });
+    let own = OwnCall::Ioctl(fd, arg as usize);
+    crate::dispatch::run_original(own, || orig(fd, request, arg))
+}
+
+/// The source range a `UFFDIO_MOVE` of `m` takes pages from, or `None`
+/// where the kernel refuses it before it looks at the mappings
+/// (`fs/userfaultfd.c`, `userfaultfd_move`): a start or length off a page
+/// boundary, a length of 0, either range past the top of the address
+/// space, a mode with other bits.
+fn moved_range(m: &UffdioMove) -> Option<(usize, usize)> {
+    let page = page_size() as u64;
+    let aligned = (m.src | m.dst | m.len) & (page - 1) == 0;
+    let fits = |start: u64| start.checked_add(m.len).is_some_and(|end| end <= usize::MAX as u64);
+    let valid = aligned && m.len != 0 && fits(m.src) && fits(m.dst) && m.mode & !UFFDIO_MOVE_MODES == 0;
+    valid.then_some((m.src as usize, m.len as usize))
+}
+
 /// The call a system call made by `syscall(n, a, b, ..)` names, as a host
 /// hook of the function that makes it would ([`OwnCall`]).
-fn syscall_own_call(n: c_long, a: c_long, b: c_long) -> OwnCall {
+fn syscall_own_call(n: c_long, a: c_long, b: c_long, c: c_long) -> OwnCall {
     let (a, b) = (a as usize, b as usize);
     match n {
+        libc::SYS_ioctl => OwnCall::Ioctl(a as c_int, c as usize),
         libc::SYS_mmap => OwnCall::Mmap(a, b),
         libc::SYS_munmap => OwnCall::Munmap(a, b),
         libc::SYS_mremap => OwnCall::Mremap(a, b),
@@ -1534,13 +1648,15 @@ fn syscall_own_call(n: c_long, a: c_long, b: c_long) -> OwnCall {
     }
 }
 
-/// The events of a system call made by `syscall(n, ..)` (`d` and `e`, its
-/// fourth and fifth arguments: an `mmap`'s flags and descriptor): those
-/// of the hooked function that makes it; 0 for every other call (a
-/// `futex`, a `gettid`: just the call).
+/// The events of a system call made by `syscall(n, ..)` (`b`, its second
+/// argument: an `ioctl`'s request; `d` and `e`, its fourth and fifth: an
+/// `mmap`'s flags and descriptor): those of the hooked function that
+/// makes it; 0 for every other call (a `futex`, a `gettid`, an `ioctl`
+/// but `UFFDIO_MOVE`: just the call).
 #[inline(always)]
-fn syscall_events(n: c_long, d: c_long, e: c_long) -> u32 {
+fn syscall_events(n: c_long, b: c_long, d: c_long, e: c_long) -> u32 {
     match n {
+        libc::SYS_ioctl if b as u32 == UFFDIO_MOVE => bits::VM_UNMAPPED,
         libc::SYS_mmap => bits::MMAP | bits::VM_MAPPED | mmap_unmap_bits(d as c_int, e as c_int),
         libc::SYS_munmap => bits::MUNMAP | bits::VM_UNMAPPED,
         libc::SYS_mremap => bits::MREMAP | bits::VM_MAPPED | bits::VM_UNMAPPED,
@@ -1583,7 +1699,7 @@ pub(crate) unsafe extern "C" fn syscall_hook<const NS: usize>(
     e: c_long,
     f: c_long,
 ) -> c_long {
-    if syscall_events(n, d, e) == 0 {
+    if syscall_events(n, b, d, e) == 0 {
         // Another call: straight to the original.
         let orig = original!(ORIG_SYSCALL[NS], SyscallFn);
         // SAFETY: the caller's arguments, forwarded to the original.
@@ -1607,7 +1723,7 @@ unsafe extern "C" fn memory_syscall<const NS: usize>(
     e: c_long,
     f: c_long,
 ) -> c_long {
-    if !wants(syscall_events(n, d, e)) || crate::dispatch::is_own_call(syscall_own_call(n, a, b)) {
+    if !wants(syscall_events(n, b, d, e)) || crate::dispatch::is_own_call(syscall_own_call(n, a, b, c)) {
         let orig = original!(ORIG_SYSCALL[NS], SyscallFn);
         // SAFETY: the caller's arguments, forwarded to the original.
         return unsafe { orig(n, a, b, c, d, e, f) };
@@ -1741,6 +1857,13 @@ unsafe fn syscall_body(ns: usize, n: c_long, args: [c_long; 6]) -> c_long {
             )
             .into(),
             libc::SYS_brk => raw_brk_body(|addr| sys([addr as c_long, 0, 0, 0, 0, 0]), a as usize),
+            libc::SYS_ioctl => uffd_move_body(
+                |fd, request, arg| int(sys([fd.into(), request as c_long, arg as c_long, 0, 0, 0])),
+                a as c_int,
+                b as libc::c_ulong,
+                c as *mut c_void,
+            )
+            .into(),
             libc::SYS_openat2 => openat2_body(
                 a as c_int,
                 b as *const core::ffi::c_char,

@@ -525,7 +525,8 @@ impl Queries {
         // told, and writes at most `vma_name_size` bytes at
         // `vma_name_addr` (the mapping's path buffer, as long; 0: none);
         // a kernel without it fails the call (ENOTTY) and touches nothing.
-        let r = unsafe { libc::ioctl(self.fd, PROCMAP_QUERY as _, &mut q) };
+        // By the instruction, not libc's `ioctl`, which memhook hooks.
+        let r = unsafe { crate::sys::syscall!(libc::SYS_ioctl, self.fd, PROCMAP_QUERY, &raw mut q) };
         if r != 0 {
             let e = errno();
             if e == libc::ENOENT {

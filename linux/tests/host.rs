@@ -64,6 +64,8 @@ int mhh_freopen_w(const char *path, int null_path) {
 }
 int mhh_shm_open(const char *name, int flags) { return shm_open(name, flags, 0600); }
 long mhh_syscall(long n, long a, long b, long c, long d, long e, long f) { return syscall(n, a, b, c, d, e, f); }
+#include <sys/ioctl.h>
+int mhh_ioctl(int fd, unsigned long request, void *arg) { return ioctl(fd, request, arg); }
 #include <dlfcn.h>
 void *mhh_dlopen(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
 int mhh_dlclose(void *handle) { return dlclose(handle); }
@@ -111,6 +113,7 @@ struct Helper {
         libc::c_long,
         libc::c_long,
     ) -> libc::c_long,
+    ioctl: unsafe extern "C" fn(i32, libc::c_ulong, usize) -> i32,
     dlopen: unsafe extern "C" fn(*const libc::c_char) -> usize,
     dlclose: unsafe extern "C" fn(usize) -> i32,
     dlsym: unsafe extern "C" fn(usize, *const libc::c_char) -> usize,
@@ -198,6 +201,7 @@ fn helper() -> &'static Helper {
                 freopen_w: cast(sym(c"mhh_freopen_w")),
                 shm_open: cast(sym(c"mhh_shm_open")),
                 syscall: cast(sym(c"mhh_syscall")),
+                ioctl: cast(sym(c"mhh_ioctl")),
                 dlopen: cast(sym(c"mhh_dlopen")),
                 dlclose: cast(sym(c"mhh_dlclose")),
                 dlsym: cast(sym(c"mhh_dlsym")),
@@ -295,12 +299,12 @@ fn about(log: &[Rec], addr: usize, len: usize) -> Vec<Rec> {
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// How many host functions memhook hooks here: eighteen, or seventeen with
+/// How many host functions memhook hooks here: nineteen, or eighteen with
 /// a glibc older than 2.36 (no `process_madvise`, so nothing to hook).
 fn host_functions() -> usize {
     // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
     let present = !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"process_madvise".as_ptr()) }.is_null();
-    17 + usize::from(present)
+    18 + usize::from(present)
 }
 
 fn page_size() -> usize {
@@ -1103,6 +1107,153 @@ fn remap_file_pages_works() -> Result<(), i32> {
     })
 }
 
+/// userfaultfd's `UFFDIO_MOVE` (Linux 6.8), which moves an anonymous
+/// range's pages into a range registered with the userfaultfd with no
+/// call on either mapping: `VM_UNMAPPED` of the source range before the
+/// call, by `ioctl` and by `syscall(SYS_ioctl)`, each once; nothing for
+/// the destination (it had no pages), nothing where the kernel refuses
+/// the move before it looks (a range off a page boundary, an unknown
+/// mode), and a bad argument is the call's `EFAULT`, not a crash in the
+/// hook. Another request passes with its result and errno, no event.
+/// Not checked where this process cannot make a userfaultfd or the
+/// kernel has no `UFFDIO_MOVE` (`memhook doctor`'s `userfaultfd:` line).
+fn check_uffd_move(h: &Helper, events: u32) {
+    const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
+    const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
+    const UFFDIO_MOVE: libc::c_ulong = 0xc028_aa05;
+    const UFFD_USER_MODE_ONLY: libc::c_long = 1;
+    const UFFD_FEATURE_MOVE: u64 = 1 << 16;
+    const MODE_MISSING: u64 = 1;
+    let page = page_size();
+    let l = |x: usize| x as libc::c_long;
+
+    // Another request: passed through, its result and errno, no event.
+    let log = recorded(|| {
+        set_errno(0);
+        // SAFETY: FIONREAD on a descriptor that is not open: EBADF.
+        assert_eq!(unsafe { (h.ioctl)(-1, libc::FIONREAD, 0) }, -1);
+        assert_eq!(errno(), libc::EBADF);
+    });
+    assert_eq!(log, [], "no event for another request");
+
+    // SAFETY: userfaultfd for this process's own faults; closed below.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_userfaultfd,
+            libc::O_CLOEXEC as libc::c_long | UFFD_USER_MODE_ONLY,
+        )
+    };
+    if fd < 0 {
+        eprintln!("UFFDIO_MOVE: no userfaultfd here (errno {}), not checked", errno());
+        return;
+    }
+    let fd = fd as i32;
+    let mut api = [0xaa_u64, UFFD_FEATURE_MOVE, 0];
+    // SAFETY: UFFDIO_API reads and writes `struct uffdio_api`, three words.
+    let r = unsafe { libc::ioctl(fd, UFFDIO_API, api.as_mut_ptr()) };
+    if r != 0 || api[1] & UFFD_FEATURE_MOVE == 0 {
+        eprintln!(
+            "UFFDIO_MOVE: not in this kernel (older than 6.8; errno {}), not checked",
+            errno()
+        );
+        // SAFETY: our descriptor.
+        unsafe { libc::close(fd) };
+        return;
+    }
+    // Four pages of source, written (so present, and this process's
+    // alone), and four of destination, registered, never touched, four
+    // pages past them (each step looks only at its own range).
+    let pages = 4;
+    // SAFETY: the helper wraps mmap; unmapped below.
+    let src = unsafe { (h.mmap)(3 * pages * page) };
+    assert_ne!(src, usize::MAX);
+    let dst = src + 2 * pages * page;
+    for i in 0..pages * page / 8 {
+        // SAFETY: inside the source mapping, written.
+        unsafe { *((src + i * 8) as *mut u64) = i as u64 ^ 0x5a5a };
+    }
+    let mut register = [dst as u64, (pages * page) as u64, MODE_MISSING, 0];
+    // SAFETY: UFFDIO_REGISTER reads and writes `struct uffdio_register`, four words.
+    let r = unsafe { libc::ioctl(fd, UFFDIO_REGISTER, register.as_mut_ptr()) };
+    assert_eq!(r, 0, "UFFDIO_REGISTER: errno {}", errno());
+
+    // `struct uffdio_move`: dst, src, len, mode, and the bytes moved.
+    let mut mv = [dst as u64, src as u64, (2 * page) as u64, 0, 0];
+    let log = recorded(|| {
+        set_errno(77);
+        // SAFETY: the helper wraps ioctl; UFFDIO_MOVE reads and writes `mv`.
+        let r = unsafe { (h.ioctl)(fd, UFFDIO_MOVE, mv.as_mut_ptr() as usize) };
+        assert_eq!(r, 0, "errno {}", errno());
+        assert_eq!(errno(), 77, "errno survives the handlers");
+    });
+    assert_eq!(mv[4], (2 * page) as u64, "moved");
+    assert_eq!(about(&log, dst, pages * page), [], "nothing of the destination");
+    assert_eq!(
+        about(&log, src, pages * page),
+        only(events, [(bits::VM_UNMAPPED, src, 2 * page, 0)])
+    );
+    // SAFETY: inside the destination, whose first two pages are now the
+    // source's; the source's first two pages are gone (zero on a read).
+    unsafe {
+        assert_eq!(*((dst + page + 8) as *const u64), (page / 8 + 1) as u64 ^ 0x5a5a);
+        assert_eq!(*((src + page + 8) as *const u64), 0);
+    }
+
+    // The next two pages by the system call, through libc's `syscall`.
+    let mut mv = [
+        (dst + 2 * page) as u64,
+        (src + 2 * page) as u64,
+        (2 * page) as u64,
+        0,
+        0,
+    ];
+    let log = recorded(|| {
+        let r = sys(
+            h,
+            libc::SYS_ioctl,
+            &[l(fd as usize), UFFDIO_MOVE as libc::c_long, l(mv.as_mut_ptr() as usize)],
+        );
+        assert_eq!(r, 0, "errno {}", errno());
+    });
+    assert_eq!(
+        about(&log, src, pages * page),
+        only(events, [(bits::VM_UNMAPPED, src + 2 * page, 2 * page, 0)]),
+        "syscall(SYS_ioctl, UFFDIO_MOVE): once"
+    );
+
+    // Refused before the kernel looks: off a page boundary, an unknown
+    // mode; a bad argument. The kernel's errno, nothing reported.
+    for (what, arg, want) in [
+        (
+            "unaligned",
+            [dst as u64, (src + 8) as u64, page as u64, 0, 0],
+            libc::EINVAL,
+        ),
+        ("mode", [dst as u64, src as u64, page as u64, 1 << 7, 0], libc::EINVAL),
+    ] {
+        let mut arg = arg;
+        let log = recorded(|| {
+            // SAFETY: as above.
+            let r = unsafe { (h.ioctl)(fd, UFFDIO_MOVE, arg.as_mut_ptr() as usize) };
+            assert_eq!(r, -1, "{what}");
+            assert_eq!(errno(), want, "{what}");
+        });
+        assert_eq!(about(&log, src, pages * page), [], "{what}");
+    }
+    let log = recorded(|| {
+        // SAFETY: the kernel reads the argument and fails with EFAULT.
+        assert_eq!(unsafe { (h.ioctl)(fd, UFFDIO_MOVE, 8) }, -1);
+        assert_eq!(errno(), libc::EFAULT);
+    });
+    assert_eq!(log, [], "a bad argument");
+
+    // SAFETY: our mappings and descriptor.
+    unsafe {
+        assert_eq!((h.munmap)(src, 3 * pages * page), 0);
+        libc::close(fd);
+    }
+}
+
 /// process_madvise (glibc 2.36): a discarding advice on the caller's own
 /// memory (Linux 6.13; an allocator's batch of `MADV_DONTNEED`s) is a
 /// `VM_UNMAPPED` of each range, in order, before the call; the function
@@ -1471,6 +1622,7 @@ fn check_mode(mode: HookMode, events: u32) {
     check_remap_file_pages(h, events);
     check_open_truncate(h, mode, events);
     check_syscall(h, events);
+    check_uffd_move(h, events);
 
     // shmat/shmdt: sizes from the segment and the mapping.
     // SAFETY: a private segment, removed below.
@@ -2642,6 +2794,7 @@ fn install_uninstall_cycles_restore_the_bytes() {
         c"shm_open",
         c"syscall",
         c"creat",
+        c"ioctl",
     ];
     // SAFETY: NUL-terminated names and the pseudo-handle RTLD_DEFAULT.
     let names: Vec<_> = names
