@@ -177,7 +177,7 @@ gcc -O1 -o entry_bytes src/entry_bytes.c -ldl &&
         cuGraphicsResourceGetMappedPointer_v2 cuGraphicsUnmapResources cuGraphicsUnmapResources_ptsz \
         cuGraphicsUnregisterResource cuGraphicsResourceGetMappedEglFrame cuEGLStreamConsumerReleaseFrame \
         2>&1 | sed 's/^/FIXTURE /' | tee -a "$results"
-./entry_bytes libc.so.6 process_madvise fallocate ftruncate truncate remap_file_pages open openat shm_open syscall creat dlopen dlclose dlsym dlvsym 2>&1 | sed 's/^/FIXTURE /' | tee -a "$results"
+./entry_bytes libc.so.6 process_madvise fallocate ftruncate truncate remap_file_pages open openat shm_open syscall creat ioctl dlopen dlclose dlsym dlvsym 2>&1 | sed 's/^/FIXTURE /' | tee -a "$results"
 ./memhook scan --json "$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')" 2>&1 | sed 's/^/SCAN libcuda /' | tee -a "$results"
 # What the driver answers about pointers of each kind (the range and
 # mapping attributes classify reads): for the record, not a check.
