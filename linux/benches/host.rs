@@ -82,66 +82,64 @@ fn mmap_munmap(c: &mut Criterion) {
     g.finish();
 }
 
-fn syscall_pass(c: &mut Criterion) {
-    let mut g = c.benchmark_group("syscall");
+/// A call a hook passes on to the original (libc's function `name`):
+/// `original` makes it through the address `host::original(name)`
+/// gives, `hooked` through the hook, both with every hook installed and
+/// one empty handler for all events.
+fn pass_through(c: &mut Criterion, name: &str, original: impl Fn(usize), hooked: impl Fn()) {
+    let mut g = c.benchmark_group(name);
     memhook::install(&config());
     let id = memhook::set_handler(bits::ALL_EVENTS, 0, HandlerFn::Rust(&empty)).unwrap();
-    let original = memhook::host::original("syscall").expect("syscall hooked");
-    // SAFETY: the original of libc's syscall, which has its signature.
-    let original: unsafe extern "C" fn(libc::c_long, ...) -> libc::c_long = unsafe { std::mem::transmute(original) };
+    let address = memhook::host::original(name).expect("hooked");
+    let (as_original, as_hooked) = (format!("{name} original"), format!("{name} hooked"));
     g.bench_function("original", |b| {
-        b.iter_custom(|iters| {
-            medians::timed("syscall original", iters, || {
-                // SAFETY: getppid takes no arguments.
-                black_box(unsafe { original(black_box(libc::SYS_getppid)) });
-            })
-        })
+        b.iter_custom(|iters| medians::timed(&as_original, iters, || original(address)))
     });
     g.bench_function("hooked", |b| {
-        b.iter_custom(|iters| {
-            medians::timed("syscall hooked", iters, || {
-                // SAFETY: as above.
-                black_box(unsafe { libc::syscall(black_box(libc::SYS_getppid)) });
-            })
-        })
+        b.iter_custom(|iters| medians::timed(&as_hooked, iters, &hooked))
     });
     memhook::unset_handler(id).unwrap();
     memhook::uninstall();
     g.finish();
 }
 
+fn syscall_pass(c: &mut Criterion) {
+    type Syscall = unsafe extern "C" fn(libc::c_long, ...) -> libc::c_long;
+    pass_through(
+        c,
+        "syscall",
+        |address| {
+            // SAFETY: the original of libc's syscall, which has its
+            // signature; getppid takes no arguments.
+            black_box(unsafe { std::mem::transmute::<usize, Syscall>(address)(black_box(libc::SYS_getppid)) });
+        },
+        || {
+            // SAFETY: as above.
+            black_box(unsafe { libc::syscall(black_box(libc::SYS_getppid)) });
+        },
+    );
+}
+
 fn ioctl_pass(c: &mut Criterion) {
+    type Ioctl = unsafe extern "C" fn(libc::c_int, libc::c_ulong, ...) -> libc::c_int;
     let mut fds = [0; 2];
     // SAFETY: pipe writes two descriptors into `fds`; closed below.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    let mut g = c.benchmark_group("ioctl");
-    memhook::install(&config());
-    let id = memhook::set_handler(bits::ALL_EVENTS, 0, HandlerFn::Rust(&empty)).unwrap();
-    let original = memhook::host::original("ioctl").expect("ioctl hooked");
-    // SAFETY: the original of libc's ioctl, which has its signature.
-    let original: unsafe extern "C" fn(libc::c_int, libc::c_ulong, ...) -> libc::c_int =
-        unsafe { std::mem::transmute(original) };
     let mut n: libc::c_int = 0;
     let n = &raw mut n;
-    g.bench_function("original", |b| {
-        b.iter_custom(|iters| {
-            medians::timed("ioctl original", iters, || {
-                // SAFETY: FIONREAD writes an int to `n`.
-                black_box(unsafe { original(black_box(fds[0]), libc::FIONREAD, n) });
-            })
-        })
-    });
-    g.bench_function("hooked", |b| {
-        b.iter_custom(|iters| {
-            medians::timed("ioctl hooked", iters, || {
-                // SAFETY: as above.
-                black_box(unsafe { libc::ioctl(black_box(fds[0]), libc::FIONREAD, n) });
-            })
-        })
-    });
-    memhook::unset_handler(id).unwrap();
-    memhook::uninstall();
-    g.finish();
+    pass_through(
+        c,
+        "ioctl",
+        |address| {
+            // SAFETY: the original of libc's ioctl, which has its
+            // signature; FIONREAD writes an int to `n`.
+            black_box(unsafe { std::mem::transmute::<usize, Ioctl>(address)(black_box(fds[0]), libc::FIONREAD, n) });
+        },
+        || {
+            // SAFETY: as above.
+            black_box(unsafe { libc::ioctl(black_box(fds[0]), libc::FIONREAD, n) });
+        },
+    );
     // SAFETY: the descriptors made above.
     unsafe {
         libc::close(fds[0]);
@@ -227,29 +225,20 @@ fn main() {
         medians::added(hooked, plain),
         medians::ratio(hooked, plain)
     );
-    let (hooked, plain) = (
-        medians::median("syscall hooked", SAMPLES),
-        medians::median("syscall original", SAMPLES),
-    );
-    println!(
-        "median syscall(SYS_getppid), another call than memory's: through the hook {} against its original {}: added {} ({})",
-        medians::ns(hooked),
-        medians::ns(plain),
-        medians::added(hooked, plain),
-        medians::ratio(hooked, plain)
-    );
-    let (hooked, plain) = (
-        medians::median("ioctl hooked", SAMPLES),
-        medians::median("ioctl original", SAMPLES),
-    );
-    println!(
-        "median ioctl(FIONREAD) of a pipe, another request than UFFDIO_MOVE: through the hook {} against its original {}: \
-         added {} ({})",
-        medians::ns(hooked),
-        medians::ns(plain),
-        medians::added(hooked, plain),
-        medians::ratio(hooked, plain)
-    );
+    for (name, what) in [
+        ("syscall", "syscall(SYS_getppid), another call than memory's"),
+        ("ioctl", "ioctl(FIONREAD) of a pipe, another request than UFFDIO_MOVE"),
+    ] {
+        let hooked = medians::median(&format!("{name} hooked"), SAMPLES);
+        let plain = medians::median(&format!("{name} original"), SAMPLES);
+        println!(
+            "median {what}: through the hook {} against its original {}: added {} ({})",
+            medians::ns(hooked),
+            medians::ns(plain),
+            medians::added(hooked, plain),
+            medians::ratio(hooked, plain)
+        );
+    }
     let (hooked, plain) = (
         medians::median("open hooked", SAMPLES),
         medians::median("open unhooked", SAMPLES),
