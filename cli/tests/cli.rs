@@ -7,18 +7,11 @@ fn memhook() -> Command {
     Command::new(env!("CARGO_BIN_EXE_memhook"))
 }
 
-/// Makes sure libmemhook.so sits next to the binary (`run` preloads it).
+/// Makes sure libmemhook.so, built from the current sources, sits next
+/// to the binary (`run` preloads it).
 fn with_library() {
-    let dir = Path::new(env!("CARGO_BIN_EXE_memhook")).parent().unwrap().to_path_buf();
-    if !dir.join("libmemhook.so").is_file() {
-        let ok = Command::new(option_env!("CARGO").unwrap_or("cargo"))
-            .args(["build", "-p", "memhook-ffi"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok && dir.join("libmemhook.so").is_file(), "libmemhook.so built");
-    }
+    let dir = Path::new(env!("CARGO_BIN_EXE_memhook")).parent().unwrap();
+    memhook_tests::libmemhook::libmemhook(dir, true);
 }
 
 /// Whether the file `path` exists within 10 s (a program under `memhook

@@ -3,8 +3,9 @@
 //! counting events, a second namespace's libc (`dlmopen`), libmemhook.so
 //! closed after install (it stays loaded), a program with an `mmap` of
 //! its own, two copies of memhook in one process, the CUDA hooks
-//! on the fake driver, and an unmodified
-//! program under `LD_PRELOAD=libmemhook.so MEMHOOK_TRACE=1`.
+//! on the fake driver, and unmodified programs (one that maps and
+//! unmaps, one that moves pages with userfaultfd) under
+//! `LD_PRELOAD=libmemhook.so MEMHOOK_TRACE=1`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,15 +14,13 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The folder with libmemhook.so (this test's target folder).
+/// The folder with libmemhook.so (this test's target folder), the
+/// library built from the current sources where the test has the default
+/// features (see `memhook_tests::libmemhook::libmemhook`).
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    assert!(
-        dir.join("libmemhook.so").is_file(),
-        "libmemhook.so is built next to the tests ({})",
-        dir.display()
-    );
+    memhook_tests::libmemhook::libmemhook(&dir, cfg!(feature = "bistro"));
     dir
 }
 
@@ -430,6 +429,46 @@ fn trace_of_an_unmodified_program_under_ld_preload() {
     assert!(o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("unknown hook mode `bistr`"), "{err}");
+}
+
+/// An unmodified program that moves pages with userfaultfd's `UFFDIO_MOVE`
+/// (a compacting garbage collector's way, with no call on either
+/// mapping), under `LD_PRELOAD=libmemhook.so MEMHOOK_TRACE=1`, in bistro
+/// and in reloc mode (the program's own `ioctl` slot): the trace has
+/// `VM_UNMAPPED` of exactly the range it moved from. Skipped, with the
+/// program's reason, where no userfaultfd can be made or the kernel has
+/// no `UFFDIO_MOVE` (before Linux 6.8).
+#[test]
+fn a_preloaded_library_reports_the_pages_userfaultfd_moves() {
+    let out = out_dir().join("uffd_move");
+    cc("uffd_move.c", &out, false);
+    for mode in ["bistro", "reloc"] {
+        let o = Command::new(&out)
+            .env("LD_PRELOAD", lib_dir().join("libmemhook.so"))
+            .env("MEMHOOK_TRACE", "1")
+            .env("MEMHOOK_MMAP_HOOK_MODE", mode)
+            .env("MEMHOOK_CUDA_HOOK_MODE", "none")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{mode}: {:?}\n{stdout}{stderr}", o.status);
+        if let Some(why) = stdout.strip_prefix("skipped: ") {
+            eprintln!("UFFDIO_MOVE under LD_PRELOAD: {}, not checked", why.trim());
+            return;
+        }
+        let moved: Vec<&str> = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("moved "))
+            .unwrap_or_else(|| panic!("{mode}: no `moved` line: {stdout}"))
+            .split(' ')
+            .collect();
+        let want = format!("VM_UNMAPPED addr={} size={}", moved[0], moved[1]);
+        assert_eq!(
+            stderr.lines().filter(|l| l.ends_with(&want)).count(),
+            1,
+            "{mode}: `{want}` once in the trace:\n{stderr}"
+        );
+    }
 }
 
 /// Reloc mode rewrites the program's own GOT slots, position-independent

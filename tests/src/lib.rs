@@ -2,6 +2,7 @@
 //! implementation against, and the harnesses shared with the fuzz targets.
 pub mod elf_fuzz;
 pub mod fakecuda;
+pub mod libmemhook;
 pub mod maps_model;
 pub mod memtype_model;
 pub mod reloc_check;
