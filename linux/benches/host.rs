@@ -218,12 +218,9 @@ fn main() {
     Criterion::default().configure_from_args().final_summary();
     let (hooked, plain) = (medians::median("hooked", SAMPLES), medians::median("unhooked", SAMPLES));
     println!(
-        "median mmap+munmap 4 KiB: hooked, one empty handler for all events {} against unhooked {}: added {} ({}) \
+        "median mmap+munmap 4 KiB: hooked, one empty handler for all events {} \
          (host_cost measures the same in interleaved rounds, steadier)",
-        medians::ns(hooked),
-        medians::ns(plain),
-        medians::added(hooked, plain),
-        medians::ratio(hooked, plain)
+        medians::against(hooked, "unhooked", plain)
     );
     for (name, what) in [
         ("syscall", "syscall(SYS_getppid), another call than memory's"),
@@ -232,11 +229,8 @@ fn main() {
         let hooked = medians::median(&format!("{name} hooked"), SAMPLES);
         let plain = medians::median(&format!("{name} original"), SAMPLES);
         println!(
-            "median {what}: through the hook {} against its original {}: added {} ({})",
-            medians::ns(hooked),
-            medians::ns(plain),
-            medians::added(hooked, plain),
-            medians::ratio(hooked, plain)
+            "median {what}: through the hook {}",
+            medians::against(hooked, "its original", plain)
         );
     }
     let (hooked, plain) = (
@@ -245,19 +239,13 @@ fn main() {
     );
     let mappings = std::fs::read_to_string("/proc/self/maps").map_or(0, |m| m.lines().count());
     println!(
-        "median open(O_TRUNC)+close of a one-byte file: hooked, one empty VM_UNMAPPED handler {} against unhooked {}: \
-         added {} ({}), with {mappings} mappings in the process",
-        medians::ns(hooked),
-        medians::ns(plain),
-        medians::added(hooked, plain),
-        medians::ratio(hooked, plain)
+        "median open(O_TRUNC)+close of a one-byte file: hooked, one empty VM_UNMAPPED handler {}, \
+         with {mappings} mappings in the process",
+        medians::against(hooked, "unhooked", plain)
     );
     let mapped = medians::median("open hooked mapped", SAMPLES);
     println!(
-        "median open(O_TRUNC)+close of the same file mapped: hooked {} against unhooked {}: added {} ({})",
-        medians::ns(mapped),
-        medians::ns(plain),
-        medians::added(mapped, plain),
-        medians::ratio(mapped, plain)
+        "median open(O_TRUNC)+close of the same file mapped: hooked {}",
+        medians::against(mapped, "unhooked", plain)
     );
 }

@@ -117,12 +117,6 @@ fn main() {
         ("hooked, map fed, new addresses", "unhooked, new addresses"),
     ] {
         let (with, without) = (m(hooked), m(base));
-        println!(
-            "median {hooked}: {} against {base} {}: added {} ({})",
-            medians::ns(with),
-            medians::ns(without),
-            medians::added(with, without),
-            medians::ratio(with, without)
-        );
+        println!("median {hooked}: {}", medians::against(with, base, without));
     }
 }

@@ -70,3 +70,15 @@ pub fn added(a: Option<f64>, b: Option<f64>) -> String {
         _ => "-".into(),
     }
 }
+
+/// `a` beside its baseline `b`, which `base` names: "A against BASE B:
+/// added A - B (A / B)", each figure `-` where it is missing.
+pub fn against(a: Option<f64>, base: &str, b: Option<f64>) -> String {
+    format!(
+        "{} against {base} {}: added {} ({})",
+        ns(a),
+        ns(b),
+        added(a, b),
+        ratio(a, b)
+    )
+}
