@@ -464,7 +464,11 @@ typedef union memhook_event_t {
 
 /*
  An event handler: called with the event's type, the event, and the
- `arg` given at registration.
+ `arg` given at registration. `event` is memhook's own event, lent for
+ the call (do not keep the pointer): its member for `event_type` is set,
+ and what the handler writes there is the event's from then on (a
+ pre-handler's result, under SPEC.md's result rules). No other member
+ is set.
  */
 typedef void (*memhook_event_cb)(uint32_t event_type, union memhook_event_t *event, void *arg);
 

@@ -363,6 +363,29 @@ impl Event {
         None
     }
 
+    /// Where every kind's payload (the variant's struct: [`MmapEvent`],
+    /// [`VmEvent`], ...) lies in an `Event`, in bytes from its start: the
+    /// same for all kinds, since `repr(C)` lays an enum with fields out as
+    /// its tag followed by a union of its variants.
+    pub const PAYLOAD_OFFSET: usize = {
+        let e = Event::VmMapped(VmEvent { address: 0, size: 0 });
+        let base = (&raw const e).cast::<u8>();
+        let Event::VmMapped(v) = &e else { unreachable!() };
+        // SAFETY: both pointers are into `e`, the payload after its start.
+        unsafe { (&raw const *v).cast::<u8>().offset_from(base) as usize }
+    };
+
+    /// The event's payload in place, [`Self::PAYLOAD_OFFSET`] bytes into
+    /// it whatever the kind (one add, no look at the kind): for a C handler given the payload as the C ABI's union,
+    /// whose members have the payloads' layouts, with no copy either way.
+    /// The `size_of::<Event>() - PAYLOAD_OFFSET` bytes from it are the
+    /// event's own (the largest payload's room); every field of every
+    /// payload is a plain integer, valid for any bits written there.
+    #[inline(always)]
+    pub fn payload_ptr(&mut self) -> *mut u8 {
+        (&raw mut *self).cast::<u8>().wrapping_add(Self::PAYLOAD_OFFSET)
+    }
+
     fn set_result(&mut self, word: isize) {
         match self {
             Event::Mmap(e) => e.result = word as usize,

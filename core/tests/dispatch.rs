@@ -550,17 +550,15 @@ fn notify_runs_pre_then_post_handlers_once_each_and_keeps_the_result_rule() {
     assert_eq!(depth.get(), 0);
 }
 
-#[test]
-fn exactly_the_host_call_events_carry_a_result() {
-    // Dispatch takes the result rule's path by event kind; the kinds with
-    // a result must be exactly those whose `result()` is `Some`.
+/// One event of every kind.
+fn one_of_each() -> [Event; 12] {
     let vm = VmEvent { address: 0, size: 1 };
     let mt = memhook_core::event::MemTypeEvent {
         address: 0,
         size: 1,
         mem_type: 0,
     };
-    let all = [
+    [
         mmap_event(),
         munmap(),
         Event::Mremap(memhook_core::event::MremapEvent {
@@ -593,7 +591,14 @@ fn exactly_the_host_call_events_carry_a_result() {
         Event::VmUnmapped(vm),
         Event::MemTypeAlloc(mt),
         Event::MemTypeFree(mt),
-    ];
+    ]
+}
+
+#[test]
+fn exactly_the_host_call_events_carry_a_result() {
+    // Dispatch takes the result rule's path by event kind; the kinds with
+    // a result must be exactly those whose `result()` is `Some`.
+    let all = one_of_each();
     let host =
         bits::MMAP | bits::MUNMAP | bits::MREMAP | bits::SHMAT | bits::SHMDT | bits::SBRK | bits::MADVISE | bits::BRK;
     let mut seen = 0;
@@ -638,4 +643,36 @@ fn only_a_pre_handler_can_skip_the_original() {
     assert_eq!(out.handlers, 2);
     assert_eq!(take_log(), vec![(1, 0), (2, 0)]);
     assert_eq!(depth.get(), 0);
+}
+
+#[test]
+fn every_kind_of_payload_lies_where_payload_ptr_says() {
+    // The C ABI hands a handler the payload in place (one add, whatever
+    // the kind): each variant's struct must start there, and fit in the
+    // event.
+    fn at<T>(e: &mut T) -> usize {
+        core::ptr::from_mut(e).addr()
+    }
+    let mut seen = 0;
+    for mut e in one_of_each() {
+        seen |= e.kind();
+        let start = core::ptr::from_mut(&mut e).addr();
+        let here = e.payload_ptr().addr();
+        assert_eq!(here, start + Event::PAYLOAD_OFFSET, "{e:?}");
+        let (field, size) = match &mut e {
+            Event::Mmap(p) => (at(p), size_of_val(p)),
+            Event::Munmap(p) => (at(p), size_of_val(p)),
+            Event::Mremap(p) => (at(p), size_of_val(p)),
+            Event::Shmat(p) => (at(p), size_of_val(p)),
+            Event::Shmdt(p) => (at(p), size_of_val(p)),
+            Event::Sbrk(p) => (at(p), size_of_val(p)),
+            Event::Madvise(p) => (at(p), size_of_val(p)),
+            Event::Brk(p) => (at(p), size_of_val(p)),
+            Event::VmMapped(p) | Event::VmUnmapped(p) => (at(p), size_of_val(p)),
+            Event::MemTypeAlloc(p) | Event::MemTypeFree(p) => (at(p), size_of_val(p)),
+        };
+        assert_eq!(field, here, "{e:?}");
+        assert!(Event::PAYLOAD_OFFSET + size <= size_of::<Event>(), "{e:?}");
+    }
+    assert_eq!(seen, bits::ALL_EVENTS, "every kind is covered");
 }

@@ -334,7 +334,11 @@ pub struct memhook_mem_info_t {
 }
 
 /// An event handler: called with the event's type, the event, and the
-/// `arg` given at registration.
+/// `arg` given at registration. `event` is memhook's own event, lent for
+/// the call (do not keep the pointer): its member for `event_type` is set,
+/// and what the handler writes there is the event's from then on (a
+/// pre-handler's result, under SPEC.md's result rules). No other member
+/// is set.
 pub type memhook_event_cb =
     Option<unsafe extern "C" fn(event_type: u32, event: *mut memhook_event_t, arg: *mut c_void)>;
 
