@@ -590,63 +590,21 @@ mod tests {
 
     /// `e` with every field changed.
     fn changed(e: &Event) -> Event {
+        macro_rules! bump {
+            ($m:ident: $($f:ident),*) => {{ $($m.$f += 1;)* }};
+        }
         let mut e = *e;
         match &mut e {
-            Event::Mmap(m) => {
-                m.result += 1;
-                m.address += 1;
-                m.size += 1;
-                m.prot += 1;
-                m.flags += 1;
-                m.fd += 1;
-                m.offset += 1;
-            }
-            Event::Munmap(m) => {
-                m.result += 1;
-                m.address += 1;
-                m.size += 1;
-            }
-            Event::Mremap(m) => {
-                m.result += 1;
-                m.address += 1;
-                m.old_size += 1;
-                m.new_size += 1;
-                m.flags += 1;
-                m.new_address += 1;
-            }
-            Event::Shmat(m) => {
-                m.result += 1;
-                m.shmid += 1;
-                m.shmaddr += 1;
-                m.shmflg += 1;
-            }
-            Event::Shmdt(m) => {
-                m.result += 1;
-                m.shmaddr += 1;
-            }
-            Event::Sbrk(m) => {
-                m.result += 1;
-                m.increment += 1;
-            }
-            Event::Madvise(m) => {
-                m.result += 1;
-                m.addr += 1;
-                m.length += 1;
-                m.advice += 1;
-            }
-            Event::Brk(m) => {
-                m.result += 1;
-                m.addr += 1;
-            }
-            Event::VmMapped(v) | Event::VmUnmapped(v) => {
-                v.address += 1;
-                v.size += 1;
-            }
-            Event::MemTypeAlloc(m) | Event::MemTypeFree(m) => {
-                m.address += 1;
-                m.size += 1;
-                m.mem_type += 1;
-            }
+            Event::Mmap(m) => bump!(m: result, address, size, prot, flags, fd, offset),
+            Event::Munmap(m) => bump!(m: result, address, size),
+            Event::Mremap(m) => bump!(m: result, address, old_size, new_size, flags, new_address),
+            Event::Shmat(m) => bump!(m: result, shmid, shmaddr, shmflg),
+            Event::Shmdt(m) => bump!(m: result, shmaddr),
+            Event::Sbrk(m) => bump!(m: result, increment),
+            Event::Madvise(m) => bump!(m: result, addr, length, advice),
+            Event::Brk(m) => bump!(m: result, addr),
+            Event::VmMapped(v) | Event::VmUnmapped(v) => bump!(v: address, size),
+            Event::MemTypeAlloc(m) | Event::MemTypeFree(m) => bump!(m: address, size, mem_type),
         }
         e
     }
