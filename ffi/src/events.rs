@@ -622,6 +622,71 @@ mod tests {
         }
     }
 
+    /// The address the report test's event asks for.
+    const ASKED: usize = 0x5eed_0000;
+    /// The mapping its pre-handler supplies.
+    const SUPPLIED: usize = 0x7a11_0000;
+
+    /// A pre-handler of `MMAP` that supplies a result for the test's call.
+    extern "C" fn supply(kind: u32, event: *mut memhook_event_t, _: *mut c_void) {
+        // SAFETY: an MMAP event's member is `mmap`.
+        unsafe {
+            if kind == MEMHOOK_EVENT_MMAP && (*event).mmap.address as usize == ASKED {
+                (*event).mmap.result = SUPPLIED as *mut c_void;
+            }
+        }
+    }
+
+    /// A post-handler of `MMAP` that notes the result it sees (in `arg`, an
+    /// `AtomicUsize`).
+    extern "C" fn note(kind: u32, event: *mut memhook_event_t, arg: *mut c_void) {
+        // SAFETY: as above; `arg` is the test's `AtomicUsize`.
+        unsafe {
+            if kind == MEMHOOK_EVENT_MMAP && (*event).mmap.address as usize == ASKED {
+                let seen = &*arg.cast::<core::sync::atomic::AtomicUsize>();
+                seen.store((*event).mmap.result as usize, core::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    #[test]
+    fn a_pre_handlers_result_reaches_the_post_handler_and_the_reporter() {
+        let seen = core::sync::atomic::AtomicUsize::new(0);
+        let seen_arg = (&raw const seen).cast_mut().cast::<c_void>();
+        let flags = MEMHOOK_EVENT_MMAP | MEMHOOK_EVENT_FLAG_NO_INSTALL;
+        // SAFETY: both handlers are memhook_event_cb; `seen` outlives them
+        // (unset below).
+        unsafe {
+            assert_eq!(
+                memhook_set_event_handler(flags, -1, Some(supply), core::ptr::null_mut()),
+                MEMHOOK_OK
+            );
+            assert_eq!(memhook_set_event_handler(flags, 1, Some(note), seen_arg), MEMHOOK_OK);
+        }
+        let mut event = to_c(&Event::Mmap(MmapEvent {
+            result: memhook::event::INVALID_PTR,
+            address: ASKED,
+            size: 4096,
+            prot: 0,
+            flags: 0,
+            fd: -1,
+            offset: 0,
+        }));
+        // SAFETY: the member for MMAP is set.
+        let rc = unsafe { memhook_report_event(MEMHOOK_EVENT_MMAP, &mut event) };
+        // SAFETY: as registered.
+        unsafe {
+            memhook_unset_event_handler(flags, Some(supply), core::ptr::null_mut());
+            memhook_unset_event_handler(flags, Some(note), seen_arg);
+        }
+        assert_eq!(rc, MEMHOOK_OK);
+        let seen = seen.load(core::sync::atomic::Ordering::Relaxed);
+        assert_eq!(seen, SUPPLIED, "the post-handler sees the pre-handler's result");
+        // SAFETY: report_event wrote the MMAP member back.
+        let reported = unsafe { event.mmap.result } as usize;
+        assert_eq!(reported, SUPPLIED, "and so does the reporter");
+    }
+
     #[test]
     fn a_c_handler_reads_and_changes_the_event_itself() {
         let mut kinds = 0;
