@@ -281,37 +281,40 @@ pub struct MemTypeEvent {
 
 /// One event, as handlers see it.
 ///
-/// `repr(C)`: every variant's payload starts at the same offset, and every
-/// host event's payload starts with its `result`, so reading a result is
+/// `repr(C, u32)`: a `u32` tag, then every variant's payload at one
+/// offset, and every host event's payload starts with its `result`, so reading a result is
 /// a test of the kind and one load, not a jump over every kind (hooks and
-/// the result rule read it on every call).
+/// the result rule read it on every call). Each variant's discriminant is
+/// its event bit, so [`Event::kind`] is the tag itself: one load, where a
+/// discriminant counted from 0 took a table in read-only data (a line
+/// more for a hook to miss after a system call).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(C)]
+#[repr(C, u32)]
 pub enum Event {
     /// [`bits::MMAP`].
-    Mmap(MmapEvent),
+    Mmap(MmapEvent) = bits::MMAP,
     /// [`bits::MUNMAP`].
-    Munmap(MunmapEvent),
+    Munmap(MunmapEvent) = bits::MUNMAP,
     /// [`bits::MREMAP`].
-    Mremap(MremapEvent),
+    Mremap(MremapEvent) = bits::MREMAP,
     /// [`bits::SHMAT`].
-    Shmat(ShmatEvent),
+    Shmat(ShmatEvent) = bits::SHMAT,
     /// [`bits::SHMDT`].
-    Shmdt(ShmdtEvent),
+    Shmdt(ShmdtEvent) = bits::SHMDT,
     /// [`bits::SBRK`].
-    Sbrk(SbrkEvent),
+    Sbrk(SbrkEvent) = bits::SBRK,
     /// [`bits::MADVISE`].
-    Madvise(MadviseEvent),
+    Madvise(MadviseEvent) = bits::MADVISE,
     /// [`bits::BRK`].
-    Brk(BrkEvent),
+    Brk(BrkEvent) = bits::BRK,
     /// [`bits::VM_MAPPED`].
-    VmMapped(VmEvent),
+    VmMapped(VmEvent) = bits::VM_MAPPED,
     /// [`bits::VM_UNMAPPED`].
-    VmUnmapped(VmEvent),
+    VmUnmapped(VmEvent) = bits::VM_UNMAPPED,
     /// [`bits::MEM_TYPE_ALLOC`].
-    MemTypeAlloc(MemTypeEvent),
+    MemTypeAlloc(MemTypeEvent) = bits::MEM_TYPE_ALLOC,
     /// [`bits::MEM_TYPE_FREE`].
-    MemTypeFree(MemTypeEvent),
+    MemTypeFree(MemTypeEvent) = bits::MEM_TYPE_FREE,
 }
 
 impl Event {
