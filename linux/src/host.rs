@@ -324,17 +324,18 @@ macro_rules! entry {
 /// Dispatches a hooked call: `original` makes the call and sets the
 /// event's result; the errno it left is what the caller sees, whatever the
 /// handlers after it did. The original is called here, in the hook's own
-/// frame, between the dispatcher's two halves.
+/// frame, between the dispatcher's two halves, marked as making `own`
+/// (the call as the caller made it, from the hook's own arguments: a
+/// pre-handler that changes the event changes neither, and the hook
+/// names it with no look at the event's kind).
 #[inline(always)]
 fn call_original(
+    own: OwnCall,
     mut before: Option<Event>,
     event: &mut Event,
     original: impl FnOnce(&mut Event),
     after: impl FnOnce(&Event) -> Option<Event>,
 ) {
-    // The call as the caller made it, before a pre-handler changes the
-    // event (the original gets the caller's arguments).
-    let own = own_call(event);
     let Some(begun) = begin(before.as_mut(), event) else {
         original(event); // thread-local gone (thread exit): just the call
         return;
@@ -561,6 +562,7 @@ unsafe fn mmap_body(
         None
     };
     call_original(
+        OwnCall::Mmap(addr as usize, len),
         before,
         &mut ev,
         |e| {
@@ -601,6 +603,7 @@ unsafe fn munmap_body(_ns: usize, orig: impl Fn(*mut c_void, usize) -> c_int, ad
         size: len,
     });
     call_original(
+        OwnCall::Munmap(addr as usize, len),
         unmapped(addr as usize, len),
         &mut ev,
         |e| {
@@ -664,6 +667,7 @@ unsafe fn mremap_body(
         (None, None) => unmapped_in(old as usize, old_size, page),
     };
     call_original(
+        OwnCall::Mremap(old as usize, old_size),
         before,
         &mut ev,
         |e| {
@@ -911,6 +915,7 @@ unsafe fn shmat_body(
         shmat_replaced(size, shmaddr, shmflg, page)
     });
     call_original(
+        OwnCall::Shmat(shmid, shmaddr as usize),
         before,
         &mut ev,
         |e| {
@@ -1054,6 +1059,7 @@ unsafe fn shmdt_body(_ns: usize, orig: impl Fn(*const c_void) -> c_int, shmaddr:
         shmaddr: shmaddr as usize,
     });
     call_original(
+        OwnCall::Shmdt(shmaddr as usize),
         before,
         &mut ev,
         |e| {
@@ -1152,6 +1158,7 @@ unsafe fn sbrk_body(ns: usize, orig: impl Fn(libc::intptr_t) -> *mut c_void, inc
         increment,
     });
     call_original(
+        OwnCall::Brk,
         before,
         &mut ev,
         |e| {
@@ -1192,6 +1199,7 @@ unsafe fn brk_body(ns: usize, orig: impl Fn(*mut c_void) -> c_int, addr: *mut c_
 fn break_moved(top: usize, new: usize, call: impl FnOnce() -> c_int) -> c_int {
     let mut ev = Event::Brk(BrkEvent { result: -1, addr: new });
     call_original(
+        OwnCall::Brk,
         break_shrink(new, top),
         &mut ev,
         |e| {
@@ -1258,6 +1266,7 @@ unsafe fn madvise_body(
         advice,
     });
     call_original(
+        OwnCall::Madvise(addr as usize, len),
         discarded(addr as usize, len, advice),
         &mut ev,
         |e| {
@@ -1498,21 +1507,6 @@ fn readable(from: usize, bytes: usize) -> bool {
         }
     }
     true
-}
-
-/// The call a host hook's event names, as the system call that makes it
-/// would ([`OwnCall`]).
-fn own_call(event: &Event) -> OwnCall {
-    match *event {
-        Event::Mmap(m) => OwnCall::Mmap(m.address, m.size),
-        Event::Munmap(m) => OwnCall::Munmap(m.address, m.size),
-        Event::Mremap(m) => OwnCall::Mremap(m.address, m.old_size),
-        Event::Shmat(m) => OwnCall::Shmat(m.shmid, m.shmaddr),
-        Event::Shmdt(m) => OwnCall::Shmdt(m.shmaddr),
-        Event::Madvise(m) => OwnCall::Madvise(m.addr, m.length),
-        Event::Brk(_) | Event::Sbrk(_) => OwnCall::Brk,
-        _ => OwnCall::Other,
-    }
 }
 
 /// userfaultfd's `UFFDIO_MOVE` (Linux 6.8, `linux/userfaultfd.h`):
