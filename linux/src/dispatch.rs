@@ -92,6 +92,11 @@ struct Local {
     in_original: core::cell::Cell<usize>,
     /// The call that original makes, while `in_original` is not 0.
     own_call: core::cell::Cell<OwnCall>,
+    /// The mark of the hooked CUDA function whose event the thread is
+    /// delivering (its index + 1; 0: none), kept here so that a delivery
+    /// and its mark take one thread-local lookup (a call into the dynamic
+    /// linker in a preloaded library), not two (see [`notify_reporting`]).
+    reporting: core::cell::Cell<u8>,
 }
 
 /// A host hook's call as the system call that makes it names it: the
@@ -151,6 +156,7 @@ thread_local! {
             errno: core::cell::Cell::new(core::ptr::null_mut()),
             in_original: core::cell::Cell::new(0),
             own_call: core::cell::Cell::new(OwnCall::Other),
+            reporting: core::cell::Cell::new(0),
         }
     };
 }
@@ -393,13 +399,34 @@ pub(crate) fn prefetch_delivery(kinds: u32) {
 
 /// Delivers an event that has no original call.
 pub(crate) fn notify(event: &mut Event) {
+    let _ = LOCAL.try_with(|l| notify_on(l, event));
+}
+
+/// [`notify`] of the event of the hooked function whose mark is
+/// `reporting` (not 0), which [`reporting`] tells its handlers meanwhile;
+/// the mark the thread had (an outer delivery's, or 0) comes back after.
+pub(crate) fn notify_reporting(reporting: u8, event: &mut Event) {
     let _ = LOCAL.try_with(|l| {
-        // Its handlers run unmarked, wherever it is delivered from (see
-        // [`is_own_call`]).
-        let was_original = l.in_original.replace(0);
-        DISPATCHER.notify(&l.depth, event);
-        l.in_original.set(was_original);
+        let was = l.reporting.replace(reporting);
+        notify_on(l, event);
+        l.reporting.set(was);
     });
+}
+
+/// The mark of the hooked function whose event this thread delivers now
+/// ([`notify_reporting`]), or 0.
+pub(crate) fn reporting() -> u8 {
+    LOCAL.try_with(|l| l.reporting.get()).unwrap_or(0)
+}
+
+/// [`notify`] on the thread whose state `l` is.
+#[inline(always)]
+fn notify_on(l: &Local, event: &mut Event) {
+    // Its handlers run unmarked, wherever it is delivered from (see
+    // [`is_own_call`]).
+    let was_original = l.in_original.replace(0);
+    DISPATCHER.notify(&l.depth, event);
+    l.in_original.set(was_original);
 }
 
 static FORK_HOOK: AtomicBool = AtomicBool::new(false);

@@ -497,3 +497,95 @@ fn egl_frames_are_reported_once_through_the_runtime() {
     }
     memhook::unset_handler(counting).expect("registered above, outside any handler");
 }
+
+/// The size of the nesting test's outer allocation.
+const OUTER: usize = 3 * 4096;
+/// The hooked `cuMemAllocHost_v2` the nesting test's handler calls.
+static ALLOC_HOST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// What the pinned allocation made inside the handler returned.
+static NESTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// The function the first handler was told after its own nested call, and
+/// the one the handler after it was told (`None`: not called yet).
+static NAMED: std::sync::Mutex<[Option<Option<&'static str>>; 2]> = std::sync::Mutex::new([None, None]);
+
+type AllocHost = unsafe extern "C" fn(*mut *mut c_void, usize) -> u32;
+
+/// For the outer allocation alone: allocates pinned memory through the
+/// hooked entry (a nested delivery), then notes the function it is told.
+fn allocates_inside(e: &mut memhook::event::Event) {
+    let memhook::event::Event::MemTypeAlloc(m) = e else {
+        return;
+    };
+    if m.size != OUTER || memhook::cuda::reporting_function() != Some("cuMemAlloc_v2") {
+        return;
+    }
+    // SAFETY: the fake driver's hooked cuMemAllocHost_v2 (set before the
+    // handler was registered), with a valid out-parameter.
+    let alloc_host = unsafe { cast::<AllocHost>(ALLOC_HOST.load(std::sync::atomic::Ordering::Relaxed)) };
+    let mut p = std::ptr::null_mut();
+    // SAFETY: as above.
+    if unsafe { alloc_host(&mut p, 4096) } == 0 {
+        NESTED.store(p as usize, std::sync::atomic::Ordering::Relaxed);
+    }
+    NAMED.lock().unwrap_or_else(|e| e.into_inner())[0] = Some(memhook::cuda::reporting_function());
+}
+
+/// For the outer allocation: notes the function it is told.
+fn notes_after(e: &mut memhook::event::Event) {
+    if let memhook::event::Event::MemTypeAlloc(m) = e
+        && m.size == OUTER
+    {
+        NAMED.lock().unwrap_or_else(|e| e.into_inner())[1] = Some(memhook::cuda::reporting_function());
+    }
+}
+
+#[test]
+fn a_handlers_own_cuda_call_leaves_the_outer_event_named_by_its_function() {
+    let _serial = serial();
+    let libcuda = bistro_fake_driver();
+    // SAFETY: the fake driver's hooked entries, of these types.
+    let (alloc, free, free_host) = unsafe {
+        (
+            cast::<DrvAlloc>(sym(libcuda, c"cuMemAlloc_v2")),
+            cast::<DrvFree>(sym(libcuda, c"cuMemFree_v2")),
+            cast::<Free>(sym(libcuda, c"cuMemFreeHost")),
+        )
+    };
+    ALLOC_HOST.store(sym(libcuda, c"cuMemAllocHost_v2"), std::sync::atomic::Ordering::Relaxed);
+    let kinds = bits::MEM_TYPE_ALLOC;
+    let first = memhook::set_handler(kinds, 0, memhook::HandlerFn::Rust(&allocates_inside)).unwrap();
+    let second = memhook::set_handler(kinds, 0, memhook::HandlerFn::Rust(&notes_after)).unwrap();
+    let _ = take();
+    let mut d = 0u64;
+    // SAFETY: a valid out-parameter.
+    let rc = unsafe { alloc(&mut d, OUTER) };
+    memhook::unset_handler(first).unwrap();
+    memhook::unset_handler(second).unwrap();
+    assert_eq!(rc, 0, "cuMemAlloc_v2");
+    let pinned = NESTED.load(std::sync::atomic::Ordering::Relaxed);
+    assert_ne!(pinned, 0, "the handler's own allocation");
+    let named = *NAMED.lock().unwrap();
+    assert_eq!(
+        named,
+        [Some(Some("cuMemAlloc_v2")); 2],
+        "after the nested delivery, the outer event is still cuMemAlloc_v2's"
+    );
+    assert_eq!(memhook::cuda::reporting_function(), None, "outside a delivery");
+    let events = take();
+    assert!(
+        events.contains(&(bits::MEM_TYPE_ALLOC, pinned, 4096, MemType::CudaHost as u32)),
+        "the nested allocation is reported: {events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|&(k, a, s, _)| k == bits::MEM_TYPE_ALLOC && a == d as usize && s == OUTER),
+        "and so is the outer one: {events:?}"
+    );
+    // SAFETY: the two allocations made above.
+    unsafe {
+        assert_eq!(free_host(pinned as *mut c_void), 0);
+        assert_eq!(free(d), 0);
+    }
+    memhook::uninstall();
+}

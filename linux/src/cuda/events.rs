@@ -2,7 +2,6 @@
 //! lookup already agrees), then `MEM_TYPE_ALLOC` / `MEM_TYPE_FREE` to the
 //! handlers. Nothing here allocates or waits for a registration.
 
-use core::cell::Cell;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use memhook_core::event::{Event, MemTypeEvent, bits};
@@ -10,40 +9,25 @@ use memhook_core::memtype::{Lookup, MemInfo, MemType};
 
 use super::driver;
 use super::hooks::{Id, SUCCESS, Status};
-use crate::dispatch::{self, notify, wants};
+use crate::dispatch::{self, wants};
 use crate::memtype;
-
-thread_local! {
-    /// The hooked function whose event is being delivered on this thread
-    /// (its index + 1; 0: none).
-    static REPORTING: Cell<u8> = const { Cell::new(0) };
-}
 
 /// The hooked CUDA function whose event this thread is delivering now
 /// (for handlers that report by function).
 pub(crate) fn reporting() -> Option<Id> {
-    let i = REPORTING.try_with(Cell::get).unwrap_or(0);
+    let i = dispatch::reporting();
     (i != 0).then(|| Id::ALL[usize::from(i) - 1])
 }
 
-/// Delivers `event` as `id`'s. (No count of its own: a global counter
-/// bumped here, an atomic read-modify-write on a line every thread's
-/// events share, cost each delivery from cold caches ~6 ns, 13 a pair,
-/// in run 77; [`super::count_events_by_function`] counts where asked.)
-fn deliver(id: Id, event: Event) {
-    let mut event = Some(event);
-    // One thread-local lookup for the mark and its removal.
-    let _ = REPORTING.try_with(|c| {
-        c.set(id as u8 + 1);
-        if let Some(e) = event.as_mut() {
-            notify(e);
-        }
-        c.set(0);
-        event = None;
-    });
-    if let Some(e) = event.as_mut() {
-        notify(e); // the thread's locals are gone: deliver unmarked
-    }
+/// Delivers `event` as `id`'s: the mark [`reporting`] reads and the
+/// delivery in one thread-local lookup (two before the fifty-fifth
+/// session, each a call into the dynamic linker in `libmemhook.so`).
+/// (No count of its own: a global counter bumped here, an atomic
+/// read-modify-write on a line every thread's events share, cost each
+/// delivery from cold caches ~6 ns, 13 a pair, in run 77;
+/// [`super::count_events_by_function`] counts where asked.)
+fn deliver(id: Id, mut event: Event) {
+    dispatch::notify_reporting(id as u8 + 1, &mut event);
 }
 
 /// A successful allocation of `[address, address + size)` (size 0: ask the
