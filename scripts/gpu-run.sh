@@ -243,6 +243,11 @@ say "== bench: memtype map: lookups, updates, readers (65,536 ranges)"
 ./readers 2>&1 | tee -a "$results"
 say "== bench: host hooks, mmap+munmap 4 KiB (interleaved rounds, five runs)"
 for _ in 1 2 3 4 5; do ./host_cost 2>&1 | tee -a "$results"; done
+# The same through libmemhook.so with C handlers, as a C library that
+# embeds memhook (a registration cache) gets it.
+gcc -O2 -Wall -I src -o bench_host src/bench_host.c -L. -lmemhook -Wl,-rpath,"$here"
+say "== bench: host hooks through libmemhook.so, C handlers (three runs)"
+for _ in 1 2 3; do ./bench_host 2>&1 | tee -a "$results"; done
 say "== bench: looks at the mappings, PROCMAP_QUERY against the text of /proc/self/maps"
 ./bench_maps --bench --warm-up-time 0.5 --measurement-time 1 2>&1 | grep -E "^median|mappings at the end" | tee -a "$results"
 }
