@@ -282,12 +282,12 @@ pub struct MemTypeEvent {
 /// One event, as handlers see it.
 ///
 /// `repr(C, u32)`: a `u32` tag, then every variant's payload at one
-/// offset, and every host event's payload starts with its `result`, so reading a result is
-/// a test of the kind and one load, not a jump over every kind (hooks and
-/// the result rule read it on every call). Each variant's discriminant is
-/// its event bit, so [`Event::kind`] is the tag itself: one load, where a
-/// discriminant counted from 0 took a table in read-only data (a line
-/// more for a hook to miss after a system call).
+/// offset, and every host event's payload starts with its `result`, so
+/// reading a result is a test of the kind and one load, not a jump over
+/// every kind (hooks and the result rule read it on every call). Each
+/// variant's discriminant is its event bit, so [`Event::kind`] is the tag
+/// itself: one load, where a discriminant counted from 0 took a table in
+/// read-only data (a line more for a hook to miss after a system call).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C, u32)]
 pub enum Event {
@@ -368,8 +368,8 @@ impl Event {
 
     /// Where every kind's payload (the variant's struct: [`MmapEvent`],
     /// [`VmEvent`], ...) lies in an `Event`, in bytes from its start: the
-    /// same for all kinds, since `repr(C)` lays an enum with fields out as
-    /// its tag followed by a union of its variants.
+    /// same for all kinds, since `repr(C, u32)` lays an enum with fields
+    /// out as its tag followed by a union of its variants.
     pub const PAYLOAD_OFFSET: usize = {
         let e = Event::VmMapped(VmEvent { address: 0, size: 0 });
         let base = (&raw const e).cast::<u8>();
@@ -379,8 +379,9 @@ impl Event {
     };
 
     /// The event's payload in place, [`Self::PAYLOAD_OFFSET`] bytes into
-    /// it whatever the kind (one add, no look at the kind): for a C handler given the payload as the C ABI's union,
-    /// whose members have the payloads' layouts, with no copy either way.
+    /// it whatever the kind (one add, no look at the kind): for a C
+    /// handler given the payload as the C ABI's union, whose members have
+    /// the payloads' layouts, with no copy either way.
     /// The `size_of::<Event>() - PAYLOAD_OFFSET` bytes from it are the
     /// event's own (the largest payload's room); every field of every
     /// payload is a plain integer, valid for any bits written there.

@@ -250,8 +250,8 @@ const _: () = assert!(
 /// Calls a C handler (`a` is the callback, `b` its argument) with the
 /// event's payload in place as the C union: what it changes is the
 /// event's, with no copy either way (before the fifty-fifth session the
-/// event was converted to the union and back around each call, about a
-/// third of the instructions a C handler of an mmap+munmap pair cost).
+/// event was converted to the union and back around each call: 72 of the
+/// 581 instructions one C handler added to an mmap+munmap pair).
 ///
 /// # Safety
 ///
