@@ -204,18 +204,18 @@ pub(crate) unsafe fn from_c(kind: u32, c: &memhook_event_t) -> Option<Event> {
 }
 
 /// Asserts at compile time that C struct `$c` has Rust payload `$r`'s
-/// layout: the same size and alignment, and each field named beside its
-/// counterpart at the same offset with the same size.
+/// layout: the same size and alignment, and each field named (the two
+/// structs name their fields alike) at the same offset with the same size.
 macro_rules! same_layout {
-    ($c:ty = $r:ty { $($cf:ident = $rf:ident),* $(,)? }) => {
+    ($c:ty = $r:ty { $($f:ident),* $(,)? }) => {
         const _: () = {
             // SAFETY: both are structs of integers and raw pointers, for
             // which all zeros is a value.
             let (c, r): ($c, $r) = unsafe { (core::mem::zeroed(), core::mem::zeroed()) };
             assert!(size_of::<$c>() == size_of::<$r>() && align_of::<$c>() == align_of::<$r>());
             $(assert!(
-                core::mem::offset_of!($c, $cf) == core::mem::offset_of!($r, $rf)
-                    && size_of_val(&c.$cf) == size_of_val(&r.$rf)
+                core::mem::offset_of!($c, $f) == core::mem::offset_of!($r, $f)
+                    && size_of_val(&c.$f) == size_of_val(&r.$f)
             );)*
         };
     };
@@ -224,21 +224,55 @@ macro_rules! same_layout {
 // Each member of the C union is its kind's payload in the core's event,
 // field for field, so a C handler is handed the event's payload itself
 // ([`call_c`]).
-same_layout!(memhook_mmap_event_t = MmapEvent {
-    result = result, address = address, size = size, prot = prot, flags = flags, fd = fd, offset = offset,
-});
-same_layout!(memhook_munmap_event_t = MunmapEvent { result = result, address = address, size = size });
-same_layout!(memhook_mremap_event_t = MremapEvent {
-    result = result, address = address, old_size = old_size, new_size = new_size, flags = flags,
-    new_address = new_address,
-});
-same_layout!(memhook_shmat_event_t = ShmatEvent { result = result, shmid = shmid, shmaddr = shmaddr, shmflg = shmflg });
-same_layout!(memhook_shmdt_event_t = ShmdtEvent { result = result, shmaddr = shmaddr });
-same_layout!(memhook_sbrk_event_t = SbrkEvent { result = result, increment = increment });
-same_layout!(memhook_brk_event_t = BrkEvent { result = result, addr = addr });
-same_layout!(memhook_madvise_event_t = MadviseEvent { result = result, addr = addr, length = length, advice = advice });
-same_layout!(memhook_vm_event_t = VmEvent { address = address, size = size });
-same_layout!(memhook_mem_type_event_t = MemTypeEvent { address = address, size = size, mem_type = mem_type });
+same_layout!(
+    memhook_mmap_event_t = MmapEvent {
+        result,
+        address,
+        size,
+        prot,
+        flags,
+        fd,
+        offset,
+    }
+);
+same_layout!(memhook_munmap_event_t = MunmapEvent { result, address, size });
+same_layout!(
+    memhook_mremap_event_t = MremapEvent {
+        result,
+        address,
+        old_size,
+        new_size,
+        flags,
+        new_address,
+    }
+);
+same_layout!(
+    memhook_shmat_event_t = ShmatEvent {
+        result,
+        shmid,
+        shmaddr,
+        shmflg
+    }
+);
+same_layout!(memhook_shmdt_event_t = ShmdtEvent { result, shmaddr });
+same_layout!(memhook_sbrk_event_t = SbrkEvent { result, increment });
+same_layout!(memhook_brk_event_t = BrkEvent { result, addr });
+same_layout!(
+    memhook_madvise_event_t = MadviseEvent {
+        result,
+        addr,
+        length,
+        advice
+    }
+);
+same_layout!(memhook_vm_event_t = VmEvent { address, size });
+same_layout!(
+    memhook_mem_type_event_t = MemTypeEvent {
+        address,
+        size,
+        mem_type
+    }
+);
 // The whole union fits in an event from its payload on (a handler may
 // write any member), at an offset aligned for it.
 const _: () = assert!(
