@@ -10,10 +10,12 @@
 mod common;
 
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
 use memhook::Config;
-use memhook::event::bits;
+use memhook::event::{Event, bits};
 use memhook::memtype::{self, Lookup, MemType};
 
 type Malloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> i32;
@@ -501,19 +503,19 @@ fn egl_frames_are_reported_once_through_the_runtime() {
 /// The size of the nesting test's outer allocation.
 const OUTER: usize = 3 * 4096;
 /// The hooked `cuMemAllocHost_v2` the nesting test's handler calls.
-static ALLOC_HOST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static ALLOC_HOST: AtomicUsize = AtomicUsize::new(0);
 /// What the pinned allocation made inside the handler returned.
-static NESTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static NESTED: AtomicUsize = AtomicUsize::new(0);
 /// The function the first handler was told after its own nested call, and
 /// the one the handler after it was told (`None`: not called yet).
-static NAMED: std::sync::Mutex<[Option<Option<&'static str>>; 2]> = std::sync::Mutex::new([None, None]);
+static NAMED: Mutex<[Option<Option<&'static str>>; 2]> = Mutex::new([None, None]);
 
 type AllocHost = unsafe extern "C" fn(*mut *mut c_void, usize) -> u32;
 
 /// For the outer allocation alone: allocates pinned memory through the
 /// hooked entry (a nested delivery), then notes the function it is told.
-fn allocates_inside(e: &mut memhook::event::Event) {
-    let memhook::event::Event::MemTypeAlloc(m) = e else {
+fn allocates_inside(e: &mut Event) {
+    let Event::MemTypeAlloc(m) = e else {
         return;
     };
     if m.size != OUTER || memhook::cuda::reporting_function() != Some("cuMemAlloc_v2") {
@@ -521,18 +523,18 @@ fn allocates_inside(e: &mut memhook::event::Event) {
     }
     // SAFETY: the fake driver's hooked cuMemAllocHost_v2 (set before the
     // handler was registered), with a valid out-parameter.
-    let alloc_host = unsafe { cast::<AllocHost>(ALLOC_HOST.load(std::sync::atomic::Ordering::Relaxed)) };
+    let alloc_host = unsafe { cast::<AllocHost>(ALLOC_HOST.load(Ordering::Relaxed)) };
     let mut p = std::ptr::null_mut();
     // SAFETY: as above.
     if unsafe { alloc_host(&mut p, 4096) } == 0 {
-        NESTED.store(p as usize, std::sync::atomic::Ordering::Relaxed);
+        NESTED.store(p as usize, Ordering::Relaxed);
     }
     NAMED.lock().unwrap_or_else(|e| e.into_inner())[0] = Some(memhook::cuda::reporting_function());
 }
 
 /// For the outer allocation: notes the function it is told.
-fn notes_after(e: &mut memhook::event::Event) {
-    if let memhook::event::Event::MemTypeAlloc(m) = e
+fn notes_after(e: &mut Event) {
+    if let Event::MemTypeAlloc(m) = e
         && m.size == OUTER
     {
         NAMED.lock().unwrap_or_else(|e| e.into_inner())[1] = Some(memhook::cuda::reporting_function());
@@ -551,7 +553,7 @@ fn a_handlers_own_cuda_call_leaves_the_outer_event_named_by_its_function() {
             cast::<Free>(sym(libcuda, c"cuMemFreeHost")),
         )
     };
-    ALLOC_HOST.store(sym(libcuda, c"cuMemAllocHost_v2"), std::sync::atomic::Ordering::Relaxed);
+    ALLOC_HOST.store(sym(libcuda, c"cuMemAllocHost_v2"), Ordering::Relaxed);
     let kinds = bits::MEM_TYPE_ALLOC;
     let first = memhook::set_handler(kinds, 0, memhook::HandlerFn::Rust(&allocates_inside)).unwrap();
     let second = memhook::set_handler(kinds, 0, memhook::HandlerFn::Rust(&notes_after)).unwrap();
@@ -562,7 +564,7 @@ fn a_handlers_own_cuda_call_leaves_the_outer_event_named_by_its_function() {
     memhook::unset_handler(first).unwrap();
     memhook::unset_handler(second).unwrap();
     assert_eq!(rc, 0, "cuMemAlloc_v2");
-    let pinned = NESTED.load(std::sync::atomic::Ordering::Relaxed);
+    let pinned = NESTED.load(Ordering::Relaxed);
     assert_ne!(pinned, 0, "the handler's own allocation");
     let named = *NAMED.lock().unwrap();
     assert_eq!(
