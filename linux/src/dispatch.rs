@@ -95,7 +95,8 @@ struct Local {
     /// The mark of the hooked CUDA function whose event the thread is
     /// delivering (its index + 1; 0: none), kept here so that a delivery
     /// and its mark take one thread-local lookup (a call into the dynamic
-    /// linker in a preloaded library), not two (see [`notify_reporting`]).
+    /// linker in a preloaded library), not two (see
+    /// [`ThisThread::notify_reporting`]).
     reporting: core::cell::Cell<u8>,
 }
 
@@ -389,12 +390,49 @@ pub(crate) fn finish(begun: Begun, event: &mut Event, follow: Option<&mut Event>
     local.in_original.set(begun.was_original);
 }
 
-/// Asks the cache for what delivering events of the kinds `kinds` reads
-/// (see `Dispatcher::prefetch_visit`): for a hook about to deliver after
-/// a driver call.
+/// This thread's dispatch state, found once by a hook that both asks the
+/// cache for what a delivery reads and then delivers (each lookup of a
+/// thread-local is a call into the dynamic linker in `libmemhook.so`).
+/// Made on the thread and dropped in the hook's frame, while the thread
+/// runs: the raw pointer keeps it neither `Send` nor `Sync`.
+pub(crate) struct ThisThread(*const Local);
+
+/// This thread's [`ThisThread`]; `None` once its state is gone (thread
+/// exit), where no event is delivered.
 #[inline(always)]
-pub(crate) fn prefetch_delivery(kinds: u32) {
-    let _ = LOCAL.try_with(|l| DISPATCHER.prefetch_visit(&l.depth, kinds));
+pub(crate) fn this_thread() -> Option<ThisThread> {
+    LOCAL.try_with(|l| ThisThread(l)).ok()
+}
+
+impl ThisThread {
+    #[inline(always)]
+    fn local(&self) -> &Local {
+        // SAFETY: [`this_thread`] took the pointer on this thread (the type
+        // is neither Send nor Sync), from a `const` thread-local without a
+        // destructor, whose storage lives as long as the thread, which is
+        // running this.
+        unsafe { &*self.0 }
+    }
+
+    /// Asks the cache for what delivering events of the kinds `kinds`
+    /// reads (see `Dispatcher::prefetch_visit`): for a hook about to
+    /// deliver after a driver call.
+    #[inline(always)]
+    pub(crate) fn prefetch_delivery(&self, kinds: u32) {
+        DISPATCHER.prefetch_visit(&self.local().depth, kinds);
+    }
+
+    /// Delivers `event` (it has no original call) as the event of the
+    /// hooked function whose mark is `reporting` (not 0), which
+    /// [`reporting`] tells its handlers meanwhile; the mark the thread had
+    /// (an outer delivery's, or 0) comes back after.
+    #[inline(always)]
+    pub(crate) fn notify_reporting(&self, reporting: u8, event: &mut Event) {
+        let l = self.local();
+        let was = l.reporting.replace(reporting);
+        notify_on(l, event);
+        l.reporting.set(was);
+    }
 }
 
 /// Delivers an event that has no original call.
@@ -402,19 +440,8 @@ pub(crate) fn notify(event: &mut Event) {
     let _ = LOCAL.try_with(|l| notify_on(l, event));
 }
 
-/// [`notify`] of the event of the hooked function whose mark is
-/// `reporting` (not 0), which [`reporting`] tells its handlers meanwhile;
-/// the mark the thread had (an outer delivery's, or 0) comes back after.
-pub(crate) fn notify_reporting(reporting: u8, event: &mut Event) {
-    let _ = LOCAL.try_with(|l| {
-        let was = l.reporting.replace(reporting);
-        notify_on(l, event);
-        l.reporting.set(was);
-    });
-}
-
 /// The mark of the hooked function whose event this thread delivers now
-/// ([`notify_reporting`]), or 0.
+/// ([`ThisThread::notify_reporting`]), or 0.
 pub(crate) fn reporting() -> u8 {
     LOCAL.try_with(|l| l.reporting.get()).unwrap_or(0)
 }

@@ -186,9 +186,21 @@ static struct arena device_arena, low_arena;
 #define LOW_HINT ((void *)0x80000000UL)
 #endif
 
+/* The device arena's size: 1 TiB, or FAKECUDA_ARENA_GIB GiB (valgrind
+ * refuses a reservation of 1 TiB; its instruction counts of the hooks,
+ * scripts/callgrind.sh, need a few GiB at most). */
+static size_t device_arena_size(void) {
+    const char *gib = getenv("FAKECUDA_ARENA_GIB");
+    size_t n = gib ? (size_t)strtoul(gib, NULL, 10) : 0;
+    return n ? n << 30 : (size_t)1 << 40;
+}
+
+/* Reserves `a` (size 0: the device arena's size), once. */
 static int arena_init(struct arena *a, size_t size, int extra) {
     if (a->base)
         return 0;
+    if (size == 0)
+        size = device_arena_size();
     void *hint = a == &low_arena ? LOW_HINT : NULL;
     void *p = mmap(hint, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | extra, -1, 0);
     /* A low place taken: the next ones below 4 GiB. */
@@ -286,7 +298,7 @@ static CUresult alloc_in(struct arena *a, size_t arena_size, int extra, uintptr_
 
 static CUresult dev_alloc(CUdeviceptr *dptr, size_t size, int type) {
     uintptr_t p = 0;
-    CUresult rc = alloc_in(&device_arena, (size_t)1 << 40, 0, &p, size, type);
+    CUresult rc = alloc_in(&device_arena, 0, 0, &p, size, type);
     if (rc == CUDA_SUCCESS)
         *dptr = p;
     return rc;
@@ -1347,7 +1359,7 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
     pthread_mutex_lock(&lock);
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
     uintptr_t raw;
-    if (nreserved < (int)(sizeof reserved / sizeof reserved[0]) && arena_init(&device_arena, (size_t)1 << 40, 0) == 0
+    if (nreserved < (int)(sizeof reserved / sizeof reserved[0]) && arena_init(&device_arena, 0, 0) == 0
         && (raw = arena_alloc(&device_arena, size + align)) != 0) {
         uintptr_t base = (raw + align - 1) & ~(align - 1);
         reserved[nreserved].base = base;

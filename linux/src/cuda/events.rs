@@ -9,7 +9,7 @@ use memhook_core::memtype::{Lookup, MemInfo, MemType};
 
 use super::driver;
 use super::hooks::{Id, SUCCESS, Status};
-use crate::dispatch::{self, wants};
+use crate::dispatch::{self, ThisThread, wants};
 use crate::memtype;
 
 /// The hooked CUDA function whose event this thread is delivering now
@@ -19,15 +19,17 @@ pub(crate) fn reporting() -> Option<Id> {
     (i != 0).then(|| Id::ALL[usize::from(i) - 1])
 }
 
-/// Delivers `event` as `id`'s: the mark [`reporting`] reads and the
-/// delivery in one thread-local lookup (two before the fifty-fifth
-/// session, each a call into the dynamic linker in `libmemhook.so`).
-/// (No count of its own: a global counter bumped here, an atomic
-/// read-modify-write on a line every thread's events share, cost each
-/// delivery from cold caches ~6 ns, 13 a pair, in run 77;
-/// [`super::count_events_by_function`] counts where asked.)
-fn deliver(id: Id, mut event: Event) {
-    dispatch::notify_reporting(id as u8 + 1, &mut event);
+/// Delivers `event` as `id`'s on the thread whose state `thread` is: the
+/// mark [`reporting`] reads and the delivery in one thread-local lookup,
+/// which a hook that first asks the cache for the delivery's lines
+/// shares with that (before the fifty-fifth session a delivery made two
+/// lookups, and the prefetch a third, each a call into the dynamic linker
+/// in `libmemhook.so`). (No count of its own: a global counter bumped
+/// here, an atomic read-modify-write on a line every thread's events
+/// share, cost each delivery from cold caches ~6 ns, 13 a pair, in run
+/// 77; [`super::count_events_by_function`] counts where asked.)
+fn deliver(thread: &ThisThread, id: Id, mut event: Event) {
+    thread.notify_reporting(id as u8 + 1, &mut event);
 }
 
 /// A successful allocation of `[address, address + size)` (size 0: ask the
@@ -41,9 +43,13 @@ pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) 
     // than follow one another. (A handler registered meanwhile misses this
     // event as it would a moment later.)
     memtype::map().prefetch_update();
-    let want = wants(bits::MEM_TYPE_ALLOC);
-    if want {
-        dispatch::prefetch_delivery(bits::MEM_TYPE_ALLOC);
+    let thread = if wants(bits::MEM_TYPE_ALLOC) {
+        dispatch::this_thread()
+    } else {
+        None
+    };
+    if let Some(thread) = &thread {
+        thread.prefetch_delivery(bits::MEM_TYPE_ALLOC);
     }
     let (mem_type, device, size) = match mem_type {
         MemType::Cuda | MemType::CudaManaged => (mem_type, driver::current_device(), size),
@@ -55,8 +61,8 @@ pub(super) fn allocated(id: Id, address: usize, size: usize, mem_type: MemType) 
         let mark = marked(id, mem_type);
         let _ = memtype::map().insert_marked(address, size, mem_type, device, mark);
     }
-    if want {
-        deliver_alloc(id, address, size, mem_type);
+    if let Some(thread) = &thread {
+        deliver_alloc(thread, id, address, size, mem_type);
     }
 }
 
@@ -101,8 +107,9 @@ const fn marked(id: Id, mem_type: MemType) -> bool {
 
 /// Delivers `MEM_TYPE_ALLOC` for `[address, address + size)`.
 #[inline(always)]
-fn deliver_alloc(id: Id, address: usize, size: usize, mem_type: MemType) {
+fn deliver_alloc(thread: &ThisThread, id: Id, address: usize, size: usize, mem_type: MemType) {
     deliver(
+        thread,
         id,
         Event::MemTypeAlloc(MemTypeEvent {
             address,
@@ -291,9 +298,11 @@ pub(super) fn take(address: usize) -> Taken {
 
 /// `MEM_TYPE_FREE` for what [`take`] took (where a handler wants it).
 pub(super) fn report_taken(id: Id, taken: &Taken) {
-    if wants(bits::MEM_TYPE_FREE) {
+    if wants(bits::MEM_TYPE_FREE)
+        && let Some(thread) = dispatch::this_thread()
+    {
         let mem_type = taken.entry.map_or(MemType::Unknown, |info| info.mem_type);
-        deliver_free(id, taken.address, taken.size, mem_type);
+        deliver_free(&thread, id, taken.address, taken.size, mem_type);
     }
 }
 
@@ -326,8 +335,10 @@ pub(super) fn refused(id: Id, taken: Taken) {
     };
     // A full map drops the range and answers Unknown inside it.
     let _ = memtype::map().insert_marked(taken.address, len, now.mem_type, now.device, taken.mark);
-    if wants(bits::MEM_TYPE_ALLOC) {
-        deliver_alloc(id, taken.address, len, now.mem_type);
+    if wants(bits::MEM_TYPE_ALLOC)
+        && let Some(thread) = dispatch::this_thread()
+    {
+        deliver_alloc(&thread, id, taken.address, len, now.mem_type);
     }
 }
 
@@ -401,7 +412,10 @@ fn forget_unrecorded(address: usize) -> usize {
 /// it is gone. (Returns as [`freeing`].)
 #[inline(never)]
 fn reporting_free(id: Id, address: usize, size: Option<usize>) -> Kept {
-    dispatch::prefetch_delivery(bits::MEM_TYPE_FREE);
+    let thread = dispatch::this_thread();
+    if let Some(thread) = &thread {
+        thread.prefetch_delivery(bits::MEM_TYPE_FREE);
+    }
     let (size, mem_type) = match size {
         // The call carries the size (cuMemUnmap): the type is the map's,
         // and the range goes whatever the map holds there.
@@ -426,15 +440,18 @@ fn reporting_free(id: Id, address: usize, size: Option<usize>) -> Kept {
             taken => (taken.size, taken.entry.map_or(MemType::Unknown, |info| info.mem_type)),
         },
     };
-    if wants(bits::MEM_TYPE_FREE) {
-        deliver_free(id, address, size, mem_type);
+    if wants(bits::MEM_TYPE_FREE)
+        && let Some(thread) = &thread
+    {
+        deliver_free(thread, id, address, size, mem_type);
     }
     Kept::NONE
 }
 
 /// Delivers `MEM_TYPE_FREE` for `[address, address + size)`.
-fn deliver_free(id: Id, address: usize, size: usize, mem_type: MemType) {
+fn deliver_free(thread: &ThisThread, id: Id, address: usize, size: usize, mem_type: MemType) {
     deliver(
+        thread,
         id,
         Event::MemTypeFree(MemTypeEvent {
             address,
@@ -502,8 +519,10 @@ fn ended(id: Id, info: MemInfo) {
     let Some(info) = memtype::map().take(info.base) else {
         return;
     };
-    if wants(bits::MEM_TYPE_FREE) {
-        deliver_free(id, info.base, info.len, info.mem_type);
+    if wants(bits::MEM_TYPE_FREE)
+        && let Some(thread) = dispatch::this_thread()
+    {
+        deliver_free(&thread, id, info.base, info.len, info.mem_type);
     }
 }
 
