@@ -92,6 +92,11 @@ struct Local {
     in_original: core::cell::Cell<usize>,
     /// The call that original makes, while `in_original` is not 0.
     own_call: core::cell::Cell<OwnCall>,
+    /// Whether a system call has been taken for `own_call` already (the
+    /// original's own is made once: a second naming the same words is
+    /// another's). An atomic swap, so that a signal handler's look cannot
+    /// fall between another look's test and its set on this thread.
+    own_taken: AtomicBool,
     /// The mark of the hooked CUDA function whose event the thread is
     /// delivering (its index + 1; 0: none), kept here so that a delivery
     /// and its mark take one thread-local lookup (a call into the dynamic
@@ -157,6 +162,7 @@ thread_local! {
             errno: core::cell::Cell::new(core::ptr::null_mut()),
             in_original: core::cell::Cell::new(0),
             own_call: core::cell::Cell::new(OwnCall::Other),
+            own_taken: AtomicBool::new(false),
             reporting: core::cell::Cell::new(0),
         }
     };
@@ -284,12 +290,14 @@ fn marked_original<R>(local: &Local, own: OwnCall, original: impl FnOnce() -> R)
     let was = local.in_original.replace(0);
     compiler_fence(Ordering::SeqCst);
     let was_call = local.own_call.replace(own);
+    let was_taken = local.own_taken.swap(false, Ordering::Relaxed);
     compiler_fence(Ordering::SeqCst);
     local.in_original.set(frame_address());
     let result = original();
     local.in_original.set(0);
     compiler_fence(Ordering::SeqCst);
     local.own_call.set(was_call);
+    local.own_taken.store(was_taken, Ordering::Relaxed);
     compiler_fence(Ordering::SeqCst);
     local.in_original.set(was);
     result
@@ -311,7 +319,12 @@ pub(crate) fn run_original<R>(own: OwnCall, original: impl FnOnce() -> R) -> R {
 /// asked for is that call's own (another hooker's hook of it, which makes
 /// the call with `syscall`, as UCM's bistro hooks do), already reported
 /// by memhook's hook. Any other call made inside the original (a signal
-/// handler's, the other hooker's own) is not ([`OwnCall`]). Handlers run
+/// handler's, the other hooker's own) is not ([`OwnCall`]), nor is one
+/// that names the same words once one has been taken for the original's
+/// (a signal handler's unmap of the very range, made after the original
+/// unmapped it and a handler mapped it again, was lost until the
+/// fifty-sixth session; one made before the original's own makes that
+/// one reported instead: a report too many, never one lost). Handlers run
 /// unmarked, wherever they are called from (an event delivered inside an
 /// original, a hook nested in another's original): a `syscall` they make
 /// is theirs. The mark holds only for frames below the marking hook's: a
@@ -326,7 +339,10 @@ pub(crate) fn is_own_call(call: OwnCall) -> bool {
         .try_with(|l| {
             let mark = live_mark(l.in_original.get(), here);
             l.in_original.set(mark);
-            mark != 0 && call != OwnCall::Other && l.own_call.get() == call
+            mark != 0
+                && call != OwnCall::Other
+                && l.own_call.get() == call
+                && !l.own_taken.swap(true, Ordering::Relaxed)
         })
         .unwrap_or(false)
 }
@@ -615,6 +631,19 @@ mod tests {
         assert!(!deeper());
         assert!(run_original(OWN, deeper), "in a function the original calls");
         assert!(!deeper(), "put back after it");
+        // The original makes its call once: a second naming the same words
+        // (a signal handler's) is another's. A nested original's own
+        // leaves the outer's as it was, taken or not.
+        assert_eq!(run_original(OWN, || (deeper(), deeper())), (true, false));
+        assert_eq!(
+            run_original(OWN, || {
+                let taken = deeper();
+                let inner = run_original(OwnCall::Brk, || deeper_asks(OwnCall::Brk));
+                (taken, inner, deeper())
+            }),
+            (true, true, false)
+        );
+        assert!(run_original(OWN, deeper), "each original's own once");
         // Another call made inside the original (a signal handler's, the
         // other hooker's own) is not the original's.
         let others = [

@@ -1631,7 +1631,9 @@ fn syscall_own_call(n: c_long, a: c_long, b: c_long, c: c_long) -> OwnCall {
         libc::SYS_madvise => OwnCall::Madvise(a, b),
         libc::SYS_process_madvise => OwnCall::ProcessMadvise(a as c_int, b),
         libc::SYS_remap_file_pages => OwnCall::RemapFilePages(a, b),
-        libc::SYS_brk => OwnCall::Brk,
+        // brk(0) only asks: never taken for the call's own (a hooker's
+        // sbrk may ask before it moves the break).
+        libc::SYS_brk if a != 0 => OwnCall::Brk,
         libc::SYS_fallocate => OwnCall::Fallocate(a as c_int),
         libc::SYS_ftruncate => OwnCall::Ftruncate(a as c_int),
         libc::SYS_truncate => OwnCall::Truncate(a),
@@ -2073,6 +2075,27 @@ unsafe extern "C" fn freopen_hook<const I: usize>(
 mod tests {
     use super::*;
     use crate::maps;
+
+    /// Asked as the `syscall` hook asks: from a frame below the original's.
+    #[inline(never)]
+    fn own(n: c_long, a: c_long) -> bool {
+        core::hint::black_box(crate::dispatch::is_own_call(syscall_own_call(n, a, 0, 0)))
+    }
+
+    #[test]
+    fn a_hookers_brk_query_inside_sbrk_leaves_the_move_its_own() {
+        // Another hooker's sbrk hook that asks the break by `syscall`
+        // before it moves it: the question is just the call, the move is
+        // the original's own (reported once, by memhook's sbrk hook).
+        let seen = crate::dispatch::run_original(OwnCall::Brk, || {
+            (
+                own(libc::SYS_brk, 0),
+                own(libc::SYS_brk, 0x1000),
+                own(libc::SYS_brk, 0x1000),
+            )
+        });
+        assert_eq!(seen, (false, true, false));
+    }
 
     #[test]
     fn each_alias_has_its_functions_hook_and_a_record_of_its_own() {

@@ -3046,10 +3046,30 @@ extern "C" fn unmap_in_signal_handler(_: i32) {
     }
 }
 
+/// A range (64 KiB) that, once the other hooker's munmap hook has unmapped
+/// it, a signal handler maps again and unmaps by `syscall`; 0: none.
+static SIGNAL_REMAP: AtomicUsize = AtomicUsize::new(0);
+
+/// Maps [`SIGNAL_REMAP`]'s range again (through libc, hooked) and unmaps
+/// it by `syscall`, with the very words of the munmap it interrupts.
+extern "C" fn remap_in_signal_handler(_: i32) {
+    let p = SIGNAL_REMAP.swap(0, Ordering::SeqCst);
+    if p != 0 {
+        // SAFETY: the helper wraps mmap; the range was the test's and is
+        // free now (MAP_FIXED_NOREPLACE: nothing else is replaced).
+        let again = unsafe { (helper().mmap_at)(p, K64, libc::MAP_FIXED_NOREPLACE) };
+        assert_eq!(again, p, "the range is free to map again");
+        // SAFETY: the mapping just made, unused by anything else.
+        unsafe { libc::syscall(libc::SYS_munmap, p, K64) };
+    }
+}
+
 /// Another hooker's munmap hook as UCM's bistro mode makes one: its own
 /// work (counted, on the recording thread: an unmap of its own and a
 /// signal whose handler unmaps, where the test asks), then the call by
-/// libc's `syscall`, not by a trampoline to the original.
+/// libc's `syscall`, not by a trampoline to the original (and after it,
+/// where the test asks, a signal whose handler maps the range again and
+/// unmaps it).
 extern "C" fn ucm_like_munmap(a: usize, l: usize) -> i32 {
     if RECORDING.load(Ordering::Acquire) && RECORDER.load(Ordering::Acquire) == thread_id() {
         UCM_CALLS.fetch_add(1, Ordering::SeqCst);
@@ -3065,7 +3085,12 @@ extern "C" fn ucm_like_munmap(a: usize, l: usize) -> i32 {
         }
     }
     // SAFETY: the caller's munmap arguments.
-    unsafe { libc::syscall(libc::SYS_munmap, a, l) as i32 }
+    let result = unsafe { libc::syscall(libc::SYS_munmap, a, l) as i32 };
+    if a != 0 && SIGNAL_REMAP.load(Ordering::SeqCst) == a {
+        // SAFETY: as above: the test's handler runs before raise returns.
+        unsafe { libc::raise(libc::SIGUSR1) };
+    }
+    result
 }
 
 /// A hooker whose munmap hook makes the call by `syscall` (UCM's bistro
@@ -3144,6 +3169,62 @@ fn a_hooker_that_unmaps_by_syscall_is_seen_once_either_side_of_memhook() {
     drop(session);
     // SAFETY: the disposition the test found.
     unsafe { libc::signal(libc::SIGUSR2, was) };
+}
+
+/// A signal handler that, inside another hooker's munmap hook and after
+/// its system call, maps the range again and unmaps it by `syscall`
+/// with the same words: the original's own call was taken already, so
+/// this one is reported, and the range ends unmapped in the events as in
+/// the process (until the fifty-sixth session it was taken for the
+/// original's too, and a registration cache kept the mapping it had been
+/// told of).
+#[test]
+fn a_signal_handlers_unmap_after_the_originals_own_is_reported() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    // SAFETY: a handler for a signal nothing else in the tests uses.
+    let was = unsafe {
+        libc::signal(
+            libc::SIGUSR1,
+            remap_in_signal_handler as *const () as libc::sighandler_t,
+        )
+    };
+    assert_ne!(was, libc::SIG_ERR);
+    let unmap_once = |what: &str| {
+        // SAFETY: the helper wraps mmap.
+        let p = unsafe { (h.mmap)(K64) };
+        assert_ne!(p as isize, -1);
+        SIGNAL_REMAP.store(p, Ordering::SeqCst);
+        // SAFETY: the helper wraps munmap; the mapping is the test's.
+        let log = recorded(|| assert_eq!(unsafe { (h.munmap)(p, K64) }, 0));
+        assert_eq!(SIGNAL_REMAP.load(Ordering::SeqCst), 0, "{what}: the signal handler ran");
+        let at: Vec<_> = log.iter().copied().filter(|r| r.1 == p).map(|r| r.0).collect();
+        assert_eq!(
+            at,
+            [bits::VM_UNMAPPED, bits::VM_MAPPED, bits::VM_UNMAPPED],
+            "{what}: unmapped, mapped again by the signal handler, unmapped by it"
+        );
+    };
+    let patch = || {
+        // SAFETY: ucm_like_munmap has munmap's signature and unmaps.
+        unsafe { memhook::bistro::Hook::patch_symbol(c"munmap", ucm_like_munmap as *const () as usize, &UCM_ORIGINAL) }
+            .unwrap()
+    };
+    let other = patch();
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, &record);
+    unmap_once("patched before memhook");
+    drop(session);
+    other.unpatch().map_err(|(_, e)| e).unwrap();
+
+    let mut session = Session::new(HookMode::Bistro);
+    session.handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, &record);
+    let other = patch();
+    unmap_once("patched after memhook");
+    other.unpatch().map_err(|(_, e)| e).unwrap();
+    drop(session);
+    // SAFETY: the disposition the test found.
+    unsafe { libc::signal(libc::SIGUSR1, was) };
 }
 
 static UCM_FTRUNCATE_ORIGINAL: AtomicUsize = AtomicUsize::new(0);
