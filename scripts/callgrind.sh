@@ -3,7 +3,8 @@
 # counted by callgrind: the machine's load does not move these figures, so
 # they show what a change of the hook paths does where the timings' spread
 # would hide it. For each family (mmap+munmap of 4 KiB; the fake driver's
-# cuMemAlloc_v2 + cuMemFree_v2 of 4 KiB) and each setting (unhooked;
+# cuMemAlloc_v2 + cuMemFree_v2 of 4 KiB, the same address each time, and
+# of 256 bytes among eight live, a new address each time) and each setting (unhooked;
 # hooked, no handler; one empty C handler of the family's aggregate
 # events), tests/c/instr.c makes N and then 2N pairs under callgrind; the
 # difference over N is the pair's count, free of start-up and install.
@@ -38,7 +39,7 @@ count() {
 }
 
 echo "instructions a pair (callgrind, the difference of $n and $((2 * n)) pairs):"
-for family in mmap cuda; do
+for family in mmap cuda ring; do
     base=
     for setting in plain hooked handler; do
         one=$(count "$family" "$setting" "$n")
