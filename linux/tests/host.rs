@@ -3106,14 +3106,6 @@ extern "C" fn ucm_like_munmap(a: usize, l: usize) -> i32 {
 fn a_hooker_that_unmaps_by_syscall_is_seen_once_either_side_of_memhook() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let h = helper();
-    // SAFETY: a handler for a signal nothing else in the tests uses.
-    let was = unsafe {
-        libc::signal(
-            libc::SIGUSR2,
-            unmap_in_signal_handler as *const () as libc::sighandler_t,
-        )
-    };
-    assert_ne!(was, libc::SIG_ERR);
     let unmap_once = |what: &str| {
         // SAFETY: the helpers wrap mmap and munmap; the mappings are new.
         let [p, own, signalled] = [(); 3].map(|()| unsafe { (h.mmap)(K64) });
@@ -3149,6 +3141,17 @@ fn a_hooker_that_unmaps_by_syscall_is_seen_once_either_side_of_memhook() {
             );
         }
     };
+    let signal = (libc::SIGUSR2, unmap_in_signal_handler as extern "C" fn(i32));
+    beside_ucm_like_munmap(signal, bits::MUNMAP | bits::VM_UNMAPPED, unmap_once);
+}
+
+/// Runs `unmap_once` with [`ucm_like_munmap`] patched over munmap before
+/// memhook installs in bistro mode, then after, each time with a handler
+/// of `events` that records, and the signal handler `signal` installed.
+fn beside_ucm_like_munmap((signal, handler): (i32, extern "C" fn(i32)), events: u32, unmap_once: impl Fn(&str)) {
+    // SAFETY: a handler for a signal nothing else in the tests uses.
+    let was = unsafe { libc::signal(signal, handler as *const () as libc::sighandler_t) };
+    assert_ne!(was, libc::SIG_ERR);
     let patch = || {
         // SAFETY: ucm_like_munmap has munmap's signature and unmaps.
         unsafe { memhook::bistro::Hook::patch_symbol(c"munmap", ucm_like_munmap as *const () as usize, &UCM_ORIGINAL) }
@@ -3156,19 +3159,19 @@ fn a_hooker_that_unmaps_by_syscall_is_seen_once_either_side_of_memhook() {
     };
     let other = patch();
     let mut session = Session::new(HookMode::Bistro);
-    session.handler(bits::MUNMAP | bits::VM_UNMAPPED, 0, &record);
+    session.handler(events, 0, &record);
     unmap_once("patched before memhook");
     drop(session);
     other.unpatch().map_err(|(_, e)| e).unwrap();
 
     let mut session = Session::new(HookMode::Bistro);
-    session.handler(bits::MUNMAP | bits::VM_UNMAPPED, 0, &record);
+    session.handler(events, 0, &record);
     let other = patch();
     unmap_once("patched after memhook");
     other.unpatch().map_err(|(_, e)| e).unwrap();
     drop(session);
     // SAFETY: the disposition the test found.
-    unsafe { libc::signal(libc::SIGUSR2, was) };
+    unsafe { libc::signal(signal, was) };
 }
 
 /// A signal handler that, inside another hooker's munmap hook and after
@@ -3182,14 +3185,6 @@ fn a_hooker_that_unmaps_by_syscall_is_seen_once_either_side_of_memhook() {
 fn a_signal_handlers_unmap_after_the_originals_own_is_reported() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let h = helper();
-    // SAFETY: a handler for a signal nothing else in the tests uses.
-    let was = unsafe {
-        libc::signal(
-            libc::SIGUSR1,
-            remap_in_signal_handler as *const () as libc::sighandler_t,
-        )
-    };
-    assert_ne!(was, libc::SIG_ERR);
     let unmap_once = |what: &str| {
         // SAFETY: the helper wraps mmap.
         let p = unsafe { (h.mmap)(K64) };
@@ -3205,26 +3200,8 @@ fn a_signal_handlers_unmap_after_the_originals_own_is_reported() {
             "{what}: unmapped, mapped again by the signal handler, unmapped by it"
         );
     };
-    let patch = || {
-        // SAFETY: ucm_like_munmap has munmap's signature and unmaps.
-        unsafe { memhook::bistro::Hook::patch_symbol(c"munmap", ucm_like_munmap as *const () as usize, &UCM_ORIGINAL) }
-            .unwrap()
-    };
-    let other = patch();
-    let mut session = Session::new(HookMode::Bistro);
-    session.handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, &record);
-    unmap_once("patched before memhook");
-    drop(session);
-    other.unpatch().map_err(|(_, e)| e).unwrap();
-
-    let mut session = Session::new(HookMode::Bistro);
-    session.handler(bits::VM_MAPPED | bits::VM_UNMAPPED, 0, &record);
-    let other = patch();
-    unmap_once("patched after memhook");
-    other.unpatch().map_err(|(_, e)| e).unwrap();
-    drop(session);
-    // SAFETY: the disposition the test found.
-    unsafe { libc::signal(libc::SIGUSR1, was) };
+    let signal = (libc::SIGUSR1, remap_in_signal_handler as extern "C" fn(i32));
+    beside_ucm_like_munmap(signal, bits::VM_MAPPED | bits::VM_UNMAPPED, unmap_once);
 }
 
 static UCM_FTRUNCATE_ORIGINAL: AtomicUsize = AtomicUsize::new(0);
