@@ -35,17 +35,18 @@ use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group};
-use memhook_core::memtype::{Lookup, MemType, MemtypeMap};
+use memhook_core::memtype::{HugePageAligned, Lookup, MemType, MemtypeMap};
 
 /// Room for gaps at 65,536 ranges: updates stay local while a map is at
 /// most three quarters full.
 const CAPACITY: usize = 131_072;
-static MAP: MemtypeMap<CAPACITY> = MemtypeMap::new();
+/// Each map on whole 2 MiB pages of its own, as `memhook`'s is.
+static MAP: HugePageAligned<MemtypeMap<CAPACITY>> = HugePageAligned(MemtypeMap::new());
 /// The readers group's control: the map its `+own_writer` updates, which
 /// no reader reads (filled as `MAP`).
-static OWN: MemtypeMap<CAPACITY> = MemtypeMap::new();
+static OWN: HugePageAligned<MemtypeMap<CAPACITY>> = HugePageAligned(MemtypeMap::new());
 /// 65,536 ranges and 16 free slots.
-static NEARLY_FULL: MemtypeMap<{ 65_536 + 16 }> = MemtypeMap::new();
+static NEARLY_FULL: HugePageAligned<MemtypeMap<{ 65_536 + 16 }>> = HugePageAligned(MemtypeMap::new());
 
 #[path = "common/layout.rs"]
 mod layout;
@@ -105,7 +106,7 @@ fn fill_map<const N: usize>(map: &MemtypeMap<N>, ranges: usize) -> Baseline {
 }
 
 fn fill(ranges: usize) -> Baseline {
-    fill_map(&MAP, ranges)
+    fill_map(&MAP.0, ranges)
 }
 
 /// Benchmarks `f` over the probe addresses in turn, as
@@ -153,7 +154,7 @@ fn single_thread(c: &mut Criterion) {
             if ranges == 65_536 && hit {
                 eprintln!("memtype map at 65,536 ranges: {}", huge_pages_of(&MAP));
             }
-            churn(&MAP, ranges);
+            churn(&MAP.0, ranges);
             assert_eq!(MAP.lookup(addrs[0], 8).mem_type_or(MemType::Host), want);
             over(&mut g, (group, "memhook_churned", ranges), &addrs, |a| MAP.lookup(a, 8));
         }
@@ -165,7 +166,7 @@ fn single_thread(c: &mut Criterion) {
         let baseline = fill(ranges);
         let addrs = probes(ranges, false);
         g.throughput(Throughput::Elements(2));
-        over(&mut g, ("update", "memhook", ranges), &addrs, |a| pair(&MAP, a));
+        over(&mut g, ("update", "memhook", ranges), &addrs, |a| pair(&MAP.0, a));
         over(&mut g, ("update", "rwlock_btreemap", ranges), &addrs, |a| {
             let a = a & !0xfff;
             baseline.write().unwrap().insert(a, (a + 0x1000, MemType::CudaHost));
@@ -177,7 +178,7 @@ fn single_thread(c: &mut Criterion) {
     }
     let addrs = probes(65_536, false);
     over(&mut g, ("update", "memhook_nearly_full", 65_536), &addrs, |a| {
-        pair(&NEARLY_FULL, a)
+        pair(&NEARLY_FULL.0, a)
     });
     g.finish();
 }
@@ -289,7 +290,7 @@ fn update_baseline(map: Arc<Baseline>) -> UpdateFn {
 fn threads(c: &mut Criterion) {
     let baseline = Arc::new(fill(65_536));
     advise_huge_pages(&OWN);
-    let own_baseline = Arc::new(fill_map(&OWN, 65_536));
+    let own_baseline = Arc::new(fill_map(&OWN.0, 65_536));
     let counts = reader_counts();
     let mut g = c.benchmark_group("readers");
     g.sample_size(20);
@@ -300,8 +301,8 @@ fn threads(c: &mut Criterion) {
             let key = format!("readers/memhook/{label}");
             let update = match writer {
                 Writer::None => None,
-                Writer::Shared => Some(update_pair(&MAP)),
-                Writer::Own => Some(update_pair(&OWN)),
+                Writer::Shared => Some(update_pair(&MAP.0)),
+                Writer::Own => Some(update_pair(&OWN.0)),
             };
             g.bench_function(BenchmarkId::new("memhook", &label), |b| {
                 b.iter_custom(|iters| {

@@ -18,15 +18,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use memhook_core::memtype::{MemType, MemtypeMap};
+use memhook_core::memtype::{HugePageAligned, MemType, MemtypeMap};
 
 /// Room for gaps, as in the criterion bench: at most three quarters full,
 /// an update stays local, so the writer rewrites what readers read as
 /// often as it can (in a nearly full map each update shifts thousands of
 /// slots, and the writer managed only 30,000 updates a second).
-static MAP: MemtypeMap<131_072> = MemtypeMap::new();
+/// On whole 2 MiB pages of its own, as `memhook`'s map is.
+static MAP: HugePageAligned<MemtypeMap<131_072>> = HugePageAligned(MemtypeMap::new());
 /// The control writer's map, filled as `MAP`; no reader reads it.
-static OWN: MemtypeMap<131_072> = MemtypeMap::new();
+static OWN: HugePageAligned<MemtypeMap<131_072>> = HugePageAligned(MemtypeMap::new());
 
 #[path = "../benches/common/layout.rs"]
 mod layout;
@@ -122,8 +123,8 @@ fn main() {
         ("alone", 0, None),
         ("with a second reader", 1, None),
         ("with all cores reading", cores - 1, None),
-        ("with a writer", 0, Some(&MAP)),
-        ("with a writer of its own", 0, Some(&OWN)),
+        ("with a writer", 0, Some(&MAP.0)),
+        ("with a writer of its own", 0, Some(&OWN.0)),
     ];
     let mut times = vec![Vec::new(); cases.len()];
     let mut rates = Vec::new();
@@ -131,7 +132,7 @@ fn main() {
         for (k, &(_, others, writer)) in cases.iter().enumerate() {
             let (ns, rate) = first_reader(&addrs, &gaps, others, writer);
             times[k].push(ns);
-            if writer.is_some_and(|w| std::ptr::eq(w, &MAP)) {
+            if writer.is_some_and(|w| std::ptr::eq(w, &MAP.0)) {
                 rates.push(rate);
             }
         }

@@ -1657,6 +1657,31 @@ impl<const N: usize> Table<N> {
     }
 }
 
+/// `T` laid on whole 2 MiB pages: aligned to 2 MiB, its size rounded up
+/// to a multiple of that. For a large map in a `static`: advised for
+/// transparent huge pages (`madvise(MADV_HUGEPAGE)` before it is first
+/// touched), every byte of it can then lie on huge pages, where an
+/// unaligned map keeps its ends on 4 KiB ones (a 4.5 MiB map at a random
+/// offset has one or two whole 2 MiB pages in it), and a lookup at 65,536
+/// ranges touches three random places of it, each a TLB miss on a 4 KiB
+/// page: a two-level page walk in a virtual machine. The alignment holds
+/// at run time where the loader honours the object's segment alignment
+/// (the kernel for executables; glibc 2.35 and later for shared objects;
+/// elsewhere it is as good as none). The padding is address space only:
+/// never touched, it takes no memory.
+///
+/// For statics: on the stack, the alignment costs up to 2 MiB of it.
+#[repr(C, align(2097152))]
+pub struct HugePageAligned<T>(pub T);
+
+impl<T> core::ops::Deref for HugePageAligned<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// The interval map. See the module docs.
 ///
 /// Two cache lines head it: the writers' (the lock, the pending

@@ -10,10 +10,14 @@
 //! it lies in `.bss` and costs nothing until touched. At load, memhook asks
 //! the kernel for transparent huge pages there (`madvise(MADV_HUGEPAGE)`;
 //! `MEMHOOK_MAP_HUGE_PAGES=0` in the environment leaves it): a lookup
-//! touches three random pages of it, each a TLB miss with 4 KiB pages. The
-//! cost is memory: a touched 2 MiB region is resident whole.
+//! touches three random pages of it, each a TLB miss with 4 KiB pages. It
+//! lies on three whole 2 MiB pages of its own (aligned and padded: see
+//! [`memhook_core::memtype::HugePageAligned`]), so that all of it can be
+//! huge. The cost is memory: a touched 2 MiB region is resident whole.
 
 pub use memhook_core::memtype::{Inserted, Lookup, MapError, MemInfo, MemType, MemtypeMap};
+
+use memhook_core::memtype::HugePageAligned;
 
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -34,7 +38,8 @@ pub const CAPACITY: usize = 65_536;
 /// `#[inline]`, and the small ones are `#[inline(never)]`: rustc makes a
 /// small function without calls inlinable across crates by itself. The
 /// hooks reach it through [`map`].
-static MAP: MemtypeMap<CAPACITY> = MemtypeMap::new();
+/// On whole 2 MiB pages ([`HugePageAligned`]), all of it huge once advised.
+static MAP: HugePageAligned<MemtypeMap<CAPACITY>> = HugePageAligned(MemtypeMap::new());
 
 /// Whether the map's memory was advised for huge pages at load.
 static HUGE_PAGES: AtomicBool = AtomicBool::new(false);
@@ -72,13 +77,13 @@ pub fn huge_pages() -> bool {
 #[inline(never)]
 pub fn map_range() -> (usize, usize) {
     let start = &raw const MAP as usize;
-    (start, start + size_of::<MemtypeMap<CAPACITY>>())
+    (start, start + size_of::<HugePageAligned<MemtypeMap<CAPACITY>>>())
 }
 
 /// The map, for this crate's hooks (inlined into them).
 #[inline(always)]
 pub(crate) fn map() -> &'static MemtypeMap<CAPACITY> {
-    &MAP
+    &MAP.0
 }
 
 /// What the map says about `[addr, addr + len)`.

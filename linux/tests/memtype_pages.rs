@@ -67,6 +67,13 @@ fn advice_observable() -> bool {
 fn the_map_lies_in_anonymous_memory_advised_for_huge_pages() {
     let (start, end) = memtype::map_range();
     assert!(end - start > 4 << 20, "the map is {} bytes", end - start);
+    // On whole 2 MiB pages of its own, so that all of it can be huge: the
+    // kernel's loader honours this executable's segment alignment
+    // (qemu-user's, which runs the aarch64 tests, need not).
+    assert_eq!((end - start) % (2 << 20), 0, "the map spans whole 2 MiB pages");
+    if std::env::var_os("MEMHOOK_TEST_QEMU").is_none() {
+        assert_eq!(start % (2 << 20), 0, "the map starts on a 2 MiB boundary: {start:#x}");
+    }
     let maps = mappings(start, end);
     assert!(!maps.is_empty(), "no mapping holds the map");
     // Fields: range, perms, offset, device, inode[, path]. Zero bytes in
