@@ -224,14 +224,57 @@ pub(crate) fn wants(events: u32) -> bool {
     DISPATCHER.wants(events)
 }
 
+/// This thread's dispatch state, found once by a hook that uses it more
+/// than once (each lookup of a thread-local is a call into the dynamic
+/// linker in `libmemhook.so`): both halves of a dispatch ([`Begun`]), or
+/// the prefetch of a delivery and the delivery. Made on the thread and
+/// dropped in the hook's frame, while the thread runs: the raw pointer
+/// keeps it neither `Send` nor `Sync`.
+pub(crate) struct ThisThread(*const Local);
+
+/// This thread's [`ThisThread`]; `None` once its state is gone (thread
+/// exit), where no event is delivered.
+#[inline(always)]
+pub(crate) fn this_thread() -> Option<ThisThread> {
+    LOCAL.try_with(|l| ThisThread(l)).ok()
+}
+
+impl ThisThread {
+    #[inline(always)]
+    fn local(&self) -> &Local {
+        // SAFETY: [`this_thread`] took the pointer on this thread (the type
+        // is neither Send nor Sync), from a `const` thread-local without a
+        // destructor, whose storage lives as long as the thread, which is
+        // running this.
+        unsafe { &*self.0 }
+    }
+
+    /// Asks the cache for what delivering events of the kinds `kinds`
+    /// reads (see `Dispatcher::prefetch_visit`): for a hook about to
+    /// deliver after a driver call.
+    #[inline(always)]
+    pub(crate) fn prefetch_delivery(&self, kinds: u32) {
+        DISPATCHER.prefetch_visit(&self.local().depth, kinds);
+    }
+
+    /// Delivers `event` (it has no original call) as the event of the
+    /// hooked function whose mark is `reporting` (not 0), which
+    /// [`reporting`] tells its handlers meanwhile; the mark the thread had
+    /// (an outer delivery's, or 0) comes back after.
+    #[inline(always)]
+    pub(crate) fn notify_reporting(&self, reporting: u8, event: &mut Event) {
+        let l = self.local();
+        let was = l.reporting.replace(reporting);
+        notify_on(l, event);
+        l.reporting.set(was);
+    }
+}
+
 /// A hook's dispatch between [`begin`] and [`finish`]: the pass, and this
-/// thread's nesting state, found once for both halves (a thread-local
-/// lookup is a call into the dynamic linker in a preloaded library).
+/// thread's nesting state, found once for both halves.
 pub(crate) struct Begun {
     pass: Pass,
-    /// This thread's state (a raw pointer: `Begun` is neither Send nor
-    /// Sync, so it stays on the thread whose state this is).
-    local: *const Local,
+    thread: ThisThread,
     /// The caller's errno before any handler ran.
     caller_errno: core::ffi::c_int,
     /// The thread's mark when this hook began: an outer hook's original
@@ -248,17 +291,14 @@ impl Begun {
     /// This thread's `errno` location.
     #[inline(always)]
     pub(crate) fn errno(&self) -> *mut core::ffi::c_int {
-        // SAFETY: `begin` found this pointer on this thread during the
-        // hooked call still running: the thread-local is alive.
-        errno_of(unsafe { &*self.local })
+        errno_of(self.thread.local())
     }
 
     /// Runs `original` (the hooked call's original, `own` the call it
     /// makes) marked as such for [`is_own_call`].
     #[inline(always)]
     pub(crate) fn run_original<R>(&self, own: OwnCall, original: impl FnOnce() -> R) -> R {
-        // SAFETY: as for `errno`.
-        marked_original(unsafe { &*self.local }, own, original)
+        marked_original(self.thread.local(), own, original)
     }
 
     /// The caller's errno as it was when the hook began, before any
@@ -311,11 +351,9 @@ fn marked_original<R>(local: &Local, own: OwnCall, original: impl FnOnce() -> R)
 /// [`Begun::run_original`] for a hook that calls its original outside a
 /// dispatch (the file-discarding calls): finds the thread's state itself.
 pub(crate) fn run_original<R>(own: OwnCall, original: impl FnOnce() -> R) -> R {
-    match LOCAL.try_with(|l| l as *const Local) {
-        // SAFETY: this thread's own thread-local, alive while it runs
-        // (see `begin`).
-        Ok(local) => marked_original(unsafe { &*local }, own, original),
-        Err(_) => original(),
+    match this_thread() {
+        Some(thread) => marked_original(thread.local(), own, original),
+        None => original(),
     }
 }
 
@@ -381,19 +419,17 @@ fn errno_of(local: &Local) -> *mut core::ffi::c_int {
 /// only a table visit is a call of its own.
 #[inline(always)]
 pub(crate) fn begin(before: Option<&mut Event>, event: &mut Event) -> Option<Begun> {
-    let local = LOCAL.try_with(|l| l as *const Local).ok()?;
-    // SAFETY: this thread's own thread-local, alive while the thread runs
-    // (a `const` thread-local without a destructor: the lookup is an offset
-    // from the thread pointer, or one `__tls_get_addr` call in a preloaded
-    // library).
-    let l = unsafe { &*local };
+    // (The lookup is an offset from the thread pointer, or one
+    // `__tls_get_addr` call in a preloaded library.)
+    let thread = this_thread()?;
+    let l = thread.local();
     // SAFETY: this thread's errno location.
     let caller_errno = unsafe { *errno_of(l) };
     let was_original = live_mark(l.in_original.replace(0), frame_address());
     let pass = DISPATCHER.begin(&l.depth, before, event);
     Some(Begun {
         pass,
-        local,
+        thread,
         caller_errno,
         was_original,
     })
@@ -403,57 +439,9 @@ pub(crate) fn begin(before: Option<&mut Event>, event: &mut Event) -> Option<Beg
 /// `follow`'s (a `VM_MAPPED` made from the finished call).
 #[inline(always)]
 pub(crate) fn finish(begun: Begun, event: &mut Event, follow: Option<&mut Event>) {
-    // SAFETY: `begin` found this pointer on this thread (`Begun` is neither
-    // Send nor Sync) during the hooked call still running, so the thread,
-    // and its thread-locals, are alive.
-    let local = unsafe { &*begun.local };
+    let local = begun.thread.local();
     DISPATCHER.finish(&local.depth, begun.pass, event, follow);
     local.in_original.set(begun.was_original);
-}
-
-/// This thread's dispatch state, found once by a hook that both asks the
-/// cache for what a delivery reads and then delivers (each lookup of a
-/// thread-local is a call into the dynamic linker in `libmemhook.so`).
-/// Made on the thread and dropped in the hook's frame, while the thread
-/// runs: the raw pointer keeps it neither `Send` nor `Sync`.
-pub(crate) struct ThisThread(*const Local);
-
-/// This thread's [`ThisThread`]; `None` once its state is gone (thread
-/// exit), where no event is delivered.
-#[inline(always)]
-pub(crate) fn this_thread() -> Option<ThisThread> {
-    LOCAL.try_with(|l| ThisThread(l)).ok()
-}
-
-impl ThisThread {
-    #[inline(always)]
-    fn local(&self) -> &Local {
-        // SAFETY: [`this_thread`] took the pointer on this thread (the type
-        // is neither Send nor Sync), from a `const` thread-local without a
-        // destructor, whose storage lives as long as the thread, which is
-        // running this.
-        unsafe { &*self.0 }
-    }
-
-    /// Asks the cache for what delivering events of the kinds `kinds`
-    /// reads (see `Dispatcher::prefetch_visit`): for a hook about to
-    /// deliver after a driver call.
-    #[inline(always)]
-    pub(crate) fn prefetch_delivery(&self, kinds: u32) {
-        DISPATCHER.prefetch_visit(&self.local().depth, kinds);
-    }
-
-    /// Delivers `event` (it has no original call) as the event of the
-    /// hooked function whose mark is `reporting` (not 0), which
-    /// [`reporting`] tells its handlers meanwhile; the mark the thread had
-    /// (an outer delivery's, or 0) comes back after.
-    #[inline(always)]
-    pub(crate) fn notify_reporting(&self, reporting: u8, event: &mut Event) {
-        let l = self.local();
-        let was = l.reporting.replace(reporting);
-        notify_on(l, event);
-        l.reporting.set(was);
-    }
 }
 
 /// Delivers an event that has no original call.
