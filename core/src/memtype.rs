@@ -942,6 +942,16 @@ impl<const N: usize> Table<N> {
         l + 1
     }
 
+    /// Sets the starts of slots `n..old_n`, past a length shrunk from
+    /// `old_n` to `n`, to `usize::MAX` (what every start past the length
+    /// holds).
+    #[inline(always)]
+    fn clear_starts(&self, n: usize, old_n: usize) {
+        for i in n..old_n {
+            self.starts[i].store(usize::MAX, Ordering::Relaxed);
+        }
+    }
+
     /// Rewrites the search tree after the starts of slots `from..to`
     /// changed and the length went from `old_n` to the current one (`to`
     /// covers both lengths when they differ). Only the levels a reader
@@ -952,9 +962,7 @@ impl<const N: usize> Table<N> {
     /// `usize::MAX`, and one used again is built whole.
     fn rebuild_index(&self, from: usize, to: usize, old_n: usize) {
         let n = self.len.load(Ordering::Relaxed);
-        for i in n..old_n {
-            self.starts[i].store(usize::MAX, Ordering::Relaxed);
-        }
+        self.clear_starts(n, old_n);
         let g = &Self::GEOMETRY;
         let (want, have) = (Self::levels_for(n), self.index_levels.load(Ordering::Relaxed));
         let key_below = |l: usize, j: usize| {
@@ -1226,9 +1234,7 @@ impl<const N: usize> Table<N> {
                 // length are left to clear. (Their two calls, out of line,
                 // cost a queue of eight allocations about 70 instructions
                 // an update.)
-                for i in n..old_n {
-                    self.starts[i].store(usize::MAX, Ordering::Relaxed);
-                }
+                self.clear_starts(n, old_n);
             } else {
                 self.rebuild_index(edit.from, edit.to, old_n);
                 self.rebuild_buckets(edit.from, old_n, edit.span);

@@ -17,11 +17,10 @@
 
 pub use memhook_core::memtype::{Inserted, Lookup, MapError, MemInfo, MemType, MemtypeMap};
 
-use memhook_core::memtype::HugePageAligned;
-
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use memhook_core::event::Event;
+use memhook_core::memtype::HugePageAligned;
 
 /// Ranges the map holds (beyond this, new ranges are dropped, counted, and
 /// answer Unknown). Up to three quarters of it, an update rewrites a few
@@ -38,6 +37,7 @@ pub const CAPACITY: usize = 65_536;
 /// `#[inline]`, and the small ones are `#[inline(never)]`: rustc makes a
 /// small function without calls inlinable across crates by itself. The
 /// hooks reach it through [`map`].
+///
 /// On whole 2 MiB pages ([`HugePageAligned`]), all of it huge once advised.
 static MAP: HugePageAligned<MemtypeMap<CAPACITY>> = HugePageAligned(MemtypeMap::new());
 
