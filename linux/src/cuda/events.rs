@@ -278,6 +278,10 @@ pub(super) fn kept_refused(id: Id, address: usize, kept: Kept) {
 
 /// Takes what a free of `address` ends out of the map, as
 /// [`reporting_free`] does, and says what it took (nothing is reported).
+/// Inlined: left to the compiler, it went out of line once the map's
+/// static changed type (6a03d42), and a free with a handler paid a call
+/// (+36 instructions a pair in `scripts/callgrind.sh`'s `cuda` family).
+#[inline(always)]
 pub(super) fn take(address: usize) -> Taken {
     let (entry, size, mark) = match memtype::map().take_marked(address) {
         Some((info, mark)) => {
