@@ -174,7 +174,7 @@ fn main() {
         } else {
             let d = median(&mut added[v]);
             println!(
-                "  {:<42} {t:8.0} ns  (+{d:.0} ns, median of the paired differences)",
+                "  {:<42} {t:8.0} ns  ({d:+.0} ns, median of the paired differences)",
                 names[v]
             );
         }
