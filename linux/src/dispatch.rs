@@ -334,8 +334,8 @@ fn frame_address() -> usize {
 /// Where no original runs on the thread (the common case: a hook called
 /// by the program, not from inside another's original) there is no outer
 /// call to keep: the mark is set, and cleared after, with no save and
-/// restore (37 of the 523 instructions an mmap+munmap pair with a handler
-/// cost, `scripts/callgrind.sh`). `originals` is raised first, so that a
+/// restore (27 of the 524 instructions an mmap+munmap pair with a C
+/// handler cost, `scripts/callgrind.sh`). `originals` is raised first, so that a
 /// signal handler's hook that runs while the call is being written keeps
 /// it as it found it; one that runs before leaves it to be written after.
 /// (A `longjmp` out of an original leaves it raised: that thread's later
@@ -346,48 +346,44 @@ fn marked_original<R>(local: &Local, own: OwnCall, original: impl FnOnce() -> R)
     let outer = local.originals.get();
     local.originals.set(outer + 1);
     compiler_fence(Ordering::SeqCst);
-    if outer == 0 {
+    let result = if outer == 0 {
         local.in_original.set(0);
         compiler_fence(Ordering::SeqCst);
-        local.own_call.set(own);
-        local.own_taken.store(false, Ordering::Relaxed);
+        marked_call(local, own, original)
+    } else {
+        // Inside another original: its mark, call and flag are kept.
+        let was = local.in_original.replace(0);
         compiler_fence(Ordering::SeqCst);
-        local.in_original.set(frame_address());
-        let result = original();
-        local.in_original.set(0);
+        let was_call = local.own_call.get();
+        // A load and a store, not a swap (a locked instruction, some 20
+        // cycles a call): with the frame 0 no look of a signal handler's
+        // tests the flag, and a nested original's puts it back as it
+        // found it.
+        let was_taken = local.own_taken.load(Ordering::Relaxed);
+        let result = marked_call(local, own, original);
+        local.own_call.set(was_call);
+        local.own_taken.store(was_taken, Ordering::Relaxed);
         compiler_fence(Ordering::SeqCst);
-        local.originals.set(0);
-        return result;
-    }
-    let result = marked_nested(local, own, original);
+        local.in_original.set(was);
+        result
+    };
     compiler_fence(Ordering::SeqCst);
     local.originals.set(outer);
     result
 }
 
-/// [`marked_original`] inside another original: that one's mark, call
-/// and flag are saved and put back.
+/// The call of [`marked_original`], its mark 0 on entry: `own` written,
+/// then the frame that makes it live; the mark 0 again after.
 #[inline(always)]
-fn marked_nested<R>(local: &Local, own: OwnCall, original: impl FnOnce() -> R) -> R {
+fn marked_call<R>(local: &Local, own: OwnCall, original: impl FnOnce() -> R) -> R {
     use core::sync::atomic::compiler_fence;
-    let was = local.in_original.replace(0);
-    compiler_fence(Ordering::SeqCst);
-    let was_call = local.own_call.replace(own);
-    // A load and a store, not a swap (a locked instruction, some 20
-    // cycles on every hooked call with a handler): with the frame 0 no
-    // look of a signal handler's tests the flag, and a nested original's
-    // puts it back as it found it.
-    let was_taken = local.own_taken.load(Ordering::Relaxed);
+    local.own_call.set(own);
     local.own_taken.store(false, Ordering::Relaxed);
     compiler_fence(Ordering::SeqCst);
     local.in_original.set(frame_address());
     let result = original();
     local.in_original.set(0);
     compiler_fence(Ordering::SeqCst);
-    local.own_call.set(was_call);
-    local.own_taken.store(was_taken, Ordering::Relaxed);
-    compiler_fence(Ordering::SeqCst);
-    local.in_original.set(was);
     result
 }
 
