@@ -5,7 +5,9 @@ Reads the log that `dist/ab/run.sh` (scripts/gpu-ab-run.sh) writes: blocks
 headed `== old round N` / `== new round N`, each the output of the same
 programs. Every number in a line is a figure, named by the line with its
 numbers blanked (and, for criterion's indented `time:` / `thrpt:` lines,
-by the benchmark named above them) and by its place in the line. For each
+by the benchmark named above them) and by its place in the line; but a
+size (`4 KiB`, `1024 KiB`, `2MiB`) is part of the name, not a figure, so
+that lines that differ only in the size they measure are told apart. For each
 figure that both builds printed in a round, the per-round difference (new
 minus old) and ratio; printed are the medians over the rounds, the
 builds' own medians, and in how many rounds new was the lower; a figure
@@ -28,6 +30,8 @@ import sys
 from collections import defaultdict
 
 NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?")
+# A size, kept in a figure's name; else a number, a figure.
+SIZE_OR_NUMBER = re.compile(r"(\d+ ?[KMG]iB\b)|" + NUMBER.pattern)
 HEADER = re.compile(r"^== (old|new) round (\d+)\s*$")
 
 
@@ -37,11 +41,17 @@ BENCH_ID = re.compile(r"^[A-Za-z_][\w.-]*(?:/[\w.-]+)+")
 
 
 def blank(text):
-    """`text` with its numbers as `#` (but a leading benchmark id's) and
-    its runs of spaces as one (a figure's width moves its padding)."""
+    """`text` with its numbers as `#` (but a leading benchmark id's and
+    sizes) and its runs of spaces as one (a figure's width moves its
+    padding)."""
     m = BENCH_ID.match(text)
     head, rest = (m.group(0), text[m.end():]) if m else ("", text)
-    return " ".join((head + NUMBER.sub("#", rest)).split())
+    return " ".join((head + SIZE_OR_NUMBER.sub(lambda n: n.group(1) or "#", rest)).split())
+
+
+def numbers_in(text):
+    """The figures of `text`: its numbers but sizes, in order."""
+    return [n.group(0) for n in SIZE_OR_NUMBER.finditer(text) if not n.group(1)]
 
 
 def figures(lines):
@@ -63,7 +73,7 @@ def figures(lines):
         if not line[:1].isspace():
             context = blank(line.strip())
         m = BENCH_ID.match(line.strip())
-        numbers = NUMBER.findall(line.strip()[m.end():] if m else line)
+        numbers = numbers_in(line.strip()[m.end():] if m else line)
         if not numbers:
             continue
         key = blank(line.strip())
@@ -125,6 +135,8 @@ def self_test():
             added = 100 * r + (0 if b == "old" else -10)
             log += [f"== {b} round {r}",
                     f"cuMemAlloc_v2+cuMemFree_v2 4KiB, median of the 40000 per-round differences: added {added} ns",
+                    f"  after 1024 KiB of work: added {added + 50} ns",
+                    f"  after 4096 KiB of work: added {added + 90 + (0 if b == 'old' else 7)} ns",
                     f"  control      {50 * r} ns",
                     f"  hooked, no handler     {'+' if added >= 0 else ''}{added // 10} ns",
                     f"  hooked, no handler     {added // 5} ns",
@@ -136,8 +148,11 @@ def self_test():
     assert rounds == 3, rounds
     got = {name: row for name, *row in rows}
     # Paired within each round: -10 every round, whatever the drift.
-    assert got["cuMemAlloc_v#+cuMemFree_v# #KiB, median of the # per-round differences: added @ ns"][:5] == \
+    assert got["cuMemAlloc_v#+cuMemFree_v# 4KiB, median of the # per-round differences: added @ ns"][:5] == \
         [-10, statistics.median([190 / 200, 290 / 300, 90 / 100]), 200, 190, 3], got
+    # Sizes name their figures: two lines that differ only in theirs.
+    assert got["after 1024 KiB of work: added @ ns"][0] == -10, got
+    assert got["after 4096 KiB of work: added @ ns"][0] == -3, got
     assert got["control @ ns"][0] == 0 and got["control @ ns"][4] == 0, got
     # The same text twice in a round: two figures, told apart.
     assert got["hooked, no handler @ ns"][0] == -1, got
@@ -146,7 +161,7 @@ def self_test():
     # is named by it; figures that never change are left out.
     assert "lookup_hit/memhook/65536 / time: [# ns @ ns # ns]" in got, got
     assert not any(name.startswith("lookup_hit/memhook/16") for name in got), got
-    assert not any("v@" in name or "@KiB" in name for name in got), got
+    assert not any("v@" in name or "@ KiB" in name or "@KiB" in name for name in got), got
     print("ab-compare.py: self-test passed")
 
 

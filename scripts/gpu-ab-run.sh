@@ -43,6 +43,10 @@ while [ $((SECONDS - start)) -lt "$limit" ]; do
                     "$ab/$b/host_cost" 2>&1
                     "./bench_host_$b" 2>&1
                     ;;
+                cold)
+                    # The fake driver, built from the carried sources.
+                    MEMHOOK_FAKECUDA_SRC="$ab/src/cuda" "$ab/$b/bench_cuda_cold" 2>&1 | grep per-round
+                    ;;
                 memtype)
                     "$ab/$b/readers" 2>&1
                     # From a folder of each build's own, so that criterion

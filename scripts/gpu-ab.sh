@@ -13,14 +13,18 @@
 #   host     mmap+munmap with the host hooks (`host_cost`, and
 #            tests/c/bench_host.c through libmemhook.so);
 #   memtype  the map's lookups (the `memtype` bench's lookup_hit/memhook
-#            and the `readers` example).
+#            and the `readers` example);
+#   cold     the fake driver's cuMemAlloc_v2+cuMemFree_v2 after work that
+#            evicts the caches, bare and with one handler (the `cuda_cold`
+#            bench, memhook linked in; the fake built with gcc there).
 #
 # Then, through the device tool, with carry ["dist/ab"]:
 #   bash dist/ab/run.sh [SECONDS]   (default 420: rounds until then)
 # which writes $OUT/ab.log and prints the comparison. A pair round takes
 # about 45 s on the H100 and H200 hosts, a host round 10 s, a memtype
-# round 30 s. The host and memtype families run here too (bash
-# dist/ab/run.sh 120), for a first look on the dev VM.
+# round 30 s, a cold round 7 s on the dev VM. The host, memtype and cold
+# families run here too (bash dist/ab/run.sh 120), for a first look on
+# the dev VM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { sed -n '2,24p' "$0" >&2; exit 2; }
@@ -28,7 +32,7 @@ base=$(git rev-parse --verify "$1^{commit}")
 shift
 families=${*:-pair}
 for f in $families; do
-    case $f in pair | host | memtype) ;; *) echo "gpu-ab.sh: unknown family '$f' (pair, host or memtype)" >&2; exit 2 ;; esac
+    case $f in pair | host | memtype | cold) ;; *) echo "gpu-ab.sh: unknown family '$f' (pair, host, memtype or cold)" >&2; exit 2 ;; esac
 done
 out=dist/ab
 rm -rf "$out" && mkdir -p "$out/old" "$out/new" "$out/src"
@@ -59,6 +63,10 @@ build() {
                     cp "$(cargo bench -q -p memhook-core --bench memtype --no-run --message-format=json 2>/dev/null | executable)" \
                         "$dest/bench_memtype"
                     ;;
+                cold)
+                    cp "$(cargo bench -q -p memhook-tests --bench cuda_cold --no-run --message-format=json 2>/dev/null | executable)" \
+                        "$dest/bench_cuda_cold"
+                    ;;
             esac
         done
     )
@@ -73,6 +81,7 @@ build "$tree" "$PWD/target/ab-base" "$PWD/$out/old"
 echo "gpu-ab.sh: new = the working tree ($(git describe --always --dirty))"
 build "$PWD" "$PWD/target" "$PWD/$out/new"
 cp tests/gpu/pair_so.c tests/gpu/events.h tests/c/bench_host.c include/memhook.h "$out/src/"
+mkdir -p "$out/src/cuda" && cp tests/cuda/*.c "$out/src/cuda/"
 cp scripts/gpu-ab-run.sh "$out/run.sh"
 cp scripts/ab-compare.py "$out/compare.py"
 echo "$families" >"$out/families"
