@@ -1,0 +1,78 @@
+//! The order of `libmemhook.so`'s constructors. The memtype map's advice
+//! for transparent huge pages must run before any other constructor of
+//! memhook's: the library's own (`preload::at_load`) installs the hooks
+//! when it is preloaded or told to trace or report, and where libcuda is
+//! loaded already (a late `dlopen`) that install records the driver's live
+//! allocations in the map. A 2 MiB region first touched before its advice
+//! keeps its 4 KiB pages, so the map would lose the huge pages its lookups
+//! are measured with.
+
+use std::path::PathBuf;
+
+use goblin::elf::Elf;
+
+fn lib() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    memhook_tests::libmemhook::libmemhook(&dir, true)
+}
+
+/// The functions `.init_array` lists, in the order the loader calls them:
+/// each entry's symbol (`None` where no symbol starts there).
+fn constructors(bytes: &[u8]) -> Vec<Option<String>> {
+    let elf = Elf::parse(bytes).expect("libmemhook.so parses as ELF");
+    let init = elf
+        .section_headers
+        .iter()
+        .find(|s| elf.shdr_strtab.get_at(s.sh_name) == Some(".init_array"))
+        .expect("an .init_array section");
+    let (lo, hi) = (init.sh_addr, init.sh_addr + init.sh_size);
+    // A position-independent object's entries are relative relocations:
+    // the target is the addend (the section's own words are 0).
+    let mut entries: Vec<(u64, u64)> = elf
+        .dynrelas
+        .iter()
+        .filter(|r| (lo..hi).contains(&r.r_offset))
+        .map(|r| (r.r_offset, r.r_addend.unwrap_or(0) as u64))
+        .collect();
+    entries.sort();
+    assert_eq!(entries.len() as u64, init.sh_size / 8, "every entry is relocated");
+    entries
+        .iter()
+        .map(|&(_, target)| {
+            elf.syms
+                .iter()
+                .find(|s| s.st_value == target && s.is_function())
+                .and_then(|s| elf.strtab.get_at(s.st_name))
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+#[test]
+fn the_maps_advice_runs_before_any_other_constructor_of_memhooks() {
+    let bytes = std::fs::read(lib()).unwrap();
+    let names = constructors(&bytes);
+    if names.iter().all(Option::is_none) {
+        println!("libmemhook.so has no symbol table (stripped): not checked");
+        return;
+    }
+    let memhooks: Vec<&str> = names
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .filter(|n| n.contains("7memhook"))
+        .collect();
+    let advice = memhooks
+        .iter()
+        .position(|n| n.contains("advise_huge_pages_at_load"))
+        .unwrap_or_else(|| panic!("the advice is a constructor: {names:?}"));
+    assert!(
+        memhooks.iter().any(|n| n.contains("preload") && n.contains("at_load")),
+        "the preloaded library's install is a constructor: {names:?}"
+    );
+    assert_eq!(
+        advice, 0,
+        "the advice runs first of memhook's constructors: {memhooks:#?}"
+    );
+}
