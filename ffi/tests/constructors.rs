@@ -76,3 +76,78 @@ fn the_maps_advice_runs_before_any_other_constructor_of_memhooks() {
         "the advice runs first of memhook's constructors: {memhooks:#?}"
     );
 }
+
+/// The map's static in the library: its offset and size (the symbol).
+fn map_symbol(bytes: &[u8]) -> Option<(u64, u64)> {
+    let elf = Elf::parse(bytes).ok()?;
+    elf.syms
+        .iter()
+        .find(|s| {
+            elf.strtab
+                .get_at(s.st_name)
+                .is_some_and(|n| n.starts_with("_ZN7memhook7memtype3MAP"))
+        })
+        .map(|s| (s.st_value, s.st_size))
+}
+
+/// Loaded late (libcuda loaded first, its allocations live), the library
+/// installs from its constructor and the CUDA hooks lay out the map, which
+/// still lies on huge pages: wherever a control region advised and touched
+/// in the same process gets them.
+#[test]
+fn a_late_load_that_lays_out_the_map_at_install_keeps_it_on_huge_pages() {
+    let lib = lib();
+    let bytes = std::fs::read(&lib).unwrap();
+    let Some((offset, size)) = map_symbol(&bytes) else {
+        println!("libmemhook.so has no symbol table (stripped): not checked");
+        return;
+    };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = std::env::temp_dir().join(format!("memhook-late-load-{}", std::process::id()));
+    let fake = memhook_tests::fakecuda::build(&dir);
+    let exe = dir.join("late_load");
+    let built = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-O2", "-Wall", "-Werror", "-I"])
+        .arg(root.join("include"))
+        .arg(root.join("tests/c/late_load.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(&fake.libcuda)
+        .args(["-ldl", "-Wl,-rpath,$ORIGIN"])
+        .status()
+        .expect("a C compiler (cc)");
+    assert!(built.success(), "building late_load.c");
+    let out = std::process::Command::new(&exe)
+        .arg(&lib)
+        .arg(format!("{offset:x}"))
+        .arg(format!("{size:x}"))
+        .env("MEMHOOK_TRACE", "1")
+        .env("FAKECUDA_ARENA_GIB", "4")
+        .env_remove("MEMHOOK_MAP_HUGE_PAGES")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{:?}: {stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let figure = |name: &str| -> i64 {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {stdout}"))
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        figure("recorded"),
+        16,
+        "the install at load hooked the driver: {stdout}"
+    );
+    if figure("control") <= 0 {
+        println!("no transparent huge page for an advised region here: not checked ({stdout})");
+        return;
+    }
+    assert!(figure("map") > 0, "the map lost its huge pages: {stdout}");
+}
