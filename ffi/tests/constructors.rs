@@ -2,8 +2,8 @@
 //! for transparent huge pages must run before any other constructor of
 //! memhook's: the library's own (`preload::at_load`) installs the hooks
 //! when it is preloaded or told to trace or report, and where libcuda is
-//! loaded already (a late `dlopen`) that install records the driver's live
-//! allocations in the map. A 2 MiB region first touched before its advice
+//! loaded already (a late `dlopen`) that install lays the map out as the
+//! CUDA hooks attach (2 MiB of writes). A 2 MiB region first touched before its advice
 //! keeps its 4 KiB pages, so the map would lose the huge pages its lookups
 //! are measured with.
 

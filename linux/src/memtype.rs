@@ -66,9 +66,9 @@ extern "C" fn advise_huge_pages_at_load() {
 // Ahead of every other constructor of this object (the linkers put the
 // sections named by priority first, lowest first; std's own runs at 99):
 // `libmemhook.so`'s, which installs when preloaded or told to trace or
-// report, may record the CUDA driver's live allocations in the map where
-// libcuda is loaded already, and a 2 MiB region touched before its advice
-// keeps 4 KiB pages (`ffi/tests/constructors.rs`).
+// report, lays the map out where libcuda is loaded already (the CUDA
+// hooks attach), and a 2 MiB region written before its advice keeps 4 KiB
+// pages (`ffi/tests/constructors.rs`).
 #[used]
 #[unsafe(link_section = ".init_array.00101")]
 static ADVISE_HUGE_PAGES_AT_LOAD: extern "C" fn() = advise_huge_pages_at_load;
