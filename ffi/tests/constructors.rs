@@ -11,10 +11,13 @@ use std::path::PathBuf;
 
 use goblin::elf::Elf;
 
+/// libmemhook.so, as `examples.rs` finds it: built from the current
+/// sources where the test has the default features, else the one cargo
+/// built with the test's own.
 fn lib() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    memhook_tests::libmemhook::libmemhook(&dir, true)
+    memhook_tests::libmemhook::libmemhook(&dir, cfg!(feature = "bistro"))
 }
 
 /// The functions `.init_array` lists, in the order the loader calls them:
