@@ -3,9 +3,9 @@
 //! memhook's: the library's own (`preload::at_load`) installs the hooks
 //! when it is preloaded or told to trace or report, and where libcuda is
 //! loaded already (a late `dlopen`) that install lays the map out as the
-//! CUDA hooks attach (2 MiB of writes). A 2 MiB region first touched before its advice
-//! keeps its 4 KiB pages, so the map would lose the huge pages its lookups
-//! are measured with.
+//! CUDA hooks attach (2 MiB of writes). A 2 MiB region first touched
+//! before its advice keeps its 4 KiB pages, so the map would lose the
+//! huge pages its lookups are measured with.
 
 use std::path::PathBuf;
 
