@@ -90,17 +90,16 @@ fn build_program() -> PathBuf {
     let src = dir.join("prog.c");
     std::fs::write(&src, PROGRAM).unwrap();
     let out = dir.join("prog");
-    let ok = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .arg("-O1")
-        .arg(&src)
-        .arg(&fake.libcuda)
-        .arg(format!("-Wl,-rpath,{},--disable-new-dtags", fake.dir.display()))
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
+    memhook_tests::cc::build(
+        memhook_tests::cc::command()
+            .arg("-O1")
+            .arg(&src)
+            .arg(&fake.libcuda)
+            .arg(format!("-Wl,-rpath,{},--disable-new-dtags", fake.dir.display()))
+            .arg("-o")
+            .arg(&out),
+        "prog.c",
+    );
     out
 }
 
@@ -305,15 +304,10 @@ fn build_c_with(name: &str, source: &str, args: &[&str]) -> PathBuf {
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).unwrap();
     let out = dir.join(name);
-    let ok = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .arg(&src)
-        .args(args)
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "building {name}");
+    memhook_tests::cc::build(
+        memhook_tests::cc::command().arg(&src).args(args).arg("-o").arg(&out),
+        name,
+    );
     out
 }
 

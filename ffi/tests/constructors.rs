@@ -109,17 +109,17 @@ fn a_late_load_that_lays_out_the_map_at_install_keeps_it_on_huge_pages() {
     let dir = std::env::temp_dir().join(format!("memhook-late-load-{}", std::process::id()));
     let fake = memhook_tests::fakecuda::build(&dir);
     let exe = dir.join("late_load");
-    let built = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-O2", "-Wall", "-Werror", "-I"])
-        .arg(root.join("include"))
-        .arg(root.join("tests/c/late_load.c"))
-        .arg("-o")
-        .arg(&exe)
-        .arg(&fake.libcuda)
-        .args(["-ldl", "-Wl,-rpath,$ORIGIN"])
-        .status()
-        .expect("a C compiler (cc)");
-    assert!(built.success(), "building late_load.c");
+    memhook_tests::cc::build(
+        memhook_tests::cc::command()
+            .args(["-O2", "-Wall", "-Werror", "-I"])
+            .arg(root.join("include"))
+            .arg(root.join("tests/c/late_load.c"))
+            .arg("-o")
+            .arg(&exe)
+            .arg(&fake.libcuda)
+            .args(["-ldl", "-Wl,-rpath,$ORIGIN"]),
+        "late_load.c",
+    );
     let out = std::process::Command::new(&exe)
         .arg(&lib)
         .arg(format!("{offset:x}"))

@@ -35,7 +35,7 @@ fn cc(src: &str, out: &Path, link_memhook: bool) {
 }
 
 fn cc_with(src: &str, out: &Path, link_memhook: bool, extra: &[&str]) {
-    let mut c = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
+    let mut c = memhook_tests::cc::command();
     c.args(extra)
         .args(["-O2", "-Wall", "-Werror", "-I"])
         .arg(root().join("include"))
@@ -47,7 +47,7 @@ fn cc_with(src: &str, out: &Path, link_memhook: bool, extra: &[&str]) {
         c.arg("-L").arg(&lib).arg("-lmemhook").arg("-ldl");
         c.arg(format!("-Wl,-rpath,{}", lib.display()));
     }
-    assert!(c.status().expect("a C compiler (cc)").success(), "building {src}");
+    memhook_tests::cc::build(&mut c, src);
 }
 
 #[test]
@@ -96,7 +96,7 @@ fn static_plugin(dir: &Path, name: &str) -> PathBuf {
     let plugin = dir.join(format!("lib{name}.so"));
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, "int plugin_marker(void) { return 42; }\n").unwrap();
-    let mut c = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
+    let mut c = memhook_tests::cc::command();
     c.args(["-shared", "-fPIC", "-o"])
         .arg(&plugin)
         .arg(&src)
@@ -108,7 +108,7 @@ fn static_plugin(dir: &Path, name: &str) -> PathBuf {
         ])
         .arg(lib_dir().join("libmemhook.a"))
         .args(["-lpthread", "-ldl", "-lm"]);
-    assert!(c.status().expect("a C compiler (cc)").success(), "building the plugin");
+    memhook_tests::cc::build(&mut c, "the plugin");
     if let Ok(d) = Command::new("readelf").arg("-d").arg(&plugin).output() {
         assert!(
             !String::from_utf8_lossy(&d.stdout).contains("NODELETE"),

@@ -10,6 +10,9 @@ use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use memhook::bistro::{BistroError, Hook, Request, can_patch};
 use memhook::patch::{PatchError, RelocError};
 
+#[path = "../../tests/src/cc.rs"]
+mod cc;
+
 /// The test library: `tests/asm/prologues.S` built into a shared object
 /// with the system C compiler and dlopen'ed once. Its functions are far
 /// (more than 2 GiB) from this executable's hooks, so every patch here also
@@ -39,13 +42,7 @@ fn lib() -> &'static Prologues {
     LIB.get_or_init(|| {
         let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/asm/prologues.S");
         let out = std::env::temp_dir().join(format!("memhook-prologues-{}.so", std::process::id()));
-        let status = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-            .args(["-shared", "-fPIC", "-o"])
-            .arg(&out)
-            .arg(src)
-            .status()
-            .expect("a C compiler (cc) builds the test library");
-        assert!(status.success(), "building {src}");
+        cc::build(cc::command().args(["-shared", "-fPIC", "-o"]).arg(&out).arg(src), src);
         let path = std::ffi::CString::new(out.to_str().unwrap()).unwrap();
         // SAFETY: a NUL-terminated path to the library just built.
         let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };

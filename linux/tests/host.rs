@@ -12,6 +12,9 @@ use memhook::config::{HookConfig, HookMode, ModeSet};
 use memhook::event::{Event, bits};
 use memhook::{Config, HandlerFn};
 
+#[path = "../../tests/src/cc.rs"]
+mod cc;
+
 const HELPER: &str = r#"
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -136,15 +139,14 @@ fn build_library(dir: &std::path::Path, name: &str, source: &str, extra: &[&str]
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).unwrap();
     let out = dir.join(format!("lib{name}.so"));
-    let ok = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .args(extra)
-        .status()
-        .expect("a C compiler (cc) builds the test's libraries")
-        .success();
-    assert!(ok, "building lib{name}.so");
+    cc::build(
+        cc::command()
+            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .args(extra),
+        &format!("lib{name}.so"),
+    );
     out
 }
 

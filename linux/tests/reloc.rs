@@ -6,7 +6,6 @@
 
 use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// glibc's base symbol version on this architecture.
@@ -18,20 +17,23 @@ const GLIBC_BASE: &std::ffi::CStr = if cfg!(target_arch = "aarch64") {
 
 use memhook::reloc;
 
+#[path = "../../tests/src/cc.rs"]
+mod cc;
+
 fn cc(dir: &Path, name: &str, source: &str, extra: &[&str]) -> PathBuf {
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).unwrap();
     let out = dir.join(format!("lib{name}.so"));
-    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .arg(format!("-L{}", dir.display()))
-        .arg(format!("-Wl,-rpath,{}", dir.display()))
-        .args(extra)
-        .status()
-        .expect("a C compiler (cc) builds the test libraries");
-    assert!(status.success(), "building {name}");
+    cc::build(
+        cc::command()
+            .args(["-shared", "-fPIC", "-O2", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .arg(format!("-L{}", dir.display()))
+            .arg(format!("-Wl,-rpath,{}", dir.display()))
+            .args(extra),
+        name,
+    );
     out
 }
 

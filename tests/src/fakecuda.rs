@@ -3,7 +3,6 @@
 //! without a GPU. See `tests/cuda/fakecuda.c` for what the fake does.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The built libraries.
 #[derive(Clone, Debug)]
@@ -34,16 +33,16 @@ fn source(name: &str) -> PathBuf {
 }
 
 fn cc(args: &[&str], out: &Path, src: &Path, extra: &[&str]) {
-    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-shared", "-fPIC", "-O2", "-Wall"])
-        .args(args)
-        .arg("-o")
-        .arg(out)
-        .arg(src)
-        .args(extra)
-        .status()
-        .expect("a C compiler (cc) builds the fake CUDA driver");
-    assert!(status.success(), "building {}", out.display());
+    crate::cc::build(
+        crate::cc::command()
+            .args(["-shared", "-fPIC", "-O2", "-Wall"])
+            .args(args)
+            .arg("-o")
+            .arg(out)
+            .arg(src)
+            .args(extra),
+        &out.display().to_string(),
+    );
 }
 
 /// Builds the fake driver and its clients into `dir` (created if needed).

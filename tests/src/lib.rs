@@ -1,5 +1,6 @@
 //! memhook-tests: cross-crate integration tests, the models they check the
 //! implementation against, and the harnesses shared with the fuzz targets.
+pub mod cc;
 pub mod elf_fuzz;
 pub mod fakecuda;
 pub mod libmemhook;
