@@ -20,7 +20,9 @@ use memhook::reloc;
 #[path = "../../tests/src/cc.rs"]
 mod cc;
 
-fn cc(dir: &Path, name: &str, source: &str, extra: &[&str]) -> PathBuf {
+/// Builds `lib<name>.so` in `dir` from `source`, linked against `dir`'s
+/// libraries (`-L`, rpath), with `extra` arguments after the source.
+fn build_library(dir: &Path, name: &str, source: &str, extra: &[&str]) -> PathBuf {
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).unwrap();
     let out = dir.join(format!("lib{name}.so"));
@@ -72,24 +74,24 @@ fn reloc_hooks_plt_glob_dat_relro_and_late_loads_and_undoes_them() {
     let dir = std::env::temp_dir().join(format!("memhook-reloc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     // Loaded before everything else: RTLD_NEXT from it sees the target.
-    let early = cc(
+    let early = build_library(
         &dir,
         "mhr_early",
         "#define _GNU_SOURCE\n#include <dlfcn.h>\nvoid *mhr_early_next(const char *n) { return dlsym(RTLD_NEXT, n); }\n",
         &[],
     );
     let h_early = open(&early);
-    cc(&dir, "mhr_target", "int mhr_target(int a) { return a + 1; }", &[]);
+    build_library(&dir, "mhr_target", "int mhr_target(int a) { return a + 1; }", &[]);
     let caller = |name: &str| format!("int mhr_target(int);\nint mhr_call_{name}(int a) {{ return mhr_target(a); }}\n");
-    let plt = cc(&dir, "mhr_plt", &caller("plt"), &["-lmhr_target", "-Wl,-z,lazy"]);
-    let noplt = cc(&dir, "mhr_noplt", &caller("noplt"), &["-fno-plt", "-lmhr_target"]);
-    let relro = cc(
+    let plt = build_library(&dir, "mhr_plt", &caller("plt"), &["-lmhr_target", "-Wl,-z,lazy"]);
+    let noplt = build_library(&dir, "mhr_noplt", &caller("noplt"), &["-fno-plt", "-lmhr_target"]);
+    let relro = build_library(
         &dir,
         "mhr_relro",
         &caller("relro"),
         &["-lmhr_target", "-Wl,-z,now", "-Wl,-z,relro"],
     );
-    let loader = cc(
+    let loader = build_library(
         &dir,
         "mhr_loader",
         "#define _GNU_SOURCE\n#include <dlfcn.h>\nvoid *mhr_load(const char *p) { return dlopen(p, RTLD_NOW); }\n\
@@ -99,8 +101,8 @@ fn reloc_hooks_plt_glob_dat_relro_and_late_loads_and_undoes_them() {
          void *mhr_lookup_v(void *h, const char *n, const char *v) { return dlvsym(h, n, v); }\n",
         &[],
     );
-    cc(&dir, "mhr_latedep", &caller("latedep"), &["-lmhr_target"]);
-    let late = cc(
+    build_library(&dir, "mhr_latedep", &caller("latedep"), &["-lmhr_target"]);
+    let late = build_library(
         &dir,
         "mhr_late",
         "int mhr_call_latedep(int);\nint mhr_call_late(int a) { return mhr_call_latedep(a); }\n",
@@ -239,8 +241,8 @@ fn reloc_hooks_plt_glob_dat_relro_and_late_loads_and_undoes_them() {
     // A symbol defined only in an RTLD_LOCAL object (as libcuda is, loaded
     // by libcudart): dlsym(RTLD_DEFAULT) cannot see it, so the original
     // comes from a slot already bound to it.
-    cc(&dir, "mhr_local", "int mhr_local_target(int a) { return a * 2; }", &[]);
-    let local_caller = cc(
+    build_library(&dir, "mhr_local", "int mhr_local_target(int a) { return a * 2; }", &[]);
+    let local_caller = build_library(
         &dir,
         "mhr_local_caller",
         "int mhr_local_target(int);\nint mhr_call_local(int a) { return mhr_local_target(a); }\n",
