@@ -259,3 +259,28 @@ fn arbitrary_words_never_panic() {
         }
     }
 }
+
+/// glibc's `_dl_debug_state` (the loader's breakpoint, which memhook
+/// patches as an empty function): a lone `ret`, with `bti c` before it
+/// where the loader is built for BTI. The 4-byte patch covers the `ret`
+/// exactly, so the default `relocate_empty` relocates it as any prologue;
+/// the far form (16 bytes) would cover the next function's code, and is
+/// refused.
+#[test]
+fn an_empty_function_relocates_its_lone_return() {
+    const RET: u32 = 0xd65f03c0;
+    const BTI_C: u32 = 0xd503245f;
+    let code = bytes(&[RET, 0xd503201f, 0xd503201f, 0xd503201f]);
+    let r = Aarch64::relocate_empty(&code, ENTRY, Aarch64::NEAR_JUMP_LEN, NEAR).unwrap();
+    assert_eq!((r.skip, r.taken), (0, 4));
+    // The trampoline's landing pad, then the return.
+    assert_eq!(&words(&r.code)[..2], [BTI_C, RET]);
+    let code = bytes(&[BTI_C, RET, 0xd503201f, 0xd503201f]);
+    let r = Aarch64::relocate_empty(&code, ENTRY, Aarch64::NEAR_JUMP_LEN, NEAR).unwrap();
+    assert_eq!((r.skip, r.taken), (4, 4));
+    let code = bytes(&[RET, 0xd503201f, 0xd503201f, 0xd503201f, 0xd503201f]);
+    assert!(matches!(
+        Aarch64::relocate_empty(&code, ENTRY, Aarch64::FAR_JUMP_LEN, FAR),
+        Err(RelocError::FunctionTooShort { .. })
+    ));
+}

@@ -34,7 +34,7 @@
 //! ```
 #![no_std]
 
-use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction};
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic};
 use memhook_core::patch::{Arch, PatchBytes, RelocError, Relocation, TrampolineBytes};
 
 /// The x86_64 code generator.
@@ -162,6 +162,59 @@ fn direct_target(instr: &Instruction) -> Option<usize> {
 }
 
 impl X86_64 {
+    /// [`Arch::relocate_empty`]'s case: after the landing pad, a lone
+    /// `ret`, then padding (`nop` of any length, `int3`) over the rest of
+    /// the `need` bytes, all inside the 16-byte block the `ret` starts
+    /// (functions are aligned to 16: nothing else begins there). The
+    /// trampoline is the landing pad and the `ret`.
+    fn relocate_lone_return(code: &[u8], entry: usize, need: usize) -> Result<Relocation, RelocError> {
+        let skip = Self::entry_skip(code);
+        let body = &code[skip..];
+        let start = entry + skip;
+        let too_short = |available: usize| RelocError::FunctionTooShort {
+            address: start,
+            available,
+            needed: need,
+        };
+        let block_end = (start | 15).wrapping_add(1);
+        if block_end.wrapping_sub(start) < need {
+            return Err(too_short(block_end.wrapping_sub(start)));
+        }
+        if body.len() < need {
+            return Err(RelocError::NotEnoughBytes {
+                available: body.len(),
+                needed: need,
+            });
+        }
+        let mut decoder = Decoder::with_ip(64, body, start as u64, DecoderOptions::NONE);
+        let mut instr = Instruction::default();
+        decoder.decode_out(&mut instr);
+        if instr.code() != Code::Retnq {
+            return Err(too_short(0));
+        }
+        let mut covered = instr.len();
+        while covered < need {
+            decoder.decode_out(&mut instr);
+            let padding = !instr.is_invalid() && (instr.mnemonic() == Mnemonic::Nop || instr.code() == Code::Int3);
+            if !padding {
+                return Err(too_short(1));
+            }
+            covered += instr.len();
+        }
+        let mut out = TrampolineBytes::new();
+        let mut starts = heapless::Vec::new();
+        // Cannot fail: 5 bytes of a 64-byte capacity, one start of 16.
+        let _ = out.extend_from_slice(&ENDBR64);
+        let _ = starts.push((0, out.len() as u16));
+        let _ = out.push(0xc3);
+        Ok(Relocation {
+            skip,
+            taken: need,
+            code: out,
+            starts,
+        })
+    }
+
     fn relocate_impl(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
         let skip = Self::entry_skip(code);
         let body = &code[skip..];
@@ -361,5 +414,12 @@ impl Arch for X86_64 {
 
     fn relocate(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
         Self::relocate_impl(code, entry, need, trampoline)
+    }
+
+    fn relocate_empty(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
+        match Self::relocate_impl(code, entry, need, trampoline) {
+            Err(RelocError::FunctionTooShort { .. }) => Self::relocate_lone_return(code, entry, need),
+            other => other,
+        }
     }
 }

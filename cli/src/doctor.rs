@@ -321,9 +321,16 @@ pub fn doctor() -> i32 {
     );
     line(
         "loader namespaces:",
-        if memhook::reloc::sees_namespaces() {
+        if memhook::reloc::sees_namespaces() && memhook::loader_break_patchable() {
             "followed: a library opened with dlmopen has its own libc, which the host hooks patch too \
-             (bistro; in reloc mode, its objects' GOT slots), and its objects' loads and unloads are reported"
+             (bistro, as soon as the loader has mapped it, through its breakpoint for debuggers: what the \
+             library's constructors call is seen; in reloc mode, its objects' GOT slots, after the dlmopen), \
+             and its objects' loads and unloads are reported"
+        } else if memhook::reloc::sees_namespaces() {
+            "followed: a library opened with dlmopen has its own libc, which the host hooks patch too \
+             (bistro; in reloc mode, its objects' GOT slots), and its objects' loads and unloads are reported; \
+             the loader's breakpoint for debuggers is no empty function memhook can patch (or a debugger's \
+             breakpoint is on it), so what the library's constructors call during the dlmopen is not seen"
         } else {
             "not followed (glibc before 2.35, or no DT_DEBUG in the program): a library opened with \
              dlmopen calls a libc of its own that memhook does not see"

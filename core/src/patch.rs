@@ -229,6 +229,25 @@ pub trait Arch {
     ///
     /// A [`RelocError`] naming the instruction that cannot be moved.
     fn relocate(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError>;
+
+    /// [`Arch::relocate`] for a function known to do nothing (glibc's
+    /// `_dl_debug_state`, the loader's breakpoint for debuggers): where its
+    /// body is a lone return shorter than the patch, followed by alignment
+    /// padding, the patch may cover that padding too, and the trampoline
+    /// is the return alone. Only for a caller that knows the function is
+    /// empty: in general a function this short is refused, since the bytes
+    /// after it may be another's. The default: as [`Arch::relocate`]
+    /// (where the return alone covers the patch, as on aarch64).
+    ///
+    /// # Errors
+    ///
+    /// As [`Arch::relocate`]; [`RelocError::FunctionTooShort`] where the
+    /// return is not the first instruction, or the bytes after it are not
+    /// padding, or the patch would reach past the 16-byte block the return
+    /// lies in (where the next function may start).
+    fn relocate_empty(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
+        Self::relocate(code, entry, need, trampoline)
+    }
 }
 
 /// Why writing code failed.

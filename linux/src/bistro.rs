@@ -31,7 +31,9 @@ use core::ffi::CStr;
 use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-use memhook_core::patch::{Arch, PatchBytes, PatchError, RelocError, RestorePoint, undo_patches, write_patches_into};
+use memhook_core::patch::{
+    Arch, PatchBytes, PatchError, RelocError, Relocation, RestorePoint, undo_patches, write_patches_into,
+};
 
 use crate::code::{Exit, LinuxCode};
 use crate::{maps, trampoline};
@@ -328,10 +330,19 @@ pub fn can_patch(target: usize, far: bool) -> Result<Plan, BistroError> {
         NativeArch::NEAR_JUMP_LEN
     };
     // A trampoline right next to the function stands for a near slot.
-    let r = NativeArch::relocate(code, target, need, target + (1 << 20)).map_err(|e| reloc_error(target, e, code))?;
+    let r = relocate(code, target, need, target + (1 << 20))?;
     Ok(Plan {
         skip: r.skip,
         taken: r.taken,
+    })
+}
+
+/// Whether bistro could patch `target` with the 5-byte form, taking it
+/// for an empty function ([`memhook_core::patch::Arch::relocate_empty`]):
+/// what `memhook doctor` says of the loader's breakpoint.
+pub(crate) fn can_patch_empty(target: usize) -> bool {
+    read_entry(target).is_ok_and(|(bytes, len, _)| {
+        NativeArch::relocate_empty(&bytes[..len], target, NativeArch::NEAR_JUMP_LEN, target + (1 << 20)).is_ok()
     })
 }
 
@@ -346,6 +357,23 @@ pub struct Request<'a> {
     /// Set to the address that calls the original, before the patch is
     /// visible.
     pub original: &'a AtomicUsize,
+}
+
+/// The one function bistro takes for empty ([`memhook_core::patch::Arch::relocate_empty`]):
+/// the loader's breakpoint for debuggers (glibc's `_dl_debug_state`),
+/// which `crate::namespace` names before it asks for its patch; 0 for
+/// none. Anywhere else a function shorter than the patch is refused.
+pub(crate) static EMPTY_FUNCTION: AtomicUsize = AtomicUsize::new(0);
+
+/// [`NativeArch::relocate`], or, for [`EMPTY_FUNCTION`],
+/// [`memhook_core::patch::Arch::relocate_empty`].
+fn relocate(code: &[u8], target: usize, need: usize, trampoline: usize) -> Result<Relocation, BistroError> {
+    let r = if target != 0 && target == EMPTY_FUNCTION.load(Ordering::Acquire) {
+        NativeArch::relocate_empty(code, target, need, trampoline)
+    } else {
+        NativeArch::relocate(code, target, need, trampoline)
+    };
+    r.map_err(|e| reloc_error(target, e, code))
 }
 
 /// A patch ready to write: the trampoline holds the relocated prologue.
@@ -525,12 +553,12 @@ fn plan(state: &mut State, target: usize, hook: usize) -> Result<Planned, Bistro
     let (trampoline, r) = match cached {
         Some(slot) => {
             // Same bytes, same entry, same slot: the code is already there.
-            let r = NativeArch::relocate(code, target, jump.len(), slot).map_err(|e| reloc_error(target, e, code))?;
+            let r = relocate(code, target, jump.len(), slot)?;
             (slot, r)
         }
         None => {
             let slot = trampoline::alloc_near(at, NEAR_REACH).ok_or(BistroError::NoTrampoline { target })?;
-            let r = NativeArch::relocate(code, target, jump.len(), slot).map_err(|e| reloc_error(target, e, code))?;
+            let r = relocate(code, target, jump.len(), slot)?;
             trampoline::write(slot, &r.code).map_err(|error| BistroError::Patch { target, error })?;
             trampoline::trim(slot, r.code.len());
             let used = r.skip + r.taken;

@@ -129,7 +129,7 @@ pub const MAX_STATUS: usize = HOST_STATUS;
 pub type Status = heapless::Vec<FunctionStatus, MAX_STATUS>;
 
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-type BistroHooks = heapless::Vec<crate::bistro::Hook, { crate::host::FUNCTIONS + 4 }>;
+type BistroHooks = heapless::Vec<crate::bistro::Hook, { crate::host::FUNCTIONS + 5 }>;
 
 struct Installed {
     config: Option<Config>,
@@ -140,6 +140,10 @@ struct Installed {
     /// alone in bistro mode (see `follow_loader`).
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     loader: heapless::Vec<crate::bistro::Hook, 4>,
+    /// The loader's breakpoint for debuggers, patched with the host
+    /// functions in bistro mode (see `crate::namespace::loader_break`).
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    loader_break: heapless::Vec<crate::bistro::Hook, 1>,
     /// The libc functions of the loader's other namespaces, patched (see
     /// `crate::namespace`), and how each namespace stands.
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -199,6 +203,8 @@ static INSTALLED: crate::fork::Mutex<Installed> = crate::fork::Mutex::new(Instal
     hooks: heapless::Vec::new(),
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     loader: heapless::Vec::new(),
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    loader_break: heapless::Vec::new(),
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     namespace_hooks: heapless::Vec::new(),
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -400,10 +406,11 @@ enum Step {
 }
 
 /// Bistro-patches every host function of the main namespace's C library,
-/// and the loader's functions where `loader` has them
-/// ([`loader_requests`]), all in one batch (`Hook::patch_batch`: one hold
-/// of the other threads and three serialisations of every core for all
-/// of them: `host::FUNCTIONS` and four), and notes how each host function stands, in the functions'
+/// the loader's breakpoint for debuggers ([`break_request`]), and the
+/// loader's functions where `loader` has them ([`loader_requests`]), all
+/// in one batch (`Hook::patch_batch`: one hold of the other threads and
+/// three serialisations of every core for all of them: `host::FUNCTIONS`
+/// and five), and notes how each host function stands, in the functions'
 /// order. Whether the loader's were all patched (all or none: where one
 /// could not be, the ones done are undone, and reloc's GOT hooks follow
 /// the loader instead).
@@ -416,7 +423,7 @@ fn patch_host_functions(
     use crate::bistro::{BistroError, Hook, Request};
     const N: usize = crate::host::FUNCTIONS;
     let mut steps = [Step::Absent; N];
-    let mut requests = heapless::Vec::<Request<'static>, { N + 4 }>::new();
+    let mut requests = heapless::Vec::<Request<'static>, { N + 5 }>::new();
     for (i, (name, hook, original)) in functions().into_iter().enumerate() {
         if !present(name) {
             continue;
@@ -432,12 +439,16 @@ fn patch_host_functions(
         };
     }
     let host = requests.len();
+    let loader_break = break_request(state);
+    if let Some(r) = loader_break {
+        let _ = requests.push(r);
+    }
     let _ = requests.extend_from_slice(loader.unwrap_or(&[]));
     // SAFETY: each hook has its function's signature and calls the
     // original through `original`, which patch_batch sets first (the
     // loader's entries reach their functions that way: see
-    // `loader_requests`).
-    let mut done = unsafe { Hook::patch_batch::<{ N + 4 }>(&requests) }.into_iter();
+    // `loader_requests`; the breakpoint's hook calls its `ret`).
+    let mut done = unsafe { Hook::patch_batch::<{ N + 5 }>(&requests) }.into_iter();
     // The host functions' results first (one for each Patch step, below),
     // then the loader's.
     let mut host_results = (&mut done).take(host);
@@ -468,7 +479,35 @@ fn patch_host_functions(
     }
     // Past any host result left unread (none: one per Patch step).
     host_results.for_each(drop);
+    // The breakpoint's: where it could not be patched, a namespace's libc
+    // is hooked at the next loader call memhook interposes instead.
+    if loader_break.is_some()
+        && let Some(Ok(h)) = done.next()
+    {
+        let _ = state.loader_break.push(h);
+    }
     loader.is_some() && follow_loader(state, done)
+}
+
+/// The patch of the loader's breakpoint for debuggers
+/// (`crate::namespace::loader_break`), which lets memhook hook the libc
+/// of a namespace `dlmopen` makes before any of the namespace's code runs.
+/// `None` where the loader has none memhook can follow namespaces with,
+/// or where an uninstall kept its patch (another hooker patched over it:
+/// it is taken back as it is). Names the breakpoint to bistro as the one
+/// empty function it may patch over its padding.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn break_request(state: &Installed) -> Option<crate::bistro::Request<'static>> {
+    let target = crate::namespace::loader_break();
+    if target == 0 || state.loader_break.iter().any(|h| h.target() == target) {
+        return None;
+    }
+    crate::bistro::EMPTY_FUNCTION.store(target, core::sync::atomic::Ordering::Release);
+    Some(crate::bistro::Request {
+        target,
+        hook: crate::namespace::loader_break_hook as *const () as usize,
+        original: &crate::namespace::BREAK_ORIGINAL,
+    })
 }
 
 /// The patches of the loader's dlopen, dlclose, dlsym and dlvsym to
@@ -538,16 +577,19 @@ fn unfollow_loader(state: &mut Installed) {
     }
 }
 
-/// Undoes the host functions' patches and the loader's in one batch (one
-/// hold of the other threads, three serialisations), as
-/// [`unfollow_loader`] and [`unpatch_all`] each do for theirs: the
-/// patches another hooker patched over stay, each in its list.
+/// Undoes the host functions' patches, the loader's and its
+/// breakpoint's in one batch (one hold of the other threads, three
+/// serialisations), as [`unfollow_loader`] and [`unpatch_all`] each do
+/// for theirs: the patches another hooker patched over stay, each in its
+/// list.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn unpatch_host_and_loader(state: &mut Installed) {
-    if state.loader.is_empty() || state.hooks.len() + state.loader.len() > state.hooks.capacity() {
-        // (The second cannot happen: room for every host function and
-        // the loader's four.)
+    let others = state.loader.len() + state.loader_break.len();
+    if others == 0 || state.hooks.len() + others > state.hooks.capacity() {
+        // (The second cannot happen: room for every host function, the
+        // loader's four and its breakpoint.)
         unfollow_loader(state);
+        unpatch_all(&mut state.loader_break);
         unpatch_all(&mut state.hooks);
         return;
     }
@@ -559,11 +601,18 @@ fn unpatch_host_and_loader(state: &mut Installed) {
         let _ = loader_targets.push(h.target());
         let _ = state.hooks.push(h); // room checked above
     }
+    let break_target = state.loader_break.first().map(crate::bistro::Hook::target);
+    if let Some(h) = state.loader_break.pop() {
+        let _ = state.hooks.push(h); // room checked above
+    }
     unpatch_all(&mut state.hooks);
     let mut i = 0;
     while i < state.hooks.len() {
-        if loader_targets.contains(&state.hooks[i].target()) {
+        let target = state.hooks[i].target();
+        if loader_targets.contains(&target) {
             let _ = state.loader.push(state.hooks.swap_remove(i));
+        } else if Some(target) == break_target {
+            let _ = state.loader_break.push(state.hooks.swap_remove(i));
         } else {
             i += 1;
         }
@@ -698,6 +747,36 @@ pub fn uninstall() {
     crate::reloc::report_changes();
 }
 
+/// Whether the install in force hooks the libc of a namespace `dlmopen`
+/// makes as soon as the loader has mapped it, before any of its code runs,
+/// so that what its library's constructors call is seen: the host hooks
+/// are in bistro mode and the loader's breakpoint for debuggers
+/// (`_dl_debug_state`, which the loader calls as each change of its
+/// objects ends) is patched. Otherwise a namespace's libc is hooked at
+/// the first `dlsym`, `dlopen` or `dlclose` after the `dlmopen`.
+pub fn namespace_constructors_seen() -> bool {
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    return crate::namespace::FOLLOW.load(core::sync::atomic::Ordering::Acquire)
+        && !INSTALLED.lock().loader_break.is_empty();
+    #[cfg(not(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+    false
+}
+
+/// Whether an install in bistro mode could patch the loader's breakpoint
+/// for debuggers here (see [`namespace_constructors_seen`]): the loader
+/// keeps a list of its namespaces (glibc 2.35 and later), and its
+/// breakpoint is an empty function memhook can patch (not, for one,
+/// while a debugger has its own breakpoint there).
+pub fn loader_break_patchable() -> bool {
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let target = crate::namespace::loader_break();
+        target != 0 && crate::bistro::can_patch_empty(target)
+    }
+    #[cfg(not(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+    false
+}
+
 /// Per hooked function: the mode tried, whether it took, and why not. A
 /// host function the C library lacks (`process_madvise` before glibc
 /// 2.36) has no entry: there is nothing to hook, and nothing calls it.
@@ -785,6 +864,24 @@ pub(crate) fn follow_namespaces() {
         }
         // SAFETY: sched_yield has no preconditions.
         unsafe { libc::sched_yield() };
+    }
+}
+
+/// [`follow_namespaces`] from inside the loader, its lock held (the
+/// loader's breakpoint: `crate::namespace::loader_break_hook`): looks
+/// only where memhook's state is free now, since its holder may be
+/// waiting for the loader's lock. Else its holder, or the next loader call
+/// memhook interposes, looks.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub(crate) fn follow_namespaces_now() {
+    if BUSY.load(core::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
+    if let Some(mut state) = INSTALLED.try_lock()
+        && state.config.is_some()
+    {
+        let _busy = Busy::new();
+        hook_namespaces(&mut state);
     }
 }
 

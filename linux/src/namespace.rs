@@ -47,9 +47,19 @@
 //! namespaces' objects (`crate::reloc`), so that the loader's mappings of
 //! them are reported as the main namespace's are.
 //!
-//! What this does not cover: calls made by a library's constructors
-//! during the `dlmopen` that creates its namespace (before memhook can
-//! see the namespace), and the CUDA hooks.
+//! In bistro mode memhook also patches the loader's breakpoint for
+//! debuggers ([`loader_break`]), which the loader calls once the objects
+//! of a `dlmopen` are mapped, before it relocates them or runs any of
+//! their code: the namespace's libc is hooked there, and the calls its
+//! library's constructors make are seen. Where that patch cannot be made
+//! (a loader whose breakpoint is not an empty function followed by
+//! padding, a debugger's breakpoint on it at install), a namespace is
+//! hooked at the next loader call memhook interposes, as in reloc mode.
+//!
+//! What this does not cover: in reloc mode, and where the breakpoint is
+//! not patched, the calls made by a library's constructors during the
+//! `dlmopen` that creates its namespace (before memhook can see the
+//! namespace); and the CUDA hooks.
 
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -64,6 +74,13 @@ pub(crate) use hooks::*;
 const R_VERSION: usize = 0;
 const R_MAP: usize = 8;
 const R_NEXT: usize = 40;
+/// `r_brk`: the loader's breakpoint for debuggers.
+#[cfg(feature = "bistro")]
+const R_BRK: usize = 16;
+/// `r_state` (an int): `RT_CONSISTENT` (0) while no change of the
+/// namespace's objects is under way.
+#[cfg(feature = "bistro")]
+const R_STATE: usize = 24;
 /// `DT_DEBUG`: the dynamic entry the loader points at its `r_debug`.
 const DT_DEBUG: i64 = 21;
 
@@ -130,31 +147,113 @@ pub(crate) fn debugger_interface() -> bool {
     r_debug() != 1
 }
 
-/// Calls `f` with each namespace other than the main one that the loader
-/// has set up (`k`, 1 to 15) and its `r_map` (0 while it holds no object):
-/// a walk of the loader's chain of `r_debug_extended`, in namespace order.
-fn for_each_namespace(mut f: impl FnMut(usize, usize)) {
+/// The main namespace's `r_debug_extended` where the loader keeps one of
+/// version 2 or later (with `r_next`: glibc 2.35 and later), else `None`.
+fn r_debug_extended() -> Option<usize> {
     let r = r_debug();
-    if r == 1 {
-        return;
-    }
     // SAFETY: the loader's r_debug, static in ld.so: aligned and mapped
     // for the process's life.
     // (`r_version` is an int: the word's low half on little-endian targets.)
-    if (unsafe { word(r + R_VERSION) } as u32) < 2 {
+    (r != 1 && (unsafe { word(r + R_VERSION) } as u32) >= 2).then_some(r)
+}
+
+/// Calls `f` with each namespace other than the main one that the loader
+/// has set up (`k`, 1 to 15) and its `r_debug_extended` (the loader's
+/// static state of that namespace, `GL(dl_ns)[k]._ns_debug`, never
+/// freed): a walk of the loader's chain, in namespace order.
+fn for_each_debug(mut f: impl FnMut(usize, usize)) {
+    let Some(r) = r_debug_extended() else {
         return; // no r_next: one namespace, or a glibc before 2.35
-    }
-    // SAFETY: version 2 has r_next; each entry is the loader's static
-    // state of one namespace (GL(dl_ns)[k]._ns_debug), never freed.
+    };
+    // SAFETY: version 2 has r_next; each entry is static in ld.so.
     let mut next = unsafe { word(r + R_NEXT) };
     for k in 1..NAMESPACES {
         if next == 0 || !next.is_multiple_of(8) {
             return;
         }
-        // SAFETY: as above.
-        f(k, unsafe { word(next + R_MAP) });
+        f(k, next);
         // SAFETY: as above.
         next = unsafe { word(next + R_NEXT) };
+    }
+}
+
+/// Calls `f` with each namespace other than the main one that the loader
+/// has set up (`k`, 1 to 15) and its `r_map` (0 while it holds no object),
+/// in namespace order.
+fn for_each_namespace(mut f: impl FnMut(usize, usize)) {
+    // SAFETY: an entry of the loader's chain, static in ld.so.
+    for_each_debug(|k, entry| f(k, unsafe { word(entry + R_MAP) }));
+}
+
+/// The loader's breakpoint for debuggers (`r_brk`: glibc's
+/// `_dl_debug_state`, an empty function the loader calls as it begins and
+/// as it ends each change of a namespace's objects), where namespaces can
+/// be followed; 0 where not.
+///
+/// memhook patches it (with [`loader_break_hook`]; see
+/// `crate::install::patch_host_functions`) so as to see a namespace that
+/// `dlmopen` makes as soon as its objects are mapped: the loader calls it
+/// once they all are (`RT_CONSISTENT`), before it relocates them and runs
+/// their constructors, so that the namespace's libc is hooked before any
+/// of its code runs, and what the constructors of the library and its
+/// dependencies do is seen.
+///
+/// The loader says which version of `r_debug` it keeps only once a second
+/// namespace is made (version 2, with `r_next`: glibc 2.35 and later);
+/// until then it is 1, so what is asked here is whether memhook can follow
+/// namespaces at all ([`crate::reloc::sees_namespaces`]).
+#[cfg(feature = "bistro")]
+pub(crate) fn loader_break() -> usize {
+    if !crate::reloc::sees_namespaces() {
+        return 0;
+    }
+    // SAFETY: the loader's r_debug (found: sees_namespaces), static in
+    // ld.so; the loader set r_brk at its start.
+    unsafe { word(r_debug() + R_BRK) }
+}
+
+/// Whether no namespace is amid a change of its objects: the main one's
+/// `r_state` and every other's are `RT_CONSISTENT`. (At `RT_ADD` objects
+/// are being mapped; at `RT_DELETE` unmapped.)
+#[cfg(feature = "bistro")]
+fn settled() -> bool {
+    let Some(r) = r_debug_extended() else {
+        return false;
+    };
+    // SAFETY: the loader's r_debug and its chain's entries, static in
+    // ld.so; `r_state` is an int, the word's low half (little-endian).
+    let mut all = unsafe { word(r + R_STATE) } as u32 == 0;
+    // SAFETY: as above.
+    for_each_debug(|_, entry| all &= unsafe { word(entry + R_STATE) } as u32 == 0);
+    all
+}
+
+/// The loader breakpoint's original ([`loader_break`]): its relocated
+/// `ret`, set before the patch is written.
+#[cfg(feature = "bistro")]
+pub(crate) static BREAK_ORIGINAL: AtomicUsize = AtomicUsize::new(0);
+
+/// Where the loader's breakpoint leads once patched: runs the original (a
+/// return), then, when the loader has just finished a change (every
+/// namespace `RT_CONSISTENT`) and the host hooks follow the namespaces,
+/// hooks the libc of a namespace that came ([`check_now`]). It runs inside
+/// `dlopen`, `dlmopen` and `dlclose`, with the loader's lock held (not
+/// its write lock): it never waits for memhook's state, whose holder may
+/// be waiting for that lock, and keeps `errno`.
+#[cfg(feature = "bistro")]
+pub(crate) extern "C" fn loader_break_hook() {
+    let original = BREAK_ORIGINAL.load(Ordering::Acquire);
+    if original != 0 {
+        // SAFETY: the trampoline of `_dl_debug_state`, a function of no
+        // arguments and no result (its `ret`, after a landing pad).
+        unsafe { core::mem::transmute::<usize, extern "C" fn()>(original)() };
+    }
+    if FOLLOW.load(Ordering::Acquire) && settled() {
+        // SAFETY: errno is this thread's, always readable and writable.
+        let errno = unsafe { *libc::__errno_location() };
+        check_now();
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = errno };
     }
 }
 
@@ -469,6 +568,15 @@ mod hooks {
     pub(crate) fn check() {
         if due() {
             crate::install::follow_namespaces();
+        }
+    }
+
+    /// [`check`] from inside the loader ([`super::loader_break_hook`]):
+    /// looks only if memhook's state is free now, and else leaves the
+    /// look to its holder or to the next loader call memhook interposes.
+    pub(crate) fn check_now() {
+        if due() {
+            crate::install::follow_namespaces_now();
         }
     }
 }

@@ -37,7 +37,7 @@
 //! mode for host memory) covers them, and so does loading memhook as
 //! `libmemhook.so`.
 
-use core::ffi::{CStr, c_char, c_int, c_void};
+use core::ffi::{CStr, c_char, c_int, c_long, c_void};
 use core::ops::ControlFlow;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -516,11 +516,15 @@ fn for_each_object_while(mut f: impl FnMut(&Object<'_>) -> ControlFlow<()>) {
 /// its span alone (what `_dl_find_object` says the loader mapped for it),
 /// with no dynamic section, so nothing is patched in it. An object
 /// `_dl_find_object` does not know yet (still being loaded) is left out
-/// and the answer is `true`; so is a namespace's entry for an object of
-/// another (the loader itself, listed in every namespace). `None`, and
-/// nothing walked, without `_dl_find_object` (glibc before 2.35, which
-/// has no list of namespaces either; or reloc told to do without it).
-fn for_each_namespace_object(mut f: impl FnMut(&Object<'_>)) -> Option<bool> {
+/// and the answer is `true`, unless `mapped_too` and it is mapped
+/// already ([`mapped_unrelocated`]: the loader has mapped it and not yet
+/// relocated it; only for code that reads the object or patches its code,
+/// never its GOT, which the relocation will write); so is a namespace's
+/// entry for an object of another (the loader itself, listed in every
+/// namespace). `None`, and nothing walked, without `_dl_find_object`
+/// (glibc before 2.35, which has no list of namespaces either; or reloc
+/// told to do without it).
+fn for_each_namespace_object(mapped_too: bool, mut f: impl FnMut(&Object<'_>)) -> Option<bool> {
     let find = FIND_OBJECT.load(Ordering::Acquire);
     if find <= 1 {
         return None;
@@ -531,6 +535,7 @@ fn for_each_namespace_object(mut f: impl FnMut(&Object<'_>)) -> Option<bool> {
     struct Walk<'a> {
         f: &'a mut dyn FnMut(&Object<'_>),
         find: usize,
+        mapped_too: bool,
         unsettled: bool,
     }
     unsafe extern "C" fn visit(_info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut c_void) -> c_int {
@@ -538,7 +543,13 @@ fn for_each_namespace_object(mut f: impl FnMut(&Object<'_>)) -> Option<bool> {
         let walk = unsafe { &mut *(data as *mut Walk<'_>) };
         crate::namespace::for_each_link_map(|l| {
             let Some((start, end, map)) = find_object(walk.find, l.ld) else {
-                walk.unsettled = true;
+                if walk.mapped_too
+                    && let Some(o) = mapped_unrelocated(l)
+                {
+                    (walk.f)(&o);
+                } else {
+                    walk.unsettled = true;
+                }
                 return;
             };
             if map != l.map || start >= end {
@@ -577,12 +588,60 @@ fn for_each_namespace_object(mut f: impl FnMut(&Object<'_>)) -> Option<bool> {
     let mut walk = Walk {
         f: &mut f,
         find,
+        mapped_too,
         unsettled: false,
     };
     // SAFETY: `visit` matches the callback type and uses `walk` only
     // during the call.
     unsafe { crate::fork::iterate_phdr(visit, (&raw mut walk).cast()) };
     Some(walk.unsettled)
+}
+
+/// A namespace's object that `_dl_find_object` does not know (yet): where
+/// its first page, at its load bias, is mapped and holds its ELF header,
+/// and its dynamic section lies in one of the load segments that header
+/// gives, the object as read from there. So an object the loader has
+/// mapped, and not yet relocated, is found: the libc of a namespace that
+/// `dlmopen` is making, seen from the loader's breakpoint
+/// (`crate::namespace::loader_break`). `None` for anything else (an object
+/// whose first segment does not map its header at its bias).
+fn mapped_unrelocated<'a>(l: &crate::namespace::LinkMap) -> Option<Object<'a>> {
+    let page = page_size();
+    if l.addr == 0 || !l.addr.is_multiple_of(page) {
+        return None;
+    }
+    let mut resident = 0u8;
+    // SAFETY: mincore writes one byte for the one page asked about, and
+    // fails with ENOMEM where the page is not mapped; it reads nothing.
+    let mapped = unsafe {
+        crate::sys::raw(
+            libc::SYS_mincore,
+            [l.addr as c_long, page as c_long, (&raw mut resident) as c_long, 0, 0, 0],
+        )
+    } == 0;
+    if !mapped {
+        return None;
+    }
+    let name = if l.name == 0 {
+        &[][..]
+    } else {
+        // SAFETY: a link_map's l_name is null or NUL-terminated, and lives
+        // while the object is listed (the caller holds the loader's lock).
+        unsafe { CStr::from_ptr(l.name as *const c_char) }.to_bytes()
+    };
+    let mut o = Object {
+        id: ObjectId {
+            base: l.addr,
+            phdr: l.ld,
+        },
+        loads: None,
+        name,
+        segments: heapless::Vec::new(),
+        dynamic: None,
+        relro: None,
+        namespace: l.namespace,
+    };
+    (read_headers(&mut o, l.addr) && o.holds(l.ld)).then_some(o)
 }
 
 /// One namespace's C library, as [`with_namespace_libcs`] finds it.
@@ -622,11 +681,15 @@ impl NamespaceLibc {
 /// are found in its own symbol table: no `dlmopen` or `dlsym` into a
 /// namespace (a `dlmopen` into one that emptied meanwhile would leave the
 /// loader's lock held for good: glibc signals that error without
-/// releasing it). `false` where the namespaces cannot be walked.
+/// releasing it). A libc the loader has mapped and not yet relocated (a
+/// `dlmopen` under way on this thread, seen from the loader's breakpoint)
+/// is found too ([`mapped_unrelocated`]): its code and symbol table are
+/// in place, and nothing here writes what the relocation will. `false`
+/// where the namespaces cannot be walked.
 pub(crate) fn with_namespace_libcs(mut f: impl FnMut(&NamespaceLibc)) -> bool {
     let hooks = crate::host::functions();
     let names: [&[u8]; crate::host::FUNCTIONS] = core::array::from_fn(|i| hooks[i].0.to_bytes());
-    for_each_namespace_object(|o| {
+    for_each_namespace_object(true, |o| {
         let Some(functions) = libc_entries(o, &names) else {
             return;
         };
@@ -1013,7 +1076,7 @@ fn scan(state: &mut State, from: usize, report: bool, listed: Option<&Listed>) {
     if unchanged.get() {
         return;
     }
-    let walked = for_each_namespace_object(|o| {
+    let walked = for_each_namespace_object(false, |o| {
         let _ = visit(o);
     });
     unsettled |= walked == Some(true);
@@ -1263,7 +1326,7 @@ pub fn uninstall() {
     for_each_object(put_back);
     // The other namespaces' objects. (Their list cannot be walked
     // without _dl_find_object, and then none was patched.)
-    let _ = for_each_namespace_object(put_back);
+    let _ = for_each_namespace_object(false, put_back);
     state.slots.clear();
     state.symbols.clear();
     state.objects.clear();

@@ -4502,6 +4502,199 @@ fn check_namespace_calls(ns: &InNamespace) {
     assert_eq!(about(&log, p + 1, page), [(bits::MUNMAP, p + 1, page, -1)]);
 }
 
+/// A library whose constructor maps five pages and unmaps the second;
+/// `mhc_made` says where.
+const NS_CONSTRUCTOR_LIBRARY: &str = r#"
+#include <stddef.h>
+#include <sys/mman.h>
+#include <unistd.h>
+static void *made;
+__attribute__((constructor)) static void map_at_load(void) {
+    long page = sysconf(_SC_PAGESIZE);
+    made = mmap(NULL, 5 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (made != MAP_FAILED) munmap((char *)made + page, page);
+}
+void *mhc_made(void) { return made; }
+"#;
+
+/// Opens `lib` with `dlmopen` in a new namespace while recording; returns
+/// the handle and what was recorded about the five pages its constructor
+/// mapped (`mhc_made`).
+fn open_recording_constructor(lib: &std::path::Path) -> (usize, usize, Vec<Rec>) {
+    let path = CString::new(lib.to_str().unwrap()).unwrap();
+    let mut h = std::ptr::null_mut();
+    // SAFETY: a NUL-terminated path to a library built for the test.
+    let log = recorded(|| h = unsafe { libc::dlmopen(libc::LM_ID_NEWLM, path.as_ptr(), libc::RTLD_NOW) });
+    assert!(!h.is_null(), "dlmopen of {}", lib.display());
+    // SAFETY: a live handle and a NUL-terminated name.
+    let made = unsafe { libc::dlsym(h, c"mhc_made".as_ptr()) } as usize;
+    assert_ne!(made, 0);
+    // SAFETY: mhc_made takes nothing and returns a pointer.
+    let at = unsafe { cast::<unsafe extern "C" fn() -> usize>(made)() };
+    assert_ne!(at as isize, -1, "the constructor's mmap failed");
+    let pages = at..at + 5 * page_size();
+    let about = log
+        .into_iter()
+        .filter(|r| pages.contains(&r.1) || pages.contains(&(r.3 as usize)))
+        .collect();
+    (h as usize, at, about)
+}
+
+/// The loader's breakpoint for debuggers (`_dl_debug_state`), exported by
+/// glibc's loader.
+fn loader_break() -> usize {
+    // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
+    let at = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_debug_state".as_ptr()) } as usize;
+    assert_ne!(at, 0, "the loader exports _dl_debug_state");
+    at
+}
+
+/// The calls a library's constructors make while `dlmopen` makes its
+/// namespace are seen in bistro mode: memhook patches the loader's
+/// breakpoint for debuggers, which the loader calls once the namespace's
+/// objects are mapped and before any of their code runs, and hooks the
+/// namespace's libc there. Uninstall restores the breakpoint's bytes. In
+/// reloc mode they are not seen (the slots it rewrites are the loader's
+/// to fill until the constructors have run).
+#[test]
+fn what_the_constructors_of_a_library_in_a_new_namespace_call_is_seen_in_bistro_mode() {
+    let Some((_s, dir, _)) = namespace_test("ctor") else {
+        return;
+    };
+    let lib = build_library(&dir, "mhc", NS_CONSTRUCTOR_LIBRARY, &[]);
+    let page = page_size();
+    let at = loader_break();
+    let unpatched = bytes_at(at);
+    {
+        let mut session = Session::new(HookMode::Bistro);
+        session.handler(NS_EVENTS, 0, &record);
+        // glibc's loader on x86_64: a lone `ret` (after `endbr64` where
+        // it is built for CET), which memhook must patch.
+        let lone_return =
+            cfg!(target_arch = "x86_64") && matches!(unpatched, [0xf3, 0x0f, 0x1e, 0xfa, 0xc3, ..] | [0xc3, ..]);
+        assert_eq!(
+            memhook::loader_break_patchable(),
+            memhook::namespace_constructors_seen()
+        );
+        if !memhook::namespace_constructors_seen() {
+            assert!(
+                !lone_return,
+                "the loader's breakpoint is a lone return, and the install did not patch it: {unpatched:02x?}"
+            );
+            eprintln!("skipped: this loader's breakpoint is no empty function memhook can patch");
+            return;
+        }
+        assert_ne!(bytes_at(at), unpatched, "the loader's breakpoint is patched");
+        let (h, made, log) = open_recording_constructor(&lib);
+        assert_eq!(
+            log,
+            [
+                (bits::MMAP, 0, 5 * page, made as isize),
+                (bits::VM_MAPPED, made, 5 * page, 0),
+                (bits::VM_UNMAPPED, made + page, page, 0),
+                (bits::MUNMAP, made + page, page, 0),
+            ],
+            "the constructor's mmap and munmap"
+        );
+        // SAFETY: the handle dlmopen returned; nothing of it is used after.
+        assert_eq!(unsafe { libc::dlclose(h as *mut libc::c_void) }, 0);
+    }
+    assert_eq!(bytes_at(at), unpatched, "uninstall restores the loader's breakpoint");
+    {
+        let mut session = Session::new(HookMode::Reloc);
+        session.handler(NS_EVENTS, 0, &record);
+        assert!(!memhook::namespace_constructors_seen());
+        assert_eq!(bytes_at(at), unpatched, "reloc mode leaves the loader's code alone");
+        let (h, _, log) = open_recording_constructor(&lib);
+        assert_eq!(log, [], "reloc mode does not see the constructor's calls");
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::dlclose(h as *mut libc::c_void) }, 0);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The loader's breakpoint runs memhook's namespace work inside the
+/// loader, its lock held: installs and uninstalls on one thread, while
+/// another makes and frees namespaces whose constructors map memory and
+/// a third loads and unloads a library in the main namespace (each
+/// `dlsym` looking for namespaces too), must neither deadlock nor crash.
+/// A minute without an end ends the process with a message.
+#[test]
+fn namespaces_made_and_freed_beside_installs_and_loads_neither_hang_nor_crash() {
+    let Some((_s, dir, lib)) = namespace_test("stress") else {
+        return;
+    };
+    let ctor = build_library(&dir, "mhcs", NS_CONSTRUCTOR_LIBRARY, &[]);
+    let main = build_library(&dir, "mhms", "int mhms(void) { return 7; }\n", &[]);
+    let at = loader_break();
+    let unpatched = bytes_at(at);
+    let done = Arc::new(AtomicBool::new(false));
+    let watchdog = std::thread::spawn({
+        let done = done.clone();
+        move || {
+            exit_unless_done_in_a_minute(
+                &done,
+                b"namespaces beside installs and loads: not done in a minute (a deadlock)\n",
+            )
+        }
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let spawn_loop = |f: Box<dyn Fn() + Send>| {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut rounds = 0u32;
+            while !stop.load(Ordering::SeqCst) || rounds < 20 {
+                f();
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let namespaces = spawn_loop(Box::new(move || {
+        for path in [&ctor, &lib] {
+            let path = CString::new(path.to_str().unwrap()).unwrap();
+            // SAFETY: a NUL-terminated path to a library built for the test.
+            let h = unsafe { libc::dlmopen(libc::LM_ID_NEWLM, path.as_ptr(), libc::RTLD_NOW) };
+            assert!(!h.is_null());
+            // SAFETY: the handle dlmopen returned; nothing of it is used
+            // after.
+            assert_eq!(unsafe { libc::dlclose(h) }, 0);
+        }
+    }));
+    let loads = spawn_loop(Box::new(move || {
+        let path = CString::new(main.to_str().unwrap()).unwrap();
+        // SAFETY: as above.
+        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+        assert!(!h.is_null());
+        // SAFETY: a live handle and a NUL-terminated name.
+        assert!(!unsafe { libc::dlsym(h, c"mhms".as_ptr()) }.is_null());
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::dlclose(h) }, 0);
+    }));
+    for round in 0..40 {
+        let mode = if round % 4 == 3 {
+            HookMode::Reloc
+        } else {
+            HookMode::Bistro
+        };
+        memhook::install(&config(mode));
+        std::thread::yield_now();
+        memhook::uninstall();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let rounds = (namespaces.join().unwrap(), loads.join().unwrap());
+    done.store(true, Ordering::SeqCst);
+    watchdog.join().unwrap();
+    assert!(rounds.0 >= 20 && rounds.1 >= 20, "{rounds:?}");
+    assert_eq!(
+        bytes_at(at),
+        unpatched,
+        "uninstalled: the loader's breakpoint holds its own bytes"
+    );
+    assert!(memhook::namespaces().is_empty(), "{:?}", memhook::namespaces());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A library opened with `dlmopen` has a libc of its own: in bistro mode
 /// memhook hooks it too, whether the namespace came before the install or
 /// after it (found at the `dlsym` that looks into the library), and

@@ -151,6 +151,72 @@ fn function_shorter_than_the_patch_is_refused() {
     assert!(matches!(e, RelocError::FunctionTooShort { .. }), "{e:?}");
 }
 
+/// glibc's `_dl_debug_state` (the loader's breakpoint) as Debian 12's
+/// ld.so has it: `ret`, then padding to the next function, 16 bytes on.
+const DEBUG_STATE_236: [u8; 16] = [
+    0xc3, 0x66, 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0, 0x0f, 0x1f, 0x40, 0,
+];
+
+#[test]
+fn an_empty_function_the_caller_vouches_for_takes_its_padding() {
+    // The plain relocation refuses it, as any function shorter than the
+    // patch.
+    assert!(matches!(
+        refuse(&DEBUG_STATE_236, 5),
+        RelocError::FunctionTooShort { .. }
+    ));
+    let r = X86_64::relocate_empty(&DEBUG_STATE_236, E, 5, E + 0x10_0000).unwrap();
+    assert_eq!((r.skip, r.taken), (0, 5));
+    // The trampoline: its landing pad, then the return alone.
+    assert_eq!(&r.code[..], &[0xf3, 0x0f, 0x1e, 0xfa, 0xc3]);
+    assert_eq!(&r.starts[..], &[(0, 4)]);
+    // With CET: endbr64 stays at the entry, the patch covers the ret and
+    // four bytes of padding (int3 here).
+    let cet = [0xf3, 0x0f, 0x1e, 0xfa, 0xc3, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc];
+    let r = X86_64::relocate_empty(&cet, E, 5, E + 0x10_0000).unwrap();
+    assert_eq!((r.skip, r.taken), (4, 5));
+    // An empty function whose body does cover the patch relocates as any.
+    let long = [0x0f, 0x1f, 0x44, 0, 0, 0xc3, 0xcc, 0xcc];
+    let r = X86_64::relocate_empty(&long, E, 5, E + 0x10_0000).unwrap();
+    assert_eq!(r.taken, 5);
+}
+
+#[test]
+fn an_empty_function_is_refused_where_its_padding_may_be_code() {
+    let empty = |code: &[u8], entry: usize| X86_64::relocate_empty(code, entry, 5, entry + 0x10_0000).unwrap_err();
+    // Not a lone return: the function does something first.
+    let e = empty(&[0x31, 0xc0, 0xc3, 0x90, 0x90, 0x90, 0x90, 0x90], E);
+    assert!(matches!(e, RelocError::FunctionTooShort { .. }), "{e:?}");
+    // Code after the return, not padding: another function's, or this
+    // one's (a return in the middle of it).
+    let e = empty(&[0xc3, 0x48, 0x89, 0xe5, 0x90, 0x90, 0x90, 0x90], E);
+    assert!(matches!(e, RelocError::FunctionTooShort { .. }), "{e:?}");
+    let e = empty(&[0xc3, 0x90, 0x90, 0x55, 0x90, 0x90, 0x90, 0x90], E);
+    assert!(matches!(e, RelocError::FunctionTooShort { .. }), "{e:?}");
+    // The patch would reach the next 16-byte block, where a function may
+    // start: a return 3 bytes before it.
+    let e = empty(&DEBUG_STATE_236, E + 13);
+    assert!(
+        matches!(
+            e,
+            RelocError::FunctionTooShort {
+                available: 3,
+                needed: 5,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // 12 bytes before it: the 5 bytes fit.
+    assert!(X86_64::relocate_empty(&DEBUG_STATE_236, E + 4, 5, E + 0x10_0000).is_ok());
+    // Too few bytes readable.
+    let e = empty(&[0xc3, 0x90, 0x90], E);
+    assert!(matches!(e, RelocError::NotEnoughBytes { .. }), "{e:?}");
+    // The far form (13 bytes) fits no padding after a 16-aligned lone
+    // return but for 15 bytes: it does here.
+    assert!(X86_64::relocate_empty(&DEBUG_STATE_236, E, 13, E + 0x10_0000).is_ok());
+}
+
 #[test]
 fn loop_back_into_the_patched_bytes_is_refused() {
     // L: dec ecx; jnz L; ret
