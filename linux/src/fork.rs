@@ -100,6 +100,32 @@ pub(crate) fn section() -> Section {
     }
 }
 
+/// Enters a section unless that would wait: `None` where a fork is being
+/// prepared and this thread is in no section yet. For code that runs
+/// where the forking thread may need what this thread holds (the loader's
+/// lock, inside the loader's breakpoint: another library's fork handler
+/// may call `dlsym`), which must not wait for the fork.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub(crate) fn try_section() -> Option<Section> {
+    let depth = DEPTH.with(|d| d.get());
+    if depth == 0 {
+        if FORKING.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        ACTIVE.fetch_add(1, Ordering::SeqCst);
+        // As in `section`: a fork that began meanwhile may have looked at
+        // ACTIVE before the increment.
+        if FORKING.load(Ordering::SeqCst) != 0 {
+            ACTIVE.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+    }
+    DEPTH.with(|d| d.set(depth + 1));
+    Some(Section {
+        _thread: core::marker::PhantomData,
+    })
+}
+
 impl Drop for Section {
     fn drop(&mut self) {
         let depth = DEPTH.with(|d| {

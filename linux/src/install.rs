@@ -868,10 +868,11 @@ pub(crate) fn follow_namespaces() {
 }
 
 /// [`follow_namespaces`] from inside the loader, its lock held (the
-/// loader's breakpoint: `crate::namespace::loader_break_hook`): looks
-/// only where memhook's state is free now, since its holder may be
-/// waiting for the loader's lock. Else its holder, or the next loader call
-/// memhook interposes, looks.
+/// loader's breakpoint: `crate::namespace::loader_break_hook`, inside a
+/// section it entered without waiting for a fork): looks only where
+/// memhook's state is free now, since its holder may be waiting for the
+/// loader's lock. Else the holder, or the next loader call memhook
+/// interposes, looks.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub(crate) fn follow_namespaces_now() {
     if BUSY.load(core::sync::atomic::Ordering::SeqCst) {

@@ -239,7 +239,10 @@ pub(crate) static BREAK_ORIGINAL: AtomicUsize = AtomicUsize::new(0);
 /// hooks the libc of a namespace that came ([`check_now`]). It runs inside
 /// `dlopen`, `dlmopen` and `dlclose`, with the loader's lock held (not
 /// its write lock): it never waits for memhook's state, whose holder may
-/// be waiting for that lock, and keeps `errno`.
+/// be waiting for that lock, nor for a fork being prepared (another
+/// library's fork handler may call `dlsym`: it looks only from a section
+/// entered without waiting, `crate::fork::try_section`), and keeps
+/// `errno`.
 #[cfg(feature = "bistro")]
 pub(crate) extern "C" fn loader_break_hook() {
     let original = BREAK_ORIGINAL.load(Ordering::Acquire);
@@ -248,7 +251,10 @@ pub(crate) extern "C" fn loader_break_hook() {
         // arguments and no result (its `ret`, after a landing pad).
         unsafe { core::mem::transmute::<usize, extern "C" fn()>(original)() };
     }
-    if FOLLOW.load(Ordering::Acquire) && settled() {
+    if FOLLOW.load(Ordering::Acquire)
+        && settled()
+        && let Some(_section) = crate::fork::try_section()
+    {
         // SAFETY: errno is this thread's, always readable and writable.
         let errno = unsafe { *libc::__errno_location() };
         check_now();

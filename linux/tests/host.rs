@@ -4618,7 +4618,10 @@ fn what_the_constructors_of_a_library_in_a_new_namespace_call_is_seen_in_bistro_
 /// another makes and frees namespaces whose constructors map memory and
 /// a third loads and unloads a library in the main namespace (each
 /// `dlsym` looking for namespaces too), must neither deadlock nor crash.
-/// A minute without an end ends the process with a message.
+/// A minute without an end ends the process with a message. (No fork
+/// here: a child forked while another thread's `dlclose` held the
+/// loader's write lock finds it held for good, glibc's limit, which
+/// README's "Forks" describes.)
 #[test]
 fn namespaces_made_and_freed_beside_installs_and_loads_neither_hang_nor_crash() {
     let Some((_s, dir, lib)) = namespace_test("stress") else {
