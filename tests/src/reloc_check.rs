@@ -125,6 +125,48 @@ pub fn relocate_checked(code: &[u8], entry: usize, need: usize, trampoline: usiz
     Ok(r)
 }
 
+/// [`Arch::relocate_empty`] on `code` (a function the caller vouches is
+/// empty), checked: where the plain relocation succeeds, the same answer;
+/// where only the empty one does, the lone-return form: a `ret` first
+/// (after `endbr64`), the rest of the patch's bytes `nop` or `int3`
+/// padding inside the `ret`'s 16-byte block, and a trampoline of the
+/// landing pad and the `ret`.
+pub fn relocate_empty_checked(
+    code: &[u8],
+    entry: usize,
+    need: usize,
+    trampoline: usize,
+) -> Result<Relocation, RelocError> {
+    let plain = X86_64::relocate(code, entry, need, trampoline);
+    let empty = X86_64::relocate_empty(code, entry, need, trampoline);
+    match (&plain, &empty) {
+        (Ok(p), _) => assert_eq!(empty.as_ref(), Ok(p), "an empty function that relocates anyway"),
+        (Err(_), Ok(r)) => {
+            let skip = X86_64::entry_skip(code);
+            let start = entry + skip;
+            assert_eq!((r.skip, r.taken), (skip, need));
+            assert_eq!(code[skip], 0xc3, "a lone ret");
+            assert!(start + need <= (start | 15) + 1, "the patch stays in the ret's block");
+            let mut dec = Decoder::with_ip(64, &code[skip + 1..], (start + 1) as u64, DecoderOptions::NONE);
+            let mut covered = 1;
+            while covered < need {
+                let i = dec.decode();
+                assert!(
+                    i.mnemonic() == iced_x86::Mnemonic::Nop || i.code() == iced_x86::Code::Int3,
+                    "padding: {:?} at {:#x}",
+                    i.code(),
+                    i.ip()
+                );
+                covered += i.len();
+            }
+            assert_eq!(&r.code[..], &[0xf3, 0x0f, 0x1e, 0xfa, 0xc3]);
+            assert_eq!(&r.starts[..], &[(0, 4)]);
+        }
+        (Err(_), Err(_)) => {}
+    }
+    empty
+}
+
 /// The `relocate` fuzz target's body: the first 8 bytes choose the entry,
 /// the trampoline distance and the patch form; the rest is the prologue.
 pub fn fuzz_relocate(data: &[u8]) {
@@ -138,4 +180,8 @@ pub fn fuzz_relocate(data: &[u8]) {
     let trampoline = (entry as i64 + delta + far) as usize;
     let need = if data[0] & 0x80 != 0 { 13 } else { 5 };
     let _ = relocate_checked(&data[8..], entry, need, trampoline);
+    // The same bytes as an empty function (the loader's breakpoint), at
+    // the entry and at an entry anywhere in a 16-byte block.
+    let _ = relocate_empty_checked(&data[8..], entry, need, trampoline);
+    let _ = relocate_empty_checked(&data[8..], entry + usize::from(data[1] & 15), need, trampoline);
 }
