@@ -555,25 +555,7 @@ fn for_each_namespace_object(mapped_too: bool, mut f: impl FnMut(&Object<'_>)) -
             if map != l.map || start >= end {
                 return;
             }
-            let name = if l.name == 0 {
-                &[][..]
-            } else {
-                // SAFETY: a link_map's l_name is null or NUL-terminated,
-                // and lives while the object is listed (the lock is held).
-                unsafe { CStr::from_ptr(l.name as *const c_char) }.to_bytes()
-            };
-            let mut o = Object {
-                id: ObjectId {
-                    base: l.addr,
-                    phdr: l.ld,
-                },
-                loads: None,
-                name,
-                segments: heapless::Vec::new(),
-                dynamic: None,
-                relro: None,
-                namespace: l.namespace,
-            };
+            let mut o = namespace_object(l);
             if !read_headers(&mut o, start) {
                 // Its span alone: known and reported, nothing patched.
                 o.segments.clear();
@@ -622,6 +604,13 @@ fn mapped_unrelocated<'a>(l: &crate::namespace::LinkMap) -> Option<Object<'a>> {
     if !mapped {
         return None;
     }
+    let mut o = namespace_object(l);
+    (read_headers(&mut o, l.addr) && o.holds(l.ld)).then_some(o)
+}
+
+/// The object of a namespace's `link_map` `l`, its headers not read yet
+/// (no segments). Under the loader's lock, `l` listed.
+fn namespace_object<'a>(l: &crate::namespace::LinkMap) -> Object<'a> {
     let name = if l.name == 0 {
         &[][..]
     } else {
@@ -629,7 +618,7 @@ fn mapped_unrelocated<'a>(l: &crate::namespace::LinkMap) -> Option<Object<'a>> {
         // while the object is listed (the caller holds the loader's lock).
         unsafe { CStr::from_ptr(l.name as *const c_char) }.to_bytes()
     };
-    let mut o = Object {
+    Object {
         id: ObjectId {
             base: l.addr,
             phdr: l.ld,
@@ -640,8 +629,7 @@ fn mapped_unrelocated<'a>(l: &crate::namespace::LinkMap) -> Option<Object<'a>> {
         dynamic: None,
         relro: None,
         namespace: l.namespace,
-    };
-    (read_headers(&mut o, l.addr) && o.holds(l.ld)).then_some(o)
+    }
 }
 
 /// One namespace's C library, as [`with_namespace_libcs`] finds it.
