@@ -163,7 +163,7 @@ fn direct_target(instr: &Instruction) -> Option<usize> {
 
 impl X86_64 {
     /// [`Arch::relocate_empty`]'s case: after the landing pad, a lone
-    /// `ret`, then padding (`nop` of any length, `int3`) over the rest of
+    /// `ret` (or `repz ret`), then padding (`nop` of any length, `int3`) over the rest of
     /// the `need` bytes, all inside the 16-byte block the `ret` starts
     /// (functions are aligned to 16: nothing else begins there). The
     /// trampoline is the landing pad and the `ret`.
@@ -186,13 +186,17 @@ impl X86_64 {
                 needed: need,
             });
         }
-        let mut decoder = Decoder::with_ip(64, body, start as u64, DecoderOptions::NONE);
+        // `ret`, or `repz ret` (as compilers tuned for older AMD cores
+        // wrote a return that is a branch target): nothing else, however
+        // it would decode (a `ret` behind other prefixes is no compiler's).
+        let ret_len = match body {
+            [0xc3, ..] => 1,
+            [0xf3, 0xc3, ..] => 2,
+            _ => return Err(too_short(0)),
+        };
+        let mut decoder = Decoder::with_ip(64, &body[ret_len..], (start + ret_len) as u64, DecoderOptions::NONE);
         let mut instr = Instruction::default();
-        decoder.decode_out(&mut instr);
-        if instr.code() != Code::Retnq {
-            return Err(too_short(0));
-        }
-        let mut covered = instr.len();
+        let mut covered = ret_len;
         while covered < need {
             decoder.decode_out(&mut instr);
             let padding = !instr.is_invalid() && (instr.mnemonic() == Mnemonic::Nop || instr.code() == Code::Int3);

@@ -127,8 +127,8 @@ pub fn relocate_checked(code: &[u8], entry: usize, need: usize, trampoline: usiz
 
 /// [`Arch::relocate_empty`] on `code` (a function the caller vouches is
 /// empty), checked: where the plain relocation succeeds, the same answer;
-/// where only the empty one does, the lone-return form: a `ret` first
-/// (after `endbr64`), the rest of the patch's bytes `nop` or `int3`
+/// where only the empty one does, the lone-return form: a `ret` (or
+/// `repz ret`) first (after `endbr64`), the rest of the patch's bytes `nop` or `int3`
 /// padding inside the `ret`'s 16-byte block, and a trampoline of the
 /// landing pad and the `ret`.
 pub fn relocate_empty_checked(
@@ -145,10 +145,14 @@ pub fn relocate_empty_checked(
             let skip = X86_64::entry_skip(code);
             let start = entry + skip;
             assert_eq!((r.skip, r.taken), (skip, need));
-            assert_eq!(code[skip], 0xc3, "a lone ret");
+            let ret = match code[skip..] {
+                [0xc3, ..] => 1,
+                [0xf3, 0xc3, ..] => 2,
+                _ => panic!("not a lone ret (or repz ret): {:02x?}", &code[skip..]),
+            };
             assert!(start + need <= (start | 15) + 1, "the patch stays in the ret's block");
-            let mut dec = Decoder::with_ip(64, &code[skip + 1..], (start + 1) as u64, DecoderOptions::NONE);
-            let mut covered = 1;
+            let mut dec = Decoder::with_ip(64, &code[skip + ret..], (start + ret) as u64, DecoderOptions::NONE);
+            let mut covered = ret;
             while covered < need {
                 let i = dec.decode();
                 assert!(

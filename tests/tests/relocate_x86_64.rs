@@ -175,6 +175,10 @@ fn an_empty_function_the_caller_vouches_for_takes_its_padding() {
     let cet = [0xf3, 0x0f, 0x1e, 0xfa, 0xc3, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc, 0xcc];
     let r = X86_64::relocate_empty(&cet, E, 5, E + 0x10_0000).unwrap();
     assert_eq!((r.skip, r.taken), (4, 5));
+    // `repz ret`, as compilers tuned for older AMD cores wrote it.
+    let rep = [0xf3, 0xc3, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90];
+    let r = X86_64::relocate_empty(&rep, E, 5, E + 0x10_0000).unwrap();
+    assert_eq!((r.skip, r.taken, &r.code[4..]), (0, 5, &[0xc3][..]));
     // An empty function whose body does cover the patch relocates as any.
     let long = [0x0f, 0x1f, 0x44, 0, 0, 0xc3, 0xcc, 0xcc];
     let r = X86_64::relocate_empty(&long, E, 5, E + 0x10_0000).unwrap();
@@ -192,6 +196,11 @@ fn an_empty_function_is_refused_where_its_padding_may_be_code() {
     let e = empty(&[0xc3, 0x48, 0x89, 0xe5, 0x90, 0x90, 0x90, 0x90], E);
     assert!(matches!(e, RelocError::FunctionTooShort { .. }), "{e:?}");
     let e = empty(&[0xc3, 0x90, 0x90, 0x55, 0x90, 0x90, 0x90, 0x90], E);
+    assert!(matches!(e, RelocError::FunctionTooShort { .. }), "{e:?}");
+    // A return behind another prefix (REX here; the fuzzer's find): it
+    // decodes as a `ret`, but no compiler writes it, so it is no empty
+    // function's.
+    let e = empty(&[0x43, 0xc3, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90], E);
     assert!(matches!(e, RelocError::FunctionTooShort { .. }), "{e:?}");
     // The patch would reach the next 16-byte block, where a function may
     // start: a return 3 bytes before it.
