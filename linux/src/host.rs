@@ -1495,7 +1495,7 @@ fn read_if_mapped<T: Plain>(from: usize, out: &mut [T]) -> bool {
 
 /// Whether `[from, from + bytes)` lies in readable mappings, one after
 /// another, as the kernel tells them (`maps::find`).
-fn readable(from: usize, bytes: usize) -> bool {
+pub(crate) fn readable(from: usize, bytes: usize) -> bool {
     let Some(end) = from.checked_add(bytes) else {
         return false;
     };

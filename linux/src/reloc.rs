@@ -37,7 +37,7 @@
 //! mode for host memory) covers them, and so does loading memhook as
 //! `libmemhook.so`.
 
-use core::ffi::{CStr, c_char, c_int, c_long, c_void};
+use core::ffi::{CStr, c_char, c_int, c_void};
 use core::ops::ControlFlow;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -580,7 +580,7 @@ fn for_each_namespace_object(mapped_too: bool, mut f: impl FnMut(&Object<'_>)) -
 }
 
 /// A namespace's object that `_dl_find_object` does not know (yet): where
-/// its first page, at its load bias, is mapped and holds its ELF header,
+/// its first page, at its load bias, is readable and holds its ELF header,
 /// and its dynamic section lies in one of the load segments that header
 /// gives, the object as read from there. So an object the loader has
 /// mapped, and not yet relocated, is found: the libc of a namespace that
@@ -592,16 +592,10 @@ fn mapped_unrelocated<'a>(l: &crate::namespace::LinkMap) -> Option<Object<'a>> {
     if l.addr == 0 || !l.addr.is_multiple_of(page) {
         return None;
     }
-    let mut resident = 0u8;
-    // SAFETY: mincore writes one byte for the one page asked about, and
-    // fails with ENOMEM where the page is not mapped; it reads nothing.
-    let mapped = unsafe {
-        crate::sys::raw(
-            libc::SYS_mincore,
-            [l.addr as c_long, page as c_long, (&raw mut resident) as c_long, 0, 0, 0],
-        )
-    } == 0;
-    if !mapped {
+    // Readable, as the kernel tells it: where the first segment does not
+    // map the header at the bias, the page there may be anything, a
+    // PROT_NONE gap of this object or another's guard page among them.
+    if !crate::host::readable(l.addr, page) {
         return None;
     }
     let mut o = namespace_object(l);
