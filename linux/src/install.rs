@@ -846,11 +846,16 @@ pub fn namespaces() -> heapless::Vec<NamespaceStatus, { crate::host::NAMESPACES 
 
 /// Hooks the libc of namespaces that came since the last look, and
 /// forgets those that went: called by [`crate::namespace::check`] from the
-/// loader's functions memhook interposes. Waits for the state unless its
-/// holder may be waiting for the loader (then the holder looks itself
-/// before it lets go, or the next loader call does).
+/// loader's functions memhook interposes (`wait`), and by
+/// `crate::namespace::check_now` from inside the loader, its lock held
+/// (the loader's breakpoint, in a section entered without waiting for a
+/// fork). With `wait`, waits for the state unless its holder may be
+/// waiting for the loader; without, looks only where the state is free
+/// now, since its holder may be waiting for the loader's lock. Where it
+/// does not look, the holder looks itself before it lets go, or the next
+/// loader call memhook interposes does.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-pub(crate) fn follow_namespaces() {
+pub(crate) fn follow_namespaces(wait: bool) {
     loop {
         if let Some(mut state) = INSTALLED.try_lock() {
             if state.config.is_some() {
@@ -859,30 +864,11 @@ pub(crate) fn follow_namespaces() {
             }
             return;
         }
-        if BUSY.load(core::sync::atomic::Ordering::SeqCst) {
+        if !wait || BUSY.load(core::sync::atomic::Ordering::SeqCst) {
             return;
         }
         // SAFETY: sched_yield has no preconditions.
         unsafe { libc::sched_yield() };
-    }
-}
-
-/// [`follow_namespaces`] from inside the loader, its lock held (the
-/// loader's breakpoint: `crate::namespace::loader_break_hook`, inside a
-/// section it entered without waiting for a fork): looks only where
-/// memhook's state is free now, since its holder may be waiting for the
-/// loader's lock. Else the holder, or the next loader call memhook
-/// interposes, looks.
-#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-pub(crate) fn follow_namespaces_now() {
-    if BUSY.load(core::sync::atomic::Ordering::SeqCst) {
-        return;
-    }
-    if let Some(mut state) = INSTALLED.try_lock()
-        && state.config.is_some()
-    {
-        let _busy = Busy::new();
-        hook_namespaces(&mut state);
     }
 }
 

@@ -255,11 +255,7 @@ pub(crate) extern "C" fn loader_break_hook() {
         && settled()
         && let Some(_section) = crate::fork::try_section()
     {
-        // SAFETY: errno is this thread's, always readable and writable.
-        let errno = unsafe { *libc::__errno_location() };
-        check_now();
-        // SAFETY: as above.
-        unsafe { *libc::__errno_location() = errno };
+        crate::maps::keeping_errno(check_now);
     }
 }
 
@@ -573,7 +569,7 @@ mod hooks {
     /// loader's functions.
     pub(crate) fn check() {
         if due() {
-            crate::install::follow_namespaces();
+            crate::install::follow_namespaces(true);
         }
     }
 
@@ -582,7 +578,7 @@ mod hooks {
     /// look to its holder or to the next loader call memhook interposes.
     pub(crate) fn check_now() {
         if due() {
-            crate::install::follow_namespaces_now();
+            crate::install::follow_namespaces(false);
         }
     }
 }
