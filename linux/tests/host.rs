@@ -4303,9 +4303,9 @@ struct InNamespace {
     libc_mmap: usize,
 }
 
-/// Opens `path` with `dlmopen` in a new namespace (its functions found
-/// with `dlsym`, as a user of the library finds them).
-fn open_in_new_namespace(path: &std::path::Path) -> InNamespace {
+/// `dlmopen(LM_ID_NEWLM, path, RTLD_NOW)`: the handle, or a panic with
+/// the loader's message.
+fn dlmopen_new(path: &std::path::Path) -> *mut libc::c_void {
     let path = CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: a NUL-terminated path to a library built for the test.
     let h = unsafe { libc::dlmopen(libc::LM_ID_NEWLM, path.as_ptr(), libc::RTLD_NOW) };
@@ -4314,6 +4314,13 @@ fn open_in_new_namespace(path: &std::path::Path) -> InNamespace {
         let why = unsafe { std::ffi::CStr::from_ptr(libc::dlerror()) };
         panic!("dlmopen: {why:?}");
     }
+    h
+}
+
+/// Opens `path` with `dlmopen` in a new namespace (its functions found
+/// with `dlsym`, as a user of the library finds them).
+fn open_in_new_namespace(path: &std::path::Path) -> InNamespace {
+    let h = dlmopen_new(path);
     let mut lmid: libc::Lmid_t = 0;
     // SAFETY: a live handle; RTLD_DI_LMID writes an Lmid_t.
     let rc = unsafe { libc::dlinfo(h, libc::RTLD_DI_LMID, (&raw mut lmid).cast()) };
@@ -4521,11 +4528,8 @@ void *mhc_made(void) { return made; }
 /// the handle and what was recorded about the five pages its constructor
 /// mapped (`mhc_made`).
 fn open_recording_constructor(lib: &std::path::Path) -> (usize, usize, Vec<Rec>) {
-    let path = CString::new(lib.to_str().unwrap()).unwrap();
     let mut h = std::ptr::null_mut();
-    // SAFETY: a NUL-terminated path to a library built for the test.
-    let log = recorded(|| h = unsafe { libc::dlmopen(libc::LM_ID_NEWLM, path.as_ptr(), libc::RTLD_NOW) });
-    assert!(!h.is_null(), "dlmopen of {}", lib.display());
+    let log = recorded(|| h = dlmopen_new(lib));
     // SAFETY: a live handle and a NUL-terminated name.
     let made = unsafe { libc::dlsym(h, c"mhc_made".as_ptr()) } as usize;
     assert_ne!(made, 0);
@@ -4655,10 +4659,7 @@ fn namespaces_made_and_freed_beside_installs_and_loads_neither_hang_nor_crash() 
     };
     let namespaces = spawn_loop(Box::new(move || {
         for path in [&ctor, &lib] {
-            let path = CString::new(path.to_str().unwrap()).unwrap();
-            // SAFETY: a NUL-terminated path to a library built for the test.
-            let h = unsafe { libc::dlmopen(libc::LM_ID_NEWLM, path.as_ptr(), libc::RTLD_NOW) };
-            assert!(!h.is_null());
+            let h = dlmopen_new(path);
             // SAFETY: the handle dlmopen returned; nothing of it is used
             // after.
             assert_eq!(unsafe { libc::dlclose(h) }, 0);
