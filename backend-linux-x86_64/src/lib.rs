@@ -163,10 +163,10 @@ fn direct_target(instr: &Instruction) -> Option<usize> {
 
 impl X86_64 {
     /// [`Arch::relocate_empty`]'s case: after the landing pad, a lone
-    /// `ret` (or `repz ret`), then padding (`nop` of any length, `int3`) over the rest of
-    /// the `need` bytes, all inside the 16-byte block the `ret` starts
-    /// (functions are aligned to 16: nothing else begins there). The
-    /// trampoline is the landing pad and the `ret`.
+    /// `ret` (or `repz ret`), then padding (`nop` of any length, `int3`)
+    /// over the rest of the `need` bytes, all inside the 16-byte block the
+    /// `ret` starts (functions are aligned to 16: nothing else begins
+    /// there). The trampoline is the landing pad and the `ret`.
     fn relocate_lone_return(code: &[u8], entry: usize, need: usize) -> Result<Relocation, RelocError> {
         let skip = Self::entry_skip(code);
         let body = &code[skip..];
