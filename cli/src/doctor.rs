@@ -336,6 +336,18 @@ pub fn doctor() -> i32 {
              dlmopen calls a libc of its own that memhook does not see"
         },
     );
+    line(
+        "forks:",
+        if memhook::fork::loader_lock_found() {
+            "a child forked while another thread walked the loaded objects (dl_iterate_phdr) finds the \
+             loader's lock over them let go; forked amid a dlopen or dlclose changing them, it hangs at its \
+             next walk, as without memhook"
+        } else {
+            "the loader's lock over its objects was not found (glibc before 2.35, no DT_DEBUG, a static \
+             program): a child forked while another thread walked or changed them hangs at its next walk, \
+             as without memhook"
+        },
+    );
     line("io_uring:", &io_uring());
     line("userfaultfd:", &userfaultfd_move());
     match driver_version() {

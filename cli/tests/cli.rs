@@ -674,6 +674,7 @@ fn doctor_names_each_check() {
         "mappings:",
         "loader:",
         "loader namespaces:",
+        "forks:",
         "io_uring:",
         "userfaultfd:",
         "libcuda:",
@@ -698,6 +699,15 @@ fn doctor_names_each_check() {
         mappings.contains("asked of the kernel (PROCMAP_QUERY)"),
         (major, minor) >= (6, 11),
         "{release}: {mappings}"
+    );
+    // Where the loader's namespaces can be followed (glibc 2.35 and later
+    // with a debugger interface), its lock over the objects is found too:
+    // a child forked during another thread's walk finds it let go.
+    let line = |key: &str| t.lines().find(|l| l.starts_with(key)).unwrap();
+    assert_eq!(
+        line("forks:").contains("let go"),
+        line("loader namespaces:").contains("followed:"),
+        "{t}"
     );
     // This machine reads its threads and leaves SIGURG to the default.
     assert!(

@@ -25,9 +25,7 @@
 //! load makes `fork` wait, before it forks, for the sections other
 //! threads are in to end, while new ones wait for the fork to be over.
 //! The child then finds memhook's locks free and no walk of memhook's
-//! holding the loader's. (The loader's own holders, another library's
-//! `dl_iterate_phdr` or a `dlclose` in progress, are glibc's to fix: they
-//! hang the child without memhook.)
+//! holding the loader's. (The loader's own holders: below.)
 //!
 //! The wait is bounded ([`LIMIT_NS`]): a section may itself wait for what
 //! the forking thread holds (an install asks the loader for a symbol
@@ -38,6 +36,49 @@
 //! the mapping of a trampoline page during an install) does not wait for
 //! itself.
 //!
+//! # The loader's lock, let go in the child
+//!
+//! The sections keep memhook's own walks out of a fork. The loader's other
+//! holders of `dl_load_write_lock` are not memhook's to wait for: another
+//! library's `dl_iterate_phdr` (an unwinder's, a profiler's), and a
+//! `dlopen` or `dlclose` while it adds or removes objects. A child forked
+//! during one of them hangs at its next walk, with or without memhook
+//! (a walk: its `dlopen` of a new library, an unwinder; with memhook also
+//! its `dlopen` of a library already loaded, and its `dlsym` while a
+//! namespace of the program's own is in use). glibc lets the loader's
+//! other lock go in the child (`dl_load_lock`, which `dlopen` and
+//! `dlclose` hold for their whole work), not this one.
+//!
+//! The child handler lets it go where the fork cut a walk and nothing
+//! else: where the child finds it held and the loader says no change of
+//! any namespace's objects was under way (each `r_state`
+//! `RT_CONSISTENT`: `crate::namespace::at_rest`). The holder was then a
+//! thread the fork left behind inside a walk, which only reads, or the
+//! forking thread itself, forking from inside a walk (which cannot let it
+//! go in the child: glibc's unlock refuses a thread whose id is not the
+//! owner's, and the child's thread has a new one; the unlock at the
+//! walk's end is then refused and changes nothing). The child's list of
+//! objects is whole. Two threads walking without pause beside the forks
+//! (a host test): without this, 79 of 100 children hung at their
+//! `dlopen`; with it, none.
+//!
+//! Amid a change (`RT_ADD` while a `dlopen` maps objects, `RT_DELETE`
+//! while a `dlclose` unmaps them) the lock stays held: the child's list
+//! may name objects half mapped or already unmapped, and a walk would read
+//! them (let go there, a child's walk crashed, and glibc's own next
+//! `dlopen` stops at its assertion that the state is `RT_ADD`). Such a
+//! child hangs at its next walk, as without memhook (10 of 100 beside a
+//! thread loading and unloading a library in a loop).
+//!
+//! The lock is a recursive `pthread_mutex_t` inside `_rtld_global`, at an
+//! offset glibc does not publish (2,608 bytes in 2.36). It is found at
+//! load, not assumed: inside a walk of its own the loading thread looks
+//! through `_rtld_global` for the one recursive mutex that this thread
+//! owns once, and after the walk finds it free. Where not exactly one
+//! place fits (a static program, another C library), or the loader's
+//! states cannot be read (glibc before 2.35, a main program without
+//! `DT_DEBUG`), nothing is let go, and [`loader_lock_found`] says so.
+
 //! The hooks' hot paths never enter a section: dispatch takes no lock.
 //! (The CUDA hooks' tables of IPC opens and graph ranges are sections,
 //! taken for a few loads and stores beside driver calls that take
@@ -49,7 +90,7 @@
 //! table is whole at any moment, and the child lets the lock go and
 //! copies the live table over the spare one.
 
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// How long a fork waits for the sections in progress on other threads.
 pub const LIMIT_NS: u64 = 1_000_000_000;
@@ -178,6 +219,7 @@ extern "C" fn parent() {
 extern "C" fn child() {
     ACTIVE.store(own(), Ordering::SeqCst);
     FORKING.store(0, Ordering::SeqCst);
+    let_loader_lock_go();
     crate::memtype::after_fork_in_child();
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::cuda::after_fork_in_child();
@@ -186,11 +228,175 @@ extern "C" fn child() {
 }
 
 extern "C" fn register_at_load() {
+    LOADER_LOCK.store(find_loader_lock(), Ordering::Relaxed);
     // SAFETY: the three handlers touch only this module's atomics, the
-    // calling thread's section depth and (the child's) the memory-type
-    // map, the CUDA hooks' count of runtime calls and the counts of
-    // threads moved out of patches, and never fail.
+    // calling thread's section depth and (the child's) the loader's lock
+    // over its objects, the memory-type map, the CUDA hooks' count of
+    // runtime calls and the counts of threads moved out of patches, and
+    // never fail.
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+}
+
+/// Where glibc's `dl_load_write_lock` is (see the module docs); 0 where
+/// it was not found.
+static LOADER_LOCK: AtomicUsize = AtomicUsize::new(0);
+/// Set in a child whose handler found that lock held and let it go.
+static LOADER_LOCK_LET_GO: AtomicBool = AtomicBool::new(false);
+
+/// The words of glibc's `pthread_mutex_t` that say who holds it (the same
+/// on x86_64 and aarch64): the lock word, the recursion count, the owner's
+/// thread id, the users; then the kind.
+const MUTEX_LOCK: usize = 0;
+const MUTEX_COUNT: usize = 1;
+const MUTEX_OWNER: usize = 2;
+const MUTEX_USERS: usize = 3;
+const MUTEX_KIND: usize = 4;
+/// `PTHREAD_MUTEX_RECURSIVE_NP`, the loader's locks' kind.
+const RECURSIVE: u32 = 1;
+/// `RTLD_DL_SYMENT`: `dladdr1` gives the symbol's table entry.
+const RTLD_DL_SYMENT: libc::c_int = 1;
+
+/// The words of the mutex at `at`.
+///
+/// # Safety
+///
+/// `at` is 4-byte aligned and the 20 bytes from it are readable and
+/// writable for as long as the slice is used (inside `_rtld_global`).
+unsafe fn mutex_words<'a>(at: usize) -> &'a [AtomicU32; 5] {
+    // SAFETY: from the caller; glibc changes these words with atomic
+    // instructions, so reading them as atomics is sound beside it.
+    unsafe { &*(at as *const [AtomicU32; 5]) }
+}
+
+/// What the walk in [`find_loader_lock`] looks through, and what it found.
+struct LockSearch {
+    base: usize,
+    len: usize,
+    me: u32,
+    found: heapless::Vec<usize, 4>,
+    more: bool,
+}
+
+/// Inside the loader's walk (holding its lock once): the recursive
+/// mutexes of `_rtld_global` this thread holds once.
+unsafe extern "C" fn held_here(
+    _: *mut libc::dl_phdr_info,
+    _: libc::size_t,
+    data: *mut core::ffi::c_void,
+) -> libc::c_int {
+    // SAFETY: `find_loader_lock` passes its `LockSearch`, which outlives
+    // the walk.
+    let search = unsafe { &mut *data.cast::<LockSearch>() };
+    let mut at = search.base;
+    while at + 20 <= search.base + search.len {
+        // SAFETY: `at` is 8-byte aligned (the symbol is, and the step is
+        // 8) and 20 bytes from it lie inside `_rtld_global`.
+        let w = unsafe { mutex_words(at) };
+        if w[MUTEX_LOCK].load(Ordering::Relaxed) != 0
+            && w[MUTEX_COUNT].load(Ordering::Relaxed) == 1
+            && w[MUTEX_OWNER].load(Ordering::Relaxed) == search.me
+            && w[MUTEX_USERS].load(Ordering::Relaxed) == 1
+            && w[MUTEX_KIND].load(Ordering::Relaxed) == RECURSIVE
+            && search.found.push(at).is_err()
+        {
+            search.more = true;
+        }
+        at += 8;
+    }
+    1
+}
+
+/// Finds glibc's `dl_load_write_lock` (see the module docs): 0 where
+/// not exactly one place fits, or where the loader's states of its
+/// namespaces cannot be read (glibc before 2.35, no `DT_DEBUG`).
+fn find_loader_lock() -> usize {
+    if !crate::reloc::sees_namespaces() {
+        return 0;
+    }
+    // SAFETY: a NUL-terminated name; RTLD_DEFAULT searches the program's
+    // objects in load order.
+    let base = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_rtld_global".as_ptr()) } as usize;
+    if base == 0 || !base.is_multiple_of(8) {
+        return 0;
+    }
+    // SAFETY: a zeroed Dl_info is a valid out-parameter.
+    let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+    let mut sym: *mut core::ffi::c_void = core::ptr::null_mut();
+    // SAFETY: valid out-parameters; with RTLD_DL_SYMENT glibc stores a
+    // pointer to the symbol's entry in the loader's own symbol table.
+    let known = unsafe { libc::dladdr1(base as *const _, &mut info, &mut sym, RTLD_DL_SYMENT) };
+    if known == 0 || sym.is_null() || info.dli_saddr as usize != base {
+        return 0;
+    }
+    // SAFETY: `sym` points at the Elf64_Sym dladdr1 found, in the loader's
+    // mapped dynamic symbol table.
+    let len = unsafe { (*sym.cast::<libc::Elf64_Sym>()).st_size } as usize;
+    let mut search = LockSearch {
+        base,
+        len,
+        // SAFETY: gettid has no preconditions.
+        me: unsafe { libc::gettid() } as u32,
+        found: heapless::Vec::new(),
+        more: false,
+    };
+    // SAFETY: `held_here` reads `search` as the LockSearch it is.
+    unsafe { iterate_phdr(held_here, (&raw mut search).cast()) };
+    // After the walk the loader's write lock is free; a lock this thread
+    // held before (the loader's other one, during a `dlopen`) still is.
+    let mut free = search.found.iter().filter(|&&at| {
+        // SAFETY: found inside `_rtld_global` above.
+        let w = unsafe { mutex_words(at) };
+        w[MUTEX_LOCK].load(Ordering::Relaxed) == 0
+            && w[MUTEX_COUNT].load(Ordering::Relaxed) == 0
+            && w[MUTEX_OWNER].load(Ordering::Relaxed) == 0
+    });
+    match (free.next(), free.next(), search.more) {
+        (Some(&at), None, false) => at,
+        _ => 0,
+    }
+}
+
+/// In the child: marks the loader's write lock free where the fork left
+/// it held (see the module docs).
+fn let_loader_lock_go() {
+    let at = LOADER_LOCK.load(Ordering::Relaxed);
+    if at == 0 {
+        return;
+    }
+    // SAFETY: found inside `_rtld_global` at load; the loader is never
+    // unloaded.
+    let w = unsafe { mutex_words(at) };
+    let held = w[MUTEX_LOCK].load(Ordering::Relaxed) != 0 || w[MUTEX_COUNT].load(Ordering::Relaxed) != 0;
+    // Held amid a change of the objects (a `dlopen` mapping them, a
+    // `dlclose` unmapping them), the lock stays held: the child's list
+    // may name objects half mapped or already gone, and a walk would
+    // read them (glibc's own next `dlopen` stops at an assertion there).
+    let let_go = held && crate::namespace::at_rest();
+    LOADER_LOCK_LET_GO.store(let_go, Ordering::Relaxed);
+    if let_go {
+        // The child has one thread: nothing takes the lock meanwhile. As
+        // glibc's initializer leaves it, the kind kept.
+        for word in [MUTEX_OWNER, MUTEX_USERS, MUTEX_COUNT, MUTEX_LOCK] {
+            w[word].store(0, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Whether memhook found the loader's lock over its list of objects
+/// (glibc's `dl_load_write_lock`), which a fork's child whose fork cut
+/// another thread's walk of the objects then finds free (see the module
+/// docs). `false` in a static program, before glibc 2.35, in a main
+/// program without `DT_DEBUG`, or with another C library: such a child
+/// then hangs at its next walk, as it would without memhook.
+pub fn loader_lock_found() -> bool {
+    LOADER_LOCK.load(Ordering::Relaxed) != 0
+}
+
+/// Whether this process is the child of a fork that cut a walk of the
+/// loaded objects, and memhook let go the loader's lock the walk held
+/// (see [`loader_lock_found`]).
+pub fn loader_lock_let_go() -> bool {
+    LOADER_LOCK_LET_GO.load(Ordering::Relaxed)
 }
 
 #[used]
@@ -302,6 +508,139 @@ pub(crate) mod tests {
         unsafe { libc::waitpid(pid, &mut status, 0) };
         assert!(libc::WIFEXITED(status), "child status {status:#x}");
         libc::WEXITSTATUS(status)
+    }
+
+    /// glibc's version as (major, minor).
+    fn glibc() -> (u32, u32) {
+        // SAFETY: gnu_get_libc_version returns a static NUL-terminated
+        // string.
+        let v = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) };
+        let mut parts = v.to_str().unwrap().split('.').map(|p| p.parse::<u32>().unwrap());
+        (parts.next().unwrap(), parts.next().unwrap())
+    }
+
+    #[test]
+    fn the_loaders_lock_over_its_objects_is_found_on_glibc_2_35_and_later() {
+        if glibc() < (2, 35) || !crate::namespace::debugger_interface() {
+            eprintln!(
+                "skipped: glibc {:?}, a debugger interface: {}",
+                glibc(),
+                crate::namespace::debugger_interface()
+            );
+            return;
+        }
+        assert!(loader_lock_found());
+        // This process is no child of a fork that found it held.
+        assert!(!loader_lock_let_go());
+    }
+
+    /// A walk of the loader's that stays inside (holding its lock) while
+    /// `*data`'s flag is set, having raised its first.
+    unsafe extern "C" fn stay(
+        _: *mut libc::dl_phdr_info,
+        _: libc::size_t,
+        data: *mut core::ffi::c_void,
+    ) -> libc::c_int {
+        // SAFETY: the test passes a `[AtomicBool; 2]` that outlives the walk.
+        let [inside, hold] = unsafe { &*data.cast::<[AtomicBool; 2]>() };
+        inside.store(true, Ordering::SeqCst);
+        while hold.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        1
+    }
+
+    unsafe extern "C" fn count(
+        _: *mut libc::dl_phdr_info,
+        _: libc::size_t,
+        data: *mut core::ffi::c_void,
+    ) -> libc::c_int {
+        // SAFETY: the caller passes a usize that outlives the walk.
+        unsafe { *data.cast::<usize>() += 1 };
+        0
+    }
+
+    /// In a child: walks the loaded objects (killed by SIGALRM after 10 s
+    /// where the walk waits on a lock left held); 0 where it went through
+    /// and memhook let the loader's lock go, 1 where the walk found no
+    /// object, 2 where the lock was not let go.
+    fn walk_in_child() -> i32 {
+        // SAFETY: alarm has no preconditions; SIGALRM's default action
+        // ends the child, which the parent sees as not exited.
+        unsafe { libc::alarm(10) };
+        let mut objects = 0usize;
+        // SAFETY: `count` reads the usize passed.
+        unsafe { libc::dl_iterate_phdr(Some(count), (&raw mut objects).cast()) };
+        if objects == 0 {
+            1
+        } else if !loader_lock_let_go() {
+            2
+        } else {
+            0
+        }
+    }
+
+    #[test]
+    fn a_child_forked_while_another_thread_walks_the_loaded_objects_can_walk_them() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        if !loader_lock_found() {
+            eprintln!("skipped: the loader's lock was not found (glibc {:?})", glibc());
+            return;
+        }
+        // Another library's walk (an unwinder's, say), not memhook's: the
+        // fork does not wait for it.
+        let flags: &'static [AtomicBool; 2] = Box::leak(Box::new([AtomicBool::new(false), AtomicBool::new(true)]));
+        let walker = std::thread::spawn(move || {
+            // SAFETY: `stay` reads the flags, which live for good.
+            unsafe { libc::dl_iterate_phdr(Some(stay), (flags as *const [AtomicBool; 2]).cast_mut().cast()) };
+        });
+        while !flags[0].load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let code = fork_and_check(walk_in_child);
+        flags[1].store(false, Ordering::SeqCst);
+        walker.join().unwrap();
+        assert_eq!(
+            code, 0,
+            "1: the child's walk found no object, 2: the lock was not let go"
+        );
+        assert!(!loader_lock_let_go(), "the parent let nothing go");
+    }
+
+    #[test]
+    fn a_child_forked_from_inside_a_walk_can_walk_again() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        if !loader_lock_found() {
+            eprintln!("skipped: the loader's lock was not found (glibc {:?})", glibc());
+            return;
+        }
+        unsafe extern "C" fn fork_here(
+            _: *mut libc::dl_phdr_info,
+            _: libc::size_t,
+            data: *mut core::ffi::c_void,
+        ) -> libc::c_int {
+            // SAFETY: the test passes a pid_t that outlives the walk; the
+            // child of the fork leaves the walk and ends below with _exit.
+            unsafe { *data.cast::<libc::pid_t>() = libc::fork() };
+            1
+        }
+        let mut pid: libc::pid_t = -1;
+        // SAFETY: `fork_here` writes the pid_t passed.
+        unsafe { libc::dl_iterate_phdr(Some(fork_here), (&raw mut pid).cast()) };
+        if pid == 0 {
+            // The child left its walk, whose unlock glibc refused (its
+            // thread's id is not the owner's): a walk now would wait for
+            // good, had memhook not let the lock go.
+            let code = walk_in_child();
+            // SAFETY: leaving the child without the parent's atexit.
+            unsafe { libc::_exit(code) };
+        }
+        assert!(pid > 0, "fork failed");
+        let mut status = 0;
+        // SAFETY: waiting for the child just forked.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status), "child status {status:#x}: its walk hung");
+        assert_eq!(libc::WEXITSTATUS(status), 0, "1: no object, 2: the lock was not let go");
     }
 
     #[test]

@@ -79,7 +79,6 @@ const R_NEXT: usize = 40;
 const R_BRK: usize = 16;
 /// `r_state` (an int): `RT_CONSISTENT` (0) while no change of the
 /// namespace's objects is under way.
-#[cfg(feature = "bistro")]
 const R_STATE: usize = 24;
 /// `DT_DEBUG`: the dynamic entry the loader points at its `r_debug`.
 const DT_DEBUG: i64 = 21;
@@ -217,9 +216,21 @@ pub(crate) fn loader_break() -> usize {
 /// are being mapped; at `RT_DELETE` unmapped.)
 #[cfg(feature = "bistro")]
 fn settled() -> bool {
-    let Some(r) = r_debug_extended() else {
+    r_debug_extended().is_some() && at_rest()
+}
+
+/// Whether the loader, as far as it says, is amid no change of any
+/// namespace's objects: the main namespace's `r_state` and every other's
+/// in its chain are `RT_CONSISTENT` (with a chain of version 1, glibc
+/// 2.35 and later have made no second namespace). Reads only what was
+/// found before (`false` where the loader's `r_debug` was not looked for
+/// or not found), so that a fork's child may ask before it can walk the
+/// objects.
+pub(crate) fn at_rest() -> bool {
+    let r = R_DEBUG.load(Ordering::Acquire);
+    if r <= 1 {
         return false;
-    };
+    }
     // SAFETY: the loader's r_debug and its chain's entries, static in
     // ld.so; `r_state` is an int, the word's low half (little-endian).
     let mut all = unsafe { word(r + R_STATE) } as u32 == 0;

@@ -5298,6 +5298,108 @@ fn check_fork_during_loader_work(mode: HookMode) {
     assert_eq!(memhook::fork::waits_given_up(), 0);
 }
 
+unsafe extern "C" fn count_objects(
+    _: *mut libc::dl_phdr_info,
+    _: libc::size_t,
+    data: *mut core::ffi::c_void,
+) -> libc::c_int {
+    // SAFETY: the caller passes a usize that outlives the walk.
+    unsafe { *data.cast::<usize>() += 1 };
+    0
+}
+
+/// Opens the library at `path`, calls its function `name` (which returns
+/// `want`) and closes it.
+fn load_and_call(path: &std::ffi::CStr, name: &std::ffi::CStr, want: i32) -> bool {
+    // SAFETY: a NUL-terminated path and name; the function found is
+    // `int (void)`, called before the handle is closed, once.
+    unsafe {
+        let handle = libc::dlopen(path.as_ptr(), libc::RTLD_NOW);
+        if handle.is_null() {
+            return false;
+        }
+        let f = libc::dlsym(handle, name.as_ptr());
+        let called = !f.is_null() && core::mem::transmute::<*mut libc::c_void, extern "C" fn() -> i32>(f)() == want;
+        libc::dlclose(handle) == 0 && called
+    }
+}
+
+/// A child forked while other threads walk the loaded objects without
+/// pause (`dl_iterate_phdr`, as unwinders do: the loader's own work, which
+/// no fork waits for) loads a library of its own: memhook lets go the
+/// loader's lock over its objects that the fork left held, where glibc
+/// alone leaves it held for good and the child hangs at its `dlopen`.
+/// Installed, as a program that embeds memhook is. (Amid a change of the
+/// objects, a `dlopen` or `dlclose` on another thread, the lock stays
+/// held: a child forked then hangs as without memhook, or stops at
+/// glibc's assertion, 10 of 100 beside a thread loading and unloading a
+/// library; `memhook::fork`'s docs.)
+#[test]
+fn a_child_forked_while_other_threads_walk_the_loaded_objects_loads_a_library() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !memhook::fork::loader_lock_found() {
+        eprintln!("skipped: the loader's lock over its objects was not found (glibc before 2.35?)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("memhook-fork-walk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let own = build_library(&dir, "mhfw", "int mhfw(void) { return 2; }\n", &[]);
+    let own = CString::new(own.to_str().unwrap()).unwrap();
+    let _session = Session::new(HookMode::Bistro);
+    let stop = Arc::new(AtomicBool::new(false));
+    let walkers: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut objects = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: `count_objects` adds to the usize passed.
+                    unsafe { libc::dl_iterate_phdr(Some(count_objects), (&raw mut objects).cast()) };
+                }
+                objects
+            })
+        })
+        .collect();
+    let (mut hung, mut let_go, mut forks) = (0, 0, 0);
+    let start = std::time::Instant::now();
+    while forks < 100 || start.elapsed() < std::time::Duration::from_millis(500) {
+        forks += 1;
+        // SAFETY: the child makes the calls below and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let code = if !load_and_call(&own, c"mhfw", 2) {
+                2
+            } else {
+                i32::from(memhook::fork::loader_lock_let_go())
+            };
+            // SAFETY: leaving the child without the parent's atexit.
+            unsafe { libc::_exit(code) };
+        }
+        match wait_for_child(pid, std::time::Duration::from_secs(5)) {
+            None => hung += 1,
+            Some(status) => {
+                assert!(
+                    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) < 2,
+                    "child status {status:#x} (exit 2: its library did not load and answer)"
+                );
+                let_go += libc::WEXITSTATUS(status);
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for walker in walkers {
+        assert!(walker.join().unwrap() > 0);
+    }
+    assert_eq!(hung, 0, "children that hung, of {forks}");
+    assert!(
+        let_go > 0,
+        "no fork of {forks} came while the loader's lock was held: the release went untested"
+    );
+    assert!(!memhook::fork::loader_lock_let_go(), "the parent lets nothing go");
+    eprintln!("{let_go} of {forks} children found the loader's lock held and let it go");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A child forked while another thread updates the memory-type map (as
 /// the CUDA hooks do after each allocation and free, or an embedder's
 /// `report_event`) finds the map whole and its lock free: the lookups of
