@@ -67,8 +67,8 @@
 //! may name objects half mapped or already unmapped, and a walk would read
 //! them (let go there, a child's walk crashed, and glibc's own next
 //! `dlopen` stops at its assertion that the state is `RT_ADD`). Such a
-//! child hangs at its next walk, as without memhook (10 of 100 beside a
-//! thread loading and unloading a library in a loop).
+//! child hangs at its next walk, as without memhook (10 to 18 of 100
+//! beside a thread loading and unloading a library in a loop).
 //!
 //! The lock is a recursive `pthread_mutex_t` inside `_rtld_global`, at an
 //! offset glibc does not publish (2,608 bytes in 2.36). It is found at

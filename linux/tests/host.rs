@@ -5331,9 +5331,9 @@ fn load_and_call(path: &std::ffi::CStr, name: &std::ffi::CStr, want: i32) -> boo
 /// alone leaves it held for good and the child hangs at its `dlopen`.
 /// Installed, as a program that embeds memhook is. (Amid a change of the
 /// objects, a `dlopen` or `dlclose` on another thread, the lock stays
-/// held: a child forked then hangs as without memhook, or stops at
-/// glibc's assertion, 10 of 100 beside a thread loading and unloading a
-/// library; `memhook::fork`'s docs.)
+/// held: a child forked then hangs at its next walk as without memhook,
+/// 10 to 18 of 100 beside a thread loading and unloading a library;
+/// `memhook::fork`'s docs.)
 #[test]
 fn a_child_forked_while_other_threads_walk_the_loaded_objects_loads_a_library() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
