@@ -340,8 +340,9 @@ pub fn doctor() -> i32 {
         "forks:",
         if memhook::fork::loader_lock_found() {
             "a child forked while another thread walked the loaded objects (dl_iterate_phdr) finds the \
-             loader's lock over them let go; forked amid a dlopen or dlclose changing them, it hangs at its \
-             next walk, as without memhook"
+             loader's lock over them let go; forked amid a dlopen or dlclose changing them, it finds it held \
+             for good: memhook's entries of the loader's functions skip their walks there, and the child's \
+             own walks (the dlopen of a new library among them) wait, as without memhook"
         } else {
             "the loader's lock over its objects was not found (glibc before 2.35, no DT_DEBUG, a static \
              program): a child forked while another thread walked or changed them hangs at its next walk, \

@@ -68,7 +68,14 @@
 //! them (let go there, a child's walk crashed, and glibc's own next
 //! `dlopen` stops at its assertion that the state is `RT_ADD`). Such a
 //! child hangs at its next walk, as without memhook (10 to 18 of 100
-//! beside a thread loading and unloading a library in a loop).
+//! beside a thread loading and unloading a library in a loop, at their
+//! `dlopen` of another library). No object can then come or go in it (the
+//! loader's own `dlopen` of a new library and `dlclose` of a last handle
+//! wait for the lock first), so memhook's entries of the loader's
+//! functions skip their walks there ([`loader_lock_stuck`]): the child's
+//! `dlopen` of a library already loaded, `dlsym` and `dlclose`, which
+//! glibc alone makes without a walk, go through (13 and 16 of 100 hung in
+//! memhook's walks before).
 //!
 //! The lock is a recursive `pthread_mutex_t` inside `_rtld_global`, at an
 //! offset glibc does not publish (2,608 bytes in 2.36). It is found at
@@ -242,6 +249,9 @@ extern "C" fn register_at_load() {
 static LOADER_LOCK: AtomicUsize = AtomicUsize::new(0);
 /// Set in a child whose handler found that lock held and let it go.
 static LOADER_LOCK_LET_GO: AtomicBool = AtomicBool::new(false);
+/// Set in a child whose handler found that lock held amid a change of
+/// the objects, and kept it so.
+static LOADER_LOCK_KEPT: AtomicBool = AtomicBool::new(false);
 
 /// The words of glibc's `pthread_mutex_t` that say who holds it (the same
 /// on x86_64 and aarch64): the lock word, the recursion count, the owner's
@@ -373,6 +383,7 @@ fn let_loader_lock_go() {
     // read them (glibc's own next `dlopen` stops at an assertion there).
     let let_go = held && crate::namespace::at_rest();
     LOADER_LOCK_LET_GO.store(let_go, Ordering::Relaxed);
+    LOADER_LOCK_KEPT.store(held && !let_go, Ordering::Relaxed);
     if let_go {
         // The child has one thread: nothing takes the lock meanwhile. As
         // glibc's initializer leaves it, the kind kept.
@@ -397,6 +408,31 @@ pub fn loader_lock_found() -> bool {
 /// (see [`loader_lock_found`]).
 pub fn loader_lock_let_go() -> bool {
     LOADER_LOCK_LET_GO.load(Ordering::Relaxed)
+}
+
+/// Whether this process is the child of a fork that cut another
+/// thread's change of the loaded objects (a `dlopen` mapping them, a
+/// `dlclose` unmapping them), and the loader's lock over them, which
+/// that thread held, is still held: for good, its holder being gone.
+///
+/// No object can then come or go in this process: the loader's own
+/// `dlopen` of a new library and `dlclose` of its last handle wait for
+/// that lock first. So memhook's entries of `dlopen`, `dlclose`, `dlsym`
+/// and `dlvsym` skip their walks of the objects (the rescans, the look
+/// for new namespaces, the search for the next definition of a hooked
+/// function for `RTLD_NEXT`, which is then the loader's answer), and the
+/// child's `dlopen` of a library already loaded, its `dlsym` and its
+/// `dlclose` of a handle still open elsewhere go through, as without
+/// memhook, where before they waited for good. [`crate::refresh`] does
+/// nothing there; an install, `status` and an uninstall, which must walk
+/// the objects, still wait.
+pub fn loader_lock_stuck() -> bool {
+    let at = LOADER_LOCK.load(Ordering::Relaxed);
+    // SAFETY: found inside `_rtld_global` at load; the loader is never
+    // unloaded.
+    LOADER_LOCK_KEPT.load(Ordering::Relaxed)
+        && at != 0
+        && unsafe { mutex_words(at) }[MUTEX_LOCK].load(Ordering::Relaxed) != 0
 }
 
 #[used]

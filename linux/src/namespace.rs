@@ -568,7 +568,7 @@ mod hooks {
     /// hooked libc may have gone, its namespace freed, and another made
     /// at its index).
     pub(crate) fn due() -> bool {
-        if !FOLLOW.load(Ordering::Acquire) {
+        if !FOLLOW.load(Ordering::Acquire) || crate::fork::loader_lock_stuck() {
             return false;
         }
         let hooked = HOOKED.load(Ordering::Acquire);

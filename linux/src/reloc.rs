@@ -1396,6 +1396,9 @@ thread_local! {
 
 /// Rescans if this thread passed a dlopen since its last rescan.
 fn catch_up() {
+    if crate::fork::loader_lock_stuck() {
+        return; // nothing came or went, and a walk would wait for good
+    }
     if UNSEEN.try_with(|u| u.replace(false)).unwrap_or(false) {
         rescan();
         changed();
@@ -1441,7 +1444,7 @@ fn rpath_key((adds, subs): (u64, u64)) -> u64 {
 /// Whether glibc's dlopen of `file` from memhook's object loads what it
 /// would from the object that holds `caller` (see the comment above).
 fn same_from_memhook(file: &[u8], caller: usize) -> bool {
-    if file.contains(&b'$') {
+    if file.contains(&b'$') || crate::fork::loader_lock_stuck() {
         return false;
     }
     // A path is opened as it is: only the namespace is the caller's (the
@@ -1581,6 +1584,9 @@ static INSTALLING: AtomicUsize = AtomicUsize::new(0);
 /// waiting for the loader lock this thread holds inside a constructor):
 /// the install rescans before it lets go.
 fn rescan() {
+    if crate::fork::loader_lock_stuck() {
+        return; // as in `catch_up`
+    }
     RESCAN.store(true, Ordering::SeqCst);
     with_listing(rescan_with);
     report_changes();
@@ -2022,6 +2028,9 @@ extern "C" fn dl_decide(handle: *mut c_void, name: *const c_char, caller: usize,
         return PASS;
     };
     let real = if handle as usize == RTLD_NEXT {
+        if crate::fork::loader_lock_stuck() {
+            return PASS; // the walk would wait for good: the loader answers
+        }
         next_definition(name, version, caller)
     } else {
         // RTLD_DEFAULT resolves from memhook's scope here (the global scope
