@@ -48,7 +48,7 @@ if [ -n "$huge_before" ] && echo $((huge_before + 8)) > "$huge" 2>/dev/null; the
 else
     say "== huge pages: none could be reserved (the host tests skip their hugetlb checks)"
 fi
-for t in gpu_driver gpu_runtime gpu_multi cuda_modes cuda_memtype cuda_late_load dispatch_slots host bistro; do
+for t in gpu_driver gpu_runtime gpu_multi cuda_modes cuda_memtype cuda_late_load dispatch_slots host bistro fork_loader; do
     check "$t" ./"$t" --test-threads=1 --nocapture
 done
 if [ -n "$huge_before" ]; then

@@ -27,8 +27,9 @@ for l in sys.stdin:
 while read -r name exe; do cp "$exe" "$out/$name"; done <<<"$exes"
 # The dispatch stress and slot tests, on the device's 16 cores; the host
 # hooks' tests on its kernel and glibc (2.39, with CET entries); bistro's,
-# with the threads held out of the bytes being patched, on 16 cores.
-for t in dispatch_slots host bistro; do
+# with the threads held out of the bytes being patched, on 16 cores; forks
+# beside the loader's own work (its lock over the objects, 2.39's offset).
+for t in dispatch_slots host bistro fork_loader; do
     exe=$(cargo test --release -p memhook --features bistro --test "$t" --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:

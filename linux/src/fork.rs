@@ -59,8 +59,8 @@
 //! owner's, and the child's thread has a new one; the unlock at the
 //! walk's end is then refused and changes nothing). The child's list of
 //! objects is whole. Two threads walking without pause beside the forks
-//! (a host test): without this, 79 of 100 children hung at their
-//! `dlopen`; with it, none.
+//! (`linux/tests/fork_loader.rs`): without this, 79 of 100 children hung
+//! at their `dlopen`; with it, none.
 //!
 //! Amid a change (`RT_ADD` while a `dlopen` maps objects, `RT_DELETE`
 //! while a `dlclose` unmaps them) the lock stays held: the child's list
