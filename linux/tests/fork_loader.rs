@@ -17,6 +17,8 @@ use memhook::config::{HookConfig, HookMode, ModeSet};
 
 #[path = "../../tests/src/cc.rs"]
 mod cc;
+mod common;
+use common::{build_library, wait_for_child};
 
 /// The tests fork and install: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -44,41 +46,62 @@ impl Drop for Installed {
     }
 }
 
-/// Builds `lib{name}.so` from `source` in `dir`.
-fn build_library(dir: &std::path::Path, name: &str, source: &str) -> std::path::PathBuf {
-    let src = dir.join(format!("{name}.c"));
-    std::fs::write(&src, source).unwrap();
-    let out = dir.join(format!("lib{name}.so"));
-    cc::build(
-        cc::command()
-            .args(["-shared", "-fPIC", "-O1", "-o"])
-            .arg(&out)
-            .arg(&src),
-        &format!("lib{name}.so"),
-    );
-    out
+/// A library of one function, `int {name}(void) { return {answer}; }`,
+/// built in a directory of this process's: the directory, and the
+/// library's path.
+fn library(name: &str, answer: i32) -> (std::path::PathBuf, CString) {
+    let dir = std::env::temp_dir().join(format!("memhook-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = build_library(&dir, name, &format!("int {name}(void) {{ return {answer}; }}\n"), &[]);
+    (dir, CString::new(path.to_str().unwrap()).unwrap())
 }
 
-/// Waits up to `limit` for child `pid`; kills it and returns `None` when it
-/// has not exited by then (a hang), else its wait status.
-fn wait_for_child(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
-    let until = std::time::Instant::now() + limit;
-    loop {
-        let mut status = 0;
-        // SAFETY: polling a child of this process.
-        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
-            return Some(status);
+/// What [`fork_children`] counted.
+struct Forks {
+    made: u32,
+    hung: u32,
+    /// Children whose `child` answered `Some(true)`.
+    marked: u32,
+}
+
+/// Forks children while `more` says so (given the counts so far and the
+/// time since the first); each runs `child`, which answers `None` where
+/// its calls failed (the test fails, saying `failed`), else whether it
+/// found what the test looks for. A child not exited within 5 s is killed
+/// and counted hung.
+fn fork_children(
+    more: impl Fn(&Forks, std::time::Duration) -> bool,
+    child: impl Fn() -> Option<bool>,
+    failed: &str,
+) -> Forks {
+    let mut counts = Forks {
+        made: 0,
+        hung: 0,
+        marked: 0,
+    };
+    let start = std::time::Instant::now();
+    while more(&counts, start.elapsed()) {
+        counts.made += 1;
+        // SAFETY: the child runs `child` and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let code = child().map_or(2, i32::from);
+            // SAFETY: leaving the child without the parent's atexit.
+            unsafe { libc::_exit(code) };
         }
-        if std::time::Instant::now() > until {
-            // SAFETY: ending and reaping a child of this process.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
+        assert!(pid > 0, "fork failed");
+        match wait_for_child(pid, std::time::Duration::from_secs(5)) {
+            None => counts.hung += 1,
+            Some(status) => {
+                assert!(
+                    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) < 2,
+                    "child status {status:#x} (exit 2: {failed})"
+                );
+                counts.marked += libc::WEXITSTATUS(status) as u32;
             }
-            return None;
         }
-        std::thread::sleep(std::time::Duration::from_millis(2));
     }
+    counts
 }
 
 /// Opens libc (loaded already), looks `malloc` up in it and closes it,
@@ -134,10 +157,7 @@ fn a_child_forked_while_other_threads_walk_the_loaded_objects_loads_a_library() 
         eprintln!("skipped: the loader's lock over its objects was not found (glibc before 2.35?)");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("memhook-fork-walk-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let own = build_library(&dir, "mhfw", "int mhfw(void) { return 2; }\n");
-    let own = CString::new(own.to_str().unwrap()).unwrap();
+    let (dir, own) = library("mhfw", 2);
     let _installed = Installed::bistro();
     let stop = Arc::new(AtomicBool::new(false));
     let walkers: Vec<_> = (0..2)
@@ -153,43 +173,23 @@ fn a_child_forked_while_other_threads_walk_the_loaded_objects_loads_a_library() 
             })
         })
         .collect();
-    let (mut hung, mut let_go, mut forks) = (0, 0, 0);
-    let start = std::time::Instant::now();
-    while forks < 100 || start.elapsed() < std::time::Duration::from_millis(500) {
-        forks += 1;
-        // SAFETY: the child makes the calls below and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            let code = if !load_and_call(&own, c"mhfw", 2) {
-                2
-            } else {
-                i32::from(memhook::fork::loader_lock_let_go())
-            };
-            // SAFETY: leaving the child without the parent's atexit.
-            unsafe { libc::_exit(code) };
-        }
-        match wait_for_child(pid, std::time::Duration::from_secs(5)) {
-            None => hung += 1,
-            Some(status) => {
-                assert!(
-                    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) < 2,
-                    "child status {status:#x} (exit 2: its library did not load and answer)"
-                );
-                let_go += libc::WEXITSTATUS(status);
-            }
-        }
-    }
+    let forks = fork_children(
+        |f, t| f.made < 100 || t < std::time::Duration::from_millis(500),
+        || load_and_call(&own, c"mhfw", 2).then(memhook::fork::loader_lock_let_go),
+        "its library did not load and answer",
+    );
     stop.store(true, Ordering::Relaxed);
     for walker in walkers {
         assert!(walker.join().unwrap() > 0);
     }
-    assert_eq!(hung, 0, "children that hung, of {forks}");
+    let Forks { made, hung, marked } = forks;
+    assert_eq!(hung, 0, "children that hung, of {made}");
     assert!(
-        let_go > 0,
-        "no fork of {forks} came while the loader's lock was held: the release went untested"
+        marked > 0,
+        "no fork of {made} came while the loader's lock was held: the release went untested"
     );
     assert!(!memhook::fork::loader_lock_let_go(), "the parent lets nothing go");
-    eprintln!("{let_go} of {forks} children found the loader's lock held and let it go");
+    eprintln!("{marked} of {made} children found the loader's lock held and let it go");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -284,10 +284,7 @@ fn children_forked_amid_another_threads_loads_and_unloads_open_a_loaded_library(
         eprintln!("skipped: the loader's lock over its objects was not found (glibc before 2.35?)");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("memhook-fork-change-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let other = build_library(&dir, "mhfx", "int mhfx(void) { return 1; }\n");
-    let other = CString::new(other.to_str().unwrap()).unwrap();
+    let (dir, other) = library("mhfx", 1);
     let _installed = Installed::bistro();
     let stop = Arc::new(AtomicBool::new(false));
     let loader = {
@@ -298,38 +295,24 @@ fn children_forked_amid_another_threads_loads_and_unloads_open_a_loaded_library(
             }
         })
     };
-    let (mut hung, mut stuck, mut forks) = (0, 0, 0);
-    let start = std::time::Instant::now();
-    while forks < 100 || (stuck == 0 && start.elapsed() < std::time::Duration::from_secs(30)) {
-        forks += 1;
-        // SAFETY: the child makes the calls below and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
+    let forks = fork_children(
+        |f, t| f.made < 100 || (f.marked == 0 && t < std::time::Duration::from_secs(30)),
+        || {
             let kept = memhook::fork::loader_lock_stuck();
             // SAFETY: RTLD_NEXT and a NUL-terminated name.
             let next = !unsafe { libc::dlsym(libc::RTLD_NEXT, c"mmap".as_ptr()) }.is_null();
-            let code = if look_into_libc() && next { i32::from(kept) } else { 2 };
-            // SAFETY: leaving the child without the parent's atexit.
-            unsafe { libc::_exit(code) };
-        }
-        match wait_for_child(pid, std::time::Duration::from_secs(5)) {
-            None => hung += 1,
-            Some(status) => {
-                assert!(
-                    libc::WIFEXITED(status) && libc::WEXITSTATUS(status) < 2,
-                    "child status {status:#x} (exit 2: dlopen/dlsym/dlclose failed)"
-                );
-                stuck += libc::WEXITSTATUS(status);
-            }
-        }
-    }
+            (look_into_libc() && next).then_some(kept)
+        },
+        "dlopen/dlsym/dlclose failed",
+    );
     stop.store(true, Ordering::Relaxed);
     loader.join().unwrap();
-    assert_eq!(hung, 0, "children that hung, of {forks}");
+    let Forks { made, hung, marked } = forks;
+    assert_eq!(hung, 0, "children that hung, of {made}");
     assert!(
-        stuck > 0,
-        "no fork of {forks} came amid a change: the skipped walks went untested"
+        marked > 0,
+        "no fork of {made} came amid a change: the skipped walks went untested"
     );
-    eprintln!("{stuck} of {forks} children found the loader's lock held for good and went through");
+    eprintln!("{marked} of {made} children found the loader's lock held for good and went through");
     let _ = std::fs::remove_dir_all(&dir);
 }

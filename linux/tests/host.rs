@@ -14,6 +14,8 @@ use memhook::{Config, HandlerFn};
 
 #[path = "../../tests/src/cc.rs"]
 mod cc;
+mod common;
+use common::{build_library, wait_for_child};
 
 const HELPER: &str = r#"
 #define _GNU_SOURCE
@@ -131,23 +133,6 @@ unsafe fn cast<T>(p: usize) -> T {
     assert_eq!(size_of::<T>(), size_of::<usize>());
     // SAFETY: the caller's contract.
     unsafe { std::mem::transmute_copy(&p) }
-}
-
-/// Builds `lib<name>.so` in `dir` from `source` with the C compiler (`CC`,
-/// else `cc`), with `extra` arguments after the source.
-fn build_library(dir: &std::path::Path, name: &str, source: &str, extra: &[&str]) -> std::path::PathBuf {
-    let src = dir.join(format!("{name}.c"));
-    std::fs::write(&src, source).unwrap();
-    let out = dir.join(format!("lib{name}.so"));
-    cc::build(
-        cc::command()
-            .args(["-shared", "-fPIC", "-O1", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .args(extra),
-        &format!("lib{name}.so"),
-    );
-    out
 }
 
 fn helper() -> &'static Helper {
@@ -5185,28 +5170,6 @@ fn namespaces_come_and_go_while_threads_reinstall_and_look_up_symbols() {
     assert_eq!(unsafe { libc::dlclose(again.handle as *mut libc::c_void) }, 0);
     drop(session);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Waits up to `limit` for child `pid`; kills it and returns `None` when it
-/// has not exited by then (a hang), else its wait status.
-fn wait_for_child(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
-    let until = std::time::Instant::now() + limit;
-    loop {
-        let mut status = 0;
-        // SAFETY: polling a child of this process.
-        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
-            return Some(status);
-        }
-        if std::time::Instant::now() > until {
-            // SAFETY: ending and reaping a child of this process.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
 }
 
 /// Looks into a library already loaded through the helper (`dlopen`,

@@ -1,0 +1,43 @@
+//! Shared by the host tests and the loader-lock fork tests (both use all
+//! of it): building a test library, and waiting for a child that may hang.
+
+use crate::cc;
+
+/// Builds `lib<name>.so` in `dir` from `source` with the C compiler (`CC`,
+/// else `cc`), with `extra` arguments after the source.
+pub fn build_library(dir: &std::path::Path, name: &str, source: &str, extra: &[&str]) -> std::path::PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let out = dir.join(format!("lib{name}.so"));
+    cc::build(
+        cc::command()
+            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .args(extra),
+        &format!("lib{name}.so"),
+    );
+    out
+}
+
+/// Waits up to `limit` for child `pid`; kills it and returns `None` when it
+/// has not exited by then (a hang), else its wait status.
+pub fn wait_for_child(pid: libc::pid_t, limit: std::time::Duration) -> Option<i32> {
+    let until = std::time::Instant::now() + limit;
+    loop {
+        let mut status = 0;
+        // SAFETY: polling a child of this process.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+            return Some(status);
+        }
+        if std::time::Instant::now() > until {
+            // SAFETY: ending and reaping a child of this process.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
