@@ -424,8 +424,9 @@ pub fn loader_lock_let_go() -> bool {
 /// child's `dlopen` of a library already loaded, its `dlsym` and its
 /// `dlclose` of a handle still open elsewhere go through, as without
 /// memhook, where before they waited for good. [`crate::refresh`] does
-/// nothing there; an install, `status` and an uninstall, which must walk
-/// the objects, still wait.
+/// nothing there; [`crate::status`] and an install of the configuration
+/// in force answer as ever; an install of another configuration and an
+/// uninstall, which must walk the objects, still wait.
 pub fn loader_lock_stuck() -> bool {
     let at = LOADER_LOCK.load(Ordering::Relaxed);
     // SAFETY: found inside `_rtld_global` at load; the loader is never

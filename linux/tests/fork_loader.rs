@@ -30,15 +30,18 @@ struct Installed;
 
 impl Installed {
     fn bistro() -> Installed {
-        memhook::install(&Config {
-            hooks: HookConfig {
-                mmap: ModeSet::of(&[HookMode::Bistro]),
-                cuda: ModeSet::NONE,
-            },
-        });
+        memhook::install(&BISTRO);
         Installed
     }
 }
+
+/// The host hooks in bistro mode, the CUDA hooks off.
+const BISTRO: Config = Config {
+    hooks: HookConfig {
+        mmap: ModeSet::of(&[HookMode::Bistro]),
+        cuda: ModeSet::NONE,
+    },
+};
 
 impl Drop for Installed {
     fn drop(&mut self) {
@@ -254,7 +257,11 @@ fn a_child_forked_amid_a_change_of_the_loaded_objects_opens_a_loaded_library() {
         // SAFETY: RTLD_NEXT and a NUL-terminated name.
         let next = !unsafe { libc::dlsym(libc::RTLD_NEXT, c"mmap".as_ptr()) }.is_null();
         memhook::refresh();
-        let code = i32::from(!stuck) | i32::from(!looked) << 1 | i32::from(!next) << 2;
+        // The same install again changes nothing, and the status is
+        // kept: neither walks.
+        memhook::install(&BISTRO);
+        let installed = memhook::status().iter().any(|f| f.function == "mmap" && f.installed);
+        let code = i32::from(!stuck) | i32::from(!looked) << 1 | i32::from(!next) << 2 | i32::from(!installed) << 3;
         // SAFETY: leaving the child without the parent's atexit.
         unsafe { libc::_exit(code) };
     }
@@ -265,7 +272,7 @@ fn a_child_forked_amid_a_change_of_the_loaded_objects_opens_a_loaded_library() {
     let status = status.expect("the child hung");
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "child status {status:#x} (exit 1: the lock not taken for stuck, 2: dlopen/dlsym/dlclose failed, 4: dlsym(RTLD_NEXT) failed)"
+        "child status {status:#x} (exit 1: the lock not taken for stuck, 2: dlopen/dlsym/dlclose failed, 4: dlsym(RTLD_NEXT) failed, 8: not installed)"
     );
     assert!(!memhook::fork::loader_lock_stuck());
 }
