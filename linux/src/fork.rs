@@ -420,7 +420,8 @@ pub fn loader_lock_let_go() -> bool {
 /// that lock first. So memhook's entries of `dlopen`, `dlclose`, `dlsym`
 /// and `dlvsym` skip their walks of the objects (the rescans, the look
 /// for new namespaces, the search for the next definition of a hooked
-/// function for `RTLD_NEXT`, which is then the loader's answer), and the
+/// function for `RTLD_NEXT`, which is then the loader's answer: the
+/// function itself, whose calls bistro sees and reloc does not), and the
 /// child's `dlopen` of a library already loaded, its `dlsym` and its
 /// `dlclose` of a handle still open elsewhere go through, as without
 /// memhook, where before they waited for good. [`crate::refresh`] does
