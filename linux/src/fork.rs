@@ -36,6 +36,17 @@
 //! the mapping of a trampoline page during an install) does not wait for
 //! itself.
 //!
+//! The hooks' hot paths never enter a section: dispatch takes no lock.
+//! (The CUDA hooks' tables of IPC opens and graph ranges are sections,
+//! taken for a few loads and stores beside driver calls that take
+//! microseconds.)
+//! The memory-type map's writer lock is not a section either: the CUDA
+//! hooks take it after each allocation and free, and a fork need not wait
+//! for them. The child mends the map instead (`memtype::after_fork_in_child`):
+//! a writer changes only the table readers are not using, so the live
+//! table is whole at any moment, and the child lets the lock go and
+//! copies the live table over the spare one.
+//!
 //! # The loader's lock, let go in the child
 //!
 //! The sections keep memhook's own walks out of a fork. The loader's other
@@ -43,9 +54,8 @@
 //! library's `dl_iterate_phdr` (an unwinder's, a profiler's), and a
 //! `dlopen` or `dlclose` while it adds or removes objects. A child forked
 //! during one of them hangs at its next walk, with or without memhook
-//! (a walk: its `dlopen` of a new library, an unwinder; with memhook also
-//! its `dlopen` of a library already loaded, and its `dlsym` while a
-//! namespace of the program's own is in use). glibc lets the loader's
+//! (a walk: its `dlopen` of a new library, an unwinder; memhook's entries
+//! of the loader's functions walk too: below). glibc lets the loader's
 //! other lock go in the child (`dl_load_lock`, which `dlopen` and
 //! `dlclose` hold for their whole work), not this one.
 //!
@@ -85,17 +95,6 @@
 //! place fits (a static program, another C library), or the loader's
 //! states cannot be read (glibc before 2.35, a main program without
 //! `DT_DEBUG`), nothing is let go, and [`loader_lock_found`] says so.
-
-//! The hooks' hot paths never enter a section: dispatch takes no lock.
-//! (The CUDA hooks' tables of IPC opens and graph ranges are sections,
-//! taken for a few loads and stores beside driver calls that take
-//! microseconds.)
-//! The memory-type map's writer lock is not a section either: the CUDA
-//! hooks take it after each allocation and free, and a fork need not wait
-//! for them. The child mends the map instead (`memtype::after_fork_in_child`):
-//! a writer changes only the table readers are not using, so the live
-//! table is whole at any moment, and the child lets the lock go and
-//! copies the live table over the spare one.
 
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
