@@ -125,25 +125,9 @@ pub(crate) struct Section {
 /// Enters a section: where a fork is being prepared and this thread is in
 /// no section yet, waits for it first.
 pub(crate) fn section() -> Section {
-    let depth = DEPTH.with(|d| d.get());
-    if depth == 0 {
-        loop {
-            while FORKING.load(Ordering::SeqCst) != 0 {
-                // SAFETY: sched_yield has no preconditions.
-                unsafe { libc::sched_yield() };
-            }
-            ACTIVE.fetch_add(1, Ordering::SeqCst);
-            // A fork that began meanwhile may have looked at ACTIVE before
-            // the increment: step back out and wait for it.
-            if FORKING.load(Ordering::SeqCst) == 0 {
-                break;
-            }
-            ACTIVE.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-    DEPTH.with(|d| d.set(depth + 1));
-    Section {
-        _thread: core::marker::PhantomData,
+    match enter(true) {
+        Some(section) => section,
+        None => unreachable!("an entry that waits always enters"),
     }
 }
 
@@ -154,17 +138,28 @@ pub(crate) fn section() -> Section {
 /// may call `dlsym`), which must not wait for the fork.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub(crate) fn try_section() -> Option<Section> {
+    enter(false)
+}
+
+/// [`section`] where `wait`, else [`try_section`].
+fn enter(wait: bool) -> Option<Section> {
     let depth = DEPTH.with(|d| d.get());
     if depth == 0 {
-        if FORKING.load(Ordering::SeqCst) != 0 {
-            return None;
-        }
-        ACTIVE.fetch_add(1, Ordering::SeqCst);
-        // As in `section`: a fork that began meanwhile may have looked at
-        // ACTIVE before the increment.
-        if FORKING.load(Ordering::SeqCst) != 0 {
+        loop {
+            while FORKING.load(Ordering::SeqCst) != 0 {
+                if !wait {
+                    return None;
+                }
+                // SAFETY: sched_yield has no preconditions.
+                unsafe { libc::sched_yield() };
+            }
+            ACTIVE.fetch_add(1, Ordering::SeqCst);
+            // A fork that began meanwhile may have looked at ACTIVE before
+            // the increment: step back out and wait for it (or give up).
+            if FORKING.load(Ordering::SeqCst) == 0 {
+                break;
+            }
             ACTIVE.fetch_sub(1, Ordering::SeqCst);
-            return None;
         }
     }
     DEPTH.with(|d| d.set(depth + 1));
