@@ -18,7 +18,7 @@ use memhook::config::{HookConfig, HookMode, ModeSet};
 #[path = "../../tests/src/cc.rs"]
 mod cc;
 mod common;
-use common::{build_library, wait_for_child};
+use common::{build_library, load_and_call, wait_for_child};
 
 /// The tests fork and install: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -125,22 +125,6 @@ unsafe extern "C" fn count_objects(
     // SAFETY: the caller passes a usize that outlives the walk.
     unsafe { *data.cast::<usize>() += 1 };
     0
-}
-
-/// Opens the library at `path`, calls its function `name` (which returns
-/// `want`) and closes it.
-fn load_and_call(path: &std::ffi::CStr, name: &std::ffi::CStr, want: i32) -> bool {
-    // SAFETY: a NUL-terminated path and name; the function found is
-    // `int (void)`, called before the handle is closed, once.
-    unsafe {
-        let handle = libc::dlopen(path.as_ptr(), libc::RTLD_NOW);
-        if handle.is_null() {
-            return false;
-        }
-        let f = libc::dlsym(handle, name.as_ptr());
-        let called = !f.is_null() && core::mem::transmute::<*mut libc::c_void, extern "C" fn() -> i32>(f)() == want;
-        libc::dlclose(handle) == 0 && called
-    }
 }
 
 /// A child forked while other threads walk the loaded objects without

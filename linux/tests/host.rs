@@ -15,7 +15,7 @@ use memhook::{Config, HandlerFn};
 #[path = "../../tests/src/cc.rs"]
 mod cc;
 mod common;
-use common::{build_library, wait_for_child};
+use common::{build_library, load_and_call, wait_for_child};
 
 const HELPER: &str = r#"
 #define _GNU_SOURCE
@@ -4650,16 +4650,8 @@ fn namespaces_made_and_freed_beside_installs_and_loads_neither_hang_nor_crash() 
             assert_eq!(unsafe { libc::dlclose(h) }, 0);
         }
     }));
-    let loads = spawn_loop(Box::new(move || {
-        let path = CString::new(main.to_str().unwrap()).unwrap();
-        // SAFETY: as above.
-        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
-        assert!(!h.is_null());
-        // SAFETY: a live handle and a NUL-terminated name.
-        assert!(!unsafe { libc::dlsym(h, c"mhms".as_ptr()) }.is_null());
-        // SAFETY: as above.
-        assert_eq!(unsafe { libc::dlclose(h) }, 0);
-    }));
+    let main = CString::new(main.to_str().unwrap()).unwrap();
+    let loads = spawn_loop(Box::new(move || assert!(load_and_call(&main, c"mhms", 7))));
     for round in 0..40 {
         let mode = if round % 4 == 3 {
             HookMode::Reloc

@@ -1,5 +1,6 @@
 //! Shared by the host tests and the loader-lock fork tests (both use all
-//! of it): building a test library, and waiting for a child that may hang.
+//! of it): building a test library, loading and calling one, and waiting
+//! for a child that may hang.
 
 use crate::cc;
 
@@ -39,5 +40,21 @@ pub fn wait_for_child(pid: libc::pid_t, limit: std::time::Duration) -> Option<i3
             return None;
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Opens the library at `path`, calls its function `name` (which returns
+/// `want`) and closes it.
+pub fn load_and_call(path: &std::ffi::CStr, name: &std::ffi::CStr, want: i32) -> bool {
+    // SAFETY: a NUL-terminated path and name; the function found is
+    // `int (void)`, called before the handle is closed, once.
+    unsafe {
+        let handle = libc::dlopen(path.as_ptr(), libc::RTLD_NOW);
+        if handle.is_null() {
+            return false;
+        }
+        let f = libc::dlsym(handle, name.as_ptr());
+        let called = !f.is_null() && core::mem::transmute::<*mut libc::c_void, extern "C" fn() -> i32>(f)() == want;
+        libc::dlclose(handle) == 0 && called
     }
 }
