@@ -96,7 +96,7 @@
 //! states cannot be read (glibc before 2.35, a main program without
 //! `DT_DEBUG`), nothing is let go, and [`loader_lock_found`] says so.
 
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// How long a fork waits for the sections in progress on other threads.
 pub const LIMIT_NS: u64 = 1_000_000_000;
@@ -241,11 +241,17 @@ extern "C" fn register_at_load() {
 /// Where glibc's `dl_load_write_lock` is (see the module docs); 0 where
 /// it was not found.
 static LOADER_LOCK: AtomicUsize = AtomicUsize::new(0);
-/// Set in a child whose handler found that lock held and let it go.
-static LOADER_LOCK_LET_GO: AtomicBool = AtomicBool::new(false);
-/// Set in a child whose handler found that lock held amid a change of
-/// the objects, and kept it so.
-static LOADER_LOCK_KEPT: AtomicBool = AtomicBool::new(false);
+/// What a fork's child found of that lock: one of the three states
+/// below, set by every child's handler (a grandchild's too), so the two
+/// answers built on it ([`loader_lock_let_go`], [`loader_lock_stuck`])
+/// can never both hold.
+static LOADER_LOCK_AT_FORK: AtomicU8 = AtomicU8::new(LOCK_FREE);
+/// Not a fork's child, or one that found the lock free.
+const LOCK_FREE: u8 = 0;
+/// A child that found the lock held and let it go.
+const LOCK_LET_GO: u8 = 1;
+/// A child that found it held amid a change of the objects, and kept it so.
+const LOCK_KEPT: u8 = 2;
 
 /// The words of glibc's `pthread_mutex_t` that say who holds it (the same
 /// on x86_64 and aarch64): the lock word, the recursion count, the owner's
@@ -376,8 +382,12 @@ fn let_loader_lock_go() {
     // may name objects half mapped or already gone, and a walk would
     // read them (glibc's own next `dlopen` stops at an assertion there).
     let let_go = held && crate::namespace::at_rest();
-    LOADER_LOCK_LET_GO.store(let_go, Ordering::Relaxed);
-    LOADER_LOCK_KEPT.store(held && !let_go, Ordering::Relaxed);
+    let state = match (held, let_go) {
+        (false, _) => LOCK_FREE,
+        (true, true) => LOCK_LET_GO,
+        (true, false) => LOCK_KEPT,
+    };
+    LOADER_LOCK_AT_FORK.store(state, Ordering::Relaxed);
     if let_go {
         // The child has one thread: nothing takes the lock meanwhile. As
         // glibc's initializer leaves it, the kind kept.
@@ -401,7 +411,7 @@ pub fn loader_lock_found() -> bool {
 /// loaded objects, and memhook let go the loader's lock the walk held
 /// (see [`loader_lock_found`]).
 pub fn loader_lock_let_go() -> bool {
-    LOADER_LOCK_LET_GO.load(Ordering::Relaxed)
+    LOADER_LOCK_AT_FORK.load(Ordering::Relaxed) == LOCK_LET_GO
 }
 
 /// Whether this process is the child of a fork that cut another
@@ -426,7 +436,7 @@ pub fn loader_lock_stuck() -> bool {
     let at = LOADER_LOCK.load(Ordering::Relaxed);
     // SAFETY: found inside `_rtld_global` at load; the loader is never
     // unloaded.
-    LOADER_LOCK_KEPT.load(Ordering::Relaxed)
+    LOADER_LOCK_AT_FORK.load(Ordering::Relaxed) == LOCK_KEPT
         && at != 0
         && unsafe { mutex_words(at) }[MUTEX_LOCK].load(Ordering::Relaxed) != 0
 }
