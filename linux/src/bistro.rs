@@ -322,27 +322,30 @@ fn reloc_error(target: usize, error: RelocError, bytes: &[u8]) -> BistroError {
 ///
 /// The [`BistroError`] a patch would fail with.
 pub fn can_patch(target: usize, far: bool) -> Result<Plan, BistroError> {
+    dry_plan(target, far, is_empty_function(target))
+}
+
+/// Whether bistro could patch `target` with the 5-byte form, taking it
+/// for an empty function ([`memhook_core::patch::Arch::relocate_empty`])
+/// before [`EMPTY_FUNCTION`] names it: what `memhook doctor` says of the
+/// loader's breakpoint.
+pub(crate) fn can_patch_empty(target: usize) -> bool {
+    dry_plan(target, false, true).is_ok()
+}
+
+/// [`can_patch`], with the relocator for empty functions or not.
+fn dry_plan(target: usize, far: bool, empty: bool) -> Result<Plan, BistroError> {
     let (bytes, len, _) = read_entry(target)?;
-    let code = &bytes[..len];
     let need = if far {
         NativeArch::FAR_JUMP_LEN
     } else {
         NativeArch::NEAR_JUMP_LEN
     };
     // A trampoline right next to the function stands for a near slot.
-    let r = relocate(code, target, need, target + (1 << 20))?;
+    let r = relocate_as(&bytes[..len], target, need, target + (1 << 20), empty)?;
     Ok(Plan {
         skip: r.skip,
         taken: r.taken,
-    })
-}
-
-/// Whether bistro could patch `target` with the 5-byte form, taking it
-/// for an empty function ([`memhook_core::patch::Arch::relocate_empty`]):
-/// what `memhook doctor` says of the loader's breakpoint.
-pub(crate) fn can_patch_empty(target: usize) -> bool {
-    read_entry(target).is_ok_and(|(bytes, len, _)| {
-        NativeArch::relocate_empty(&bytes[..len], target, NativeArch::NEAR_JUMP_LEN, target + (1 << 20)).is_ok()
     })
 }
 
@@ -368,7 +371,24 @@ pub(crate) static EMPTY_FUNCTION: AtomicUsize = AtomicUsize::new(0);
 /// [`NativeArch::relocate`], or, for [`EMPTY_FUNCTION`],
 /// [`memhook_core::patch::Arch::relocate_empty`].
 fn relocate(code: &[u8], target: usize, need: usize, trampoline: usize) -> Result<Relocation, BistroError> {
-    let r = if target != 0 && target == EMPTY_FUNCTION.load(Ordering::Acquire) {
+    relocate_as(code, target, need, trampoline, is_empty_function(target))
+}
+
+/// Whether `target` is [`EMPTY_FUNCTION`].
+fn is_empty_function(target: usize) -> bool {
+    target != 0 && target == EMPTY_FUNCTION.load(Ordering::Acquire)
+}
+
+/// [`relocate`], with the relocator for empty functions (`empty`) or the
+/// general one.
+fn relocate_as(
+    code: &[u8],
+    target: usize,
+    need: usize,
+    trampoline: usize,
+    empty: bool,
+) -> Result<Relocation, BistroError> {
+    let r = if empty {
         NativeArch::relocate_empty(code, target, need, trampoline)
     } else {
         NativeArch::relocate(code, target, need, trampoline)
