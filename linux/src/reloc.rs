@@ -23,7 +23,10 @@
 //! loaded `RTLD_LOCAL` (libcuda, as libcudart loads it) takes its original
 //! from the first slot already bound to a definition in another object. The
 //! original is stored before any slot is written, so a hook never runs
-//! without it.
+//! without it. A slot the loader left at 0 (a weak reference to a
+//! function no object defined, which the object tests for its absence:
+//! `process_madvise` before glibc 2.36) is never written, nor bound later,
+//! as the loader does not bind it.
 //!
 //! Reloc misses callers that do not go through a relocation slot (code that
 //! looked the function up itself, or a statically linked copy); bistro and
@@ -899,6 +902,14 @@ fn patch_object(state: &mut State, o: &Object<'_>, wanted: &Wanted, libcs: u32) 
         };
         let old = read_slot(slot);
         if old == hook {
+            continue;
+        }
+        // 0: a weak reference the loader found no definition for. The
+        // object tests it for the function's absence, and the loader never
+        // binds it later: it stays 0, whatever memhook's original (a hook
+        // there would make the function present, with no original behind
+        // it where none is defined anywhere).
+        if old == 0 {
             continue;
         }
         if original.load(Ordering::Acquire) == 0 {

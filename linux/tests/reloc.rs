@@ -58,6 +58,9 @@ fn sym<T>(handle: *mut libc::c_void, name: &CStr) -> T {
 
 type Fn1 = unsafe extern "C" fn(i32) -> i32;
 
+/// The tests install and uninstall reloc's hooks: they take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 static ORIGINAL: AtomicUsize = AtomicUsize::new(0);
 static HOOKED: AtomicUsize = AtomicUsize::new(0);
 
@@ -71,6 +74,7 @@ extern "C" fn hook_target(a: i32) -> i32 {
 
 #[test]
 fn reloc_hooks_plt_glob_dat_relro_and_late_loads_and_undoes_them() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = std::env::temp_dir().join(format!("memhook-reloc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     // Loaded before everything else: RTLD_NEXT from it sees the target.
@@ -278,4 +282,88 @@ extern "C" fn hook_local(a: i32) -> i32 {
     let f: Fn1 = unsafe { std::mem::transmute(LOCAL_ORIGINAL.load(Ordering::Acquire)) };
     // SAFETY: it takes and returns an int.
     (unsafe { f(a) }) + 1000
+}
+
+static ABSENT_ORIGINAL: AtomicUsize = AtomicUsize::new(0);
+static ABSENT_HOOKED: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn hook_absent(a: i32) -> i32 {
+    ABSENT_HOOKED.fetch_add(1, Ordering::SeqCst);
+    let original = ABSENT_ORIGINAL.load(Ordering::Acquire);
+    if original == 0 {
+        // Reached with no function behind it: the test fails on this
+        // value rather than on a call of address 0.
+        return -1000;
+    }
+    // SAFETY: a non-zero original is mhr_absent's definition (same
+    // signature).
+    let f: Fn1 = unsafe { std::mem::transmute(original) };
+    // SAFETY: it takes and returns an int.
+    (unsafe { f(a) }) + 1000
+}
+
+/// A weak reference to a hooked function that no loaded object defines
+/// (as `process_madvise` before glibc 2.36, `shm_open` outside librt
+/// before 2.34, a CUDA function where libcuda is absent) is resolved by
+/// the loader to 0, and the program tests it for that: its slots stay 0,
+/// bound lazily or not, so the function stays absent to the program
+/// rather than leading to a hook with nothing behind it. The loader never
+/// binds such a slot later, and neither does memhook once a library that
+/// defines the function comes; that library's own callers are hooked.
+#[test]
+fn a_weak_reference_to_an_absent_function_stays_absent() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("memhook-reloc-weak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = "extern int mhr_absent(int) __attribute__((weak));\n\
+                  int mhr_weak_call(int a) { return mhr_absent ? mhr_absent(a) : -2; }\n";
+    let now = build_library(&dir, "mhr_weak_now", source, &["-Wl,-z,now"]);
+    let lazy = build_library(&dir, "mhr_weak_lazy", source, &["-Wl,-z,lazy"]);
+    let noplt = build_library(&dir, "mhr_weak_noplt", source, &["-fno-plt", "-Wl,-z,now"]);
+    let calls: Vec<Fn1> = [now, lazy, noplt]
+        .iter()
+        .map(|p| sym(open(p), c"mhr_weak_call"))
+        .collect();
+    for &f in &calls {
+        // SAFETY: the test functions take and return an int.
+        assert_eq!(unsafe { f(1) }, -2, "absent before install");
+    }
+    // SAFETY: hook_absent checks ABSENT_ORIGINAL before calling it.
+    unsafe { reloc::install(&[(c"mhr_absent", hook_absent as *const () as usize, &ABSENT_ORIGINAL)]) }.unwrap();
+    assert_eq!(ABSENT_ORIGINAL.load(Ordering::SeqCst), 0, "no definition anywhere");
+    assert_eq!(
+        reloc::slots_of(c"mhr_absent"),
+        0,
+        "no slot of a function no object defines"
+    );
+    for &f in &calls {
+        // SAFETY: as above.
+        assert_eq!(unsafe { f(1) }, -2, "still absent to the program");
+    }
+    assert_eq!(ABSENT_HOOKED.load(Ordering::SeqCst), 0);
+
+    // A definition comes, with a caller bound to it: that caller is
+    // hooked; the weak references stay as the loader left them.
+    build_library(&dir, "mhr_absent_def", "int mhr_absent(int a) { return a * 3; }", &[]);
+    let caller = build_library(
+        &dir,
+        "mhr_absent_caller",
+        "int mhr_absent(int);\nint mhr_absent_call(int a) { return mhr_absent(a); }\n",
+        &["-lmhr_absent_def", "-Wl,-z,now"],
+    );
+    // (Through libc's dlopen: memhook's reloc follows objects loaded by
+    // its own dlopen hook and rescans at the next loader call it sees.)
+    let call_caller: Fn1 = sym(open(&caller), c"mhr_absent_call");
+    reloc::refresh();
+    // SAFETY: as above.
+    assert_eq!(unsafe { call_caller(2) }, 1006, "the new caller reaches the hook");
+    assert_eq!(reloc::slots_of(c"mhr_absent"), 1);
+    for &f in &calls {
+        // SAFETY: as above.
+        assert_eq!(unsafe { f(1) }, -2, "the loader's 0 kept");
+    }
+    reloc::uninstall();
+    // SAFETY: as above.
+    assert_eq!(unsafe { call_caller(2) }, 6, "restored");
+    let _ = std::fs::remove_dir_all(&dir);
 }
