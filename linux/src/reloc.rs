@@ -183,14 +183,14 @@ pub fn use_find_object(on: bool) {
 /// The objects a scan may take in where `_dl_find_object` is missing:
 /// those listed before a wait for the loads in progress (see
 /// `listed_settled`), with the loader's count of unloads before the
-/// listing and of loads after the wait.
-struct Listed {
-    ids: heapless::Vec<ObjectId, MAX_OBJECTS>,
+/// listing and of loads after the wait. The ids lie in a [`ListingRoom`].
+struct Listed<'a> {
+    ids: &'a [ObjectId],
     subs_before: Option<u64>,
     adds_after: Option<u64>,
 }
 
-impl Listed {
+impl Listed<'_> {
     /// Whether `o` was listed and has been relocated since. An id is an
     /// address: where a listed object went (unloads counted since the
     /// listing) and a load began after the wait (loads counted since),
@@ -205,6 +205,94 @@ impl Listed {
     }
 }
 
+/// Room for one listing's ids: 32 KiB, off the stack of the thread that
+/// lists (any thread that calls `dlopen` or `dlclose`, or installs, with
+/// a glibc before 2.35; some make their threads' stacks 64 KiB or less).
+/// One static room, for one listing at a time; a listing made meanwhile
+/// (another thread's, or a rescan inside this one's, a `dlopen` in a
+/// callback) gets pages mapped for it, and unmapped after, by memhook's
+/// own system calls (no hook sees them). Where the kernel gives none, the
+/// room is empty: nothing counts as listed, so the scan takes in no new
+/// object (the next scan does).
+enum ListingRoom {
+    Shared,
+    Mapped(usize),
+    Empty,
+}
+
+/// The ids of [`ListingRoom::Shared`], and whether a listing uses them.
+struct SharedIds {
+    busy: AtomicBool,
+    ids: core::cell::UnsafeCell<[ObjectId; MAX_OBJECTS]>,
+}
+
+// SAFETY: `ids` is used only by the one thread whose swap of `busy` found
+// it false, until that thread stores false again (`ListingRoom`'s drop).
+unsafe impl Sync for SharedIds {}
+
+static SHARED_IDS: SharedIds = SharedIds {
+    busy: AtomicBool::new(false),
+    ids: core::cell::UnsafeCell::new([ObjectId { base: 0, phdr: 0 }; MAX_OBJECTS]),
+};
+
+/// Bytes of a mapped room: the ids, in whole pages.
+fn mapped_room_len() -> usize {
+    core::mem::size_of::<[ObjectId; MAX_OBJECTS]>().next_multiple_of(page_size())
+}
+
+impl ListingRoom {
+    fn take() -> ListingRoom {
+        if !SHARED_IDS.busy.swap(true, Ordering::Acquire) {
+            return ListingRoom::Shared;
+        }
+        let word = |v: usize| v as libc::c_long;
+        // SAFETY: a new private anonymous mapping, nowhere in particular;
+        // the result is checked.
+        let p = unsafe {
+            crate::sys::syscall!(
+                libc::SYS_mmap,
+                0 as libc::c_long,
+                word(mapped_room_len()),
+                libc::c_long::from(libc::PROT_READ | libc::PROT_WRITE),
+                libc::c_long::from(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS),
+                -1 as libc::c_long,
+                0 as libc::c_long,
+            )
+        };
+        if p == -1 {
+            ListingRoom::Empty
+        } else {
+            ListingRoom::Mapped(p as usize)
+        }
+    }
+
+    /// The room's ids, for as long as the room is held.
+    fn ids(&mut self) -> &mut [ObjectId] {
+        match *self {
+            // SAFETY: this room set `busy` (see `SharedIds`).
+            ListingRoom::Shared => unsafe { &mut *SHARED_IDS.ids.get() },
+            // SAFETY: the pages mapped for this room alone, zero-filled
+            // (every ObjectId of zeros is a valid one), page-aligned, and
+            // as long as the array.
+            ListingRoom::Mapped(p) => unsafe { &mut *(p as *mut [ObjectId; MAX_OBJECTS]) },
+            ListingRoom::Empty => &mut [],
+        }
+    }
+}
+
+impl Drop for ListingRoom {
+    fn drop(&mut self) {
+        match *self {
+            ListingRoom::Shared => SHARED_IDS.busy.store(false, Ordering::Release),
+            ListingRoom::Mapped(p) => {
+                // SAFETY: the pages this room mapped, no longer used.
+                unsafe { crate::sys::syscall!(libc::SYS_munmap, p, mapped_room_len()) };
+            }
+            ListingRoom::Empty => {}
+        }
+    }
+}
+
 /// Where `_dl_find_object` is missing (glibc before 2.35): lists the
 /// loaded objects, then waits until any load in progress on another
 /// thread has finished (a `dlopen(NULL)` takes the loader's lock, which a
@@ -212,19 +300,24 @@ impl Listed {
 /// listed has been relocated by then. Called before the state is taken
 /// (an install or a scan never waits for the loader's lock while it holds
 /// the state). `None` where `_dl_find_object` answers.
-fn listed_settled() -> Option<Listed> {
+fn listed_settled(room: &mut [ObjectId]) -> Option<Listed<'_>> {
     if FIND_OBJECT.load(Ordering::Acquire) != 1 {
         return None;
     }
+    let mut subs_before = None;
+    let mut len = 0;
+    for_each_object(|o| {
+        subs_before = o.loads.map(|(_, subs)| subs);
+        if let Some(id) = room.get_mut(len) {
+            *id = o.id;
+            len += 1;
+        }
+    });
     let mut listed = Listed {
-        ids: heapless::Vec::new(),
-        subs_before: None,
+        ids: &room[..len],
+        subs_before,
         adds_after: None,
     };
-    for_each_object(|o| {
-        listed.subs_before = o.loads.map(|(_, subs)| subs);
-        let _ = listed.ids.push(o.id);
-    });
     let (open, close) = (
         REAL_DLOPEN.load(Ordering::Acquire),
         REAL_DLCLOSE.load(Ordering::Acquire),
@@ -1605,15 +1698,15 @@ fn rescan() {
 
 /// Calls `f` with the objects listed before the wait for loads in
 /// progress ([`listed_settled`]) where `_dl_find_object` is missing, else
-/// with `None`. The 32 KiB listing is on the stack of an out-of-line
-/// function that only a glibc before 2.35 calls, so that elsewhere the
-/// rescans after every `dlopen` and `dlclose` memhook interposes (on
-/// whatever thread calls them) and the installs do not reserve it.
-fn with_listing<R>(f: impl FnOnce(Option<&Listed>) -> R) -> R {
+/// with `None`. The listing's 32 KiB of ids lie in a [`ListingRoom`],
+/// never on the stack: the rescans after every `dlopen` and `dlclose`
+/// memhook interposes run on whatever thread calls them.
+fn with_listing<R>(f: impl FnOnce(Option<&Listed<'_>>) -> R) -> R {
     #[cold]
     #[inline(never)]
-    fn listed<R>(f: impl FnOnce(Option<&Listed>) -> R) -> R {
-        let listed = listed_settled();
+    fn listed<R>(f: impl FnOnce(Option<&Listed<'_>>) -> R) -> R {
+        let mut room = ListingRoom::take();
+        let listed = listed_settled(room.ids());
         f(listed.as_ref())
     }
     if FIND_OBJECT.load(Ordering::Acquire) == 1 {
@@ -2141,13 +2234,35 @@ mod tests {
         );
     }
 
+    /// A listing's room is the shared one where no other listing holds
+    /// it, else pages mapped for it (zeroed, writable, as long as the
+    /// ids), and the shared room is free again once its holder is done.
+    #[test]
+    fn a_listing_made_while_another_holds_the_shared_room_gets_its_own() {
+        let mut first = ListingRoom::take();
+        assert!(matches!(first, ListingRoom::Shared));
+        let mut second = ListingRoom::take();
+        let ListingRoom::Mapped(at) = second else {
+            panic!("no pages mapped for the second listing");
+        };
+        let ids = second.ids();
+        assert_eq!(ids.len(), MAX_OBJECTS);
+        assert!(ids.iter().all(|id| *id == ObjectId { base: 0, phdr: 0 }));
+        ids[MAX_OBJECTS - 1] = ObjectId { base: 1, phdr: 2 };
+        assert_eq!(first.ids().len(), MAX_OBJECTS);
+        assert!(crate::maps::find(at).is_some(), "mapped");
+        drop(second);
+        assert!(crate::maps::find(at).is_none(), "unmapped when done");
+        drop(first);
+        assert!(matches!(ListingRoom::take(), ListingRoom::Shared));
+    }
+
     /// Listed at base 0x1000 with 7 unloads before the listing and 20
     /// loads after the wait.
-    fn listed() -> Listed {
-        let mut ids = heapless::Vec::new();
-        ids.push(object(0x1000, None).id).unwrap();
+    fn listed() -> Listed<'static> {
+        static IDS: std::sync::LazyLock<[ObjectId; 1]> = std::sync::LazyLock::new(|| [object(0x1000, None).id]);
         Listed {
-            ids,
+            ids: &*IDS,
             subs_before: Some(7),
             adds_after: Some(20),
         }
