@@ -150,6 +150,9 @@ pub(crate) enum OwnCall {
     /// `open`, `openat`, `creat`, `openat2`, `fopen`, `freopen`: the
     /// path's address.
     Open(usize),
+    /// `shm_open`: the name's address (glibc before 2.34 opens the
+    /// object's file by `open`, of a path it makes of the name).
+    ShmOpen(usize),
     /// `ioctl` (`UFFDIO_MOVE`): the descriptor and the argument's address.
     Ioctl(c_int, usize),
 }
@@ -447,6 +450,25 @@ pub(crate) fn is_own_call(call: OwnCall) -> bool {
                 && !l.own_taken.swap(true, Ordering::Relaxed)
         })
         .unwrap_or(false)
+}
+
+/// The call of the host hook whose original this thread is running, not
+/// yet taken for its own (see [`is_own_call`]), without taking it;
+/// [`OwnCall::Other`] where none.
+#[inline]
+pub(crate) fn own_call_now() -> OwnCall {
+    let here = frame_address();
+    LOCAL
+        .try_with(|l| {
+            let mark = live_mark(l.in_original.get(), here);
+            l.in_original.set(mark);
+            if mark != 0 && !l.own_taken.load(Ordering::Relaxed) {
+                l.own_call.get()
+            } else {
+                OwnCall::Other
+            }
+        })
+        .unwrap_or(OwnCall::Other)
 }
 
 /// `mark` as a frame at `here` sees it: 0 where `here` lies above the

@@ -2015,7 +2015,7 @@ fn stream_open_with(
     call: impl FnOnce() -> *mut libc::FILE,
 ) -> *mut libc::FILE {
     let mut stream = core::ptr::null_mut();
-    open_with(flags, path, look, || {
+    open_with(flags, OwnCall::Open(path as usize), look, || {
         stream = call();
         if stream.is_null() { -1 } else { 0 }
     });
@@ -2320,13 +2320,14 @@ unsafe fn open_body(
     flags: c_int,
     mode: libc::mode_t,
 ) -> c_int {
-    if crate::dispatch::is_own_call(OwnCall::Open(path as usize)) {
-        // A `creat`'s open of its path ([`creat_hook`]).
+    if crate::dispatch::is_own_call(OwnCall::Open(path as usize)) || shm_opens_own(path) {
+        // A `creat`'s open of its path ([`creat_hook`]), or a
+        // `shm_open`'s of its object's file.
         return orig(path, flags, mode);
     }
     open_with(
         flags,
-        path,
+        OwnCall::Open(path as usize),
         || emptied(libc::AT_FDCWD, path, flags),
         || orig(path, flags, mode),
     )
@@ -2349,13 +2350,13 @@ unsafe fn openat_body(
     flags: c_int,
     mode: libc::mode_t,
 ) -> c_int {
-    if crate::dispatch::is_own_call(OwnCall::Open(path as usize)) {
-        // A `creat`'s open of its path ([`creat_hook`]).
+    if crate::dispatch::is_own_call(OwnCall::Open(path as usize)) || shm_opens_own(path) {
+        // As in [`open_hook`].
         return orig(dirfd, path, flags, mode);
     }
     open_with(
         flags,
-        path,
+        OwnCall::Open(path as usize),
         || emptied(dirfd, path, flags),
         || orig(dirfd, path, flags, mode),
     )
@@ -2386,27 +2387,50 @@ unsafe fn creat_body(
 ) -> c_int {
     open_with(
         CREAT_FLAGS,
-        path,
+        OwnCall::Open(path as usize),
         || emptied(libc::AT_FDCWD, path, CREAT_FLAGS),
         || orig(path, mode),
     )
 }
 
-/// An open (`call`) of `path` with `flags`: where it truncates
+/// An open (`call`, the hook's `own`) with `flags`: where it truncates
 /// ([`truncates`]), `look` reports the file's mappings before it
 /// ([`emptied`]), and [`discarding`] looks again after it; else the call
 /// alone.
 #[inline(always)]
 fn open_with(
     flags: c_int,
-    path: *const core::ffi::c_char,
+    own: OwnCall,
     look: impl FnOnce() -> Option<Discard>,
     call: impl FnOnce() -> c_int,
 ) -> c_int {
     if !truncates(flags) {
         return call();
     }
-    discarding(look(), OwnCall::Open(path as usize), call)
+    discarding(look(), own, call)
+}
+
+/// Whether an open of `path` is the one glibc's `shm_open`, inside
+/// memhook's hook of it, makes of the object's file: glibc before 2.34
+/// keeps `shm_open` in librt, which opens the file by `open`, whose hook
+/// would report the truncation a second time. Of that path alone, once
+/// (another open inside the original, a signal handler's, is its own).
+#[cold]
+fn shm_opens_own(path: *const core::ffi::c_char) -> bool {
+    let OwnCall::ShmOpen(name) = crate::dispatch::own_call_now() else {
+        return false;
+    };
+    if path.is_null() {
+        return false;
+    }
+    let mut file = [0u8; SHM_PATH];
+    // SAFETY: `name` is the NUL-terminated name the `shm_open` hook was
+    // given, which its caller keeps for the call, inside which this is.
+    let Some(file) = (unsafe { shm_path(name as *const core::ffi::c_char, &mut file) }) else {
+        return false;
+    };
+    // SAFETY: the open's NUL-terminated path, which the call reads too.
+    file == unsafe { core::ffi::CStr::from_ptr(path) } && crate::dispatch::is_own_call(OwnCall::ShmOpen(name))
 }
 
 entry! {
@@ -2436,7 +2460,7 @@ unsafe fn shm_open_body(
         let path = unsafe { shm_path(name, &mut path) }?;
         emptied(libc::AT_FDCWD, path.as_ptr(), flags | libc::O_NOFOLLOW)
     };
-    open_with(flags, name, look, || orig(name, flags, mode))
+    open_with(flags, OwnCall::ShmOpen(name as usize), look, || orig(name, flags, mode))
 }
 
 /// glibc's directory of shared memory objects (`SHMDIR`).

@@ -114,8 +114,17 @@ impl FunctionStatus {
     }
 }
 
-/// Status entries of the host hooks (each function in two modes).
-const HOST_STATUS: usize = 2 * crate::host::FUNCTIONS;
+/// Status entries of the host hooks (each function in two modes, and
+/// libpthread's copies of some in bistro mode).
+const HOST_STATUS: usize = 2 * crate::host::FUNCTIONS + COPIES;
+
+/// Most second copies of host functions in glibc's libpthread.so.0
+/// (before 2.34: `open`, whose other name is `open64`).
+const COPIES: usize = 4;
+
+/// The library that holds them.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+const PTHREAD: &str = "libpthread.so.0";
 
 /// Most entries [`status`] returns: every host and CUDA function in every
 /// mode that applies to it.
@@ -129,7 +138,7 @@ pub const MAX_STATUS: usize = HOST_STATUS;
 pub type Status = heapless::Vec<FunctionStatus, MAX_STATUS>;
 
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
-type BistroHooks = heapless::Vec<crate::bistro::Hook, { crate::host::FUNCTIONS + 5 }>;
+type BistroHooks = heapless::Vec<crate::bistro::Hook, { crate::host::FUNCTIONS + 5 + COPIES }>;
 
 struct Installed {
     config: Option<Config>,
@@ -144,6 +153,10 @@ struct Installed {
     /// functions in bistro mode (see `crate::namespace::loader_break`).
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     loader_break: heapless::Vec<crate::bistro::Hook, 1>,
+    /// libpthread's second copies of host functions (glibc before 2.34),
+    /// patched after libc's (see `patch_pthread_copies`).
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    copies: heapless::Vec<crate::bistro::Hook, COPIES>,
     /// The libc functions of the loader's other namespaces, patched (see
     /// `crate::namespace`), and how each namespace stands.
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -206,6 +219,8 @@ static INSTALLED: crate::fork::Mutex<Installed> = crate::fork::Mutex::new(Instal
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     loader_break: heapless::Vec::new(),
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    copies: heapless::Vec::new(),
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     namespace_hooks: heapless::Vec::new(),
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     namespace_libcs: [(0, 0); crate::host::NAMESPACES],
@@ -219,7 +234,18 @@ fn note(
     mode: HookMode,
     why: Option<&dyn fmt::Display>,
 ) {
-    let _ = status.push(FunctionStatus::new(function, "libc.so.6", mode, why, false));
+    note_in(status, function, "libc.so.6", mode, why);
+}
+
+/// [`note`], for the function's definition in `library`.
+fn note_in(
+    status: &mut heapless::Vec<FunctionStatus, HOST_STATUS>,
+    function: &'static str,
+    library: &'static str,
+    mode: HookMode,
+    why: Option<&dyn fmt::Display>,
+) {
+    let _ = status.push(FunctionStatus::new(function, library, mode, why, false));
 }
 
 /// Installs the hooks `config` asks for. Idempotent: installing the same
@@ -405,13 +431,14 @@ enum Step {
     Patch,
 }
 
-/// Bistro-patches every host function of the main namespace's C library,
-/// the loader's breakpoint for debuggers ([`break_request`]), and the
-/// loader's functions where `loader` has them ([`loader_requests`]), all
-/// in one batch (`Hook::patch_batch`: one hold of the other threads and
-/// three serialisations of every core for all of them: `host::FUNCTIONS`
-/// and five), and notes how each host function stands, in the functions'
-/// order. Whether the loader's were all patched (all or none: where one
+/// Bistro-patches every host function of the main namespace's C library
+/// (and libpthread's copies of some, before glibc 2.34:
+/// [`pthread_copy_requests`]), the loader's breakpoint for debuggers
+/// ([`break_request`]), and the loader's functions where `loader` has
+/// them ([`loader_requests`]), all in one batch (`Hook::patch_batch`: one
+/// hold of the other threads and three serialisations of every core for
+/// all of them: `host::FUNCTIONS`, five and the copies), and notes how
+/// each host function stands, in the functions' order, then the copies. Whether the loader's were all patched (all or none: where one
 /// could not be, the ones done are undone, and reloc's GOT hooks follow
 /// the loader instead).
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -423,7 +450,9 @@ fn patch_host_functions(
     use crate::bistro::{BistroError, Hook, Request};
     const N: usize = crate::host::FUNCTIONS;
     let mut steps = [Step::Absent; N];
-    let mut requests = heapless::Vec::<Request<'static>, { N + 5 }>::new();
+    let (copies, copy_names) = pthread_copy_requests(state, in_libc);
+    let mut requests = heapless::Vec::<Request<'static>, { N + 5 + COPIES }>::new();
+    let _ = requests.extend_from_slice(&copies);
     for (i, (name, hook, original)) in functions().into_iter().enumerate() {
         if !present(name) {
             continue;
@@ -438,7 +467,7 @@ fn patch_host_functions(
             Step::Patch
         };
     }
-    let host = requests.len();
+    let host = requests.len() - copies.len();
     let loader_break = break_request(state);
     if let Some(r) = loader_break {
         let _ = requests.push(r);
@@ -448,9 +477,11 @@ fn patch_host_functions(
     // original through `original`, which patch_batch sets first (the
     // loader's entries reach their functions that way: see
     // `loader_requests`; the breakpoint's hook calls its `ret`).
-    let mut done = unsafe { Hook::patch_batch::<{ N + 5 }>(&requests) }.into_iter();
-    // The host functions' results first (one for each Patch step, below),
-    // then the loader's.
+    let mut done = unsafe { Hook::patch_batch::<{ N + 5 + COPIES }>(&requests) }.into_iter();
+    // The copies' results first (noted after the host functions'), then
+    // the host functions' (one for each Patch step, below), then the
+    // loader's.
+    let copy_results: heapless::Vec<_, COPIES> = (&mut done).take(copies.len()).zip(copy_names).collect();
     let mut host_results = (&mut done).take(host);
     for (step, (name, _, _)) in steps.into_iter().zip(functions()) {
         let function = name.to_str().unwrap_or("?");
@@ -479,6 +510,24 @@ fn patch_host_functions(
     }
     // Past any host result left unread (none: one per Patch step).
     host_results.for_each(drop);
+    for (result, function) in copy_results {
+        let why: Option<&dyn fmt::Display> = match result {
+            Ok(h) => match state.copies.push(h) {
+                Ok(()) => None,
+                // Cannot happen (room for every copy); undone rather
+                // than lost.
+                Err(h) => {
+                    let _ = h.unpatch();
+                    Some(&"too many copies in libpthread.so.0")
+                }
+            },
+            Err(e) => {
+                note_in(&mut state.status, function, PTHREAD, HookMode::Bistro, Some(&e));
+                continue;
+            }
+        };
+        note_in(&mut state.status, function, PTHREAD, HookMode::Bistro, why);
+    }
     // The breakpoint's: where it could not be patched, a namespace's libc
     // is hooked at the next loader call memhook interposes instead.
     if loader_break.is_some()
@@ -487,6 +536,56 @@ fn patch_host_functions(
         let _ = state.loader_break.push(h);
     }
     loader.is_some() && follow_loader(state, done)
+}
+
+/// The patches of libpthread's second copies of host functions, for
+/// [`patch_host_functions`]'s batch, and their functions' names. glibc
+/// before 2.34 keeps in libpthread.so.0 copies of `open` and `open64`
+/// (cancellation points built from the same source as libc's), which the
+/// global scope finds before libc's wherever the program links
+/// libpthread, as every program with threads does: a patch of libc's
+/// alone saw none of the program's `open(O_TRUNC)` there. A copy gets its
+/// function's hook and original: the batch sets the original to each
+/// trampoline it plans, in order, and the copies come first, so the hook
+/// calls libc's where that patch took and the copy's where only the
+/// copy's did (the same system call either way). Copies an uninstall
+/// kept (another hooker patched over them) are noted installed. Nothing
+/// with glibc 2.34 and later (libpthread is empty) or where libpthread is
+/// not loaded.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn pthread_copy_requests(
+    state: &mut Installed,
+    in_libc: &[usize; LIBC_TARGETS],
+) -> (
+    heapless::Vec<crate::bistro::Request<'static>, COPIES>,
+    heapless::Vec<&'static str, COPIES>,
+) {
+    const N: usize = crate::host::FUNCTIONS;
+    let (mut requests, mut names_patched) = (heapless::Vec::new(), heapless::Vec::new());
+    let host = functions();
+    let names: [&[u8]; N] = core::array::from_fn(|i| host[i].0.to_bytes());
+    let Some(copies) = crate::reloc::main_entries_in(PTHREAD.as_bytes(), &names) else {
+        return (requests, names_patched);
+    };
+    for (i, &(name, hook, original)) in host.iter().enumerate() {
+        let function = name.to_str().unwrap_or("?");
+        if copies[i] == 0 || copies[i] == entry_of(name, in_libc[i]) || !present(name) {
+            continue;
+        }
+        if state.copies.iter().any(|h| h.target() == copies[i]) {
+            note_in(&mut state.status, function, PTHREAD, HookMode::Bistro, None);
+        } else if names_patched.push(function).is_err() {
+            let why: &dyn fmt::Display = &"too many copies in libpthread.so.0";
+            note_in(&mut state.status, function, PTHREAD, HookMode::Bistro, Some(why));
+        } else {
+            let _ = requests.push(crate::bistro::Request {
+                target: copies[i],
+                hook,
+                original,
+            });
+        }
+    }
+    (requests, names_patched)
 }
 
 /// The patch of the loader's breakpoint for debuggers
@@ -584,18 +683,24 @@ fn unfollow_loader(state: &mut Installed) {
 /// list.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn unpatch_host_and_loader(state: &mut Installed) {
-    let others = state.loader.len() + state.loader_break.len();
+    let others = state.loader.len() + state.loader_break.len() + state.copies.len();
     if others == 0 || state.hooks.len() + others > state.hooks.capacity() {
         // (The second cannot happen: room for every host function, the
-        // loader's four and its breakpoint.)
+        // loader's four, its breakpoint and libpthread's copies.)
         unfollow_loader(state);
+        unpatch_all(&mut state.copies);
         unpatch_all(&mut state.loader_break);
         unpatch_all(&mut state.hooks);
         return;
     }
-    // The loader's patches join the host functions' list for the batch
-    // (in place: an install may run on a small stack), and those kept go
-    // back after it.
+    // The loader's patches and libpthread's copies join the host
+    // functions' list for the batch (in place: an install may run on a
+    // small stack), and those kept go back after it.
+    let mut copy_targets = heapless::Vec::<usize, COPIES>::new();
+    while let Some(h) = state.copies.pop() {
+        let _ = copy_targets.push(h.target());
+        let _ = state.hooks.push(h); // room checked above
+    }
     let mut loader_targets = heapless::Vec::<usize, 4>::new();
     while let Some(h) = state.loader.pop() {
         let _ = loader_targets.push(h.target());
@@ -611,6 +716,8 @@ fn unpatch_host_and_loader(state: &mut Installed) {
         let target = state.hooks[i].target();
         if loader_targets.contains(&target) {
             let _ = state.loader.push(state.hooks.swap_remove(i));
+        } else if copy_targets.contains(&target) {
+            let _ = state.copies.push(state.hooks.swap_remove(i));
         } else if Some(target) == break_target {
             let _ = state.loader_break.push(state.hooks.swap_remove(i));
         } else {
@@ -716,10 +823,20 @@ fn kept_bistro(state: &Installed, hook: usize) -> bool {
 /// report, and the hooks of no other mode are put on their functions.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn note_kept(state: &mut Installed) {
+    let named = |hook: usize| {
+        functions()
+            .into_iter()
+            .find(|&(_, h, _)| h == hook)
+            .map(|(name, _, _)| name.to_str().unwrap_or("?"))
+    };
     for i in 0..state.hooks.len() {
-        let hook = state.hooks[i].hook();
-        if let Some((name, _, _)) = functions().into_iter().find(|&(_, h, _)| h == hook) {
-            note(&mut state.status, name.to_str().unwrap_or("?"), HookMode::Bistro, None);
+        if let Some(function) = named(state.hooks[i].hook()) {
+            note(&mut state.status, function, HookMode::Bistro, None);
+        }
+    }
+    for i in 0..state.copies.len() {
+        if let Some(function) = named(state.copies[i].hook()) {
+            note_in(&mut state.status, function, PTHREAD, HookMode::Bistro, None);
         }
     }
 }

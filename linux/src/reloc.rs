@@ -787,8 +787,12 @@ pub(crate) fn with_namespace_libcs(mut f: impl FnMut(&NamespaceLibc)) -> bool {
 /// for another object, or a C library whose dynamic section cannot be
 /// read.
 fn libc_entries<const K: usize>(o: &Object<'_>, names: &[&[u8]; K]) -> Option<[usize; K]> {
-    let file = o.name.rsplit(|&c| c == b'/').next().unwrap_or(o.name);
-    if file != b"libc.so.6" {
+    entries_of(o, b"libc.so.6", names)
+}
+
+/// As [`libc_entries`], for the object whose file is named `file`.
+fn entries_of<const K: usize>(o: &Object<'_>, file: &[u8], names: &[&[u8]; K]) -> Option<[usize; K]> {
+    if o.name.rsplit(|&c| c == b'/').next().unwrap_or(o.name) != file {
         return None;
     }
     let (dynamic, size) = o.dynamic?;
@@ -815,8 +819,16 @@ fn libc_entries<const K: usize>(o: &Object<'_>, names: &[&[u8]; K]) -> Option<[u
 /// another C library) or its symbols cannot be read.
 #[cfg(feature = "bistro")]
 pub(crate) fn main_libc_entries<const K: usize>(names: &[&[u8]; K]) -> Option<[usize; K]> {
+    main_entries_in(b"libc.so.6", names)
+}
+
+/// Where the first object `dl_iterate_phdr` lists whose file is named
+/// `file` defines `names` (see [`libc_entries`]): `None` where none is
+/// listed or its symbols cannot be read.
+#[cfg(feature = "bistro")]
+pub(crate) fn main_entries_in<const K: usize>(file: &[u8], names: &[&[u8]; K]) -> Option<[usize; K]> {
     let mut entries = None;
-    for_each_object_while(|o| match libc_entries(o, names) {
+    for_each_object_while(|o| match entries_of(o, file, names) {
         Some(found) => {
             entries = Some(found);
             ControlFlow::Break(())

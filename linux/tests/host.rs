@@ -31,7 +31,13 @@ long mhh_process_madvise(int pidfd, const struct iovec *iov, size_t n, int advic
 }
 void *mhh_mmap(size_t len) { return mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0); }
 int mhh_munmap(void *p, size_t len) { return munmap(p, len); }
-void *mhh_mremap(void *p, size_t o, size_t n) { return mremap(p, o, n, MREMAP_MAYMOVE); }
+/* The new address, read by the kernel without MREMAP_FIXED too where the
+   mapping is hugetlb (it must be huge-page aligned), is passed as 0:
+   glibc 2.31 forwards the variadic argument as the register holds it
+   (2.36 passes 0 without MREMAP_FIXED or MREMAP_DONTUNMAP), and a stale
+   value made the shrink of a hugetlb mapping fail with EINVAL, hooked or
+   not. */
+void *mhh_mremap(void *p, size_t o, size_t n) { return mremap(p, o, n, MREMAP_MAYMOVE, (void *)0); }
 int mhh_madvise(void *p, size_t len, int advice) { return madvise(p, len, advice); }
 void *mhh_shmat(int id) { return shmat(id, NULL, 0); }
 int mhh_shmdt(void *p) { return shmdt(p); }
@@ -39,7 +45,7 @@ void *mhh_sbrk(long increment) { return sbrk(increment); }
 int mhh_brk(void *p) { return brk(p); }
 void *mhh_mmap_at(void *p, size_t len, int flags) { return mmap(p, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0); }
 void *mhh_mremap_to(void *p, size_t o, size_t n, void *to) { return mremap(p, o, n, MREMAP_MAYMOVE | MREMAP_FIXED, to); }
-void *mhh_mremap_flags(void *p, size_t o, size_t n, int flags) { return mremap(p, o, n, flags); }
+void *mhh_mremap_flags(void *p, size_t o, size_t n, int flags) { return mremap(p, o, n, flags, (void *)0); }
 void *mhh_shmat_at(int id, void *at, int flags) { return shmat(id, at, flags); }
 void *mhh_malloc(size_t n) { return malloc(n); }
 void mhh_free(void *p) { free(p); }
@@ -292,6 +298,14 @@ fn host_functions() -> usize {
     // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
     let present = !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"process_madvise".as_ptr()) }.is_null();
     18 + usize::from(present)
+}
+
+/// The entries of `status` for the main namespace's libc, one a host
+/// function: without libpthread's copies of some (glibc before 2.34
+/// keeps `open` there too, which bistro patches beside libc's), listed
+/// after them.
+fn libc_entries(status: &[memhook::FunctionStatus]) -> usize {
+    status.iter().filter(|s| s.library != "libpthread.so.0").count()
 }
 
 fn page_size() -> usize {
@@ -1449,7 +1463,7 @@ fn check_mode(mode: HookMode, events: u32) {
     let h = helper();
     let mut session = Session::new(mode);
     let status = memhook::status();
-    assert_eq!(status.len(), host_functions(), "{status:?}");
+    assert_eq!(libc_entries(&status), host_functions(), "{status:?}");
     assert!(status.iter().all(|s| s.installed && s.mode == mode), "{status:?}");
     session.handler(events, 0, &record);
 
@@ -2807,7 +2821,7 @@ fn install_uninstall_cycles_restore_the_bytes() {
         let batches = 1 + namespaces;
         assert_eq!(memhook::code::serializations() - serialized, per_batch * batches);
         memhook::install(&config(HookMode::Bistro)); // idempotent
-        assert_eq!(memhook::status().len(), host_functions());
+        assert_eq!(libc_entries(&memhook::status()), host_functions());
         // One entry at a time, the same list.
         let all = memhook::status();
         for (i, s) in all.iter().enumerate() {
@@ -3352,7 +3366,11 @@ fn a_patch_another_hooker_covered_is_kept_listed_and_taken_back() {
     assert_eq!(one_mmap(), (1, 1), "taken back, not patched over");
     let status = memhook::status();
     assert!(status.iter().all(|f| f.installed), "{status:?}");
-    assert_eq!(status.len(), host_functions(), "one entry a function: {status:?}");
+    assert_eq!(
+        libc_entries(&status),
+        host_functions(),
+        "one entry a function: {status:?}"
+    );
     memhook::uninstall();
     other.unpatch().map_err(|(_, e)| e).unwrap();
     // Uncovered now: the next install undoes the kept patch and patches
@@ -4766,7 +4784,11 @@ fn a_library_in_a_namespace_of_its_own_is_hooked_in_bistro_and_reloc_modes() {
             assert_eq!(stands.hooked, stands.functions, "{stands:?}");
             assert!(stands.reason.is_empty(), "{stands:?}");
         }
-        assert_eq!(memhook::status().len(), host_functions(), "the main namespace's");
+        assert_eq!(
+            libc_entries(&memhook::status()),
+            host_functions(),
+            "the main namespace's"
+        );
     }
     assert_eq!(bytes_at(first.libc_mmap), unpatched, "uninstall restores the bytes");
     assert!(memhook::namespaces().is_empty());
