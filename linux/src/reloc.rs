@@ -188,6 +188,10 @@ struct Listed<'a> {
     ids: &'a [ObjectId],
     subs_before: Option<u64>,
     adds_after: Option<u64>,
+    /// Set where [`Listed::holds`] turned down a listed object for its
+    /// address's reuse: the scan may have left out an object that had
+    /// been relocated (the rescan lists again, see [`rescan`]).
+    ambiguous: core::cell::Cell<bool>,
 }
 
 impl Listed<'_> {
@@ -201,7 +205,11 @@ impl Listed<'_> {
             (Some((adds, subs)), Some(before), Some(after)) => subs != before && adds != after,
             _ => false,
         };
-        !reused && self.ids.contains(&o.id)
+        let listed = self.ids.contains(&o.id);
+        if reused && listed {
+            self.ambiguous.set(true);
+        }
+        !reused && listed
     }
 }
 
@@ -317,6 +325,7 @@ fn listed_settled(room: &mut [ObjectId]) -> Option<Listed<'_>> {
         ids: &room[..len],
         subs_before,
         adds_after: None,
+        ambiguous: core::cell::Cell::new(false),
     };
     let (open, close) = (
         REAL_DLOPEN.load(Ordering::Acquire),
@@ -1703,10 +1712,27 @@ fn rescan() {
     if crate::fork::loader_lock_stuck() {
         return; // as in `catch_up`
     }
-    RESCAN.store(true, Ordering::SeqCst);
-    with_listing(rescan_with);
+    // Without `_dl_find_object`: where the listing could not tell a listed
+    // object from a new one at its address (another thread unloaded and
+    // loaded meanwhile), the scan left it out, which may be this thread's
+    // own library, relocated and about to be called: list again (each
+    // time after the loads in progress), up to RELISTS times.
+    for _ in 0..RELISTS {
+        RESCAN.store(true, Ordering::SeqCst);
+        let again = with_listing(|listed| {
+            rescan_with(listed);
+            listed.is_some_and(|l| l.ambiguous.get())
+        });
+        if !again {
+            break;
+        }
+    }
     report_changes();
 }
+
+/// Most listings a rescan makes where each one leaves an object out for
+/// its address's reuse (see [`rescan`]).
+const RELISTS: usize = 16;
 
 /// Calls `f` with the objects listed before the wait for loads in
 /// progress ([`listed_settled`]) where `_dl_find_object` is missing, else
@@ -1729,10 +1755,16 @@ fn with_listing<R>(f: impl FnOnce(Option<&Listed<'_>>) -> R) -> R {
 }
 
 /// Takes the state (or leaves the work to an install under way) and runs
-/// the scans asked for.
+/// the scans asked for. With a listing (no `_dl_find_object`), at least
+/// one scan with it: a thread that held the state meanwhile may have
+/// taken this one's request and scanned with a listing of its own, made
+/// before this thread's library was loaded, which left it out.
 fn rescan_with(listed: Option<&Listed>) {
     loop {
         if let Some(mut state) = STATE.try_lock() {
+            if listed.is_some() {
+                RESCAN.store(true, Ordering::SeqCst);
+            }
             rescan_pending(&mut state, listed);
             break;
         }
@@ -2274,6 +2306,7 @@ mod tests {
     fn listed() -> Listed<'static> {
         static IDS: std::sync::LazyLock<[ObjectId; 1]> = std::sync::LazyLock::new(|| [object(0x1000, None).id]);
         Listed {
+            ambiguous: core::cell::Cell::new(false),
             ids: &*IDS,
             subs_before: Some(7),
             adds_after: Some(20),
@@ -2371,10 +2404,14 @@ mod tests {
             l.holds(&object(0x1000, Some((21, 7)))),
             "a load began: nothing listed went"
         );
+        assert!(!l.ambiguous.get(), "every answer so far certain");
+        assert!(!l.holds(&object(0x2000, Some((21, 8)))), "not listed: loading");
+        assert!(!l.ambiguous.get(), "an object not listed is not a listed one left out");
         assert!(
             !l.holds(&object(0x1000, Some((21, 8)))),
             "something listed went and a load began: the id may name a new object"
         );
+        assert!(l.ambiguous.get(), "a listed object left out: the rescan lists again");
         assert!(l.holds(&object(0x1000, None)), "no counters: the list decides");
         assert!(!l.holds(&object(0x2000, Some((20, 7)))), "not listed: loading");
     }

@@ -4010,8 +4010,34 @@ fn count_race_maps(e: &mut Event) {
 
 #[test]
 fn libraries_loaded_on_two_threads_at_once_are_hooked_once_relocated() {
-    const CYCLES: usize = 1500;
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    loads_on_two_threads();
+}
+
+/// The same where glibc's `_dl_find_object` is missing (before 2.35):
+/// each scan takes in the objects listed before it (after the loads in
+/// progress). Until the sixty-third session a thread whose rescan found
+/// the state held could find its request taken by the holder, whose
+/// listing, made before this thread's library was loaded, left the
+/// library out: it returned from `dlopen` with the library unhooked (9
+/// to 41 of 3,000 maps unseen under glibc 2.31).
+#[test]
+fn libraries_loaded_on_two_threads_at_once_are_hooked_once_listed() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    /// Gives the next tests `_dl_find_object` back, this one passing or not.
+    struct FindObjectBack;
+    impl Drop for FindObjectBack {
+        fn drop(&mut self) {
+            memhook::reloc::use_find_object(true);
+        }
+    }
+    let _back = FindObjectBack;
+    memhook::reloc::use_find_object(false);
+    loads_on_two_threads();
+}
+
+fn loads_on_two_threads() {
+    const CYCLES: usize = 1500;
     let h = helper();
     let mut session = Session::new(HookMode::Reloc);
     session.handler(bits::MMAP, 0, &count_race_maps);

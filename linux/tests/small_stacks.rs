@@ -53,11 +53,18 @@ fn count(e: &mut Event) {
 /// objects that an older glibc gets (`reloc::use_find_object(false)`),
 /// whose 32 KiB of ids lie off the stack.
 fn with_and_without_find_object(mut f: impl FnMut()) {
+    /// Gives the next test `_dl_find_object` back, this one passing or not.
+    struct FindObjectBack;
+    impl Drop for FindObjectBack {
+        fn drop(&mut self) {
+            memhook::reloc::use_find_object(true);
+        }
+    }
+    let _back = FindObjectBack;
     for find_object in [true, false] {
         memhook::reloc::use_find_object(find_object);
         f();
     }
-    memhook::reloc::use_find_object(true);
 }
 
 #[test]
