@@ -34,14 +34,17 @@ fn cc(src: &str, out: &Path, link_memhook: bool) {
     cc_with(src, out, link_memhook, &[]);
 }
 
+/// Builds the example `src` into `out`, with `extra` after the source (a
+/// library such as `-ldl` must follow the objects that need it: glibc
+/// before 2.34 keeps `dlopen` and `dlerror` in libdl).
 fn cc_with(src: &str, out: &Path, link_memhook: bool, extra: &[&str]) {
     let mut c = memhook_tests::cc::command();
-    c.args(extra)
-        .args(["-O2", "-Wall", "-Werror", "-I"])
+    c.args(["-O2", "-Wall", "-Werror", "-I"])
         .arg(root().join("include"))
         .arg(root().join("ffi/examples").join(src))
         .arg("-o")
-        .arg(out);
+        .arg(out)
+        .args(extra);
     if link_memhook {
         let lib = lib_dir();
         c.arg("-L").arg(&lib).arg("-lmemhook").arg("-ldl");
@@ -372,8 +375,22 @@ fn two_copies_of_memhook_with_the_cuda_hooks() {
     assert!(stdout.contains("B: cuMemAlloc_v2 reloc installed=1"), "{stdout}");
 }
 
+/// The C library's version, as (major, minor).
+fn glibc_version() -> (u32, u32) {
+    // SAFETY: gnu_get_libc_version returns a static NUL-terminated string.
+    let v = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) };
+    let mut parts = v.to_str().unwrap().split('.').map(|p| p.parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
 #[test]
 fn a_second_namespace_libc_is_hooked() {
+    if glibc_version() < (2, 35) {
+        // Before 2.35 the loader keeps no list of its namespaces that
+        // memhook can read (README, "Seen: a second loader namespace").
+        eprintln!("skipped: glibc {:?} is older than 2.35", glibc_version());
+        return;
+    }
     let out = out_dir().join("namespaces");
     cc("namespaces.c", &out, true);
     let o = Command::new(&out).output().unwrap();

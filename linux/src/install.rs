@@ -281,6 +281,7 @@ pub fn install(config: &Config) {
         // taken back below).
         #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
+            LATE.store(0, core::sync::atomic::Ordering::Release);
             unpatch_host_and_loader(&mut state);
             if !state.namespace_hooks.is_empty() {
                 unhook_namespaces(&mut state);
@@ -410,6 +411,8 @@ pub fn install(config: &Config) {
     crate::host::trust_mapped_files(all_patched);
     drop(busy);
     drop(state);
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    drain_late();
     // Loads on other threads that the install's rescans found.
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::reloc::report_changes();
@@ -450,6 +453,7 @@ fn patch_host_functions(
     use crate::bistro::{BistroError, Hook, Request};
     const N: usize = crate::host::FUNCTIONS;
     let mut steps = [Step::Absent; N];
+    LATE.store(0, core::sync::atomic::Ordering::Release);
     let (copies, copy_names) = pthread_copy_requests(state, in_libc);
     let mut requests = heapless::Vec::<Request<'static>, { N + 5 + COPIES }>::new();
     let _ = requests.extend_from_slice(&copies);
@@ -483,12 +487,20 @@ fn patch_host_functions(
     // loader's.
     let copy_results: heapless::Vec<_, COPIES> = (&mut done).take(copies.len()).zip(copy_names).collect();
     let mut host_results = (&mut done).take(host);
-    for (step, (name, _, _)) in steps.into_iter().zip(functions()) {
+    for (i, (step, (name, _, _))) in steps.into_iter().zip(functions()).enumerate() {
         let function = name.to_str().unwrap_or("?");
+        let library = host_library(name, in_libc[i]);
         let why: Option<&dyn fmt::Display> = match step {
             Step::Absent => continue,
             Step::Kept => None,
-            Step::NoSymbol => Some(&BistroError::NoSymbol),
+            Step::NoSymbol => {
+                // Patched the moment a library brings it (`patch_late`).
+                LATE.fetch_or(1 << i, core::sync::atomic::Ordering::AcqRel);
+                let why: &dyn fmt::Display = &BistroError::NoSymbol;
+                let entry = FunctionStatus::new(function, library, HookMode::Bistro, Some(why), true);
+                let _ = state.status.push(entry);
+                continue;
+            }
             Step::Patch => match host_results.next() {
                 Some(Ok(h)) => match state.hooks.push(h) {
                     Ok(()) => None,
@@ -500,13 +512,13 @@ fn patch_host_functions(
                     }
                 },
                 Some(Err(e)) => {
-                    note(&mut state.status, function, HookMode::Bistro, Some(&e));
+                    note_in(&mut state.status, function, library, HookMode::Bistro, Some(&e));
                     continue;
                 }
                 None => Some(&"not patched: the batch had no room"),
             },
         };
-        note(&mut state.status, function, HookMode::Bistro, why);
+        note_in(&mut state.status, function, library, HookMode::Bistro, why);
     }
     // Past any host result left unread (none: one per Patch step).
     host_results.for_each(drop);
@@ -536,6 +548,113 @@ fn patch_host_functions(
         let _ = state.loader_break.push(h);
     }
     loader.is_some() && follow_loader(state, done)
+}
+
+/// The library status names for the host function `name`, whose entry in
+/// libc is `in_libc` (0: elsewhere, or nowhere): glibc before 2.34 keeps
+/// `shm_open` in librt.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn host_library(name: &core::ffi::CStr, in_libc: usize) -> &'static str {
+    if in_libc == 0 && name == c"shm_open" {
+        "librt.so.1"
+    } else {
+        "libc.so.6"
+    }
+}
+
+/// The host functions (bits, by their index in `host::functions`) that
+/// the bistro install in force found no definition of: `shm_open`, which
+/// glibc before 2.34 keeps in librt, where no loaded object had it yet.
+/// Listed pending, and patched the moment a library that defines one is
+/// loaded ([`objects_changed`]).
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+static LATE: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+
+/// A look for [`LATE`] functions asked for while the install state was
+/// held: the holder looks after it lets go ([`drain_late`]).
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+static LATE_ASKED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// After a `dlopen` or `dlclose` memhook followed (`reloc`'s rescan, on
+/// the caller's thread): where a host function had no definition at the
+/// install, patches it if a library now defines it. Never waits for the
+/// install state: where it is held, its holder looks when it lets go.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub(crate) fn objects_changed() {
+    use core::sync::atomic::Ordering;
+    if LATE.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    LATE_ASKED.store(true, Ordering::SeqCst);
+    drain_late();
+}
+
+/// Patches the [`LATE`] functions while a look was asked and the install
+/// state is free.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn drain_late() {
+    use core::sync::atomic::Ordering;
+    while LATE_ASKED.load(Ordering::SeqCst) {
+        let Some(mut state) = INSTALLED.try_lock() else {
+            return; // the holder drains after it lets go
+        };
+        LATE_ASKED.store(false, Ordering::SeqCst);
+        patch_late(&mut state);
+    }
+}
+
+/// Patches the [`LATE`] functions a loaded library now defines, in one
+/// batch, and puts their status entries right.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn patch_late(state: &mut Installed) {
+    use core::sync::atomic::Ordering;
+
+    use crate::bistro::{Hook, Request};
+    let late = LATE.load(Ordering::Acquire);
+    if late == 0 || !state.config.is_some_and(|c| c.hooks.mmap.contains(HookMode::Bistro)) {
+        return;
+    }
+    let mut requests = heapless::Vec::<Request<'static>, 4>::new();
+    let mut which = heapless::Vec::<usize, 4>::new();
+    for (i, (name, hook, original)) in functions().into_iter().enumerate() {
+        if late & (1 << i) == 0 {
+            continue;
+        }
+        let target = crate::reloc::global_definition(name);
+        if target != 0 && which.push(i).is_ok() {
+            let _ = requests.push(Request { target, hook, original });
+        }
+    }
+    if requests.is_empty() {
+        return;
+    }
+    // SAFETY: as in `patch_host_functions`: each hook has its function's
+    // signature and calls the original the batch sets first.
+    let done = unsafe { Hook::patch_batch::<4>(&requests) };
+    for (result, i) in done.into_iter().zip(which) {
+        LATE.fetch_and(!(1 << i), Ordering::AcqRel);
+        let name = functions()[i].0;
+        let function = name.to_str().unwrap_or("?");
+        let why: Option<&dyn fmt::Display> = match &result {
+            Ok(_) => None,
+            Err(e) => Some(e),
+        };
+        let entry = FunctionStatus::new(function, host_library(name, 0), HookMode::Bistro, why, false);
+        if let Some(s) = state
+            .status
+            .iter_mut()
+            .find(|s| s.function == function && s.mode == HookMode::Bistro && s.pending)
+        {
+            *s = entry;
+        }
+        if let Ok(h) = result
+            && let Err(h) = state.hooks.push(h)
+        {
+            // Cannot happen (room for every function); undone rather
+            // than lost.
+            let _ = h.unpatch();
+        }
+    }
 }
 
 /// The patches of libpthread's second copies of host functions, for
@@ -783,6 +902,8 @@ fn present(name: &core::ffi::CStr) -> bool {
 
 fn remove(state: &mut Installed) {
     crate::host::trust_mapped_files(false);
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    LATE.store(0, core::sync::atomic::Ordering::Release);
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     unhook_namespaces(state);
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]

@@ -1728,6 +1728,10 @@ fn rescan() {
         }
     }
     report_changes();
+    // A host function no object defined at the install (shm_open, in
+    // librt before glibc 2.34) is patched once a library brings it.
+    #[cfg(feature = "bistro")]
+    crate::install::objects_changed();
 }
 
 /// Most listings a rescan makes where each one leaves an object out for

@@ -173,7 +173,13 @@ static ALLOCATOR: MmapAllocator = MmapAllocator;
 fn an_allocator_installs_memhook_from_its_first_allocation() {
     assert!(memhook::prepared(), "the decoder tables were built at load");
     assert!(READY.load(Ordering::SeqCst), "installed during the first allocation");
-    assert!(memhook::status().iter().all(|s| s.installed), "{:?}", memhook::status());
+    // (Pending: a function whose library is not loaded yet, hooked as it
+    // loads: shm_open, in librt before glibc 2.34.)
+    assert!(
+        memhook::status().iter().all(|s| s.installed || s.pending),
+        "{:?}",
+        memhook::status()
+    );
 
     // A full reinstall (another mode, then back) from inside an allocation:
     // counted allocations must stay zero.
@@ -185,10 +191,11 @@ fn an_allocator_installs_memhook_from_its_first_allocation() {
         0,
         "memhook allocated while reinstalling"
     );
+    // (Pending: shm_open, in librt before glibc 2.34, as above.)
     assert!(
         memhook::status()
             .iter()
-            .all(|s| s.installed && s.mode == HookMode::Bistro)
+            .all(|s| (s.installed || s.pending) && s.mode == HookMode::Bistro)
     );
     drop(v);
 

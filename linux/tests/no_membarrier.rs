@@ -165,7 +165,12 @@ fn child() {
         memhook::install(&config);
         let took = started.elapsed();
         let status = memhook::status();
-        assert!(!status.is_empty() && status.iter().all(|s| s.installed), "{status:?}");
+        // (Pending: a function whose library is not loaded yet, hooked as it
+        // loads: shm_open, in librt before glibc 2.34.)
+        assert!(
+            !status.is_empty() && status.iter().all(|s| s.installed || s.pending),
+            "{status:?}"
+        );
         // The host functions and the loader's four in one batch; each
         // serialisation by signals, none by a grace wait.
         let (by_signal_now, signals_now, answers_now) = memhook::code::serializations_by_signal();
@@ -203,7 +208,9 @@ fn child() {
     let started = Instant::now();
     memhook::install(&config);
     let quiet = started.elapsed();
-    assert!(memhook::status().iter().all(|s| s.installed));
+    // (Pending: a function whose library is not loaded yet, hooked as it
+    // loads: shm_open, in librt before glibc 2.34.)
+    assert!(memhook::status().iter().all(|s| s.installed || s.pending));
     memhook::uninstall();
 
     // The program handles both signals memhook can use: grace waits.
@@ -217,7 +224,9 @@ fn child() {
     let started = Instant::now();
     memhook::install(&config);
     let waited = started.elapsed();
-    assert!(memhook::status().iter().all(|s| s.installed));
+    // (Pending: a function whose library is not loaded yet, hooked as it
+    // loads: shm_open, in librt before glibc 2.34.)
+    assert!(memhook::status().iter().all(|s| s.installed || s.pending));
     assert_eq!(
         memhook::code::serializations_by_signal().0,
         by_signal,
