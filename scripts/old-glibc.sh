@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The workspace's tests under glibc 2.31 (Debian 11), in a chroot: the C
+# library of Ubuntu 20.04 and, in what memhook meets, of RHEL 8 (2.28)
+# and RHEL 9 (2.34): libdl, libpthread and librt apart from libc (before
+# 2.34), no _dl_find_object and no list of loader namespaces (before
+# 2.35), mremap that forwards its fifth argument as the register holds it.
+#
+# Needs root (debootstrap, chroot, bind mounts) and, the first time,
+# Debian's mirror: the root is kept in target/old-glibc/root for later
+# runs. Where the root cannot be made (no network, no privilege) it says
+# so and exits 0, as the GPU tests skip without a GPU; a test that fails
+# inside fails this script.
+#
+#   bash scripts/old-glibc.sh                 # cargo test --workspace
+#   bash scripts/old-glibc.sh -p memhook      # arguments go to cargo test
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+base="$repo/target/old-glibc"
+root="$base/root"
+cargo_home="${CARGO_HOME:-$HOME/.cargo}"
+rustup_home="${RUSTUP_HOME:-$HOME/.rustup}"
+
+skip() {
+    echo "old glibc: SKIPPED: $*"
+    exit 0
+}
+
+[ "$(id -u)" = 0 ] || skip "not root (debootstrap, chroot and bind mounts need it)"
+
+# Mounts left under the root by a run that was killed: undone first. The
+# repository is bind-mounted inside, so nothing under the root is ever
+# removed while any mount is there (a removal would reach the sources).
+stale_mounts() {
+    awk -v r="$root/" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r
+}
+for m in $(stale_mounts); do
+    umount -l "$m" || true
+done
+if [ -n "$(stale_mounts)" ]; then
+    echo "old glibc: mounts remain under $root:" $(stale_mounts) >&2
+    exit 1
+fi
+if [ ! -x "$root/usr/bin/gcc" ]; then
+    command -v debootstrap >/dev/null || {
+        apt-get update -qq && apt-get install -y -qq debootstrap
+    } || skip "debootstrap cannot be installed"
+    rm -rf "$root"
+    mkdir -p "$base"
+    if ! debootstrap --variant=minbase --include=gcc,g++,libc6-dev,make,ca-certificates \
+        bullseye "$root" http://deb.debian.org/debian >"$base/debootstrap.log" 2>&1; then
+        tail -5 "$base/debootstrap.log"
+        rm -rf "$root"
+        skip "debootstrap of Debian 11 failed (log: $base/debootstrap.log)"
+    fi
+fi
+
+# Bind mounts, undone on any exit: the kernel's file systems, the Rust
+# toolchain and registry, and the repository at its own path.
+mounted=()
+cleanup() {
+    local i
+    for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
+        umount -l "${mounted[i]}" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT
+trap 'cleanup; exit 1' INT TERM
+bind() {
+    mkdir -p "$root$1"
+    mount --bind "$1" "$root$1" || skip "bind mount of $1 refused"
+    mounted+=("$root$1")
+}
+for d in /proc /sys /dev /dev/pts "$cargo_home" "$rustup_home" "$repo"; do
+    bind "$d"
+done
+
+echo "old glibc: $(chroot "$root" ldd --version | head -1)"
+args=("$@")
+[ ${#args[@]} -gt 0 ] || args=(--workspace)
+# The test binaries build C programs and libraries with the chroot's gcc
+# and load libmemhook.so built there (an absolute target folder: the CLI
+# and C ABI tests build it with `cargo build` from their own folders).
+chroot "$root" /usr/bin/env -i PATH="$cargo_home/bin:/usr/bin:/bin" HOME="$HOME" \
+    CARGO_HOME="$cargo_home" RUSTUP_HOME="$rustup_home" CARGO_TERM_COLOR=never \
+    CARGO_TARGET_DIR="$base/target" \
+    /bin/bash -c 'cd "$1" && shift && cargo test "$@"' _ "$repo" "${args[@]}"
