@@ -9,7 +9,8 @@
 # Debian's mirror: the root is kept in target/old-glibc/root for later
 # runs. Where the root cannot be made (no network, no privilege) it says
 # so and exits 0, as the GPU tests skip without a GPU; a test that fails
-# inside fails this script.
+# inside fails this script, and so does a libmemhook.so built there that
+# asks for a symbol version past GLIBC_2.28.
 #
 #   bash scripts/old-glibc.sh                 # cargo test --workspace
 #   bash scripts/old-glibc.sh -p memhook      # arguments go to cargo test
@@ -84,3 +85,22 @@ chroot "$root" /usr/bin/env -i PATH="$cargo_home/bin:/usr/bin:/bin" HOME="$HOME"
     CARGO_HOME="$cargo_home" RUSTUP_HOME="$rustup_home" CARGO_TERM_COLOR=never \
     CARGO_TARGET_DIR="$base/target" \
     /bin/bash -c 'cd "$1" && shift && cargo test "$@"' _ "$repo" "${args[@]}"
+
+# What libmemhook.so built there asks of the C library: no symbol version
+# past GLIBC_2.28, so that it loads under RHEL 8's glibc too (built on
+# 2.31, each symbol names the oldest version that has it; glibc keeps
+# every version). Weak references are left out: Rust's standard library
+# names `gettid` (2.30) weakly and makes the system call where it is
+# missing, and the loader does not ask for a version only weak references
+# name. Built by the C ABI and CLI tests.
+lib="$base/target/debug/libmemhook.so"
+if [ -f "$lib" ]; then
+    strong() { objdump -T "$lib" | grep -vE '^[0-9a-f]+ +w '; }
+    newer=$(strong | grep -oE 'GLIBC_2\.[0-9]+' | sort -uV | awk -F. '$2 > 28' | tr '\n' ' ')
+    if [ -n "$newer" ]; then
+        echo "old glibc: libmemhook.so asks for $newer(RHEL 8 has 2.28):"
+        strong | grep -E "GLIBC_2\.(29|[3-9][0-9])"
+        exit 1
+    fi
+    echo "old glibc: libmemhook.so asks for no symbol past GLIBC_2.28"
+fi

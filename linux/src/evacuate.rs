@@ -286,8 +286,7 @@ pub fn thread_check() -> Result<&'static str, &'static str> {
     let Some(tasks) = Tasks::open() else {
         return Err("/proc/self/task cannot be read");
     };
-    // SAFETY: gettid has no preconditions.
-    let me = unsafe { libc::gettid() };
+    let me = crate::sys::gettid();
     if tasks.stands(me) == Stands::Unknown {
         return Err("/proc/self/task/TID/syscall cannot be read (no ptrace access to this process's own threads?)");
     }
@@ -321,8 +320,8 @@ impl Writer {
         let one = ONE.lock();
         let tasks = Tasks::open()?;
         let signal = Signal::take()?;
-        // SAFETY: getpid and gettid have no preconditions.
-        let (pid, me) = unsafe { (libc::getpid(), libc::gettid()) };
+        // SAFETY: getpid has no preconditions.
+        let (pid, me) = (unsafe { libc::getpid() }, crate::sys::gettid());
         PID.store(pid, Ordering::Relaxed);
         Some(Writer {
             signal,
@@ -735,8 +734,7 @@ extern "C" fn on_signal(_signal: libc::c_int, info: *mut libc::siginfo_t, contex
         return; // not memhook's: ignored, as by the default action
     }
     let errno = crate::maps::errno();
-    // SAFETY: gettid has no preconditions.
-    let me = unsafe { libc::gettid() };
+    let me = crate::sys::gettid();
     let slot = returning_slot(me);
     slot.store(me, Ordering::SeqCst);
     ACTIVE.fetch_add(1, Ordering::SeqCst);

@@ -344,8 +344,7 @@ fn find_loader_lock() -> usize {
     let mut search = LockSearch {
         base,
         len,
-        // SAFETY: gettid has no preconditions.
-        me: unsafe { libc::gettid() } as u32,
+        me: crate::sys::gettid() as u32,
         found: heapless::Vec::new(),
         more: false,
     };

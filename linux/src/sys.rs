@@ -86,6 +86,15 @@ pub(crate) unsafe fn call(n: c_long, args: [c_long; 6]) -> c_long {
     r
 }
 
+/// The calling thread's id, by the system call: glibc's `gettid` came
+/// with 2.30, and a library that names it does not load under an older
+/// one (RHEL 8's 2.28). Cannot fail; errno untouched.
+#[inline]
+pub(crate) fn gettid() -> libc::pid_t {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { raw(libc::SYS_gettid, [0; 6]) as libc::pid_t }
+}
+
 /// `syscall!(n, a, b, ...)`: [`call`] with up to six arguments, each cast
 /// to `c_long` (pointers and integers as the C function takes them), the
 /// rest 0.
