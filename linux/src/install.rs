@@ -894,7 +894,9 @@ fn entry_of(name: &'static core::ffi::CStr, in_libc: usize) -> usize {
 /// Whether the host function `name` is in this process's C library.
 /// `process_madvise` came with glibc 2.36: an older one has nothing to
 /// hook, and nothing can call it, so [`status`] leaves it out rather than
-/// list it as a failure. The others are in every glibc.
+/// list it as a failure. The others are in every glibc (`shm_open` in
+/// librt before 2.34, which may load after the install: listed pending
+/// until it does, see [`LATE`]).
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn present(name: &core::ffi::CStr) -> bool {
     name != c"process_madvise" || crate::reloc::global_definition(c"process_madvise") != 0
