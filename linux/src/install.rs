@@ -931,10 +931,12 @@ fn remove(state: &mut Installed) {
 /// Whether `hook`'s function keeps a bistro patch of ours that an
 /// uninstall could not undo (another hooker patched over it: see
 /// [`uninstall`]). Outside a bistro install, the patches listed are those.
+/// A kept patch of libpthread's copy counts too: reloc's original would
+/// be that copy's entry, which leads back into the hook.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn kept_bistro(state: &Installed, hook: usize) -> bool {
     #[cfg(feature = "bistro")]
-    return state.hooks.iter().any(|h| h.hook() == hook);
+    return state.hooks.iter().chain(&state.copies).any(|h| h.hook() == hook);
     #[cfg(not(feature = "bistro"))]
     {
         let _ = (state, hook);

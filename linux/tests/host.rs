@@ -3384,6 +3384,110 @@ fn a_patch_another_hooker_covered_is_kept_listed_and_taken_back() {
     memhook::unset_handler(handler).unwrap();
 }
 
+static OTHER_OPEN_ORIGINAL: AtomicUsize = AtomicUsize::new(0);
+static OTHER_OPEN_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Another hooker's `open` hook: counts this test thread's calls.
+extern "C" fn other_open(path: *const libc::c_char, flags: i32, mode: libc::mode_t) -> i32 {
+    if RECORDER.load(Ordering::Acquire) == thread_id() {
+        OTHER_OPEN_CALLS.fetch_add(1, Ordering::SeqCst);
+    }
+    // SAFETY: the trampoline has open's signature.
+    let orig: extern "C" fn(*const libc::c_char, i32, libc::mode_t) -> i32 =
+        unsafe { std::mem::transmute(OTHER_OPEN_ORIGINAL.load(Ordering::Acquire)) };
+    orig(path, flags, mode)
+}
+
+/// libpthread's own `open`, where it has one apart from libc's (glibc
+/// before 2.34).
+fn libpthread_open() -> Option<usize> {
+    // SAFETY: NUL-terminated names; RTLD_NOLOAD opens nothing new, and
+    // the handles go back at once (both libraries stay loaded).
+    unsafe {
+        let of = |lib: &std::ffi::CStr| {
+            let h = libc::dlopen(lib.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+            if h.is_null() {
+                return 0;
+            }
+            let f = libc::dlsym(h, c"open".as_ptr()) as usize;
+            libc::dlclose(h);
+            f
+        };
+        let copy = of(c"libpthread.so.0");
+        (copy != 0 && copy != of(c"libc.so.6")).then_some(copy)
+    }
+}
+
+/// glibc before 2.34 (the chroot of `scripts/old-glibc.sh`): bistro
+/// patches libpthread's own `open`, which programs linked with
+/// libpthread call, beside libc's. Another hooker patches over that
+/// patch; an uninstall keeps it (listed with library `libpthread.so.0`),
+/// and an install in reloc mode leaves `open` to it: rewritten, reloc's
+/// original would be that entry, which leads back into the hook, and the
+/// first call would never return. Each truncating open is reported once.
+#[test]
+fn a_kept_patch_of_libpthreads_open_is_left_to_itself_in_reloc_mode() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(copy) = libpthread_open() else {
+        eprintln!("skipped: libpthread has no open of its own (glibc 2.34 and later)");
+        return;
+    };
+    let h = helper();
+    let page = page_size();
+    let dir = std::env::temp_dir().join(format!("memhook-copy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("f");
+    let c_file = CString::new(file.to_str().unwrap()).unwrap();
+    // (other hooker's calls, reports) of one truncating open of the file,
+    // mapped.
+    let one_open = || {
+        std::fs::write(&file, vec![1u8; page]).unwrap();
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&file).unwrap();
+        let m = map_file(std::os::fd::AsRawFd::as_raw_fd(&f), 1, 0, true);
+        let n = OTHER_OPEN_CALLS.load(Ordering::SeqCst);
+        let log = recorded(|| {
+            // SAFETY: the helper wraps open with a NUL-terminated path;
+            // the descriptor is closed.
+            unsafe { libc::close((h.open)(c_file.as_ptr(), libc::O_WRONLY | libc::O_TRUNC)) };
+        });
+        // SAFETY: the test's mapping.
+        unsafe { libc::munmap(m as *mut libc::c_void, page) };
+        (OTHER_OPEN_CALLS.load(Ordering::SeqCst) - n, about(&log, m, page).len())
+    };
+    let handler = memhook::set_handler(bits::VM_UNMAPPED, 0, HandlerFn::Rust(&record)).unwrap();
+    memhook::install(&config(HookMode::Bistro));
+    let copy_entry = |status: &[memhook::FunctionStatus]| {
+        status
+            .iter()
+            .find(|s| s.function == "open" && s.library == "libpthread.so.0")
+            .map(|s| s.installed)
+    };
+    assert_eq!(copy_entry(&memhook::status()), Some(true), "{:?}", memhook::status());
+    assert_eq!(one_open(), (0, 1), "the program's open, through libpthread's copy");
+    // SAFETY: other_open has open's signature and calls its original.
+    let other =
+        unsafe { memhook::bistro::Hook::patch_with(copy, other_open as *const () as usize, &OTHER_OPEN_ORIGINAL) }
+            .unwrap();
+    assert_eq!(one_open(), (1, 1));
+    memhook::uninstall();
+    assert_eq!(copy_entry(&memhook::status()), Some(true), "the kept patch is listed");
+    assert_eq!(one_open(), (1, 1), "the kept patch still reports");
+    memhook::install(&config(HookMode::Reloc));
+    assert_eq!(one_open(), (1, 1), "reloc beside the kept copy");
+    memhook::uninstall();
+    memhook::install(&config(HookMode::Bistro));
+    assert_eq!(one_open(), (1, 1), "taken back, not patched over");
+    memhook::uninstall();
+    other.unpatch().map_err(|(_, e)| e).unwrap();
+    memhook::install(&config(HookMode::Bistro));
+    assert_eq!(one_open(), (0, 1));
+    memhook::uninstall();
+    assert!(memhook::status().is_empty());
+    assert_eq!(one_open(), (0, 0));
+    memhook::unset_handler(handler).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 static OTHER_DLSYM_ORIGINAL: AtomicUsize = AtomicUsize::new(0);
 static OTHER_DLSYM_CALLS: AtomicUsize = AtomicUsize::new(0);
 
