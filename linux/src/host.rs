@@ -2415,7 +2415,7 @@ fn open_with(
 /// keeps `shm_open` in librt, which opens the file by `open`, whose hook
 /// would report the truncation a second time. Of that path alone, once
 /// (another open inside the original, a signal handler's, is its own).
-#[cold]
+/// Outside a `shm_open` hook, one look at the thread's mark.
 fn shm_opens_own(path: *const core::ffi::c_char) -> bool {
     let OwnCall::ShmOpen(name) = crate::dispatch::own_call_now() else {
         return false;

@@ -154,7 +154,7 @@ struct Installed {
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     loader_break: heapless::Vec<crate::bistro::Hook, 1>,
     /// libpthread's second copies of host functions (glibc before 2.34),
-    /// patched after libc's (see `patch_pthread_copies`).
+    /// patched in the host functions' batch (see `pthread_copy_requests`).
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     copies: heapless::Vec<crate::bistro::Hook, COPIES>,
     /// The libc functions of the loader's other namespaces, patched (see
@@ -441,9 +441,10 @@ enum Step {
 /// them ([`loader_requests`]), all in one batch (`Hook::patch_batch`: one
 /// hold of the other threads and three serialisations of every core for
 /// all of them: `host::FUNCTIONS`, five and the copies), and notes how
-/// each host function stands, in the functions' order, then the copies. Whether the loader's were all patched (all or none: where one
-/// could not be, the ones done are undone, and reloc's GOT hooks follow
-/// the loader instead).
+/// each host function stands, in the functions' order, then the copies.
+/// Whether the loader's were all patched (all or none: where one could
+/// not be, the ones done are undone, and reloc's GOT hooks follow the
+/// loader instead).
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn patch_host_functions(
     state: &mut Installed,

@@ -253,21 +253,23 @@ impl ListingRoom {
         if !SHARED_IDS.busy.swap(true, Ordering::Acquire) {
             return ListingRoom::Shared;
         }
-        let word = |v: usize| v as libc::c_long;
         // SAFETY: a new private anonymous mapping, nowhere in particular;
-        // the result is checked.
+        // the result is checked. (The raw call: errno untouched, as
+        // around every hook.)
         let p = unsafe {
-            crate::sys::syscall!(
+            crate::sys::raw(
                 libc::SYS_mmap,
-                0 as libc::c_long,
-                word(mapped_room_len()),
-                libc::c_long::from(libc::PROT_READ | libc::PROT_WRITE),
-                libc::c_long::from(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS),
-                -1 as libc::c_long,
-                0 as libc::c_long,
+                [
+                    0,
+                    mapped_room_len() as libc::c_long,
+                    libc::c_long::from(libc::PROT_READ | libc::PROT_WRITE),
+                    libc::c_long::from(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS),
+                    -1,
+                    0,
+                ],
             )
         };
-        if p == -1 {
+        if (-4095..0).contains(&p) {
             ListingRoom::Empty
         } else {
             ListingRoom::Mapped(p as usize)
@@ -294,7 +296,12 @@ impl Drop for ListingRoom {
             ListingRoom::Shared => SHARED_IDS.busy.store(false, Ordering::Release),
             ListingRoom::Mapped(p) => {
                 // SAFETY: the pages this room mapped, no longer used.
-                unsafe { crate::sys::syscall!(libc::SYS_munmap, p, mapped_room_len()) };
+                unsafe {
+                    crate::sys::raw(
+                        libc::SYS_munmap,
+                        [p as libc::c_long, mapped_room_len() as libc::c_long, 0, 0, 0, 0],
+                    )
+                };
             }
             ListingRoom::Empty => {}
         }
