@@ -503,15 +503,7 @@ fn patch_host_functions(
                 continue;
             }
             Step::Patch => match host_results.next() {
-                Some(Ok(h)) => match state.hooks.push(h) {
-                    Ok(()) => None,
-                    // Cannot happen (room for every function); undone
-                    // rather than lost.
-                    Err(h) => {
-                        let _ = h.unpatch();
-                        Some(&"too many bistro hooks")
-                    }
-                },
+                Some(Ok(h)) => keep(&mut state.hooks, h, &"too many bistro hooks"),
                 Some(Err(e)) => {
                     note_in(&mut state.status, function, library, HookMode::Bistro, Some(&e));
                     continue;
@@ -524,16 +516,8 @@ fn patch_host_functions(
     // Past any host result left unread (none: one per Patch step).
     host_results.for_each(drop);
     for (result, function) in copy_results {
-        let why: Option<&dyn fmt::Display> = match result {
-            Ok(h) => match state.copies.push(h) {
-                Ok(()) => None,
-                // Cannot happen (room for every copy); undone rather
-                // than lost.
-                Err(h) => {
-                    let _ = h.unpatch();
-                    Some(&"too many copies in libpthread.so.0")
-                }
-            },
+        let why = match result {
+            Ok(h) => keep(&mut state.copies, h, &"too many copies in libpthread.so.0"),
             Err(e) => {
                 note_in(&mut state.status, function, PTHREAD, HookMode::Bistro, Some(&e));
                 continue;
@@ -549,6 +533,20 @@ fn patch_host_functions(
         let _ = state.loader_break.push(h);
     }
     loader.is_some() && follow_loader(state, done)
+}
+
+/// Keeps the patch `h` in `hooks` (`None`), or, where they have no room
+/// (cannot happen: room for every patch they take), undoes it rather than
+/// lose it and gives `full` as the reason.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn keep<const N: usize>(
+    hooks: &mut heapless::Vec<crate::bistro::Hook, N>,
+    h: crate::bistro::Hook,
+    full: &'static &'static str,
+) -> Option<&'static dyn fmt::Display> {
+    let h = hooks.push(h).err()?;
+    let _ = h.unpatch();
+    Some(full)
 }
 
 /// The library status names for the host function `name`, whose entry in
@@ -616,13 +614,13 @@ fn patch_late(state: &mut Installed) {
         return;
     }
     let mut requests = heapless::Vec::<Request<'static>, 4>::new();
-    let mut which = heapless::Vec::<usize, 4>::new();
+    let mut which = heapless::Vec::<(usize, &'static core::ffi::CStr), 4>::new();
     for (i, (name, hook, original)) in functions().into_iter().enumerate() {
         if late & (1 << i) == 0 {
             continue;
         }
         let target = crate::reloc::global_definition(name);
-        if target != 0 && which.push(i).is_ok() {
+        if target != 0 && which.push((i, name)).is_ok() {
             let _ = requests.push(Request { target, hook, original });
         }
     }
@@ -632,14 +630,14 @@ fn patch_late(state: &mut Installed) {
     // SAFETY: as in `patch_host_functions`: each hook has its function's
     // signature and calls the original the batch sets first.
     let done = unsafe { Hook::patch_batch::<4>(&requests) };
-    for (result, i) in done.into_iter().zip(which) {
+    for (result, (i, name)) in done.into_iter().zip(which) {
         LATE.fetch_and(!(1 << i), Ordering::AcqRel);
-        let name = functions()[i].0;
         let function = name.to_str().unwrap_or("?");
-        let why: Option<&dyn fmt::Display> = match &result {
-            Ok(_) => None,
-            Err(e) => Some(e),
+        let (full, error) = match result {
+            Ok(h) => (keep(&mut state.hooks, h, &"too many bistro hooks"), None),
+            Err(e) => (None, Some(e)),
         };
+        let why = full.or(error.as_ref().map(|e| e as &dyn fmt::Display));
         let entry = FunctionStatus::new(function, host_library(name, 0), HookMode::Bistro, why, false);
         if let Some(s) = state
             .status
@@ -647,13 +645,6 @@ fn patch_late(state: &mut Installed) {
             .find(|s| s.function == function && s.mode == HookMode::Bistro && s.pending)
         {
             *s = entry;
-        }
-        if let Ok(h) = result
-            && let Err(h) = state.hooks.push(h)
-        {
-            // Cannot happen (room for every function); undone rather
-            // than lost.
-            let _ = h.unpatch();
         }
     }
 }
