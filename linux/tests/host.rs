@@ -3418,7 +3418,7 @@ fn libpthread_open() -> Option<usize> {
     }
 }
 
-/// glibc before 2.34 (the chroot of `scripts/old-glibc.sh`): bistro
+/// glibc before 2.34 (the chroot of `scripts/glibc.sh bullseye`): bistro
 /// patches libpthread's own `open`, which programs linked with
 /// libpthread call, beside libc's. Another hooker patches over that
 /// patch; an uninstall keeps it (listed with library `libpthread.so.0`),

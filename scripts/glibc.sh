@@ -1,28 +1,41 @@
 #!/usr/bin/env bash
-# The workspace's tests under glibc 2.31 (Debian 11), in a chroot: the C
-# library of Ubuntu 20.04 and, in what memhook meets, of RHEL 8 (2.28)
-# and RHEL 9 (2.34): libdl, libpthread and librt apart from libc (before
-# 2.34), no _dl_find_object and no list of loader namespaces (before
-# 2.35), mremap that forwards its fifth argument as the register holds it.
+# The workspace's tests under another glibc, in a Debian chroot:
+#
+# - bullseye (Debian 11): glibc 2.31, the C library of Ubuntu 20.04 and,
+#   in what memhook meets, of RHEL 8 (2.28) and RHEL 9 (2.34): libdl,
+#   libpthread and librt apart from libc (before 2.34), no
+#   _dl_find_object and no list of loader namespaces (before 2.35),
+#   mremap that forwards its fifth argument as the register holds it.
+#   libmemhook.so built there must ask for no symbol version past
+#   GLIBC_2.28, so that it loads under RHEL 8.
+# - sid (Debian unstable): the newest glibc Debian has (2.43 on
+#   2026-12-06) and the newest GCC (16.2 then), which builds the C
+#   tests: what a new distribution brings before the GPU hosts do
+#   (glibc 2.39). It moves: a kept root older than a week is made again.
+# - any other suite Debian's mirror has (trixie: glibc 2.41), by name.
 #
 # Needs root (debootstrap, chroot, bind mounts) and, the first time,
-# Debian's mirror: the root is kept in target/old-glibc/root for later
+# Debian's mirror: the root is kept in target/glibc/SUITE/root for later
 # runs. Where the root cannot be made (no network, no privilege) it says
 # so and exits 0, as the GPU tests skip without a GPU; a test that fails
-# inside fails this script, and so does a libmemhook.so built there that
-# asks for a symbol version past GLIBC_2.28.
+# inside fails this script.
 #
-#   bash scripts/old-glibc.sh                 # cargo test --workspace
-#   bash scripts/old-glibc.sh -p memhook      # arguments go to cargo test
+#   bash scripts/glibc.sh bullseye               # cargo test --workspace
+#   bash scripts/glibc.sh sid -p memhook         # arguments go to cargo test
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-base="$repo/target/old-glibc"
+suite="${1:?usage: glibc.sh SUITE [cargo test arguments] (SUITE: bullseye, sid, trixie, ...)}"
+shift
+case "$suite" in
+*[!a-z]*) echo "glibc.sh: $suite: not a Debian suite name" >&2; exit 2 ;;
+esac
+base="$repo/target/glibc/$suite"
 root="$base/root"
 cargo_home="${CARGO_HOME:-$HOME/.cargo}"
 rustup_home="${RUSTUP_HOME:-$HOME/.rustup}"
 
 skip() {
-    echo "old glibc: SKIPPED: $*"
+    echo "glibc ($suite): SKIPPED: $*"
     exit 0
 }
 
@@ -38,8 +51,13 @@ for m in $(stale_mounts); do
     umount -l "$m" || true
 done
 if [ -n "$(stale_mounts)" ]; then
-    echo "old glibc: mounts remain under $root:" $(stale_mounts) >&2
+    echo "glibc ($suite): mounts remain under $root:" $(stale_mounts) >&2
     exit 1
+fi
+# sid moves: a root made more than a week ago is made again (the stamp
+# is written once debootstrap has succeeded).
+if [ "$suite" = sid ] && [ -z "$(find "$base/made" -mtime -7 2>/dev/null)" ]; then
+    rm -rf "$root"
 fi
 if [ ! -x "$root/usr/bin/gcc" ]; then
     command -v debootstrap >/dev/null || {
@@ -48,11 +66,12 @@ if [ ! -x "$root/usr/bin/gcc" ]; then
     rm -rf "$root"
     mkdir -p "$base"
     if ! debootstrap --variant=minbase --include=gcc,g++,libc6-dev,make,ca-certificates \
-        bullseye "$root" http://deb.debian.org/debian >"$base/debootstrap.log" 2>&1; then
+        "$suite" "$root" http://deb.debian.org/debian >"$base/debootstrap.log" 2>&1; then
         tail -5 "$base/debootstrap.log"
         rm -rf "$root"
-        skip "debootstrap of Debian 11 failed (log: $base/debootstrap.log)"
+        skip "debootstrap of Debian $suite failed (log: $base/debootstrap.log)"
     fi
+    touch "$base/made"
 fi
 
 # Bind mounts, undone on any exit: the kernel's file systems, the Rust
@@ -75,7 +94,7 @@ for d in /proc /sys /dev /dev/pts "$cargo_home" "$rustup_home" "$repo"; do
     bind "$d"
 done
 
-echo "old glibc: $(chroot "$root" ldd --version | head -1)"
+echo "glibc ($suite): $(chroot "$root" ldd --version | head -1), $(chroot "$root" gcc --version | head -1)"
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--workspace)
 # The test binaries build C programs and libraries with the chroot's gcc
@@ -94,13 +113,13 @@ chroot "$root" /usr/bin/env -i PATH="$cargo_home/bin:/usr/bin:/bin" HOME="$HOME"
 # missing, and the loader does not ask for a version only weak references
 # name. Built by the C ABI and CLI tests.
 lib="$base/target/debug/libmemhook.so"
-if [ -f "$lib" ]; then
+if [ "$suite" = bullseye ] && [ -f "$lib" ]; then
     strong() { objdump -T "$lib" | grep -vE '^[0-9a-f]+ +w '; }
     newer=$(strong | grep -oE 'GLIBC_2\.[0-9]+' | sort -uV | awk -F. '$2 > 28' | tr '\n' ' ')
     if [ -n "$newer" ]; then
-        echo "old glibc: libmemhook.so asks for $newer(RHEL 8 has 2.28):"
+        echo "glibc ($suite): libmemhook.so asks for $newer(RHEL 8 has 2.28):"
         strong | grep -E "GLIBC_2\.(29|[3-9][0-9])"
         exit 1
     fi
-    echo "old glibc: libmemhook.so asks for no symbol past GLIBC_2.28"
+    echo "glibc ($suite): libmemhook.so asks for no symbol past GLIBC_2.28"
 fi
