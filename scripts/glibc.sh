@@ -14,6 +14,13 @@
 #   (glibc 2.39). It moves: a kept root older than a week is made again.
 # - any other suite Debian's mirror has (trixie: glibc 2.41), by name.
 #
+# With --docker, the tests run in a Docker container made from that root
+# instead, as a GPU job in a container does: Docker's default seccomp
+# profile and capabilities, its own PID and mount namespaces, no network.
+# Docker (Debian's docker.io) is installed and its daemon started where
+# needed (and stopped after); where it cannot be, the run says so and
+# goes on in the chroot.
+#
 # Needs root (debootstrap, chroot, bind mounts) and, the first time,
 # Debian's mirror: the root is kept in target/glibc/SUITE/root for later
 # runs. Where the root cannot be made (no network, no privilege) it says
@@ -22,9 +29,15 @@
 #
 #   bash scripts/glibc.sh bullseye               # cargo test --workspace
 #   bash scripts/glibc.sh sid -p memhook         # arguments go to cargo test
+#   bash scripts/glibc.sh --docker sid           # in a container
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-suite="${1:?usage: glibc.sh SUITE [cargo test arguments] (SUITE: bullseye, sid, trixie, ...)}"
+docker=0
+if [ "${1:-}" = --docker ]; then
+    docker=1
+    shift
+fi
+suite="${1:?usage: glibc.sh [--docker] SUITE [cargo test arguments] (SUITE: bullseye, sid, trixie, ...)}"
 shift
 case "$suite" in
 *[!a-z]*) echo "glibc.sh: $suite: not a Debian suite name" >&2; exit 2 ;;
@@ -74,36 +87,82 @@ if [ ! -x "$root/usr/bin/gcc" ]; then
     touch "$base/made"
 fi
 
-# Bind mounts, undone on any exit: the kernel's file systems, the Rust
-# toolchain and registry, and the repository at its own path.
+# Undone on any exit: the bind mounts made for the chroot, the image
+# made of the root (made again each run), and a Docker daemon started
+# here.
 mounted=()
+image=
+dockerd_pid=
 cleanup() {
     local i
     for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
         umount -l "${mounted[i]}" 2>/dev/null || true
     done
+    if [ -n "$image" ]; then
+        docker rmi -f "$image" >/dev/null 2>&1 || true
+    fi
+    if [ -n "$dockerd_pid" ]; then
+        kill "$dockerd_pid" 2>/dev/null && wait "$dockerd_pid" 2>/dev/null || true
+    fi
 }
 trap cleanup EXIT
 trap 'cleanup; exit 1' INT TERM
-bind() {
-    mkdir -p "$root$1"
-    mount --bind "$1" "$root$1" || skip "bind mount of $1 refused"
-    mounted+=("$root$1")
+
+# Docker's daemon, started here where none answers: 0 once `docker info`
+# does (within 30 s), 1 where it cannot be installed or started.
+start_docker() {
+    if ! command -v dockerd >/dev/null; then
+        { apt-get update -qq && apt-get install -y -qq docker.io >/dev/null; } || return 1
+    fi
+    docker info >/dev/null 2>&1 && return 0
+    dockerd >"$base/dockerd.log" 2>&1 &
+    dockerd_pid=$!
+    for _ in $(seq 60); do
+        docker info >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    return 1
 }
-for d in /proc /sys /dev /dev/pts "$cargo_home" "$rustup_home" "$repo"; do
-    bind "$d"
-done
+if [ "$docker" = 1 ] && ! start_docker; then
+    echo "glibc ($suite): Docker cannot be installed or started (log: $base/dockerd.log): in a chroot instead"
+    docker=0
+fi
 
 echo "glibc ($suite): $(chroot "$root" ldd --version | head -1), $(chroot "$root" gcc --version | head -1)"
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--workspace)
-# The test binaries build C programs and libraries with the chroot's gcc
+# The test binaries build C programs and libraries with the root's gcc
 # and load libmemhook.so built there (an absolute target folder: the CLI
 # and C ABI tests build it with `cargo build` from their own folders).
-chroot "$root" /usr/bin/env -i PATH="$cargo_home/bin:/usr/bin:/bin" HOME="$HOME" \
-    CARGO_HOME="$cargo_home" RUSTUP_HOME="$rustup_home" CARGO_TERM_COLOR=never \
-    CARGO_TARGET_DIR="$base/target" \
-    /bin/bash -c 'cd "$1" && shift && cargo test "$@"' _ "$repo" "${args[@]}"
+# The Rust toolchain and registry, and the repository, at their own paths.
+env=(PATH="$cargo_home/bin:/usr/bin:/bin" HOME="$HOME" CARGO_HOME="$cargo_home"
+    RUSTUP_HOME="$rustup_home" CARGO_TERM_COLOR=never CARGO_TARGET_DIR="$base/target")
+test_in_repo='cd "$1" && shift && cargo test "$@"'
+if [ "$docker" = 1 ]; then
+    image="memhook-glibc:$suite"
+    tar -C "$root" -c . | docker import - "$image" >/dev/null
+    echo "glibc ($suite): in a Docker container (default seccomp profile and capabilities, no network)"
+    vols=()
+    for d in "$cargo_home" "$rustup_home" "$repo"; do
+        vols+=(-v "$d:$d")
+    done
+    envs=()
+    for e in "${env[@]}"; do
+        envs+=(-e "$e")
+    done
+    docker run --rm --network none "${vols[@]}" "${envs[@]}" "$image" \
+        /bin/bash -c "$test_in_repo" _ "$repo" "${args[@]}"
+else
+    bind() {
+        mkdir -p "$root$1"
+        mount --bind "$1" "$root$1" || skip "bind mount of $1 refused"
+        mounted+=("$root$1")
+    }
+    for d in /proc /sys /dev /dev/pts "$cargo_home" "$rustup_home" "$repo"; do
+        bind "$d"
+    done
+    chroot "$root" /usr/bin/env -i "${env[@]}" /bin/bash -c "$test_in_repo" _ "$repo" "${args[@]}"
+fi
 
 # What libmemhook.so built there asks of the C library: no symbol version
 # past GLIBC_2.28, so that it loads under RHEL 8's glibc too (built on
