@@ -2,6 +2,7 @@
 
 mod demo;
 mod doctor;
+mod preload;
 mod run;
 mod scan;
 

@@ -631,10 +631,13 @@ pub fn run(opts: Options) -> Result<Ended, Failed> {
             None
         }
     };
-    let mut preload = lib.display().to_string();
-    if let Some(old) = std::env::var_os("LD_PRELOAD") {
-        preload = format!("{preload}:{}", old.to_string_lossy());
-    }
+    // After an AddressSanitizer runtime, which must come first (see
+    // `preload`). A command that cannot be read is left for the spawn to
+    // report.
+    let needed = crate::preload::command_file(opts.command[0].as_ref())
+        .and_then(|f| crate::preload::needed_libraries(&f).ok())
+        .unwrap_or_default();
+    let preload = crate::preload::preload(&lib, std::env::var_os("LD_PRELOAD").as_deref(), &needed);
     let mut cmd = Command::new(&opts.command[0]);
     cmd.args(&opts.command[1..])
         .env("LD_PRELOAD", preload)

@@ -311,6 +311,86 @@ fn build_c_with(name: &str, source: &str, args: &[&str]) -> PathBuf {
     out
 }
 
+/// A program built with AddressSanitizer's shared runtime (GCC's
+/// default): the runtime ends the process where a preloaded library comes
+/// before it, so `memhook run` names it first (the program's `DT_NEEDED`
+/// entry), and keeps it first where the user preloads it. The program's
+/// own maps and unmaps are reported (through ASan's interceptors to the C
+/// library's, which memhook hooks); ASan's allocator maps its memory by
+/// its own system calls, which no hook sees. Before, the program exited
+/// with status 1 at start ("ASan runtime does not come first in initial
+/// library list"). Skipped where the compiler cannot build such a program
+/// or it cannot run here without memhook.
+#[test]
+fn run_puts_an_asan_runtime_first() {
+    with_library();
+    let dir = work();
+    let src = dir.join("asan.c");
+    std::fs::write(
+        &src,
+        r#"
+        #include <stdio.h>
+        #include <sys/mman.h>
+        int main(void) {
+            for (int i = 0; i < 3; i++) {
+                void *p = mmap(NULL, 7 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                if (p == MAP_FAILED || munmap(p, 7 * 4096) != 0) return 2;
+            }
+            puts("mapped");
+            return 0;
+        }
+        "#,
+    )
+    .unwrap();
+    let prog = dir.join("asan");
+    let built = memhook_tests::cc::command()
+        .arg("-fsanitize=address")
+        .arg(&src)
+        .arg("-o")
+        .arg(&prog)
+        .output()
+        .unwrap();
+    // Leak checking at exit stops the world by ptrace, which a sandbox may
+    // refuse: not what this test is about.
+    let asan_options = "detect_leaks=0";
+    if !built.status.success() {
+        eprintln!("no AddressSanitizer in this compiler, not checked: {}", text(&built));
+        return;
+    }
+    let alone = Command::new(&prog).env("ASAN_OPTIONS", asan_options).output().unwrap();
+    if !alone.status.success() {
+        eprintln!(
+            "an AddressSanitizer program does not run here, not checked: {}",
+            text(&alone)
+        );
+        return;
+    }
+    let runtime = memhook_tests::cc::command()
+        .arg("-print-file-name=libasan.so")
+        .output()
+        .unwrap();
+    let runtime = String::from_utf8_lossy(&runtime.stdout).trim().to_string();
+    for user_preload in [None, Some(runtime.as_str())] {
+        let mut cmd = memhook();
+        cmd.args(["run", "--json", "--"])
+            .arg(&prog)
+            .env("ASAN_OPTIONS", asan_options);
+        match user_preload {
+            Some(r) => cmd.env("LD_PRELOAD", r),
+            None => cmd.env_remove("LD_PRELOAD"),
+        };
+        let o = cmd.output().unwrap();
+        let t = text(&o);
+        assert!(
+            o.status.success() && t.contains("mapped"),
+            "LD_PRELOAD {user_preload:?}: {t}"
+        );
+        assert_eq!(field(&t, "exit_status"), Some(0), "{t}");
+        assert!(field(&t, "mmap").unwrap() >= 3, "LD_PRELOAD {user_preload:?}: {t}");
+        assert!(field(&t, "munmap").unwrap() >= 3, "LD_PRELOAD {user_preload:?}: {t}");
+    }
+}
+
 /// A daemon's start: it closes the descriptor it inherited for the
 /// records and opens its log on that number, then maps and unmaps; the
 /// log must hold only what the program wrote.

@@ -1,0 +1,243 @@
+//! The `LD_PRELOAD` that `memhook run` gives its command: libmemhook.so,
+//! after any AddressSanitizer runtime.
+//!
+//! ASan's runtime, loaded as a library (GCC's default, `libasan.so.N`;
+//! clang's `-shared-libasan`, `libclang_rt.asan*.so`; HWASan's on arm64),
+//! checks at start that it is the first library after the program, and
+//! ends the process where a preloaded one comes before it ("ASan runtime
+//! does not come first in initial library list"). So a runtime the
+//! command needs (its `DT_NEEDED` entries) is named first, ahead of
+//! libmemhook.so, and one already in `LD_PRELOAD` is kept ahead of it;
+//! the loader loads it once. libmemhook.so defines none of the functions
+//! a sanitizer intercepts and allocates nothing, so it is safe after the
+//! runtime. Only the command itself is read: its children inherit the
+//! list as it is, so an ASan program started by a script needs its
+//! runtime in `LD_PRELOAD` before `memhook run` (then first here too).
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use goblin::container::{Container, Ctx, Endian};
+use goblin::elf::dynamic::Dynamic;
+use goblin::elf::header::{EI_CLASS, EI_DATA, ELFCLASS64, ELFDATA2LSB, Header};
+use goblin::elf::program_header::{PT_DYNAMIC, PT_LOAD, ProgramHeader};
+use goblin::strtab::Strtab;
+
+/// Whether `name` (a path or a file name) is a sanitizer runtime that
+/// must be the first library loaded: ASan's or HWASan's shared runtime.
+pub fn must_come_first(name: &[u8]) -> bool {
+    let base = name.rsplit(|&b| b == b'/').next().unwrap_or(name);
+    [
+        &b"libasan.so"[..],
+        b"libhwasan.so",
+        b"libclang_rt.asan",
+        b"libclang_rt.hwasan",
+    ]
+    .iter()
+    .any(|p| base.starts_with(p))
+        && base.windows(3).any(|w| w == b".so")
+}
+
+/// `LD_PRELOAD` for the command: the runtimes that must come first (those
+/// in `old`, in its order, then `needed`'s where `old` has none), then
+/// `lib`, then the rest of `old`. `old`'s entries are split as the loader
+/// splits them, at colons and spaces.
+pub fn preload(lib: &Path, old: Option<&OsStr>, needed: &[String]) -> OsString {
+    let old: Vec<&[u8]> = old
+        .map(|o| o.as_bytes())
+        .unwrap_or_default()
+        .split(|&b| b == b':' || b == b' ')
+        .filter(|e| !e.is_empty())
+        .collect();
+    let mut first: Vec<&[u8]> = old.iter().copied().filter(|e| must_come_first(e)).collect();
+    if first.is_empty() {
+        first.extend(needed.iter().map(|n| n.as_bytes()).filter(|n| must_come_first(n)));
+    }
+    let rest = old.iter().copied().filter(|e| !must_come_first(e));
+    let entries: Vec<&[u8]> = first
+        .into_iter()
+        .chain([lib.as_os_str().as_bytes()])
+        .chain(rest)
+        .collect();
+    OsString::from_vec(entries.join(&b':'))
+}
+
+/// The file `command` runs, as `execvp` finds it: itself where it names a
+/// path (has a slash), else the first executable file of that name in a
+/// `PATH` folder.
+pub fn command_file(command: &OsStr) -> Option<PathBuf> {
+    if command.as_bytes().contains(&b'/') {
+        return Some(PathBuf::from(command));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(command))
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+}
+
+/// Largest dynamic section or string table read: far past any real one
+/// (a program needing thousands of libraries has a few hundred KiB).
+const MAX_TABLE: u64 = 16 << 20;
+
+/// The libraries the 64-bit little-endian ELF file `path` names in its
+/// `DT_NEEDED` entries; empty for a file that is not such an object or
+/// has no dynamic section (a script, a static program). Reads only the
+/// header, the program headers, the dynamic section and its string
+/// table: a program of gigabytes costs no more than a small one.
+pub fn needed_libraries(path: &Path) -> Result<Vec<String>, String> {
+    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let read = |offset: u64, len: u64| -> Result<Vec<u8>, String> {
+        if len > MAX_TABLE {
+            return Err(format!("{}: a table of {len} bytes", path.display()));
+        }
+        let mut buf = vec![0; len as usize];
+        file.read_exact_at(&mut buf, offset)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(buf)
+    };
+    let ident = match read(0, 64) {
+        Ok(b) => b,
+        // Shorter than an ELF header: not an object.
+        Err(_) => return Ok(Vec::new()),
+    };
+    if &ident[..4] != b"\x7fELF" || ident[EI_CLASS] != ELFCLASS64 || ident[EI_DATA] != ELFDATA2LSB {
+        return Ok(Vec::new());
+    }
+    let malformed = |e: goblin::error::Error| format!("{}: {e}", path.display());
+    let header: Header = goblin::elf::Elf::parse_header(&ident).map_err(malformed)?;
+    let ctx = Ctx::new(Container::Big, Endian::Little);
+    let phdr_bytes = read(
+        header.e_phoff,
+        u64::from(header.e_phnum) * u64::from(header.e_phentsize),
+    )?;
+    let phdrs = ProgramHeader::parse(&phdr_bytes, 0, usize::from(header.e_phnum), ctx).map_err(malformed)?;
+    let Some(dynamic) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
+        return Ok(Vec::new());
+    };
+    // The dynamic section alone, as the first bytes of a buffer: the
+    // loadable segments go with it to turn the string table's address
+    // into its offset in the file.
+    let dyn_bytes = read(dynamic.p_offset, dynamic.p_filesz)?;
+    let mut moved = dynamic.clone();
+    moved.p_offset = 0;
+    let with_loads: Vec<ProgramHeader> = core::iter::once(moved)
+        .chain(phdrs.iter().filter(|p| p.p_type == PT_LOAD).cloned())
+        .collect();
+    let Some(dynamic) = Dynamic::parse(&dyn_bytes, &with_loads, ctx).map_err(malformed)? else {
+        return Ok(Vec::new());
+    };
+    if dynamic.info.needed_count == 0 {
+        return Ok(Vec::new());
+    }
+    let strtab_bytes = read(dynamic.info.strtab as u64, dynamic.info.strsz as u64)?;
+    let strtab = Strtab::parse(&strtab_bytes, 0, strtab_bytes.len(), 0).map_err(malformed)?;
+    Ok(dynamic.get_libraries(&strtab).into_iter().map(String::from).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn joined(lib: &str, old: Option<&str>, needed: &[&str]) -> String {
+        let needed: Vec<String> = needed.iter().map(|s| s.to_string()).collect();
+        preload(Path::new(lib), old.map(OsStr::new), &needed)
+            .into_string()
+            .unwrap()
+    }
+
+    #[test]
+    fn an_asan_runtime_the_program_needs_comes_first() {
+        assert_eq!(joined("/m/libmemhook.so", None, &["libc.so.6"]), "/m/libmemhook.so");
+        assert_eq!(
+            joined("/m/libmemhook.so", None, &["libasan.so.8", "libc.so.6"]),
+            "libasan.so.8:/m/libmemhook.so"
+        );
+        assert_eq!(
+            joined("/m/libmemhook.so", None, &["libclang_rt.asan-x86_64.so"]),
+            "libclang_rt.asan-x86_64.so:/m/libmemhook.so"
+        );
+        // The other sanitizers do not check their place: left out.
+        assert_eq!(
+            joined(
+                "/m/libmemhook.so",
+                None,
+                &["libtsan.so.2", "libubsan.so.1", "liblsan.so.0"]
+            ),
+            "/m/libmemhook.so"
+        );
+    }
+
+    #[test]
+    fn the_users_preload_is_kept_after_memhook_but_a_runtime_before() {
+        assert_eq!(
+            joined("/m/libmemhook.so", Some("/a/libx.so /b/liby.so"), &[]),
+            "/m/libmemhook.so:/a/libx.so:/b/liby.so"
+        );
+        // A runtime the user preloads stays ahead, and the program's own
+        // is not named a second time.
+        assert_eq!(
+            joined(
+                "/m/libmemhook.so",
+                Some(":/a/libx.so:/usr/lib/libasan.so.8::"),
+                &["libasan.so.8"]
+            ),
+            "/usr/lib/libasan.so.8:/m/libmemhook.so:/a/libx.so"
+        );
+    }
+
+    #[test]
+    fn runtime_names_are_told_by_their_file_name() {
+        for yes in [
+            &b"libasan.so.6"[..],
+            b"/usr/lib/gcc/x86_64-linux-gnu/12/libasan.so",
+            b"libhwasan.so.0",
+            b"libclang_rt.hwasan-aarch64.so",
+        ] {
+            assert!(must_come_first(yes), "{}", String::from_utf8_lossy(yes));
+        }
+        for no in [
+            &b"libasan.a"[..],
+            b"libclang_rt.asan-x86_64.a",
+            b"/opt/libasan.so.8/libfoo.so",
+            b"libmemhook.so",
+            b"libtsan.so.2",
+        ] {
+            assert!(!must_come_first(no), "{}", String::from_utf8_lossy(no));
+        }
+    }
+
+    #[test]
+    fn the_needed_libraries_of_an_elf_file() {
+        // This test binary: linked against the C library.
+        let me = std::env::current_exe().unwrap();
+        let needed = needed_libraries(&me).unwrap();
+        assert!(needed.iter().any(|n| n.starts_with("libc.so")), "{needed:?}");
+        // Not an object, or too short to be one: nothing needed, no error.
+        let dir = std::env::temp_dir().join(format!("memhook-preload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("script");
+        std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+        assert_eq!(needed_libraries(&script).unwrap(), Vec::<String>::new());
+        // An ELF header whose program headers lie past the file's end: an
+        // error naming the file, not a panic.
+        let mut bad = std::fs::read(&me).unwrap()[..64].to_vec();
+        bad[32..40].copy_from_slice(&(1u64 << 40).to_le_bytes()); // e_phoff
+        let broken = dir.join("broken");
+        std::fs::write(&broken, &bad).unwrap();
+        let e = needed_libraries(&broken).unwrap_err();
+        assert!(e.contains("broken"), "{e}");
+        assert!(needed_libraries(&dir.join("absent")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_command_is_found_as_execvp_finds_it() {
+        assert_eq!(command_file(OsStr::new("./x")), Some(PathBuf::from("./x")));
+        let sh = command_file(OsStr::new("sh")).expect("sh on PATH");
+        assert!(sh.is_absolute() && sh.ends_with("sh"), "{}", sh.display());
+        assert_eq!(command_file(OsStr::new("no-such-command-memhook")), None);
+    }
+}
