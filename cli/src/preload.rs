@@ -11,8 +11,10 @@
 //! the loader loads it once. libmemhook.so defines none of the functions
 //! a sanitizer intercepts and allocates nothing, so it is safe after the
 //! runtime. Only the command itself is read: its children inherit the
-//! list as it is, so an ASan program started by a script needs its
-//! runtime in `LD_PRELOAD` before `memhook run` (then first here too).
+//! list as it is, so for an ASan program started by a script the run
+//! also turns the check off (`verify_asan_link_order=0` in
+//! `ASAN_OPTIONS`, the option ASan has for a library preloaded
+//! system-wide), unless the user's options say otherwise.
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -63,6 +65,27 @@ pub fn preload(lib: &Path, old: Option<&OsStr>, needed: &[String]) -> OsString {
         .chain(rest)
         .collect();
     OsString::from_vec(entries.join(&b':'))
+}
+
+/// `ASAN_OPTIONS` for the run: the user's, with ASan's check of its
+/// runtime's place turned off where they do not set it themselves (ASan
+/// reads the options in order, separated by colons; the variable is
+/// ignored by every program without ASan).
+pub fn asan_options(old: Option<&OsStr>) -> OsString {
+    const OFF: &[u8] = b"verify_asan_link_order=0";
+    let old = old.map(|o| o.as_bytes()).unwrap_or_default();
+    if old
+        .windows(b"verify_asan_link_order".len())
+        .any(|w| w == b"verify_asan_link_order")
+    {
+        return OsString::from_vec(old.to_vec());
+    }
+    let mut options = old.to_vec();
+    if !options.is_empty() {
+        options.push(b':');
+    }
+    options.extend_from_slice(OFF);
+    OsString::from_vec(options)
 }
 
 /// The file `command` runs, as `execvp` finds it: itself where it names a
@@ -185,6 +208,21 @@ mod tests {
                 &["libasan.so.8"]
             ),
             "/usr/lib/libasan.so.8:/m/libmemhook.so:/a/libx.so"
+        );
+    }
+
+    #[test]
+    fn asan_options_turn_the_place_check_off_unless_the_user_set_it() {
+        let options = |old: Option<&str>| asan_options(old.map(OsStr::new)).into_string().unwrap();
+        assert_eq!(options(None), "verify_asan_link_order=0");
+        assert_eq!(options(Some("")), "verify_asan_link_order=0");
+        assert_eq!(
+            options(Some("detect_leaks=0")),
+            "detect_leaks=0:verify_asan_link_order=0"
+        );
+        assert_eq!(
+            options(Some("verify_asan_link_order=1:halt_on_error=0")),
+            "verify_asan_link_order=1:halt_on_error=0"
         );
     }
 

@@ -641,6 +641,10 @@ pub fn run(opts: Options) -> Result<Ended, Failed> {
     let mut cmd = Command::new(&opts.command[0]);
     cmd.args(&opts.command[1..])
         .env("LD_PRELOAD", preload)
+        .env(
+            "ASAN_OPTIONS",
+            crate::preload::asan_options(std::env::var_os("ASAN_OPTIONS").as_deref()),
+        )
         .env("MEMHOOK_REPORT_FD", write_fd.to_string())
         .env("MEMHOOK_REPORT_ID", report_id(write_fd)?);
     if let Some((_, name)) = &descendants {

@@ -336,7 +336,7 @@ fn run_puts_an_asan_runtime_first() {
                 void *p = mmap(NULL, 7 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
                 if (p == MAP_FAILED || munmap(p, 7 * 4096) != 0) return 2;
             }
-            puts("mapped");
+            puts("asan program ran");
             return 0;
         }
         "#,
@@ -382,13 +382,40 @@ fn run_puts_an_asan_runtime_first() {
         let o = cmd.output().unwrap();
         let t = text(&o);
         assert!(
-            o.status.success() && t.contains("mapped"),
+            o.status.success() && t.contains("asan program ran"),
             "LD_PRELOAD {user_preload:?}: {t}"
         );
         assert_eq!(field(&t, "exit_status"), Some(0), "{t}");
         assert!(field(&t, "mmap").unwrap() >= 3, "LD_PRELOAD {user_preload:?}: {t}");
         assert!(field(&t, "munmap").unwrap() >= 3, "LD_PRELOAD {user_preload:?}: {t}");
     }
+    // Started by a shell, whose needs are read instead: the run turns
+    // ASan's check of its runtime's place off (the user's options kept).
+    let o = memhook()
+        .args(["run", "--json", "--", "sh", "-c"])
+        .arg(format!("{} && {}", prog.display(), prog.display()))
+        .env("ASAN_OPTIONS", asan_options)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert_eq!(t.matches("asan program ran").count(), 2, "{t}");
+    assert!(o.status.success(), "{t}");
+    assert!(field(&t, "mmap").unwrap() >= 6, "{t}");
+    // Where the user asks for the check, it is made, and the program
+    // ends as ASan ends it.
+    let o = memhook()
+        .args(["run", "--", "sh", "-c"])
+        .arg(prog.as_os_str())
+        .env("ASAN_OPTIONS", "detect_leaks=0:verify_asan_link_order=1")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && text(&o).contains("does not come first"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// A daemon's start: it closes the descriptor it inherited for the
