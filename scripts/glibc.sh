@@ -109,7 +109,8 @@ trap cleanup EXIT
 trap 'cleanup; exit 1' INT TERM
 
 # Docker's daemon, started here where none answers: 0 once `docker info`
-# does (within 30 s), 1 where it cannot be installed or started.
+# does (within 30 s), 1 where it cannot be installed or started (or the
+# daemon exits).
 start_docker() {
     if ! command -v dockerd >/dev/null; then
         { apt-get update -qq && apt-get install -y -qq docker.io >/dev/null; } || return 1
@@ -119,6 +120,7 @@ start_docker() {
     dockerd_pid=$!
     for _ in $(seq 60); do
         docker info >/dev/null 2>&1 && return 0
+        kill -0 "$dockerd_pid" 2>/dev/null || return 1 # it gave up
         sleep 0.5
     done
     return 1
