@@ -460,6 +460,36 @@ fn the_c_api_in_sanitized_programs() {
     }
 }
 
+/// The C API example under Valgrind's memcheck, as a developer runs a
+/// program that embeds memhook: Valgrind runs the program on its own
+/// copy of the code, so bistro's patches must be seen by it (it checks
+/// code writes), and memcheck must find no read of memory memhook did
+/// not initialise and no bad access in memhook's code (an error fails
+/// the run: `--error-exitcode`). Skipped where Valgrind is not
+/// installed.
+#[test]
+fn the_c_api_under_valgrind() {
+    let version = Command::new("valgrind").arg("--version").output();
+    if !version.is_ok_and(|o| o.status.success()) {
+        eprintln!("valgrind is not installed: not checked");
+        return;
+    }
+    let out = out_dir().join("count_events_valgrind");
+    cc("count_events.c", &out, true);
+    let o = Command::new("valgrind")
+        .args(["-q", "--error-exitcode=9", "--leak-check=no"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && stdout.contains("C ABI events test passed"),
+        "{}\n{stdout}{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 #[test]
 fn trace_of_an_unmodified_program_under_ld_preload() {
     let out = out_dir().join("trace_preload");
