@@ -1,5 +1,7 @@
 //! The `LD_PRELOAD` that `memhook run` gives its command: libmemhook.so,
-//! after any AddressSanitizer runtime.
+//! after any AddressSanitizer runtime; and whether the command can load
+//! it at all (a static program, or one of another class or processor,
+//! cannot: the run says so before it starts).
 //!
 //! ASan's runtime, loaded as a library (GCC's default, `libasan.so.N`;
 //! clang's `-shared-libasan`, `libclang_rt.asan*.so`; HWASan's on arm64),
@@ -25,7 +27,7 @@ use std::path::{Path, PathBuf};
 use goblin::container::{Container, Ctx, Endian};
 use goblin::elf::dynamic::Dynamic;
 use goblin::elf::header::{EI_CLASS, EI_DATA, ELFCLASS64, ELFDATA2LSB, Header};
-use goblin::elf::program_header::{PT_DYNAMIC, PT_LOAD, ProgramHeader};
+use goblin::elf::program_header::{PT_DYNAMIC, PT_INTERP, PT_LOAD, ProgramHeader};
 use goblin::strtab::Strtab;
 
 /// Whether `name` (a path or a file name) is a sanitizer runtime that
@@ -105,12 +107,31 @@ pub fn command_file(command: &OsStr) -> Option<PathBuf> {
 /// (a program needing thousands of libraries has a few hundred KiB).
 const MAX_TABLE: u64 = 16 << 20;
 
-/// The libraries the 64-bit little-endian ELF file `path` names in its
-/// `DT_NEEDED` entries; empty for a file that is not such an object or
-/// has no dynamic section (a script, a static program). Reads only the
-/// header, the program headers, the dynamic section and its string
-/// table: a program of gigabytes costs no more than a small one.
-pub fn needed_libraries(path: &Path) -> Result<Vec<String>, String> {
+/// What the command's file is, as far as preloading goes.
+#[derive(Debug, PartialEq)]
+pub enum Program {
+    /// Not an ELF object (a script: the interpreter it names is what runs).
+    NotElf,
+    /// An ELF object the loader cannot preload this libmemhook.so into:
+    /// what it is instead (`"a 32-bit program"`).
+    Foreign(&'static str),
+    /// No program interpreter: the kernel starts it with no loader, and
+    /// `LD_PRELOAD` is not read (a static program, static-pie too).
+    Static,
+    /// Started by the loader; the libraries its `DT_NEEDED` entries name.
+    Dynamic(Vec<String>),
+}
+
+/// The machine this libmemhook.so is built for.
+#[cfg(target_arch = "x86_64")]
+const MACHINE: u16 = goblin::elf::header::EM_X86_64;
+#[cfg(target_arch = "aarch64")]
+const MACHINE: u16 = goblin::elf::header::EM_AARCH64;
+
+/// Reads what `path` is ([`Program`]). Reads only the ELF header, the
+/// program headers, the dynamic section and its string table: a program
+/// of gigabytes costs no more than a small one.
+pub fn inspect(path: &Path) -> Result<Program, String> {
     let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let read = |offset: u64, len: u64| -> Result<Vec<u8>, String> {
         if len > MAX_TABLE {
@@ -124,21 +145,33 @@ pub fn needed_libraries(path: &Path) -> Result<Vec<String>, String> {
     let ident = match read(0, 64) {
         Ok(b) => b,
         // Shorter than an ELF header: not an object.
-        Err(_) => return Ok(Vec::new()),
+        Err(_) => return Ok(Program::NotElf),
     };
-    if &ident[..4] != b"\x7fELF" || ident[EI_CLASS] != ELFCLASS64 || ident[EI_DATA] != ELFDATA2LSB {
-        return Ok(Vec::new());
+    if &ident[..4] != b"\x7fELF" {
+        return Ok(Program::NotElf);
+    }
+    if ident[EI_CLASS] != ELFCLASS64 {
+        return Ok(Program::Foreign("a 32-bit program"));
+    }
+    if ident[EI_DATA] != ELFDATA2LSB {
+        return Ok(Program::Foreign("a big-endian program"));
     }
     let malformed = |e: goblin::error::Error| format!("{}: {e}", path.display());
     let header: Header = goblin::elf::Elf::parse_header(&ident).map_err(malformed)?;
+    if header.e_machine != MACHINE {
+        return Ok(Program::Foreign("a program for another processor"));
+    }
     let ctx = Ctx::new(Container::Big, Endian::Little);
     let phdr_bytes = read(
         header.e_phoff,
         u64::from(header.e_phnum) * u64::from(header.e_phentsize),
     )?;
     let phdrs = ProgramHeader::parse(&phdr_bytes, 0, usize::from(header.e_phnum), ctx).map_err(malformed)?;
+    if !phdrs.iter().any(|p| p.p_type == PT_INTERP) {
+        return Ok(Program::Static);
+    }
     let Some(dynamic) = phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
-        return Ok(Vec::new());
+        return Ok(Program::Dynamic(Vec::new()));
     };
     // The dynamic section alone, as the first bytes of a buffer: the
     // loadable segments go with it to turn the string table's address
@@ -150,14 +183,16 @@ pub fn needed_libraries(path: &Path) -> Result<Vec<String>, String> {
         .chain(phdrs.iter().filter(|p| p.p_type == PT_LOAD).cloned())
         .collect();
     let Some(dynamic) = Dynamic::parse(&dyn_bytes, &with_loads, ctx).map_err(malformed)? else {
-        return Ok(Vec::new());
+        return Ok(Program::Dynamic(Vec::new()));
     };
     if dynamic.info.needed_count == 0 {
-        return Ok(Vec::new());
+        return Ok(Program::Dynamic(Vec::new()));
     }
     let strtab_bytes = read(dynamic.info.strtab as u64, dynamic.info.strsz as u64)?;
     let strtab = Strtab::parse(&strtab_bytes, 0, strtab_bytes.len(), 0).map_err(malformed)?;
-    Ok(dynamic.get_libraries(&strtab).into_iter().map(String::from).collect())
+    Ok(Program::Dynamic(
+        dynamic.get_libraries(&strtab).into_iter().map(String::from).collect(),
+    ))
 }
 
 #[cfg(test)]
@@ -248,26 +283,60 @@ mod tests {
     }
 
     #[test]
-    fn the_needed_libraries_of_an_elf_file() {
-        // This test binary: linked against the C library.
+    fn what_a_program_file_is() {
+        // This test binary: started by the loader, linked against the C
+        // library.
         let me = std::env::current_exe().unwrap();
-        let needed = needed_libraries(&me).unwrap();
-        assert!(needed.iter().any(|n| n.starts_with("libc.so")), "{needed:?}");
-        // Not an object, or too short to be one: nothing needed, no error.
+        match inspect(&me).unwrap() {
+            Program::Dynamic(needed) => {
+                assert!(needed.iter().any(|n| n.starts_with("libc.so")), "{needed:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let header = std::fs::read(&me).unwrap()[..64].to_vec();
         let dir = std::env::temp_dir().join(format!("memhook-preload-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let script = dir.join("script");
-        std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
-        assert_eq!(needed_libraries(&script).unwrap(), Vec::<String>::new());
-        // An ELF header whose program headers lie past the file's end: an
-        // error naming the file, not a panic.
-        let mut bad = std::fs::read(&me).unwrap()[..64].to_vec();
-        bad[32..40].copy_from_slice(&(1u64 << 40).to_le_bytes()); // e_phoff
-        let broken = dir.join("broken");
-        std::fs::write(&broken, &bad).unwrap();
-        let e = needed_libraries(&broken).unwrap_err();
+        let file = |name: &str, bytes: &[u8]| {
+            let p = dir.join(name);
+            std::fs::write(&p, bytes).unwrap();
+            p
+        };
+        // Not an object, or too short to be one.
+        assert_eq!(
+            inspect(&file("script", b"#!/bin/sh\nexit 0\n")).unwrap(),
+            Program::NotElf
+        );
+        assert_eq!(inspect(&file("short", b"\x7fELF")).unwrap(), Program::NotElf);
+        // Objects of another class, byte order or processor.
+        let mut h = header.clone();
+        h[EI_CLASS] = 1;
+        assert_eq!(
+            inspect(&file("elf32", &h)).unwrap(),
+            Program::Foreign("a 32-bit program")
+        );
+        let mut h = header.clone();
+        h[EI_DATA] = 2;
+        assert_eq!(
+            inspect(&file("be", &h)).unwrap(),
+            Program::Foreign("a big-endian program")
+        );
+        let mut h = header.clone();
+        h[18..20].copy_from_slice(&goblin::elf::header::EM_RISCV.to_le_bytes()); // e_machine
+        assert_eq!(
+            inspect(&file("riscv", &h)).unwrap(),
+            Program::Foreign("a program for another processor")
+        );
+        // No program headers: no interpreter, so no loader.
+        let mut h = header.clone();
+        h[56..58].copy_from_slice(&0u16.to_le_bytes()); // e_phnum
+        assert_eq!(inspect(&file("static", &h)).unwrap(), Program::Static);
+        // Program headers past the file's end: an error naming the file,
+        // not a panic.
+        let mut h = header.clone();
+        h[32..40].copy_from_slice(&(1u64 << 40).to_le_bytes()); // e_phoff
+        let e = inspect(&file("broken", &h)).unwrap_err();
         assert!(e.contains("broken"), "{e}");
-        assert!(needed_libraries(&dir.join("absent")).is_err());
+        assert!(inspect(&dir.join("absent")).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

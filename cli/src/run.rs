@@ -633,10 +633,25 @@ pub fn run(opts: Options) -> Result<Ended, Failed> {
     };
     // After an AddressSanitizer runtime, which must come first (see
     // `preload`). A command that cannot be read is left for the spawn to
-    // report.
-    let needed = crate::preload::command_file(opts.command[0].as_ref())
-        .and_then(|f| crate::preload::needed_libraries(&f).ok())
-        .unwrap_or_default();
+    // report; one the loader cannot preload into is said to be so.
+    use crate::preload::Program;
+    let program = crate::preload::command_file(opts.command[0].as_ref()).and_then(|f| crate::preload::inspect(&f).ok());
+    let not_loaded = match &program {
+        Some(Program::Static) => Some("statically linked (no loader reads LD_PRELOAD)"),
+        Some(Program::Foreign(what)) => Some(*what),
+        _ => None,
+    };
+    if let Some(why) = not_loaded {
+        eprintln!(
+            "memhook run: `{}` is {why}: libmemhook.so cannot be loaded into it, so only \
+             the programs it starts that can load it are reported",
+            opts.command[0]
+        );
+    }
+    let needed = match program {
+        Some(Program::Dynamic(needed)) => needed,
+        _ => Vec::new(),
+    };
     let preload = crate::preload::preload(&lib, std::env::var_os("LD_PRELOAD").as_deref(), &needed);
     let mut cmd = Command::new(&opts.command[0]);
     cmd.args(&opts.command[1..])

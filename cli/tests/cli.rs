@@ -418,6 +418,40 @@ fn run_puts_an_asan_runtime_first() {
     );
 }
 
+/// A statically linked program reads no `LD_PRELOAD` (the kernel starts
+/// it with no loader): `memhook run` says so before it runs it, and runs
+/// it all the same, ending as it ends. Skipped where the C library has no
+/// static archive.
+#[test]
+fn run_says_a_static_program_cannot_load_memhook() {
+    with_library();
+    let dir = work();
+    let src = dir.join("static.c");
+    std::fs::write(&src, "int main(void) { return 3; }\n").unwrap();
+    let prog = dir.join("static");
+    let built = memhook_tests::cc::command()
+        .arg("-static")
+        .arg(&src)
+        .arg("-o")
+        .arg(&prog)
+        .output()
+        .unwrap();
+    if !built.status.success() {
+        eprintln!("no static C library here, not checked: {}", text(&built));
+        return;
+    }
+    let o = memhook().args(["run", "--"]).arg(&prog).output().unwrap();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{t}");
+    assert!(
+        t.contains("is statically linked") && t.contains("cannot be loaded into it"),
+        "{t}"
+    );
+    // A program started by the loader gets no such line.
+    let o = memhook().args(["run", "--", "true"]).output().unwrap();
+    assert!(!text(&o).contains("cannot be loaded"), "{}", text(&o));
+}
+
 /// A daemon's start: it closes the descriptor it inherited for the
 /// records and opens its log on that number, then maps and unmaps; the
 /// log must hold only what the program wrote.
