@@ -18,8 +18,8 @@
 # instead, as a GPU job in a container does: Docker's default seccomp
 # profile and capabilities, its own PID and mount namespaces, no network.
 # Docker (Debian's docker.io) is installed and its daemon started where
-# needed (and stopped after); where it cannot be, the run says so and
-# goes on in the chroot.
+# needed (and stopped after); where it cannot be, or cannot run the
+# container, the run says so and goes on in the chroot.
 #
 # Needs root (debootstrap, chroot, bind mounts) and, the first time,
 # Debian's mirror: the root is kept in target/glibc/SUITE/root for later
@@ -140,21 +140,7 @@ args=("$@")
 env=(PATH="$cargo_home/bin:/usr/bin:/bin" HOME="$HOME" CARGO_HOME="$cargo_home"
     RUSTUP_HOME="$rustup_home" CARGO_TERM_COLOR=never CARGO_TARGET_DIR="$base/target")
 test_in_repo='cd "$1" && shift && cargo test "$@"'
-if [ "$docker" = 1 ]; then
-    image="memhook-glibc:$suite"
-    tar -C "$root" -c . | docker import - "$image" >/dev/null
-    echo "glibc ($suite): in a Docker container (default seccomp profile and capabilities, no network)"
-    vols=()
-    for d in "$cargo_home" "$rustup_home" "$repo"; do
-        vols+=(-v "$d:$d")
-    done
-    envs=()
-    for e in "${env[@]}"; do
-        envs+=(-e "$e")
-    done
-    docker run --rm --network none "${vols[@]}" "${envs[@]}" "$image" \
-        /bin/bash -c "$test_in_repo" _ "$repo" "${args[@]}"
-else
+in_chroot() {
     bind() {
         mkdir -p "$root$1"
         mount --bind "$1" "$root$1" || skip "bind mount of $1 refused"
@@ -164,6 +150,35 @@ else
         bind "$d"
     done
     chroot "$root" /usr/bin/env -i "${env[@]}" /bin/bash -c "$test_in_repo" _ "$repo" "${args[@]}"
+}
+if [ "$docker" = 1 ]; then
+    image="memhook-glibc:$suite"
+    vols=()
+    for d in "$cargo_home" "$rustup_home" "$repo"; do
+        vols+=(-v "$d:$d")
+    done
+    envs=()
+    for e in "${env[@]}"; do
+        envs+=(-e "$e")
+    done
+    rc=0
+    if tar -C "$root" -c . | docker import - "$image" >/dev/null; then
+        echo "glibc ($suite): in a Docker container (default seccomp profile and capabilities, no network)"
+        docker run --rm --network none "${vols[@]}" "${envs[@]}" "$image" \
+            /bin/bash -c "$test_in_repo" _ "$repo" "${args[@]}" || rc=$?
+    else
+        rc=125
+    fi
+    # 125 to 127: Docker's own failure (the image, the container, its
+    # start), not the tests'.
+    if [ "$rc" -ge 125 ] && [ "$rc" -le 127 ]; then
+        echo "glibc ($suite): Docker could not run the container (exit $rc): in a chroot instead"
+        in_chroot
+    elif [ "$rc" != 0 ]; then
+        exit "$rc"
+    fi
+else
+    in_chroot
 fi
 
 # What libmemhook.so built there asks of the C library: no symbol version
