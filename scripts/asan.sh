@@ -1,0 +1,39 @@
+#!/bin/bash
+# Runs the tests of memhook's runtime under AddressSanitizer: the core
+# (dispatch, the memtype map), the x86_64 relocator, the runtime crate's
+# own tests (bistro's patches of live code, reloc, the host hooks in
+# both modes, forks, small stacks, the install without membarrier) and
+# the CUDA hooks on the fake driver. memhook's unsafe code then runs
+# instrumented, in the hooks themselves: an out-of-bounds access, a use
+# after free or of a dangling stack frame, in a hook, a trampoline's
+# making, the map or the ELF walks, ends the test binary with ASan's
+# report. Miri (scripts/miri.sh) checks the core alone, without real
+# system calls; this runs everything that patches real code.
+#
+# The program is then one with ASan's interceptors: its own `mmap`,
+# `malloc` and `dlopen` come before the C library's. The tests patch
+# and check the C library's own entries; two checks skip themselves
+# there and say so (glibc's malloc, which ASan's allocator replaces, and
+# a library's RUNPATH for its `dlopen`, which ASan's interceptor loses
+# without memhook too). Leak checking is off: the tests leave the
+# trampolines and the map mapped on purpose.
+#
+#   scripts/asan.sh [TOOLCHAIN]   (default nightly; about 5 min on two cores)
+#
+# Needs a nightly toolchain (the sanitizer flag is unstable); without
+# one it says SKIPPED and exits 0.
+set -euo pipefail
+toolchain=${1:-nightly}
+cd "$(dirname "$0")/.."
+if ! cargo "+$toolchain" --version >/dev/null 2>&1; then
+    echo "asan: SKIPPED: no $toolchain toolchain (rustup toolchain install $toolchain --profile minimal)"
+    exit 0
+fi
+host=$(rustc "+$toolchain" -vV | sed -n 's/^host: //p')
+# The target named, so that build scripts and proc macros are built
+# without the sanitizer; doctests are left out (rustdoc would need the
+# flag too).
+RUSTFLAGS="-Zsanitizer=address" ASAN_OPTIONS="detect_leaks=0:${ASAN_OPTIONS:-}" \
+    CARGO_TARGET_DIR=target/asan \
+    cargo "+$toolchain" test --target "$host" \
+    -p memhook-core -p memhook-x86_64 -p memhook -p memhook-tests --lib --tests
