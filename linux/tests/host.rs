@@ -2908,19 +2908,25 @@ extern "C" fn other_mmap(a: usize, l: usize, p: i32, f: i32, fd: i32, o: i64) ->
     orig(a, l, p, f, fd, o)
 }
 
-#[test]
-fn coexists_with_a_hooker_that_patched_mmap_first() {
-    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let h = helper();
+/// [`other_mmap`] patched over the C library's `mmap` entry (over
+/// memhook's patch where memhook installed first).
+fn patch_other_mmap() -> memhook::bistro::Hook {
     // SAFETY: other_mmap has mmap's signature and calls its original.
-    let other = unsafe {
+    unsafe {
         memhook::bistro::Hook::patch_with(
             libc_function(c"mmap"),
             other_mmap as *const () as usize,
             &OTHER_ORIGINAL,
         )
     }
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn coexists_with_a_hooker_that_patched_mmap_first() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    let other = patch_other_mmap();
     let mut session = Session::new(HookMode::Bistro);
     session.handler(bits::MMAP, 0, &record);
     let n = OTHER_CALLS.load(Ordering::SeqCst);
@@ -3391,15 +3397,7 @@ fn a_patch_another_hooker_covered_is_kept_listed_and_taken_back() {
         (OTHER_CALLS.load(Ordering::SeqCst) - n, about(&log, p, K64).len())
     };
     memhook::install(&config(HookMode::Bistro));
-    // SAFETY: other_mmap has mmap's signature and calls its original.
-    let other = unsafe {
-        memhook::bistro::Hook::patch_with(
-            libc_function(c"mmap"),
-            other_mmap as *const () as usize,
-            &OTHER_ORIGINAL,
-        )
-    }
-    .unwrap();
+    let other = patch_other_mmap();
     assert_eq!(one_mmap(), (1, 1));
     memhook::uninstall();
     let status = memhook::status();
