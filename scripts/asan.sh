@@ -16,7 +16,11 @@
 # there and say so (glibc's malloc, which ASan's allocator replaces, and
 # a library's RUNPATH for its `dlopen`, which ASan's interceptor loses
 # without memhook too). Leak checking is off: the tests leave the
-# trampolines and the map mapped on purpose.
+# trampolines and the map mapped on purpose. One test is left out: it
+# must see a fork land amid another thread's dlopen within 30 s, and
+# under ASan (slower, and its fork interceptor takes locks of its own)
+# none did in 2,723 forks on CI's two loaded cores, where it passed on
+# an idle machine (natively it runs in every CI).
 #
 #   scripts/asan.sh [TOOLCHAIN]   (default nightly; about 5 min on two cores)
 #
@@ -36,4 +40,5 @@ host=$(rustc "+$toolchain" -vV | sed -n 's/^host: //p')
 RUSTFLAGS="-Zsanitizer=address" ASAN_OPTIONS="detect_leaks=0:${ASAN_OPTIONS:-}" \
     CARGO_TARGET_DIR=target/asan \
     cargo "+$toolchain" test --target "$host" \
-    -p memhook-core -p memhook-x86_64 -p memhook -p memhook-tests --lib --tests
+    -p memhook-core -p memhook-x86_64 -p memhook -p memhook-tests --lib --tests \
+    -- --skip children_forked_amid_another_threads_loads_and_unloads_open_a_loaded_library
