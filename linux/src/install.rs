@@ -633,11 +633,14 @@ fn patch_late(state: &mut Installed) {
     for (result, (i, name)) in done.into_iter().zip(which) {
         LATE.fetch_and(!(1 << i), Ordering::AcqRel);
         let function = name.to_str().unwrap_or("?");
-        let (full, error) = match result {
-            Ok(h) => (keep(&mut state.hooks, h, &"too many bistro hooks"), None),
-            Err(e) => (None, Some(e)),
+        let error;
+        let why: Option<&dyn fmt::Display> = match result {
+            Ok(h) => keep(&mut state.hooks, h, &"too many bistro hooks"),
+            Err(e) => {
+                error = e;
+                Some(&error)
+            }
         };
-        let why = full.or(error.as_ref().map(|e| e as &dyn fmt::Display));
         let entry = FunctionStatus::new(function, host_library(name, 0), HookMode::Bistro, why, false);
         if let Some(s) = state
             .status

@@ -269,7 +269,7 @@ impl ListingRoom {
                 ],
             )
         };
-        if (-4095..0).contains(&p) {
+        if crate::sys::refused(p) {
             ListingRoom::Empty
         } else {
             ListingRoom::Mapped(p as usize)

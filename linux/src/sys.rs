@@ -68,6 +68,12 @@ pub(crate) unsafe fn raw(n: c_long, args: [c_long; 6]) -> c_long {
     ret
 }
 
+/// Whether `r`, an answer of [`raw`], is the kernel's refusal (`-errno`).
+#[inline(always)]
+pub(crate) fn refused(r: c_long) -> bool {
+    (-4095..0).contains(&r)
+}
+
 /// System call `n` with `args`, answered as libc's `syscall` answers: -1
 /// with errno set where the kernel refuses it.
 ///
@@ -78,7 +84,7 @@ pub(crate) unsafe fn raw(n: c_long, args: [c_long; 6]) -> c_long {
 pub(crate) unsafe fn call(n: c_long, args: [c_long; 6]) -> c_long {
     // SAFETY: the caller's contract.
     let r = unsafe { raw(n, args) };
-    if (-4095..0).contains(&r) {
+    if refused(r) {
         // SAFETY: this thread's errno.
         unsafe { *libc::__errno_location() = -r as core::ffi::c_int };
         return -1;
