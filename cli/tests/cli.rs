@@ -300,15 +300,29 @@ fn build_c(name: &str, source: &str) -> PathBuf {
 
 /// Builds C `source` into the work folder as `name`, linked with `args`.
 fn build_c_with(name: &str, source: &str, args: &[&str]) -> PathBuf {
+    let (mut cc, out) = c_command(name, source, args);
+    memhook_tests::cc::build(&mut cc, name);
+    out
+}
+
+/// [`build_c_with`] for a build this compiler may not manage (a flag or
+/// an archive it lacks): the compiler's output where it fails.
+fn try_build_c(name: &str, source: &str, args: &[&str]) -> Result<PathBuf, Output> {
+    let (mut cc, out) = c_command(name, source, args);
+    let o = cc.output().unwrap();
+    if o.status.success() { Ok(out) } else { Err(o) }
+}
+
+/// The compiler's command for C `source`, written to the work folder, into
+/// `name` there with `args`; and that program's path.
+fn c_command(name: &str, source: &str, args: &[&str]) -> (Command, PathBuf) {
     let dir = work();
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).unwrap();
     let out = dir.join(name);
-    memhook_tests::cc::build(
-        memhook_tests::cc::command().arg(&src).args(args).arg("-o").arg(&out),
-        name,
-    );
-    out
+    let mut cc = memhook_tests::cc::command();
+    cc.arg(&src).args(args).arg("-o").arg(&out);
+    (cc, out)
 }
 
 /// A program built with AddressSanitizer's shared runtime (GCC's
@@ -324,10 +338,8 @@ fn build_c_with(name: &str, source: &str, args: &[&str]) -> PathBuf {
 #[test]
 fn run_puts_an_asan_runtime_first() {
     with_library();
-    let dir = work();
-    let src = dir.join("asan.c");
-    std::fs::write(
-        &src,
+    let built = try_build_c(
+        "asan",
         r#"
         #include <stdio.h>
         #include <sys/mman.h>
@@ -340,23 +352,18 @@ fn run_puts_an_asan_runtime_first() {
             return 0;
         }
         "#,
-    )
-    .unwrap();
-    let prog = dir.join("asan");
-    let built = memhook_tests::cc::command()
-        .arg("-fsanitize=address")
-        .arg(&src)
-        .arg("-o")
-        .arg(&prog)
-        .output()
-        .unwrap();
+        &["-fsanitize=address"],
+    );
     // Leak checking at exit stops the world by ptrace, which a sandbox may
     // refuse: not what this test is about.
     let asan_options = "detect_leaks=0";
-    if !built.status.success() {
-        eprintln!("no AddressSanitizer in this compiler, not checked: {}", text(&built));
-        return;
-    }
+    let prog = match built {
+        Ok(prog) => prog,
+        Err(o) => {
+            eprintln!("no AddressSanitizer in this compiler, not checked: {}", text(&o));
+            return;
+        }
+    };
     let alone = Command::new(&prog).env("ASAN_OPTIONS", asan_options).output().unwrap();
     if !alone.status.success() {
         eprintln!(
@@ -425,21 +432,13 @@ fn run_puts_an_asan_runtime_first() {
 #[test]
 fn run_says_a_static_program_cannot_load_memhook() {
     with_library();
-    let dir = work();
-    let src = dir.join("static.c");
-    std::fs::write(&src, "int main(void) { return 3; }\n").unwrap();
-    let prog = dir.join("static");
-    let built = memhook_tests::cc::command()
-        .arg("-static")
-        .arg(&src)
-        .arg("-o")
-        .arg(&prog)
-        .output()
-        .unwrap();
-    if !built.status.success() {
-        eprintln!("no static C library here, not checked: {}", text(&built));
-        return;
-    }
+    let prog = match try_build_c("static", "int main(void) { return 3; }\n", &["-static"]) {
+        Ok(prog) => prog,
+        Err(o) => {
+            eprintln!("no static C library here, not checked: {}", text(&o));
+            return;
+        }
+    };
     let o = memhook().args(["run", "--"]).arg(&prog).output().unwrap();
     let t = text(&o);
     assert_eq!(o.status.code(), Some(3), "{t}");

@@ -2798,17 +2798,27 @@ fn fork_while_another_thread_dispatches() {
 /// with AddressSanitizer defines `mmap`, `munmap` and the like itself
 /// (its interceptors).
 fn libc_function(name: &std::ffi::CStr) -> usize {
+    let mut f = defined_in(c"libc.so.6", name);
+    if f == 0 {
+        // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
+        f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
+    }
+    assert_ne!(f, 0, "no {name:?} loaded");
+    f
+}
+
+/// Where the loaded library `lib` (or one it depends on) defines `name`;
+/// 0 where `lib` is not loaded or nothing defines it.
+fn defined_in(lib: &std::ffi::CStr, name: &std::ffi::CStr) -> usize {
     // SAFETY: NUL-terminated names; RTLD_NOLOAD opens nothing new, and
-    // the handle goes back at once (libc stays loaded).
+    // the handle goes back at once (the library stays loaded).
     unsafe {
-        let libc_handle = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
-        assert!(!libc_handle.is_null(), "libc.so.6 is loaded");
-        let mut f = libc::dlsym(libc_handle, name.as_ptr()) as usize;
-        libc::dlclose(libc_handle);
-        if f == 0 {
-            f = libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize;
+        let h = libc::dlopen(lib.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+        if h.is_null() {
+            return 0;
         }
-        assert_ne!(f, 0, "no {name:?} loaded");
+        let f = libc::dlsym(h, name.as_ptr()) as usize;
+        libc::dlclose(h);
         f
     }
 }
@@ -3461,21 +3471,8 @@ extern "C" fn other_open(path: *const libc::c_char, flags: i32, mode: libc::mode
 /// libpthread's own `open`, where it has one apart from libc's (glibc
 /// before 2.34).
 fn libpthread_open() -> Option<usize> {
-    // SAFETY: NUL-terminated names; RTLD_NOLOAD opens nothing new, and
-    // the handles go back at once (both libraries stay loaded).
-    unsafe {
-        let of = |lib: &std::ffi::CStr| {
-            let h = libc::dlopen(lib.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
-            if h.is_null() {
-                return 0;
-            }
-            let f = libc::dlsym(h, c"open".as_ptr()) as usize;
-            libc::dlclose(h);
-            f
-        };
-        let copy = of(c"libpthread.so.0");
-        (copy != 0 && copy != of(c"libc.so.6")).then_some(copy)
-    }
+    let copy = defined_in(c"libpthread.so.0", c"open");
+    (copy != 0 && copy != defined_in(c"libc.so.6", c"open")).then_some(copy)
 }
 
 /// glibc before 2.34 (the chroot of `scripts/glibc.sh bullseye`): bistro
