@@ -137,8 +137,12 @@ args=("$@")
 # and load libmemhook.so built there (an absolute target folder: the CLI
 # and C ABI tests build it with `cargo build` from their own folders).
 # The Rust toolchain and registry, and the repository, at their own paths.
+# Line tables only, not full debug information, and no incremental
+# state: the build is for running the tests (a panic's backtrace still
+# names file and line), and halves the output on disk.
 env=(PATH="$cargo_home/bin:/usr/bin:/bin" HOME="$HOME" CARGO_HOME="$cargo_home"
-    RUSTUP_HOME="$rustup_home" CARGO_TERM_COLOR=never CARGO_TARGET_DIR="$base/target")
+    RUSTUP_HOME="$rustup_home" CARGO_TERM_COLOR=never CARGO_TARGET_DIR="$base/target"
+    CARGO_PROFILE_DEV_DEBUG=line-tables-only CARGO_INCREMENTAL=0)
 test_in_repo='cd "$1" && shift && cargo test "$@"'
 in_chroot() {
     bind() {
