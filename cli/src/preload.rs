@@ -340,6 +340,80 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Damaged programs: whatever bytes stand in the parts `inspect`
+    /// reads (the header, the program headers, the dynamic section, its
+    /// string table), it answers or gives an error that names the file;
+    /// it never panics (a run would end before its command started).
+    #[test]
+    fn damaged_programs_give_an_answer_or_an_error_never_a_panic() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, TestRunner};
+
+        // A copy of this test binary, and where those parts lie in it.
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let elf = goblin::elf::Elf::parse(&me).unwrap();
+        let dynamic = elf.program_headers.iter().find(|p| p.p_type == PT_DYNAMIC).unwrap();
+        let dynstr = elf
+            .section_headers
+            .iter()
+            .find(|s| elf.shdr_strtab.get_at(s.sh_name) == Some(".dynstr"))
+            .unwrap();
+        let phdrs = elf.header.e_phoff..elf.header.e_phoff + u64::from(elf.header.e_phnum) * 56;
+        let regions = [
+            0..64,
+            phdrs,
+            dynamic.p_offset..dynamic.p_offset + dynamic.p_filesz,
+            dynstr.sh_offset..dynstr.sh_offset + dynstr.sh_size,
+        ];
+        let path = std::env::temp_dir().join(format!("memhook-damaged-{}", std::process::id()));
+        std::fs::write(&path, &me).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        assert!(matches!(inspect(&path), Ok(Program::Dynamic(n)) if !n.is_empty()));
+
+        // Up to 8 writes of 1 to 8 bytes each, at random places in the
+        // parts; an 8-byte write puts in a whole offset, size or address.
+        let write = (
+            0..regions.len(),
+            any::<u64>(),
+            prop::collection::vec(any::<u8>(), 1..=8),
+        );
+        let mut runner = TestRunner::new(Config {
+            cases: 2_000,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let (answers, errors) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        runner
+            .run(&prop::collection::vec(write, 1..=8), |writes| {
+                let mut undo = Vec::new();
+                for (region, at, bytes) in &writes {
+                    let r = &regions[*region];
+                    let at = r.start + at % (r.end - r.start).max(1);
+                    let at = at.min(me.len() as u64 - bytes.len() as u64);
+                    undo.push((at, me[at as usize..at as usize + bytes.len()].to_vec()));
+                    file.write_all_at(bytes, at).unwrap();
+                }
+                let result = inspect(&path);
+                for (at, bytes) in undo.iter().rev() {
+                    file.write_all_at(bytes, *at).unwrap();
+                }
+                match result {
+                    Ok(_) => answers.set(answers.get() + 1),
+                    Err(e) => {
+                        errors.set(errors.get() + 1);
+                        prop_assert!(e.contains(&*path.to_string_lossy()), "{}", e);
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        // Both kinds of outcome were reached: the writes reach the
+        // parts that are read.
+        let (answers, errors) = (answers.get(), errors.get());
+        assert!(answers > 0 && errors > 0, "{answers} answers, {errors} errors");
+    }
+
     #[test]
     fn a_command_is_found_as_execvp_finds_it() {
         assert_eq!(command_file(OsStr::new("./x")), Some(PathBuf::from("./x")));
