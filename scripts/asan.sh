@@ -3,7 +3,8 @@
 # (dispatch, the memtype map), the x86_64 relocator, the runtime crate's
 # own tests (bistro's patches of live code, reloc, the host hooks in
 # both modes, forks, small stacks, the install without membarrier) and
-# the CUDA hooks on the fake driver. memhook's unsafe code then runs
+# the CUDA hooks on the fake driver; and the unit tests of the C ABI and
+# of the command. memhook's unsafe code then runs
 # instrumented, in the hooks themselves: an out-of-bounds access, a use
 # after free or of a dangling stack frame, in a hook, a trampoline's
 # making, the map or the ELF walks, ends the test binary with ASan's
@@ -39,8 +40,15 @@ host=$(rustc "+$toolchain" -vV | sed -n 's/^host: //p')
 # flag too). Line tables only and no incremental state: ASan's reports
 # still name file and line, and the build takes about half the disk
 # (every test binary links its own instrumented copy of everything).
-RUSTFLAGS="-Zsanitizer=address" ASAN_OPTIONS="detect_leaks=0:${ASAN_OPTIONS:-}" \
-    CARGO_TARGET_DIR=target/asan CARGO_PROFILE_DEV_DEBUG=line-tables-only CARGO_INCREMENTAL=0 \
-    cargo "+$toolchain" test --target "$host" \
+export RUSTFLAGS="-Zsanitizer=address" ASAN_OPTIONS="detect_leaks=0:${ASAN_OPTIONS:-}" \
+    CARGO_TARGET_DIR=target/asan CARGO_PROFILE_DEV_DEBUG=line-tables-only CARGO_INCREMENTAL=0
+cargo "+$toolchain" test --target "$host" \
     -p memhook-core -p memhook-x86_64 -p memhook -p memhook-tests --lib --tests \
     -- --skip children_forked_amid_another_threads_loads_and_unloads_open_a_loaded_library
+# The C ABI's and the command's own unit tests (C handlers called through
+# the ABI's trampolines, its messages cut into callers' buffers, the
+# command's ELF reading of damaged programs). Their integration tests
+# build C programs against libmemhook.so, which an ASan build cannot
+# serve (Rust's ASan runtime is linked into executables only).
+cargo "+$toolchain" test --target "$host" -p memhook-ffi --lib
+cargo "+$toolchain" test --target "$host" -p memhook-cli --bins
