@@ -18,7 +18,8 @@ usage:
       which hook modes work on this machine, and why not
   memhook scan [--json] [--list] LIB...
       whether bistro can relocate each exported function's prologue
-      (--list: also name every refused function and why)
+      (an x86_64 or aarch64 library, on either; --list: also name every
+      function the near form refuses, and why)
   memhook demo
       a built-in workload: host mappings, and CUDA memory with a GPU
   memhook --version";

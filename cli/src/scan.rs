@@ -1,6 +1,9 @@
 //! `memhook scan LIB...`: for every exported function of a shared library,
-//! whether bistro can relocate its prologue for the 5-byte (near) and the
-//! 13-byte (far) entry form, or why not.
+//! whether bistro can relocate its prologue for the near and the far entry
+//! form, or why not. An x86_64 library is scanned for the 5-byte and
+//! 13-byte forms, an aarch64 one (on any host: the relocators are pure
+//! code) for the 4-byte `b` and the 16-byte `ldr x16; br x16; .quad`,
+//! after the landing pad (`bti c`, `paciasp`) that stays in place.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -8,6 +11,7 @@ use std::fmt::Write as _;
 use goblin::elf::Elf;
 use goblin::elf::program_header::PT_LOAD;
 use goblin::elf::sym::{STB_GLOBAL, STB_WEAK, STT_FUNC, STT_GNU_IFUNC};
+use memhook_aarch64::Aarch64;
 use memhook_core::patch::{Arch, RelocError};
 use memhook_x86_64::X86_64;
 
@@ -16,16 +20,24 @@ use memhook_x86_64::X86_64;
 pub struct Scan {
     /// The library's path.
     pub library: String,
+    /// The processor it is for ([`Arch::NAME`]).
+    pub arch: &'static str,
+    /// The near and far entry forms' lengths, in bytes.
+    pub near_len: usize,
+    /// See `near_len`.
+    pub far_len: usize,
     /// Distinct exported functions (aliases counted once).
     pub total: usize,
-    /// Patchable with the 5-byte form.
+    /// Patchable with the near form.
     pub near: usize,
-    /// Patchable with the 13-byte form.
+    /// Patchable with the far form.
     pub far: usize,
-    /// Refused even with the 5-byte form.
+    /// Refused even with the near form.
     pub refused: usize,
-    /// Reason for each refusal (of the 5-byte form), counted.
+    /// Reason for each refusal (of the near form), counted.
     pub reasons: BTreeMap<&'static str, usize>,
+    /// Reason for each refusal of the far form, counted.
+    pub far_reasons: BTreeMap<&'static str, usize>,
     /// Refused functions, with their reason (for the table's detail).
     pub refused_names: Vec<(String, &'static str)>,
 }
@@ -46,16 +58,22 @@ fn reason(e: &RelocError) -> &'static str {
 ///
 /// # Errors
 ///
-/// A message when the file cannot be read or parsed, or is not x86_64.
+/// A message when the file cannot be read or parsed, or is for neither
+/// x86_64 nor aarch64.
 pub fn scan(path: &str) -> Result<Scan, String> {
     let data = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
     let elf = Elf::parse(&data).map_err(|e| format!("{path}: not an ELF object: {e}"))?;
-    if elf.header.e_machine != goblin::elf::header::EM_X86_64 {
-        return Err(format!(
-            "{path}: not an x86_64 object (e_machine {})",
-            elf.header.e_machine
-        ));
+    match elf.header.e_machine {
+        goblin::elf::header::EM_X86_64 => Ok(scan_for::<X86_64>(path, &data, &elf)),
+        goblin::elf::header::EM_AARCH64 => Ok(scan_for::<Aarch64>(path, &data, &elf)),
+        m => Err(format!(
+            "{path}: neither an x86_64 nor an aarch64 object (e_machine {m})"
+        )),
     }
+}
+
+/// [`scan`] of a parsed object for `A`.
+fn scan_for<A: Arch>(path: &str, data: &[u8], elf: &Elf) -> Scan {
     // File bytes of a virtual address, up to 64, within its PT_LOAD segment.
     let bytes_at = |vaddr: u64| -> Option<&[u8]> {
         elf.program_headers
@@ -85,6 +103,9 @@ pub fn scan(path: &str) -> Result<Scan, String> {
     }
     let mut out = Scan {
         library: path.to_string(),
+        arch: A::NAME,
+        near_len: A::NEAR_JUMP_LEN,
+        far_len: A::FAR_JUMP_LEN,
         ..Scan::default()
     };
     // A load address where the library sits, and near/far trampolines.
@@ -93,7 +114,7 @@ pub fn scan(path: &str) -> Result<Scan, String> {
         out.total += 1;
         let entry = BASE + vaddr as usize;
         let code = bytes_at(vaddr).unwrap_or(&[]);
-        match X86_64::relocate(code, entry, X86_64::NEAR_JUMP_LEN, entry + (1 << 20)) {
+        match A::relocate(code, entry, A::NEAR_JUMP_LEN, entry + (1 << 20)) {
             Ok(_) => out.near += 1,
             Err(e) => {
                 out.refused += 1;
@@ -102,11 +123,12 @@ pub fn scan(path: &str) -> Result<Scan, String> {
                 out.refused_names.push((name.clone(), r));
             }
         }
-        if X86_64::relocate(code, entry, X86_64::FAR_JUMP_LEN, entry + (1 << 20)).is_ok() {
-            out.far += 1;
+        match A::relocate(code, entry, A::FAR_JUMP_LEN, entry + (1 << 20)) {
+            Ok(_) => out.far += 1,
+            Err(e) => *out.far_reasons.entry(reason(&e)).or_default() += 1,
         }
     }
-    Ok(out)
+    out
 }
 
 pub(crate) fn json_string(s: &str) -> String {
@@ -128,19 +150,22 @@ pub(crate) fn json_string(s: &str) -> String {
 impl Scan {
     /// SPEC.md's JSON object.
     pub fn json(&self) -> String {
-        let reasons: Vec<String> = self
-            .reasons
-            .iter()
-            .map(|(k, v)| format!("{}: {v}", json_string(k)))
-            .collect();
+        let counts = |m: &BTreeMap<&str, usize>| {
+            m.iter()
+                .map(|(k, v)| format!("{}: {v}", json_string(k)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         format!(
-            "{{\"library\": {}, \"total\": {}, \"near\": {}, \"far\": {}, \"refused\": {}, \"reasons\": {{{}}}}}",
+            "{{\"library\": {}, \"total\": {}, \"near\": {}, \"far\": {}, \"refused\": {}, \"reasons\": {{{}}}, \"arch\": {}, \"far_reasons\": {{{}}}}}",
             json_string(&self.library),
             self.total,
             self.near,
             self.far,
             self.refused,
-            reasons.join(", ")
+            counts(&self.reasons),
+            json_string(self.arch),
+            counts(&self.far_reasons)
         )
     }
 
@@ -155,8 +180,10 @@ impl Scan {
         };
         let mut o = String::new();
         let _ = writeln!(o, "{}: {} exported functions", self.library, self.total);
-        let _ = writeln!(o, "  5-byte entry (near):  {:6} ({:.1}%)", self.near, pct(self.near));
-        let _ = writeln!(o, "  13-byte entry (far):  {:6} ({:.1}%)", self.far, pct(self.far));
+        let near = format!("{}-byte entry (near):", self.near_len);
+        let far = format!("{}-byte entry (far):", self.far_len);
+        let _ = writeln!(o, "  {near:21} {:6} ({:.1}%)", self.near, pct(self.near));
+        let _ = writeln!(o, "  {far:21} {:6} ({:.1}%)", self.far, pct(self.far));
         let _ = writeln!(
             o,
             "  refused:              {:6} ({:.1}%)",
@@ -165,6 +192,15 @@ impl Scan {
         );
         for (r, n) in &self.reasons {
             let _ = writeln!(o, "    {n:6}  {r}");
+        }
+        // What the far form alone refuses: where no near slot can be had
+        // (x86_64: no trampoline page within 2 GiB; aarch64: 128 MiB).
+        let far_refused = self.total - self.far;
+        if far_refused > 0 {
+            let _ = writeln!(o, "  refused the far form: {far_refused:6} ({:.1}%)", pct(far_refused));
+            for (r, n) in &self.far_reasons {
+                let _ = writeln!(o, "    {n:6}  {r}");
+            }
         }
         o
     }
@@ -183,11 +219,74 @@ mod tests {
             .find(|p| std::path::Path::new(p).exists())
             .expect("a glibc to scan");
         let s = scan(libc).unwrap();
+        assert_eq!((s.arch, s.near_len, s.far_len), ("x86_64", 5, 13));
         assert!(s.total > 1000, "{}", s.table());
-        assert_eq!(s.near + s.refused, s.total);
-        assert_eq!(s.reasons.values().sum::<usize>(), s.refused);
+        every_function_counted(&s);
         assert!(s.near as f64 >= 0.95 * s.total as f64, "{}", s.table());
         assert!(s.json().starts_with("{\"library\": \""));
+        assert!(s.json().contains("\"arch\": \"x86_64\""), "{}", s.json());
+    }
+
+    /// Each function is counted once for each form: relocated, or refused
+    /// with a reason.
+    fn every_function_counted(s: &Scan) {
+        assert_eq!(s.near + s.refused, s.total, "{}", s.table());
+        assert_eq!(s.reasons.values().sum::<usize>(), s.refused, "{}", s.table());
+        assert_eq!(s.refused_names.len(), s.refused);
+        assert_eq!(s.far + s.far_reasons.values().sum::<usize>(), s.total, "{}", s.table());
+    }
+
+    /// An object marked aarch64 is scanned with the aarch64 relocator,
+    /// whatever its bytes: here this machine's libc relabelled, so x86_64
+    /// code read as aarch64 words (garbage to it). No panic, and every
+    /// function counted under one form or the other's reason.
+    #[test]
+    fn an_aarch64_object_is_scanned_for_aarch64_on_any_host() {
+        let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("a glibc to scan");
+        let mut bytes = std::fs::read(libc).unwrap();
+        bytes[18..20].copy_from_slice(&goblin::elf::header::EM_AARCH64.to_le_bytes()); // e_machine
+        let relabelled = std::env::temp_dir().join(format!("memhook-scan-a64-{}", std::process::id()));
+        std::fs::write(&relabelled, &bytes).unwrap();
+        let s = scan(relabelled.to_str().unwrap());
+        let _ = std::fs::remove_file(&relabelled);
+        let s = s.unwrap();
+        assert_eq!((s.arch, s.near_len, s.far_len), ("aarch64", 4, 16));
+        assert!(s.total > 1000, "{}", s.table());
+        every_function_counted(&s);
+        assert!(s.table().contains("4-byte entry (near):"), "{}", s.table());
+    }
+
+    /// Debian's arm64 libraries (the cross toolchain's libc and libm, and
+    /// libstdc++ of arm64): the 4-byte `b` relocates at every export (one
+    /// instruction moves, and only a branch into it could stop it), and the
+    /// 16-byte form at most. Skipped where they are not installed, unless
+    /// MEMHOOK_TEST_ARM64_LIBS=1 (CI's aarch64 step installs them).
+    #[test]
+    fn aarch64_libraries_of_debian() {
+        let libs = [
+            ("/usr/aarch64-linux-gnu/lib/libc.so.6", 80.0),
+            ("/usr/aarch64-linux-gnu/lib/libm.so.6", 80.0),
+            ("/usr/lib/aarch64-linux-gnu/libstdc++.so.6", 80.0),
+        ];
+        let required = std::env::var_os("MEMHOOK_TEST_ARM64_LIBS").is_some_and(|v| v == "1");
+        for (lib, far_bar) in libs {
+            if !std::path::Path::new(lib).exists() {
+                assert!(!required, "{lib}: not installed, and MEMHOOK_TEST_ARM64_LIBS=1");
+                eprintln!("scan: {lib} not installed: skipped");
+                continue;
+            }
+            let s = scan(lib).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(s.arch, "aarch64");
+            assert!(s.total > 400, "{}", s.table());
+            every_function_counted(&s);
+            assert_eq!(s.near, s.total, "{}", s.table());
+            let far = 100.0 * s.far as f64 / s.total as f64;
+            assert!(far >= far_bar, "{lib}: far form {far:.1}% < {far_bar}%\n{}", s.table());
+            eprint!("{}", s.table());
+        }
     }
 
     /// SPEC.md's coverage bars for the 5-byte form on Debian 12's
@@ -213,5 +312,16 @@ mod tests {
         let e = scan(not_elf.to_str().unwrap()).unwrap_err();
         assert!(e.contains("not an ELF object"), "{e}");
         let _ = std::fs::remove_file(&not_elf);
+        // An ELF object of another processor: named, not scanned.
+        let mut riscv = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        riscv[18..20].copy_from_slice(&goblin::elf::header::EM_RISCV.to_le_bytes());
+        let path = std::env::temp_dir().join(format!("memhook-scan-riscv-{}", std::process::id()));
+        std::fs::write(&path, &riscv).unwrap();
+        let e = scan(path.to_str().unwrap()).unwrap_err();
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            e.contains("neither an x86_64 nor an aarch64 object (e_machine 243)"),
+            "{e}"
+        );
     }
 }
