@@ -148,7 +148,8 @@ pub(crate) fn json_string(s: &str) -> String {
 }
 
 impl Scan {
-    /// SPEC.md's JSON object.
+    /// SPEC.md's JSON object, then `arch` (`"x86_64"`, `"aarch64"`) and
+    /// `far_reasons` (the far form's refusals, counted as `reasons`).
     pub fn json(&self) -> String {
         let counts = |m: &BTreeMap<&str, usize>| {
             m.iter()
