@@ -215,10 +215,7 @@ mod tests {
     /// refusal has a reason, and nothing panics.
     #[test]
     fn scans_the_libc_this_process_uses() {
-        let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6"]
-            .into_iter()
-            .find(|p| std::path::Path::new(p).exists())
-            .expect("a glibc to scan");
+        let libc = host_libc();
         let s = scan(libc).unwrap();
         assert_eq!((s.arch, s.near_len, s.far_len), ("x86_64", 5, 13));
         assert!(s.total > 1000, "{}", s.table());
@@ -226,6 +223,14 @@ mod tests {
         assert!(s.near as f64 >= 0.95 * s.total as f64, "{}", s.table());
         assert!(s.json().starts_with("{\"library\": \""));
         assert!(s.json().contains("\"arch\": \"x86_64\""), "{}", s.json());
+    }
+
+    /// This machine's glibc.
+    fn host_libc() -> &'static str {
+        ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("a glibc to scan")
     }
 
     /// Each function is counted once for each form: relocated, or refused
@@ -243,10 +248,7 @@ mod tests {
     /// function counted under one form or the other's reason.
     #[test]
     fn an_aarch64_object_is_scanned_for_aarch64_on_any_host() {
-        let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6"]
-            .into_iter()
-            .find(|p| std::path::Path::new(p).exists())
-            .expect("a glibc to scan");
+        let libc = host_libc();
         let mut bytes = std::fs::read(libc).unwrap();
         bytes[18..20].copy_from_slice(&goblin::elf::header::EM_AARCH64.to_le_bytes()); // e_machine
         let relabelled = std::env::temp_dir().join(format!("memhook-scan-a64-{}", std::process::id()));
