@@ -505,19 +505,13 @@ fn check_file_discards(h: &Helper, events: u32) {
     }
 }
 
-/// An open with `O_TRUNC` empties a regular file: every mapping of it
-/// loses its pages (a shared one's read as a `SIGBUS`), with no call on
-/// the mappings. `VM_UNMAPPED` of each whole mapping, before the call,
-/// through `open`, `open64` (glibc's other name: reloc rewrites its slots
-/// too) and `openat`, and a shared memory object's through `shm_open`
-/// (whose own open inside libc no open hook sees); `fopen(path, "w")`
-/// opens inside libc, which bistro's
-/// patch sees and reloc does not. Nothing where the open empties nothing:
-/// no `O_TRUNC`, `O_PATH`, `O_CREAT | O_EXCL` (refused: the file is
-/// there), a file created by the call (errno kept across it), an empty
-/// file, a directory.
 /// Under qemu-user, whose `/proc/self/maps` lists no `[heap]`: memhook
 /// cannot tell where the heap starts, and reports a shrink below it too.
+fn qemu_lists_no_heap() -> bool {
+    std::env::var_os("MEMHOOK_TEST_QEMU").is_some()
+        && !std::fs::read_to_string("/proc/self/maps").unwrap().contains("[heap]")
+}
+
 /// Whether the program defines `name` before the C library does: built
 /// with AddressSanitizer (`scripts/asan.sh`), whose allocator serves
 /// `malloc` and whose `dlopen` interceptor makes every `dlopen` the
@@ -527,11 +521,6 @@ fn interposed(name: &std::ffi::CStr) -> bool {
     // SAFETY: a NUL-terminated name and the pseudo-handle RTLD_DEFAULT.
     let first = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) } as usize;
     first != libc_function(name)
-}
-
-fn qemu_lists_no_heap() -> bool {
-    std::env::var_os("MEMHOOK_TEST_QEMU").is_some()
-        && !std::fs::read_to_string("/proc/self/maps").unwrap().contains("[heap]")
 }
 
 /// `syscall(n, ..)` with up to six arguments, through the helper (a
@@ -704,6 +693,17 @@ fn check_syscall(h: &Helper, events: u32) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An open with `O_TRUNC` empties a regular file: every mapping of it
+/// loses its pages (a shared one's read as a `SIGBUS`), with no call on
+/// the mappings. `VM_UNMAPPED` of each whole mapping, before the call,
+/// through `open`, `open64` (glibc's other name: reloc rewrites its slots
+/// too) and `openat`, and a shared memory object's through `shm_open`
+/// (whose own open inside libc no open hook sees); `fopen(path, "w")`
+/// opens inside libc, which bistro's
+/// patch sees and reloc does not. Nothing where the open empties nothing:
+/// no `O_TRUNC`, `O_PATH`, `O_CREAT | O_EXCL` (refused: the file is
+/// there), a file created by the call (errno kept across it), an empty
+/// file, a directory.
 fn check_open_truncate(h: &Helper, mode: HookMode, events: u32) {
     let page = page_size();
     let vm = |ranges: &[(usize, usize)]| -> Vec<Rec> {
@@ -2807,6 +2807,19 @@ fn libc_function(name: &std::ffi::CStr) -> usize {
     f
 }
 
+/// Another hooker's patch of the C library's entry of `name` (over
+/// memhook's patch where memhook installed first), made with bistro:
+/// `hook` runs, and `original` holds the way on.
+///
+/// # Safety
+///
+/// `hook` has the function's signature and calls `original`'s value as
+/// the function itself (or does its work).
+unsafe fn patch_libc(name: &std::ffi::CStr, hook: usize, original: &AtomicUsize) -> memhook::bistro::Hook {
+    // SAFETY: the caller's contract.
+    unsafe { memhook::bistro::Hook::patch_with(libc_function(name), hook, original) }.unwrap()
+}
+
 /// Where the loaded library `lib` (or one it depends on) defines `name`;
 /// 0 where `lib` is not loaded or nothing defines it.
 fn defined_in(lib: &std::ffi::CStr, name: &std::ffi::CStr) -> usize {
@@ -2922,14 +2935,7 @@ extern "C" fn other_mmap(a: usize, l: usize, p: i32, f: i32, fd: i32, o: i64) ->
 /// memhook's patch where memhook installed first).
 fn patch_other_mmap() -> memhook::bistro::Hook {
     // SAFETY: other_mmap has mmap's signature and calls its original.
-    unsafe {
-        memhook::bistro::Hook::patch_with(
-            libc_function(c"mmap"),
-            other_mmap as *const () as usize,
-            &OTHER_ORIGINAL,
-        )
-    }
-    .unwrap()
+    unsafe { patch_libc(c"mmap", other_mmap as *const () as usize, &OTHER_ORIGINAL) }
 }
 
 #[test]
@@ -3222,14 +3228,7 @@ fn beside_ucm_like_munmap((signal, handler): (i32, extern "C" fn(i32)), events: 
     assert_ne!(was, libc::SIG_ERR);
     let patch = || {
         // SAFETY: ucm_like_munmap has munmap's signature and unmaps.
-        unsafe {
-            memhook::bistro::Hook::patch_with(
-                libc_function(c"munmap"),
-                ucm_like_munmap as *const () as usize,
-                &UCM_ORIGINAL,
-            )
-        }
-        .unwrap()
+        unsafe { patch_libc(c"munmap", ucm_like_munmap as *const () as usize, &UCM_ORIGINAL) }
     };
     let other = patch();
     let mut session = Session::new(HookMode::Bistro);
@@ -3358,13 +3357,12 @@ fn a_hooker_that_truncates_by_syscall_is_seen_once_either_side_of_memhook() {
     let patch = || {
         // SAFETY: ucm_like_ftruncate has ftruncate's signature.
         unsafe {
-            memhook::bistro::Hook::patch_with(
-                libc_function(c"ftruncate"),
+            patch_libc(
+                c"ftruncate",
                 ucm_like_ftruncate as *const () as usize,
                 &UCM_FTRUNCATE_ORIGINAL,
             )
         }
-        .unwrap()
     };
     let other = patch();
     let mut session = Session::new(HookMode::Bistro);
