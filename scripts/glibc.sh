@@ -21,6 +21,11 @@
 # needed (and stopped after); where it cannot be, or cannot run the
 # container, the run says so and goes on in the chroot.
 #
+# With --remove, the suite's folder (root and build) is removed instead,
+# once no mount is left under the root: those a killed run left are
+# undone first, and where one stays the folder is kept (rm would go
+# through a bind of the repository or the toolchain).
+#
 # Needs root (debootstrap, chroot, bind mounts) and, the first time,
 # Debian's mirror: the root is kept in target/glibc/SUITE/root for later
 # runs. Where the root cannot be made (no network, no privilege) it says
@@ -30,14 +35,16 @@
 #   bash scripts/glibc.sh bullseye               # cargo test --workspace
 #   bash scripts/glibc.sh sid -p memhook         # arguments go to cargo test
 #   bash scripts/glibc.sh --docker sid           # in a container
+#   bash scripts/glibc.sh --remove sid           # removes the root and its build
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 docker=0
-if [ "${1:-}" = --docker ]; then
-    docker=1
-    shift
-fi
-suite="${1:?usage: glibc.sh [--docker] SUITE [cargo test arguments] (SUITE: bullseye, sid, trixie, ...)}"
+remove=0
+case "${1:-}" in
+--docker) docker=1 && shift ;;
+--remove) remove=1 && shift ;;
+esac
+suite="${1:?usage: glibc.sh [--docker | --remove] SUITE [cargo test arguments] (SUITE: bullseye, sid, trixie, ...)}"
 shift
 case "$suite" in
 *[!a-z]*) echo "glibc.sh: $suite: not a Debian suite name" >&2; exit 2 ;;
@@ -65,7 +72,12 @@ for m in $(stale_mounts); do
 done
 if [ -n "$(stale_mounts)" ]; then
     echo "glibc ($suite): mounts remain under $root:" $(stale_mounts) >&2
+    [ "$remove" = 1 ] && echo "glibc ($suite): $base kept" && exit 0
     exit 1
+fi
+if [ "$remove" = 1 ]; then
+    rm -rf "$base"
+    exit 0
 fi
 # sid moves: a root made more than a week ago is made again (the stamp
 # is written once debootstrap has succeeded).
