@@ -53,7 +53,8 @@ fn detect() -> bool {
                 core::arch::asm!("xgetbv", in("ecx") 0, out("eax") xcr0, out("edx") _, options(nomem, nostack, preserves_flags));
             }
             // SSE and AVX state saved by the OS.
-            let max = __cpuid(0).eax;
+            // SAFETY: leaf 0 exists on every x86_64 CPU.
+            let max = unsafe { __cpuid(0) }.eax;
             // SAFETY: leaf 7 exists when the maximum leaf is at least 7.
             xcr0 & 0b110 == 0b110 && max >= 7 && unsafe { __cpuid_count(7, 0) }.ebx & (1 << 5) != 0
         };

@@ -40,7 +40,10 @@ static PRIMARY_RELEASE: AtomicUsize = AtomicUsize::new(0);
 /// `CUDA_VISIBLE_DEVICES` is read once); 0 until asked successfully.
 static DEVICES: AtomicI32 = AtomicI32::new(0);
 
-const FUNCTIONS: [(&CStr, &AtomicUsize); 8] = [
+/// The driver functions memhook calls itself: each name, and its slot. A
+/// `static`, not a `const`: Rust 1.88 (`rust-version`) refuses a constant
+/// that refers to a static's atomic.
+static FUNCTIONS: [(&CStr, &AtomicUsize); 8] = [
     (c"cuPointerGetAttributes", &GET_ATTRIBUTES),
     (c"cuMemGetAddressRange_v2", &ADDRESS_RANGE),
     (c"cuCtxGetDevice", &CTX_GET_DEVICE),
