@@ -24,6 +24,22 @@ fn appears(path: &Path) -> bool {
     path.exists()
 }
 
+/// Waits up to `secs` seconds for `child`, the leader of its own process
+/// group, to end; past that, kills the group and fails, naming `what`
+/// (a test of signals must fail, not hang, where one is not delivered).
+fn ends_within(child: &mut std::process::Child, secs: u64, what: &str) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() >= until {
+            // SAFETY: kills the group the test made for this child.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            panic!("{what}: still running after {secs} s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// The line of `memhook doctor` that starts with `key` (empty if none).
 fn doctor_line(key: &str) -> String {
     let doctor = text(&memhook().arg("doctor").output().unwrap());
@@ -687,16 +703,28 @@ fn ctrl_c_ends_the_command_not_the_summary() {
         "trap 'exit 5' INT; touch {}; while :; do sleep 0.05; done",
         started.display()
     );
-    let run = memhook()
+    let mut plain = memhook();
+    plain
         .args(["run", "--", "sh", "-c", &script])
         .process_group(0)
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(std::process::Stdio::piped());
+    // Ctrl-C as a terminal's user has it, whatever this test inherited
+    // (a job started in the background by a shell without job control
+    // ignores it, and so would the command: its trap would be refused).
+    // SAFETY: runs in the child before exec; sigaction is
+    // async-signal-safe.
+    unsafe {
+        plain.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        })
+    };
+    let mut run = plain.spawn().unwrap();
     assert!(appears(&started), "the command started under memhook run");
     // SAFETY: signals the group just made (memhook run and its command).
     assert_eq!(unsafe { libc::kill(-(run.id() as i32), libc::SIGINT) }, 0);
+    ends_within(&mut run, 30, "memhook run and its command, after Ctrl-C");
     let o = run.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(5), "the command's trap decided: {}", text(&o));
     assert!(text(&o).contains("exited with status 5"), "summarised: {}", text(&o));
@@ -731,6 +759,7 @@ fn ctrl_c_ends_the_command_not_the_summary() {
     );
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(group, libc::SIGTERM) }, 0);
+    ends_within(&mut run, 30, "memhook run and its command, after a TERM");
     let status = run.wait().unwrap();
     use std::os::unix::process::ExitStatusExt;
     assert!(
