@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn memhook() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_memhook"))
+    memhook_tests::command(env!("CARGO_BIN_EXE_memhook"))
 }
 
 /// Makes sure libmemhook.so, built from the current sources, sits next
@@ -380,7 +380,10 @@ fn run_puts_an_asan_runtime_first() {
             return;
         }
     };
-    let alone = Command::new(&prog).env("ASAN_OPTIONS", asan_options).output().unwrap();
+    let alone = memhook_tests::command(&prog)
+        .env("ASAN_OPTIONS", asan_options)
+        .output()
+        .unwrap();
     if !alone.status.success() {
         eprintln!(
             "an AddressSanitizer program does not run here, not checked: {}",

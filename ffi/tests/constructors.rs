@@ -120,7 +120,7 @@ fn a_late_load_that_lays_out_the_map_at_install_keeps_it_on_huge_pages() {
             .args(["-ldl", "-Wl,-rpath,$ORIGIN"]),
         "late_load.c",
     );
-    let out = std::process::Command::new(&exe)
+    let out = memhook_tests::command(&exe)
         .arg(&lib)
         .arg(format!("{offset:x}"))
         .arg(format!("{size:x}"))

@@ -57,7 +57,7 @@ fn cc_with(src: &str, out: &Path, link_memhook: bool, extra: &[&str]) {
 fn count_events() {
     let out = out_dir().join("count_events");
     cc("count_events.c", &out, true);
-    let o = Command::new(&out).output().unwrap();
+    let o = memhook_tests::command(&out).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
@@ -77,7 +77,11 @@ fn closing_libmemhook_after_install_leaves_it_loaded_and_working() {
 /// after install, it stays loaded, and its hooks and handler keep working.
 fn closes_and_keeps_working(program: &Path, library: &Path) {
     for config in ["mmap=bistro;cuda=none", "mmap=reloc;cuda=none"] {
-        let o = Command::new(program).arg(library).arg(config).output().unwrap();
+        let o = memhook_tests::command(program)
+            .arg(library)
+            .arg(config)
+            .output()
+            .unwrap();
         let stdout = String::from_utf8_lossy(&o.stdout);
         assert!(
             o.status.success(),
@@ -112,7 +116,7 @@ fn static_plugin(dir: &Path, name: &str) -> PathBuf {
         .arg(lib_dir().join("libmemhook.a"))
         .args(["-lpthread", "-ldl", "-lm"]);
     memhook_tests::cc::build(&mut c, "the plugin");
-    if let Ok(d) = Command::new("readelf").arg("-d").arg(&plugin).output() {
+    if let Ok(d) = memhook_tests::command("readelf").arg("-d").arg(&plugin).output() {
         assert!(
             !String::from_utf8_lossy(&d.stdout).contains("NODELETE"),
             "the plugin is linked without -z nodelete"
@@ -146,7 +150,11 @@ fn install_and_uninstall_allocate_nothing() {
         "mmap=bistro;cuda=bistro,reloc,procaddr",
     ];
     for library in [lib_dir().join("libmemhook.so"), static_plugin(&dir, "plugin_no_malloc")] {
-        let o = Command::new(&out).arg(&library).args(configs).output().unwrap();
+        let o = memhook_tests::command(&out)
+            .arg(&library)
+            .args(configs)
+            .output()
+            .unwrap();
         let stdout = String::from_utf8_lossy(&o.stdout);
         assert!(
             o.status.success() && stdout.contains("allocations in all: 0"),
@@ -171,7 +179,7 @@ fn install_and_uninstall_allocate_nothing() {
     // `memhook_install(NULL)`: the modes read from the environment in
     // place (std's `var_os` copied each value: 2 allocations an install).
     let from_env = |mmap: &std::ffi::OsStr| {
-        Command::new(&out)
+        memhook_tests::command(&out)
             .arg(lib_dir().join("libmemhook.so"))
             .arg("env")
             .env("MEMHOOK_MMAP_HOOK_MODE", mmap)
@@ -222,7 +230,10 @@ fn closing_a_plugin_that_embeds_the_static_library_leaves_it_loaded() {
 fn bistro_patches_the_c_librarys_mmap_past_an_interposer() {
     let out = out_dir().join("own_mmap");
     cc("own_mmap.c", &out, true);
-    let o = Command::new(&out).arg("mmap=bistro;cuda=none").output().unwrap();
+    let o = memhook_tests::command(&out)
+        .arg("mmap=bistro;cuda=none")
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
     assert!(stdout.contains("malloc and free: 1 mapped, 1 unmapped"), "{stdout}");
@@ -269,7 +280,7 @@ fn two_copies_of_memhook_each_see_every_mmap() {
     // The program's output with these arguments, once it ran to the end.
     let run = |case: &str, args: &[&str]| {
         let o = output_within(
-            Command::new(&out).arg(&copy).args(args),
+            memhook_tests::command(&out).arg(&copy).args(args),
             std::time::Duration::from_secs(20),
         )
         .unwrap_or_else(|| panic!("{case}: hung"));
@@ -360,7 +371,11 @@ fn two_copies_of_memhook_with_the_cuda_hooks() {
     );
     let copy = dir.join("libmemhook-copy-cuda.so");
     std::fs::copy(lib_dir().join("libmemhook.so"), &copy).unwrap();
-    let o = output_within(Command::new(&out).arg(&copy), std::time::Duration::from_secs(20)).expect("hung");
+    let o = output_within(
+        memhook_tests::command(&out).arg(&copy),
+        std::time::Duration::from_secs(20),
+    )
+    .expect("hung");
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
     assert!(stdout.contains("allocations seen: a=1 b=1"), "{stdout}");
@@ -393,7 +408,7 @@ fn a_second_namespace_libc_is_hooked() {
     }
     let out = out_dir().join("namespaces");
     cc("namespaces.c", &out, true);
-    let o = Command::new(&out).output().unwrap();
+    let o = memhook_tests::command(&out).output().unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
     assert!(stdout.contains("1 mapped, 2 unmapped"), "{stdout}");
@@ -405,7 +420,7 @@ fn cuda_events_on_the_fake_driver() {
     let fake = memhook_tests::fakecuda::build(&dir.join("fakecuda"));
     let out = dir.join("cuda_events");
     cc("cuda_events.c", &out, true);
-    let o = Command::new(&out).arg(&fake.libcuda).output().unwrap();
+    let o = memhook_tests::command(&out).arg(&fake.libcuda).output().unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
     assert!(stdout.contains("4 allocations, 4 frees"), "{stdout}");
@@ -442,13 +457,13 @@ fn the_c_api_in_sanitized_programs() {
         // Leak checking stops the world by ptrace, which a sandbox may
         // refuse: not what this test is about.
         let options = [("ASAN_OPTIONS", "detect_leaks=0"), ("TSAN_OPTIONS", "")];
-        if !built.status.success() || !Command::new(&probe).envs(options).status().unwrap().success() {
+        if !built.status.success() || !memhook_tests::command(&probe).envs(options).status().unwrap().success() {
             eprintln!("{flag}: not in this compiler, or its programs do not run here; not checked");
             continue;
         }
         let out = dir.join(format!("count_events_{sanitizer}"));
         cc_with("count_events.c", &out, true, &[&flag]);
-        let o = Command::new(&out).envs(options).output().unwrap();
+        let o = memhook_tests::command(&out).envs(options).output().unwrap();
         let stdout = String::from_utf8_lossy(&o.stdout);
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert!(
@@ -469,14 +484,14 @@ fn the_c_api_in_sanitized_programs() {
 /// installed.
 #[test]
 fn the_c_api_under_valgrind() {
-    let version = Command::new("valgrind").arg("--version").output();
+    let version = memhook_tests::command("valgrind").arg("--version").output();
     if !version.is_ok_and(|o| o.status.success()) {
         eprintln!("valgrind is not installed: not checked");
         return;
     }
     let out = out_dir().join("count_events_valgrind");
     cc("count_events.c", &out, true);
-    let o = Command::new("valgrind")
+    let o = memhook_tests::command("valgrind")
         .args(["-q", "--error-exitcode=9", "--leak-check=no"])
         .arg(&out)
         .output()
@@ -494,7 +509,7 @@ fn the_c_api_under_valgrind() {
 fn trace_of_an_unmodified_program_under_ld_preload() {
     let out = out_dir().join("trace_preload");
     cc("trace_preload.c", &out, false);
-    let o = Command::new(&out)
+    let o = memhook_tests::command(&out)
         .env("LD_PRELOAD", lib_dir().join("libmemhook.so"))
         .env("MEMHOOK_TRACE", "1")
         .output()
@@ -513,7 +528,7 @@ fn trace_of_an_unmodified_program_under_ld_preload() {
         );
     }
     // A bad mode is reported, and the program still runs.
-    let o = Command::new(&out)
+    let o = memhook_tests::command(&out)
         .env("LD_PRELOAD", lib_dir().join("libmemhook.so"))
         .env("MEMHOOK_MMAP_HOOK_MODE", "bistr")
         .output()
@@ -535,7 +550,7 @@ fn a_preloaded_library_reports_the_pages_userfaultfd_moves() {
     let out = out_dir().join("uffd_move");
     cc("uffd_move.c", &out, false);
     for mode in ["bistro", "reloc"] {
-        let o = Command::new(&out)
+        let o = memhook_tests::command(&out)
             .env("LD_PRELOAD", lib_dir().join("libmemhook.so"))
             .env("MEMHOOK_TRACE", "1")
             .env("MEMHOOK_MMAP_HOOK_MODE", mode)
@@ -572,7 +587,7 @@ fn reloc_mode_hooks_the_program_itself_pie_or_not() {
     for (name, flags) in [("trace_pie", "-pie"), ("trace_no_pie", "-no-pie")] {
         let out = out_dir().join(name);
         cc_with("trace_preload.c", &out, false, &["-fPIE", flags]);
-        let o = Command::new(&out)
+        let o = memhook_tests::command(&out)
             .env("LD_PRELOAD", lib_dir().join("libmemhook.so"))
             .env("MEMHOOK_TRACE", "1")
             .env("MEMHOOK_MMAP_HOOK_MODE", "reloc")

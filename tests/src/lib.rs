@@ -8,3 +8,31 @@ pub mod maps_model;
 pub mod memtype_model;
 pub mod reloc_check;
 pub mod reloc_check_aarch64;
+
+/// The environment variables by which memhook, loaded into a program,
+/// takes its configuration (and `memhook run` its library and report
+/// channel).
+pub const CONFIG_VARS: [&str; 9] = [
+    "MEMHOOK_CUDA_HOOK_MODE",
+    "MEMHOOK_MMAP_HOOK_MODE",
+    "MEMHOOK_TRACE",
+    "MEMHOOK_MAP_HUGE_PAGES",
+    "MEMHOOK_READER_SLOTS",
+    "MEMHOOK_LIB",
+    "MEMHOOK_REPORT_FD",
+    "MEMHOOK_REPORT_ID",
+    "MEMHOOK_REPORT_SOCKET",
+];
+
+/// A command for `program` without [`CONFIG_VARS`]: a test that starts a
+/// program with memhook in it sets what it means (`.env(...)` after this)
+/// and nothing of the developer's shell comes through (with
+/// `MEMHOOK_MMAP_HOOK_MODE=none` exported there, a test that counts events
+/// would see none).
+pub fn command(program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+    let mut command = std::process::Command::new(program);
+    for var in CONFIG_VARS {
+        command.env_remove(var);
+    }
+    command
+}
