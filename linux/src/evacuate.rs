@@ -1838,9 +1838,8 @@ mod tests {
     /// while it runs (and not wait for it), nor leave it alone as a
     /// thread blocked outside. Three such threads, the writer and a
     /// thread that blocks both signals and spins share one CPU: the hold
-    /// takes that one for one that blocks the signal, and the three for
-    /// none of them; it holds all three. Some of the forty holds must
-    /// find them inside the handler.
+    /// takes that one for one that blocks the signal, and holds all
+    /// three. Some of the forty holds must find them inside the handler.
     #[test]
     fn threads_let_go_are_held_again_by_the_next_hold() {
         let Some(_one) = native_signal_test() else {
@@ -1909,11 +1908,17 @@ mod tests {
         for b in busy {
             b.join().unwrap();
         }
+        // (One of the three may carry the mark of a thread seen blocking
+        // the signal at the hold's look for masks, 2 ms in: one that had
+        // entered the handler, its mask the handler's, and waited for
+        // the CPU before its mark. Seen once in a workspace run here, in
+        // the first hold. The mark decides nothing while the mask is the
+        // handler's: the hold waits on, and holds it. What a hold that
+        // took it for one that blocks the signal of its own accord would
+        // do, leave it unheld, is what this asserts against.)
         assert!(
-            rounds
-                .iter()
-                .all(|&(held, masked, blocker, _)| (held, masked, blocker) == (3, 0, true)),
-            "every hold held the three and took only the fourth for one that blocks the signal: {rounds:?}"
+            rounds.iter().all(|&(held, _, blocker, _)| (held, blocker) == (3, true)),
+            "every hold held the three and took the fourth for one that blocks the signal: {rounds:?}"
         );
         assert!(
             rounds.iter().any(|r| r.3 > 0),
