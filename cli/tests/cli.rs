@@ -696,9 +696,36 @@ fn run_keeps_the_exit_status() {
 /// of it before the command ends, or its summary is lost. And a command
 /// that ignores Ctrl-C because its caller did (a background job of a
 /// script) still does under `memhook run`.
+/// `memhook run -- sh -c script` in a process group of its own, started
+/// with SIGINT's disposition `sigint` (which the command inherits), its
+/// output piped where `piped`, else dropped.
+fn run_with_sigint(script: &str, sigint: libc::sighandler_t, piped: bool) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let output = || {
+        if piped {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        }
+    };
+    let mut run = memhook();
+    run.args(["run", "--", "sh", "-c", script])
+        .process_group(0)
+        .stdout(output())
+        .stderr(output());
+    // SAFETY: runs in the child before exec; sigaction is
+    // async-signal-safe.
+    unsafe {
+        run.pre_exec(move || {
+            libc::signal(libc::SIGINT, sigint);
+            Ok(())
+        })
+    };
+    run.spawn().unwrap()
+}
+
 #[test]
 fn ctrl_c_ends_the_command_not_the_summary() {
-    use std::os::unix::process::CommandExt;
     with_library();
     let started = work().join("interrupted-started");
     let _ = std::fs::remove_file(&started);
@@ -706,24 +733,10 @@ fn ctrl_c_ends_the_command_not_the_summary() {
         "trap 'exit 5' INT; touch {}; while :; do sleep 0.05; done",
         started.display()
     );
-    let mut plain = memhook();
-    plain
-        .args(["run", "--", "sh", "-c", &script])
-        .process_group(0)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
     // Ctrl-C as a terminal's user has it, whatever this test inherited
     // (a job started in the background by a shell without job control
     // ignores it, and so would the command: its trap would be refused).
-    // SAFETY: runs in the child before exec; sigaction is
-    // async-signal-safe.
-    unsafe {
-        plain.pre_exec(|| {
-            libc::signal(libc::SIGINT, libc::SIG_DFL);
-            Ok(())
-        })
-    };
-    let mut run = plain.spawn().unwrap();
+    let mut run = run_with_sigint(&script, libc::SIG_DFL, true);
     assert!(appears(&started), "the command started under memhook run");
     // SAFETY: signals the group just made (memhook run and its command).
     assert_eq!(unsafe { libc::kill(-(run.id() as i32), libc::SIGINT) }, 0);
@@ -736,21 +749,7 @@ fn ctrl_c_ends_the_command_not_the_summary() {
     // Started with Ctrl-C ignored: the command inherits that (and its
     // `trap` cannot take it back), so it runs on; a TERM then ends it.
     let _ = std::fs::remove_file(&started);
-    let mut ignoring = memhook();
-    ignoring
-        .args(["run", "--", "sh", "-c", &script])
-        .process_group(0)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    // SAFETY: runs in the child before exec; sigaction is
-    // async-signal-safe.
-    unsafe {
-        ignoring.pre_exec(|| {
-            libc::signal(libc::SIGINT, libc::SIG_IGN);
-            Ok(())
-        })
-    };
-    let mut run = ignoring.spawn().unwrap();
+    let mut run = run_with_sigint(&script, libc::SIG_IGN, false);
     assert!(appears(&started), "the command started under memhook run");
     let group = -(run.id() as i32);
     // SAFETY: as above.
