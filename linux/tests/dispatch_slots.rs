@@ -29,7 +29,10 @@ fn slots_are_on_where_the_kernel_has_the_expedited_membarrier() {
     let supported = unsafe { libc::syscall(libc::SYS_membarrier, 0, 0, 0) };
     let expedited = supported >= 0 && supported & (1 << 3) != 0;
     if opted_out() {
-        assert!(!memhook::dispatch::reader_slots(), "MEMHOOK_READER_SLOTS=0 is not honoured");
+        assert!(
+            !memhook::dispatch::reader_slots(),
+            "MEMHOOK_READER_SLOTS=0 is not honoured"
+        );
         return;
     }
     assert_eq!(memhook::dispatch::reader_slots(), expedited);
