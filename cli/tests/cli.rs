@@ -24,22 +24,6 @@ fn appears(path: &Path) -> bool {
     path.exists()
 }
 
-/// Waits up to `secs` seconds for `child`, the leader of its own process
-/// group, to end; past that, kills the group and fails, naming `what`
-/// (a test of signals must fail, not hang, where one is not delivered).
-fn ends_within(child: &mut std::process::Child, secs: u64, what: &str) {
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() >= until {
-            // SAFETY: kills the group the test made for this child.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            let _ = child.wait();
-            panic!("{what}: still running after {secs} s");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-}
-
 /// The line of `memhook doctor` that starts with `key` (empty if none).
 fn doctor_line(key: &str) -> String {
     let doctor = text(&memhook().arg("doctor").output().unwrap());
@@ -380,10 +364,7 @@ fn run_puts_an_asan_runtime_first() {
             return;
         }
     };
-    let alone = memhook_tests::command(&prog)
-        .env("ASAN_OPTIONS", asan_options)
-        .output()
-        .unwrap();
+    let alone = Command::new(&prog).env("ASAN_OPTIONS", asan_options).output().unwrap();
     if !alone.status.success() {
         eprintln!(
             "an AddressSanitizer program does not run here, not checked: {}",
@@ -691,11 +672,6 @@ fn run_keeps_the_exit_status() {
     assert_eq!(o.status.code(), Some(126), "{}", text(&o));
 }
 
-/// Ctrl-C reaches the terminal's whole foreground group: the command,
-/// which decides what it means, and `memhook run`, which must not die
-/// of it before the command ends, or its summary is lost. And a command
-/// that ignores Ctrl-C because its caller did (a background job of a
-/// script) still does under `memhook run`.
 /// `memhook run -- sh -c script` in a process group of its own, started
 /// with SIGINT's disposition `sigint` (which the command inherits), its
 /// output piped where `piped`, else dropped.
@@ -724,6 +700,11 @@ fn run_with_sigint(script: &str, sigint: libc::sighandler_t, piped: bool) -> std
     run.spawn().unwrap()
 }
 
+/// Ctrl-C reaches the terminal's whole foreground group: the command,
+/// which decides what it means, and `memhook run`, which must not die
+/// of it before the command ends, or its summary is lost. And a command
+/// that ignores Ctrl-C because its caller did (a background job of a
+/// script) still does under `memhook run`.
 #[test]
 fn ctrl_c_ends_the_command_not_the_summary() {
     with_library();
@@ -740,7 +721,10 @@ fn ctrl_c_ends_the_command_not_the_summary() {
     assert!(appears(&started), "the command started under memhook run");
     // SAFETY: signals the group just made (memhook run and its command).
     assert_eq!(unsafe { libc::kill(-(run.id() as i32), libc::SIGINT) }, 0);
-    ends_within(&mut run, 30, "memhook run and its command, after Ctrl-C");
+    assert!(
+        memhook_tests::wait_within(&mut run, std::time::Duration::from_secs(30)),
+        "memhook run and its command, after Ctrl-C: still running after 30 s"
+    );
     let o = run.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(5), "the command's trap decided: {}", text(&o));
     assert!(text(&o).contains("exited with status 5"), "summarised: {}", text(&o));
@@ -761,7 +745,10 @@ fn ctrl_c_ends_the_command_not_the_summary() {
     );
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(group, libc::SIGTERM) }, 0);
-    ends_within(&mut run, 30, "memhook run and its command, after a TERM");
+    assert!(
+        memhook_tests::wait_within(&mut run, std::time::Duration::from_secs(30)),
+        "memhook run and its command, after a TERM: still running after 30 s"
+    );
     let status = run.wait().unwrap();
     use std::os::unix::process::ExitStatusExt;
     assert!(

@@ -116,7 +116,7 @@ fn static_plugin(dir: &Path, name: &str) -> PathBuf {
         .arg(lib_dir().join("libmemhook.a"))
         .args(["-lpthread", "-ldl", "-lm"]);
     memhook_tests::cc::build(&mut c, "the plugin");
-    if let Ok(d) = memhook_tests::command("readelf").arg("-d").arg(&plugin).output() {
+    if let Ok(d) = Command::new("readelf").arg("-d").arg(&plugin).output() {
         assert!(
             !String::from_utf8_lossy(&d.stdout).contains("NODELETE"),
             "the plugin is linked without -z nodelete"
@@ -251,16 +251,7 @@ fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Option<std::p
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let until = std::time::Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > until {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    Some(child.wait_with_output().unwrap())
+    memhook_tests::wait_within(&mut child, limit).then(|| child.wait_with_output().unwrap())
 }
 
 /// Two independent copies of memhook in one process (two libraries that
@@ -484,7 +475,7 @@ fn the_c_api_in_sanitized_programs() {
 /// installed.
 #[test]
 fn the_c_api_under_valgrind() {
-    let version = memhook_tests::command("valgrind").arg("--version").output();
+    let version = Command::new("valgrind").arg("--version").output();
     if !version.is_ok_and(|o| o.status.success()) {
         eprintln!("valgrind is not installed: not checked");
         return;

@@ -36,3 +36,28 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
     }
     command
 }
+
+/// Waits up to `limit` for `child` to end: true where it did. Past that,
+/// kills it (its whole process group where it leads one: a program that
+/// started others, as `memhook run` does) and returns false once it is
+/// reaped, so that a test of a program that hangs fails and goes on.
+pub fn wait_within(child: &mut std::process::Child, limit: std::time::Duration) -> bool {
+    let until = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > until {
+            let pid = child.id() as libc::pid_t;
+            // SAFETY: getpgid reads the group of our own child, not yet
+            // reaped (so its id is not another process's).
+            if unsafe { libc::getpgid(pid) } == pid {
+                // SAFETY: signals the group that child leads.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
+            } else {
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    true
+}
