@@ -22,7 +22,15 @@ usage:
       function the near form refuses, and why)
   memhook demo
       a built-in workload: host mappings, and CUDA memory with a GPU
-  memhook --version";
+  memhook --version
+An option's value may follow `=` (--cuda-mode=bistro,procaddr); `--help`
+after any command prints this.";
+
+/// `--help` (of memhook or of a subcommand): the usage on stdout, status 0.
+fn help() -> ! {
+    println!("{USAGE}");
+    std::process::exit(0);
+}
 
 /// A usage error: one line, then exit status 2.
 fn usage_error(msg: &str) -> ! {
@@ -40,30 +48,42 @@ fn parse_run(args: &[String]) -> run::Options {
     };
     let mut i = 0;
     while i < args.len() {
-        let a = args[i].as_str();
+        // `--cuda-mode=M` as well as `--cuda-mode M`.
+        let (a, inline) = match args[i].split_once('=') {
+            Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
+            _ => (args[i].as_str(), None),
+        };
         match a {
             "--" => {
                 opts.command = args[i + 1..].to_vec();
                 break;
             }
+            "--help" | "-h" => help(),
+            "--trace" | "--json" if inline.is_some() => usage_error(&format!("run: {a} takes no value")),
             "--trace" => opts.trace = true,
             "--json" => opts.json = true,
             "--cuda-mode" | "--mmap-mode" => {
-                let Some(v) = args.get(i + 1) else {
+                let value = match inline {
+                    Some(v) => Some(v),
+                    None => {
+                        i += 1;
+                        args.get(i).cloned()
+                    }
+                };
+                let Some(v) = value else {
                     usage_error(&format!("run: {a} needs a value"));
                 };
                 let family = if a == "--cuda-mode" { Family::Cuda } else { Family::Mmap };
-                if let Err(e) = ModeSet::parse(v, family, memhook::AVAILABLE_MODES) {
+                if let Err(e) = ModeSet::parse(&v, family, memhook::AVAILABLE_MODES) {
                     usage_error(&format!("run: {a}: {e}"));
                 }
                 if family == Family::Cuda {
-                    opts.cuda_mode = Some(v.clone());
+                    opts.cuda_mode = Some(v);
                 } else {
-                    opts.mmap_mode = Some(v.clone());
+                    opts.mmap_mode = Some(v);
                 }
-                i += 1;
             }
-            _ if a.starts_with('-') => usage_error(&format!("run: unknown option `{a}`")),
+            _ if a.starts_with('-') => usage_error(&format!("run: unknown option `{}`", args[i])),
             _ => {
                 opts.command = args[i..].to_vec();
                 break;
@@ -82,7 +102,7 @@ fn main() {
     let rest = args.get(1..).unwrap_or_default();
     match args.first().map(String::as_str) {
         Some("--version") | Some("-V") => println!("memhook {}", env!("CARGO_PKG_VERSION")),
-        Some("--help") | Some("-h") | Some("help") => println!("{USAGE}"),
+        Some("--help") | Some("-h") | Some("help") => help(),
         Some("run") => {
             let opts = parse_run(rest);
             match run::run(opts) {
@@ -93,6 +113,7 @@ fn main() {
                 }
             }
         }
+        Some("doctor" | "demo" | "scan") if rest.iter().any(|a| a == "--help" || a == "-h") => help(),
         Some("doctor") => {
             if let Some(a) = rest.first() {
                 usage_error(&format!("doctor takes no arguments (got `{a}`)"));

@@ -944,19 +944,94 @@ fn demo_shows_events() {
     }
 }
 
+/// The hook modes `run` installed, as its JSON lists them.
+fn modes_installed(json: &str) -> Vec<&str> {
+    let mut modes: Vec<&str> = json
+        .split(r#""mode": ""#)
+        .skip(1)
+        .filter_map(|m| m.split('"').next())
+        .collect();
+    modes.sort_unstable();
+    modes.dedup();
+    modes
+}
+
+/// `run`'s options with a value take it after `=` too (`--mmap-mode=reloc`),
+/// as after a space; a flag given a value is refused.
+#[test]
+fn run_takes_an_options_value_after_an_equals_sign() {
+    with_library();
+    let json = |args: &[&str]| {
+        let o = memhook()
+            .arg("run")
+            .args(args)
+            .args(["--json", "--", "true"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    for mode in ["reloc", "bistro"] {
+        let spaced = json(&["--mmap-mode", mode, "--cuda-mode", "none"]);
+        let joined = json(&[&format!("--mmap-mode={mode}"), "--cuda-mode=none"]);
+        assert_eq!(modes_installed(&spaced), [mode], "{spaced}");
+        assert_eq!(modes_installed(&joined), [mode], "{joined}");
+    }
+    let o = memhook().args(["run", "--json=yes", "--", "true"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--json takes no value"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// `--help` after any command prints the usage on stdout and succeeds;
+/// after `run`'s command it is the command's.
+#[test]
+fn help_of_each_command_is_the_usage() {
+    let usage = memhook().arg("--help").output().unwrap();
+    assert!(usage.status.success());
+    assert!(String::from_utf8_lossy(&usage.stdout).contains("memhook run ["));
+    for args in [
+        &["help"][..],
+        &["-h"],
+        &["run", "--help"],
+        &["run", "-h"],
+        &["scan", "--help"],
+        &["doctor", "-h"],
+        &["demo", "--help"],
+    ] {
+        let o = memhook().args(args).output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        assert_eq!(o.stdout, usage.stdout, "{args:?}");
+    }
+    with_library();
+    let o = memhook()
+        .args(["run", "--", "sh", "-c", "echo \"own $1\"", "sh", "--help"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "own --help\n");
+}
+
 #[test]
 fn errors_are_one_line_and_non_zero() {
     let not_elf = work().join("not-elf.so");
     std::fs::write(&not_elf, b"hello").unwrap();
-    let cases: [&[&str]; 8] = [
+    let cases: [&[&str]; 12] = [
         &["bogus"],
         &["run", "--frobnicate", "--", "true"],
+        &["run", "--frobnicate=1", "--", "true"],
         &["run"],
         &["run", "--cuda-mode", "bistr", "--", "true"],
+        &["run", "--mmap-mode=procaddr", "--", "true"],
+        &["run", "--mmap-mode"],
         &["scan", "--nope", "/bin/true"],
         &["scan", "/nonexistent/libfoo.so"],
         &["scan", not_elf.to_str().unwrap()],
         &["run", "--", "/nonexistent/program"],
+        &["doctor", "--json"],
     ];
     for args in cases {
         let o = memhook().args(args).output().unwrap();
