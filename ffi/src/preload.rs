@@ -69,8 +69,22 @@ unsafe fn trace(_: usize, _: usize, e: &mut Event) {
     }
 }
 
-fn env_is(name: &str, value: &str) -> bool {
-    std::env::var_os(name).is_some_and(|v| v == value)
+/// `MEMHOOK_TRACE`: on at `1`; off unset, empty or `0`. Any other value
+/// (`yes`, `true`) leaves it off and says so, once, rather than leave the
+/// user waiting for a trace that never comes.
+fn trace_wanted() -> bool {
+    match std::env::var_os("MEMHOOK_TRACE") {
+        Some(v) if v == "1" => true,
+        Some(v) if v.is_empty() || v == "0" => false,
+        Some(v) => {
+            emit(format_args!(
+                "memhook: MEMHOOK_TRACE=`{}` is neither 1 (on) nor 0 (off): no trace",
+                v.to_string_lossy()
+            ));
+            false
+        }
+        None => false,
+    }
 }
 
 fn preloaded() -> bool {
@@ -78,7 +92,7 @@ fn preloaded() -> bool {
 }
 
 extern "C" fn at_load() {
-    let trace_on = env_is("MEMHOOK_TRACE", "1");
+    let trace_on = trace_wanted();
     let report_on =
         std::env::var_os("MEMHOOK_REPORT_FD").is_some() || std::env::var_os("MEMHOOK_REPORT_SOCKET").is_some();
     if !preloaded() && !trace_on && !report_on {

@@ -527,6 +527,19 @@ fn trace_of_an_unmodified_program_under_ld_preload() {
     assert!(o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("unknown hook mode `bistr`"), "{err}");
+    // A trace setting other than 1 or 0 is reported, and no trace comes.
+    let o = memhook_tests::command(&out)
+        .env("LD_PRELOAD", lib_dir().join("libmemhook.so"))
+        .env("MEMHOOK_TRACE", "yes")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("MEMHOOK_TRACE=`yes` is neither 1 (on) nor 0 (off)"),
+        "{err}"
+    );
+    assert!(!err.contains("MMAP addr="), "{err}");
 }
 
 /// An unmodified program that moves pages with userfaultfd's `UFFDIO_MOVE`
