@@ -62,7 +62,8 @@
 
 /*
  A handler could not be registered (table full, or called from inside a
- handler, or no event named).
+ handler, or no event named, or a bit that is neither an event nor a
+ flag of this version).
  */
 #define MEMHOOK_ERR_HANDLER -9
 

@@ -122,6 +122,26 @@ pub mod bits {
     /// Every flag bit.
     pub const ALL_FLAGS: u32 = NO_INSTALL | EXISTING_ALLOC;
 
+    /// Whether `mask` is a handler's mask this version understands: at
+    /// least one event, and no bit that is neither an event nor a flag (a
+    /// program built against a later header, asking for an event this
+    /// version never reports, is refused rather than left waiting for it).
+    ///
+    /// # Errors
+    ///
+    /// [`RegisterError::UnknownBits`](super::RegisterError::UnknownBits) or
+    /// [`RegisterError::NoEvents`](super::RegisterError::NoEvents).
+    pub const fn check_mask(mask: u32) -> Result<(), super::RegisterError> {
+        let unknown = mask & !(ALL_EVENTS | ALL_FLAGS);
+        if unknown != 0 {
+            Err(super::RegisterError::UnknownBits { bits: unknown })
+        } else if mask & ALL_EVENTS == 0 {
+            Err(super::RegisterError::NoEvents)
+        } else {
+            Ok(())
+        }
+    }
+
     /// The name of a single event bit, as the C header and the CLI print it.
     pub const fn name(bit: u32) -> Option<&'static str> {
         Some(match bit {
@@ -517,6 +537,12 @@ pub enum RegisterError {
     InsideHandler,
     /// The event mask names no event.
     NoEvents,
+    /// The event mask has bits that are neither an event nor a flag of
+    /// this version.
+    UnknownBits {
+        /// Those bits.
+        bits: u32,
+    },
     /// No handler has that id.
     NotFound,
 }
@@ -531,6 +557,12 @@ impl fmt::Display for RegisterError {
                 f.write_str("cannot change handlers from inside a handler (it would wait for itself)")
             }
             RegisterError::NoEvents => f.write_str("event mask names no event"),
+            RegisterError::UnknownBits { bits } => write!(
+                f,
+                "event mask has bits {bits:#x} that are neither an event ({:#x}) nor a flag ({:#x}) of this memhook",
+                bits::ALL_EVENTS,
+                bits::ALL_FLAGS
+            ),
             RegisterError::NotFound => f.write_str("no such handler"),
         }
     }
@@ -1294,7 +1326,9 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     ///
     /// [`RegisterError::Full`] when the table holds `N` handlers,
     /// [`RegisterError::InsideHandler`] when called from a handler,
-    /// [`RegisterError::NoEvents`] when `events` names no event.
+    /// [`RegisterError::NoEvents`] when `events` names no event,
+    /// [`RegisterError::UnknownBits`] when it has a bit that is neither an
+    /// event nor a flag ([`bits::check_mask`]).
     pub fn register(
         &self,
         depth: &DispatchDepth,
@@ -1302,10 +1336,8 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         priority: i32,
         handler: H,
     ) -> Result<HandlerId, RegisterError> {
+        bits::check_mask(events)?;
         let events = events & bits::ALL_EVENTS;
-        if events == 0 {
-            return Err(RegisterError::NoEvents);
-        }
         self.update(depth, |table, next_id| {
             if table.is_full() {
                 return Err(RegisterError::Full { capacity: N });

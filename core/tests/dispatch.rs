@@ -251,6 +251,24 @@ fn full_table_and_bad_registrations_are_errors() {
         d.register(&depth, bits::NO_INSTALL, 0, handler(3)),
         Err(RegisterError::NoEvents)
     );
+    // A bit that is neither an event nor a flag (an event of a later
+    // version, say) is refused, not dropped: the handler would wait for
+    // it forever. Flags beside events are fine.
+    for unknown in [1 << 8, 1 << 15, 1 << 18, 1 << 22, 1 << 26, 1 << 31] {
+        assert_eq!(
+            d.register(&depth, bits::MMAP | unknown, 0, handler(3)),
+            Err(RegisterError::UnknownBits { bits: unknown })
+        );
+    }
+    assert_eq!(d.len(), 2, "nothing registered by the refusals");
+    assert_eq!(
+        RegisterError::UnknownBits { bits: 1 << 8 }.to_string(),
+        "event mask has bits 0x100 that are neither an event (0x3300ff) nor a flag (0x3000000) of this memhook"
+    );
+    assert_eq!(
+        bits::check_mask(bits::MMAP | bits::NO_INSTALL | bits::EXISTING_ALLOC),
+        Ok(())
+    );
     d.unregister(&depth, a).unwrap();
     assert_eq!(d.unregister(&depth, a), Err(RegisterError::NotFound));
     d.register(&depth, bits::MMAP, 0, handler(3)).unwrap();

@@ -37,6 +37,13 @@ int main(void) {
     assert(rc == MEMHOOK_ERR_CONFIG);
     assert(strstr(memhook_last_error(), "`bistr`") != NULL);
 
+    /* A mask with a bit that is neither an event nor a flag (an event of a
+     * later version) is refused by name, and nothing is registered (the
+     * counts below would double). */
+    rc = memhook_set_event_handler(MEMHOOK_EVENT_MMAP | (1u << 8), 0, count, &mapped);
+    assert(rc == MEMHOOK_ERR_HANDLER);
+    assert(strstr(memhook_last_error(), "bits 0x100 that are neither an event") != NULL);
+
     assert(memhook_install("cuda=none;mmap=bistro") == MEMHOOK_OK);
     uint32_t events = MEMHOOK_EVENT_MMAP | MEMHOOK_EVENT_MUNMAP | MEMHOOK_EVENT_VM_MAPPED | MEMHOOK_EVENT_VM_UNMAPPED;
     assert(memhook_set_event_handler(events, 0, count, &mapped) == MEMHOOK_OK);

@@ -373,6 +373,10 @@ pub unsafe extern "C" fn memhook_set_event_handler(
                 format_args!("memhook_set_event_handler: callback is NULL"),
             );
         };
+        // A bad mask installs nothing on its way to the error.
+        if let Err(e) = bits::check_mask(events) {
+            return fail(MEMHOOK_ERR_HANDLER, format_args!("memhook_set_event_handler: {e}"));
+        }
         if events & bits::NO_INSTALL == 0 && memhook::installed().is_none() {
             match Config::from_env() {
                 Ok(c) => memhook::install(&c),

@@ -99,7 +99,8 @@ pub extern "C" fn memhook_last_error() -> *const c_char {
 /// A bad configuration string or environment variable.
 pub const MEMHOOK_ERR_CONFIG: c_int = -8;
 /// A handler could not be registered (table full, or called from inside a
-/// handler, or no event named).
+/// handler, or no event named, or a bit that is neither an event nor a
+/// flag of this version).
 pub const MEMHOOK_ERR_HANDLER: c_int = -9;
 /// No such entry (`memhook_status` or `memhook_namespace_status` past the
 /// last one).

@@ -578,8 +578,9 @@ fn ensure_fork_hook() {
 ///
 /// # Errors
 ///
-/// A [`RegisterError`]: the table is full, the mask names no event, or the
-/// call comes from inside a handler.
+/// A [`RegisterError`]: the table is full, the mask names no event or has
+/// a bit that is neither an event nor a flag, or the call comes from
+/// inside a handler.
 pub fn set_handler(events: u32, priority: i32, handler: HandlerFn) -> Result<HandlerId, RegisterError> {
     ensure_fork_hook();
     let id = LOCAL.with(|l| DISPATCHER.register(&l.depth, events, priority, handler))?;
