@@ -630,7 +630,11 @@ void memhook_unset_event_handler(uint32_t events, memhook_event_cb cb, void *arg
 /*
  Delivers an event the caller observed itself (e.g. an allocator's own
  mappings, with `MEMHOOK_EVENT_FLAG_NO_INSTALL`) to every handler;
- `MEM_TYPE` events also update the memory-type map.
+ `MEM_TYPE` events also update the memory-type map. A
+ `MEMHOOK_EVENT_MEM_TYPE_FREE` of size 0 (not known to the caller) ends
+ the allocation recorded at its address, and `event` gets its size. A
+ `VM` or `MEM_TYPE` range past the end of the address space is refused
+ (`MEMHOOK_ERR_INVALID`), unrecorded and undelivered.
 
  # Safety
 

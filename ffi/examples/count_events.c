@@ -79,6 +79,19 @@ int main(void) {
     assert(memhook_report_event(MEMHOOK_EVENT_MEM_TYPE_FREE, &ev) == MEMHOOK_OK);
     assert(memhook_memtype_lookup((void *)0x7f0000100400, 64, &info) == MEMHOOK_OK);
     assert(info.mem_type == MEMHOOK_MEM_TYPE_HOST);
+    /* A free of unknown size (0, as a free call has none) ends the
+     * allocation at its address, and comes back with its size. */
+    assert(memhook_report_event(MEMHOOK_EVENT_MEM_TYPE_ALLOC, &ev) == MEMHOOK_OK);
+    ev.mem_type.size = 0;
+    assert(memhook_report_event(MEMHOOK_EVENT_MEM_TYPE_FREE, &ev) == MEMHOOK_OK);
+    assert(ev.mem_type.size == (1 << 20));
+    assert(memhook_memtype_lookup((void *)0x7f0000100400, 64, &info) == MEMHOOK_OK);
+    assert(info.mem_type == MEMHOOK_MEM_TYPE_HOST);
+    /* A range past the end of the address space is refused, by name. */
+    ev.mem_type.address = (void *)(uintptr_t)-4096;
+    ev.mem_type.size = 8192;
+    assert(memhook_report_event(MEMHOOK_EVENT_MEM_TYPE_ALLOC, &ev) == MEMHOOK_ERR_INVALID);
+    assert(strstr(memhook_last_error(), "wraps around the address space") != NULL);
 
     memhook_unset_event_handler(events, count, &mapped);
     void *p = mmap(NULL, MARK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

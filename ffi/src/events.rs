@@ -409,7 +409,11 @@ pub unsafe extern "C" fn memhook_unset_event_handler(events: u32, cb: memhook_ev
 
 /// Delivers an event the caller observed itself (e.g. an allocator's own
 /// mappings, with `MEMHOOK_EVENT_FLAG_NO_INSTALL`) to every handler;
-/// `MEM_TYPE` events also update the memory-type map.
+/// `MEM_TYPE` events also update the memory-type map. A
+/// `MEMHOOK_EVENT_MEM_TYPE_FREE` of size 0 (not known to the caller) ends
+/// the allocation recorded at its address, and `event` gets its size. A
+/// `VM` or `MEM_TYPE` range past the end of the address space is refused
+/// (`MEMHOOK_ERR_INVALID`), unrecorded and undelivered.
 ///
 /// # Safety
 ///
@@ -427,7 +431,9 @@ pub unsafe extern "C" fn memhook_report_event(event_type: u32, event: *mut memho
                 format_args!("memhook_report_event: {event_type:#x} is not one event type"),
             );
         };
-        memhook::report_event(&mut e);
+        if let Err(e) = memhook::report_event(&mut e) {
+            return fail(MEMHOOK_ERR_INVALID, format_args!("memhook_report_event: {e}"));
+        }
         // SAFETY: `event` is non-null and the caller's to write.
         unsafe { *event = to_c(&e) };
         MEMHOOK_OK

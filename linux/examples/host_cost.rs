@@ -145,7 +145,7 @@ fn main() {
         let t = Instant::now();
         for i in 0..n {
             let mut e = Event::VmMapped(memhook::event::VmEvent { address: i, size: 4096 });
-            memhook::report_event(std::hint::black_box(&mut e));
+            memhook::report_event(std::hint::black_box(&mut e)).unwrap();
         }
         dispatch.push(t.elapsed().as_nanos() as f64 / n as f64);
     }

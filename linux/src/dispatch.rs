@@ -636,10 +636,31 @@ pub fn unset_handler_fn(events: u32, handler: &HandlerFn) -> Result<usize, Regis
 }
 
 /// Delivers an event the embedder observed itself (for `NO_INSTALL` users,
-/// e.g. an allocator reporting its own mappings) to every handler.
-pub fn report_event(event: &mut Event) {
+/// e.g. an allocator reporting its own mappings) to every handler. A
+/// memory-type event updates the map first; a `MEM_TYPE_FREE` of size 0
+/// ends the allocation recorded at its address and is delivered with
+/// that allocation's size (0 where none is recorded).
+///
+/// # Errors
+///
+/// [`MapError::WrapsAround`](crate::memtype::MapError::WrapsAround) for a
+/// `VM_*` or `MEM_TYPE_*` event whose range runs past the end of the
+/// address space: nothing is recorded or delivered.
+pub fn report_event(event: &mut Event) -> Result<(), crate::memtype::MapError> {
+    if let Event::VmMapped(VmEvent { address, size })
+    | Event::VmUnmapped(VmEvent { address, size })
+    | Event::MemTypeAlloc(MemTypeEvent { address, size, .. })
+    | Event::MemTypeFree(MemTypeEvent { address, size, .. }) = *event
+        && address.checked_add(size).is_none()
+    {
+        return Err(crate::memtype::MapError::WrapsAround {
+            start: address,
+            len: size,
+        });
+    }
     crate::memtype::record(event);
     notify(event);
+    Ok(())
 }
 
 /// Events delivered straight to the original because a thread was already

@@ -236,15 +236,23 @@ pub fn is_empty() -> bool {
     MAP.is_empty()
 }
 
-/// Feeds the map from a memory-type event (other events are ignored).
-pub(crate) fn record(event: &Event) {
-    match *event {
+/// Feeds the map from a reported memory-type event (other events are
+/// ignored). A free of size 0 (the reporter does not know it, as a free
+/// call carries none) ends the allocation that starts at its address, as
+/// the hooks' frees do, and the event is given that allocation's size.
+pub(crate) fn record(event: &mut Event) {
+    match event {
         Event::MemTypeAlloc(m) if m.size != 0 => {
             let mem_type = MemType::from_raw(m.mem_type);
             let _ = MAP.insert_marked(m.address, m.size, mem_type, -1, true);
         }
         Event::MemTypeFree(m) if m.size != 0 => {
             let _ = MAP.remove(m.address, m.size);
+        }
+        Event::MemTypeFree(m) => {
+            if let Some(info) = MAP.take(m.address) {
+                m.size = info.len;
+            }
         }
         _ => {}
     }

@@ -100,7 +100,7 @@ fn no_handler_runs_after_unset_returns_while_eight_threads_dispatch() {
                 start.wait();
                 let mut n = 0usize;
                 while !stop.load(Ordering::Relaxed) {
-                    report_event(&mut vm_event(0x1000 * (i * 1_000_000 + n)));
+                    report_event(&mut vm_event(0x1000 * (i * 1_000_000 + n))).unwrap();
                     n += 1;
                 }
                 n
@@ -150,9 +150,9 @@ fn more_threads_than_slots_and_exited_threads_all_deliver() {
         .map(|i| {
             let hold = hold.clone();
             std::thread::spawn(move || {
-                report_event(&mut vm_event(0x1000 * i));
+                report_event(&mut vm_event(0x1000 * i)).unwrap();
                 hold.wait();
-                report_event(&mut vm_event(0x1000 * i));
+                report_event(&mut vm_event(0x1000 * i)).unwrap();
             })
         })
         .collect();
@@ -165,7 +165,7 @@ fn more_threads_than_slots_and_exited_threads_all_deliver() {
     assert_eq!(SEEN.load(Ordering::Relaxed), 2 * (slots + 8));
     // Those threads are gone: new threads take their slots over.
     let threads: Vec<_> = (0..slots)
-        .map(|i| std::thread::spawn(move || report_event(&mut vm_event(0x1000 * i))))
+        .map(|i| std::thread::spawn(move || report_event(&mut vm_event(0x1000 * i)).unwrap()))
         .collect();
     for t in threads {
         t.join().unwrap();

@@ -48,7 +48,8 @@ fn report() -> [u64; 5] {
     report_event(&mut Event::VmMapped(VmEvent {
         address: AT,
         size: 4096,
-    }));
+    }))
+    .unwrap();
     [&A, &B, &C, &D, &E].map(|c| c.load(Ordering::Relaxed))
 }
 

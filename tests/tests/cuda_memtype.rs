@@ -1170,7 +1170,8 @@ fn egl_frame_planes_are_cuda_while_mapped() {
             address: p1,
             size: PLANE,
             mem_type: cuda,
-        }));
+        }))
+        .unwrap();
         assert_eq!(take(), [(F, p1, PLANE, cuda)]);
         assert_eq!(frame_of(&mut again, res[0], 0, 0), 0);
         assert_eq!(take(), [(A, p1, PLANE, cuda)]);
