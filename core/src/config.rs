@@ -239,6 +239,9 @@ pub enum ConfigErrorKind {
     UnknownKey,
     /// A config-string part without `=`.
     MissingEquals,
+    /// A config-string key given twice (`"mmap=reloc;mmap=bistro"`): which
+    /// one was meant is not known.
+    RepeatedKey,
 }
 
 /// Longest token an error keeps (longer ones are cut, marked with `...`).
@@ -254,6 +257,9 @@ pub struct ConfigError {
     /// The offending token (cut at [`TOKEN_CAPACITY`] bytes).
     pub token: heapless::String<TOKEN_CAPACITY>,
     truncated: bool,
+    /// Whether the setting came from a config string (`"mmap=..."`), not
+    /// the family's environment variable: the message names the key then.
+    in_string: bool,
 }
 
 impl ConfigError {
@@ -275,6 +281,7 @@ impl ConfigError {
             kind,
             token: kept,
             truncated,
+            in_string: false,
         }
     }
 }
@@ -284,7 +291,11 @@ impl fmt::Display for ConfigError {
         let dots = if self.truncated { "..." } else { "" };
         let token = self.token.as_str();
         if let Some(family) = self.family {
-            write!(f, "{}: ", family.env_var())?;
+            if self.in_string {
+                write!(f, "config `{}=`: ", family.key())?;
+            } else {
+                write!(f, "{}: ", family.env_var())?;
+            }
             let valid = family.valid_tokens();
             return match self.kind {
                 ConfigErrorKind::UnknownMode => {
@@ -305,13 +316,16 @@ impl fmt::Display for ConfigError {
                         "`none` cannot be combined with other modes (got `{token}{dots}`); valid: {valid}"
                     )
                 }
+                ConfigErrorKind::EmptyToken if token.trim().is_empty() => {
+                    write!(f, "no hook mode given; valid: {valid}")
+                }
                 ConfigErrorKind::EmptyToken => {
                     write!(f, "empty hook mode in `{token}{dots}`; valid: {valid}")
                 }
                 ConfigErrorKind::OneModeOnly => {
                     write!(f, "takes exactly one mode, got `{token}{dots}`; valid: {valid}")
                 }
-                ConfigErrorKind::UnknownKey | ConfigErrorKind::MissingEquals => {
+                ConfigErrorKind::UnknownKey | ConfigErrorKind::MissingEquals | ConfigErrorKind::RepeatedKey => {
                     write!(f, "bad setting `{token}{dots}`")
                 }
             };
@@ -319,6 +333,9 @@ impl fmt::Display for ConfigError {
         match self.kind {
             ConfigErrorKind::UnknownKey => {
                 write!(f, "config: unknown key `{token}{dots}`; valid keys: cuda, mmap")
+            }
+            ConfigErrorKind::RepeatedKey => {
+                write!(f, "config: key `{token}{dots}` given twice; give each key once")
             }
             _ => write!(
                 f,
@@ -357,13 +374,15 @@ impl HookConfig {
     }
 
     /// Parses a config string such as `"cuda=bistro,reloc;mmap=none"`. Keys
-    /// left out keep their defaults; an empty string gives the defaults.
+    /// left out keep their defaults; an empty string gives the defaults; a
+    /// key given twice is an error.
     ///
     /// # Errors
     ///
     /// A [`ConfigError`] naming the first bad part or token.
     pub fn parse(value: &str, available: ModeSet) -> Result<HookConfig, ConfigError> {
         let mut config = HookConfig::defaults(available);
+        let mut given = [false; 2];
         for part in value.split(';').map(str::trim).filter(|p| !p.is_empty()) {
             let Some((key, modes)) = part.split_once('=') else {
                 return Err(ConfigError::with_family(None, ConfigErrorKind::MissingEquals, part));
@@ -375,7 +394,15 @@ impl HookConfig {
                     return Err(ConfigError::with_family(None, ConfigErrorKind::UnknownKey, other));
                 }
             };
-            let set = ModeSet::parse(modes, family, available)?;
+            let seen = &mut given[family as usize];
+            if core::mem::replace(seen, true) {
+                return Err(ConfigError::with_family(
+                    None,
+                    ConfigErrorKind::RepeatedKey,
+                    family.key(),
+                ));
+            }
+            let set = ModeSet::parse(modes, family, available).map_err(|e| ConfigError { in_string: true, ..e })?;
             match family {
                 Family::Cuda => config.cuda = set,
                 Family::Mmap => config.mmap = set,
@@ -483,8 +510,31 @@ mod tests {
         let e = HookConfig::parse("cuda=reloc;mmap=bistr0", ModeSet::ALL).unwrap_err();
         assert_eq!(
             e.to_string(),
+            "config `mmap=`: unknown hook mode `bistr0`; valid: bistro, reloc, none"
+        );
+        let e = HookConfig::parse("cuda=reloc,none", ModeSet::ALL).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "config `cuda=`: `none` cannot be combined with other modes (got `reloc,none`); valid: bistro, reloc, procaddr, none"
+        );
+        let e = HookConfig::parse("cuda=reloc;mmap= ", ModeSet::ALL).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "config `mmap=`: no hook mode given; valid: bistro, reloc, none"
+        );
+        // The environment's variable names itself.
+        let e = ModeSet::parse("bistr0", Family::Mmap, ModeSet::ALL).unwrap_err();
+        assert_eq!(
+            e.to_string(),
             "MEMHOOK_MMAP_HOOK_MODE: unknown hook mode `bistr0`; valid: bistro, reloc, none"
         );
+        // A key given twice: which was meant is not known.
+        for twice in ["mmap=reloc;mmap=bistro", "cuda=none; mmap=reloc ;cuda=none"] {
+            let e = HookConfig::parse(twice, ModeSet::ALL).unwrap_err();
+            assert_eq!(e.kind, ConfigErrorKind::RepeatedKey, "{twice}");
+        }
+        let e = HookConfig::parse("mmap=reloc;mmap=bistro", ModeSet::ALL).unwrap_err();
+        assert_eq!(e.to_string(), "config: key `mmap` given twice; give each key once");
         assert_eq!(ModeSet::of(&[B, P]).to_string(), "bistro,procaddr");
         assert_eq!(ModeSet::NONE.to_string(), "none");
     }
