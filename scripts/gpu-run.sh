@@ -63,12 +63,17 @@ fi
 # it reaches the driver only through cuGetProcAddress; of the shared
 # runtime it sees the runtime's own calls, not the unload the runtime
 # makes through the driver (5 and 4). Every other cell must see each
-# event exactly once.
-matrix() { # program mode -> the JSON line (the program's own output dropped)
-    ./memhook run --json --cuda-mode "$2" --mmap-mode none -- ./"$1" 2>/dev/null | tail -1
+# event exactly once. `reloc,procaddr/reloc` is what `memhook doctor`
+# advises where code pages cannot be written: the host hooks in reloc
+# mode too (their symbols and the CUDA ones share reloc's table, which
+# once was too small for both: every CUDA hook failed).
+matrix() { # program cuda-mode[/mmap-mode] -> the JSON line (the program's own output dropped)
+    local cuda=${2%/*} mmap=none
+    [[ $2 == */* ]] && mmap=${2#*/}
+    ./memhook run --json --cuda-mode "$cuda" --mmap-mode "$mmap" -- ./"$1" 2>/dev/null | tail -1
 }
 for prog in runtime_static runtime_shared runtime_ptsz; do
-    for mode in reloc bistro procaddr bistro,reloc,procaddr; do
+    for mode in reloc bistro procaddr bistro,reloc,procaddr reloc,procaddr/reloc; do
         want="5 5"
         # nvcc links the runtime statically unless told -cudart shared.
         [ "$mode" = reloc ] && want="5 4"

@@ -48,8 +48,12 @@ use memhook_core::elf::{ElfError, Memory, Reloc, SearchPaths, for_each_named_rel
 
 use crate::maps::page_size;
 
-/// Most symbols hooked through reloc.
-pub const MAX_SYMBOLS: usize = 96;
+/// Most symbols hooked through reloc: memhook's own, every host function
+/// (with its aliases, `fopen`'s family and the loader's four) and every
+/// CUDA function together (106: `cuda` checks at build time that they
+/// fit), and room for an embedder's.
+pub const MAX_SYMBOLS: usize = 160;
+const _: () = assert!(MAX_SYMBOLS == 160, "RelocError's message names the limit");
 /// Most slots patched at once.
 pub const MAX_SLOTS: usize = 16384;
 /// Most loaded objects remembered.
@@ -82,7 +86,7 @@ pub enum RelocError {
 impl core::fmt::Display for RelocError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.write_str(match self {
-            RelocError::TooManySymbols => "too many symbols hooked through reloc",
+            RelocError::TooManySymbols => "too many symbols hooked through reloc (at most 160)",
             RelocError::TooManySlots => "too many relocation slots to patch; some were left unhooked",
             RelocError::Conflict => "symbol already hooked through reloc with another hook",
             RelocError::NoDefinition => "dlopen/dlclose not found: cannot follow objects loaded later",
@@ -1275,7 +1279,10 @@ pub(crate) fn report_changes() {
 ///
 /// # Errors
 ///
-/// A [`RelocError`]; symbols before the failing one stay installed.
+/// A [`RelocError`]. [`RelocError::TooManySymbols`] and
+/// [`RelocError::Conflict`] change nothing (no symbol is recorded, no slot
+/// rewritten); with [`RelocError::TooManySlots`] every symbol is hooked,
+/// in the slots that fit.
 pub unsafe fn install(hooks: &[(&'static CStr, usize, &'static AtomicUsize)]) -> Result<(), RelocError> {
     let mut entries: heapless::Vec<Entry, MAX_SYMBOLS> = heapless::Vec::new();
     for &(name, hook, original) in hooks {
@@ -1322,6 +1329,22 @@ pub unsafe fn install_with(entries: &[Entry]) -> Result<(), RelocError> {
 /// As for [`install`].
 unsafe fn install_locked(entries: &[Entry], listed: Option<&Listed>) -> Result<(), RelocError> {
     let mut state = STATE.lock();
+    // All or nothing: a symbol recorded and left unscanned would pass for
+    // hooked (a later install skips it) with no slot rewritten.
+    let mut new = 0;
+    for e in entries {
+        match state.symbols.iter().find(|s| s.name == e.name) {
+            Some(s) if s.hook != e.hook => return Err(RelocError::Conflict),
+            Some(_) => {}
+            None => new += 1,
+        }
+    }
+    if !state.symbols.iter().any(|s| s.name == c"dlopen") {
+        new += DL_ENTRIES;
+    }
+    if state.symbols.len() + new > MAX_SYMBOLS {
+        return Err(RelocError::TooManySymbols);
+    }
     let from = state.symbols.len();
     let defined = maybe_defined(entries.len(), |i| {
         let name = entries[i].name;
@@ -1329,9 +1352,6 @@ unsafe fn install_locked(entries: &[Entry], listed: Option<&Listed>) -> Result<(
     });
     for (i, e) in entries.iter().enumerate() {
         if let Some(s) = state.symbols.iter().find(|s| s.name == e.name) {
-            if s.hook != e.hook {
-                return Err(RelocError::Conflict);
-            }
             e.original.store(s.original.load(Ordering::Acquire), Ordering::Release);
             continue;
         }
@@ -1795,9 +1815,12 @@ fn rescan_pending(state: &mut State, listed: Option<&Listed>) {
     }
 }
 
+/// How many of the loader's functions memhook interposes.
+pub(crate) const DL_ENTRIES: usize = 4;
+
 /// The loader's four functions memhook interposes: name, memhook's entry
 /// for it, and where the entry finds the function it stands for.
-pub(crate) fn dl_entries() -> [(&'static CStr, usize, &'static AtomicUsize); 4] {
+pub(crate) fn dl_entries() -> [(&'static CStr, usize, &'static AtomicUsize); DL_ENTRIES] {
     unsafe extern "C" {
         fn memhook_dlopen_entry();
         fn memhook_dlsym_entry();

@@ -151,6 +151,16 @@ fn note_as(state: &mut State, id: Id, mode: HookMode, why: Option<&dyn core::fmt
     }
 }
 
+// Every CUDA function, every host function in reloc mode (with its
+// aliases and the functions hooked in reloc mode alone) and the loader's
+// four fit reloc's table at once: with the host hooks in reloc mode, the
+// CUDA install once asked for more than it held, and failed whole.
+const _: () = assert!(
+    COUNT + crate::host::FUNCTIONS + crate::host::ALIASES + crate::host::RELOC_ONLY + reloc::DL_ENTRIES
+        <= reloc::MAX_SYMBOLS,
+    "reloc::MAX_SYMBOLS must hold every CUDA and host symbol"
+);
+
 /// Installs the CUDA hooks of `modes` (the caller has removed any earlier
 /// install). Libraries not loaded yet are hooked when they load.
 pub(crate) fn install(modes: ModeSet) {
