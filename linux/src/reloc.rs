@@ -54,6 +54,7 @@ use crate::maps::page_size;
 /// fit), and room for an embedder's.
 pub const MAX_SYMBOLS: usize = 160;
 const _: () = assert!(MAX_SYMBOLS == 160, "RelocError's message names the limit");
+const _: () = assert!(MAX_SYMBOLS <= 256, "a scan names a symbol by a u8 (`Wanted::which`)");
 /// Most slots patched at once.
 pub const MAX_SLOTS: usize = 16384;
 /// Most loaded objects remembered.
