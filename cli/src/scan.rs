@@ -62,6 +62,18 @@ fn reason(e: &RelocError) -> &'static str {
 /// x86_64 nor aarch64.
 pub fn scan(path: &str) -> Result<Scan, String> {
     let data = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
+    if let Some(named) = linker_script_libraries(&data) {
+        // `libc.so`, `libm.so`, `libncurses.so`: what `-lc` links, not
+        // what a program loads.
+        return Err(format!(
+            "{path}: a linker script, not an ELF object; scan what it names: {}",
+            if named.is_empty() {
+                "(none)".to_string()
+            } else {
+                named.join(" ")
+            }
+        ));
+    }
     let elf = Elf::parse(&data).map_err(|e| format!("{path}: not an ELF object: {e}"))?;
     match elf.header.e_machine {
         goblin::elf::header::EM_X86_64 => Ok(scan_for::<X86_64>(path, &data, &elf)),
@@ -70,6 +82,35 @@ pub fn scan(path: &str) -> Result<Scan, String> {
             "{path}: neither an x86_64 nor an aarch64 object (e_machine {m})"
         )),
     }
+}
+
+/// The shared objects a GNU ld script names in its `GROUP` or `INPUT`
+/// (`/lib/x86_64-linux-gnu/libc.so.6`, `libncurses.so.6`), or `None` when
+/// `data` is no such script (an ELF object starts with a byte no text
+/// has).
+fn linker_script_libraries(data: &[u8]) -> Option<Vec<String>> {
+    let text = std::str::from_utf8(data.get(..data.len().min(64 * 1024))?).ok()?;
+    // Comments out, then the commands' parentheses as separators.
+    let mut plain = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("/*") {
+        plain.push_str(&rest[..at]);
+        rest = rest[at..].find("*/").map_or("", |end| &rest[at + end + 2..]);
+    }
+    plain.push_str(rest);
+    let words: Vec<&str> = plain
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .collect();
+    if !words.iter().any(|w| matches!(*w, "GROUP" | "INPUT")) {
+        return None;
+    }
+    Some(
+        words
+            .into_iter()
+            .filter(|w| w.contains(".so") && !w.starts_with('-'))
+            .map(str::to_string)
+            .collect(),
+    )
 }
 
 /// [`scan`] of a parsed object for `A`.
@@ -314,6 +355,24 @@ mod tests {
         std::fs::write(&not_elf, b"hello").unwrap();
         let e = scan(not_elf.to_str().unwrap()).unwrap_err();
         assert!(e.contains("not an ELF object"), "{e}");
+        // A linker script (`libc.so`): the objects it names, to scan.
+        for (script, named) in [
+            (
+                "/* GNU ld script\n   Use the shared library.  */\nOUTPUT_FORMAT(elf64-x86-64)\nGROUP ( /lib/x86_64-linux-gnu/libc.so.6 /usr/lib/x86_64-linux-gnu/libc_nonshared.a  AS_NEEDED ( /lib64/ld-linux-x86-64.so.2 ) )\n",
+                "/lib/x86_64-linux-gnu/libc.so.6 /lib64/ld-linux-x86-64.so.2",
+            ),
+            ("INPUT(libncurses.so.6 -ltinfo)\n", "libncurses.so.6"),
+            ("INPUT(-lfoo)\n", "(none)"),
+        ] {
+            std::fs::write(&not_elf, script).unwrap();
+            let e = scan(not_elf.to_str().unwrap()).unwrap_err();
+            assert!(
+                e.ends_with(&format!(
+                    "a linker script, not an ELF object; scan what it names: {named}"
+                )),
+                "{e}"
+            );
+        }
         let _ = std::fs::remove_file(&not_elf);
         // An ELF object of another processor: named, not scanned.
         let mut riscv = std::fs::read(std::env::current_exe().unwrap()).unwrap();
