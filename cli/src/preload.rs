@@ -103,6 +103,46 @@ pub fn command_file(command: &OsStr) -> Option<PathBuf> {
         .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
 }
 
+/// Why the loader would start `path` in secure-execution mode, where it
+/// ignores `LD_PRELOAD`'s paths (`ld.so(8)`): set-user-ID to another
+/// user, set-group-ID to another group, or (for a user other than root)
+/// given file capabilities; `None` otherwise, and on a file system
+/// mounted `nosuid`, where the kernel grants none of these.
+pub fn secure_execution(path: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut fs = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: a NUL-terminated path and a buffer for the answer.
+    if unsafe { libc::statvfs(c_path.as_ptr(), fs.as_mut_ptr()) } == 0
+        // SAFETY: filled by statvfs, which succeeded.
+        && unsafe { fs.assume_init() }.f_flag & libc::ST_NOSUID != 0
+    {
+        return None;
+    }
+    // SAFETY: getuid and getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    if m.mode() & libc::S_ISUID != 0 && m.uid() != uid {
+        return Some("set-user-ID to another user");
+    }
+    if m.mode() & libc::S_ISGID != 0 && m.gid() != gid {
+        return Some("set-group-ID to another group");
+    }
+    // Root has every capability already: a file's gain it nothing, and
+    // the loader stays in its usual mode.
+    // SAFETY: a NUL-terminated path and name; no buffer (size 0) asks
+    // only whether the attribute is there.
+    let caps = unsafe {
+        libc::getxattr(
+            c_path.as_ptr(),
+            c"security.capability".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    (uid != 0 && caps > 0).then_some("given file capabilities")
+}
+
 /// Largest dynamic section or string table read: far past any real one
 /// (a program needing thousands of libraries has a few hundred KiB).
 const MAX_TABLE: u64 = 16 << 20;

@@ -635,10 +635,16 @@ pub fn run(opts: Options) -> Result<Ended, Failed> {
     // `preload`). A command that cannot be read is left for the spawn to
     // report; one the loader cannot preload into is said to be so.
     use crate::preload::Program;
-    let program = crate::preload::command_file(opts.command[0].as_ref()).and_then(|f| crate::preload::inspect(&f).ok());
-    let not_loaded = match &program {
-        Some(Program::Static) => Some("statically linked (no loader reads LD_PRELOAD)"),
-        Some(Program::Foreign(what)) => Some(*what),
+    let file = crate::preload::command_file(opts.command[0].as_ref());
+    let program = file.as_deref().and_then(|f| crate::preload::inspect(f).ok());
+    let secure = file.as_deref().and_then(crate::preload::secure_execution);
+    let not_loaded = match (&program, secure) {
+        (Some(Program::Static), _) => Some("statically linked (no loader reads LD_PRELOAD)".to_string()),
+        (Some(Program::Foreign(what)), _) => Some(what.to_string()),
+        // `sudo`, `passwd`, `ping` run by a user other than root.
+        (Some(Program::Dynamic(_)), Some(why)) => Some(format!(
+            "{why} (the loader ignores LD_PRELOAD's paths in its secure-execution mode)"
+        )),
         _ => None,
     };
     if let Some(why) = not_loaded {

@@ -451,6 +451,49 @@ fn run_says_a_static_program_cannot_load_memhook() {
     assert!(!text(&o).contains("cannot be loaded"), "{}", text(&o));
 }
 
+/// A program the loader starts in its secure-execution mode (set-user-ID
+/// to another user: `sudo` or `passwd` run by a user other than root)
+/// ignores `LD_PRELOAD`'s paths: `memhook run` says so, as for a static
+/// program, and runs it all the same. Needs root (to give the program
+/// to another user); skipped otherwise.
+#[test]
+fn run_says_a_set_user_id_program_cannot_load_memhook() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: no program of another user can be made here, not checked");
+        return;
+    }
+    with_library();
+    let built = build_c(
+        "setuid",
+        "#include <sys/mman.h>\nint main(void) { void *p = mmap(0, 1 << 20, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0); munmap(p, 1 << 20); return 4; }\n",
+    );
+    let prog = built.with_file_name("setuid-nobody");
+    std::fs::copy(&built, &prog).unwrap();
+    let c = std::ffi::CString::new(prog.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path; 65534 is nobody.
+    assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+    std::fs::set_permissions(&prog, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
+    let o = memhook().args(["run", "--json", "--"]).arg(&prog).output().unwrap();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(4), "{t}");
+    assert!(
+        t.contains("is set-user-ID to another user (the loader ignores LD_PRELOAD's paths")
+            && t.contains("cannot be loaded into it"),
+        "{t}"
+    );
+    assert_eq!(field(&t, "MMAP"), None, "nothing loaded, nothing reported: {t}");
+    // Set-user-ID to its own user (root here): loaded, reported, no line.
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::chown(c.as_ptr(), 0, 0) }, 0);
+    std::fs::set_permissions(&prog, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
+    let o = memhook().args(["run", "--json", "--"]).arg(&prog).output().unwrap();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(4), "{t}");
+    assert!(!t.contains("cannot be loaded"), "{t}");
+    assert!(field(&t, "MMAP").is_some_and(|n| n >= 1), "{t}");
+}
+
 /// A daemon's start: it closes the descriptor it inherited for the
 /// records and opens its log on that number, then maps and unmaps; the
 /// log must hold only what the program wrote.
