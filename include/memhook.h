@@ -565,7 +565,9 @@ const char *memhook_last_error(void);
  Patches the function at `target` so that every call jumps to `hook`
  (bistro). `*original` is set, before the patch is visible, to an address
  that calls the original function; `*handle` identifies the patch for
- [`memhook_unpatch`].
+ [`memhook_unpatch`]. A `hook` inside the bytes the patch would
+ overwrite (`target` itself, by mistake) is refused with
+ `MEMHOOK_ERR_INVALID`: every call would jump into the jump.
 
  # Safety
 

@@ -369,7 +369,7 @@ mod patching {
             BistroError::Patch { .. } | BistroError::Overlaps { .. } => MEMHOOK_ERR_PATCH,
             BistroError::NotCode { .. } => MEMHOOK_ERR_NOT_CODE,
             BistroError::NoTrampoline { .. } => MEMHOOK_ERR_NO_SPACE,
-            BistroError::NoSymbol => MEMHOOK_ERR_INVALID,
+            BistroError::NoSymbol | BistroError::HookInPatch { .. } => MEMHOOK_ERR_INVALID,
         }
     }
 
@@ -431,7 +431,9 @@ mod patching {
 /// Patches the function at `target` so that every call jumps to `hook`
 /// (bistro). `*original` is set, before the patch is visible, to an address
 /// that calls the original function; `*handle` identifies the patch for
-/// [`memhook_unpatch`].
+/// [`memhook_unpatch`]. A `hook` inside the bytes the patch would
+/// overwrite (`target` itself, by mistake) is refused with
+/// `MEMHOOK_ERR_INVALID`: every call would jump into the jump.
 ///
 /// # Safety
 ///

@@ -94,6 +94,14 @@ pub enum BistroError {
         /// The function.
         target: usize,
     },
+    /// The hook lies in the bytes the patch would overwrite (the target
+    /// itself, say): every call would jump into the jump.
+    HookInPatch {
+        /// The function.
+        target: usize,
+        /// The hook.
+        hook: usize,
+    },
 }
 
 impl BistroError {
@@ -104,7 +112,8 @@ impl BistroError {
             | BistroError::Patch { target, .. }
             | BistroError::NotCode { target }
             | BistroError::NoTrampoline { target }
-            | BistroError::Overlaps { target } => target,
+            | BistroError::Overlaps { target }
+            | BistroError::HookInPatch { target, .. } => target,
             BistroError::NoSymbol => 0,
         }
     }
@@ -163,6 +172,11 @@ impl fmt::Display for BistroError {
             BistroError::Overlaps { target } => write!(
                 f,
                 "cannot patch {}: another patch of the same batch covers its entry",
+                Where(*target)
+            ),
+            BistroError::HookInPatch { target, hook } => write!(
+                f,
+                "cannot patch {}: the hook {hook:#x} lies in the bytes the patch overwrites (every call would jump into the jump)",
                 Where(*target)
             ),
         }
@@ -424,6 +438,14 @@ fn patch_chunk<const N: usize>(
     for r in requests.iter().take(BATCH) {
         let plan = plan(state, r.target, r.hook).and_then(|p| {
             let (start, end) = (p.at, p.at + p.jump.len());
+            // From the entry (the jump may follow an `endbr64`, which
+            // leads straight into it).
+            if (r.target.min(start)..end).contains(&r.hook) {
+                return Err(BistroError::HookInPatch {
+                    target: r.target,
+                    hook: r.hook,
+                });
+            }
             let overlaps = state
                 .planned
                 .iter()

@@ -218,6 +218,27 @@ fn tiny_function_and_loop_into_the_entry_are_refused_with_reasons() {
     assert_eq!(UNUSED.load(Ordering::SeqCst), 0);
 }
 
+/// A hook in the bytes the patch would overwrite (the function itself,
+/// by mistake) is refused, and the function is left as it was: patched,
+/// every call would jump into the jump, forever.
+#[test]
+fn a_hook_inside_the_patched_bytes_is_refused() {
+    static UNUSED: AtomicUsize = AtomicUsize::new(0);
+    let f = lib().rip as usize;
+    let before = entry_bytes(f);
+    // (Its entry is an `endbr64`, the jump after it: from the entry on.)
+    for hook in [f, f + 1, f + 4, f + 8] {
+        // SAFETY: refused before anything is written.
+        let e = unsafe { Hook::patch_with(f, hook, &UNUSED) }.unwrap_err();
+        assert_eq!(e, BistroError::HookInPatch { target: f, hook }, "{e}");
+        assert!(e.to_string().contains("lies in the bytes the patch overwrites"), "{e}");
+    }
+    assert_eq!(entry_bytes(f), before);
+    // SAFETY: the function, unpatched.
+    assert_eq!(unsafe { (lib().rip)(2) }, unsafe { (lib().rip)(2) });
+    assert_eq!(UNUSED.load(Ordering::SeqCst), 0, "no original handed out");
+}
+
 #[test]
 fn stacked_hooks_both_run_and_unpatch_in_order() {
     let f = lib().rip as usize;

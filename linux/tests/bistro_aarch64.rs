@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
-use memhook::bistro::Hook;
+use memhook::bistro::{BistroError, Hook};
 use memhook::patch::Arch;
 
 type F = unsafe extern "C" fn(u64) -> u64;
@@ -246,6 +246,27 @@ fn real_patches_call_hook_and_original_and_undo_exactly() {
             assert_eq!(unsafe { call(x) }, want, "{what}({x}) after unpatch");
         }
     }
+}
+
+/// A hook in the words the patch would overwrite (the function itself,
+/// by mistake; after a `bti c`, its first word too) is refused and the
+/// function left as it was.
+#[test]
+fn a_hook_inside_the_patched_words_is_refused() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    static UNUSED: AtomicUsize = AtomicUsize::new(0);
+    // The near jump is one word: at the entry, or after the `bti c`.
+    for (f, inside) in [(mh_r_bti as F, &[0, 4][..]), (mh_r_adrp as F, &[0][..])] {
+        let at = f as *const () as usize;
+        let before = words(at, 4);
+        for hook in inside.iter().map(|d| at + d) {
+            // SAFETY: refused before anything is written.
+            let e = unsafe { Hook::patch_with(at, hook, &UNUSED) }.unwrap_err();
+            assert_eq!(e, BistroError::HookInPatch { target: at, hook }, "{e}");
+        }
+        assert_eq!(words(at, 4), before);
+    }
+    assert_eq!(UNUSED.load(Ordering::SeqCst), 0, "no original handed out");
 }
 
 /// Relocates the first 16 bytes of `f` (a far patch's window) into a
