@@ -13,7 +13,10 @@ use std::sync::OnceLock;
 /// earlier build would otherwise be tested in place of the code under
 /// test. `build: false` takes the library as it is (a test built with
 /// other features than the default ones, which a build here would
-/// replace it with).
+/// replace it with); so does `MEMHOOK_TEST_LIB_BUILT=1` in the
+/// environment, for test binaries run where cargo cannot run (as
+/// another user: `scripts/tests-as-user.sh`, which builds the library
+/// first).
 ///
 /// # Panics
 ///
@@ -21,7 +24,7 @@ use std::sync::OnceLock;
 pub fn libmemhook(dir: &Path, build: bool) -> PathBuf {
     static BUILT: OnceLock<bool> = OnceLock::new();
     let lib = dir.join("libmemhook.so");
-    if build {
+    if build && std::env::var_os("MEMHOOK_TEST_LIB_BUILT").is_none_or(|v| v != "1") {
         let ok = *BUILT.get_or_init(|| {
             let profile = if dir.ends_with("release") { "release" } else { "dev" };
             Command::new(option_env!("CARGO").unwrap_or("cargo"))
