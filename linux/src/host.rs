@@ -1967,6 +1967,10 @@ unsafe fn openat2_body(
 /// bistro: its patch of `open` sees their opens already.
 pub(crate) const RELOC_ONLY: usize = 4;
 
+/// The symbols the host hooks give reloc at most: every function, its
+/// aliases, and the [`RELOC_ONLY`] ones.
+pub(crate) const RELOC_SYMBOLS: usize = FUNCTIONS + ALIASES + RELOC_ONLY;
+
 /// Where reloc records the originals of the [`reloc_only`] functions.
 pub(crate) static RELOC_ONLY_ORIGINALS: [AtomicUsize; RELOC_ONLY] = [const { AtomicUsize::new(0) }; RELOC_ONLY];
 

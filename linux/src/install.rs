@@ -326,7 +326,7 @@ pub fn install(config: &Config) {
                 usize,
                 &'static core::sync::atomic::AtomicUsize,
             ),
-            { crate::host::FUNCTIONS + crate::host::ALIASES + crate::host::RELOC_ONLY },
+            { crate::host::RELOC_SYMBOLS },
         > = functions().into_iter().collect();
         // glibc's mmap64 is mmap under another name, and so on.
         let _ = hooks.extend_from_slice(&crate::host::aliases());

@@ -53,7 +53,6 @@ use crate::maps::page_size;
 /// CUDA function together (106: `cuda` checks at build time that they
 /// fit), and room for an embedder's.
 pub const MAX_SYMBOLS: usize = 160;
-const _: () = assert!(MAX_SYMBOLS == 160, "RelocError's message names the limit");
 const _: () = assert!(MAX_SYMBOLS <= 256, "a scan names a symbol by a u8 (`Wanted::which`)");
 /// Most slots patched at once.
 pub const MAX_SLOTS: usize = 16384;
@@ -87,7 +86,9 @@ pub enum RelocError {
 impl core::fmt::Display for RelocError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.write_str(match self {
-            RelocError::TooManySymbols => "too many symbols hooked through reloc (at most 160)",
+            RelocError::TooManySymbols => {
+                return write!(f, "too many symbols hooked through reloc (at most {MAX_SYMBOLS})");
+            }
             RelocError::TooManySlots => "too many relocation slots to patch; some were left unhooked",
             RelocError::Conflict => "symbol already hooked through reloc with another hook",
             RelocError::NoDefinition => "dlopen/dlclose not found: cannot follow objects loaded later",
@@ -1340,7 +1341,7 @@ unsafe fn install_locked(entries: &[Entry], listed: Option<&Listed>) -> Result<(
             None => new += 1,
         }
     }
-    if !state.symbols.iter().any(|s| s.name == c"dlopen") {
+    if !has_dl_hooks(&state) {
         new += DL_ENTRIES;
     }
     if state.symbols.len() + new > MAX_SYMBOLS {
@@ -1855,8 +1856,13 @@ pub(crate) fn follow_objects() {
     });
 }
 
+/// Whether the loader's functions ([`dl_entries`]) are among the symbols.
+fn has_dl_hooks(state: &State) -> bool {
+    state.symbols.iter().any(|s| s.name == c"dlopen")
+}
+
 fn ensure_dl_hooks(state: &mut State) -> Result<(), RelocError> {
-    if state.symbols.iter().any(|s| s.name == c"dlopen") {
+    if has_dl_hooks(state) {
         return Ok(());
     }
     for (name, hook, real) in dl_entries() {
