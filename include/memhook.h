@@ -615,6 +615,10 @@ int memhook_uninstall(void);
 
  `cb` must be safe to call from any thread with any `arg` given here,
  must not allocate and must not block on anything a hooked call can hold.
+ It runs inside calls that are not cancellation points (`mmap`, `malloc`'s
+ calls of it, the CUDA driver's): one that calls a cancellation point
+ (`write`, `printf`) on a thread another may cancel should turn
+ cancellation off around it (`pthread_setcancelstate`).
  */
 int memhook_set_event_handler(uint32_t events, int priority, memhook_event_cb cb, void *arg);
 

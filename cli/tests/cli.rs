@@ -715,6 +715,28 @@ fn run_keeps_the_exit_status() {
     assert_eq!(o.status.code(), Some(126), "{}", text(&o));
 }
 
+/// Under `memhook run` (whose reports go by `send` on its socket), a
+/// thread whose cancellation is pending gets through its maps and unmaps,
+/// none of them a cancellation point, and is cancelled at its own
+/// `pthread_testcancel` (`ffi/examples/pending_cancel.c`). Before, the
+/// report handler's `send`, a cancellation point, cancelled it inside
+/// its first `mmap`.
+#[test]
+fn run_leaves_a_pending_cancellation_to_the_programs_own_cancellation_point() {
+    with_library();
+    let source =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../ffi/examples/pending_cancel.c"))
+            .unwrap();
+    let prog = build_c_with("pending_cancel", &source, &["-pthread"]);
+    let o = memhook().arg("run").arg(&prog).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("calls 30 of 30, cancelled 1"),
+        "{}",
+        text(&o)
+    );
+}
+
 /// `memhook run -- sh -c script` in a process group of its own, started
 /// with SIGINT's disposition `sigint` (which the command inherits), its
 /// output piped where `piped`, else dropped.

@@ -711,6 +711,10 @@ pub const READER_SLOTS: usize = 128;
 #[cfg(memhook_loom)]
 pub const READER_SLOTS: usize = 2;
 
+/// How many waits on a slot's mark [`Dispatcher::drain`] makes between
+/// two looks at whether its owner still exists.
+const LIVENESS_EVERY: u32 = 1024;
+
 /// One thread's reader slot, alone on its cache line.
 #[repr(align(128))]
 struct ReaderSlot {
@@ -752,7 +756,8 @@ pub struct Asymmetric {
     /// The calling thread's id, never 0.
     pub thread_id: fn() -> u64,
     /// Whether the thread with this id still exists in this process (a
-    /// slot whose owner is gone is taken over).
+    /// slot whose owner is gone is taken over, and its marks are not
+    /// waited for).
     pub thread_alive: fn(u64) -> bool,
 }
 
@@ -872,18 +877,23 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         let mut index = NO_SLOT;
         for (i, slot) in self.slots.iter().enumerate() {
             let owner = slot.owner.load(Ordering::Relaxed);
-            // A slot is taken over only from a thread that is gone: it
-            // reads nothing (a thread that died inside a handler leaves
-            // its mark, and registration waits for it, as with the shared
-            // counters).
-            let free = owner == 0
-                || (!(platform.thread_alive)(owner) && slot.reading.iter().all(|r| r.load(Ordering::Acquire) == 0));
+            // A slot is taken over only from a thread that is gone, and
+            // reads nothing. A thread that left a handler without
+            // returning (cancelled in it: see `drain`) may have left its
+            // marks: they are cleared, by the new owner, the only thread
+            // that writes them from here on.
+            let free = owner == 0 || !(platform.thread_alive)(owner);
             if free
                 && slot
                     .owner
                     .compare_exchange(owner, id, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
             {
+                if owner != 0 {
+                    for r in &slot.reading {
+                        r.store(0, Ordering::Release);
+                    }
+                }
                 index = i;
                 break;
             }
@@ -976,15 +986,37 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
     /// Waits until table `t` has no readers (the writer's side of the
     /// handshakes in [`Self::enter`]; after [`Self::barrier`] when `live`
     /// just changed).
+    ///
+    /// A slot's marks whose owner thread is gone are passed over: a thread
+    /// that never came back from a handler (cancelled at a cancellation
+    /// point the handler called, or ended by `pthread_exit` in it) reads
+    /// nothing, and waiting for its marks would hang every registration
+    /// after it. Its owner is read after the barrier, so a thread that
+    /// took the slot over before its fence there is seen as the owner,
+    /// alive; one that takes it over after reads `live` after its
+    /// takeover (a locked instruction, a full fence) and so reads the
+    /// new table, not this one. A dead thread's id taken by a new thread
+    /// meanwhile looks alive: the wait lasts while that thread does.
+    /// Counts in the shared counters belong to no thread, and are waited
+    /// for whatever left them.
     fn drain(&self, t: usize) {
         #[cfg(memhook_loom)]
         fence(Ordering::SeqCst);
         while self.readers[t].load(Ordering::SeqCst) != 0 {
             spin_wait();
         }
-        if self.platform().is_some() {
+        if let Some(platform) = self.platform() {
             for slot in &self.slots {
+                let mut spins = 0u32;
                 while slot.reading[t].load(Ordering::Acquire) != 0 {
+                    spins = spins.wrapping_add(1);
+                    // Asked now and then: a system call each time.
+                    if spins.is_multiple_of(LIVENESS_EVERY) {
+                        let owner = slot.owner.load(Ordering::Acquire);
+                        if owner != 0 && !(platform.thread_alive)(owner) {
+                            break;
+                        }
+                    }
                     spin_wait();
                 }
             }

@@ -359,6 +359,10 @@ pub extern "C" fn memhook_uninstall() -> c_int {
 ///
 /// `cb` must be safe to call from any thread with any `arg` given here,
 /// must not allocate and must not block on anything a hooked call can hold.
+/// It runs inside calls that are not cancellation points (`mmap`, `malloc`'s
+/// calls of it, the CUDA driver's): one that calls a cancellation point
+/// (`write`, `printf`) on a thread another may cancel should turn
+/// cancellation off around it (`pthread_setcancelstate`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn memhook_set_event_handler(
     events: u32,

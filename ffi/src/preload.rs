@@ -2,7 +2,6 @@
 //! with `MEMHOOK_TRACE=1` print every event to stderr (formatted into a
 //! stack buffer and written with one `write`: no allocation).
 
-use core::ffi::c_void;
 use core::fmt::Write as _;
 
 use memhook::event::{Event, bits};
@@ -27,8 +26,9 @@ fn emit(args: core::fmt::Arguments<'_>) {
     let mut line = Line { buf: [0; 256], len: 0 };
     let _ = line.write_fmt(args);
     let _ = line.write_str("\n");
-    // SAFETY: writing our own buffer to stderr.
-    unsafe { libc::write(2, line.buf.as_ptr() as *const c_void, line.len) };
+    // Not libc's write, a cancellation point: this runs inside mmap and
+    // the rest, which are none (memhook::sys).
+    let _ = memhook::sys::write(2, &line.buf[..line.len]);
 }
 
 /// The `MEMHOOK_TRACE` handler (registered last, priority 1000, so it sees

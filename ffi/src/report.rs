@@ -1,7 +1,7 @@
 //! What is installed (`memhook_status`), the version, and the binary event
 //! records of `MEMHOOK_REPORT_FD` (what `memhook run` reads).
 
-use core::ffi::{c_char, c_int, c_void};
+use core::ffi::{c_char, c_int};
 
 use memhook::event::{Event, bits};
 use memhook::{FunctionStatus, HandlerFn};
@@ -284,29 +284,30 @@ fn write_record(fd: c_int, r: &memhook_record_t) {
     let same = identity(fd).is_some_and(|(dev, ino, _)| {
         (dev, ino) == (REPORT_DEV.load(Ordering::Relaxed), REPORT_INO.load(Ordering::Relaxed))
     });
-    let (at, len) = (
-        (r as *const memhook_record_t).cast::<c_void>(),
-        size_of::<memhook_record_t>(),
-    );
+    // SAFETY: the record's own bytes, all initialised: its fields fill
+    // its 256 bytes with no padding (the size assertion above).
+    let bytes = unsafe {
+        core::slice::from_raw_parts(
+            (r as *const memhook_record_t).cast::<u8>(),
+            size_of::<memhook_record_t>(),
+        )
+    };
+    // By memhook::sys, not libc's send and write: this runs inside mmap
+    // and the rest, which are not cancellation points.
     let failed = same
         && loop {
             let sent = if REPORT_SOCKET.load(Ordering::Relaxed) {
-                // SAFETY: sends the record's bytes.
-                unsafe { libc::send(fd, at, len, libc::MSG_NOSIGNAL) }
+                memhook::sys::send(fd, bytes, libc::MSG_NOSIGNAL)
             } else {
-                // SAFETY: writes the record's bytes.
-                unsafe { libc::write(fd, at, len) }
+                memhook::sys::write(fd, bytes)
             };
-            if sent >= 0 {
-                break false;
-            }
-            // SAFETY: this thread's errno, set by the failed call.
-            match unsafe { *libc::__errno_location() } {
-                libc::EINTR => continue,
+            match sent {
+                Ok(_) => break false,
+                Err(libc::EINTR) => continue,
                 // A full non-blocking descriptor: this record is lost,
                 // the next may go.
-                e if e == libc::EAGAIN || e == libc::EWOULDBLOCK => break false,
-                _ => break true,
+                Err(e) if e == libc::EAGAIN || e == libc::EWOULDBLOCK => break false,
+                Err(_) => break true,
             }
         };
     if !same || failed {

@@ -535,6 +535,102 @@ fn trace_of_an_unmodified_program_under_ld_preload() {
     assert!(!err.contains("MMAP addr="), "{err}");
 }
 
+/// A thread whose cancellation is pending maps and unmaps (anonymous,
+/// System V shared and hugetlb memory), none of it a cancellation point,
+/// then calls `pthread_testcancel`: it gets through every call and is
+/// cancelled there, with memhook in the way as without it. memhook's own
+/// reads, writes and closes on a hook's path (the hugetlb page size
+/// probe, `shmdt`'s look at the mappings, the trace and report handlers)
+/// once were libc's, cancellation points: the first of them cancelled
+/// the thread inside `shmat` (or `mmap`, traced), in the middle of a call
+/// its caller may hold a lock across.
+#[test]
+fn a_pending_cancellation_waits_for_the_programs_own_cancellation_point() {
+    let dir = out_dir();
+    let (api, plain) = (dir.join("pending_cancel_api"), dir.join("pending_cancel"));
+    cc_with("pending_cancel.c", &api, true, &["-DAPI", "-pthread"]);
+    cc_with("pending_cancel.c", &plain, false, &["-pthread"]);
+    let check = |what: &str, cmd: &mut Command| {
+        let o = cmd.output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "{what}: {out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out.into_owned()
+    };
+    for mode in ["bistro", "reloc"] {
+        let out = check(
+            &format!("a handler of the program's, host hooks in {mode} mode"),
+            memhook_tests::command(&api).env("MEMHOOK_MMAP_HOOK_MODE", mode),
+        );
+        let events: u64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("events "))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(events >= 12, "{mode}: the handler saw {events} events:\n{out}");
+    }
+    let preload = lib_dir().join("libmemhook.so");
+    check(
+        "MEMHOOK_TRACE=1",
+        memhook_tests::command(&plain)
+            .env("LD_PRELOAD", &preload)
+            .env("MEMHOOK_TRACE", "1"),
+    );
+    let report = dir.join("pending_cancel.report");
+    let file = std::fs::File::create(&report).unwrap();
+    let mut cmd = memhook_tests::command(&plain);
+    cmd.env("LD_PRELOAD", &preload).env("MEMHOOK_REPORT_FD", "3");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    // SAFETY: dup2 (or, where the file is 3 already, fcntl) in the child
+    // before exec, of a descriptor it inherits.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            let kept = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if kept < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    check("MEMHOOK_REPORT_FD=3", &mut cmd);
+    let records = std::fs::metadata(&report).unwrap().len() / 256;
+    assert!(records >= 12, "{records} records reported");
+}
+
+/// A thread cancelled inside a handler (the handler called `write` with
+/// a cancellation pending) never comes back to memhook: registrations
+/// after it return, the handlers left see every event, and new threads
+/// dispatch, three times over (`cancel_in_handler.c`). Before, the dead
+/// thread's mark on the handler table stayed, and the next registration
+/// waited for it forever. Where the reader slots are off (a kernel
+/// without the expedited membarrier), readers count themselves in shared
+/// counters that name no thread, and registration still waits: skipped.
+#[test]
+fn a_thread_cancelled_in_a_handler_holds_up_no_registration() {
+    if !memhook::dispatch::reader_slots() {
+        eprintln!("no reader slots here (the kernel has no expedited membarrier): not run");
+        return;
+    }
+    let out = out_dir().join("cancel_in_handler");
+    cc_with("cancel_in_handler.c", &out, true, &["-pthread"]);
+    let Some(o) = output_within(&mut memhook_tests::command(&out), std::time::Duration::from_secs(60)) else {
+        panic!("the program hung: a registration waited for the thread cancelled in its handler");
+    };
+    assert!(
+        o.status.success() && o.stdout.starts_with(b"ok"),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 /// An unmodified program that moves pages with userfaultfd's `UFFDIO_MOVE`
 /// (a compacting garbage collector's way, with no call on either
 /// mapping), under `LD_PRELOAD=libmemhook.so MEMHOOK_TRACE=1`, in bistro

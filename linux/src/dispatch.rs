@@ -576,6 +576,19 @@ fn ensure_fork_hook() {
 /// a lost unmap is silent corruption; a handler that can fail should
 /// catch its own failure.
 ///
+/// Nor should a handler be cancelled. The calls it runs inside (`mmap`,
+/// `munmap`, `malloc`'s calls of them with its lock held, the CUDA
+/// driver's) are not cancellation points, and memhook's own code on a
+/// hook's path has none ([`crate::sys`]); a handler that calls one
+/// (`write`, `printf`, `pthread_cond_wait`) on a thread another may
+/// cancel should turn cancellation off around it
+/// (`pthread_setcancelstate`). memhook does not for every event: the pair
+/// of calls costs about 26 ns. A thread cancelled in a handler anyway
+/// unwinds out of the hooked call: the handlers after it do not see that
+/// event, and registration does not wait for the thread (where threads
+/// read through reader slots, as wherever the kernel has the expedited
+/// `membarrier`; see README, "Thread cancellation").
+///
 /// # Errors
 ///
 /// A [`RegisterError`]: the table is full, the mask names no event or has

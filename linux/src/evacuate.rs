@@ -246,9 +246,7 @@ pub(crate) fn sleep_ns(ns: u64) {
         tv_sec: (ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (ns % 1_000_000_000) as libc::c_long,
     };
-    // SAFETY: a valid timespec (nanoseconds under a second); the
-    // remainder is not wanted.
-    unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+    crate::sys::nanosleep(&ts);
 }
 
 /// Signals 32 and 33 (bits 31 and 32 of a mask), which glibc keeps for
@@ -993,7 +991,7 @@ impl Tasks {
 
     /// Opens `TID/FILE` and calls `f` with a reader of it (each call one
     /// `read` into the buffer given: the bytes read, 0 at the end, or
-    /// negative), closing it after; `f`'s answer, or the open's errno.
+    /// `-errno`), closing it after; `f`'s answer, or the open's errno.
     fn reading<R>(
         &self,
         tid: i32,
@@ -1001,10 +999,11 @@ impl Tasks {
         f: impl FnOnce(&mut dyn FnMut(&mut [u8]) -> isize) -> R,
     ) -> Result<R, i32> {
         let fd = self.open_at(tid, file, libc::O_RDONLY)?;
-        // SAFETY: each read writes at most `b.len()` bytes into `b`.
-        let answer = f(&mut |b: &mut [u8]| unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) });
-        // SAFETY: closes the descriptor just opened.
-        unsafe { libc::close(fd) };
+        let answer = f(&mut |b: &mut [u8]| match crate::sys::read(fd, b) {
+            Ok(n) => n as isize,
+            Err(e) => -(e as isize),
+        });
+        crate::sys::close(fd);
         Ok(answer)
     }
 
@@ -1013,11 +1012,7 @@ impl Tasks {
     fn read(&self, tid: i32, file: &[u8], buf: &mut [u8]) -> Result<usize, i32> {
         self.reading(tid, file, |read| {
             let n = read(buf);
-            if n < 0 {
-                Err(crate::maps::errno())
-            } else {
-                Ok(n as usize)
-            }
+            if n < 0 { Err(-n as i32) } else { Ok(n as usize) }
         })?
     }
 
@@ -1037,8 +1032,7 @@ impl Tasks {
         let Ok(fd) = self.open_at(tid, b"", libc::O_RDONLY | libc::O_DIRECTORY) else {
             return false;
         };
-        // SAFETY: closes the descriptor just opened.
-        unsafe { libc::close(fd) };
+        crate::sys::close(fd);
         true
     }
 
@@ -1071,8 +1065,8 @@ impl Tasks {
 
 impl Drop for Tasks {
     fn drop(&mut self) {
-        // SAFETY: closes the descriptor `open` opened.
-        unsafe { libc::close(self.0) };
+        // The descriptor `open` opened, closed once.
+        crate::sys::close(self.0);
     }
 }
 

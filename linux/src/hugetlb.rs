@@ -148,16 +148,15 @@ fn probe_sizes() -> u64 {
                 );
                 sizes |= 1 << k;
             }
-            // SAFETY: the descriptor opened above, closed once.
-            unsafe { libc::close(fd) };
+            // The descriptor opened above, closed once.
+            crate::sys::close(fd);
         }
     }
     if let Some(fd) = memfd_huge(0) {
         if let Some(page) = memfd_page(fd) {
             DEFAULT.store(page, Ordering::Relaxed);
         }
-        // SAFETY: as above.
-        unsafe { libc::close(fd) };
+        crate::sys::close(fd);
     }
     SIZES.store(sizes | 1, Ordering::Release);
     sizes

@@ -38,7 +38,7 @@ mod namespace;
 pub mod pin;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub mod reloc;
-mod sys;
+pub mod sys;
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub mod trampoline;
 

@@ -263,17 +263,13 @@ pub(crate) fn for_each_line(path: &core::ffi::CStr, mut f: impl FnMut(&[u8]) -> 
     let mut buf = [0u8; 4096];
     let mut have = 0;
     let result = 'read: loop {
-        // SAFETY: the destination is the unused tail of `buf`.
-        let n = unsafe { libc::read(fd, buf[have..].as_mut_ptr().cast(), buf.len() - have) };
-        if n < 0 {
-            let e = errno();
-            if e == libc::EINTR {
-                continue;
-            }
-            break Err(e);
-        }
+        let n = match crate::sys::read(fd, &mut buf[have..]) {
+            Ok(n) => n,
+            Err(libc::EINTR) => continue,
+            Err(e) => break Err(e),
+        };
         let eof = n == 0;
-        have += n as usize;
+        have += n;
         let mut used = 0;
         while let Some(nl) = buf[used..have].iter().position(|&c| c == b'\n') {
             if f(&buf[used..used + nl]).is_break() {
@@ -296,9 +292,7 @@ pub(crate) fn for_each_line(path: &core::ffi::CStr, mut f: impl FnMut(&[u8]) -> 
             have = 0;
             loop {
                 let mut c = [0u8; 1];
-                // SAFETY: one byte into a local.
-                let r = unsafe { libc::read(fd, c.as_mut_ptr().cast(), 1) };
-                if r <= 0 || c[0] == b'\n' {
+                if crate::sys::read(fd, &mut c) != Ok(1) || c[0] == b'\n' {
                     break;
                 }
             }
@@ -307,8 +301,7 @@ pub(crate) fn for_each_line(path: &core::ffi::CStr, mut f: impl FnMut(&[u8]) -> 
         buf.copy_within(used..have, 0);
         have -= used;
     };
-    // SAFETY: `fd` was opened above and is closed once.
-    unsafe { libc::close(fd) };
+    crate::sys::close(fd);
     result
 }
 
@@ -566,8 +559,8 @@ impl Queries {
 
 impl Drop for Queries {
     fn drop(&mut self) {
-        // SAFETY: the descriptor `open` opened, closed once.
-        unsafe { libc::close(self.fd) };
+        // The descriptor `open` opened, closed once.
+        crate::sys::close(self.fd);
     }
 }
 

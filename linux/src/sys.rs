@@ -5,8 +5,22 @@
 //! hook: its trampoline pages would be reported as the program's
 //! mappings, and a writer patching `syscall`, or a thread it holds out of
 //! the bytes being written, would run into those bytes.
+//!
+//! Nor is any of them a cancellation point, as libc's `read`, `write`,
+//! `close`, `send` and `nanosleep` are. memhook runs inside `mmap`,
+//! `munmap`, `shmat` and the rest, which are not cancellation points:
+//! a program may cancel a thread that calls them (or `malloc`, which
+//! calls them holding its arena's lock) and rely on the thread going on
+//! to its next cancellation point. A cancellation acted upon inside a
+//! hook would unwind the thread out of the middle of that call instead,
+//! with whatever lock its caller held still held. So memhook's own
+//! reads, writes, closes and sleeps on a hook's path, and in its own
+//! handlers (`MEMHOOK_TRACE`, `memhook run`'s reports), go by these
+//! functions. A handler of the program's that calls a cancellation
+//! point should turn cancellation off for that time itself
+//! (`pthread_setcancelstate`): see [`crate::set_handler`].
 
-use core::ffi::c_long;
+use core::ffi::{c_int, c_long};
 
 /// System call `n` with `args`, as the kernel answers it: a result, or
 /// `-errno` (from -4095 to -1).
@@ -99,6 +113,77 @@ pub(crate) unsafe fn call(n: c_long, args: [c_long; 6]) -> c_long {
 pub(crate) fn gettid() -> libc::pid_t {
     // SAFETY: gettid takes no arguments and cannot fail.
     unsafe { raw(libc::SYS_gettid, [0; 6]) as libc::pid_t }
+}
+
+/// `read(2)` of `buf.len()` bytes at most from `fd`: the count read (0 at
+/// the end), or the errno. errno untouched; not a cancellation point.
+pub fn read(fd: c_int, buf: &mut [u8]) -> Result<usize, c_int> {
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+    let r = unsafe {
+        raw(
+            libc::SYS_read,
+            [fd as c_long, buf.as_mut_ptr() as c_long, buf.len() as c_long, 0, 0, 0],
+        )
+    };
+    answer(r)
+}
+
+/// `write(2)` of `buf` to `fd`: the count written, or the errno. errno
+/// untouched; not a cancellation point.
+pub fn write(fd: c_int, buf: &[u8]) -> Result<usize, c_int> {
+    // SAFETY: the kernel reads at most `buf.len()` bytes of `buf`.
+    let r = unsafe {
+        raw(
+            libc::SYS_write,
+            [fd as c_long, buf.as_ptr() as c_long, buf.len() as c_long, 0, 0, 0],
+        )
+    };
+    answer(r)
+}
+
+/// `send(2)` of `buf` on the socket `fd` with `flags`: the count sent,
+/// or the errno. errno untouched; not a cancellation point.
+pub fn send(fd: c_int, buf: &[u8], flags: c_int) -> Result<usize, c_int> {
+    // SAFETY: as `write`; no address (a connected socket's `sendto`).
+    let r = unsafe {
+        raw(
+            libc::SYS_sendto,
+            [
+                fd as c_long,
+                buf.as_ptr() as c_long,
+                buf.len() as c_long,
+                flags as c_long,
+                0,
+                0,
+            ],
+        )
+    };
+    answer(r)
+}
+
+/// `close(2)` of `fd` (its errno, if any, is of no use: the descriptor
+/// is gone either way on Linux). errno untouched; not a cancellation
+/// point.
+pub fn close(fd: c_int) {
+    // SAFETY: closing a descriptor touches no memory of ours.
+    unsafe { raw(libc::SYS_close, [fd as c_long, 0, 0, 0, 0, 0]) };
+}
+
+/// Sleeps for `ts` (woken early by a signal: not resumed). errno
+/// untouched; not a cancellation point.
+pub fn nanosleep(ts: &libc::timespec) {
+    // SAFETY: the kernel reads `ts`; no remainder is asked for.
+    unsafe {
+        raw(
+            libc::SYS_nanosleep,
+            [ts as *const libc::timespec as c_long, 0, 0, 0, 0, 0],
+        )
+    };
+}
+
+/// A count as [`raw`] answered it, or its errno.
+fn answer(r: c_long) -> Result<usize, c_int> {
+    if refused(r) { Err(-r as c_int) } else { Ok(r as usize) }
 }
 
 /// `syscall!(n, a, b, ...)`: [`call`] with up to six arguments, each cast
