@@ -631,6 +631,29 @@ fn a_thread_cancelled_in_a_handler_holds_up_no_registration() {
     );
 }
 
+/// `shmdt` in a process with no descriptor left under its limit (memhook
+/// cannot open `/proc/self/maps` to see what the detach unmaps) reports
+/// `VM_UNMAPPED` of the whole segment, in both host modes, from what the
+/// `shmat` hook remembered (`shm_no_descriptors.c`). Before, it reported
+/// nothing: a registration cache kept the detached range.
+#[test]
+fn shmdt_with_no_descriptor_left_reports_the_segment() {
+    let out = out_dir().join("shm_no_descriptors");
+    cc("shm_no_descriptors.c", &out, true);
+    for mode in ["bistro", "reloc"] {
+        let o = memhook_tests::command(&out)
+            .env("MEMHOOK_MMAP_HOOK_MODE", mode)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{mode}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
 /// An unmodified program that moves pages with userfaultfd's `UFFDIO_MOVE`
 /// (a compacting garbage collector's way, with no call on either
 /// mapping), under `LD_PRELOAD=libmemhook.so MEMHOOK_TRACE=1`, in bistro

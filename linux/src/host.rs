@@ -930,10 +930,18 @@ unsafe fn shmat_body(
         |e| {
             let r = succeeded(result_of!(*e, Shmat, INVALID_PTR))?;
             let page = crate::hugetlb::of_new_at(r);
-            if !wants(bits::VM_MAPPED) {
+            let (mapped, unmapped) = (wants(bits::VM_MAPPED), wants(bits::VM_UNMAPPED));
+            if !mapped && !unmapped {
                 return None;
             }
-            mapped_in(r, size.unwrap_or_else(|| shm_size(shmid)), page)
+            let size = size.unwrap_or_else(|| shm_size(shmid));
+            if unmapped {
+                attachments::remember(r, whole_pages_of(r, size, page));
+            }
+            if !mapped {
+                return None;
+            }
+            mapped_in(r, size, page)
         },
     );
     result_of!(ev, Shmat, INVALID_PTR) as *mut c_void
@@ -949,17 +957,68 @@ entry! {
 /// mappings of the segment attached at `at`, each of which maps the
 /// segment's offset that lies as far from `at` as it does (more than one
 /// where `mprotect` split the attachment, or `munmap` cut holes in it),
-/// from the first to the last; `(at, 0)` where there is none or
-/// `/proc/self/maps` cannot be read. A mapping of another segment or
+/// from the first to the last; `(at, 0)` where there is none. A mapping of another segment or
 /// file laid in a hole lies inside the range too (reported unmapped
 /// with it: more than went, never less). Asked of the kernel where it
 /// answers ([`shm_attached_by`]: a few questions); else the whole text
 /// is read (a fragment may lie past other mappings): about 0.1 ms in a
 /// process of a thousand mappings.
+///
+/// Where the mappings cannot be read at all (no descriptor left under
+/// the process's limit, no /proc mounted), the attachment `shmat` made
+/// there, as [`attachments`] remembers it: the whole segment, more than
+/// went where the attachment was cut since, never less.
 fn shm_attached(at: usize) -> (usize, usize) {
-    match crate::maps::Queries::open().and_then(|q| shm_attached_by(&q, at)) {
-        Ok(found) => found,
+    let found = match crate::maps::Queries::open().and_then(|q| shm_attached_by(&q, at)) {
+        Ok(found) => Some(found),
         Err(()) => shm_attached_by_text(at),
+    };
+    let remembered = attachments::forget(at);
+    found.unwrap_or_else(|| (at, remembered.unwrap_or(0)))
+}
+
+/// The System V attachments `shmat` made while a handler wanted
+/// `VM_UNMAPPED`: where, and how long (the segment's size in whole
+/// pages), for `shmdt` where the mappings cannot be read. A fixed table
+/// of atomics (hooks do not allocate); an attachment it has no room for
+/// is not remembered (its `shmdt` is then reported as before: at its
+/// address, with no size, where the mappings cannot be read).
+mod attachments {
+    use core::sync::atomic::{AtomicUsize, Ordering};
+
+    const ROOM: usize = 64;
+    /// Each entry's address (0: free) and length.
+    static AT: [AtomicUsize; ROOM] = [const { AtomicUsize::new(0) }; ROOM];
+    static LEN: [AtomicUsize; ROOM] = [const { AtomicUsize::new(0) }; ROOM];
+
+    /// Remembers an attachment of `len` bytes at `at`.
+    pub(super) fn remember(at: usize, len: usize) {
+        // An address attached again (after a detach that was not seen)
+        // is one attachment.
+        let _ = forget(at);
+        for (a, l) in AT.iter().zip(&LEN) {
+            if a.compare_exchange(0, at, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                l.store(len, Ordering::Release);
+                return;
+            }
+        }
+    }
+
+    /// The length remembered for `at` (0 where its length was not yet
+    /// stored), forgotten; `None` where none is.
+    pub(super) fn forget(at: usize) -> Option<usize> {
+        for (a, l) in AT.iter().zip(&LEN) {
+            if a.load(Ordering::Acquire) == at {
+                let len = l.load(Ordering::Acquire);
+                // The length is cleared before the entry is free, so
+                // that it never overwrites the next owner's.
+                l.store(0, Ordering::Relaxed);
+                if a.compare_exchange(at, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                    return Some(len);
+                }
+            }
+        }
+        None
     }
 }
 
@@ -1022,13 +1081,14 @@ fn piece_of_attachment_at(m: &crate::maps::Mapping, at: usize) -> bool {
     m.shared && m.start >= at && (m.start - at) as u64 == m.offset
 }
 
-/// [`shm_attached`] by the text of `/proc/self/maps`.
-fn shm_attached_by_text(at: usize) -> (usize, usize) {
+/// [`shm_attached`] by the text of `/proc/self/maps`; `None` where it
+/// cannot be read.
+fn shm_attached_by_text(at: usize) -> Option<(usize, usize)> {
     // The first fragment's file (device, inode: the segment's id, which
     // may be 0) and start; the last's end.
     let mut found: Option<((u32, u32), u64, usize)> = None;
     let mut end = at;
-    let _ = crate::maps::for_each(|m| {
+    let read = crate::maps::for_each(|m| {
         let fragment = piece_of_attachment_at(m, at) && m.path().starts_with(b"/SYSV");
         match found {
             None if fragment => {
@@ -1040,7 +1100,8 @@ fn shm_attached_by_text(at: usize) -> (usize, usize) {
         }
         core::ops::ControlFlow::Continue(())
     });
-    found.map_or((at, 0), |(_, _, start)| (start, end - start))
+    read.ok()?;
+    Some(found.map_or((at, 0), |(_, _, start)| (start, end - start)))
 }
 
 /// [`shmdt_hook`] when a handler wants its events, for namespace `ns`'s libc.
