@@ -957,12 +957,12 @@ entry! {
 /// mappings of the segment attached at `at`, each of which maps the
 /// segment's offset that lies as far from `at` as it does (more than one
 /// where `mprotect` split the attachment, or `munmap` cut holes in it),
-/// from the first to the last; `(at, 0)` where there is none. A mapping of another segment or
-/// file laid in a hole lies inside the range too (reported unmapped
-/// with it: more than went, never less). Asked of the kernel where it
-/// answers ([`shm_attached_by`]: a few questions); else the whole text
-/// is read (a fragment may lie past other mappings): about 0.1 ms in a
-/// process of a thousand mappings.
+/// from the first to the last; `(at, 0)` where there is none. A mapping
+/// of another segment or file laid in a hole lies inside the range too
+/// (reported unmapped with it: more than went, never less). Asked of the
+/// kernel where it answers ([`shm_attached_by`]: a few questions); else
+/// the whole text is read (a fragment may lie past other mappings):
+/// about 0.1 ms in a process of a thousand mappings.
 ///
 /// Where the mappings cannot be read at all (no descriptor left under
 /// the process's limit, no /proc mounted), the attachment `shmat` made
@@ -981,8 +981,8 @@ fn shm_attached(at: usize) -> (usize, usize) {
 /// `VM_UNMAPPED`: where, and how long (the segment's size in whole
 /// pages), for `shmdt` where the mappings cannot be read. A fixed table
 /// of atomics (hooks do not allocate); an attachment it has no room for
-/// is not remembered (its `shmdt` is then reported as before: at its
-/// address, with no size, where the mappings cannot be read).
+/// is not remembered (its `shmdt`, where the mappings cannot be read,
+/// then reports nothing, as before).
 mod attachments {
     use core::sync::atomic::{AtomicUsize, Ordering};
 
@@ -1007,6 +1007,10 @@ mod attachments {
     /// The length remembered for `at` (0 where its length was not yet
     /// stored), forgotten; `None` where none is.
     pub(super) fn forget(at: usize) -> Option<usize> {
+        if at == 0 {
+            // What a free entry holds: no attachment's address.
+            return None;
+        }
         for (a, l) in AT.iter().zip(&LEN) {
             if a.load(Ordering::Acquire) == at {
                 let len = l.load(Ordering::Acquire);
