@@ -126,7 +126,10 @@ fn sizes() -> u64 {
 /// sizes of x86_64 and arm64 kernels) succeeds where the kernel offers
 /// it, with or without pages reserved, and its file lies on that size's
 /// mount. A kernel older than 4.14 or a filter that refuses the call:
-/// no sizes, and mappings are sized in base pages.
+/// no sizes, and mappings are sized in base pages. A probe that found
+/// no descriptor (or memory) to spare for a memfd is not kept: the next
+/// question probes again, rather than taking huge pages for base pages
+/// for the process's life.
 #[cold]
 fn probe() -> u64 {
     keeping_errno(probe_sizes)
@@ -135,8 +138,11 @@ fn probe() -> u64 {
 /// [`probe`]'s work (its refused `memfd_create`s set errno).
 fn probe_sizes() -> u64 {
     let mut sizes = 0u64;
+    let mut short = false;
     for k in 16..=34 {
-        if let Some(fd) = memfd_huge(k << HUGE_SHIFT) {
+        let made = memfd_huge(k << HUGE_SHIFT);
+        short |= made.is_none() && out_of_room(crate::maps::errno());
+        if let Some(fd) = made {
             let mut st = core::mem::MaybeUninit::<libc::stat>::zeroed();
             // SAFETY: fstat fills `st` or fails.
             if unsafe { libc::fstat(fd, st.as_mut_ptr()) } == 0 {
@@ -152,14 +158,26 @@ fn probe_sizes() -> u64 {
             crate::sys::close(fd);
         }
     }
-    if let Some(fd) = memfd_huge(0) {
-        if let Some(page) = memfd_page(fd) {
-            DEFAULT.store(page, Ordering::Relaxed);
+    match memfd_huge(0) {
+        Some(fd) => {
+            if let Some(page) = memfd_page(fd) {
+                DEFAULT.store(page, Ordering::Relaxed);
+            }
+            crate::sys::close(fd);
         }
-        crate::sys::close(fd);
+        None => short |= out_of_room(crate::maps::errno()),
     }
-    SIZES.store(sizes | 1, Ordering::Release);
+    if !short {
+        SIZES.store(sizes | 1, Ordering::Release);
+    }
     sizes
+}
+
+/// Whether a refused `memfd_create` was refused for want of a descriptor
+/// (the process's limit, the system's) or of memory: a refusal that says
+/// nothing of the sizes the kernel offers.
+fn out_of_room(errno: c_int) -> bool {
+    matches!(errno, libc::EMFILE | libc::ENFILE | libc::ENOMEM)
 }
 
 /// A hugetlb memfd of the size `size_flags` names (0: the default).
@@ -616,6 +634,69 @@ pub(crate) mod tests {
         QUERY_OFF.store(true, Ordering::Relaxed);
         assert!(!support().query);
         QUERY_OFF.store(false, Ordering::Relaxed);
+    }
+
+    /// A probe made with no descriptor to spare (every one under the
+    /// process's limit open) finds no sizes and is not kept: the next
+    /// question, with descriptors back, finds what a probe with them
+    /// finds. Before, the first probe's empty answer was kept for the
+    /// process's life, and its hugetlb mappings were sized in base pages.
+    /// In a child of a fork (the limit and the descriptors are its own).
+    #[test]
+    fn a_probe_with_no_descriptor_to_spare_is_not_kept() {
+        let _t = HUGE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let expected = probe_sizes();
+        // SAFETY: the child makes system calls only (no allocation, no
+        // lock another thread may hold) and ends by _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = (|| {
+                SIZES.store(0, Ordering::Relaxed);
+                let limit = libc::rlimit {
+                    rlim_cur: 64,
+                    rlim_max: 64,
+                };
+                // SAFETY: plain values.
+                if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
+                    return 10;
+                }
+                let (mut first, mut last) = (-1, -1);
+                loop {
+                    // SAFETY: a NUL-terminated path.
+                    let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY) };
+                    if fd < 0 {
+                        break;
+                    }
+                    if first < 0 {
+                        first = fd;
+                    }
+                    last = fd;
+                }
+                if sizes() != 0 || SIZES.load(Ordering::Relaxed) != 0 {
+                    return 11;
+                }
+                for fd in first.max(0)..=last {
+                    crate::sys::close(fd);
+                }
+                if sizes() != expected || SIZES.load(Ordering::Relaxed) != expected | 1 {
+                    return 12;
+                }
+                0
+            })();
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status), "child status {status:#x}");
+        match libc::WEXITSTATUS(status) {
+            0 => {}
+            11 => panic!("a probe with no descriptor found sizes, or was kept"),
+            12 => panic!("the probe after it did not find the sizes {expected:#x}"),
+            c => panic!("child exit {c}"),
+        }
     }
 
     #[test]
