@@ -2858,12 +2858,17 @@ mod mapped_files {
 
     impl Building {
         /// Begins, before the read: [`FILE_MAPPINGS`] and the loader's
-        /// count as they are now.
+        /// count as they are now. Inlined, so that its 512 bytes are
+        /// made in the caller's frame, not copied there (README,
+        /// "Stack").
+        #[inline(always)]
         pub(super) fn begin() -> Building {
+            let stamp = FILE_MAPPINGS.load(Ordering::SeqCst).wrapping_add(1);
+            let loads = loads();
             Building {
                 bits: [0; WORDS],
-                stamp: FILE_MAPPINGS.load(Ordering::SeqCst).wrapping_add(1),
-                loads: loads(),
+                stamp,
+                loads,
             }
         }
 
@@ -2876,7 +2881,7 @@ mod mapped_files {
 
         /// Publishes the filter of a read that went to the end, unless
         /// another thread is publishing one.
-        pub(super) fn publish(self) {
+        pub(super) fn publish(&self) {
             let Some(loads) = self.loads else {
                 return;
             };
@@ -2885,7 +2890,7 @@ mod mapped_files {
             }
             STAMP.store(0, Ordering::Relaxed);
             fence(Ordering::Release);
-            for (word, bits) in BITS.iter().zip(self.bits) {
+            for (word, &bits) in BITS.iter().zip(&self.bits) {
                 word.store(bits, Ordering::Relaxed);
             }
             LOADS.store(loads, Ordering::Relaxed);

@@ -538,7 +538,7 @@ impl Mounts {
             found: [(0, 0); 16],
             count: 0,
         };
-        let _ = crate::maps::for_each_line(c"/proc/self/mountinfo", |line| {
+        let _ = crate::maps::for_each_line(c"/proc/self/mountinfo", &mut |line| {
             if let Some(mount) = hugetlbfs_mount(line)
                 && mounts.count < mounts.found.len()
             {

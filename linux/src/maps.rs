@@ -41,6 +41,19 @@ pub struct Mapping {
 }
 
 impl Mapping {
+    /// No mapping: [`Queries::ask_into`] writes one over it.
+    const EMPTY: Mapping = Mapping {
+        start: 0,
+        end: 0,
+        prot: 0,
+        shared: false,
+        offset: 0,
+        dev: (0, 0),
+        inode: 0,
+        path: [core::mem::MaybeUninit::uninit(); PATH_CAPACITY],
+        path_len: 0,
+    };
+
     /// The path or pseudo-path (`[heap]`, `[vdso]`), possibly empty.
     pub fn path(&self) -> &[u8] {
         // SAFETY: `parse_line` (from the line) or `Queries::ask` (the
@@ -191,6 +204,20 @@ pub(crate) fn parse_decimal(name: &[u8]) -> Option<i32> {
 /// is read once (a process's maps may have thousands of lines, read
 /// whole for a truncation's look).
 pub fn parse_line(line: &[u8]) -> Option<Mapping> {
+    let mut m = Mapping::EMPTY;
+    parse_line_into(line, &mut m).then_some(m)
+}
+
+/// [`parse_line`] into `m` (left as it was where the line is not one):
+/// whether it was one. [`for_each`]'s, with one mapping on its stack and
+/// none copied (README, "Stack").
+fn parse_line_into(line: &[u8], m: &mut Mapping) -> bool {
+    parse_fields(line, m).is_some()
+}
+
+/// [`parse_line_into`]'s work.
+#[inline(always)]
+fn parse_fields(line: &[u8], out: &mut Mapping) -> Option<()> {
     let mut fields = Fields { line, at: 0 };
     fields.skip_spaces();
     let start = fields.hex(b'-')? as usize;
@@ -214,25 +241,21 @@ pub fn parse_line(line: &[u8]) -> Option<Mapping> {
     if perms[2] == b'x' {
         prot |= libc::PROT_EXEC;
     }
+    out.start = start;
+    out.end = end;
+    out.prot = prot;
+    out.shared = perms[3] == b's';
+    out.offset = offset;
+    out.dev = dev;
+    out.inode = inode;
     // The path is the rest of the line after the inode, spaces included.
-    let mut m = Mapping {
-        start,
-        end,
-        prot,
-        shared: perms[3] == b's',
-        offset,
-        dev,
-        inode,
-        path: [core::mem::MaybeUninit::uninit(); PATH_CAPACITY],
-        path_len: 0,
-    };
     let path = fields.rest();
     let n = path.len().min(PATH_CAPACITY);
     // SAFETY: `n` bytes from the line into the path's first `n`, which
-    // do not overlap (`m` is this frame's).
-    unsafe { core::ptr::copy_nonoverlapping(path.as_ptr(), m.path.as_mut_ptr().cast::<u8>(), n) };
-    m.path_len = n;
-    Some(m)
+    // do not overlap (`out` is the caller's mapping, not the line).
+    unsafe { core::ptr::copy_nonoverlapping(path.as_ptr(), out.path.as_mut_ptr().cast::<u8>(), n) };
+    out.path_len = n;
+    Some(())
 }
 
 /// Calls `f` with each mapping of this process, in address order, until it
@@ -242,25 +265,46 @@ pub fn parse_line(line: &[u8]) -> Option<Mapping> {
 ///
 /// The errno of a failed `open` or `read`.
 pub fn for_each(mut f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
-    for_each_line(c"/proc/self/maps", |line| match parse_line(line) {
-        Some(m) => f(&m),
-        None => ControlFlow::Continue(()),
+    let mut m = Mapping::EMPTY;
+    for_each_in(&mut m, &mut f)
+}
+
+/// [`for_each`], each line parsed into `m`: the caller's one mapping on
+/// the stack (README, "Stack").
+fn for_each_in(m: &mut Mapping, f: &mut dyn FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
+    for_each_line(c"/proc/self/maps", &mut |line| {
+        if parse_line_into(line, m) {
+            f(m)
+        } else {
+            ControlFlow::Continue(())
+        }
     })
 }
 
+/// The buffer [`for_each_line`] reads through: on the stack of a hooked
+/// call, so small (README, "Stack"). A line of the mappings holds its
+/// kept path ([`PATH_CAPACITY`]) and its fields (at most 90 bytes) in
+/// it; the kernel's text comes a page at a time into the file's own
+/// buffer, and each `read` takes what fits of it.
+const LINE_BUFFER: usize = 1024;
+
 /// Calls `f` with each line of the file at `path` (without its newline),
 /// read through a buffer on this stack, until it breaks. A line longer
-/// than the buffer (4 KiB) is passed cut to it.
+/// than the buffer ([`LINE_BUFFER`]) is passed cut to it. Never inlined,
+/// nor one copy per caller's closure: its buffer is on the stack only
+/// while the text is read, not in the frame of every caller that may
+/// read it (one that asks the kernel by `PROCMAP_QUERY` does not).
 ///
 /// # Errors
 ///
 /// The errno of a failed `open` or `read`.
-pub(crate) fn for_each_line(path: &core::ffi::CStr, mut f: impl FnMut(&[u8]) -> ControlFlow<()>) -> Result<(), i32> {
+#[inline(never)]
+pub(crate) fn for_each_line(path: &core::ffi::CStr, f: &mut dyn FnMut(&[u8]) -> ControlFlow<()>) -> Result<(), i32> {
     let fd = open_at(libc::AT_FDCWD, path, libc::O_RDONLY | libc::O_CLOEXEC);
     if fd < 0 {
         return Err(errno());
     }
-    let mut buf = [0u8; 4096];
+    let mut buf = [0u8; LINE_BUFFER];
     let mut have = 0;
     let result = 'read: loop {
         let n = match crate::sys::read(fd, &mut buf[have..]) {
@@ -309,14 +353,23 @@ pub(crate) fn for_each_line(path: &core::ffi::CStr, mut f: impl FnMut(&[u8]) -> 
 /// (`PROCMAP_QUERY`, Linux 6.11), or read from the text where it does not
 /// answer.
 pub fn find(addr: usize) -> Option<Mapping> {
-    match Queries::open().and_then(|q| q.ask(addr, Ask::HOLDING.with_path())) {
-        Ok(found) => found.map(|(m, _)| m),
-        Err(()) => find_by_text(addr),
+    let Ok(q) = Queries::open() else {
+        return find_by_text(addr);
+    };
+    let mut m = Mapping::EMPTY;
+    match q.ask_into(addr, Ask::HOLDING.with_path(), &mut m) {
+        Ok(found) => found.map(|_| m),
+        Err(()) => {
+            drop(q);
+            find_by_text(addr)
+        }
     }
 }
 
 /// [`find`] by the text alone, as on a kernel older than 6.11 (`--bench
-/// maps` compares the two).
+/// maps` compares the two). Not inlined: its frame is on the stack only
+/// where the kernel does not answer (README, "Stack").
+#[inline(never)]
 pub fn find_by_text(addr: usize) -> Option<Mapping> {
     let mut found = None;
     let _ = for_each(|m| {
@@ -342,8 +395,8 @@ pub fn find_by_text(addr: usize) -> Option<Mapping> {
 /// # Errors
 ///
 /// The errno of a failed `open` or `read` of the text.
-pub fn for_each_of_files(f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
-    for_each_from(0, Ask::FILES, f)
+pub fn for_each_of_files(mut f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
+    for_each_from(0, Ask::FILES, &mut f)
 }
 
 /// Calls `f` with each mapping that ends past `addr` (the one that holds
@@ -353,20 +406,24 @@ pub fn for_each_of_files(f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(
 /// # Errors
 ///
 /// As [`for_each`].
-pub(crate) fn for_each_past(addr: usize, f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
-    for_each_from(addr, Ask::HOLDING, f)
+pub(crate) fn for_each_past(addr: usize, mut f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
+    for_each_from(addr, Ask::HOLDING, &mut f)
 }
 
 /// Calls `f` with each mapping `ask` selects (files alone, or all) that
 /// ends past `addr`, in address order, until it breaks: by [`Queries`],
 /// or by the text (every mapping past `addr`) where the kernel does not
 /// answer them, from the start or from where they stopped answering.
-fn for_each_from(addr: usize, ask: Ask, mut f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
+/// Not inlined: one frame, whichever way it reads, below each mapping's
+/// `f` (README, "Stack").
+#[inline(never)]
+fn for_each_from(addr: usize, ask: Ask, f: &mut dyn FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
     let mut at = addr;
+    let mut m = Mapping::EMPTY;
     if let Ok(q) = Queries::open() {
         loop {
-            match q.ask(at, ask.or_next()) {
-                Ok(Some((m, _))) => {
+            match q.ask_into(at, ask.or_next(), &mut m) {
+                Ok(Some(_)) => {
                     if f(&m).is_break() {
                         return Ok(());
                     }
@@ -380,7 +437,9 @@ fn for_each_from(addr: usize, ask: Ask, mut f: impl FnMut(&Mapping) -> ControlFl
             }
         }
     }
-    for_each(|m| if m.end > at { f(m) } else { ControlFlow::Continue(()) })
+    for_each_in(&mut m, &mut |m| {
+        if m.end > at { f(m) } else { ControlFlow::Continue(()) }
+    })
 }
 
 /// Whether the kernel answers `PROCMAP_QUERY` here (Linux 6.11; not
@@ -493,17 +552,16 @@ impl Queries {
     /// where there is none; `Err` where the kernel does not answer (older
     /// than 6.11; a path longer than asked for).
     pub(crate) fn ask(&self, addr: usize, ask: Ask) -> Result<Option<(Mapping, usize)>, ()> {
-        let mut m = Mapping {
-            start: 0,
-            end: 0,
-            prot: 0,
-            shared: false,
-            offset: 0,
-            dev: (0, 0),
-            inode: 0,
-            path: [core::mem::MaybeUninit::uninit(); PATH_CAPACITY],
-            path_len: 0,
-        };
+        let mut m = Mapping::EMPTY;
+        Ok(self.ask_into(addr, ask, &mut m)?.map(|page| (m, page)))
+    }
+
+    /// [`ask`](Self::ask), the mapping written into `m` (its page size
+    /// returned): for a caller that asks again and again, with one
+    /// mapping on its stack and none copied (README, "Stack").
+    #[inline(never)]
+    pub(crate) fn ask_into(&self, addr: usize, ask: Ask, m: &mut Mapping) -> Result<Option<usize>, ()> {
+        m.path_len = 0;
         let mut q = ProcmapQuery {
             size: size_of::<ProcmapQuery>() as u64,
             query_flags: ask.flags,
@@ -553,7 +611,7 @@ impl Queries {
             // The length with its NUL (0: no name); the kernel wrote it.
             m.path_len = (q.vma_name_size as usize).saturating_sub(1).min(PATH_CAPACITY);
         }
-        Ok(Some((m, q.vma_page_size as usize)))
+        Ok(Some(q.vma_page_size as usize))
     }
 }
 

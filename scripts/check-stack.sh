@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The stack each hooked call takes beyond what it takes unhooked, in the
+# optimised libmemhook.so (what programs load), with one empty handler of
+# every event: tests/c/stack_use.c measures each host function memhook
+# hooks and the CUDA driver's cuMemAlloc_v2 + cuMemFree_v2 (the fake driver
+# of tests/cuda/fakecuda.c), in bistro and in reloc mode, where the
+# kernel answers PROCMAP_QUERY (Linux 6.11) and where a seccomp filter
+# refuses it as an older kernel does (memhook then reads the text of
+# /proc/self/maps, through a buffer on the stack). Fails naming each call
+# over its limit (README, "Stack": the limits and the figures).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(uname -m)" != x86_64 ]; then
+    echo "SKIPPED: the seccomp filter of tests/c/stack_use.c is x86_64's"
+    exit 0
+fi
+command -v cc >/dev/null || { apt-get update -qq && apt-get install -y -qq gcc; }
+cargo build --release -p memhook-ffi
+cc -shared -fPIC -O2 -Wall -Werror -Wl,-soname,libcuda.so.1 -o target/release/libcuda.so.1 \
+    tests/cuda/fakecuda.c -lpthread
+cc -O2 -Wall -Werror -I include tests/c/stack_use.c target/release/libcuda.so.1 -L target/release -lmemhook \
+    -Wl,-z,now -Wl,-rpath,"$PWD/target/release" -o target/release/stack-use
+# Where the kernel answers PROCMAP_QUERY, 2 KiB; by the text, 3 KiB.
+status=0
+for mode in bistro reloc; do
+    for look in query text; do
+        limit=2048
+        args=()
+        if [ "$look" = text ]; then
+            limit=3072
+            args=(text)
+        fi
+        echo "-- $mode mode, the mappings by $look"
+        MEMHOOK_MMAP_HOOK_MODE=$mode ./target/release/stack-use "$limit" "${args[@]}" || status=1
+    done
+done
+exit $status
