@@ -5,17 +5,18 @@
  * scripts/check-stack.sh runs it against the optimised libmemhook.so and
  * the fake CUDA driver (tests/cuda/fakecuda.c), in both host modes.
  *
- *   stack_use LIMIT [text]
+ *   stack_use QUERY_LIMIT TEXT_LIMIT [text]
  *
  * Each call runs on a stack of its own (makecontext), filled with a
  * pattern first; the deepest byte that changed is the call's use. Every
  * call is measured before the install (three times, the deepest kept)
  * and after it (the same), so one-time work on a hook's first call
  * counts. Prints a line per call; exits 0 when every call's addition is
- * at most LIMIT bytes, 1 naming each that is not, 2 where it could not
- * measure. With "text", a seccomp filter refuses PROCMAP_QUERY (ENOTTY),
- * as a kernel older than 6.11 does, so that memhook reads the text of
- * /proc/self/maps where it would ask the kernel. Link with -Wl,-z,now,
+ * within the limit, 1 naming each that is not, 2 where it could not
+ * measure. The limit is QUERY_LIMIT bytes where the kernel answers
+ * PROCMAP_QUERY (Linux 6.11), TEXT_LIMIT where memhook must read the
+ * text of /proc/self/maps instead. With "text", a seccomp filter refuses
+ * PROCMAP_QUERY (ENOTTY) as an older kernel does. Link with -Wl,-z,now,
  * so that no lazy binding's work lands in the first measure. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -104,7 +105,12 @@ static void w_madvise(void) {
     madvise(p, 1 << 16, MADV_DONTNEED);
     munmap(p, 1 << 16);
 }
+/* glibc 2.36's: weak, so that the program builds and runs with an older
+ * glibc, where memhook has no such function to hook. */
+extern ssize_t process_madvise(int, const struct iovec *, size_t, int, unsigned) __attribute__((weak));
+
 static void w_process_madvise(void) {
+    if (!process_madvise) return;
     void *p = anon(1 << 16);
     struct iovec v = {p, 1 << 16};
     int pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
@@ -208,6 +214,15 @@ static void empty(uint32_t type, memhook_event_t *e, void *arg) {
 /* struct procmap_query's ioctl (linux/fs.h, Linux 6.11). */
 #define PROCMAP_QUERY 0xc0686611u
 
+/* Whether the kernel answers PROCMAP_QUERY here. */
+static int queries_answer(void) {
+    int fd = open("/proc/self/maps", O_RDONLY);
+    uint64_t q[13] = {104, 0x10 /* covering or next */};
+    int answered = fd >= 0 && ioctl(fd, PROCMAP_QUERY, q) == 0;
+    if (fd >= 0) close(fd);
+    return answered;
+}
+
 /* Refuses PROCMAP_QUERY with ENOTTY, as a kernel without it answers;
  * every other call is let through. */
 static int refuse_procmap_query(void) {
@@ -225,23 +240,21 @@ static int refuse_procmap_query(void) {
     struct sock_fprog prog = {sizeof f / sizeof f[0], f};
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
     if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) return -1;
-    int fd = open("/proc/self/maps", O_RDONLY);
-    char q[104] = {0};
-    int refused = fd >= 0 && ioctl(fd, PROCMAP_QUERY, q) != 0 && errno == ENOTTY;
-    if (fd >= 0) close(fd);
-    return refused ? 0 : -1;
+    return queries_answer() ? -1 : 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || argc > 3 || (argc == 3 && strcmp(argv[2], "text") != 0)) {
-        fprintf(stderr, "usage: stack_use LIMIT [text]\n");
+    if (argc < 3 || argc > 4 || (argc == 4 && strcmp(argv[3], "text") != 0)) {
+        fprintf(stderr, "usage: stack_use QUERY_LIMIT TEXT_LIMIT [text]\n");
         return 2;
     }
-    size_t limit = strtoul(argv[1], NULL, 0);
-    if (argc == 3 && refuse_procmap_query() != 0) {
+    if (argc == 4 && refuse_procmap_query() != 0) {
         fprintf(stderr, "stack_use: could not refuse PROCMAP_QUERY by seccomp: %s\n", strerror(errno));
         return 2;
     }
+    int by_query = queries_answer();
+    size_t limit = strtoul(argv[by_query ? 1 : 2], NULL, 0);
+    printf("the mappings %s\n", by_query ? "asked of the kernel (PROCMAP_QUERY)" : "read from the text of /proc/self/maps");
     snprintf(file, sizeof file, "/tmp/memhook-stack-use-%d", (int)getpid());
     stack = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (stack == MAP_FAILED || cuInit(0) != 0) {
