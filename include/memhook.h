@@ -619,13 +619,21 @@ int memhook_uninstall(void);
  calls of it, the CUDA driver's): one that calls a cancellation point
  (`write`, `printf`) on a thread another may cancel should turn
  cancellation off around it (`pthread_setcancelstate`).
+
+ It may be called from a signal handler once memhook is installed (or
+ with `MEMHOOK_EVENT_FLAG_NO_INSTALL`). Where the signal interrupted
+ this thread's own change of the handlers, it fails
+ (`MEMHOOK_ERR_HANDLER`) rather than wait for itself.
  */
 int memhook_set_event_handler(uint32_t events, int priority, memhook_event_cb cb, void *arg);
 
 /*
  Removes `events` from the registrations of `(cb, arg)`; a registration
  left with no event goes. When it returns, a removed handler is not
- running and will not run.
+ running and will not run. Called from inside a handler, or from a
+ signal handler that interrupted its own thread's change of the
+ handlers, it removes nothing (it would wait for itself), and
+ `memhook_last_error()` says so.
 
  # Safety
 

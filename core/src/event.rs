@@ -479,9 +479,12 @@ impl Handler for FnHandler {
 pub const MAX_NESTING: u32 = 4;
 
 /// Per-thread dispatch state, owned by the caller (a thread-local in the Linux
-/// runtime). Never shared between threads.
+/// runtime). Never shared between threads: the nesting depth, the reader
+/// slot, and whether the thread is changing the handlers (so that a
+/// signal handler that interrupted the change, and changes them too, is
+/// refused rather than left waiting for itself).
 #[derive(Debug, Default)]
-pub struct DispatchDepth(core::cell::Cell<u32>, core::cell::Cell<SlotRef>);
+pub struct DispatchDepth(core::cell::Cell<u32>, core::cell::Cell<SlotRef>, core::cell::Cell<bool>);
 
 /// Which reader slot of which dispatcher a thread uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -504,12 +507,36 @@ impl DispatchDepth {
                 dispatcher: 0,
                 index: 0,
             }),
+            core::cell::Cell::new(false),
         )
     }
 
     /// How many dispatches are running on this thread.
     pub fn get(&self) -> u32 {
         self.0.get()
+    }
+}
+
+/// The mark of a thread changing the handlers ([`DispatchDepth`]'s third
+/// field), set before the writer's lock is asked for and cleared after
+/// it is let go (on every way out: the guard's drop). A signal handler
+/// on the same thread sees the mark wherever it interrupts: the compiler
+/// fences keep the mark's stores on their sides of the lock's, as the
+/// thread runs them (one thread: no fence between cores is needed).
+struct Changing<'a>(&'a core::cell::Cell<bool>);
+
+impl<'a> Changing<'a> {
+    fn mark(flag: &'a core::cell::Cell<bool>) -> Self {
+        flag.set(true);
+        core::sync::atomic::compiler_fence(Ordering::SeqCst);
+        Changing(flag)
+    }
+}
+
+impl Drop for Changing<'_> {
+    fn drop(&mut self) {
+        core::sync::atomic::compiler_fence(Ordering::SeqCst);
+        self.0.set(false);
     }
 }
 
@@ -532,8 +559,10 @@ pub enum RegisterError {
         /// The table's capacity.
         capacity: usize,
     },
-    /// Called from inside a handler on this thread: waiting for the table to
-    /// drain would wait for ourselves.
+    /// Called from inside a handler on this thread, or from a signal
+    /// handler that interrupted this thread's own change of the handlers:
+    /// waiting for the table to drain, or for the writer's lock, would
+    /// wait for ourselves.
     InsideHandler,
     /// The event mask names no event.
     NoEvents,
@@ -553,9 +582,10 @@ impl fmt::Display for RegisterError {
             RegisterError::Full { capacity } => {
                 write!(f, "handler table is full ({capacity} handlers)")
             }
-            RegisterError::InsideHandler => {
-                f.write_str("cannot change handlers from inside a handler (it would wait for itself)")
-            }
+            RegisterError::InsideHandler => f.write_str(
+                "cannot change handlers from inside a handler, or from a signal handler that interrupted \
+                     this thread's own change of them (it would wait for itself)",
+            ),
             RegisterError::NoEvents => f.write_str("event mask names no event"),
             RegisterError::UnknownBits { bits } => write!(
                 f,
@@ -1318,9 +1348,10 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
         depth: &DispatchDepth,
         change: impl FnOnce(&mut heapless::Vec<Entry<H>, N>, &mut u32) -> Result<R, RegisterError>,
     ) -> Result<R, RegisterError> {
-        if depth.get() > 0 {
+        if depth.get() > 0 || depth.2.get() {
             return Err(RegisterError::InsideHandler);
         }
+        let _changing = Changing::mark(&depth.2);
         let mut next_id = self.writer.lock();
         let live = self.hot.live.load(Ordering::Relaxed);
         let spare = 1 - live;

@@ -694,3 +694,58 @@ fn every_kind_of_payload_lies_where_payload_ptr_says() {
     }
     assert_eq!(seen, bits::ALL_EVENTS, "every kind is covered");
 }
+
+/// The dispatcher of [`a_signal_handler_changing_the_handlers_mid_change_is_refused`],
+/// whose platform barrier (run while a registration holds the writer's
+/// lock) stands in for a signal handler that registers on the same
+/// thread.
+static INTERRUPTED: Dispatcher<FnHandler, 8> = Dispatcher::new();
+
+thread_local! {
+    static INTERRUPTED_DEPTH: DispatchDepth = const { DispatchDepth::new() };
+}
+
+/// What each registration the barrier made returned.
+static REFUSED_INSIDE: std::sync::Mutex<Vec<Result<(), RegisterError>>> = std::sync::Mutex::new(Vec::new());
+
+static NEXT_THREAD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn barrier_that_registers() -> bool {
+    let r = INTERRUPTED_DEPTH.with(|depth| INTERRUPTED.register(depth, bits::MMAP, 0, handler(7)).map(|_| ()));
+    REFUSED_INSIDE.lock().unwrap().push(r);
+    true
+}
+
+static INTERRUPTING: memhook_core::event::Asymmetric = memhook_core::event::Asymmetric {
+    barrier: barrier_that_registers,
+    thread_id: || NEXT_THREAD.fetch_add(1, Ordering::Relaxed),
+    thread_alive: |_| true,
+};
+
+/// A registration made on a thread in the middle of that thread's own
+/// registration (as by a signal handler that interrupted it: here the
+/// barrier, which runs with the writer's lock held) is refused at once
+/// with `InsideHandler`, and the registration it interrupted finishes;
+/// the thread's mark is gone afterwards, so its next registration works.
+/// Before, the nested one spun on the lock its own thread held, for good.
+#[test]
+fn a_signal_handler_changing_the_handlers_mid_change_is_refused() {
+    INTERRUPTED.enable_slots(&INTERRUPTING);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let register = || INTERRUPTED_DEPTH.with(|d| INTERRUPTED.register(d, bits::MUNMAP, 0, handler(1)).map(|_| ()));
+        let first = register();
+        let second = register();
+        tx.send((first, second)).unwrap();
+    });
+    let Ok((first, second)) = rx.recv_timeout(std::time::Duration::from_secs(30)) else {
+        panic!("the registration made inside its own thread's registration waited for that thread");
+    };
+    assert_eq!((first, second), (Ok(()), Ok(())));
+    let nested = REFUSED_INSIDE.lock().unwrap();
+    assert!(!nested.is_empty(), "the barrier ran");
+    assert!(
+        nested.iter().all(|r| *r == Err(RegisterError::InsideHandler)),
+        "{nested:?}"
+    );
+}

@@ -363,6 +363,11 @@ pub extern "C" fn memhook_uninstall() -> c_int {
 /// calls of it, the CUDA driver's): one that calls a cancellation point
 /// (`write`, `printf`) on a thread another may cancel should turn
 /// cancellation off around it (`pthread_setcancelstate`).
+///
+/// It may be called from a signal handler once memhook is installed (or
+/// with `MEMHOOK_EVENT_FLAG_NO_INSTALL`). Where the signal interrupted
+/// this thread's own change of the handlers, it fails
+/// (`MEMHOOK_ERR_HANDLER`) rather than wait for itself.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn memhook_set_event_handler(
     events: u32,
@@ -381,9 +386,12 @@ pub unsafe extern "C" fn memhook_set_event_handler(
         if let Err(e) = bits::check_mask(events) {
             return fail(MEMHOOK_ERR_HANDLER, format_args!("memhook_set_event_handler: {e}"));
         }
+        // Once installed, no lock is taken on the way to the dispatcher
+        // (whose own refuses a change from a signal handler that
+        // interrupted this thread's).
         if events & bits::NO_INSTALL == 0 && memhook::installed().is_none() {
             match Config::from_env() {
-                Ok(c) => memhook::install(&c),
+                Ok(c) => memhook::install_unless_installed(&c),
                 Err(e) => return fail(MEMHOOK_ERR_CONFIG, format_args!("{e}")),
             }
         }
@@ -396,7 +404,10 @@ pub unsafe extern "C" fn memhook_set_event_handler(
 
 /// Removes `events` from the registrations of `(cb, arg)`; a registration
 /// left with no event goes. When it returns, a removed handler is not
-/// running and will not run.
+/// running and will not run. Called from inside a handler, or from a
+/// signal handler that interrupted its own thread's change of the
+/// handlers, it removes nothing (it would wait for itself), and
+/// `memhook_last_error()` says so.
 ///
 /// # Safety
 ///
@@ -404,8 +415,10 @@ pub unsafe extern "C" fn memhook_set_event_handler(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn memhook_unset_event_handler(events: u32, cb: memhook_event_cb, arg: *mut c_void) {
     let _ = guard(|| {
-        if let Some(h) = handler(cb, arg) {
-            let _ = memhook::unset_handler_fn(events, &h);
+        if let Some(h) = handler(cb, arg)
+            && let Err(e) = memhook::unset_handler_fn(events, &h)
+        {
+            return fail(MEMHOOK_ERR_HANDLER, format_args!("memhook_unset_event_handler: {e}"));
         }
         MEMHOOK_OK
     });

@@ -631,6 +631,29 @@ fn a_thread_cancelled_in_a_handler_holds_up_no_registration() {
     );
 }
 
+/// A signal handler that registers a handler, interrupting its own
+/// thread's registration or unregistration, is refused
+/// (`MEMHOOK_ERR_HANDLER`, its message naming the signal handler) and the
+/// program goes on: 20,000 rounds of the main thread's set and unset
+/// under a 50 us timer whose handler sets and unsets too
+/// (`register_in_signal.c`). Before, the signal handler spun on the
+/// writer's lock its own thread held, for good.
+#[test]
+fn a_signal_handler_that_registers_never_waits_for_its_own_thread() {
+    let out = out_dir().join("register_in_signal");
+    cc_with("register_in_signal.c", &out, true, &["-pthread"]);
+    let Some(o) = output_within(&mut memhook_tests::command(&out), std::time::Duration::from_secs(120)) else {
+        panic!("the program hung: a signal handler's registration waited for its own thread");
+    };
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    eprintln!("{}", String::from_utf8_lossy(&o.stdout).trim());
+}
+
 /// `shmdt` in a process with no descriptor left under its limit (memhook
 /// cannot open `/proc/self/maps` to see what the detach unmaps) reports
 /// `VM_UNMAPPED` of the whole segment, in both host modes, from what the

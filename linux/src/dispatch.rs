@@ -593,7 +593,8 @@ fn ensure_fork_hook() {
 ///
 /// A [`RegisterError`]: the table is full, the mask names no event or has
 /// a bit that is neither an event nor a flag, or the call comes from
-/// inside a handler.
+/// inside a handler or from a signal handler that interrupted this
+/// thread's own change of the handlers (which it would wait for).
 pub fn set_handler(events: u32, priority: i32, handler: HandlerFn) -> Result<HandlerId, RegisterError> {
     ensure_fork_hook();
     let id = LOCAL.with(|l| DISPATCHER.register(&l.depth, events, priority, handler))?;

@@ -262,6 +262,24 @@ fn note_in(
 /// `libmemhook.so` is) or memhook is part of the program:
 /// [`crate::pin::pinned`] says which.
 pub fn install(config: &Config) {
+    install_as(config, false);
+}
+
+/// [`install`], unless an install has been made (with any config) and
+/// not undone: what a first registration does with the environment's
+/// config. Asks [`installed`] first, without the lock, so that once
+/// memhook is installed it takes no lock at all (a signal handler that
+/// registers may have interrupted its own thread inside one); and again
+/// under the lock, so that an install another thread is making meanwhile
+/// is neither waited for twice nor replaced.
+pub fn install_unless_installed(config: &Config) {
+    if installed().is_none() {
+        install_as(config, true);
+    }
+}
+
+/// [`install`]'s work; `unless_installed`: as [`install_unless_installed`].
+fn install_as(config: &Config, unless_installed: bool) {
     // Before any lock of memhook's: the pin takes the loader's lock.
     crate::pin::pin_self();
     #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
@@ -269,7 +287,7 @@ pub fn install(config: &Config) {
         return;
     }
     let mut state = INSTALLED.lock();
-    if state.config == Some(*config) {
+    if state.config == Some(*config) || (unless_installed && state.config.is_some()) {
         return;
     }
     let busy = Busy::new();
@@ -395,6 +413,7 @@ pub fn install(config: &Config) {
         hook_namespaces(&mut state);
     }
     state.config = Some(*config);
+    publish_config(state.config);
     // Every host function bistro-patched: every mapping of a file made
     // from here on is seen, and the filter of mapped files holds.
     let all_patched = mmap.contains(HookMode::Bistro)
@@ -921,6 +940,7 @@ fn remove(state: &mut Installed) {
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     note_kept(state);
     state.config = None;
+    publish_config(None);
 }
 
 /// Whether `hook`'s function keeps a bistro patch of ours that an
@@ -1357,9 +1377,48 @@ fn unhook_namespaces(state: &mut Installed) {
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 const KEPT_REASON: &str = "kept at an uninstall, under another hooker's patches; the others undone";
 
-/// The config installed, if any.
+/// The config installed, if any. Takes no lock (a handler, or a signal
+/// handler whose thread is inside memhook, may ask): an install in
+/// progress on another thread shows once it is made.
 pub fn installed() -> Option<Config> {
-    INSTALLED.lock().config
+    let word = CONFIG_NOW.load(core::sync::atomic::Ordering::Acquire);
+    if word == 0 {
+        return None;
+    }
+    let modes = |shift: u32| {
+        HookMode::ALL
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| word >> (shift + i as u32) & 1 != 0)
+            .fold(ModeSet::NONE, |set, (_, &m)| set.with(m))
+    };
+    Some(Config {
+        hooks: HookConfig {
+            cuda: modes(1),
+            mmap: modes(1 + HookMode::ALL.len() as u32),
+        },
+    })
+}
+
+/// [`INSTALLED`]'s config for [`installed`], read without the lock: 0 for
+/// none; else bit 0, then a bit per mode of [`HookMode::ALL`] for the
+/// CUDA family, then for host memory.
+static CONFIG_NOW: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+
+/// Stores `config` in [`CONFIG_NOW`] (under [`INSTALLED`]'s lock, after
+/// the install or uninstall it describes is made).
+fn publish_config(config: Option<Config>) {
+    let word = config.map_or(0, |c| {
+        let bits = |set: ModeSet, shift: u32| {
+            HookMode::ALL
+                .iter()
+                .enumerate()
+                .filter(|&(_, &m)| set.contains(m))
+                .fold(0, |w, (i, _)| w | 1 << (shift + i as u32))
+        };
+        1 | bits(c.hooks.cuda, 1) | bits(c.hooks.mmap, 1 + HookMode::ALL.len() as u32)
+    });
+    CONFIG_NOW.store(word, core::sync::atomic::Ordering::Release);
 }
 
 /// Whether memhook's load-time preparation (building the x86_64 decoder's

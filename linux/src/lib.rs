@@ -48,8 +48,8 @@ pub use dispatch::{
     HandlerFn, MAX_HANDLERS, nested_overflows, report_event, set_handler, unset_handler, unset_handler_fn,
 };
 pub use install::{
-    Config, FunctionStatus, MAX_STATUS, NamespaceStatus, Status, install, installed, loader_break_patchable,
-    namespace_constructors_seen, namespaces, prepared, refresh, status, status_at, uninstall,
+    Config, FunctionStatus, MAX_STATUS, NamespaceStatus, Status, install, install_unless_installed, installed,
+    loader_break_patchable, namespace_constructors_seen, namespaces, prepared, refresh, status, status_at, uninstall,
 };
 
 /// The hook modes this build supports: bistro only with the `bistro`

@@ -2890,6 +2890,13 @@ fn install_uninstall_cycles_restore_the_bytes() {
         let batches = 1 + namespaces;
         assert_eq!(memhook::code::serializations() - serialized, per_batch * batches);
         memhook::install(&config(HookMode::Bistro)); // idempotent
+        assert_eq!(memhook::installed(), Some(config(HookMode::Bistro)));
+        // A first registration's install from the environment leaves an
+        // install made before it as it is.
+        let serialized_now = memhook::code::serializations();
+        memhook::install_unless_installed(&config(HookMode::Reloc));
+        assert_eq!(memhook::installed(), Some(config(HookMode::Bistro)));
+        assert_eq!(memhook::code::serializations(), serialized_now);
         assert_eq!(libc_entries(&memhook::status()), host_functions());
         // One entry at a time, the same list.
         let all = memhook::status();
@@ -2908,6 +2915,7 @@ fn install_uninstall_cycles_restore_the_bytes() {
             per_batch * batches,
             "undone in one batch, and one a namespace"
         );
+        assert_eq!(memhook::installed(), None);
         let after: Vec<_> = names.iter().map(|n| entry_bytes(n)).collect();
         assert_eq!(after, before);
         let after: Vec<_> = loader.iter().map(|n| entry_bytes(n)).collect();
