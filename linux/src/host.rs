@@ -1164,8 +1164,9 @@ fn break_shrink(new: usize, top: usize) -> Option<Event> {
 /// Where the heap starts (the kernel's `start_brk`, fixed for the
 /// process's life): the `[heap]` mapping's start (or where the kernel
 /// merged it with the data before it, that mapping's: a shrink below
-/// the heap then reported, one too many), read from `/proc/self/maps`
-/// at the first shrink and kept. 0 (every shrink reported) while there
+/// the heap then reported, one too many), found at the first shrink
+/// (asked of the kernel, the mappings up to it alone, where it answers
+/// `PROCMAP_QUERY`; else from the text of `/proc/self/maps`) and kept. 0 (every shrink reported) while there
 /// is no such mapping (no heap yet, which `top` would tell apart but
 /// for qemu-user, whose maps may not name it) or the file cannot be read.
 fn heap_start(top: usize) -> usize {
@@ -1176,7 +1177,7 @@ fn heap_start(top: usize) -> usize {
     }
     let mut start = None;
     let read = keeping_errno(|| {
-        crate::maps::for_each(|m| {
+        crate::maps::for_each_named(|m| {
             if m.path() == b"[heap]" {
                 start = Some(m.start);
                 return core::ops::ControlFlow::Break(());

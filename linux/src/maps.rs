@@ -399,6 +399,17 @@ pub fn for_each_of_files(mut f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Resu
     for_each_from(0, Ask::FILES, &mut f)
 }
 
+/// Calls `f` with each mapping, its path read, in address order, until it
+/// breaks (as [`for_each`]; by [`Queries`] where the kernel answers,
+/// which asks only up to the one it breaks at).
+///
+/// # Errors
+///
+/// As [`for_each`].
+pub(crate) fn for_each_named(mut f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
+    for_each_from(0, Ask::HOLDING.with_path(), &mut f)
+}
+
 /// Calls `f` with each mapping that ends past `addr` (the one that holds
 /// it first), in address order, until it breaks (as [`for_each`]; by
 /// [`Queries`] where the kernel answers).
