@@ -1,7 +1,8 @@
 /* memhook's C ABI for events and memory types, used as a C library would:
  * install from a config string, count events with a handler, report an
  * allocator's own typed allocation, look it up, call the originals past
- * the hooks, and see a bad config refused with the token named. */
+ * the hooks, see a bad config refused with the token named, and a
+ * handler's removal of itself refused, with the reason. */
 #include <assert.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -30,6 +31,19 @@ static void count(uint32_t type, memhook_event_t *e, void *arg) {
         if (e->vm.size == MARK) vm_unmapped++;
         break;
     }
+}
+
+/* A handler that tries to remove itself from inside: refused (it would
+ * wait for itself), and memhook_unset_event_handler, which returns
+ * nothing, says so in memhook_last_error. */
+static int refused_inside, unset_self_calls;
+static void unset_self(uint32_t type, memhook_event_t *e, void *arg) {
+    (void)type;
+    if (e->vm.size != MARK) return;
+    unset_self_calls++;
+    memhook_unset_event_handler(MEMHOOK_EVENT_VM_UNMAPPED, unset_self, arg);
+    if (strstr(memhook_last_error(), "memhook_unset_event_handler: cannot change handlers from inside a handler"))
+        refused_inside++;
 }
 
 int main(void) {
@@ -93,10 +107,19 @@ int main(void) {
     assert(memhook_report_event(MEMHOOK_EVENT_MEM_TYPE_ALLOC, &ev) == MEMHOOK_ERR_INVALID);
     assert(strstr(memhook_last_error(), "wraps around the address space") != NULL);
 
+    assert(memhook_set_event_handler(MEMHOOK_EVENT_VM_UNMAPPED, 0, unset_self, NULL) == MEMHOOK_OK);
+    for (int i = 0; i < 2; i++) {
+        void *r = mmap(NULL, MARK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        assert(r != MAP_FAILED && munmap(r, MARK) == 0);
+    }
+    assert(unset_self_calls == 2 && refused_inside == 2); /* still registered */
+    memhook_unset_event_handler(MEMHOOK_EVENT_VM_UNMAPPED, unset_self, NULL);
+
     memhook_unset_event_handler(events, count, &mapped);
     void *p = mmap(NULL, MARK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     munmap(p, MARK);
-    assert(mapped == 10); /* no longer called */
+    assert(mapped == 12); /* no longer called */
+    assert(unset_self_calls == 2);
     assert(memhook_uninstall() == MEMHOOK_OK);
     printf("C ABI events test passed\n");
     return 0;
