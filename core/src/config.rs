@@ -101,6 +101,17 @@ impl ModeSet {
         ModeSet(self.0 & !mode.bit())
     }
 
+    /// The set as bits, one a mode (within [`ModeSet::ALL`]'s): a word to
+    /// keep it in an atomic.
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+
+    /// The set of `bits` ([`ModeSet::bits`]'s); other bits are left out.
+    pub const fn from_bits(bits: u8) -> ModeSet {
+        ModeSet(bits & ModeSet::ALL.0)
+    }
+
     /// The modes in the set, in [`HookMode::ALL`] order.
     pub fn iter(self) -> impl Iterator<Item = HookMode> {
         HookMode::ALL.into_iter().filter(move |m| self.contains(*m))
@@ -422,6 +433,19 @@ mod tests {
     const B: HookMode = HookMode::Bistro;
     const R: HookMode = HookMode::Reloc;
     const P: HookMode = HookMode::Procaddr;
+
+    /// Every set comes back from its bits, and bits of no mode are left
+    /// out (the word `memhook::installed` keeps the installed config in).
+    #[test]
+    fn a_set_comes_back_from_its_bits() {
+        for bits in 0..=ModeSet::ALL.bits() {
+            let set = ModeSet::from_bits(bits);
+            assert_eq!(ModeSet::from_bits(set.bits()), set);
+            assert_eq!(set.iter().count(), bits.count_ones() as usize);
+        }
+        assert_eq!(ModeSet::from_bits(0xff), ModeSet::ALL);
+        assert_eq!(ModeSet::of(&[HookMode::Reloc]).bits().count_ones(), 1);
+    }
 
     #[test]
     fn every_valid_cuda_form() {

@@ -1166,9 +1166,10 @@ fn break_shrink(new: usize, top: usize) -> Option<Event> {
 /// merged it with the data before it, that mapping's: a shrink below
 /// the heap then reported, one too many), found at the first shrink
 /// (asked of the kernel, the mappings up to it alone, where it answers
-/// `PROCMAP_QUERY`; else from the text of `/proc/self/maps`) and kept. 0 (every shrink reported) while there
-/// is no such mapping (no heap yet, which `top` would tell apart but
-/// for qemu-user, whose maps may not name it) or the file cannot be read.
+/// `PROCMAP_QUERY`; else from the text of `/proc/self/maps`) and kept.
+/// 0 (every shrink reported) while there is no such mapping (no heap
+/// yet, which `top` would tell apart but for qemu-user, whose maps may
+/// not name it) or the mappings cannot be read.
 fn heap_start(top: usize) -> usize {
     static START: AtomicUsize = AtomicUsize::new(0);
     let known = START.load(Ordering::Relaxed);

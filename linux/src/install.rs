@@ -412,8 +412,7 @@ fn install_as(config: &Config, unless_installed: bool) {
         crate::namespace::FOLLOW.store(true, core::sync::atomic::Ordering::Release);
         hook_namespaces(&mut state);
     }
-    state.config = Some(*config);
-    publish_config(state.config);
+    set_config(&mut state, Some(*config));
     // Every host function bistro-patched: every mapping of a file made
     // from here on is seen, and the filter of mapped files holds.
     let all_patched = mmap.contains(HookMode::Bistro)
@@ -939,8 +938,7 @@ fn remove(state: &mut Installed) {
     state.status.clear();
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     note_kept(state);
-    state.config = None;
-    publish_config(None);
+    set_config(state, None);
 }
 
 /// Whether `hook`'s function keeps a bistro patch of ours that an
@@ -1382,41 +1380,25 @@ const KEPT_REASON: &str = "kept at an uninstall, under another hooker's patches;
 /// progress on another thread shows once it is made.
 pub fn installed() -> Option<Config> {
     let word = CONFIG_NOW.load(core::sync::atomic::Ordering::Acquire);
-    if word == 0 {
-        return None;
-    }
-    let modes = |shift: u32| {
-        HookMode::ALL
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| word >> (shift + i as u32) & 1 != 0)
-            .fold(ModeSet::NONE, |set, (_, &m)| set.with(m))
-    };
-    Some(Config {
+    (word != 0).then(|| Config {
         hooks: HookConfig {
-            cuda: modes(1),
-            mmap: modes(1 + HookMode::ALL.len() as u32),
+            cuda: ModeSet::from_bits((word >> 8) as u8),
+            mmap: ModeSet::from_bits((word >> 16) as u8),
         },
     })
 }
 
-/// [`INSTALLED`]'s config for [`installed`], read without the lock: 0 for
-/// none; else bit 0, then a bit per mode of [`HookMode::ALL`] for the
-/// CUDA family, then for host memory.
+/// [`Installed::config`], read without [`INSTALLED`]'s lock by
+/// [`installed`]: 0 for none; else bit 0, the CUDA modes' bits in the
+/// second byte and the host's in the third.
 static CONFIG_NOW: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
 
-/// Stores `config` in [`CONFIG_NOW`] (under [`INSTALLED`]'s lock, after
-/// the install or uninstall it describes is made).
-fn publish_config(config: Option<Config>) {
+/// Sets the installed config, in `state` and in [`CONFIG_NOW`] (after the
+/// install or uninstall it describes is made).
+fn set_config(state: &mut Installed, config: Option<Config>) {
+    state.config = config;
     let word = config.map_or(0, |c| {
-        let bits = |set: ModeSet, shift: u32| {
-            HookMode::ALL
-                .iter()
-                .enumerate()
-                .filter(|&(_, &m)| set.contains(m))
-                .fold(0, |w, (i, _)| w | 1 << (shift + i as u32))
-        };
-        1 | bits(c.hooks.cuda, 1) | bits(c.hooks.mmap, 1 + HookMode::ALL.len() as u32)
+        1 | u32::from(c.hooks.cuda.bits()) << 8 | u32::from(c.hooks.mmap.bits()) << 16
     });
     CONFIG_NOW.store(word, core::sync::atomic::Ordering::Release);
 }

@@ -205,19 +205,13 @@ pub(crate) fn parse_decimal(name: &[u8]) -> Option<i32> {
 /// whole for a truncation's look).
 pub fn parse_line(line: &[u8]) -> Option<Mapping> {
     let mut m = Mapping::EMPTY;
-    parse_line_into(line, &mut m).then_some(m)
+    parse_line_into(line, &mut m).map(|()| m)
 }
 
-/// [`parse_line`] into `m` (left as it was where the line is not one):
-/// whether it was one. [`for_each`]'s, with one mapping on its stack and
-/// none copied (README, "Stack").
-fn parse_line_into(line: &[u8], m: &mut Mapping) -> bool {
-    parse_fields(line, m).is_some()
-}
-
-/// [`parse_line_into`]'s work.
-#[inline(always)]
-fn parse_fields(line: &[u8], out: &mut Mapping) -> Option<()> {
+/// [`parse_line`] into `out` (left as it was where the line is not one):
+/// `None` where it is not. [`for_each`]'s, with one mapping on its stack
+/// and none copied (README, "Stack").
+fn parse_line_into(line: &[u8], out: &mut Mapping) -> Option<()> {
     let mut fields = Fields { line, at: 0 };
     fields.skip_spaces();
     let start = fields.hex(b'-')? as usize;
@@ -273,7 +267,7 @@ pub fn for_each(mut f: impl FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i3
 /// the stack (README, "Stack").
 fn for_each_in(m: &mut Mapping, f: &mut dyn FnMut(&Mapping) -> ControlFlow<()>) -> Result<(), i32> {
     for_each_line(c"/proc/self/maps", &mut |line| {
-        if parse_line_into(line, m) {
+        if parse_line_into(line, m).is_some() {
             f(m)
         } else {
             ControlFlow::Continue(())
