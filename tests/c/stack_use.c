@@ -2,10 +2,11 @@
  * empty handler of every event: what memhook asks of a program that maps,
  * unmaps or truncates on a small stack (a signal handler on its
  * alternate stack, a coroutine, a thread made with PTHREAD_STACK_MIN).
- * scripts/check-stack.sh runs it against the optimised libmemhook.so and
- * the fake CUDA driver (tests/cuda/fakecuda.c), in both host modes.
+ * scripts/check-stack.sh runs it against the optimised libmemhook.so, the
+ * fake CUDA driver (tests/cuda/fakecuda.c) and the fake shared runtime
+ * (tests/cuda/clients.c), in both host modes.
  *
- *   stack_use QUERY_LIMIT TEXT_LIMIT [text]
+ *   stack_use QUERY_LIMIT TEXT_LIMIT CUDA_LIMIT [text]
  *
  * Each call runs on a stack of its own (makecontext), filled with a
  * pattern first; the deepest byte that changed is the call's use. Every
@@ -13,9 +14,10 @@
  * and after it (the same), so one-time work on a hook's first call
  * counts. Prints a line per call; exits 0 when every call's addition is
  * within the limit, 1 naming each that is not, 2 where it could not
- * measure. The limit is QUERY_LIMIT bytes where the kernel answers
- * PROCMAP_QUERY (Linux 6.11), TEXT_LIMIT where memhook must read the
- * text of /proc/self/maps instead. With "text", a seccomp filter refuses
+ * measure. A host call's limit is QUERY_LIMIT bytes where the kernel
+ * answers PROCMAP_QUERY (Linux 6.11), TEXT_LIMIT where memhook must read
+ * the text of /proc/self/maps instead; a CUDA call's is CUDA_LIMIT (its
+ * hooks never look at the mappings). With "text", a seccomp filter refuses
  * PROCMAP_QUERY (ENOTTY) as an older kernel does. Link with -Wl,-z,now,
  * so that no lazy binding's work lands in the first measure. */
 #define _GNU_SOURCE
@@ -40,9 +42,34 @@
 
 #include "memhook.h"
 
+/* The driver's functions the calls below make (tests/cuda/fakecuda.c's). */
+typedef struct {
+    char reserved[64];
+} ipc_handle;
+int cuInit(unsigned);
 int cuMemAlloc_v2(uint64_t *, size_t);
 int cuMemFree_v2(uint64_t);
-int cuInit(unsigned);
+int cuMemAllocAsync(uint64_t *, size_t, void *);
+int cuMemFreeAsync(uint64_t, void *);
+int cuMemAddressReserve(uint64_t *, size_t, size_t, uint64_t, unsigned long long);
+int cuMemMap(uint64_t, size_t, size_t, unsigned long long, unsigned long long);
+int cuMemUnmap(uint64_t, size_t);
+int cuMemAllocHost_v2(void **, size_t);
+int cuMemFreeHost(void *);
+int cuMemHostRegister_v2(void *, size_t, unsigned);
+int cuMemHostUnregister(void *);
+int cuModuleGetGlobal_v2(uint64_t *, size_t *, void *, const char *);
+int cuModuleUnload(void *);
+int cuIpcGetMemHandle(ipc_handle *, uint64_t);
+int cuIpcOpenMemHandle_v2(uint64_t *, ipc_handle, unsigned);
+int cuIpcCloseMemHandle(uint64_t);
+int cuCtxCreate_v2(uintptr_t *, unsigned, int);
+int cuCtxDestroy_v2(uintptr_t);
+/* The fake shared runtime's (tests/cuda/clients.c, CLIENT_CUDART): it
+ * calls the driver through cuGetProcAddress's pointers, so that both
+ * levels of one call are hooked. */
+int cudaMalloc(void **, size_t);
+int cudaFree(void *);
 
 #define STACK (256 * 1024)
 #define FILL 0xA5
@@ -180,10 +207,57 @@ static void w_cuda(void) {
     uint64_t d = 0;
     if (cuMemAlloc_v2(&d, 4096) == 0) cuMemFree_v2(d);
 }
+static void w_cuda_async(void) {
+    uint64_t d = 0;
+    if (cuMemAllocAsync(&d, 4096, NULL) == 0) cuMemFreeAsync(d, NULL);
+}
+/* A reservation made once (main): the fake driver keeps a few. */
+static uint64_t reserved;
+static void w_cuda_map(void) {
+    if (cuMemMap(reserved, 2 << 20, 0, 2, 0) == 0) cuMemUnmap(reserved, 2 << 20);
+}
+static void w_cuda_host(void) {
+    void *p = NULL;
+    if (cuMemAllocHost_v2(&p, 4096) == 0) cuMemFreeHost(p);
+}
+static void w_cuda_register(void) {
+    void *p = anon(1 << 16);
+    if (cuMemHostRegister_v2(p, 1 << 16, 0) == 0) cuMemHostUnregister(p);
+    munmap(p, 1 << 16);
+}
+/* A module's global, allocated at its first lookup, freed by the unload. */
+static void w_cuda_module(void) {
+    static char module;
+    uint64_t d = 0;
+    size_t bytes = 0;
+    if (cuModuleGetGlobal_v2(&d, &bytes, &module, "counter") == 0) cuModuleUnload(&module);
+}
+static void w_cuda_ipc(void) {
+    uint64_t d = 0, opened = 0;
+    ipc_handle h;
+    if (cuMemAlloc_v2(&d, 1 << 16) != 0) return;
+    if (cuIpcGetMemHandle(&h, d) == 0 && cuIpcOpenMemHandle_v2(&opened, h, 1) == 0) cuIpcCloseMemHandle(opened);
+    cuMemFree_v2(d);
+}
+static void w_cuda_runtime(void) {
+    void *p = NULL;
+    if (cudaMalloc(&p, 4096) == 0) cudaFree(p);
+}
+/* A context's teardown frees what it holds (memhook reports each). */
+static void w_cuda_context(void) {
+    uintptr_t ctx = 0;
+    uint64_t d[4];
+    if (cuCtxCreate_v2(&ctx, 0, 0) != 0) return;
+    for (int i = 0; i < 4; i++) cuMemAlloc_v2(&d[i], 4096);
+    cuCtxDestroy_v2(ctx);
+}
 
+/* Each call, and for CUDA's the function whose own hook must have taken
+ * (an event alone could come from a hook below it). */
 static const struct {
     const char *name;
     void (*work)(void);
+    const char *hooked;
 } calls[] = {
     {"mmap+munmap", w_mmap_munmap},
     {"mremap", w_mremap},
@@ -199,9 +273,25 @@ static const struct {
     {"fopen(\"w\")", w_fopen_w},
     {"fallocate", w_fallocate},
     {"remap_file_pages", w_remap_file_pages},
-    {"cuMemAlloc_v2+Free", w_cuda},
+    {"cuMemAlloc_v2+Free", w_cuda, "cuMemAlloc_v2"},
+    {"cuMemAllocAsync+Free", w_cuda_async, "cuMemAllocAsync"},
+    {"cuMemMap+Unmap", w_cuda_map, "cuMemMap"},
+    {"cuMemAllocHost+Free", w_cuda_host, "cuMemAllocHost_v2"},
+    {"cuMemHostRegister", w_cuda_register, "cuMemHostRegister_v2"},
+    {"cuModuleGetGlobal", w_cuda_module, "cuModuleGetGlobal_v2"},
+    {"cuIpcOpenMemHandle", w_cuda_ipc, "cuIpcOpenMemHandle_v2"},
+    {"cuCtxDestroy", w_cuda_context, "cuCtxDestroy_v2"},
+    {"cudaMalloc+Free", w_cuda_runtime, "cudaMalloc"},
 };
 #define CALLS (sizeof calls / sizeof calls[0])
+
+/* Whether a mode's hook of `function` took. */
+static int hook_took(const char *function) {
+    struct memhook_hook_status_t st;
+    for (size_t i = 0; memhook_status(i, &st) == 0; i++)
+        if (strcmp(st.function, function) == 0 && st.installed) return 1;
+    return 0;
+}
 
 static long events;
 static void empty(uint32_t type, memhook_event_t *e, void *arg) {
@@ -244,21 +334,21 @@ static int refuse_procmap_query(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3 || argc > 4 || (argc == 4 && strcmp(argv[3], "text") != 0)) {
-        fprintf(stderr, "usage: stack_use QUERY_LIMIT TEXT_LIMIT [text]\n");
+    if (argc < 4 || argc > 5 || (argc == 5 && strcmp(argv[4], "text") != 0)) {
+        fprintf(stderr, "usage: stack_use QUERY_LIMIT TEXT_LIMIT CUDA_LIMIT [text]\n");
         return 2;
     }
-    if (argc == 4 && refuse_procmap_query() != 0) {
+    if (argc == 5 && refuse_procmap_query() != 0) {
         fprintf(stderr, "stack_use: could not refuse PROCMAP_QUERY by seccomp: %s\n", strerror(errno));
         return 2;
     }
     int by_query = queries_answer();
-    size_t limit = strtoul(argv[by_query ? 1 : 2], NULL, 0);
+    size_t host_limit = strtoul(argv[by_query ? 1 : 2], NULL, 0), cuda_limit = strtoul(argv[3], NULL, 0);
     printf("the mappings %s\n", by_query ? "asked of the kernel (PROCMAP_QUERY)" : "read from the text of /proc/self/maps");
     snprintf(file, sizeof file, "/tmp/memhook-stack-use-%d", (int)getpid());
     stack = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (stack == MAP_FAILED || cuInit(0) != 0) {
-        fprintf(stderr, "stack_use: no stack to measure on, or cuInit failed\n");
+    if (stack == MAP_FAILED || cuInit(0) != 0 || cuMemAddressReserve(&reserved, 2 << 20, 0, 0, 0) != 0) {
+        fprintf(stderr, "stack_use: no stack to measure on, or cuInit or cuMemAddressReserve failed\n");
         return 2;
     }
     /* Once each first, on this stack: the work of a first call that is
@@ -276,13 +366,19 @@ int main(int argc, char **argv) {
         return 2;
     }
     int over = 0;
-    printf("%-20s %9s %9s %9s (limit %zu)\n", "call", "unhooked", "hooked", "added", limit);
+    printf("%-20s %9s %9s %9s (limit %zu, CUDA's %zu)\n", "call", "unhooked", "hooked", "added", host_limit,
+           cuda_limit);
     for (size_t i = 0; i < CALLS; i++) {
+        size_t limit = calls[i].hooked ? cuda_limit : host_limit;
         long before = events;
         size_t hooked = deepest_of(calls[i].work);
         long added = (long)hooked - (long)unhooked[i];
         printf("%-20s %9zu %9zu %9ld%s\n", calls[i].name, unhooked[i], hooked, added,
                added > (long)limit ? "  OVER" : "");
+        if (calls[i].hooked && !hook_took(calls[i].hooked)) {
+            fprintf(stderr, "stack_use: %s has no hook installed\n", calls[i].hooked);
+            over = 1;
+        }
         if (events == before) {
             fprintf(stderr, "stack_use: %s reported no event: its hook did not run\n", calls[i].name);
             over = 1;

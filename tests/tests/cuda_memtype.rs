@@ -793,7 +793,9 @@ fn check_ended_and_free_the_pool(h: *mut c_void, made: &EveryKind) {
 /// call: the hooks of `cuCtxDestroy` and `cuDevicePrimaryCtxReset` report
 /// each (type and size from the map) before the call, and the map forgets
 /// them; another context's allocations and a stream-ordered pool's (which
-/// belong to no context) stay.
+/// belong to no context) stay. The context holds more allocations than
+/// the hook copies out of the map at a time (8), so that its walk goes on
+/// past a full chunk.
 #[test]
 fn destroying_a_context_reports_the_frees_it_makes() {
     let _serial = serial();
@@ -818,14 +820,16 @@ fn destroying_a_context_reports_the_frees_it_makes() {
         assert_eq!(create(&mut ctx, 0, 1), 0);
         let made = every_kind(h);
         assert_eq!(found(made.device, 1).device, 1);
+        let mut frees = made.frees().to_vec();
+        for i in 1..=20 {
+            let mut d: Dptr = 0;
+            assert_eq!(alloc(&mut d, 4096 * i), 0);
+            frees.push((F, d as usize, 4096 * i, MemType::Cuda as u32));
+        }
         let _ = take();
 
         assert_eq!(destroy(ctx), 0);
-        same_events(
-            take(),
-            made.frees().to_vec(),
-            "one free for each allocation of the destroyed context",
-        );
+        same_events(take(), frees, "one free for each allocation of the destroyed context");
         assert_eq!(found(keep, 1).mem_type, MemType::Cuda, "another context's stays");
 
         // The reset of device 0's primary context ends its allocation

@@ -488,7 +488,10 @@ fn typed(info: &MemInfo) -> bool {
 /// out under its lock: no allocation, and no driver call or handler with
 /// the lock held.
 fn end_entries(id: Id, mut which: impl FnMut(&MemInfo) -> bool) {
-    const CHUNK: usize = 32;
+    // Eight entries (192 bytes) on the caller's stack: 32 took 576 more,
+    // which a teardown on a small stack paid (`tests/c/stack_use.c`);
+    // each further chunk costs one search of the map.
+    const CHUNK: usize = 8;
     let map = memtype::map();
     let mut chunk = [MemInfo {
         mem_type: MemType::Unknown,
@@ -579,7 +582,8 @@ fn forget_global_at(base: usize) {
 /// unkept (more than [`GLOBALS`]), the map's device entries the driver no
 /// longer knows after the call are ended then: late, but not lost.
 pub(super) fn unloading(id: Id, handle: usize, call: impl FnOnce() -> Status) -> Status {
-    const CHUNK: usize = 32;
+    // Eight globals (192 bytes) on the caller's stack, as `end_entries`.
+    const CHUNK: usize = 8;
     loop {
         // A chunk of this handle's globals, out of the table (the lock is
         // not held while handlers run).
