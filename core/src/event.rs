@@ -1366,7 +1366,13 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
                 // `spare` until we store it below, and leaves without
                 // reading. The live table is only read, as readers do.
                 let (sp, lp) = unsafe { (&mut *sp, &*lp) };
-                sp.entries.clone_from(&lp.entries);
+                // Entry by entry, in place: `clone_from` would build the
+                // whole table (3 KiB of C handlers) on the stack first, and
+                // a signal handler may register on a small one.
+                sp.entries.clear();
+                for e in &lp.entries {
+                    let _ = sp.entries.push(e.clone());
+                }
                 let result = change(&mut sp.entries, &mut next_id)?;
                 // Which events have pre- and post-handlers now, so that
                 // dispatch skips a pass no handler needs.

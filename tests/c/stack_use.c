@@ -12,7 +12,8 @@
  * pattern first; the deepest byte that changed is the call's use. Every
  * call is measured before the install (three times, the deepest kept)
  * and after it (the same), so one-time work on a hook's first call
- * counts. Prints a line per call; exits 0 when every call's addition is
+ * counts. Then a handler's registration and removal, whose whole use
+ * must be within QUERY_LIMIT. Prints a line per call; exits 0 when every call's addition is
  * within the limit, 1 naming each that is not, 2 where it could not
  * measure. A host call's limit is QUERY_LIMIT bytes where the kernel
  * answers PROCMAP_QUERY (Linux 6.11), TEXT_LIMIT where memhook must read
@@ -294,6 +295,18 @@ static int hook_took(const char *function) {
 }
 
 static long events;
+static void other(uint32_t type, memhook_event_t *e, void *arg) {
+    (void)type;
+    (void)e;
+    (void)arg;
+}
+/* A registration and its removal: what a signal handler that registers
+ * takes of its stack (memhook allows it: README, "Core design notes"). */
+static int registered;
+static void w_register(void) {
+    registered += memhook_set_event_handler(MEMHOOK_EVENT_MMAP, -1, other, NULL) == 0;
+    memhook_unset_event_handler(MEMHOOK_EVENT_MMAP, other, NULL);
+}
 static void empty(uint32_t type, memhook_event_t *e, void *arg) {
     (void)type;
     (void)e;
@@ -385,6 +398,14 @@ int main(int argc, char **argv) {
         }
         if (added > (long)limit) over = 1;
     }
+    /* Registration: its whole use, within the host calls' limit. */
+    size_t used = deepest_of(w_register);
+    printf("%-20s %9s %9zu %9s%s\n", "set+unset handler", "", used, "", used > host_limit ? "  OVER" : "");
+    if (registered != 3) {
+        fprintf(stderr, "stack_use: a registration failed: %s\n", memhook_last_error());
+        over = 1;
+    }
+    if (used > host_limit) over = 1;
     unlink(file);
     return over;
 }
