@@ -281,6 +281,10 @@ impl Aarch64 {
     }
 
     fn relocate_impl(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
+        /// `brk #imm16`: gdb's breakpoint is `brk #0`, a uprobe's `brk #5`.
+        fn is_brk(w: u32) -> bool {
+            w & 0xffe0_001f == 0xd420_0000
+        }
         let skip = Self::pad(code);
         let start = entry + skip;
         let words: heapless::Vec<u32, 64> = code[skip..]
@@ -309,6 +313,10 @@ impl Aarch64 {
         // The flow must cover the patch, and nothing may branch into it.
         for (i, &w) in words.iter().enumerate() {
             let pc = start + 4 * i;
+            // A debugger's `brk` (or a uprobe's) among the words moved.
+            if i < count && is_brk(w) {
+                return Err(RelocError::Breakpoint { address: pc });
+            }
             let insn = decode(w, pc);
             if let Insn::Branch { target, .. } | Insn::CondBranch { target, .. } = insn
                 && inside(target)

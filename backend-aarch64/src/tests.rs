@@ -86,6 +86,22 @@ fn copies_what_does_not_read_the_pc() {
     assert_eq!(&w[3..5], [LDR_X16_LIT8, BR_X16]);
 }
 
+/// A debugger's `brk #0` (gdb's, after the frame setup) or a uprobe's
+/// `brk #5` among the words a patch would move is refused; one past them
+/// stays where it is.
+#[test]
+fn a_breakpoint_under_the_patch_is_refused() {
+    const BRK_GDB: u32 = 0xd420_0000;
+    const BRK_UPROBE: u32 = 0xd420_00a0;
+    let code = [0xa9bf7bfd, 0x910003fd, BRK_GDB, 0xd65f03c0];
+    let r = reloc(&code, 16, FAR).unwrap_err();
+    assert_eq!(r, RelocError::Breakpoint { address: ENTRY + 8 });
+    // The near form moves one word: the breakpoint stays in the function.
+    assert!(reloc(&code, 4, NEAR).is_ok());
+    let r = reloc(&[BRK_UPROBE, 0x910003fd, 0xd10083ff, 0xd65f03c0], 4, NEAR).unwrap_err();
+    assert_eq!(r, RelocError::Breakpoint { address: ENTRY });
+}
+
 #[test]
 fn branches_are_reaimed() {
     let target = ENTRY + 0x2000;

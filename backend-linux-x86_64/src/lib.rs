@@ -253,6 +253,12 @@ impl X86_64 {
             if instr.is_invalid() {
                 return Err(RelocError::Undecodable { address: ip });
             }
+            // A debugger's `int3` (or a uprobe's), reached in the flow: no
+            // compiler puts one there (only after a `ret` or a call that
+            // does not return, as padding).
+            if instr.code() == Code::Int3 || (instr.code() == Code::Int_imm8 && instr.immediate8() == 3) {
+                return Err(RelocError::Breakpoint { address: ip });
+            }
             let bytes = &body[taken..taken + len];
             // A call that returns inside the bytes the jump overwrites: a
             // thread in the callee when the patch is written would return

@@ -49,6 +49,7 @@ fn reason(e: &RelocError) -> &'static str {
         RelocError::Undecodable { .. } => "undecodable bytes",
         RelocError::OutOfRange { .. } => "PC-relative operand out of reach",
         RelocError::Unsupported { what, .. } => what,
+        RelocError::Breakpoint { .. } => "a breakpoint in the patched bytes",
         RelocError::TrampolineFull => "trampoline full",
         RelocError::NotEnoughBytes { .. } => "not enough bytes",
     }

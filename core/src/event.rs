@@ -1371,7 +1371,7 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
                 // a signal handler may register on a small one.
                 sp.entries.clear();
                 for e in &lp.entries {
-                    let _ = sp.entries.push(e.clone());
+                    let _ = sp.entries.push(*e);
                 }
                 let result = change(&mut sp.entries, &mut next_id)?;
                 // Which events have pre- and post-handlers now, so that

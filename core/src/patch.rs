@@ -112,6 +112,15 @@ pub enum RelocError {
         /// What it is.
         what: &'static str,
     },
+    /// A breakpoint instruction among those the patch would move: a
+    /// debugger's (gdb puts one after a function's frame setup, inside the
+    /// bytes a patch covers) or a uprobe's. Moved, it would trap in the
+    /// trampoline, where no debugger has one, and the debugger would later
+    /// write the byte it saved back at its address, into the patch.
+    Breakpoint {
+        /// The breakpoint.
+        address: usize,
+    },
     /// The relocated code does not fit [`MAX_TRAMPOLINE`] bytes.
     TrampolineFull,
     /// Fewer bytes were readable at the entry than the patch needs.
@@ -146,6 +155,9 @@ impl fmt::Display for RelocError {
                 "cannot fix the PC-relative operand at {address:#x}: {target:#x} is out of reach of the trampoline"
             ),
             RelocError::Unsupported { address, what } => write!(f, "cannot relocate {what} at {address:#x}"),
+            RelocError::Breakpoint { address } => {
+                write!(f, "breakpoint at {address:#x} under the patch (a debugger's?)")
+            }
             RelocError::TrampolineFull => {
                 write!(f, "relocated code does not fit a trampoline ({MAX_TRAMPOLINE} bytes)")
             }

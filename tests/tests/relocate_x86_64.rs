@@ -151,6 +151,47 @@ fn function_shorter_than_the_patch_is_refused() {
     assert!(matches!(e, RelocError::FunctionTooShort { .. }), "{e:?}");
 }
 
+/// A debugger's breakpoint among the instructions a patch would move is
+/// refused: gdb puts its `int3` after a function's frame setup, 4 bytes
+/// in where libcuda's functions begin `push rbp; mov rbp, rsp` (driver
+/// 580's entries), 8 bytes after `endbr64`, and at the entry itself
+/// where it finds no frame setup (a uprobe too). Moved, the `int3` would
+/// trap in the trampoline, and the debugger would later put the byte it
+/// saved back into the patch. One past the moved instructions stays
+/// where it is and is no concern of the patch.
+#[test]
+fn a_breakpoint_under_the_patch_is_refused() {
+    let bp = |at: usize| RelocError::Breakpoint { address: E + at };
+    // cuMemAlloc_v2's entry, with the byte of `push r12` (41 54) after
+    // the frame setup replaced.
+    assert_eq!(
+        refuse(&[0x55, 0x48, 0x89, 0xe5, 0xcc, 0x54, 0x48, 0x83, 0xec, 0x08], 5),
+        bp(4)
+    );
+    assert_eq!(refuse(&[0xcc, 0x48, 0x89, 0xe5, 0x41, 0x54, 0x48, 0x83], 5), bp(0));
+    // After endbr64 (which stays at the entry), at the patch's start and
+    // after the frame setup.
+    let cet = [0xf3, 0x0f, 0x1e, 0xfa, 0xcc, 0x48, 0x89, 0xe5, 0x41, 0x54, 0x90, 0x90];
+    assert_eq!(refuse(&cet, 5), bp(4));
+    let cet = [0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5, 0xcc, 0x54, 0x90, 0x90];
+    assert_eq!(refuse(&cet, 5), bp(8));
+    // `int 3`, the two-byte form.
+    assert_eq!(refuse(&[0x55, 0x48, 0x89, 0xe5, 0xcd, 0x03, 0x90, 0x90], 5), bp(4));
+    // Past the moved instructions: relocated, the breakpoint left in place.
+    let r = relocate_checked(&[0x55, 0x48, 0x89, 0xe5, 0x41, 0x54, 0xcc, 0x90], E, 5, E + 0x10_0000).unwrap();
+    assert_eq!(r.taken, 6);
+    // The far form moves more: the same breakpoint is under it.
+    assert_eq!(
+        refuse(
+            &[
+                0x55, 0x48, 0x89, 0xe5, 0x41, 0x54, 0xcc, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90
+            ],
+            13
+        ),
+        bp(6)
+    );
+}
+
 /// glibc's `_dl_debug_state` (the loader's breakpoint) as Debian 12's
 /// ld.so has it: `ret`, then padding to the next function, 16 bytes on.
 const DEBUG_STATE_236: [u8; 16] = [
