@@ -94,6 +94,14 @@ print(f"{verdict} matrix {prog} {mode}: alloc/free {got} (want {want}), by funct
     done
 done
 
+# Under gdb (cuda-gdb where gdb is missing), breakpoints on the driver's
+# cuMemAlloc_v2 and cuMemFree_v2 set before memhook installs: bistro
+# leaves both alone, saying why, the other modes report every event, and
+# the program runs to its end (src/under_gdb.sh; README, "Debuggers").
+for prog in runtime_static runtime_shared; do
+    check "under gdb $prog" bash src/under_gdb.sh "$prog"
+done
+
 # Memory another process exported (CUDA IPC), opened in a child with
 # memhook installed in each mode; "none" shows what a lookup said with
 # the open unhooked (host: absent from the map), and must fail.

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# A CUDA program run under gdb (cuda-gdb where gdb is missing) and
+# `memhook run`, with breakpoints on cuMemAlloc_v2 and cuMemFree_v2 set
+# before memhook installs (gdb follows `memhook run`'s child): gdb puts
+# each after the function's frame setup, 4 bytes in, under the bytes a
+# bistro patch would move. The program must run to its end with no
+# SIGTRAP, each breakpoint must be hit, bistro must name the breakpoint
+# as why it left the function alone, and the other modes must report
+# every allocation and free (5 and 5: src/runtime_prog.cu).
+#   under_gdb.sh PROGRAM      (from run.sh's folder: runtime_static, ...)
+set -uo pipefail
+prog=$1
+gdb=$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null || true)
+if [ -z "$gdb" ]; then
+    echo "under_gdb: no gdb or cuda-gdb here: not checked"
+    exit 0
+fi
+cmd=$(mktemp)
+cat >"$cmd" <<'GDB'
+set breakpoint pending on
+set pagination off
+set confirm off
+set follow-fork-mode child
+break cuMemAlloc_v2
+commands
+silent
+continue
+end
+break cuMemFree_v2
+commands
+silent
+continue
+end
+run
+info breakpoints
+GDB
+log=$(timeout 300 "$gdb" -nx -q -batch -x "$cmd" --args ./memhook run --json -- ./"$prog" 2>&1)
+rm -f "$cmd"
+echo "$log" | grep -vE '^\{|^\[' | tail -20
+if echo "$log" | grep -qiE 'ptrace: Operation not permitted|Could not trace|not permitted to trace'; then
+    echo "under_gdb: ptrace is refused here: not checked"
+    exit 0
+fi
+echo "$log" | grep -E '^\{' | tail -1 | python3 -c '
+import json, sys
+log = sys.argv[1]
+j = json.loads(sys.stdin.read())
+e = j["events"]
+got = (e.get("MEM_TYPE_ALLOC", 0), e.get("MEM_TYPE_FREE", 0))
+why = [s["reason"] for s in j["hooks"] if s["function"] in ("cuMemAlloc_v2", "cuMemFree_v2") and s["mode"] == "bistro"]
+print("under_gdb: exit", j["exit_status"], "alloc/free", got, "bistro:", why)
+ok = j["exit_status"] == 0 and got == (5, 5) and "SIGTRAP" not in log and "already hit" in log
+ok = ok and len(why) == 2 and all("breakpoint at" in w for w in why)
+sys.exit(0 if ok else 1)
+' "$log"
