@@ -95,9 +95,9 @@ print(f"{verdict} matrix {prog} {mode}: alloc/free {got} (want {want}), by funct
 done
 
 # Under gdb (cuda-gdb where gdb is missing), breakpoints on the driver's
-# cuMemAlloc_v2 and cuMemFree_v2 set before memhook installs: bistro
-# leaves both alone, saying why, the other modes report every event, and
-# the program runs to its end (src/under_gdb.sh; README, "Debuggers").
+# cuMemAlloc_v2 and cuMemFree_v2 set before memhook installs: the
+# program runs to its end, no SIGTRAP, each breakpoint hit, every event
+# reported (src/under_gdb.sh; README, "Debuggers").
 for prog in runtime_static runtime_shared; do
     check "under gdb $prog" bash src/under_gdb.sh "$prog"
 done
