@@ -8,7 +8,7 @@
 # must be reported (5 and 5: src/runtime_prog.cu). What bistro did with
 # each function is printed, not checked: with the fake driver under gdb
 # it finds the breakpoint and names it (scripts/check-debugger.sh); on
-# the H100 host under cuda-gdb 13.0 (run 243) it reported the patch
+# the H100 hosts under cuda-gdb 13.0 (runs 244 to 248) it reported the patch
 # made, yet the entry held the driver's own bytes when the breakpoint was
 # hit, the calls reaching the driver through procaddr's hooks (cuda-gdb
 # loads its libcudadebugger into the process at cuInit).
