@@ -97,7 +97,7 @@ done
 # Under gdb (cuda-gdb where gdb is missing), breakpoints on the driver's
 # cuMemAlloc_v2 and cuMemFree_v2 set before memhook installs: the
 # program runs to its end, no SIGTRAP, each breakpoint hit, every event
-# reported (src/under_gdb.sh; README, "Debuggers").
+# reported (src/under_gdb.sh; README, "Debuggers and probes").
 for prog in runtime_static runtime_shared; do
     check "under gdb $prog" bash src/under_gdb.sh "$prog"
 done
