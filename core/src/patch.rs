@@ -623,6 +623,26 @@ impl RestorePoint {
         self.holds(mem, &self.original)
     }
 
+    /// The bytes now at the patch's first `unit` bytes, where they are
+    /// no longer the patch's but the rest of the patch is: a breakpoint
+    /// over the jump's first instruction (a uprobe's or a debugger's,
+    /// `unit` being the breakpoint's size), or what a uprobe's removal
+    /// puts back there (the first bytes of the instruction the library
+    /// file has at that address). Calls then run past the hook, or into
+    /// what is left of the jump. `None` where the patch is whole, and
+    /// where more than its head changed (another hooker's patch, or code
+    /// loaded afresh).
+    pub fn head_replaced<M: CodeMemory>(&self, mem: &M, unit: usize) -> Option<PatchBytes> {
+        let n = self.patched.len();
+        if unit == 0 || unit >= n {
+            return None;
+        }
+        let mut now = [0u8; MAX_PATCH];
+        mem.read(self.at, &mut now[..n]);
+        (now[..unit] != self.patched[..unit] && now[unit..n] == self.patched[unit..n])
+            .then(|| now[..unit].iter().copied().collect())
+    }
+
     fn holds<M: CodeMemory>(&self, mem: &M, bytes: &[u8]) -> bool {
         let mut now = [0u8; MAX_PATCH];
         let n = bytes.len();
@@ -854,6 +874,38 @@ mod tests {
             for (at, _) in &patches {
                 assert_protocol(&mem, *at);
             }
+        }
+    }
+
+    /// A patch whose head (the breakpoint's size) something replaced, the
+    /// rest in place, says what is there; a whole patch, a patch undone
+    /// and one another hooker wrote over (more than its head changed) do
+    /// not. Both heads: x86's 1-byte `int3`, arm64's 4-byte `brk`.
+    #[test]
+    fn a_replaced_head_is_found_and_nothing_else() {
+        for (unit, len) in [(1usize, 5usize), (4, 16)] {
+            let mut mem = Fake::new();
+            let at = BASE + 8;
+            let patch = jump(3, len);
+            let done = write_patches::<_, 4>(&mut mem, &[(at, &patch[..])], &LOCK);
+            let point = done[0].as_ref().unwrap();
+            assert_eq!(point.head_replaced(&mem, unit), None, "whole");
+            // A breakpoint over the head.
+            let brk: Vec<u8> = [0xcc, 0x00, 0x20, 0xd4][..unit].to_vec();
+            mem.code[at - BASE..][..unit].copy_from_slice(&brk);
+            assert_eq!(point.head_replaced(&mem, unit).as_deref(), Some(&brk[..]));
+            // The file's first bytes put back there.
+            let original = point.original.clone();
+            mem.code[at - BASE..][..unit].copy_from_slice(&original[..unit]);
+            assert_eq!(point.head_replaced(&mem, unit).as_deref(), Some(&original[..unit]));
+            // Undone: the original bytes whole.
+            mem.code[at - BASE..][..len].copy_from_slice(&original);
+            assert_eq!(point.head_replaced(&mem, unit), None, "undone");
+            // Another hooker's jump over ours: more than the head changed.
+            mem.code[at - BASE..][..len].copy_from_slice(&jump(9, len));
+            assert_eq!(point.head_replaced(&mem, unit), None, "another hooker's");
+            assert_eq!(point.head_replaced(&mem, 0), None);
+            assert_eq!(point.head_replaced(&mem, len), None);
         }
     }
 

@@ -808,6 +808,21 @@ impl Hook {
         self.restore.undone(&LinuxCode::with_protection(self.prot))
     }
 
+    /// The bytes now over the first instruction of this patch's jump,
+    /// where they are no longer the jump's and the rest of it is: a
+    /// uprobe or a debugger's breakpoint there, or what a uprobe's removal
+    /// put back (see [`RestorePoint::head_replaced`]). Calls run past the
+    /// hook then, or into what is left of the jump.
+    ///
+    /// # Safety
+    ///
+    /// The entry's bytes are mapped and readable.
+    pub unsafe fn head_replaced(&self) -> Option<PatchBytes> {
+        // The breakpoint's size: x86's `int3`, arm64's `brk`.
+        const HEAD: usize = if cfg!(target_arch = "x86_64") { 1 } else { 4 };
+        self.restore.head_replaced(&LinuxCode::with_protection(self.prot), HEAD)
+    }
+
     /// Where the patch starts (past an `endbr64` it keeps), and the bytes
     /// it replaced there.
     pub fn replaced(&self) -> (usize, &[u8]) {

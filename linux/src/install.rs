@@ -1036,10 +1036,57 @@ pub fn loader_break_patchable() -> bool {
 /// host function the C library lacks (`process_madvise` before glibc
 /// 2.36) has no entry: there is nothing to hook, and nothing calls it.
 pub fn status() -> Status {
-    let mut all: Status = INSTALLED.lock().status.iter().cloned().collect();
+    let mut all: Status = {
+        let state = INSTALLED.lock();
+        state.status.iter().map(|s| as_now(&state, s)).collect()
+    };
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     all.extend(crate::cuda::status());
     all
+}
+
+/// `s` as its function stands now. A host function's bistro patch whose
+/// jump's first instruction something has replaced since, the rest of the
+/// jump in place, is not installed, and the reason says what is there: a
+/// uprobe (`bpftrace`, `perf probe`) or a debugger's breakpoint put on the
+/// function after the install, whose `int3` the calls meet first and go
+/// on past the hook, or what a uprobe's removal put back there (the
+/// library file's first byte, over the jump's), which leaves no
+/// instruction of the function's (README, "Debuggers and probes").
+fn as_now(state: &Installed, s: &FunctionStatus) -> FunctionStatus {
+    #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    if s.installed && s.mode == HookMode::Bistro {
+        let hook = functions()
+            .into_iter()
+            .find(|(name, _, _)| name.to_bytes() == s.function.as_bytes())
+            .map(|(_, hook, _)| hook);
+        let patches = if s.library == PTHREAD {
+            &state.copies[..]
+        } else {
+            &state.hooks[..]
+        };
+        if let Some(h) = hook.and_then(|hook| patches.iter().find(|h| h.hook() == hook))
+            // SAFETY: a patch of the install in force, in the main
+            // namespace's libc (or libpthread), which is never unloaded.
+            && let Some(now) = unsafe { h.head_replaced() }
+        {
+            let mut s = s.clone();
+            s.installed = false;
+            s.reason.clear();
+            let _ = fmt::Write::write_fmt(&mut s.reason, format_args!("its jump at {:#x} begins", h.replaced().0));
+            for b in &now {
+                let _ = fmt::Write::write_fmt(&mut s.reason, format_args!(" {b:02x}"));
+            }
+            let _ = fmt::Write::write_str(
+                &mut s.reason,
+                " now, not memhook's: a uprobe or a debugger's breakpoint there, or one taken out",
+            );
+            return s;
+        }
+    }
+    #[cfg(not(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+    let _ = state;
+    s.clone()
 }
 
 /// Entry `index` of [`status`], and how many there are, copying that one
@@ -1053,7 +1100,7 @@ pub fn status_at(index: usize) -> (Option<FunctionStatus>, usize) {
     let host = {
         let installed = INSTALLED.lock();
         if let Some(s) = installed.status.get(index) {
-            let s = s.clone();
+            let s = as_now(&installed, s);
             let n = installed.status.len();
             drop(installed);
             return (Some(s), n + cuda_status_len());
