@@ -26,23 +26,12 @@ if grep -q '^refused:' "$out/plain.log"; then
     echo "check-debugger: bistro refused a function with no debugger present" >&2
     exit 1
 fi
-cat > "$out/gdb.cmd" <<'GDB'
-set breakpoint pending on
-set pagination off
-set confirm off
-break cuMemAlloc_v2
-commands
-silent
-continue
-end
-break munmap
-commands
-silent
-continue
-end
-run
-info breakpoints
-GDB
+# Each breakpoint counts its hits and lets the program go on.
+{
+    printf 'set breakpoint pending on\nset pagination off\nset confirm off\n'
+    for f in cuMemAlloc_v2 munmap; do printf 'break %s\ncommands\nsilent\ncontinue\nend\n' "$f"; done
+    printf 'run\ninfo breakpoints\n'
+} >"$out/gdb.cmd"
 log="$out/gdb.log"
 timeout 300 gdb -nx -q -batch -x "$out/gdb.cmd" "$out/under-gdb" >"$log" 2>&1 || true
 if grep -qiE 'ptrace: Operation not permitted|Could not trace|Couldn.t get registers|not permitted to trace' "$log"; then

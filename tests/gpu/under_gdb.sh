@@ -21,24 +21,13 @@ if [ -z "$gdb" ]; then
     exit 0
 fi
 cmd=$(mktemp)
-cat >"$cmd" <<'GDB'
-set breakpoint pending on
-set pagination off
-set confirm off
-set follow-fork-mode child
-break cuMemAlloc_v2
-commands
-silent
-continue
-end
-break cuMemFree_v2
-commands
-silent
-continue
-end
-run
-info breakpoints
-GDB
+# gdb follows `memhook run`'s child; each breakpoint counts its hits and
+# lets the program go on.
+{
+    printf 'set breakpoint pending on\nset pagination off\nset confirm off\nset follow-fork-mode child\n'
+    for f in cuMemAlloc_v2 cuMemFree_v2; do printf 'break %s\ncommands\nsilent\ncontinue\nend\n' "$f"; done
+    printf 'run\ninfo breakpoints\n'
+} >"$cmd"
 log=$(timeout 300 "$gdb" -nx -q -batch -x "$cmd" --args ./memhook run --json -- ./"$prog" 2>&1)
 rm -f "$cmd"
 echo "$log" | grep -vE '^\{|^\[' | tail -20
