@@ -1368,11 +1368,10 @@ impl<H: Handler, const N: usize> Dispatcher<H, N> {
                 let (sp, lp) = unsafe { (&mut *sp, &*lp) };
                 // Entry by entry, in place: `clone_from` would build the
                 // whole table (3 KiB of C handlers) on the stack first, and
-                // a signal handler may register on a small one.
+                // a signal handler may register on a small one. (Cannot
+                // fail: both tables hold `N`.)
                 sp.entries.clear();
-                for e in &lp.entries {
-                    let _ = sp.entries.push(*e);
-                }
+                let _ = sp.entries.extend_from_slice(&lp.entries);
                 let result = change(&mut sp.entries, &mut next_id)?;
                 // Which events have pre- and post-handlers now, so that
                 // dispatch skips a pass no handler needs.
