@@ -119,6 +119,15 @@ impl BistroError {
     }
 }
 
+/// Writes bytes as two hex digits each, every one after a space.
+pub(crate) struct Bytes<'a>(pub(crate) &'a [u8]);
+
+impl fmt::Display for Bytes<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, " {b:02x}"))
+    }
+}
+
 /// Writes `symbol in library` for an address, from `dladdr`.
 struct Where(usize);
 
@@ -157,11 +166,12 @@ impl fmt::Display for BistroError {
                 bytes,
                 len,
             } => {
-                write!(f, "cannot patch {}: {error}; first bytes:", Where(*target))?;
-                for b in &bytes[..*len as usize] {
-                    write!(f, " {b:02x}")?;
-                }
-                Ok(())
+                write!(
+                    f,
+                    "cannot patch {}: {error}; first bytes:{}",
+                    Where(*target),
+                    Bytes(&bytes[..*len as usize])
+                )
             }
             BistroError::Patch { target, error } => write!(f, "cannot patch {}: {error}", Where(*target)),
             BistroError::NotCode { target } => write!(f, "{:#x} is not in an executable mapping", target),

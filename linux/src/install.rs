@@ -961,22 +961,25 @@ fn kept_bistro(state: &Installed, hook: usize) -> bool {
 /// report, and the hooks of no other mode are put on their functions.
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn note_kept(state: &mut Installed) {
-    let named = |hook: usize| {
-        functions()
-            .into_iter()
-            .find(|&(_, h, _)| h == hook)
-            .map(|(name, _, _)| name.to_str().unwrap_or("?"))
-    };
     for i in 0..state.hooks.len() {
-        if let Some(function) = named(state.hooks[i].hook()) {
+        if let Some(function) = hooked_by(state.hooks[i].hook()) {
             note(&mut state.status, function, HookMode::Bistro, None);
         }
     }
     for i in 0..state.copies.len() {
-        if let Some(function) = named(state.copies[i].hook()) {
+        if let Some(function) = hooked_by(state.copies[i].hook()) {
             note_in(&mut state.status, function, PTHREAD, HookMode::Bistro, None);
         }
     }
+}
+
+/// The host function whose hook is `hook`.
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn hooked_by(hook: usize) -> Option<&'static str> {
+    functions()
+        .into_iter()
+        .find(|&(_, h, _)| h == hook)
+        .map(|(name, _, _)| name.to_str().unwrap_or("?"))
 }
 
 /// Undoes every patch (bistro entries restored exactly, reloc slots put
@@ -1056,16 +1059,12 @@ pub fn status() -> Status {
 fn as_now(state: &Installed, s: &FunctionStatus) -> FunctionStatus {
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     if s.installed && s.mode == HookMode::Bistro {
-        let hook = functions()
-            .into_iter()
-            .find(|(name, _, _)| name.to_bytes() == s.function.as_bytes())
-            .map(|(_, hook, _)| hook);
         let patches = if s.library == PTHREAD {
             &state.copies[..]
         } else {
             &state.hooks[..]
         };
-        if let Some(h) = hook.and_then(|hook| patches.iter().find(|h| h.hook() == hook))
+        if let Some(h) = patches.iter().find(|h| hooked_by(h.hook()) == Some(s.function))
             // SAFETY: a patch of the install in force, in the main
             // namespace's libc (or libpthread), which is never unloaded.
             && let Some(now) = unsafe { h.head_replaced() }
@@ -1073,13 +1072,13 @@ fn as_now(state: &Installed, s: &FunctionStatus) -> FunctionStatus {
             let mut s = s.clone();
             s.installed = false;
             s.reason.clear();
-            let _ = fmt::Write::write_fmt(&mut s.reason, format_args!("its jump at {:#x} begins", h.replaced().0));
-            for b in &now {
-                let _ = fmt::Write::write_fmt(&mut s.reason, format_args!(" {b:02x}"));
-            }
-            let _ = fmt::Write::write_str(
+            let _ = fmt::Write::write_fmt(
                 &mut s.reason,
-                " now, not memhook's: a uprobe or a debugger's breakpoint there, or one taken out",
+                format_args!(
+                    "its jump at {:#x} begins{} now, not memhook's: a uprobe or a debugger's breakpoint there, or one taken out",
+                    h.replaced().0,
+                    crate::bistro::Bytes(&now)
+                ),
             );
             return s;
         }
