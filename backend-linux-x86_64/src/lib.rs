@@ -9,6 +9,11 @@
 //! - `endbr64` at the entry stays in place and the patch goes after it;
 //!   trampolines start with `endbr64`, so indirect calls into them are legal
 //!   under CET;
+//! - without one, a first instruction that can run before the hook (`push
+//!   r64`, `sub rsp, imm`, a `mov` or `xor` into `rax`, `r10` or `r11`) may
+//!   stay in place too ([`Arch::keep_first`], [`Arch::relocate_keeping`]):
+//!   the entry's first bytes are then the library file's, which a uprobe
+//!   runs out of line and its removal writes back;
 //! - relocation on iced-x86's allocation-free decoder: position-independent
 //!   instructions are copied as they are; RIP-relative displacements are
 //!   patched in place (`cmp dword [rip+d], imm` included, which every libcuda
@@ -34,7 +39,7 @@
 //! ```
 #![no_std]
 
-use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic};
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
 use memhook_core::patch::{Arch, PatchBytes, RelocError, Relocation, TrampolineBytes};
 
 /// The x86_64 code generator.
@@ -219,8 +224,17 @@ impl X86_64 {
         })
     }
 
-    fn relocate_impl(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
-        let skip = Self::entry_skip(code);
+    /// [`Arch::relocate`], or with `keep` bytes (the first instruction,
+    /// as [`Arch::keep_first`] named it) left ahead of the patch and run
+    /// first in the trampoline: [`Arch::relocate_keeping`].
+    fn relocate_impl(
+        code: &[u8],
+        entry: usize,
+        keep: Option<usize>,
+        need: usize,
+        trampoline: usize,
+    ) -> Result<Relocation, RelocError> {
+        let skip = keep.unwrap_or_else(|| Self::entry_skip(code));
         let body = &code[skip..];
         if body.len() < need {
             return Err(RelocError::NotEnoughBytes {
@@ -234,6 +248,10 @@ impl X86_64 {
             base: trampoline,
         };
         out.put(&ENDBR64)?;
+        if keep.is_some() {
+            // Position-independent (keep_first takes no memory operand).
+            out.put(&code[..skip])?;
+        }
 
         let mut decoder = Decoder::with_ip(64, body, start as u64, DecoderOptions::NONE);
         let mut instr = Instruction::default();
@@ -338,8 +356,11 @@ impl X86_64 {
         // after them, as far as we can see, may not branch into their middle;
         // a call or jump to the entry itself, from another function or a
         // later part of this one, is a call of the function like any other
-        // and goes through the patch.
-        let patched = start..start + taken;
+        // and goes through the patch. A kept instruction counts as patched
+        // here, and the patch's start is no entry: a branch there would
+        // reach the hook with the kept instruction's work undone where it
+        // had not been done.
+        let patched = if keep.is_some() { entry } else { start }..start + taken;
         for &(address, target) in &targets {
             if patched.contains(&target) {
                 return Err(RelocError::BranchIntoPatch { address, target });
@@ -351,7 +372,7 @@ impl X86_64 {
                 break;
             }
             if let Some(target) = direct_target(&instr)
-                && target != start
+                && target != patched.start
                 && patched.contains(&target)
             {
                 return Err(RelocError::BranchIntoPatch {
@@ -423,11 +444,89 @@ impl Arch for X86_64 {
     }
 
     fn relocate(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
-        Self::relocate_impl(code, entry, need, trampoline)
+        Self::relocate_impl(code, entry, None, need, trampoline)
+    }
+
+    /// `push r64` (undone by `lea rsp, [rsp+8]`: every libcuda and
+    /// libcudart entry of driver 580 and CUDA 13 begins `push rbp`),
+    /// `sub rsp, imm` (`lea rsp, [rsp+imm]`), and a `mov` or `xor` that
+    /// writes only `rax`, `r10` or `r11` from registers or an immediate
+    /// (nothing to undo: no argument is passed in them; a variadic
+    /// function's `al` is read by its own prologue, which the trampoline
+    /// runs after the kept instruction again). The system-call wrappers
+    /// of a glibc built without CET begin so (`mov eax, 11` is `munmap`).
+    /// `lea` leaves the flags alone; no function's caller leaves anything
+    /// in them for it.
+    fn keep_first(code: &[u8]) -> Option<(usize, PatchBytes)> {
+        if Self::entry_skip(code) != 0 {
+            return None;
+        }
+        let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+        let instr = decoder.decode();
+        if instr.is_invalid()
+            || !(0..instr.op_count()).all(|i| {
+                matches!(
+                    instr.op_kind(i),
+                    OpKind::Register
+                        | OpKind::Immediate8
+                        | OpKind::Immediate32
+                        | OpKind::Immediate64
+                        | OpKind::Immediate8to64
+                        | OpKind::Immediate32to64
+                )
+            })
+        {
+            return None;
+        }
+        let mut undo = PatchBytes::new();
+        match instr.code() {
+            // lea rsp, [rsp+8]
+            Code::Push_r64 => undo.extend_from_slice(&[0x48, 0x8d, 0x64, 0x24, 8]).ok()?,
+            Code::Sub_rm64_imm8 | Code::Sub_rm64_imm32 if instr.op0_register() == Register::RSP => {
+                // lea rsp, [rsp+disp32]
+                let n = i32::try_from(instr.immediate(1) as i64).ok()?;
+                undo.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24]).ok()?;
+                undo.extend_from_slice(&n.to_le_bytes()).ok()?;
+            }
+            Code::Mov_r32_imm32
+            | Code::Mov_r64_imm64
+            | Code::Mov_rm32_imm32
+            | Code::Mov_rm64_imm32
+            | Code::Mov_r32_rm32
+            | Code::Mov_rm32_r32
+            | Code::Mov_r64_rm64
+            | Code::Mov_rm64_r64
+            | Code::Xor_r32_rm32
+            | Code::Xor_rm32_r32
+            | Code::Xor_r64_rm64
+            | Code::Xor_rm64_r64
+                if matches!(
+                    instr.op0_register().full_register(),
+                    Register::RAX | Register::R10 | Register::R11
+                ) => {}
+            _ => return None,
+        }
+        Some((instr.len(), undo))
+    }
+
+    fn relocate_keeping(
+        code: &[u8],
+        entry: usize,
+        keep: usize,
+        need: usize,
+        trampoline: usize,
+    ) -> Result<Relocation, RelocError> {
+        match Self::keep_first(code) {
+            Some((len, _)) if len == keep => Self::relocate_impl(code, entry, Some(keep), need, trampoline),
+            _ => Err(RelocError::Unsupported {
+                address: entry,
+                what: "an instruction kept ahead of the patch",
+            }),
+        }
     }
 
     fn relocate_empty(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
-        match Self::relocate_impl(code, entry, need, trampoline) {
+        match Self::relocate_impl(code, entry, None, need, trampoline) {
             Err(RelocError::FunctionTooShort { .. }) => Self::relocate_lone_return(code, entry, need),
             other => other,
         }

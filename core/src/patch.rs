@@ -176,8 +176,10 @@ impl core::error::Error for RelocError {}
 /// The instructions under a patch, moved to a trampoline.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Relocation {
-    /// Bytes kept in place at the entry (`endbr64`, `bti c`, `paciasp`): the
-    /// patch starts at `entry + skip`.
+    /// Bytes kept in place at the entry: a landing pad (`endbr64`, `bti c`,
+    /// `paciasp`), or the first instruction [`Arch::keep_first`] named
+    /// (from [`Arch::relocate_keeping`], whose trampoline runs it again).
+    /// The patch starts at `entry + skip`.
     pub skip: usize,
     /// Bytes of original code taken (whole instructions, at least the patch).
     pub taken: usize,
@@ -241,6 +243,51 @@ pub trait Arch {
     ///
     /// A [`RelocError`] naming the instruction that cannot be moved.
     fn relocate(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError>;
+
+    /// The function's first instruction where it may stay at the entry,
+    /// ahead of the patch: its length, and the code that undoes what it
+    /// did before the hook runs (empty where it needs no undoing: it only
+    /// wrote a scratch register no argument is passed in). `None` where
+    /// `code` begins with a landing pad (which stays anyway) or with an
+    /// instruction that cannot run before the hook. The default: `None`.
+    ///
+    /// Why: a uprobe (what bpftrace, bcc's `memleak` and eBPF profilers
+    /// put on a function) replaces the entry's first instruction with a
+    /// breakpoint, runs the library file's copy of that instruction out
+    /// of line and goes on after it; when it is taken out, the kernel
+    /// writes the file's first bytes back. Over a patch at the entry
+    /// that skips the hook while attached and leaves a broken jump after.
+    /// With the first instruction kept and the patch after it, the file's
+    /// bytes are the entry's own: the hook runs either way.
+    fn keep_first(code: &[u8]) -> Option<(usize, PatchBytes)> {
+        let _ = code;
+        None
+    }
+
+    /// [`Arch::relocate`] with the patch after the first `keep` bytes (the
+    /// instruction [`Arch::keep_first`] named), which stay in place: the
+    /// trampoline runs them first, then the moved instructions. Nothing
+    /// may branch to where the patch starts (it would run the hook with
+    /// the kept instruction undone where it had not been done). The
+    /// default: refused.
+    ///
+    /// # Errors
+    ///
+    /// As [`Arch::relocate`]; the caller then patches as
+    /// [`Arch::relocate`] would.
+    fn relocate_keeping(
+        code: &[u8],
+        entry: usize,
+        keep: usize,
+        need: usize,
+        trampoline: usize,
+    ) -> Result<Relocation, RelocError> {
+        let _ = (code, keep, need, trampoline);
+        Err(RelocError::Unsupported {
+            address: entry,
+            what: "an instruction kept ahead of the patch",
+        })
+    }
 
     /// [`Arch::relocate`] for a function known to do nothing (glibc's
     /// `_dl_debug_state`, the loader's breakpoint for debuggers): where its

@@ -23,6 +23,12 @@
 //! head protocol of [`memhook_core::patch`]. A hook too far for the 5-byte
 //! jump is reached through a far-jump slot near the function; only when no
 //! slot can be mapped near does the entry get the 13-byte absolute form.
+//! Where the function's first instruction can run before the hook
+//! ([`memhook_core::patch::Arch::keep_first`]: `push rbp`, `mov eax, n`),
+//! it stays in place and the jump follows it, to a slot that undoes it and
+//! goes on to the hook; the trampoline runs it again. The entry's first
+//! bytes are then the library file's, which is what a uprobe put on the
+//! function runs out of line and writes back when it is taken out.
 //! An entry another hooker already patched is relocated like any code, so
 //! both hooks run. What cannot be relocated is refused with the reason, the
 //! function's name and library (from `dladdr`) and its first 16 bytes.
@@ -201,6 +207,8 @@ impl std::error::Error for BistroError {}
 #[derive(Clone, Copy)]
 struct Cached {
     target: usize,
+    /// Where the patch started (past a landing pad or a kept instruction).
+    skip: usize,
     bytes: [u8; READ],
     len: usize,
     trampoline: usize,
@@ -214,7 +222,8 @@ const EXITS: usize = BATCH * 12;
 
 struct State {
     trampolines: heapless::Vec<Cached, CACHE>,
-    far_slots: heapless::Vec<(usize, usize), CACHE>, // (hook, slot)
+    /// Slots an entry jumps to ([`entry_slot`]): (hook, undo, slot).
+    slots: heapless::Vec<(usize, PatchBytes, usize), CACHE>,
     /// The batch being written: where a thread standing inside its bytes
     /// goes on (here, not on the stack: a few KiB).
     exits: heapless::Vec<Exit, EXITS>,
@@ -230,7 +239,7 @@ struct State {
 /// Serialises patching: install paths only, never a hook path.
 static STATE: crate::fork::Mutex<State> = crate::fork::Mutex::new(State {
     trampolines: heapless::Vec::new(),
-    far_slots: heapless::Vec::new(),
+    slots: heapless::Vec::new(),
     exits: heapless::Vec::new(),
     planned: heapless::Vec::new(),
     written: [const { None }; BATCH],
@@ -254,8 +263,13 @@ pub struct Hook {
 /// What a dry run found: whether and how a function can be patched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
-    /// Bytes kept at the entry (`endbr64`).
+    /// Bytes kept at the entry: a landing pad (`endbr64`), or the first
+    /// instruction ([`Plan::kept`]).
     pub skip: usize,
+    /// Whether the function's first instruction stays ahead of the patch
+    /// ([`memhook_core::patch::Arch::keep_first`]; the patch then jumps to
+    /// a slot that undoes it where it needs undoing).
+    pub kept: bool,
     /// Bytes of original instructions the patch takes.
     pub taken: usize,
 }
@@ -360,15 +374,30 @@ pub(crate) fn can_patch_empty(target: usize) -> bool {
 /// [`can_patch`], with the relocator for empty functions or not.
 fn dry_plan(target: usize, far: bool, empty: bool) -> Result<Plan, BistroError> {
     let (bytes, len, _) = read_entry(target)?;
+    let code = &bytes[..len];
+    // A trampoline right next to the function stands for a near slot.
+    let near = target + (1 << 20);
+    // The kept layout takes a near slot (kept_layout).
+    if !far
+        && !empty
+        && let Some((keep, _)) = NativeArch::keep_first(code)
+        && let Ok(r) = NativeArch::relocate_keeping(code, target, keep, NativeArch::NEAR_JUMP_LEN, near)
+    {
+        return Ok(Plan {
+            skip: r.skip,
+            kept: true,
+            taken: r.taken,
+        });
+    }
     let need = if far {
         NativeArch::FAR_JUMP_LEN
     } else {
         NativeArch::NEAR_JUMP_LEN
     };
-    // A trampoline right next to the function stands for a near slot.
-    let r = relocate_as(&bytes[..len], target, need, target + (1 << 20), empty)?;
+    let r = relocate_as(code, target, need, near, empty)?;
     Ok(Plan {
         skip: r.skip,
+        kept: false,
         taken: r.taken,
     })
 }
@@ -581,41 +610,118 @@ impl Drop for SignalsBlocked {
     }
 }
 
-/// Reads the entry, relocates its prologue into a trampoline near it (or
-/// reuses the one made for the same bytes before) and builds the jump.
-/// Writes no code but the trampoline's.
-fn plan(state: &mut State, target: usize, hook: usize) -> Result<Planned, BistroError> {
-    let (bytes, len, prot) = read_entry(target)?;
-    let code = &bytes[..len];
-    let at = target + NativeArch::entry_skip(code);
+/// Where a patch starts and the jump it writes there.
+#[derive(Clone)]
+struct Layout {
+    /// Bytes left ahead of the patch.
+    skip: usize,
+    /// Whether they are an instruction [`Arch::keep_first`] kept (else a
+    /// landing pad, or none).
+    kept: bool,
+    jump: PatchBytes,
+}
 
-    // Where the entry jumps: the hook itself, or a near far-jump slot.
+/// The patch after the function's first instruction, where
+/// [`Arch::keep_first`] keeps it (a uprobe on the function then leaves
+/// the hook whole: README, "Debuggers and probes"), a slot near enough
+/// runs what undoes it before the hook, and a dry run finds the code
+/// after it can be moved. `None` otherwise.
+fn kept_layout(state: &mut State, code: &[u8], target: usize, hook: usize) -> Option<Layout> {
+    if is_empty_function(target) {
+        return None;
+    }
+    let (keep, undo) = NativeArch::keep_first(code)?;
+    let at = target + keep;
+    let dest = if undo.is_empty() && NativeArch::is_near(at, hook) {
+        hook
+    } else {
+        entry_slot(state, at, &undo, hook)?
+    };
+    let jump = NativeArch::entry_jump(at, dest);
+    if jump.len() != NativeArch::NEAR_JUMP_LEN {
+        return None;
+    }
+    // A trampoline right next to the function stands for a near slot.
+    NativeArch::relocate_keeping(code, target, keep, jump.len(), target + (1 << 20)).ok()?;
+    Some(Layout {
+        skip: keep,
+        kept: true,
+        jump,
+    })
+}
+
+/// The patch past the landing pad (if any), jumping to the hook or to a
+/// far-jump slot near the entry.
+fn plain_layout(state: &mut State, code: &[u8], target: usize, hook: usize) -> Layout {
+    let skip = NativeArch::entry_skip(code);
+    let at = target + skip;
     let dest = if NativeArch::is_near(at, hook) {
         hook
     } else {
-        far_slot(state, at, hook).unwrap_or(hook)
+        entry_slot(state, at, &[], hook).unwrap_or(hook)
     };
-    let jump = NativeArch::entry_jump(at, dest);
+    Layout {
+        skip,
+        kept: false,
+        jump: NativeArch::entry_jump(at, dest),
+    }
+}
 
+/// Reads the entry, relocates its prologue into a trampoline near it (or
+/// reuses the one made for the same bytes before) and builds the jump:
+/// after a kept first instruction where it can ([`kept_layout`]), else
+/// at the entry or past its landing pad. Writes no code but the
+/// trampoline's and the slots'.
+fn plan(state: &mut State, target: usize, hook: usize) -> Result<Planned, BistroError> {
+    let (bytes, len, prot) = read_entry(target)?;
+    let code = &bytes[..len];
+    // The kept layout's relocation can still fail where the dry run's did
+    // not (a RIP-relative operand out of the real trampoline's reach):
+    // then the plain one, as before.
+    if let Some(layout) = kept_layout(state, code, target, hook)
+        && let Ok(planned) = plan_as(state, code, target, prot, &layout)
+    {
+        return Ok(planned);
+    }
+    let layout = plain_layout(state, code, target, hook);
+    plan_as(state, code, target, prot, &layout)
+}
+
+/// [`plan`] for one layout.
+fn plan_as(state: &mut State, code: &[u8], target: usize, prot: i32, layout: &Layout) -> Result<Planned, BistroError> {
+    let at = target + layout.skip;
+    let jump = layout.jump.clone();
+    let relocate_for = |slot: usize| {
+        if layout.kept {
+            NativeArch::relocate_keeping(code, target, layout.skip, jump.len(), slot)
+                .map_err(|e| reloc_error(target, e, code))
+        } else {
+            relocate(code, target, jump.len(), slot)
+        }
+    };
     let cached = state
         .trampolines
         .iter()
-        .find(|c| c.target == target && c.len <= len && c.bytes[..c.len] == code[..c.len])
+        .find(|c| {
+            c.target == target && c.skip == layout.skip && c.len <= code.len() && c.bytes[..c.len] == code[..c.len]
+        })
         .map(|c| c.trampoline);
     let (trampoline, r) = match cached {
         Some(slot) => {
-            // Same bytes, same entry, same slot: the code is already there.
-            let r = relocate(code, target, jump.len(), slot)?;
+            // Same bytes, same entry, same layout, same slot: the code is
+            // already there.
+            let r = relocate_for(slot)?;
             (slot, r)
         }
         None => {
             let slot = trampoline::alloc_near(at, NEAR_REACH).ok_or(BistroError::NoTrampoline { target })?;
-            let r = relocate(code, target, jump.len(), slot)?;
+            let r = relocate_for(slot)?;
             trampoline::write(slot, &r.code).map_err(|error| BistroError::Patch { target, error })?;
             trampoline::trim(slot, r.code.len());
             let used = r.skip + r.taken;
             let mut c = Cached {
                 target,
+                skip: r.skip,
                 bytes: [0; READ],
                 len: used,
                 trampoline: slot,
@@ -631,7 +737,9 @@ fn plan(state: &mut State, target: usize, hook: usize) -> Result<Planned, Bistro
     // A thread standing at an instruction start inside the jump's bytes
     // goes on at the same instruction in the trampoline. (A plan refused
     // later leaves its exits: each leads to a copy of the code at its
-    // start, which stays right.)
+    // start, which stays right.) One before a kept instruction runs it and
+    // comes to the jump; one past it, at the jump's first byte, finds the
+    // jump or the lock there.
     for &(from, to) in &r.starts {
         if from > 0 && usize::from(from) < jump.len() {
             // Cannot fail: at most 12 for each of BATCH plans.
@@ -833,7 +941,8 @@ impl Hook {
         self.restore.head_replaced(&LinuxCode::with_protection(self.prot), HEAD)
     }
 
-    /// Where the patch starts (past an `endbr64` it keeps), and the bytes
+    /// Where the patch starts (past an `endbr64` or a first instruction it
+    /// keeps: [`Plan::kept`]), and the bytes
     /// it replaced there.
     pub fn replaced(&self) -> (usize, &[u8]) {
         (self.restore.at, &self.restore.original)
@@ -865,22 +974,32 @@ impl Hook {
     }
 }
 
-/// A slot near `at` holding an absolute jump to `hook` (shared by every
-/// entry near it that jumps to the same hook).
-fn far_slot(state: &mut State, at: usize, hook: usize) -> Option<usize> {
-    if let Some(&(_, slot)) = state
-        .far_slots
+/// A slot near `at` that runs `undo` and jumps to `hook`, shared by every
+/// entry near it with the same two: a far-jump slot where `undo` is empty
+/// (the hook out of the entry jump's reach), else the way from an entry
+/// whose first instruction stays ahead of the patch to its hook.
+fn entry_slot(state: &mut State, at: usize, undo: &[u8], hook: usize) -> Option<usize> {
+    if let Some(&(_, _, slot)) = state
+        .slots
         .iter()
-        .find(|(h, s)| *h == hook && NativeArch::is_near(at, *s))
+        .find(|(h, u, s)| *h == hook && u[..] == *undo && NativeArch::is_near(at, *s))
     {
         return Some(slot);
     }
     let slot = trampoline::alloc_near(at, NEAR_REACH)?;
-    let jump = NativeArch::absolute_jump(hook);
-    trampoline::write(slot, &jump).ok()?;
-    trampoline::trim(slot, jump.len());
-    if !state.far_slots.is_full() {
-        let _ = state.far_slots.push((hook, slot));
+    let from = slot + undo.len();
+    let jump = if NativeArch::is_near(from, hook) {
+        NativeArch::entry_jump(from, hook)
+    } else {
+        NativeArch::absolute_jump(hook)
+    };
+    let mut code = heapless::Vec::<u8, { 2 * memhook_core::patch::MAX_PATCH }>::new();
+    code.extend_from_slice(undo).ok()?;
+    code.extend_from_slice(&jump).ok()?;
+    trampoline::write(slot, &code).ok()?;
+    trampoline::trim(slot, code.len());
+    if !state.slots.is_full() {
+        let _ = state.slots.push((hook, PatchBytes::from_slice(undo).ok()?, slot));
     }
     Some(slot)
 }

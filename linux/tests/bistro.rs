@@ -33,6 +33,9 @@ struct Prologues {
     steps_counter: &'static AtomicU64,
     /// `mh_t_sys(a0, a1, a2, nr)`: a system call under the patch.
     sys: Sys,
+    /// `mh_t_frame`, `mh_t_alloca`, `mh_t_getpid`: first instructions
+    /// kept ahead of the patch.
+    kept: [unsafe extern "C" fn(i32) -> i32; 3],
 }
 
 type Sys = unsafe extern "C" fn(usize, usize, usize, usize) -> isize;
@@ -80,6 +83,7 @@ fn lib() -> &'static Prologues {
             steps_counter: unsafe { &*(sym(c"mh_t_steps_counter") as *const AtomicU64) },
             // SAFETY: as above.
             sys: unsafe { std::mem::transmute::<usize, Sys>(sym(c"mh_t_sys")) },
+            kept: [f1(c"mh_t_frame"), f1(c"mh_t_alloca"), f1(c"mh_t_getpid")],
         }
     })
 }
@@ -149,6 +153,87 @@ fn patch_call_unpatch(
     for &(arg, want) in cases {
         // SAFETY: as above.
         assert_eq!(unsafe { f(arg) }, want);
+    }
+}
+
+hook!(hook_kept, ORIG_KEPT, CALLS_KEPT);
+
+/// Code that does what the kernel does while a uprobe is on a function's
+/// entry: runs the library's first instruction (`first`, as the file has
+/// it) out of line, then jumps back to the instruction after it.
+fn out_of_line(first: &[u8], back: usize) -> Fn1 {
+    // SAFETY: a fresh private page; written, then made executable.
+    unsafe {
+        let page = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(page, libc::MAP_FAILED);
+        let mut code = first.to_vec();
+        code.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0]); // jmp [rip+0]
+        code.extend_from_slice(&(back as u64).to_le_bytes());
+        std::ptr::copy_nonoverlapping(code.as_ptr(), page.cast::<u8>(), code.len());
+        assert_eq!(libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_EXEC), 0);
+        std::mem::transmute::<*mut libc::c_void, Fn1>(page)
+    }
+}
+
+/// Where a function's first instruction can run before the hook (`push
+/// rbp`, `sub rsp, 0x58`, `mov eax, 39`), bistro keeps it and patches
+/// after it: the entry's first bytes stay the library file's. A uprobe
+/// on the entry (bpftrace, bcc's memleak) runs that instruction out of
+/// line and goes on after it, into the patch: the hook runs, with the
+/// stack as the caller left it (a wrong undo would return the hook to a
+/// wrong address, or leave the stack moved). Taking the uprobe out writes
+/// the file's first bytes back: the same bytes. Before, a patch at the
+/// entry was skipped while a uprobe was on (the original ran, unseen),
+/// and after its removal the entry began with the file's first byte and
+/// went on into the jump's displacement: `SIGSEGV` on libcuda's entries,
+/// a wrong system call on glibc's wrappers.
+#[test]
+fn uprobe_on_a_kept_entry_keeps_the_hook() {
+    // SAFETY: getpid cannot fail.
+    let pid = unsafe { libc::getpid() };
+    // What each returns of its argument: a + 7, a + 9, getpid() + a.
+    for (f, add) in lib().kept.into_iter().zip([7, 9, pid]) {
+        let want = |a: i32| a + add;
+        let entry = f as usize;
+        let before = entry_bytes(entry);
+        let plan = can_patch(entry, false).unwrap();
+        assert!(plan.kept, "{before:02x?}: {plan:?}");
+        let keep = plan.skip;
+        // SAFETY: `hook_kept` has f's signature and calls the original
+        // through ORIG_KEPT.
+        let h = unsafe { Hook::patch_with(entry, hook_kept as *const () as usize, &ORIG_KEPT) }.unwrap();
+        assert_eq!(
+            h.replaced().0,
+            entry + keep,
+            "the patch starts after the kept instruction"
+        );
+        assert_eq!(
+            entry_bytes(entry)[..keep],
+            before[..keep],
+            "the entry's first instruction is the file's"
+        );
+        let n = CALLS_KEPT.load(Ordering::SeqCst);
+        // SAFETY: the trampoline has f's signature.
+        let original: Fn1 = unsafe { std::mem::transmute(h.original()) };
+        let probed = out_of_line(&before[..keep], entry + keep);
+        for a in [0, 5, -3] {
+            // SAFETY: the test functions take an i32 and return one.
+            assert_eq!(unsafe { f(a) }, want(a) + 1000, "hooked, {before:02x?}");
+            assert_eq!(original(a), want(a), "original, {before:02x?}");
+            assert_eq!(probed(a), want(a) + 1000, "hooked under a uprobe, {before:02x?}");
+        }
+        assert_eq!(CALLS_KEPT.load(Ordering::SeqCst) - n, 6);
+        h.unpatch().map_err(|(_, e)| e).unwrap();
+        assert_eq!(entry_bytes(entry), before, "unpatch restores the exact bytes");
+        // SAFETY: as above.
+        assert_eq!(unsafe { f(1) }, want(1));
     }
 }
 

@@ -1,10 +1,13 @@
 //! A uprobe or a debugger's breakpoint put on a host function after
-//! memhook patched it: its `int3` lies over the first byte of memhook's
-//! jump, and calls go on past the hook; a uprobe's removal puts the
-//! library file's first byte back there, which leaves no instruction of
-//! the function's (README, "Debuggers and probes"). memhook cannot stop
-//! either, but `status()` must not call such a function hooked: it says
-//! what lies at the jump's head now.
+//! memhook patched it, at the instruction where the patch starts (past an
+//! `endbr64` or a first instruction memhook keeps, the entry's first
+//! instruction otherwise; one at a kept entry leaves the hook whole: the
+//! `uprobe_keeps_the_hook` tests of `bistro.rs`): its `int3` lies over
+//! the first byte of memhook's jump, and calls go on past the hook; a
+//! uprobe's removal puts the library file's byte back there, which leaves
+//! no instruction of the function's (README, "Debuggers and probes").
+//! memhook cannot stop either, but `status()` must not call such a
+//! function hooked: it says what lies at the jump's head now.
 //!
 //! The test writes those bytes itself, as the kernel does, into
 //! `remap_file_pages` (a function nothing in this process calls), and
@@ -50,14 +53,9 @@ fn status_names_a_breakpoint_or_a_uprobes_removal_over_a_patch() {
     // SAFETY: a NUL-terminated name, RTLD_DEFAULT.
     let entry = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"remap_file_pages".as_ptr()) } as usize;
     assert_ne!(entry, 0);
-    // The patch starts past an `endbr64` (libc built for CET).
-    // SAFETY: the function's first bytes, mapped and readable.
-    let head = unsafe { core::slice::from_raw_parts(entry as *const u8, 4) };
-    let at = if head == [0xf3, 0x0f, 0x1e, 0xfa] {
-        entry + 4
-    } else {
-        entry
-    };
+    // The patch starts past an `endbr64` (libc built for CET) or a first
+    // instruction kept (one without).
+    let at = entry + memhook::bistro::can_patch(entry, false).unwrap().skip;
     // SAFETY: as above.
     let original = unsafe { *(at as *const u8) };
 

@@ -129,6 +129,46 @@ mh_t_sys:
         ret
         int3
 
+/* First instructions bistro keeps ahead of its patch (so a uprobe on the
+ * entry leaves the hook whole), each as a real library has it: libcuda's
+ * `push rbp` (the patch's way to the hook undoes it), a stack allocation
+ * (Debian glibc's mremap: `sub rsp, 0x58`), and a system-call wrapper's
+ * `mov eax, n` (Debian glibc's munmap; here getpid, plus the argument). */
+        .globl mh_t_frame
+        .type mh_t_frame, @function
+        .p2align 4
+mh_t_frame:
+        push rbp
+        mov rbp, rsp
+        push r12
+        lea eax, [rdi + 7]
+        pop r12
+        pop rbp
+        ret
+        int3
+
+        .globl mh_t_alloca
+        .type mh_t_alloca, @function
+        .p2align 4
+mh_t_alloca:
+        sub rsp, 0x58
+        mov qword ptr [rsp + 0x40], rdi
+        mov rax, qword ptr [rsp + 0x40]
+        add eax, 9
+        add rsp, 0x58
+        ret
+        int3
+
+        .globl mh_t_getpid
+        .type mh_t_getpid, @function
+        .p2align 4
+mh_t_getpid:
+        mov eax, 39
+        syscall
+        add eax, edi
+        ret
+        int3
+
         .data
         .p2align 3
         .globl mh_t_counter2, mh_t_counter3, mh_t_counter4

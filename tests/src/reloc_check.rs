@@ -30,11 +30,20 @@ fn abs_jmp(code: &[u8], at: usize) -> Option<usize> {
 pub fn assert_equivalent(code: &[u8], entry: usize, r: &Relocation, trampoline: usize) {
     let tr = &r.code[..];
     assert_eq!(&tr[..4], &ENDBR64, "trampoline must start with endbr64");
-    assert_eq!(r.skip, X86_64::entry_skip(code));
+    // Past a landing pad, which stays at the entry alone; or past a kept
+    // first instruction, which the trampoline runs again first, as it is.
+    let kept = if r.skip == X86_64::entry_skip(code) {
+        0
+    } else {
+        let (keep, _) = X86_64::keep_first(code).expect("the entry keeps a landing pad or a kept instruction");
+        assert_eq!(r.skip, keep, "the patch starts after the kept instruction");
+        assert_eq!(&tr[4..4 + keep], &code[..keep], "the kept instruction runs first");
+        keep
+    };
     let start = entry + r.skip;
     let body = &code[r.skip..r.skip + r.taken];
     let mut dec = Decoder::with_ip(64, body, start as u64, DecoderOptions::NONE);
-    let mut at = 4; // cursor in the trampoline
+    let mut at = 4 + kept; // cursor in the trampoline
     let mut o = Instruction::default();
     let mut starts = Vec::new();
     while dec.can_decode() {
@@ -125,6 +134,52 @@ pub fn relocate_checked(code: &[u8], entry: usize, need: usize, trampoline: usiz
     Ok(r)
 }
 
+/// [`Arch::relocate_keeping`] on `code` where [`Arch::keep_first`] keeps
+/// its first instruction (`None` where it does not), checked as
+/// [`relocate_checked`]; and, since the patch's start is no entry there,
+/// no instruction of the moved ones or of those after them (as far as
+/// `code` goes) branches anywhere from the entry's second byte to the
+/// moved bytes' end.
+pub fn relocate_keeping_checked(
+    code: &[u8],
+    entry: usize,
+    need: usize,
+    trampoline: usize,
+) -> Option<Result<Relocation, RelocError>> {
+    let (keep, _) = X86_64::keep_first(code)?;
+    let r = match X86_64::relocate_keeping(code, entry, keep, need, trampoline) {
+        Ok(r) => r,
+        Err(e) => return Some(Err(e)),
+    };
+    assert_eq!(r.skip, keep);
+    assert!(r.taken >= need, "took {} bytes for a {need}-byte patch", r.taken);
+    assert!(r.skip + r.taken <= code.len());
+    assert_equivalent(code, entry, &r, trampoline);
+    let mut dec = Decoder::with_ip(64, &code[keep..], (entry + keep) as u64, DecoderOptions::NONE);
+    while dec.can_decode() {
+        let i = dec.decode();
+        if i.is_invalid() {
+            break;
+        }
+        if matches!(
+            i.flow_control(),
+            FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch | FlowControl::Call
+        ) && (i.is_jcc_short_or_near() || i.is_jmp_short_or_near() || i.is_call_near())
+        {
+            let t = i.near_branch_target() as usize;
+            let moved = (i.ip() as usize) < entry + keep + r.taken;
+            let into = (entry + 1..entry + keep + r.taken).contains(&t) || (moved && t == entry);
+            assert!(
+                !into,
+                "{:?} at {:#x} branches to {t:#x}, inside the kept instruction or the patch",
+                i.code(),
+                i.ip()
+            );
+        }
+    }
+    Some(Ok(r))
+}
+
 /// [`Arch::relocate_empty`] on `code` (a function the caller vouches is
 /// empty), checked: where the plain relocation succeeds, the same answer;
 /// where only the empty one does, the lone-return form: a `ret` (or
@@ -184,6 +239,8 @@ pub fn fuzz_relocate(data: &[u8]) {
     let trampoline = (entry as i64 + delta + far) as usize;
     let need = if data[0] & 0x80 != 0 { 13 } else { 5 };
     let _ = relocate_checked(&data[8..], entry, need, trampoline);
+    // The first instruction kept ahead of the patch, where it can be.
+    let _ = relocate_keeping_checked(&data[8..], entry, need, trampoline);
     // The same bytes as an empty function (the loader's breakpoint), at
     // the entry and at an entry anywhere in a 16-byte block.
     let _ = relocate_empty_checked(&data[8..], entry, need, trampoline);

@@ -3,7 +3,7 @@
 //! hand-written prologues for each refusal.
 
 use memhook_core::patch::{Arch, RelocError};
-use memhook_tests::reloc_check::{fuzz_relocate, relocate_checked};
+use memhook_tests::reloc_check::{fuzz_relocate, relocate_checked, relocate_keeping_checked};
 use memhook_x86_64::X86_64;
 use proptest::prelude::*;
 
@@ -67,6 +67,151 @@ fn every_fixture_relocates_to_a_near_trampoline_with_both_entry_forms() {
             }
         }
     }
+}
+
+/// Every CUDA fixture entry keeps its first instruction ahead of the
+/// patch, so a uprobe on it leaves the hook whole (libcuda's and
+/// libcudart's `push rbp`), and so does every host function memhook
+/// hooks in Debian 12's glibc (no CET) but the two that begin with a read
+/// of a global (`fallocate`, `creat`: `cmp byte [rip+d], 0`): its
+/// system-call wrappers (`mov eax, 11` of `munmap`, `mov r10d, ecx` of
+/// `mmap`, `mov rax, rdi` of `syscall`) and frames (`sub rsp, 0x58` of
+/// `mremap`, `push r12` of `sbrk`). With `endbr64` first (a CET build),
+/// that stays and nothing more is kept.
+#[test]
+fn every_fixture_without_endbr64_keeps_its_first_instruction() {
+    const DEBIAN_KEPT: [&str; 18] = [
+        "mmap",
+        "mmap64",
+        "munmap",
+        "mremap",
+        "madvise",
+        "shmat",
+        "shmdt",
+        "brk",
+        "sbrk",
+        "process_madvise",
+        "ftruncate",
+        "truncate",
+        "remap_file_pages",
+        "open",
+        "openat",
+        "shm_open",
+        "syscall",
+        "ioctl",
+    ];
+    let mut kept = 0;
+    for f in fixtures() {
+        let cet = f.code.starts_with(&memhook_x86_64::ENDBR64);
+        let must = f.library != "libc.so.6" || DEBIAN_KEPT.contains(&f.symbol.as_str());
+        for trampoline in [f.entry - 0x7000_0000, f.entry + 0x6ff0_0000] {
+            match relocate_keeping_checked(&f.code, f.entry, X86_64::NEAR_JUMP_LEN, trampoline) {
+                None => assert!(
+                    cet || !must,
+                    "{} {} {}: first instruction not kept",
+                    f.file,
+                    f.library,
+                    f.symbol
+                ),
+                Some(r) => {
+                    assert!(!cet, "{}: endbr64 is a landing pad, not kept", f.symbol);
+                    let r = r.unwrap_or_else(|e| panic!("{} {} {}: {e}", f.file, f.library, f.symbol));
+                    if f.library != "libc.so.6" {
+                        assert_eq!(r.skip, 1, "{}: push rbp", f.symbol);
+                    }
+                    kept += 1;
+                }
+            }
+        }
+    }
+    assert!(kept >= 2 * (43 + DEBIAN_KEPT.len()), "{kept}");
+}
+
+/// What may run before the hook, and what undoes it: a push or a stack
+/// allocation (the hook must find the stack as the caller left it), or
+/// a write of `rax`, `r10` or `r11` (no argument is passed in them).
+/// Nothing that writes another register, touches memory or branches.
+#[test]
+fn keep_first_takes_what_can_run_before_the_hook() {
+    let lea8 = [0x48, 0x8d, 0x64, 0x24, 8]; // lea rsp, [rsp+8]
+    // (code, what keep_first answers: the kept length and the undo)
+    type Case<'a> = (&'a [u8], Option<(usize, &'a [u8])>);
+    let cases: [Case<'_>; 20] = [
+        (&[0x55, 0x48, 0x89, 0xe5], Some((1, &lea8))), // push rbp
+        (&[0x41, 0x54, 0x90], Some((2, &lea8))),       // push r12
+        (
+            &[0x48, 0x83, 0xec, 0x58],
+            Some((4, &[0x48, 0x8d, 0xa4, 0x24, 0x58, 0, 0, 0])),
+        ), // sub rsp, 0x58
+        (
+            &[0x48, 0x81, 0xec, 0, 1, 0, 0],
+            Some((7, &[0x48, 0x8d, 0xa4, 0x24, 0, 1, 0, 0])),
+        ), // sub rsp, 0x100
+        (&[0xb8, 0x0b, 0, 0, 0], Some((5, &[]))),      // mov eax, 11
+        (&[0x41, 0x89, 0xca], Some((3, &[]))),         // mov r10d, ecx
+        (&[0x49, 0x89, 0xca], Some((3, &[]))),         // mov r10, rcx
+        (&[0x4d, 0x31, 0xdb], Some((3, &[]))),         // xor r11, r11
+        (&[0x31, 0xc0], Some((2, &[]))),               // xor eax, eax
+        (&[0xf3, 0x0f, 0x1e, 0xfa, 0x55], None),       // endbr64 (a landing pad)
+        (&[0x48, 0x89, 0xe5], None),                   // mov rbp, rsp
+        (&[0xbf, 5, 0, 0, 0], None),                   // mov edi, 5: an argument
+        (&[0x48, 0x83, 0xef, 0x08], None),             // sub rdi, 8
+        (&[0x48, 0x29, 0xc4], None),                   // sub rsp, rax
+        (&[0x8b, 0x05, 0, 0, 0, 0], None),             // mov eax, [rip]
+        (&[0x48, 0x8b, 0x04, 0x24], None),             // mov rax, [rsp]
+        (&[0xff, 0x35, 0, 0, 0, 0], None),             // push qword [rip]
+        (&[0xcc, 0x90], None),                         // int3
+        (&[0xe8, 0, 0, 0, 0], None),                   // call
+        (&[0x0f, 0x0b], None),                         // ud2
+    ];
+    for (code, want) in cases {
+        let got = X86_64::keep_first(code);
+        assert_eq!(got.as_ref().map(|(n, u)| (*n, &u[..])), want, "{code:02x?}");
+    }
+}
+
+/// With the first instruction kept, the patch's start is no entry: a
+/// branch back to it (a loop to the system call after `mov eax, n`)
+/// would reach the hook again with nothing to undo. That is refused,
+/// and the plain patch, which covers the `mov` alone, is the one taken.
+/// A moved instruction's branch to the entry (a loop through the kept
+/// instruction) is refused as in the plain patch.
+#[test]
+fn a_branch_to_the_kept_patchs_start_is_refused() {
+    // mov eax, 11; syscall; cmp rax, -4095; jae -10 (to the syscall); ret
+    let code = [
+        0xb8, 0x0b, 0, 0, 0, 0x0f, 0x05, 0x48, 0x3d, 0x01, 0xf0, 0xff, 0xff, 0x73, 0xf6, 0xc3,
+    ];
+    assert_eq!(
+        X86_64::relocate_keeping(&code, E, 5, 5, E + 0x10_0000),
+        Err(RelocError::BranchIntoPatch {
+            address: E + 13,
+            target: E + 5
+        })
+    );
+    assert_eq!(relocate_checked(&code, E, 5, E + 0x10_0000).unwrap().taken, 5);
+    // push rbp; dec edi; jnz entry; nop
+    let code = [0x55, 0xff, 0xcf, 0x75, 0xfb, 0x90, 0x90, 0xc3];
+    assert_eq!(
+        X86_64::relocate_keeping(&code, E, 1, 5, E + 0x10_0000),
+        Err(RelocError::BranchIntoPatch {
+            address: E + 3,
+            target: E
+        })
+    );
+    // A `keep` other than the first instruction's is refused.
+    let code = [0x55, 0x48, 0x89, 0xe5, 0x41, 0x54, 0x90, 0x90, 0xc3];
+    assert!(matches!(
+        X86_64::relocate_keeping(&code, E, 4, 5, E + 0x10_0000),
+        Err(RelocError::Unsupported { .. })
+    ));
+    assert_eq!(
+        relocate_keeping_checked(&code, E, 5, E + 0x10_0000)
+            .unwrap()
+            .unwrap()
+            .taken,
+        5
+    );
 }
 
 #[test]
@@ -350,5 +495,23 @@ proptest! {
     #[test]
     fn arbitrary_prologues_relocate_equivalently_or_refuse(data in proptest::collection::vec(any::<u8>(), 8..72)) {
         fuzz_relocate(&data);
+    }
+
+    /// Arbitrary bytes after a first instruction that can be kept: every
+    /// success of the kept layout is equivalent and branches nowhere
+    /// into the patch; nothing panics.
+    #[test]
+    fn arbitrary_code_after_a_kept_instruction_relocates_or_refuses(
+        first in 0usize..5,
+        rest in proptest::collection::vec(any::<u8>(), 0..56),
+        entry in 0u32..u32::MAX,
+        delta in -0x7000_0000i64..0x7000_0000,
+    ) {
+        let heads: [&[u8]; 5] = [&[0x55], &[0x41, 0x54], &[0x48, 0x83, 0xec, 0x58], &[0xb8, 0x0b, 0, 0, 0], &[0x41, 0x89, 0xca]];
+        let mut code = heads[first].to_vec();
+        code.extend_from_slice(&rest);
+        let entry = 0x7f00_0000_0000usize + ((entry as usize) << 4);
+        let kept = relocate_keeping_checked(&code, entry, 5, (entry as i64 + delta) as usize);
+        prop_assert!(kept.is_some());
     }
 }
