@@ -102,6 +102,16 @@ for prog in runtime_static runtime_shared; do
     check "under gdb $prog" bash src/under_gdb.sh "$prog"
 done
 
+# Uprobes put on the driver's cuMemAlloc_v2 and cuMemFree_v2 and on
+# libc's munmap once memhook's bistro hooks are in, and taken out: every
+# allocation, free and unmap seen and every call successful before,
+# under and after them, each probe hit once a call (src/under_uprobe.sh;
+# README, "Debuggers and probes"). Not checked where tracefs cannot be
+# written.
+gcc -O2 -Wall -I src -o under_uprobe src/under_uprobe.c -L. -lmemhook \
+    -L/usr/local/nvidia/lib64 -L"$(dirname "$NVCC")/../lib64/stubs" -lcuda -Wl,-rpath,"$here"
+check "under uprobes (driver)" bash src/under_uprobe.sh ./under_uprobe
+
 # Memory another process exported (CUDA IPC), opened in a child with
 # memhook installed in each mode; "none" shows what a lookup said with
 # the open unhooked (host: absent from the map), and must fail.

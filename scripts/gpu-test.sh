@@ -48,6 +48,6 @@ strip "$out"/* 2>/dev/null || true
 # The carried folder must stay well under the device tool's 64 MiB: the
 # binaries travel gzipped, and run.sh unpacks them.
 gzip -9 "$out"/* 2>/dev/null || true
-cp tests/cuda/*.c tests/gpu/* tests/c/bench_host.c include/memhook.h "$out/src/"
+cp tests/cuda/*.c tests/gpu/* tests/c/bench_host.c tests/c/under_uprobe.c tests/c/under_uprobe.sh include/memhook.h "$out/src/"
 cp scripts/gpu-run.sh "$out/run.sh"
 du -sh "$out"

@@ -1,8 +1,9 @@
 /* A program that uprobes are put on while memhook's bistro hooks are in,
  * as bpftrace, bcc's memleak or an eBPF GPU-memory profiler put them
- * (scripts/check-uprobe.sh does it through tracefs): on the fake
- * driver's cuMemAlloc_v2 and cuMemFree_v2 (tests/cuda/fakecuda.c, driver
- * 580's entries: push rbp first, no endbr64) and on libc's munmap. A
+ * (tests/c/under_uprobe.sh does it through tracefs): on the driver's
+ * cuMemAlloc_v2 and cuMemFree_v2 (driver 580's, or the fake one's of
+ * tests/cuda/fakecuda.c with the same entry bytes: push rbp first, no
+ * endbr64) and on libc's munmap. A
  * uprobe replaces the entry's first instruction with int3, runs the
  * file's copy of it out of line and goes on after it; taken out, it
  * writes the file's first bytes back. bistro keeps that instruction and
@@ -27,6 +28,8 @@
 #include "memhook.h"
 
 int cuInit(unsigned);
+int cuDevicePrimaryCtxRetain(void **, int);
+int cuCtxSetCurrent(void *);
 int cuMemAlloc_v2(uint64_t *, size_t);
 int cuMemFree_v2(uint64_t);
 
@@ -71,7 +74,8 @@ static int probe_line(const char *name, void *f) {
 }
 
 int main(void) {
-    if (cuInit(0) != 0) return 2;
+    void *ctx = NULL;
+    if (cuInit(0) != 0 || cuDevicePrimaryCtxRetain(&ctx, 0) != 0 || cuCtxSetCurrent(ctx) != 0) return 2;
     if (memhook_install(NULL) != 0 ||
         memhook_set_event_handler(MEMHOOK_EVENT_MEM_TYPE_ALLOC | MEMHOOK_EVENT_MEM_TYPE_FREE | MEMHOOK_EVENT_MUNMAP, 0,
                                   count, NULL) != 0) {
