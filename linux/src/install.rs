@@ -1070,22 +1070,29 @@ fn as_now(state: &Installed, s: &FunctionStatus) -> FunctionStatus {
             && let Some(now) = unsafe { h.head_replaced() }
         {
             let mut s = s.clone();
-            s.installed = false;
-            s.reason.clear();
-            let _ = fmt::Write::write_fmt(
-                &mut s.reason,
-                format_args!(
-                    "its jump at {:#x} begins{} now, not memhook's: a uprobe or a debugger's breakpoint there, or one taken out",
-                    h.replaced().0,
-                    crate::bistro::Bytes(&now)
-                ),
-            );
+            head_replaced(&mut s, h.replaced().0, &now);
             return s;
         }
     }
     #[cfg(not(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64"))))]
     let _ = state;
     s.clone()
+}
+
+/// Marks `s`, a bistro entry, not installed: its jump at `at` begins with
+/// `now`, not memhook's bytes (see [`as_now`]; the CUDA functions' status
+/// says the same).
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub(crate) fn head_replaced(s: &mut FunctionStatus, at: usize, now: &[u8]) {
+    s.installed = false;
+    s.reason.clear();
+    let _ = fmt::Write::write_fmt(
+        &mut s.reason,
+        format_args!(
+            "its jump at {at:#x} begins{} now, not memhook's: a uprobe or a debugger's breakpoint there, or one taken out",
+            crate::bistro::Bytes(now)
+        ),
+    );
 }
 
 /// Entry `index` of [`status`], and how many there are, copying that one

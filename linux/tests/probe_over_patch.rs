@@ -18,34 +18,15 @@
 use memhook::config::{HookConfig, HookMode, ModeSet};
 use memhook::{Config, FunctionStatus};
 
+#[path = "../../tests/src/poke.rs"]
+mod poke;
+use poke::poke;
+
 fn remap_file_pages_bistro() -> FunctionStatus {
     memhook::status()
         .into_iter()
         .find(|s| s.function == "remap_file_pages" && s.mode == HookMode::Bistro && s.library == "libc.so.6")
         .expect("remap_file_pages has a bistro entry in the status")
-}
-
-/// Writes `byte` at `at` in a code page, as a debugger or the kernel's
-/// uprobes do.
-fn poke(at: usize, byte: u8) {
-    let page = at & !4095;
-    // SAFETY: the page of a libc function this process does not call;
-    // its protection is put back as it was (read and execute).
-    unsafe {
-        assert_eq!(
-            libc::mprotect(
-                page as *mut _,
-                8192,
-                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC
-            ),
-            0
-        );
-        core::ptr::write_volatile(at as *mut u8, byte);
-        assert_eq!(
-            libc::mprotect(page as *mut _, 8192, libc::PROT_READ | libc::PROT_EXEC),
-            0
-        );
-    }
 }
 
 #[test]

@@ -6,6 +6,7 @@ pub mod fakecuda;
 pub mod libmemhook;
 pub mod maps_model;
 pub mod memtype_model;
+pub mod poke;
 pub mod reloc_check;
 pub mod reloc_check_aarch64;
 

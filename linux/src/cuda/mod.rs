@@ -307,15 +307,72 @@ fn take_back_kept(state: &mut State) {
     }
 }
 
-/// Per function and mode: installed, or why not.
+/// Per function and mode: installed, or why not, as each stands now
+/// ([`as_now`]).
 pub(crate) fn status() -> heapless::Vec<FunctionStatus, STATUS> {
-    STATE.lock().status.clone()
+    let state = STATE.lock();
+    let mut all = state.status.clone();
+    for s in &mut all {
+        as_now(&state, s);
+    }
+    all
 }
 
 /// Entry `index` of [`status`] (`None` past the end), and how many.
 pub(crate) fn status_at(index: usize) -> (Option<FunctionStatus>, usize) {
     let state = STATE.lock();
-    (state.status.get(index).cloned(), state.status.len())
+    let mut s = state.status.get(index).cloned();
+    if let Some(s) = &mut s {
+        as_now(&state, s);
+    }
+    (s, state.status.len())
+}
+
+/// `s` as its function stands now, as the host functions' status has it
+/// (`crate::install::status`): an installed bistro patch whose jump's
+/// first instruction something has replaced since (a uprobe or a
+/// debugger's breakpoint put on the instruction the patch starts at, or
+/// what a uprobe's removal put back there) is not installed, and the
+/// reason says what is there. The entry is read only inside its library's
+/// loaded segments, with a reference to the library taken: one unloaded
+/// since (its sync not run yet) is not read.
+fn as_now(state: &State, s: &mut FunctionStatus) {
+    #[cfg(feature = "bistro")]
+    if s.installed && s.mode == HookMode::Bistro {
+        let Some((id, h)) = state
+            .bistro
+            .iter()
+            .find(|(id, _)| id.name().to_str().is_ok_and(|n| n == s.function))
+        else {
+            return;
+        };
+        let found = loaded_libs();
+        let Some(f) = found[id.lib().index()].as_ref() else {
+            return;
+        };
+        // SAFETY: a NUL-terminated copy of the object's path; RTLD_NOLOAD
+        // only finds an object already loaded, and the reference taken
+        // keeps it loaded while its entry is read.
+        let handle = unsafe { libc::dlopen(f.name.as_ptr().cast(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        if handle.is_null() {
+            return;
+        }
+        let patch = memhook_core::patch::MAX_PATCH;
+        let inside = f
+            .segments
+            .iter()
+            .any(|&(start, end)| start <= h.target() && h.target() + patch <= end);
+        // SAFETY: the entry lies in a loaded segment of the library, which
+        // the handle keeps loaded.
+        let now = if inside { unsafe { h.head_replaced() } } else { None };
+        // SAFETY: the reference taken above.
+        unsafe { libc::dlclose(handle) };
+        if let Some(now) = now {
+            crate::install::head_replaced(s, h.replaced().0, &now);
+        }
+    }
+    #[cfg(not(feature = "bistro"))]
+    let _ = (state, s);
 }
 
 /// Called by reloc after every `dlopen` and `dlclose`: hooks libraries
