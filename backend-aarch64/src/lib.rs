@@ -7,10 +7,16 @@
 //! - Entry forms: `b imm26` when the destination is within ±128 MiB (one
 //!   aligned 4-byte store: no torn state at all), else `ldr x16, #8;
 //!   br x16; .quad dest` (16 bytes; x16 is the ABI's intra-procedure-call
-//!   scratch register, free at a function's entry). A `bti c`/`bti jc`,
-//!   `paciasp` or `pacibsp` at the entry stays in place and the patch goes
-//!   after it; every trampoline starts with `bti c`, so an indirect call
-//!   into it stays legal under BTI.
+//!   scratch register, free at a function's entry). A `bti c`/`bti jc`
+//!   at the entry stays in place and the patch goes after it; every
+//!   trampoline starts with `bti c`, so an indirect call into it stays
+//!   legal under BTI. A `paciasp`/`pacibsp` (also a landing
+//!   pad) signs x30, so it stays as an instruction kept ahead of the patch
+//!   ([`Arch::keep_first`]): the way to the hook undoes it (`autiasp`),
+//!   the trampoline runs it again; where that cannot be, the function is
+//!   refused. A frame record's `stp x29, x30, [sp, #-n]!` or a `sub sp`
+//!   first is kept so too, so that a uprobe on the entry (which replaces
+//!   the first instruction) leaves the patch whole.
 //! - Relocation copies every instruction that does not read the PC and
 //!   rewrites the PC-relative ones so they behave the same from the
 //!   trampoline: ADR and ADRP (re-encoded when in reach, else a 64-bit
@@ -36,8 +42,16 @@ pub const R_AARCH64_JUMP_SLOT: u32 = 1026;
 /// `bti c`.
 pub const BTI_C: u32 = 0xd503_245f;
 const BTI_JC: u32 = 0xd503_24df;
-const PACIASP: u32 = 0xd503_233f;
-const PACIBSP: u32 = 0xd503_237f;
+/// `paciasp`: signs x30 with key A and SP (and is a landing pad).
+pub const PACIASP: u32 = 0xd503_233f;
+/// `pacibsp`: as `paciasp`, key B.
+pub const PACIBSP: u32 = 0xd503_237f;
+/// `autiasp`: authenticates x30 signed by `paciasp` with the same SP.
+pub const AUTIASP: u32 = 0xd503_23bf;
+/// `autibsp`: as `autiasp`, key B.
+pub const AUTIBSP: u32 = 0xd503_23ff;
+/// `add sp, sp, #0` (imm12 at bit 10, `lsl #12` at bit 22).
+const ADD_SP: u32 = 0x9100_03ff;
 /// `b .` (the lock: a thread arriving at the entry spins there).
 pub const B_SELF: u32 = 0x1400_0000;
 /// `ldr x16, #8`.
@@ -264,29 +278,51 @@ impl Out {
 }
 
 impl Aarch64 {
-    /// The length of the landing pad at the start of `code` (`bti c` /
-    /// `bti jc`, then possibly `paciasp` / `pacibsp`, or one of those).
+    /// The length of the landing pad at the start of `code`: a `bti c` or
+    /// `bti jc` (4), or none. A `paciasp` or `pacibsp`, a landing pad too,
+    /// also signs x30: it is kept ahead of the patch with the `autiasp`
+    /// that undoes it ([`Arch::keep_first`]), never left alone.
     fn pad(code: &[u8]) -> usize {
-        let mut n = 0;
-        while n < 8 {
-            let Some(w) = code.get(n..n + 4) else { break };
-            let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-            if matches!(w, BTI_C | BTI_JC | PACIASP | PACIBSP) {
-                n += 4;
-            } else {
-                break;
-            }
+        match Self::word(code, 0) {
+            Some(BTI_C | BTI_JC) => 4,
+            _ => 0,
         }
-        n
     }
 
-    fn relocate_impl(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
+    /// The word at byte `at` of `code`, if whole.
+    fn word(code: &[u8], at: usize) -> Option<u32> {
+        let w = code.get(at..at + 4)?;
+        Some(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+    }
+
+    /// [`Arch::relocate`], or with `keep` bytes (a landing pad and the
+    /// instruction [`Arch::keep_first`] named) left ahead of the patch,
+    /// the instruction run first in the trampoline:
+    /// [`Arch::relocate_keeping`].
+    fn relocate_impl(
+        code: &[u8],
+        entry: usize,
+        keep: Option<usize>,
+        need: usize,
+        trampoline: usize,
+    ) -> Result<Relocation, RelocError> {
         /// `brk #imm16`: gdb's breakpoint is `brk #0`, a uprobe's `brk #5`.
         fn is_brk(w: u32) -> bool {
             w & 0xffe0_001f == 0xd420_0000
         }
-        let skip = Self::pad(code);
+        let pad = Self::pad(code);
+        let skip = keep.unwrap_or(pad);
         let start = entry + skip;
+        // A `paciasp` moved off the entry would leave the callers' indirect
+        // branches no landing pad (a BTI fault where the page is guarded),
+        // and one left at the entry signs x30 for the hook: it is kept, with
+        // its undo, or the function refused.
+        if keep.is_none() && matches!(Self::word(code, skip), Some(PACIASP | PACIBSP)) {
+            return Err(RelocError::Unsupported {
+                address: start,
+                what: "paciasp/pacibsp at the entry, kept only with its undo ahead of the patch",
+            });
+        }
         let words: heapless::Vec<u32, 64> = code[skip..]
             .chunks_exact(4)
             .take(64)
@@ -300,7 +336,20 @@ impl Aarch64 {
             });
         }
         let taken = count * 4;
-        let inside = |t: usize| t > start && t < start + taken;
+        // Into the moved words (a branch to their start is a call of the
+        // function, as to the entry), or, where an instruction is kept,
+        // anywhere past the entry up to their end (the patch's start is no
+        // entry then: a branch there would reach the hook with the kept
+        // instruction undone where it had not been done), or from a moved
+        // word to the entry (a loop through the kept instruction and the
+        // hook again).
+        let inside = |t: usize, moved: bool| {
+            if keep.is_some() {
+                (t > entry || (moved && t == entry)) && t < start + taken
+            } else {
+                t > start && t < start + taken
+            }
+        };
         // A call that returns inside the words the jump overwrites (a far
         // jump's first three): a thread in the callee when the patch is
         // written would return into the middle of the jump.
@@ -319,7 +368,7 @@ impl Aarch64 {
             }
             let insn = decode(w, pc);
             if let Insn::Branch { target, .. } | Insn::CondBranch { target, .. } = insn
-                && inside(target)
+                && inside(target, i < count)
             {
                 return Err(RelocError::BranchIntoPatch { address: pc, target });
             }
@@ -339,6 +388,15 @@ impl Aarch64 {
             base: trampoline,
         };
         out.word(BTI_C)?;
+        if keep.is_some() {
+            // Position-independent (keep_first takes no PC-relative word).
+            for at in (pad..skip).step_by(4) {
+                out.word(Self::word(code, at).ok_or(RelocError::NotEnoughBytes {
+                    available: code.len(),
+                    needed: skip,
+                })?)?;
+            }
+        }
         let mut scratch = false;
         let mut ends = false;
         let mut starts = heapless::Vec::new();
@@ -489,7 +547,48 @@ impl Arch for Aarch64 {
     }
 
     fn relocate(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
-        Self::relocate_impl(code, entry, need, trampoline)
+        Self::relocate_impl(code, entry, None, need, trampoline)
+    }
+
+    /// After the landing pad (`bti c`, if any): `paciasp`/`pacibsp`
+    /// (undone by `autiasp`/`autibsp`: SP is as it signed with, so x30
+    /// comes back as the caller left it; kept, it also stays the landing
+    /// pad indirect calls need), `stp x29, x30, [sp, #-n]!` (the frame
+    /// record; `add sp, sp, #n`) and `sub sp, sp, #imm` (`add sp, sp,
+    /// #imm`).
+    fn keep_first(code: &[u8]) -> Option<(usize, PatchBytes)> {
+        let pad = Self::pad(code);
+        let w = Self::word(code, pad)?;
+        let undo = match w {
+            PACIASP => AUTIASP,
+            PACIBSP => AUTIBSP,
+            // stp x29, x30, [sp, #imm7 * 8]! with imm7 < 0
+            _ if w & 0xffc0_7fff == 0xa980_7bfd && sext(w, 15, 7) < 0 => {
+                ADD_SP | (((-sext(w, 15, 7) * 8) as u32) << 10)
+            }
+            // sub sp, sp, #imm12 (lsl #12 or not)
+            _ if w & 0xffc0_03ff == 0xd100_03ff || w & 0xffc0_03ff == 0xd140_03ff => ADD_SP | (w & 0x007f_fc00),
+            _ => return None,
+        };
+        let mut u = PatchBytes::new();
+        u.extend_from_slice(&undo.to_le_bytes()).ok()?;
+        Some((pad + 4, u))
+    }
+
+    fn relocate_keeping(
+        code: &[u8],
+        entry: usize,
+        keep: usize,
+        need: usize,
+        trampoline: usize,
+    ) -> Result<Relocation, RelocError> {
+        match Self::keep_first(code) {
+            Some((len, _)) if len == keep => Self::relocate_impl(code, entry, Some(keep), need, trampoline),
+            _ => Err(RelocError::Unsupported {
+                address: entry,
+                what: "an instruction kept ahead of the patch",
+            }),
+        }
     }
 }
 

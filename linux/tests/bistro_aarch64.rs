@@ -27,6 +27,24 @@ core::arch::global_asm!(
     "bti c",
     "add x0, x0, #1",
     "ret",
+    ".globl mh_r_pac",
+    ".p2align 4",
+    "mh_r_pac:",
+    "hint #25", // paciasp
+    "stp x29, x30, [sp, #-16]!",
+    "mov x29, sp",
+    "add x0, x0, #2",
+    "ldp x29, x30, [sp], #16",
+    "hint #29", // autiasp
+    "ret",
+    ".globl mh_r_frame",
+    ".p2align 4",
+    "mh_r_frame:",
+    "stp x29, x30, [sp, #-16]!",
+    "mov x29, sp",
+    "add x0, x0, #3",
+    "ldp x29, x30, [sp], #16",
+    "ret",
     ".globl mh_r_adrp",
     ".p2align 4",
     "mh_r_adrp:",
@@ -165,6 +183,8 @@ core::arch::global_asm!(
 
 unsafe extern "C" {
     fn mh_r_bti(x: u64) -> u64;
+    fn mh_r_pac(x: u64) -> u64;
+    fn mh_r_frame(x: u64) -> u64;
     fn mh_r_adrp(x: u64) -> u64;
     fn mh_r_lit(x: u64) -> u64;
     fn mh_r_cbz(x: u64) -> u64;
@@ -210,8 +230,9 @@ fn real_patches_call_hook_and_original_and_undo_exactly() {
     // (A b.cond at the entry cannot be tested through a hook: the hook, a
     // function call, need not keep the caller's flags. The differential
     // test below runs relocated b.cond windows directly.)
-    let cases: [(&str, F, F, &[u64]); 4] = [
+    let cases: [(&str, F, F, &[u64]); 5] = [
         ("bti entry", mh_r_bti, mh_r_bti, &[0, 41]),
+        ("paciasp entry", mh_r_pac, mh_r_pac, &[0, 41]),
         ("adrp+add", mh_r_adrp, mh_r_adrp, &[0, 5]),
         ("ldr literal", mh_r_lit, mh_r_lit, &[1, 2]),
         ("cbz out of the patch", mh_r_cbz, mh_r_cbz, &[0, 3]),
@@ -233,6 +254,9 @@ fn real_patches_call_hook_and_original_and_undo_exactly() {
         if what == "bti entry" {
             assert_eq!(words(at, 1)[0], memhook_aarch64::BTI_C, "the landing pad stays");
         }
+        if what == "paciasp entry" {
+            assert_eq!(words(at, 1)[0], memhook_aarch64::PACIASP, "the landing pad stays, kept");
+        }
         let n = HOOKED.load(Ordering::SeqCst);
         for (&x, &want) in inputs.iter().zip(&expect) {
             // SAFETY: calling the patched function.
@@ -245,6 +269,53 @@ fn real_patches_call_hook_and_original_and_undo_exactly() {
             // SAFETY: the function as it was.
             assert_eq!(unsafe { call(x) }, want, "{what}({x}) after unpatch");
         }
+    }
+}
+
+/// Code that does what the kernel does while a uprobe is on a function's
+/// entry: runs the entry's first word (as the file has it) out of line,
+/// then goes on at the word after it.
+fn out_of_line(first: u32, back: usize) -> F {
+    let slot = memhook::trampoline::alloc_near(back, 100 << 20).expect("a slot");
+    // first; ldr x16, #8; br x16; .quad back
+    let code: Vec<u8> = [first, 0x5800_0050, 0xd61f_0200]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .chain((back as u64).to_le_bytes())
+        .collect();
+    memhook::trampoline::write(slot, &code).unwrap();
+    // SAFETY: the code just written (and flushed), a function of type F.
+    unsafe { std::mem::transmute::<usize, F>(slot) }
+}
+
+/// A first word that `keep_first` keeps (`paciasp`, the frame record's
+/// `stp`) stays at the entry and the patch follows it: a uprobe on the
+/// entry, which runs that word out of line and goes on after it, goes
+/// into the patch, and the hook runs with x30 and SP as the caller left
+/// them (an `autiasp` or `add sp` on the way undoes the word).
+#[test]
+fn uprobe_on_a_kept_entry_keeps_the_hook() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (f, add) in [(mh_r_pac as F, 2), (mh_r_frame as F, 3)] {
+        let at = f as *const () as usize;
+        let first = words(at, 1)[0];
+        // SAFETY: `hook` has the function's signature and calls the
+        // original through ORIG.
+        let h = unsafe { Hook::patch_with(at, hook as *const () as usize, &ORIG) }.unwrap();
+        assert_eq!(h.replaced().0, at + 4, "the patch follows the kept word");
+        assert_eq!(words(at, 1)[0], first, "the entry's first word is the file's");
+        let probed = out_of_line(first, at + 4);
+        let n = HOOKED.load(Ordering::SeqCst);
+        for x in [0, 7] {
+            // SAFETY: the patched function, and its entry run as a uprobe
+            // runs it.
+            unsafe {
+                assert_eq!(f(x), x + add + 1000, "{first:#010x}: hooked");
+                assert_eq!(probed(x), x + add + 1000, "{first:#010x}: hooked under a uprobe");
+            }
+        }
+        assert_eq!(HOOKED.load(Ordering::SeqCst) - n, 4);
+        h.unpatch().unwrap_or_else(|(_, e)| panic!("{e}"));
     }
 }
 

@@ -29,10 +29,30 @@ pub fn fuzz_relocate_aarch64(data: &[u8]) {
         2 => ENTRY + (1 << 32), // nothing in reach
         _ => ENTRY.wrapping_sub(0x10_0000),
     };
-    let Ok(r) = Aarch64::relocate(code, ENTRY, need, tramp) else {
-        return;
-    };
-    assert!(r.taken >= need && r.taken % 4 == 0 && r.code.len() % 4 == 0);
+    if let Ok(r) = Aarch64::relocate(code, ENTRY, need, tramp) {
+        assert_eq!(r.skip, Aarch64::entry_skip(code), "past the landing pad alone");
+        check(code, need, tramp, &r, 0);
+    }
+    // The first instruction kept ahead of the patch, where it can be: the
+    // trampoline runs it first, after its landing pad.
+    if let Some((keep, _)) = Aarch64::keep_first(code)
+        && let Ok(r) = Aarch64::relocate_keeping(code, ENTRY, keep, need, tramp)
+    {
+        let pad = Aarch64::entry_skip(code);
+        assert_eq!(r.skip, keep);
+        assert_eq!(
+            words(&r.code)[1..1 + (keep - pad) / 4],
+            words(&code[pad..keep])[..],
+            "the kept word runs first"
+        );
+        check(code, need, tramp, &r, (keep - pad) / 4);
+    }
+}
+
+/// The checks of one relocation `r` of `code`, whose trampoline runs
+/// `kept` words kept at the entry before the moved ones.
+fn check(code: &[u8], need: usize, tramp: usize, r: &memhook_core::patch::Relocation, kept: usize) {
+    assert!(r.taken >= need && r.taken.is_multiple_of(4) && r.code.len().is_multiple_of(4));
     let out = words(&r.code);
     assert_eq!(out[0], BTI_C, "trampolines start with bti c");
     let orig = words(&code[r.skip..r.skip + r.taken]);
@@ -67,7 +87,9 @@ pub fn fuzz_relocate_aarch64(data: &[u8]) {
     let mut last = 0;
     for (i, (&(from, to), &w)) in r.starts.iter().zip(&orig).enumerate() {
         assert_eq!(usize::from(from), 4 * i);
-        assert!(to >= 4 && to % 4 == 0 && (i == 0 || to > last) && usize::from(to) < r.code.len());
+        assert!(
+            usize::from(to) >= 4 * (1 + kept) && to % 4 == 0 && (i == 0 || to > last) && usize::from(to) < r.code.len()
+        );
         last = to;
         if pc_relative_target(w, ENTRY + r.skip + 4 * i).is_none() {
             assert_eq!(out[usize::from(to) / 4], w, "word {i} resumes at its copy");
