@@ -12,14 +12,9 @@ if [ "$(uname -m)" != x86_64 ]; then
     echo "SKIPPED: the fake driver's entries here are x86_64's"
     exit 0
 fi
-command -v cc >/dev/null || { apt-get update -qq && apt-get install -y -qq gcc; }
 command -v gdb >/dev/null || { apt-get update -qq && apt-get install -y -qq gdb; }
-cargo build -p memhook-ffi
 out=target/under-gdb
-mkdir -p "$out"
-cc -shared -fPIC -O2 -Wall -Werror -Wl,-soname,libcuda.so.1 -o "$out/libcuda.so.1" tests/cuda/fakecuda.c -lpthread
-cc -O2 -Wall -Werror -I include tests/c/under_gdb.c "$out/libcuda.so.1" -L target/debug -lmemhook \
-    -Wl,-rpath,"$PWD/target/debug" -Wl,-rpath,"$PWD/$out" -o "$out/under-gdb"
+bash scripts/with-fake-driver.sh tests/c/under_gdb.c "$out"
 # Unhooked by any debugger first: every bistro patch takes.
 "$out/under-gdb" | tee "$out/plain.log"
 if grep -q '^refused:' "$out/plain.log"; then

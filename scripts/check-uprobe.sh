@@ -12,11 +12,6 @@ if [ "$(uname -m)" != x86_64 ]; then
     echo "SKIPPED: the fake driver's entries here are x86_64's"
     exit 0
 fi
-command -v cc >/dev/null || { apt-get update -qq && apt-get install -y -qq gcc; }
-cargo build -p memhook-ffi
 out=target/under-uprobe
-mkdir -p "$out"
-cc -shared -fPIC -O2 -Wall -Werror -Wl,-soname,libcuda.so.1 -o "$out/libcuda.so.1" tests/cuda/fakecuda.c -lpthread
-cc -O2 -Wall -Werror -I include tests/c/under_uprobe.c "$out/libcuda.so.1" -L target/debug -lmemhook \
-    -Wl,-rpath,"$PWD/target/debug" -Wl,-rpath,"$PWD/$out" -o "$out/under-uprobe"
+bash scripts/with-fake-driver.sh tests/c/under_uprobe.c "$out"
 bash tests/c/under_uprobe.sh "$out/under-uprobe"

@@ -32,7 +32,7 @@
 //!   used by the taken instructions when a rewrite needs them.
 #![no_std]
 
-use memhook_core::patch::{Arch, PatchBytes, RelocError, Relocation, TrampolineBytes};
+use memhook_core::patch::{Arch, PatchBytes, RelocError, Relocation, TrampolineBytes, keeping};
 
 /// `R_AARCH64_GLOB_DAT`.
 pub const R_AARCH64_GLOB_DAT: u32 = 1025;
@@ -582,13 +582,9 @@ impl Arch for Aarch64 {
         need: usize,
         trampoline: usize,
     ) -> Result<Relocation, RelocError> {
-        match Self::keep_first(code) {
-            Some((len, _)) if len == keep => Self::relocate_impl(code, entry, Some(keep), need, trampoline),
-            _ => Err(RelocError::Unsupported {
-                address: entry,
-                what: "an instruction kept ahead of the patch",
-            }),
-        }
+        keeping::<Self>(code, entry, keep, || {
+            Self::relocate_impl(code, entry, Some(keep), need, trampoline)
+        })
     }
 }
 

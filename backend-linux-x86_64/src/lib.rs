@@ -40,7 +40,7 @@
 #![no_std]
 
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
-use memhook_core::patch::{Arch, PatchBytes, RelocError, Relocation, TrampolineBytes};
+use memhook_core::patch::{Arch, PatchBytes, RelocError, Relocation, TrampolineBytes, keeping};
 
 /// The x86_64 code generator.
 #[derive(Clone, Copy, Debug, Default)]
@@ -516,13 +516,9 @@ impl Arch for X86_64 {
         need: usize,
         trampoline: usize,
     ) -> Result<Relocation, RelocError> {
-        match Self::keep_first(code) {
-            Some((len, _)) if len == keep => Self::relocate_impl(code, entry, Some(keep), need, trampoline),
-            _ => Err(RelocError::Unsupported {
-                address: entry,
-                what: "an instruction kept ahead of the patch",
-            }),
-        }
+        keeping::<Self>(code, entry, keep, || {
+            Self::relocate_impl(code, entry, Some(keep), need, trampoline)
+        })
     }
 
     fn relocate_empty(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {

@@ -283,10 +283,7 @@ pub trait Arch {
         trampoline: usize,
     ) -> Result<Relocation, RelocError> {
         let _ = (code, keep, need, trampoline);
-        Err(RelocError::Unsupported {
-            address: entry,
-            what: "an instruction kept ahead of the patch",
-        })
+        Err(not_kept(entry))
     }
 
     /// [`Arch::relocate`] for a function known to do nothing (glibc's
@@ -306,6 +303,33 @@ pub trait Arch {
     /// lies in (where the next function may start).
     fn relocate_empty(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
         Self::relocate(code, entry, need, trampoline)
+    }
+}
+
+/// The refusal of [`Arch::relocate_keeping`] where nothing can be kept.
+fn not_kept(entry: usize) -> RelocError {
+    RelocError::Unsupported {
+        address: entry,
+        what: "an instruction kept ahead of the patch",
+    }
+}
+
+/// [`Arch::relocate_keeping`] as the backends make it: `relocate` (their
+/// relocator, the patch after `keep` bytes) where `keep` is the length
+/// [`Arch::keep_first`] gives for `code`, else refused.
+///
+/// # Errors
+///
+/// `relocate`'s, or [`RelocError::Unsupported`] for another `keep`.
+pub fn keeping<A: Arch + ?Sized>(
+    code: &[u8],
+    entry: usize,
+    keep: usize,
+    relocate: impl FnOnce() -> Result<Relocation, RelocError>,
+) -> Result<Relocation, RelocError> {
+    match A::keep_first(code) {
+        Some((len, _)) if len == keep => relocate(),
+        _ => Err(not_kept(entry)),
     }
 }
 

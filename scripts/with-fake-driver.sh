@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds a C program against libmemhook.so (the debug build) and the fake
+# CUDA driver of tests/cuda/fakecuda.c (driver 580's entry bytes, x86_64
+# code), for the checks that run one under a tool (check-debugger.sh,
+# check-uprobe.sh): OUTDIR gets libcuda.so.1 and the program, named
+# after SOURCE with '_' as '-'. Installs gcc where missing.
+#   scripts/with-fake-driver.sh SOURCE OUTDIR
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src=$1
+out=$2
+command -v cc >/dev/null || { apt-get update -qq && apt-get install -y -qq gcc; }
+cargo build -p memhook-ffi
+mkdir -p "$out"
+prog=$(basename "$src" .c)
+cc -shared -fPIC -O2 -Wall -Werror -Wl,-soname,libcuda.so.1 -o "$out/libcuda.so.1" tests/cuda/fakecuda.c -lpthread
+cc -O2 -Wall -Werror -I include "$src" "$out/libcuda.so.1" -L target/debug -lmemhook \
+    -Wl,-rpath,"$PWD/target/debug" -Wl,-rpath,"$PWD/$out" -o "$out/${prog//_/-}"
