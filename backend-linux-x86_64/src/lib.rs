@@ -10,10 +10,11 @@
 //!   trampolines start with `endbr64`, so indirect calls into them are legal
 //!   under CET;
 //! - without one, a first instruction that can run before the hook (`push
-//!   r64`, `sub rsp, imm`, a `mov` or `xor` into `rax`, `r10` or `r11`) may
-//!   stay in place too ([`Arch::keep_first`], [`Arch::relocate_keeping`]):
-//!   the entry's first bytes are then the library file's, which a uprobe
-//!   runs out of line and its removal writes back;
+//!   r64`, `sub rsp, imm`, a `mov` or `xor` into `rax`, `r10` or `r11`, a
+//!   `cmp` of a RIP-relative global) may stay in place too
+//!   ([`Arch::keep_first`], [`Arch::relocate_keeping`]): the entry's first
+//!   bytes are then the library file's, which a uprobe runs out of line
+//!   and its removal writes back;
 //! - relocation on iced-x86's allocation-free decoder: position-independent
 //!   instructions are copied as they are; RIP-relative displacements are
 //!   patched in place (`cmp dword [rip+d], imm` included, which every libcuda
@@ -249,8 +250,15 @@ impl X86_64 {
         };
         out.put(&ENDBR64)?;
         if keep.is_some() {
-            // Position-independent (keep_first takes no memory operand).
-            out.put(&code[..skip])?;
+            // As it is, or (a RIP-relative `cmp`) reading the same address.
+            let mut first = Decoder::with_ip(64, code, entry as u64, DecoderOptions::NONE);
+            let instr = first.decode();
+            if instr.is_ip_rel_memory_operand() {
+                let at = first.get_constant_offsets(&instr).displacement_offset();
+                out.copy_rip_relative(&code[..skip], at, instr.ip_rel_memory_address() as usize, entry)?;
+            } else {
+                out.put(&code[..skip])?;
+            }
         }
 
         let mut decoder = Decoder::with_ip(64, body, start as u64, DecoderOptions::NONE);
@@ -449,31 +457,46 @@ impl Arch for X86_64 {
 
     /// `push r64` (undone by `lea rsp, [rsp+8]`: every libcuda and
     /// libcudart entry of driver 580 and CUDA 13 begins `push rbp`),
-    /// `sub rsp, imm` (`lea rsp, [rsp+imm]`), and a `mov` or `xor` that
+    /// `sub rsp, imm` (`lea rsp, [rsp+imm]`), a `mov` or `xor` that
     /// writes only `rax`, `r10` or `r11` from registers or an immediate
     /// (nothing to undo: no argument is passed in them; a variadic
     /// function's `al` is read by its own prologue, which the trampoline
-    /// runs after the kept instruction again). The system-call wrappers
-    /// of a glibc built without CET begin so (`mov eax, 11` is `munmap`).
-    /// `lea` leaves the flags alone; no function's caller leaves anything
-    /// in them for it.
+    /// runs after the kept instruction again), and a `cmp` of a
+    /// RIP-relative global with a constant (a read that changes only the
+    /// flags: the trampoline's copy reads the same address). The
+    /// system-call wrappers of a glibc built without CET begin so (`mov
+    /// eax, 11` is `munmap`, `cmp byte [rip+d], 0` `fallocate`). `lea`
+    /// leaves the flags alone; no function's caller leaves anything in
+    /// them for it.
     fn keep_first(code: &[u8]) -> Option<(usize, PatchBytes)> {
         if Self::entry_skip(code) != 0 {
             return None;
         }
         let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
         let instr = decoder.decode();
+        // A read of the library's own global, compared with a constant:
+        // glibc's cancellation check (`cmp byte [rip+d], 0`).
+        let reads_global = instr.is_ip_rel_memory_operand()
+            && matches!(
+                instr.code(),
+                Code::Cmp_rm8_imm8
+                    | Code::Cmp_rm32_imm8
+                    | Code::Cmp_rm32_imm32
+                    | Code::Cmp_rm64_imm8
+                    | Code::Cmp_rm64_imm32
+            );
         if instr.is_invalid()
             || !(0..instr.op_count()).all(|i| {
                 matches!(
                     instr.op_kind(i),
                     OpKind::Register
                         | OpKind::Immediate8
+                        | OpKind::Immediate8to32
                         | OpKind::Immediate32
                         | OpKind::Immediate64
                         | OpKind::Immediate8to64
                         | OpKind::Immediate32to64
-                )
+                ) || (reads_global && instr.op_kind(i) == OpKind::Memory)
             })
         {
             return None;
@@ -504,6 +527,7 @@ impl Arch for X86_64 {
                     instr.op0_register().full_register(),
                     Register::RAX | Register::R10 | Register::R11
                 ) => {}
+            _ if reads_global => {}
             _ => return None,
         }
         Some((instr.len(), undo))

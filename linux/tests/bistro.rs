@@ -33,9 +33,9 @@ struct Prologues {
     steps_counter: &'static AtomicU64,
     /// `mh_t_sys(a0, a1, a2, nr)`: a system call under the patch.
     sys: Sys,
-    /// `mh_t_frame`, `mh_t_alloca`, `mh_t_getpid`: first instructions
-    /// kept ahead of the patch.
-    kept: [unsafe extern "C" fn(i32) -> i32; 3],
+    /// `mh_t_frame`, `mh_t_alloca`, `mh_t_getpid`, `mh_t_single`: first
+    /// instructions kept ahead of the patch.
+    kept: [unsafe extern "C" fn(i32) -> i32; 4],
 }
 
 type Sys = unsafe extern "C" fn(usize, usize, usize, usize) -> isize;
@@ -83,7 +83,12 @@ fn lib() -> &'static Prologues {
             steps_counter: unsafe { &*(sym(c"mh_t_steps_counter") as *const AtomicU64) },
             // SAFETY: as above.
             sys: unsafe { std::mem::transmute::<usize, Sys>(sym(c"mh_t_sys")) },
-            kept: [f1(c"mh_t_frame"), f1(c"mh_t_alloca"), f1(c"mh_t_getpid")],
+            kept: [
+                f1(c"mh_t_frame"),
+                f1(c"mh_t_alloca"),
+                f1(c"mh_t_getpid"),
+                f1(c"mh_t_single"),
+            ],
         }
     })
 }
@@ -160,26 +165,22 @@ hook!(hook_kept, ORIG_KEPT, CALLS_KEPT);
 
 /// Code that does what the kernel does while a uprobe is on a function's
 /// entry: runs the library's first instruction (`first`, as the file has
-/// it) out of line, then jumps back to the instruction after it.
+/// it, at `back - first.len()`) out of line, then jumps back to the
+/// instruction after it. A `cmp byte [rip+d], imm8` is re-aimed at the
+/// same address, as the kernel re-aims a RIP-relative operand.
 fn out_of_line(first: &[u8], back: usize) -> Fn1 {
-    // SAFETY: a fresh private page; written, then made executable.
-    unsafe {
-        let page = libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(page, libc::MAP_FAILED);
-        let mut code = first.to_vec();
-        code.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0]); // jmp [rip+0]
-        code.extend_from_slice(&(back as u64).to_le_bytes());
-        std::ptr::copy_nonoverlapping(code.as_ptr(), page.cast::<u8>(), code.len());
-        assert_eq!(libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_EXEC), 0);
-        std::mem::transmute::<*mut libc::c_void, Fn1>(page)
+    let slot = memhook::trampoline::alloc_near(back, 1 << 30).expect("a slot near the function");
+    let mut code = first.to_vec();
+    if let [0x80, 0x3d, d @ .., _] = first {
+        let read = back as i64 + i64::from(i32::from_le_bytes(d.try_into().unwrap()));
+        let d = i32::try_from(read - (slot + first.len()) as i64).expect("within 2 GiB");
+        code[2..6].copy_from_slice(&d.to_le_bytes());
     }
+    code.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0]); // jmp [rip+0]
+    code.extend_from_slice(&(back as u64).to_le_bytes());
+    memhook::trampoline::write(slot, &code).unwrap();
+    // SAFETY: the code just written, a function of type Fn1.
+    unsafe { std::mem::transmute::<usize, Fn1>(slot) }
 }
 
 /// Where a function's first instruction can run before the hook (`push
@@ -198,8 +199,9 @@ fn out_of_line(first: &[u8], back: usize) -> Fn1 {
 fn uprobe_on_a_kept_entry_keeps_the_hook() {
     // SAFETY: getpid cannot fail.
     let pid = unsafe { libc::getpid() };
-    // What each returns of its argument: a + 7, a + 9, getpid() + a.
-    for (f, add) in lib().kept.into_iter().zip([7, 9, pid]) {
+    // What each returns of its argument: a + 7, a + 9, getpid() + a,
+    // a + 11.
+    for (f, add) in lib().kept.into_iter().zip([7, 9, pid, 11]) {
         let want = |a: i32| a + add;
         let entry = f as usize;
         let before = entry_bytes(entry);

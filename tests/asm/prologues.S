@@ -133,7 +133,8 @@ mh_t_sys:
  * entry leaves the hook whole), each as a real library has it: libcuda's
  * `push rbp` (the patch's way to the hook undoes it), a stack allocation
  * (Debian glibc's mremap: `sub rsp, 0x58`), and a system-call wrapper's
- * `mov eax, n` (Debian glibc's munmap; here getpid, plus the argument). */
+ * `mov eax, n` (Debian glibc's munmap; here getpid, plus the argument);
+ * mh_t_single below, a read of a global. */
         .globl mh_t_frame
         .type mh_t_frame, @function
         .p2align 4
@@ -169,7 +170,25 @@ mh_t_getpid:
         ret
         int3
 
+/* A read of a global first, as glibc's cancellation check (Debian 12's
+ * fallocate: `cmp byte [rip+d], 0`), kept with its address re-aimed in
+ * the trampoline (the byte is 42: a copy that read elsewhere would not
+ * find it). */
+        .globl mh_t_single
+        .type mh_t_single, @function
+        .p2align 4
+mh_t_single:
+        cmp byte ptr [rip + single_local], 42
+        jne 5f
+        lea eax, [rdi + 11]
+        ret
+5:      mov eax, -1
+        ret
+        int3
+
         .data
+single_local:
+        .byte 42
         .p2align 3
         .globl mh_t_counter2, mh_t_counter3, mh_t_counter4
 mh_t_counter2:

@@ -72,15 +72,16 @@ fn every_fixture_relocates_to_a_near_trampoline_with_both_entry_forms() {
 /// Every CUDA fixture entry keeps its first instruction ahead of the
 /// patch, so a uprobe on it leaves the hook whole (libcuda's and
 /// libcudart's `push rbp`), and so does every host function memhook
-/// hooks in Debian 12's glibc (no CET) but the two that begin with a read
-/// of a global (`fallocate`, `creat`: `cmp byte [rip+d], 0`): its
-/// system-call wrappers (`mov eax, 11` of `munmap`, `mov r10d, ecx` of
-/// `mmap`, `mov rax, rdi` of `syscall`) and frames (`sub rsp, 0x58` of
-/// `mremap`, `push r12` of `sbrk`). With `endbr64` first (a CET build),
-/// that stays and nothing more is kept.
+/// hooks in Debian 12's glibc (no CET): its system-call wrappers (`mov
+/// eax, 11` of `munmap`, `mov r10d, ecx` of `mmap`, `mov rax, rdi` of
+/// `syscall`, `cmp byte [rip+d], 0` of `fallocate` and `creat`) and
+/// frames (`sub rsp, 0x58` of `mremap`, `push r12` of `sbrk`). With
+/// `endbr64` first (a CET build), that stays and nothing more is kept.
 #[test]
 fn every_fixture_without_endbr64_keeps_its_first_instruction() {
-    const DEBIAN_KEPT: [&str; 18] = [
+    const DEBIAN_KEPT: [&str; 20] = [
+        "fallocate",
+        "creat",
         "mmap",
         "mmap64",
         "munmap",
@@ -136,7 +137,7 @@ fn keep_first_takes_what_can_run_before_the_hook() {
     let lea8 = [0x48, 0x8d, 0x64, 0x24, 8]; // lea rsp, [rsp+8]
     // (code, what keep_first answers: the kept length and the undo)
     type Case<'a> = (&'a [u8], Option<(usize, &'a [u8])>);
-    let cases: [Case<'_>; 20] = [
+    let cases: [Case<'_>; 24] = [
         (&[0x55, 0x48, 0x89, 0xe5], Some((1, &lea8))), // push rbp
         (&[0x41, 0x54, 0x90], Some((2, &lea8))),       // push r12
         (
@@ -157,6 +158,10 @@ fn keep_first_takes_what_can_run_before_the_hook() {
         (&[0xbf, 5, 0, 0, 0], None),                   // mov edi, 5: an argument
         (&[0x48, 0x83, 0xef, 0x08], None),             // sub rdi, 8
         (&[0x48, 0x29, 0xc4], None),                   // sub rsp, rax
+        (&[0x80, 0x3d, 0, 1, 0, 0, 0], Some((7, &[]))), // cmp byte [rip+0x100], 0
+        (&[0x83, 0x3d, 0, 1, 0, 0, 7], Some((7, &[]))), // cmp dword [rip+0x100], 7
+        (&[0x80, 0x38, 0], None),                      // cmp byte [rax], 0
+        (&[0x80, 0x05, 0, 1, 0, 0, 1], None),          // add byte [rip+0x100], 1
         (&[0x8b, 0x05, 0, 0, 0, 0], None),             // mov eax, [rip]
         (&[0x48, 0x8b, 0x04, 0x24], None),             // mov rax, [rsp]
         (&[0xff, 0x35, 0, 0, 0, 0], None),             // push qword [rip]
@@ -502,12 +507,19 @@ proptest! {
     /// into the patch; nothing panics.
     #[test]
     fn arbitrary_code_after_a_kept_instruction_relocates_or_refuses(
-        first in 0usize..5,
+        first in 0usize..6,
         rest in proptest::collection::vec(any::<u8>(), 0..56),
         entry in 0u32..u32::MAX,
         delta in -0x7000_0000i64..0x7000_0000,
     ) {
-        let heads: [&[u8]; 5] = [&[0x55], &[0x41, 0x54], &[0x48, 0x83, 0xec, 0x58], &[0xb8, 0x0b, 0, 0, 0], &[0x41, 0x89, 0xca]];
+        let heads: [&[u8]; 6] = [
+            &[0x55],
+            &[0x41, 0x54],
+            &[0x48, 0x83, 0xec, 0x58],
+            &[0xb8, 0x0b, 0, 0, 0],
+            &[0x41, 0x89, 0xca],
+            &[0x80, 0x3d, 0x21, 0xe8, 0x0d, 0, 0],
+        ];
         let mut code = heads[first].to_vec();
         code.extend_from_slice(&rest);
         let entry = 0x7f00_0000_0000usize + ((entry as usize) << 4);
