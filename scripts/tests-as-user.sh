@@ -46,7 +46,8 @@ while read -r exe manifest; do
         echo "ok   $name: $(grep '^test result' "$home/$name.log" | tail -1)"
     else
         echo "FAIL $name (as $user):"
-        grep -E '^test .*FAILED|panicked|^failures:' "$home/$name.log" | head -20 || tail -20 "$home/$name.log"
+        # Each panic with the lines of its message after it.
+        grep -E -A4 '^test .*FAILED|panicked|^failures:' "$home/$name.log" | head -40 || tail -20 "$home/$name.log"
         failed=1
     fi
 done < target/tests-as-user.list
