@@ -278,32 +278,49 @@ fn take_back_kept(state: &mut State) {
     let found = loaded_libs();
     for lib in [Lib::Driver, Lib::Runtime] {
         let f = found[lib.index()].as_ref();
-        // SAFETY: a NUL-terminated copy of the object's path; RTLD_NOLOAD
-        // only finds an object already loaded, and the reference taken
-        // keeps it loaded while its entries are read.
-        let handle = f.map_or(core::ptr::null_mut(), |f| unsafe {
-            libc::dlopen(f.name.as_ptr().cast(), libc::RTLD_LAZY | libc::RTLD_NOLOAD)
-        });
+        let held = f.and_then(Found::hold);
         state.bistro.retain(|(id, h)| {
             if id.lib() != lib {
                 return true;
             }
-            let patch = memhook_core::patch::MAX_PATCH;
-            let inside = f.is_some_and(|f| {
-                f.segments
-                    .iter()
-                    .any(|&(s, e)| s <= h.target() && h.target() + patch <= e)
-            });
             // SAFETY: the entry lies in a loaded segment of the library,
-            // which the handle keeps loaded.
-            let keep = !handle.is_null() && inside && !unsafe { h.undone() };
+            // which `held` keeps loaded.
+            let keep = held.is_some() && f.is_some_and(|f| f.holds_patch(h.target())) && !unsafe { h.undone() };
             KEPT[*id as usize].store(keep, Ordering::Release);
             keep
         });
-        if !handle.is_null() {
-            // SAFETY: the reference taken above.
-            unsafe { libc::dlclose(handle) };
-        }
+    }
+}
+
+/// A reference to a hooked library ([`Found::hold`]), given back when
+/// dropped.
+#[cfg(feature = "bistro")]
+struct Held(*mut core::ffi::c_void);
+
+#[cfg(feature = "bistro")]
+impl Drop for Held {
+    fn drop(&mut self) {
+        // SAFETY: the reference `Found::hold` took.
+        unsafe { libc::dlclose(self.0) };
+    }
+}
+
+#[cfg(feature = "bistro")]
+impl Found {
+    /// A reference to the library, which keeps it loaded while its
+    /// entries are read: `None` where it is loaded no more.
+    fn hold(&self) -> Option<Held> {
+        // SAFETY: a NUL-terminated copy of the object's path; RTLD_NOLOAD
+        // only finds an object already loaded.
+        let handle = unsafe { libc::dlopen(self.name.as_ptr().cast(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        (!handle.is_null()).then_some(Held(handle))
+    }
+
+    /// Whether a patch at `target` (of any form) lies inside the library's
+    /// loaded segments: not one made in a library unloaded since.
+    fn holds_patch(&self, target: usize) -> bool {
+        let patch = memhook_core::patch::MAX_PATCH;
+        self.segments.iter().any(|&(s, e)| s <= target && target + patch <= e)
     }
 }
 
@@ -312,8 +329,10 @@ fn take_back_kept(state: &mut State) {
 pub(crate) fn status() -> heapless::Vec<FunctionStatus, STATUS> {
     let state = STATE.lock();
     let mut all = state.status.clone();
+    // The libraries loaded now, looked for once, where an entry asks.
+    let mut found = None;
     for s in &mut all {
-        as_now(&state, s);
+        as_now(&state, s, &mut found);
     }
     all
 }
@@ -323,7 +342,7 @@ pub(crate) fn status_at(index: usize) -> (Option<FunctionStatus>, usize) {
     let state = STATE.lock();
     let mut s = state.status.get(index).cloned();
     if let Some(s) = &mut s {
-        as_now(&state, s);
+        as_now(&state, s, &mut None);
     }
     (s, state.status.len())
 }
@@ -334,9 +353,10 @@ pub(crate) fn status_at(index: usize) -> (Option<FunctionStatus>, usize) {
 /// debugger's breakpoint put on the instruction the patch starts at, or
 /// what a uprobe's removal put back there) is not installed, and the
 /// reason says what is there. The entry is read only inside its library's
-/// loaded segments, with a reference to the library taken: one unloaded
-/// since (its sync not run yet) is not read.
-fn as_now(state: &State, s: &mut FunctionStatus) {
+/// loaded segments, with a reference to the library held: one unloaded
+/// since (its sync not run yet) is not read. `found`: the libraries
+/// loaded now, looked for here where not yet.
+fn as_now(state: &State, s: &mut FunctionStatus, found: &mut Option<[Option<Found>; 2]>) {
     #[cfg(feature = "bistro")]
     if s.installed && s.mode == HookMode::Bistro {
         let Some((id, h)) = state
@@ -346,33 +366,23 @@ fn as_now(state: &State, s: &mut FunctionStatus) {
         else {
             return;
         };
-        let found = loaded_libs();
-        let Some(f) = found[id.lib().index()].as_ref() else {
+        let Some(f) = found.get_or_insert_with(loaded_libs)[id.lib().index()].as_ref() else {
             return;
         };
-        // SAFETY: a NUL-terminated copy of the object's path; RTLD_NOLOAD
-        // only finds an object already loaded, and the reference taken
-        // keeps it loaded while its entry is read.
-        let handle = unsafe { libc::dlopen(f.name.as_ptr().cast(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
-        if handle.is_null() {
+        let Some(_held) = f.hold() else {
+            return;
+        };
+        if !f.holds_patch(h.target()) {
             return;
         }
-        let patch = memhook_core::patch::MAX_PATCH;
-        let inside = f
-            .segments
-            .iter()
-            .any(|&(start, end)| start <= h.target() && h.target() + patch <= end);
         // SAFETY: the entry lies in a loaded segment of the library, which
-        // the handle keeps loaded.
-        let now = if inside { unsafe { h.head_replaced() } } else { None };
-        // SAFETY: the reference taken above.
-        unsafe { libc::dlclose(handle) };
-        if let Some(now) = now {
+        // `_held` keeps loaded.
+        if let Some(now) = unsafe { h.head_replaced() } {
             crate::install::head_replaced(s, h.replaced().0, &now);
         }
     }
     #[cfg(not(feature = "bistro"))]
-    let _ = (state, s);
+    let _ = (state, s, found);
 }
 
 /// Called by reloc after every `dlopen` and `dlclose`: hooks libraries
