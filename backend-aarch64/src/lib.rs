@@ -390,11 +390,8 @@ impl Aarch64 {
         out.word(BTI_C)?;
         if keep.is_some() {
             // Position-independent (keep_first takes no PC-relative word).
-            for at in (pad..skip).step_by(4) {
-                out.word(Self::word(code, at).ok_or(RelocError::NotEnoughBytes {
-                    available: code.len(),
-                    needed: skip,
-                })?)?;
+            for w in code[pad..skip].chunks_exact(4) {
+                out.word(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))?;
             }
         }
         let mut scratch = false;

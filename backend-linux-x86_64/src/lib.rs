@@ -131,6 +131,24 @@ impl Emitter {
         self.code[at + disp_at..at + disp_at + 4].copy_from_slice(&d.to_le_bytes());
         Ok(())
     }
+
+    /// Copies `bytes` (one instruction, `instr` as `decoder` decoded it),
+    /// a RIP-relative operand re-aimed at the address it had.
+    fn copy(&mut self, decoder: &Decoder<'_>, instr: &Instruction, bytes: &[u8]) -> Result<(), RelocError> {
+        if !instr.is_ip_rel_memory_operand() {
+            return self.put(bytes);
+        }
+        let ip = instr.ip() as usize;
+        let offsets = decoder.get_constant_offsets(instr);
+        if !offsets.has_displacement() || offsets.displacement_size() != 4 {
+            return Err(RelocError::Unsupported {
+                address: ip,
+                what: "RIP-relative operand",
+            });
+        }
+        let target = instr.ip_rel_memory_address() as usize;
+        self.copy_rip_relative(bytes, offsets.displacement_offset(), target, ip)
+    }
 }
 
 /// Condition nibble of a `jcc` (`ConditionCode` is 1-based in iced).
@@ -253,12 +271,7 @@ impl X86_64 {
             // As it is, or (a RIP-relative `cmp`) reading the same address.
             let mut first = Decoder::with_ip(64, code, entry as u64, DecoderOptions::NONE);
             let instr = first.decode();
-            if instr.is_ip_rel_memory_operand() {
-                let at = first.get_constant_offsets(&instr).displacement_offset();
-                out.copy_rip_relative(&code[..skip], at, instr.ip_rel_memory_address() as usize, entry)?;
-            } else {
-                out.put(&code[..skip])?;
-            }
+            out.copy(&first, &instr, &code[..skip])?;
         }
 
         let mut decoder = Decoder::with_ip(64, body, start as u64, DecoderOptions::NONE);
@@ -329,17 +342,7 @@ impl X86_64 {
                         what: "xbegin/xabort/xend",
                     });
                 }
-                _ if instr.is_ip_rel_memory_operand() => {
-                    let offsets = decoder.get_constant_offsets(&instr);
-                    if !offsets.has_displacement() || offsets.displacement_size() != 4 {
-                        return Err(RelocError::Unsupported {
-                            address: ip,
-                            what: "RIP-relative operand",
-                        });
-                    }
-                    let target = instr.ip_rel_memory_address() as usize;
-                    out.copy_rip_relative(bytes, offsets.displacement_offset(), target, ip)?;
-                }
+                _ if instr.is_ip_rel_memory_operand() => out.copy(&decoder, &instr, bytes)?,
                 _ if instr.is_call_far() || instr.is_jmp_far() => {
                     return Err(RelocError::Unsupported {
                         address: ip,

@@ -12,7 +12,7 @@ use goblin::elf::Elf;
 use goblin::elf::program_header::PT_LOAD;
 use goblin::elf::sym::{STB_GLOBAL, STB_WEAK, STT_FUNC, STT_GNU_IFUNC};
 use memhook_aarch64::Aarch64;
-use memhook_core::patch::{Arch, RelocError};
+use memhook_core::patch::{Arch, RelocError, relocate_near};
 use memhook_x86_64::X86_64;
 
 /// What scanning one library found.
@@ -162,9 +162,7 @@ fn scan_for<A: Arch>(path: &str, data: &[u8], elf: &Elf) -> Scan {
         let entry = BASE + vaddr as usize;
         let code = bytes_at(vaddr).unwrap_or(&[]);
         // As bistro patches: after a kept first instruction where it can.
-        let kept = A::keep_first(code)
-            .and_then(|(keep, _)| A::relocate_keeping(code, entry, keep, A::NEAR_JUMP_LEN, entry + (1 << 20)).ok());
-        match kept.map_or_else(|| A::relocate(code, entry, A::NEAR_JUMP_LEN, entry + (1 << 20)), Ok) {
+        match relocate_near::<A>(code, entry, entry + (1 << 20)) {
             Ok(r) => {
                 out.near += 1;
                 if r.skip > 0 {

@@ -333,6 +333,24 @@ pub fn keeping<A: Arch + ?Sized>(
     }
 }
 
+/// What a near patch of the function at `entry` takes, as bistro patches
+/// it: after the first instruction where [`Arch::keep_first`] keeps it and
+/// the code after it can be moved ([`Arch::relocate_keeping`]; the way to
+/// the hook then needs a slot near the entry, which a dry run assumes),
+/// else as [`Arch::relocate`].
+///
+/// # Errors
+///
+/// [`Arch::relocate`]'s.
+pub fn relocate_near<A: Arch + ?Sized>(code: &[u8], entry: usize, trampoline: usize) -> Result<Relocation, RelocError> {
+    if let Some((keep, _)) = A::keep_first(code)
+        && let Ok(r) = A::relocate_keeping(code, entry, keep, A::NEAR_JUMP_LEN, trampoline)
+    {
+        return Ok(r);
+    }
+    A::relocate(code, entry, A::NEAR_JUMP_LEN, trampoline)
+}
+
 /// Why writing code failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PatchError {

@@ -38,7 +38,7 @@ use core::fmt;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 use memhook_core::patch::{
-    Arch, PatchBytes, PatchError, RelocError, Relocation, RestorePoint, undo_patches, write_patches_into,
+    Arch, PatchBytes, PatchError, RelocError, Relocation, RestorePoint, relocate_near, undo_patches, write_patches_into,
 };
 
 use crate::code::{Exit, LinuxCode};
@@ -377,27 +377,18 @@ fn dry_plan(target: usize, far: bool, empty: bool) -> Result<Plan, BistroError> 
     let code = &bytes[..len];
     // A trampoline right next to the function stands for a near slot.
     let near = target + (1 << 20);
-    // The kept layout takes a near slot (kept_layout).
-    if !far
-        && !empty
-        && let Some((keep, _)) = NativeArch::keep_first(code)
-        && let Ok(r) = NativeArch::relocate_keeping(code, target, keep, NativeArch::NEAR_JUMP_LEN, near)
-    {
-        return Ok(Plan {
-            skip: r.skip,
-            kept: true,
-            taken: r.taken,
-        });
-    }
-    let need = if far {
-        NativeArch::FAR_JUMP_LEN
+    let r = if far {
+        relocate_as(code, target, NativeArch::FAR_JUMP_LEN, near, empty)?
+    } else if empty {
+        relocate_as(code, target, NativeArch::NEAR_JUMP_LEN, near, true)?
     } else {
-        NativeArch::NEAR_JUMP_LEN
+        // The kept layout where it can be (kept_layout).
+        relocate_near::<NativeArch>(code, target, near).map_err(|e| reloc_error(target, e, code))?
     };
-    let r = relocate_as(code, target, need, near, empty)?;
     Ok(Plan {
         skip: r.skip,
-        kept: false,
+        // Past a kept instruction, not the landing pad alone.
+        kept: r.skip != NativeArch::entry_skip(code),
         taken: r.taken,
     })
 }
@@ -611,7 +602,6 @@ impl Drop for SignalsBlocked {
 }
 
 /// Where a patch starts and the jump it writes there.
-#[derive(Clone)]
 struct Layout {
     /// Bytes left ahead of the patch.
     skip: usize,
@@ -679,18 +669,18 @@ fn plan(state: &mut State, target: usize, hook: usize) -> Result<Planned, Bistro
     // not (a RIP-relative operand out of the real trampoline's reach):
     // then the plain one, as before.
     if let Some(layout) = kept_layout(state, code, target, hook)
-        && let Ok(planned) = plan_as(state, code, target, prot, &layout)
+        && let Ok(planned) = plan_as(state, code, target, prot, layout)
     {
         return Ok(planned);
     }
     let layout = plain_layout(state, code, target, hook);
-    plan_as(state, code, target, prot, &layout)
+    plan_as(state, code, target, prot, layout)
 }
 
 /// [`plan`] for one layout.
-fn plan_as(state: &mut State, code: &[u8], target: usize, prot: i32, layout: &Layout) -> Result<Planned, BistroError> {
+fn plan_as(state: &mut State, code: &[u8], target: usize, prot: i32, layout: Layout) -> Result<Planned, BistroError> {
     let at = target + layout.skip;
-    let jump = layout.jump.clone();
+    let jump = &layout.jump;
     let relocate_for = |slot: usize| {
         if layout.kept {
             NativeArch::relocate_keeping(code, target, layout.skip, jump.len(), slot)
@@ -751,7 +741,7 @@ fn plan_as(state: &mut State, code: &[u8], target: usize, prot: i32, layout: &La
     }
     Ok(Planned {
         at,
-        jump,
+        jump: layout.jump,
         trampoline,
         taken: r.taken,
         prot,

@@ -140,10 +140,16 @@ pub fn assert_equivalent(code: &[u8], entry: usize, r: &Relocation, trampoline: 
 /// Relocates `code` and, on success, checks equivalence; returns the result.
 pub fn relocate_checked(code: &[u8], entry: usize, need: usize, trampoline: usize) -> Result<Relocation, RelocError> {
     let r = X86_64::relocate(code, entry, need, trampoline)?;
+    assert_relocated(code, entry, need, &r, trampoline);
+    Ok(r)
+}
+
+/// A relocation's bounds (the patch covered, within `code`), and
+/// [`assert_equivalent`].
+fn assert_relocated(code: &[u8], entry: usize, need: usize, r: &Relocation, trampoline: usize) {
     assert!(r.taken >= need, "took {} bytes for a {need}-byte patch", r.taken);
     assert!(r.skip + r.taken <= code.len());
-    assert_equivalent(code, entry, &r, trampoline);
-    Ok(r)
+    assert_equivalent(code, entry, r, trampoline);
 }
 
 /// [`Arch::relocate_keeping`] on `code` where [`Arch::keep_first`] keeps
@@ -164,9 +170,7 @@ pub fn relocate_keeping_checked(
         Err(e) => return Some(Err(e)),
     };
     assert_eq!(r.skip, keep);
-    assert!(r.taken >= need, "took {} bytes for a {need}-byte patch", r.taken);
-    assert!(r.skip + r.taken <= code.len());
-    assert_equivalent(code, entry, &r, trampoline);
+    assert_relocated(code, entry, need, &r, trampoline);
     let mut dec = Decoder::with_ip(64, &code[keep..], (entry + keep) as u64, DecoderOptions::NONE);
     while dec.can_decode() {
         let i = dec.decode();
