@@ -74,6 +74,17 @@
 #define MEMHOOK_ERR_NOT_FOUND -10
 
 /*
+ Called from a signal handler that interrupted memhook's own work on its
+ thread (an install or uninstall, a status, a patch, the hooking of a
+ library loaded late), which holds the lock the call needs until the
+ handler returns: nothing was done, where waiting would have waited for
+ good (`memhook_install`, `memhook_uninstall`, `memhook_set_event_handler`
+ where it would install, `memhook_status`, `memhook_namespace_status`,
+ `memhook_patch`, `memhook_unpatch`).
+ */
+#define MEMHOOK_ERR_BUSY -11
+
+/*
  Memory types (`memhook_mem_info_t::mem_type`).
  */
 #define MEMHOOK_MEM_TYPE_HOST 0
@@ -567,7 +578,9 @@ const char *memhook_last_error(void);
  that calls the original function; `*handle` identifies the patch for
  [`memhook_unpatch`]. A `hook` inside the bytes the patch would
  overwrite (`target` itself, by mistake) is refused with
- `MEMHOOK_ERR_INVALID`: every call would jump into the jump.
+ `MEMHOOK_ERR_INVALID`: every call would jump into the jump. From a
+ signal handler that interrupted memhook's own work on its thread (a
+ patch among it), `MEMHOOK_ERR_BUSY`.
 
  # Safety
 
@@ -580,7 +593,7 @@ int memhook_patch(void *target, void *hook, void **original, struct memhook_patc
 /*
  Undoes a patch, restoring the function's bytes exactly. Fails (and keeps
  the handle live) if another hooker patched over it since: undo that one
- first.
+ first. `MEMHOOK_ERR_BUSY` as for [`memhook_patch`].
 
  # Safety
 
@@ -592,7 +605,10 @@ int memhook_unpatch(struct memhook_patch_t *handle);
 /*
  Installs the hooks `config` names (`"cuda=bistro,reloc;mmap=bistro"`;
  NULL: from `MEMHOOK_MMAP_HOOK_MODE` and `MEMHOOK_CUDA_HOOK_MODE`).
- Installing the same configuration again does nothing.
+ Installing the same configuration again does nothing. From a signal
+ handler that interrupted memhook's own work on its thread (its install
+ or uninstall among them), it does nothing and fails with
+ `MEMHOOK_ERR_BUSY` rather than wait for itself.
 
  # Safety
 
@@ -601,7 +617,9 @@ int memhook_unpatch(struct memhook_patch_t *handle);
 int memhook_install(const char *config);
 
 /*
- Undoes every patch; handlers stay registered.
+ Undoes every patch; handlers stay registered. From a signal handler
+ that interrupted memhook's own work on its thread, it does nothing and
+ fails with `MEMHOOK_ERR_BUSY`.
  */
 int memhook_uninstall(void);
 
@@ -623,7 +641,10 @@ int memhook_uninstall(void);
  It may be called from a signal handler once memhook is installed (or
  with `MEMHOOK_EVENT_FLAG_NO_INSTALL`). Where the signal interrupted
  this thread's own change of the handlers, it fails
- (`MEMHOOK_ERR_HANDLER`) rather than wait for itself.
+ (`MEMHOOK_ERR_HANDLER`) rather than wait for itself; where nothing is
+ installed yet and the signal interrupted memhook's own work on this
+ thread (its first install among them), it installs nothing and fails
+ with `MEMHOOK_ERR_BUSY`.
  */
 int memhook_set_event_handler(uint32_t events, int priority, memhook_event_cb cb, void *arg);
 
@@ -709,7 +730,8 @@ void *memhook_original(const char *function);
 /*
  The `index`-th entry of what the installed hooks are: per function and
  mode, whether it took and why not. Iterate from 0 until
- `MEMHOOK_ERR_NOT_FOUND`.
+ `MEMHOOK_ERR_NOT_FOUND`. `MEMHOOK_ERR_BUSY` from a signal handler that
+ interrupted memhook's own work on its thread, which holds the state.
 
  # Safety
 
@@ -722,7 +744,8 @@ int memhook_status(size_t index, struct memhook_hook_status_t *status);
  hooked (in the order found; with the host hooks installed in bistro
  mode). Iterate from 0 until `MEMHOOK_ERR_NOT_FOUND`; none in a process
  that never called `dlmopen`. A namespace the loader freed (the program
- closed its last library in it) is not listed.
+ closed its last library in it) is not listed. `MEMHOOK_ERR_BUSY` as
+ for `memhook_status`.
 
  # Safety
 

@@ -314,7 +314,10 @@ fn handler(cb: memhook_event_cb, arg: *mut c_void) -> Option<HandlerFn> {
 
 /// Installs the hooks `config` names (`"cuda=bistro,reloc;mmap=bistro"`;
 /// NULL: from `MEMHOOK_MMAP_HOOK_MODE` and `MEMHOOK_CUDA_HOOK_MODE`).
-/// Installing the same configuration again does nothing.
+/// Installing the same configuration again does nothing. From a signal
+/// handler that interrupted memhook's own work on its thread (its install
+/// or uninstall among them), it does nothing and fails with
+/// `MEMHOOK_ERR_BUSY` rather than wait for itself.
 ///
 /// # Safety
 ///
@@ -332,21 +335,23 @@ pub unsafe extern "C" fn memhook_install(config: *const c_char) -> c_int {
             }
         };
         match parsed {
-            Ok(c) => {
-                memhook::install(&c);
-                MEMHOOK_OK
-            }
+            Ok(c) => match memhook::try_install(&c) {
+                Ok(()) => MEMHOOK_OK,
+                Err(e) => fail(MEMHOOK_ERR_BUSY, format_args!("memhook_install: {e}")),
+            },
             Err(e) => fail(MEMHOOK_ERR_CONFIG, format_args!("{e}")),
         }
     })
 }
 
-/// Undoes every patch; handlers stay registered.
+/// Undoes every patch; handlers stay registered. From a signal handler
+/// that interrupted memhook's own work on its thread, it does nothing and
+/// fails with `MEMHOOK_ERR_BUSY`.
 #[unsafe(no_mangle)]
 pub extern "C" fn memhook_uninstall() -> c_int {
-    guard(|| {
-        memhook::uninstall();
-        MEMHOOK_OK
+    guard(|| match memhook::try_uninstall() {
+        Ok(()) => MEMHOOK_OK,
+        Err(e) => fail(MEMHOOK_ERR_BUSY, format_args!("memhook_uninstall: {e}")),
     })
 }
 
@@ -367,7 +372,10 @@ pub extern "C" fn memhook_uninstall() -> c_int {
 /// It may be called from a signal handler once memhook is installed (or
 /// with `MEMHOOK_EVENT_FLAG_NO_INSTALL`). Where the signal interrupted
 /// this thread's own change of the handlers, it fails
-/// (`MEMHOOK_ERR_HANDLER`) rather than wait for itself.
+/// (`MEMHOOK_ERR_HANDLER`) rather than wait for itself; where nothing is
+/// installed yet and the signal interrupted memhook's own work on this
+/// thread (its first install among them), it installs nothing and fails
+/// with `MEMHOOK_ERR_BUSY`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn memhook_set_event_handler(
     events: u32,
@@ -391,7 +399,11 @@ pub unsafe extern "C" fn memhook_set_event_handler(
         // interrupted this thread's).
         if events & bits::NO_INSTALL == 0 && memhook::installed().is_none() {
             match Config::from_env() {
-                Ok(c) => memhook::install_unless_installed(&c),
+                Ok(c) => {
+                    if let Err(e) = memhook::install_unless_installed(&c) {
+                        return fail(MEMHOOK_ERR_BUSY, format_args!("memhook_set_event_handler: {e}"));
+                    }
+                }
                 Err(e) => return fail(MEMHOOK_ERR_CONFIG, format_args!("{e}")),
             }
         }

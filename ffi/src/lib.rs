@@ -105,6 +105,20 @@ pub const MEMHOOK_ERR_HANDLER: c_int = -9;
 /// No such entry (`memhook_status` or `memhook_namespace_status` past the
 /// last one).
 pub const MEMHOOK_ERR_NOT_FOUND: c_int = -10;
+/// Called from a signal handler that interrupted memhook's own work on its
+/// thread (an install or uninstall, a status, a patch, the hooking of a
+/// library loaded late), which holds the lock the call needs until the
+/// handler returns: nothing was done, where waiting would have waited for
+/// good (`memhook_install`, `memhook_uninstall`, `memhook_set_event_handler`
+/// where it would install, `memhook_status`, `memhook_namespace_status`,
+/// `memhook_patch`, `memhook_unpatch`).
+pub const MEMHOOK_ERR_BUSY: c_int = -11;
+
+/// [`MEMHOOK_ERR_BUSY`]'s failure of `call`, where memhook's own work on
+/// this thread was interrupted ([`memhook::inside_memhook`]).
+pub(crate) fn busy(call: &str) -> Option<c_int> {
+    memhook::inside_memhook().then(|| fail(MEMHOOK_ERR_BUSY, format_args!("{call}: {}", memhook::InsideMemhook)))
+}
 
 /// Memory types (`memhook_mem_info_t::mem_type`).
 pub const MEMHOOK_MEM_TYPE_HOST: u32 = 0;
@@ -385,6 +399,9 @@ mod patching {
                 format_args!("memhook_patch: target, hook, original and handle must not be NULL"),
             );
         }
+        if let Some(code) = crate::busy("memhook_patch") {
+            return code;
+        }
         let mut patches = PATCHES.lock();
         let Some(slot) = patches.iter().position(Option::is_none) else {
             return fail(
@@ -410,6 +427,9 @@ mod patching {
     }
 
     pub fn unpatch(handle: *mut memhook_patch_t) -> c_int {
+        if let Some(code) = crate::busy("memhook_unpatch") {
+            return code;
+        }
         let slot = (handle as usize).wrapping_sub(1);
         let mut patches = PATCHES.lock();
         let Some(h) = patches.get_mut(slot).and_then(Option::take) else {
@@ -433,7 +453,9 @@ mod patching {
 /// that calls the original function; `*handle` identifies the patch for
 /// [`memhook_unpatch`]. A `hook` inside the bytes the patch would
 /// overwrite (`target` itself, by mistake) is refused with
-/// `MEMHOOK_ERR_INVALID`: every call would jump into the jump.
+/// `MEMHOOK_ERR_INVALID`: every call would jump into the jump. From a
+/// signal handler that interrupted memhook's own work on its thread (a
+/// patch among it), `MEMHOOK_ERR_BUSY`.
 ///
 /// # Safety
 ///
@@ -463,7 +485,7 @@ pub unsafe extern "C" fn memhook_patch(
 
 /// Undoes a patch, restoring the function's bytes exactly. Fails (and keeps
 /// the handle live) if another hooker patched over it since: undo that one
-/// first.
+/// first. `MEMHOOK_ERR_BUSY` as for [`memhook_patch`].
 ///
 /// # Safety
 ///

@@ -55,7 +55,8 @@ fn to_c_status(s: &FunctionStatus) -> memhook_hook_status_t {
 
 /// The `index`-th entry of what the installed hooks are: per function and
 /// mode, whether it took and why not. Iterate from 0 until
-/// `MEMHOOK_ERR_NOT_FOUND`.
+/// `MEMHOOK_ERR_NOT_FOUND`. `MEMHOOK_ERR_BUSY` from a signal handler that
+/// interrupted memhook's own work on its thread, which holds the state.
 ///
 /// # Safety
 ///
@@ -66,6 +67,9 @@ pub unsafe extern "C" fn memhook_status(index: usize, status: *mut memhook_hook_
         return fail(MEMHOOK_ERR_INVALID, format_args!("memhook_status: status is NULL"));
     }
     guard(|| {
+        if let Some(code) = crate::busy("memhook_status") {
+            return code;
+        }
         let (s, n) = memhook::status_at(index);
         let Some(s) = s else {
             return fail(
@@ -99,7 +103,8 @@ pub struct memhook_namespace_status_t {
 /// hooked (in the order found; with the host hooks installed in bistro
 /// mode). Iterate from 0 until `MEMHOOK_ERR_NOT_FOUND`; none in a process
 /// that never called `dlmopen`. A namespace the loader freed (the program
-/// closed its last library in it) is not listed.
+/// closed its last library in it) is not listed. `MEMHOOK_ERR_BUSY` as
+/// for `memhook_status`.
 ///
 /// # Safety
 ///
@@ -113,6 +118,9 @@ pub unsafe extern "C" fn memhook_namespace_status(index: usize, status: *mut mem
         );
     }
     guard(|| {
+        if let Some(code) = crate::busy("memhook_namespace_status") {
+            return code;
+        }
         let all = memhook::namespaces();
         let Some(s) = all.get(index) else {
             return fail(

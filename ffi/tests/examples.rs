@@ -654,6 +654,31 @@ fn a_signal_handler_that_registers_never_waits_for_its_own_thread() {
     eprintln!("{}", String::from_utf8_lossy(&o.stdout).trim());
 }
 
+/// A signal handler that installs, or registers a handler (which installs
+/// where nothing is installed), interrupting its own thread's install or
+/// uninstall, is refused (`MEMHOOK_ERR_BUSY`, its message naming the
+/// signal handler) and the program goes on: 1,000 rounds of the main
+/// thread's install and uninstall under a 50 us timer whose handler calls
+/// `memhook_install` and `memhook_set_event_handler`
+/// (`install_in_signal.c`); after them the hooks report the main thread's
+/// `munmap`. Before, the signal handler spun on the install lock its own
+/// thread held, for good (stuck in the first round).
+#[test]
+fn a_signal_handler_that_installs_never_waits_for_its_own_thread() {
+    let out = out_dir().join("install_in_signal");
+    cc_with("install_in_signal.c", &out, true, &["-pthread"]);
+    let Some(o) = output_within(&mut memhook_tests::command(&out), std::time::Duration::from_secs(120)) else {
+        panic!("the program hung: a signal handler's install waited for its own thread");
+    };
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    eprintln!("{}", String::from_utf8_lossy(&o.stdout).trim());
+}
+
 /// `shmdt` in a process with no descriptor left under its limit (memhook
 /// cannot open `/proc/self/maps` to see what the detach unmaps) reports
 /// `VM_UNMAPPED` of the whole segment, in both host modes, from what the

@@ -462,8 +462,47 @@ pub struct Mutex<T> {
 
 /// A held [`Mutex`]: the lock is let go before the section ends.
 pub struct Guard<'a, T> {
+    // Dropped in this order: the lock, then the mark, then the section.
     guard: spin::MutexGuard<'a, T>,
+    _mark: Taking,
     _section: Section,
+}
+
+thread_local! {
+    /// How many of memhook's locks ([`Mutex`]) this thread holds or is
+    /// taking. No destructor (see `dispatch::Local`).
+    static TAKING: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+}
+
+/// Counts in [`TAKING`] one lock this thread holds or is taking, from
+/// before it asks for it until after it lets go: a signal handler that
+/// interrupts the thread anywhere in between sees it ([`inside_lock`]).
+/// A handler that takes a lock itself gives its count back before it
+/// returns, so the interrupted count stays right.
+struct Taking(core::marker::PhantomData<*const ()>);
+
+impl Taking {
+    fn new() -> Taking {
+        TAKING.with(|t| t.set(t.get() + 1));
+        Taking(core::marker::PhantomData)
+    }
+}
+
+impl Drop for Taking {
+    fn drop(&mut self) {
+        TAKING.with(|t| t.set(t.get() - 1));
+    }
+}
+
+/// Whether this thread holds one of memhook's locks or is taking one.
+/// Where code running on the thread asks for one then, it is a signal
+/// handler that interrupted memhook's own work (memhook runs no handler
+/// of its users under its locks), and a wait for the lock could be a
+/// wait for the interrupted work, which goes on only when the handler
+/// returns: an install, uninstall or status asked for there returns at
+/// once instead (`crate::install::inside_memhook`).
+pub(crate) fn inside_lock() -> bool {
+    TAKING.with(|t| t.get() != 0)
 }
 
 impl<T> Mutex<T> {
@@ -477,8 +516,10 @@ impl<T> Mutex<T> {
     /// Takes the lock (entering a section first).
     pub fn lock(&self) -> Guard<'_, T> {
         let section = section();
+        let mark = Taking::new();
         Guard {
             guard: self.inner.lock(),
+            _mark: mark,
             _section: section,
         }
     }
@@ -487,8 +528,10 @@ impl<T> Mutex<T> {
     /// wait for a fork being made).
     pub fn try_lock(&self) -> Option<Guard<'_, T>> {
         let section = section();
+        let mark = Taking::new();
         self.inner.try_lock().map(|guard| Guard {
             guard,
+            _mark: mark,
             _section: section,
         })
     }
@@ -555,6 +598,87 @@ pub(crate) mod tests {
         unsafe { libc::waitpid(pid, &mut status, 0) };
         assert!(libc::WIFEXITED(status), "child status {status:#x}");
         libc::WEXITSTATUS(status)
+    }
+
+    /// What a signal handler learns from [`inside_lock`] on a thread that
+    /// waits for one of memhook's locks (held here by the test's thread),
+    /// and on the same thread once it has taken and let go of it: inside,
+    /// then not. A `try_lock` that fails and nested locks leave the count
+    /// right. This is what keeps an install asked for by a signal handler
+    /// from waiting for good on the lock its own thread holds or waits for
+    /// (`crate::install::inside_memhook`).
+    #[test]
+    fn a_thread_is_inside_memhooks_locks_from_asking_until_letting_go() {
+        static A: Mutex<u32> = Mutex::new(0);
+        static B: Mutex<u32> = Mutex::new(0);
+        // 0: no answer yet; 1: inside; 2: not inside.
+        static SEEN: AtomicU32 = AtomicU32::new(0);
+        extern "C" fn look(_: libc::c_int) {
+            SEEN.store(if inside_lock() { 1 } else { 2 }, Ordering::SeqCst);
+        }
+        // (Without bistro nothing else takes a signal's action.)
+        #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        let _one = crate::evacuate::SIGNAL_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: a handler that reads a thread-local and stores an
+        // atomic, for a signal nothing else in these tests uses while
+        // they hold SIGNAL_TESTS.
+        let was = unsafe { libc::signal(libc::SIGUSR2, look as *const () as usize) };
+        assert_ne!(was, libc::SIG_ERR);
+        assert!(!inside_lock());
+        let held = A.lock();
+        assert!(inside_lock());
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let waiter = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tid_tx.send(unsafe { libc::gettid() }).unwrap();
+            // A is held: the try fails, and counts nothing.
+            let failed = A.try_lock().is_some();
+            let failed = failed || inside_lock();
+            {
+                let _a = A.lock();
+                let _b = B.lock();
+            }
+            let after = inside_lock();
+            tid_tx.send(0).unwrap();
+            go_rx.recv().unwrap();
+            (failed, after)
+        });
+        let tid = tid_rx.recv().unwrap();
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        let signal = |tid: i32| {
+            SEEN.store(0, Ordering::SeqCst);
+            // SAFETY: tgkill of this process's thread with a signal whose
+            // handler is `look`.
+            assert_eq!(unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGUSR2) }, 0);
+            let start = now_ns();
+            while SEEN.load(Ordering::SeqCst) == 0 && now_ns() - start < 10_000_000_000 {
+                std::thread::yield_now();
+            }
+            SEEN.load(Ordering::SeqCst)
+        };
+        // Until the waiter is in `A.lock()` (it may not be there yet).
+        let start = now_ns();
+        let mut inside = false;
+        while !inside && now_ns() - start < 10_000_000_000 {
+            inside = signal(tid) == 1;
+        }
+        drop(held);
+        assert_eq!(tid_rx.recv().unwrap(), 0);
+        let after_signal = signal(tid);
+        go_tx.send(()).unwrap();
+        let (failed, after) = waiter.join().unwrap();
+        // SAFETY: restores the action found.
+        unsafe { libc::signal(libc::SIGUSR2, was) };
+        assert!(inside, "a signal handler on a thread waiting for a lock saw it outside");
+        assert!(!failed, "a try_lock of a held lock took it, or left the thread inside");
+        assert!(!after, "a thread that let go of its locks is still inside");
+        assert_eq!(
+            after_signal, 2,
+            "a signal handler on a thread that let go saw it inside"
+        );
+        assert!(!inside_lock());
     }
 
     /// glibc's version as (major, minor).

@@ -261,8 +261,24 @@ fn note_in(
 /// unloaded, unless it was linked with `-Wl,-z,nodelete` (as
 /// `libmemhook.so` is) or memhook is part of the program:
 /// [`crate::pin::pinned`] says which.
+///
+/// From a signal handler that interrupted memhook's own work on its
+/// thread ([`inside_memhook`]) it does nothing: [`try_install`] says so.
 pub fn install(config: &Config) {
-    install_as(config, false);
+    let _ = try_install(config);
+}
+
+/// [`install`], or [`InsideMemhook`] without waiting where the call comes
+/// from a signal handler that interrupted memhook's own work on its
+/// thread ([`inside_memhook`]): an install or uninstall, a status, the
+/// hooking of a library loaded late. That work holds the lock an install
+/// takes, and goes on only once the handler returns.
+///
+/// # Errors
+///
+/// [`InsideMemhook`], where nothing is installed or changed.
+pub fn try_install(config: &Config) -> Result<(), InsideMemhook> {
+    install_as(config, false)
 }
 
 /// [`install`], unless an install has been made (with any config) and
@@ -272,23 +288,64 @@ pub fn install(config: &Config) {
 /// registers may have interrupted its own thread inside one); and again
 /// under the lock, so that an install another thread is making meanwhile
 /// is neither waited for twice nor replaced.
-pub fn install_unless_installed(config: &Config) {
+///
+/// # Errors
+///
+/// [`InsideMemhook`] where nothing is installed and the call comes from a
+/// signal handler that interrupted memhook's own work on its thread (its
+/// first install among them): nothing is installed by this call.
+pub fn install_unless_installed(config: &Config) -> Result<(), InsideMemhook> {
     if installed().is_none() {
-        install_as(config, true);
+        return install_as(config, true);
+    }
+    Ok(())
+}
+
+/// Why an install, an uninstall or a look at the status could not be
+/// made: it was asked for by a signal handler that interrupted memhook's
+/// own work on its thread ([`inside_memhook`]), which holds the lock it
+/// needs until the handler returns. Nothing was changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InsideMemhook;
+
+impl fmt::Display for InsideMemhook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(
+            "called from a signal handler that interrupted memhook's own work on this thread (an install, an \
+             uninstall, a status, a library's hooking), which cannot go on until the handler returns",
+        )
     }
 }
 
+impl core::error::Error for InsideMemhook {}
+
+/// Whether this thread is inside memhook's own work, holding or taking
+/// one of its locks: code that asks is a signal handler that interrupted
+/// that work (memhook runs no event handler under its locks). There
+/// [`try_install`] and [`try_uninstall`] return [`InsideMemhook`],
+/// [`install`] and [`uninstall`] do nothing, [`status`] and
+/// [`namespaces`] are empty and [`status_at`] finds no entry, at once:
+/// each would wait for the lock its own thread holds, for good.
+/// Registering a handler ([`crate::set_handler`]) does not wait on these
+/// locks and works there as anywhere.
+pub fn inside_memhook() -> bool {
+    crate::fork::inside_lock()
+}
+
 /// [`install`]'s work; `unless_installed`: as [`install_unless_installed`].
-fn install_as(config: &Config, unless_installed: bool) {
+fn install_as(config: &Config, unless_installed: bool) -> Result<(), InsideMemhook> {
+    if inside_memhook() {
+        return Err(InsideMemhook);
+    }
     // Before any lock of memhook's: the pin takes the loader's lock.
     crate::pin::pin_self();
     #[cfg(all(feature = "bistro", target_arch = "x86_64"))]
     if warm_up::defer(config) {
-        return;
+        return Ok(());
     }
     let mut state = INSTALLED.lock();
     if state.config == Some(*config) || (unless_installed && state.config.is_some()) {
-        return;
+        return Ok(());
     }
     let busy = Busy::new();
     if state.config.is_some() {
@@ -434,6 +491,7 @@ fn install_as(config: &Config, unless_installed: bool) {
     // Loads on other threads that the install's rescans found.
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::reloc::report_changes();
+    Ok(())
 }
 
 /// What the host install does with one host function in bistro mode.
@@ -995,7 +1053,24 @@ fn hooked_by(hook: usize) -> Option<&'static str> {
 /// hooks. The same holds for the CUDA functions' patches, and for those
 /// in the libc of another loader namespace (while that libc stays
 /// loaded).
+///
+/// From a signal handler that interrupted memhook's own work on its
+/// thread ([`inside_memhook`]) it does nothing: [`try_uninstall`] says so.
 pub fn uninstall() {
+    let _ = try_uninstall();
+}
+
+/// [`uninstall`], or [`InsideMemhook`] without waiting where the call
+/// comes from a signal handler that interrupted memhook's own work on its
+/// thread ([`inside_memhook`]).
+///
+/// # Errors
+///
+/// [`InsideMemhook`], where nothing is undone.
+pub fn try_uninstall() -> Result<(), InsideMemhook> {
+    if inside_memhook() {
+        return Err(InsideMemhook);
+    }
     let mut state = INSTALLED.lock();
     let busy = Busy::new();
     remove(&mut state);
@@ -1003,6 +1078,7 @@ pub fn uninstall() {
     drop(state);
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::reloc::report_changes();
+    Ok(())
 }
 
 /// Whether the install in force hooks the libc of a namespace `dlmopen`
@@ -1015,6 +1091,7 @@ pub fn uninstall() {
 pub fn namespace_constructors_seen() -> bool {
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     return crate::namespace::FOLLOW.load(core::sync::atomic::Ordering::Acquire)
+        && !inside_memhook()
         && !INSTALLED.lock().loader_break.is_empty();
     #[cfg(not(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64"))))]
     false
@@ -1038,7 +1115,12 @@ pub fn loader_break_patchable() -> bool {
 /// Per hooked function: the mode tried, whether it took, and why not. A
 /// host function the C library lacks (`process_madvise` before glibc
 /// 2.36) has no entry: there is nothing to hook, and nothing calls it.
+/// Empty where asked for by a signal handler that interrupted memhook's
+/// own work on its thread ([`inside_memhook`]), which holds the locks.
 pub fn status() -> Status {
+    if inside_memhook() {
+        return Status::new();
+    }
     let mut all: Status = {
         let state = INSTALLED.lock();
         state.status.iter().map(|s| as_now(&state, s)).collect()
@@ -1101,8 +1183,13 @@ pub(crate) fn head_replaced(s: &mut FunctionStatus, at: usize, now: &[u8]) {
 /// a small stack that only walks the list (as the C API's
 /// `memhook_status` does, one index a call). `None` past the end. The
 /// entries are those of the moment of the call: an install between two
-/// calls may change them.
+/// calls may change them. `(None, 0)` where asked for by a signal
+/// handler that interrupted memhook's own work on its thread
+/// ([`inside_memhook`]).
 pub fn status_at(index: usize) -> (Option<FunctionStatus>, usize) {
+    if inside_memhook() {
+        return (None, 0);
+    }
     let host = {
         let installed = INSTALLED.lock();
         if let Some(s) = installed.status.get(index) {
@@ -1147,8 +1234,12 @@ pub fn refresh() {
 /// Empty unless the host hooks are installed in bistro mode and a
 /// namespace other than the main one holds a libc, or an uninstall kept
 /// patches there that another hooker had patched over (its reason says
-/// so).
+/// so). Empty where asked for by a signal handler that interrupted
+/// memhook's own work on its thread ([`inside_memhook`]).
 pub fn namespaces() -> heapless::Vec<NamespaceStatus, { crate::host::NAMESPACES - 1 }> {
+    if inside_memhook() {
+        return heapless::Vec::new();
+    }
     INSTALLED.lock().namespaces.clone()
 }
 
@@ -1521,4 +1612,49 @@ mod warm_up {
     #[used]
     #[unsafe(link_section = ".init_array")]
     static AT_LOAD: extern "C" fn() = at_load;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where memhook's own work on a thread is interrupted (here the
+    /// install state held by the thread itself, as a signal handler that
+    /// interrupted an install finds it), an install, an uninstall and the
+    /// status asked for there return at once: the install and uninstall
+    /// refused with [`InsideMemhook`], nothing changed, the status empty.
+    /// Before, each waited for the lock its own thread held, for good
+    /// (here the check thread would never answer).
+    #[test]
+    fn calls_inside_memhooks_own_work_return_at_once() {
+        let config = Config::parse("mmap=reloc;cuda=none").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let held = INSTALLED.lock();
+            let answers = (
+                inside_memhook(),
+                try_install(&config),
+                install_unless_installed(&config),
+                try_uninstall(),
+                status().len(),
+                status_at(0),
+                namespaces().len(),
+                installed(),
+            );
+            drop(held);
+            tx.send((answers, inside_memhook())).unwrap();
+        });
+        let Ok((answers, after)) = rx.recv_timeout(std::time::Duration::from_secs(60)) else {
+            panic!("a call inside memhook's own work waited for the lock its own thread holds");
+        };
+        let (inside, install, unless, uninstall, status, status_at, namespaces, installed) = answers;
+        assert!(inside);
+        assert_eq!(install, Err(InsideMemhook));
+        assert_eq!(unless, Err(InsideMemhook));
+        assert_eq!(uninstall, Err(InsideMemhook));
+        assert_eq!((status, status_at, namespaces), (0, (None, 0), 0));
+        assert_eq!(installed, None, "nothing was installed");
+        assert!(!after);
+        assert!(InsideMemhook.to_string().contains("signal handler"));
+    }
 }

@@ -48,8 +48,9 @@ pub use dispatch::{
     HandlerFn, MAX_HANDLERS, nested_overflows, report_event, set_handler, unset_handler, unset_handler_fn,
 };
 pub use install::{
-    Config, FunctionStatus, MAX_STATUS, NamespaceStatus, Status, install, install_unless_installed, installed,
-    loader_break_patchable, namespace_constructors_seen, namespaces, prepared, refresh, status, status_at, uninstall,
+    Config, FunctionStatus, InsideMemhook, MAX_STATUS, NamespaceStatus, Status, inside_memhook, install,
+    install_unless_installed, installed, loader_break_patchable, namespace_constructors_seen, namespaces, prepared,
+    refresh, status, status_at, try_install, try_uninstall, uninstall,
 };
 
 /// The hook modes this build supports: bistro only with the `bistro`

@@ -2894,7 +2894,7 @@ fn install_uninstall_cycles_restore_the_bytes() {
         // A first registration's install from the environment leaves an
         // install made before it as it is.
         let serialized_now = memhook::code::serializations();
-        memhook::install_unless_installed(&config(HookMode::Reloc));
+        assert_eq!(memhook::install_unless_installed(&config(HookMode::Reloc)), Ok(()));
         assert_eq!(memhook::installed(), Some(config(HookMode::Bistro)));
         assert_eq!(memhook::code::serializations(), serialized_now);
         assert_eq!(libc_entries(&memhook::status()), host_functions());
