@@ -460,48 +460,55 @@ impl Arch for X86_64 {
 
     /// `push r64` (undone by `lea rsp, [rsp+8]`: every libcuda and
     /// libcudart entry of driver 580 and CUDA 13 begins `push rbp`),
-    /// `sub rsp, imm` (`lea rsp, [rsp+imm]`), a `mov` or `xor` that
-    /// writes only `rax`, `r10` or `r11` from registers or an immediate
-    /// (nothing to undo: no argument is passed in them; a variadic
+    /// `sub rsp, imm` (`lea rsp, [rsp+imm]`), and with nothing to undo:
+    /// a `mov`, `movzx`, `movsx`, `movsxd`, `lea` or `xor` that writes only
+    /// `rax`, `r10` or `r11` (no argument is passed in them; a variadic
     /// function's `al` is read by its own prologue, which the trampoline
-    /// runs after the kept instruction again), and a `cmp` of a
-    /// RIP-relative global with a constant (a read that changes only the
-    /// flags: the trampoline's copy reads the same address). The
-    /// system-call wrappers of a glibc built without CET begin so (`mov
-    /// eax, 11` is `munmap`, `cmp byte [rip+d], 0` `fallocate`). `lea`
-    /// leaves the flags alone; no function's caller leaves anything in
-    /// them for it.
+    /// runs after the kept instruction again), and a `cmp` or `test`
+    /// (which change only the flags; no function's caller leaves anything
+    /// in them for it). Memory is read only RIP-relative, from the
+    /// library's own data (the trampoline's copy reads the same address):
+    /// a read through a register may be of a device's memory, where a
+    /// second read is not the first. The system-call wrappers of a glibc
+    /// built without CET begin so (`mov eax, 11` is `munmap`, `cmp byte
+    /// [rip+d], 0` `fallocate`), and many more functions (`mov rax,
+    /// [rip+d]`, `test rdi, rdi`). `lea` leaves the flags alone.
     fn keep_first(code: &[u8]) -> Option<(usize, PatchBytes)> {
         if Self::entry_skip(code) != 0 {
             return None;
         }
         let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
         let instr = decoder.decode();
-        // A read of the library's own global, compared with a constant:
-        // glibc's cancellation check (`cmp byte [rip+d], 0`).
-        let reads_global = instr.is_ip_rel_memory_operand()
+        if instr.is_invalid() {
+            return None;
+        }
+        let compares = matches!(instr.mnemonic(), Mnemonic::Cmp | Mnemonic::Test);
+        let loads_scratch = instr.op0_kind() == OpKind::Register
             && matches!(
-                instr.code(),
-                Code::Cmp_rm8_imm8
-                    | Code::Cmp_rm32_imm8
-                    | Code::Cmp_rm32_imm32
-                    | Code::Cmp_rm64_imm8
-                    | Code::Cmp_rm64_imm32
+                instr.op0_register().full_register(),
+                Register::RAX | Register::R10 | Register::R11
+            )
+            && matches!(
+                instr.mnemonic(),
+                Mnemonic::Mov | Mnemonic::Movzx | Mnemonic::Movsx | Mnemonic::Movsxd | Mnemonic::Lea | Mnemonic::Xor
             );
-        if instr.is_invalid()
-            || !(0..instr.op_count()).all(|i| {
-                matches!(
-                    instr.op_kind(i),
-                    OpKind::Register
-                        | OpKind::Immediate8
-                        | OpKind::Immediate8to32
-                        | OpKind::Immediate32
-                        | OpKind::Immediate64
-                        | OpKind::Immediate8to64
-                        | OpKind::Immediate32to64
-                ) || (reads_global && instr.op_kind(i) == OpKind::Memory)
-            })
-        {
+        let memory_read =
+            (compares || loads_scratch) && (instr.is_ip_rel_memory_operand() || instr.mnemonic() == Mnemonic::Lea);
+        let operands_fit = (0..instr.op_count()).all(|i| {
+            matches!(
+                instr.op_kind(i),
+                OpKind::Register
+                    | OpKind::Immediate8
+                    | OpKind::Immediate8to16
+                    | OpKind::Immediate16
+                    | OpKind::Immediate8to32
+                    | OpKind::Immediate32
+                    | OpKind::Immediate64
+                    | OpKind::Immediate8to64
+                    | OpKind::Immediate32to64
+            ) || (memory_read && instr.op_kind(i) == OpKind::Memory)
+        });
+        if !operands_fit {
             return None;
         }
         let mut undo = PatchBytes::new();
@@ -514,23 +521,7 @@ impl Arch for X86_64 {
                 undo.extend_from_slice(&[0x48, 0x8d, 0xa4, 0x24]).ok()?;
                 undo.extend_from_slice(&n.to_le_bytes()).ok()?;
             }
-            Code::Mov_r32_imm32
-            | Code::Mov_r64_imm64
-            | Code::Mov_rm32_imm32
-            | Code::Mov_rm64_imm32
-            | Code::Mov_r32_rm32
-            | Code::Mov_rm32_r32
-            | Code::Mov_r64_rm64
-            | Code::Mov_rm64_r64
-            | Code::Xor_r32_rm32
-            | Code::Xor_rm32_r32
-            | Code::Xor_r64_rm64
-            | Code::Xor_rm64_r64
-                if matches!(
-                    instr.op0_register().full_register(),
-                    Register::RAX | Register::R10 | Register::R11
-                ) => {}
-            _ if reads_global => {}
+            _ if compares || loads_scratch => {}
             _ => return None,
         }
         Some((instr.len(), undo))

@@ -285,9 +285,9 @@ mod tests {
         assert!(s.json().starts_with("{\"library\": \""));
         assert!(s.json().contains("\"arch\": \"x86_64\""), "{}", s.json());
         // Past `endbr64` (a CET build: all) or a kept first instruction:
-        // most of what patches near (Debian 12's glibc, no CET: 1,372 of
+        // most of what patches near (Debian 12's glibc, no CET: 1,658 of
         // 2,175).
-        assert!(s.entry_kept as f64 >= 0.5 * s.near as f64, "{}", s.table());
+        assert!(s.entry_kept as f64 >= 0.7 * s.near as f64, "{}", s.table());
         assert!(s.entry_kept <= s.near);
         assert!(
             s.json().contains(&format!("\"entry_kept\": {}}}", s.entry_kept)),

@@ -33,9 +33,10 @@ struct Prologues {
     steps_counter: &'static AtomicU64,
     /// `mh_t_sys(a0, a1, a2, nr)`: a system call under the patch.
     sys: Sys,
-    /// `mh_t_frame`, `mh_t_alloca`, `mh_t_getpid`, `mh_t_single`: first
-    /// instructions kept ahead of the patch.
-    kept: [unsafe extern "C" fn(i32) -> i32; 4],
+    /// `mh_t_frame`, `mh_t_alloca`, `mh_t_getpid`, `mh_t_single`,
+    /// `mh_t_load`, `mh_t_test`: first instructions kept ahead of the
+    /// patch.
+    kept: [unsafe extern "C" fn(i32) -> i32; 6],
 }
 
 type Sys = unsafe extern "C" fn(usize, usize, usize, usize) -> isize;
@@ -88,6 +89,8 @@ fn lib() -> &'static Prologues {
                 f1(c"mh_t_alloca"),
                 f1(c"mh_t_getpid"),
                 f1(c"mh_t_single"),
+                f1(c"mh_t_load"),
+                f1(c"mh_t_test"),
             ],
         }
     })
@@ -166,15 +169,23 @@ hook!(hook_kept, ORIG_KEPT, CALLS_KEPT);
 /// Code that does what the kernel does while a uprobe is on a function's
 /// entry: runs the library's first instruction (`first`, as the file has
 /// it, at `back - first.len()`) out of line, then jumps back to the
-/// instruction after it. A `cmp byte [rip+d], imm8` is re-aimed at the
-/// same address, as the kernel re-aims a RIP-relative operand.
+/// instruction after it. A `cmp byte [rip+d], imm8` or a `mov rax,
+/// [rip+d]` is re-aimed at the same address, as the kernel re-aims a
+/// RIP-relative operand.
 fn out_of_line(first: &[u8], back: usize) -> Fn1 {
     let slot = memhook::trampoline::alloc_near(back, 1 << 30).expect("a slot near the function");
     let mut code = first.to_vec();
-    if let [0x80, 0x3d, d @ .., _] = first {
-        let read = back as i64 + i64::from(i32::from_le_bytes(d.try_into().unwrap()));
+    // Where the displacement lies.
+    let at = match first {
+        [0x80, 0x3d, _, _, _, _, _] => Some(2),
+        [0x48, 0x8b, 0x05, _, _, _, _] => Some(3),
+        _ => None,
+    };
+    if let Some(at) = at {
+        let d = i32::from_le_bytes(first[at..at + 4].try_into().unwrap());
+        let read = back as i64 + i64::from(d);
         let d = i32::try_from(read - (slot + first.len()) as i64).expect("within 2 GiB");
-        code[2..6].copy_from_slice(&d.to_le_bytes());
+        code[at..at + 4].copy_from_slice(&d.to_le_bytes());
     }
     code.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0]); // jmp [rip+0]
     code.extend_from_slice(&(back as u64).to_le_bytes());
@@ -200,8 +211,8 @@ fn uprobe_on_a_kept_entry_keeps_the_hook() {
     // SAFETY: getpid cannot fail.
     let pid = unsafe { libc::getpid() };
     // What each returns of its argument: a + 7, a + 9, getpid() + a,
-    // a + 11.
-    for (f, add) in lib().kept.into_iter().zip([7, 9, pid, 11]) {
+    // a + 11, a + 13, a + 13.
+    for (f, add) in lib().kept.into_iter().zip([7, 9, pid, 11, 13, 13]) {
         let want = |a: i32| a + add;
         let entry = f as usize;
         let before = entry_bytes(entry);

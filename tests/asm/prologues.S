@@ -134,7 +134,8 @@ mh_t_sys:
  * `push rbp` (the patch's way to the hook undoes it), a stack allocation
  * (Debian glibc's mremap: `sub rsp, 0x58`), and a system-call wrapper's
  * `mov eax, n` (Debian glibc's munmap; here getpid, plus the argument);
- * mh_t_single below, a read of a global. */
+ * mh_t_single, mh_t_load and mh_t_test below: a read of a global
+ * compared, a global loaded, an argument tested. */
         .globl mh_t_frame
         .type mh_t_frame, @function
         .p2align 4
@@ -186,9 +187,43 @@ mh_t_single:
         ret
         int3
 
+/* A load of a global into rax (glibc's many `mov rax, [rip+d]` entries:
+ * a GOT slot or the library's data), kept with its address re-aimed in
+ * the trampoline (the word is 13: a copy that read elsewhere would not
+ * return a + 13). */
+        .globl mh_t_load
+        .type mh_t_load, @function
+        .p2align 4
+mh_t_load:
+        mov rax, qword ptr [rip + load_local]
+        add eax, edi
+        nop
+        nop
+        ret
+        int3
+
+/* A test of an argument, whose flags the code after it branches on
+ * (glibc's `test rdi, rdi` entries): kept, and run again by the
+ * trampoline after the hook (whose own flags would take the wrong way:
+ * 13 for any a, not a + 13). */
+        .globl mh_t_test
+        .type mh_t_test, @function
+        .p2align 4
+mh_t_test:
+        test edi, edi
+        jz 6f
+        lea eax, [rdi + 13]
+        ret
+6:      mov eax, 13
+        ret
+        int3
+
         .data
 single_local:
         .byte 42
+        .p2align 3
+load_local:
+        .quad 13
         .p2align 3
         .globl mh_t_counter2, mh_t_counter3, mh_t_counter4
 mh_t_counter2:

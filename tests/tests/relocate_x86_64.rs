@@ -137,7 +137,7 @@ fn keep_first_takes_what_can_run_before_the_hook() {
     let lea8 = [0x48, 0x8d, 0x64, 0x24, 8]; // lea rsp, [rsp+8]
     // (code, what keep_first answers: the kept length and the undo)
     type Case<'a> = (&'a [u8], Option<(usize, &'a [u8])>);
-    let cases: [Case<'_>; 24] = [
+    let cases: [Case<'_>; 40] = [
         (&[0x55, 0x48, 0x89, 0xe5], Some((1, &lea8))), // push rbp
         (&[0x41, 0x54, 0x90], Some((2, &lea8))),       // push r12
         (
@@ -162,7 +162,23 @@ fn keep_first_takes_what_can_run_before_the_hook() {
         (&[0x83, 0x3d, 0, 1, 0, 0, 7], Some((7, &[]))), // cmp dword [rip+0x100], 7
         (&[0x80, 0x38, 0], None),                      // cmp byte [rax], 0
         (&[0x80, 0x05, 0, 1, 0, 0, 1], None),          // add byte [rip+0x100], 1
-        (&[0x8b, 0x05, 0, 0, 0, 0], None),             // mov eax, [rip]
+        (&[0x8b, 0x05, 0, 0, 0, 0], Some((6, &[]))),   // mov eax, [rip]
+        (&[0x48, 0x8b, 0x05, 0, 1, 0, 0], Some((7, &[]))), // mov rax, [rip+0x100]
+        (&[0x4c, 0x8b, 0x1d, 0, 1, 0, 0], Some((7, &[]))), // mov r11, [rip+0x100]
+        (&[0x0f, 0xb6, 0x05, 4, 0, 0, 0], Some((7, &[]))), // movzx eax, byte [rip+4]
+        (&[0x48, 0x8d, 0x05, 0x10, 0, 0, 0], Some((7, &[]))), // lea rax, [rip+0x10]
+        (&[0x48, 0x8d, 0x44, 0x24, 8], Some((5, &[]))), // lea rax, [rsp+8]: no read
+        (&[0x48, 0x85, 0xff], Some((3, &[]))),         // test rdi, rdi
+        (&[0x83, 0xff, 5], Some((3, &[]))),            // cmp edi, 5
+        (&[0x48, 0x39, 0xca], Some((3, &[]))),         // cmp rdx, rcx
+        (&[0xa8, 1], Some((2, &[]))),                  // test al, 1
+        (&[0xf6, 0x05, 0, 1, 0, 0, 1], Some((7, &[]))), // test byte [rip+0x100], 1
+        (&[0x48, 0x8b, 0x0d, 0, 0, 0, 0], None),       // mov rcx, [rip]: an argument
+        (&[0x48, 0x8d, 0x35, 0, 0, 0, 0], None),       // lea rsi, [rip]: an argument
+        (&[0x8b, 0x07], None),                         // mov eax, [rdi]: maybe a device's
+        (&[0x48, 0x85, 0x07], None),                   // test [rdi], rax: the same
+        (&[0x48, 0xa1, 0, 0, 0, 0, 0, 0, 0, 0], None), // mov rax, [abs 0]
+        (&[0x31, 0x05, 0, 0, 0, 0], None),             // xor [rip], eax: a write
         (&[0x48, 0x8b, 0x04, 0x24], None),             // mov rax, [rsp]
         (&[0xff, 0x35, 0, 0, 0, 0], None),             // push qword [rip]
         (&[0xcc, 0x90], None),                         // int3
@@ -507,18 +523,21 @@ proptest! {
     /// into the patch; nothing panics.
     #[test]
     fn arbitrary_code_after_a_kept_instruction_relocates_or_refuses(
-        first in 0usize..6,
+        first in 0usize..9,
         rest in proptest::collection::vec(any::<u8>(), 0..56),
         entry in 0u32..u32::MAX,
         delta in -0x7000_0000i64..0x7000_0000,
     ) {
-        let heads: [&[u8]; 6] = [
+        let heads: [&[u8]; 9] = [
             &[0x55],
             &[0x41, 0x54],
             &[0x48, 0x83, 0xec, 0x58],
             &[0xb8, 0x0b, 0, 0, 0],
             &[0x41, 0x89, 0xca],
             &[0x80, 0x3d, 0x21, 0xe8, 0x0d, 0, 0],
+            &[0x48, 0x8b, 0x05, 0x39, 0x8f, 0x1b, 0], // mov rax, [rip+0x1b8f39]
+            &[0x48, 0x8d, 0x05, 0xf0, 0xff, 0xff, 0xff], // lea rax, [rip-0x10]
+            &[0x48, 0x85, 0xff],                      // test rdi, rdi
         ];
         let mut code = heads[first].to_vec();
         code.extend_from_slice(&rest);
