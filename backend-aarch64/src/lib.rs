@@ -289,6 +289,45 @@ impl Aarch64 {
         }
     }
 
+    /// Whether `w` may run before the hook and again in the trampoline
+    /// with nothing to undo: a `nop`; a `cmp`, `cmn` or `tst` (`subs`,
+    /// `adds`, `ands`, `bics` into the zero register: only the flags
+    /// change, and no function's caller leaves anything in them for it);
+    /// or a `movz`, `movn`, a register or bitmask `mov`, an `add` or `sub`
+    /// of an immediate, into x8 to x15. Those carry no argument (x8 only a
+    /// large result's address, which a function that overwrites it first
+    /// does not return; glibc's system calls load their number there), so
+    /// the hook, of the function's signature, reads nothing the caller
+    /// left there. Not x16 and x17, the trampoline's own scratch, nor a
+    /// PC-relative word (its copy would read elsewhere) or a load (its
+    /// address may be a device's memory, where a second read is not the
+    /// first). And a `sxtw` of a register into itself (glibc's `shmat`
+    /// and `ftruncate` begin `sxtw x0, w0`): it changes only the upper
+    /// half of a 32-bit argument, which the caller leaves undefined and
+    /// the hook, of the same signature, does not read.
+    fn harmless(w: u32) -> bool {
+        const NOP: u32 = 0xd503_201f;
+        let (rd, rn) = (w & 31, (w >> 5) & 31);
+        let flags_only = rd == 31
+            && (w & 0x7f80_0000 == 0x7100_0000 // subs, immediate (cmp)
+                || w & 0x7f80_0000 == 0x3100_0000 // adds, immediate (cmn)
+                || w & 0x7f20_0000 == 0x6b00_0000 // subs, shifted register
+                || w & 0x7f20_0000 == 0x2b00_0000 // adds, shifted register
+                || w & 0x7fe0_0000 == 0x6b20_0000 // subs, extended register
+                || w & 0x7fe0_0000 == 0x2b20_0000 // adds, extended register
+                || w & 0x7f80_0000 == 0x7200_0000 // ands, immediate (tst)
+                || w & 0x7f00_0000 == 0x6a00_0000); // ands/bics, shifted register
+        let scratch = (8..=15).contains(&rd)
+            && (w & 0x7f80_0000 == 0x5280_0000 // movz
+                || w & 0x7f80_0000 == 0x1280_0000 // movn
+                || (w & 0x7f20_0000 == 0x2a00_0000 && rn == 31) // orr, shifted register, from zr: mov
+                || (w & 0x7f80_0000 == 0x3200_0000 && rn == 31) // orr, bitmask immediate, from zr: mov
+                || w & 0x7f80_0000 == 0x1100_0000 // add, immediate
+                || w & 0x7f80_0000 == 0x5100_0000); // sub, immediate
+        let widens_itself = w & 0xffff_fc00 == 0x9340_7c00 && rd == rn; // sxtw xn, wn
+        w == NOP || flags_only || scratch || widens_itself
+    }
+
     /// The word at byte `at` of `code`, if whole.
     fn word(code: &[u8], at: usize) -> Option<u32> {
         let w = code.get(at..at + 4)?;
@@ -552,10 +591,15 @@ impl Arch for Aarch64 {
     /// comes back as the caller left it; kept, it also stays the landing
     /// pad indirect calls need), `stp x29, x30, [sp, #-n]!` (the frame
     /// record; `add sp, sp, #n`) and `sub sp, sp, #imm` (`add sp, sp,
-    /// #imm`).
+    /// #imm`); and with nothing to undo, a word that changes only the
+    /// flags or a register no argument is passed in ([`Self::harmless`]):
+    /// Debian 12's arm64 glibc begins `munmap` and `madvise` with a `nop`,
+    /// `mmap` with `tst x5, #0xfff`, `shmdt` with `mov x8, #197`, `shmat`
+    /// with `sxtw x0, w0`.
     fn keep_first(code: &[u8]) -> Option<(usize, PatchBytes)> {
         let pad = Self::pad(code);
         let w = Self::word(code, pad)?;
+        let mut u = PatchBytes::new();
         let undo = match w {
             PACIASP => AUTIASP,
             PACIBSP => AUTIBSP,
@@ -565,9 +609,9 @@ impl Arch for Aarch64 {
             }
             // sub sp, sp, #imm12 (lsl #12 or not)
             _ if w & 0xffc0_03ff == 0xd100_03ff || w & 0xffc0_03ff == 0xd140_03ff => ADD_SP | (w & 0x007f_fc00),
+            _ if Self::harmless(w) => return Some((pad + 4, u)),
             _ => return None,
         };
-        let mut u = PatchBytes::new();
         u.extend_from_slice(&undo.to_le_bytes()).ok()?;
         Some((pad + 4, u))
     }

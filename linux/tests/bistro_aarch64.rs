@@ -45,6 +45,39 @@ core::arch::global_asm!(
     "add x0, x0, #3",
     "ldp x29, x30, [sp], #16",
     "ret",
+    // Kept with nothing to undo: a `nop` (Debian 12's munmap), a compare
+    // whose flags the next word branches on (run again by the trampoline
+    // after the hook, whose own flags would take the wrong way: 5 for any
+    // x), a scratch register's load (x9: the trampoline loads it again).
+    ".globl mh_r_nop",
+    ".p2align 4",
+    "mh_r_nop:",
+    "nop",
+    "add x0, x0, #4",
+    "ret",
+    ".globl mh_r_cmp",
+    ".p2align 4",
+    "mh_r_cmp:",
+    "cmp x0, #0",
+    "b.eq 1f",
+    "add x0, x0, #5",
+    "ret",
+    "1:",
+    "mov x0, #5",
+    "ret",
+    ".globl mh_r_scratch",
+    ".p2align 4",
+    "mh_r_scratch:",
+    "mov x9, #6",
+    "add x0, x0, x9",
+    "ret",
+    // An `int` argument widened in place (glibc's shmat).
+    ".globl mh_r_sxtw",
+    ".p2align 4",
+    "mh_r_sxtw:",
+    "sxtw x0, w0",
+    "add x0, x0, #7",
+    "ret",
     ".globl mh_r_adrp",
     ".p2align 4",
     "mh_r_adrp:",
@@ -185,6 +218,10 @@ unsafe extern "C" {
     fn mh_r_bti(x: u64) -> u64;
     fn mh_r_pac(x: u64) -> u64;
     fn mh_r_frame(x: u64) -> u64;
+    fn mh_r_nop(x: u64) -> u64;
+    fn mh_r_cmp(x: u64) -> u64;
+    fn mh_r_scratch(x: u64) -> u64;
+    fn mh_r_sxtw(x: u64) -> u64;
     fn mh_r_adrp(x: u64) -> u64;
     fn mh_r_lit(x: u64) -> u64;
     fn mh_r_cbz(x: u64) -> u64;
@@ -289,14 +326,24 @@ fn out_of_line(first: u32, back: usize) -> F {
 }
 
 /// A first word that `keep_first` keeps (`paciasp`, the frame record's
-/// `stp`) stays at the entry and the patch follows it: a uprobe on the
-/// entry, which runs that word out of line and goes on after it, goes
-/// into the patch, and the hook runs with x30 and SP as the caller left
-/// them (an `autiasp` or `add sp` on the way undoes the word).
+/// `stp`, a `nop`, a `cmp`, a `mov` into x9, a `sxtw` of x0) stays at
+/// the entry and the patch follows it: a uprobe on the entry, which runs
+/// that word out of line and goes on after it, goes into the patch, and
+/// the hook runs with x30 and SP as the caller left them (an `autiasp` or
+/// `add sp` on the way undoes the word); the trampoline runs the word
+/// again for the original (the `cmp`'s flags, x9's value).
 #[test]
 fn uprobe_on_a_kept_entry_keeps_the_hook() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for (f, add) in [(mh_r_pac as F, 2), (mh_r_frame as F, 3)] {
+    let kept = [
+        (mh_r_pac as F, 2),
+        (mh_r_frame as F, 3),
+        (mh_r_nop as F, 4),
+        (mh_r_cmp as F, 5),
+        (mh_r_scratch as F, 6),
+        (mh_r_sxtw as F, 7),
+    ];
+    for (f, add) in kept {
         let at = f as *const () as usize;
         let first = words(at, 1)[0];
         // SAFETY: `hook` has the function's signature and calls the
