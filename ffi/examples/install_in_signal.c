@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "memhook.h"
+#include "signal_rounds.h"
 
 #define ROUNDS 1000
 
@@ -33,8 +34,7 @@ static void signal_handlers_handler(uint32_t type, memhook_event_t *e, void *arg
     (void)arg;
 }
 
-static volatile sig_atomic_t signals, installs, refused, registered, refused_registrations, unexplained;
-static volatile long progress;
+static volatile sig_atomic_t installs, refused, registered, refused_registrations, unexplained;
 static char why[256];
 
 /* Keeps the first unexplained answer (strncpy: no formatting in a signal
@@ -67,20 +67,6 @@ static void on_timer(int sig) {
     }
 }
 
-static void *watchdog(void *arg) {
-    (void)arg;
-    long last = -1;
-    for (;;) {
-        sleep(10);
-        if (progress == last) {
-            fprintf(stderr, "install_in_signal: stuck after %ld rounds, %d signals\n", progress, (int)signals);
-            _exit(3);
-        }
-        last = progress;
-    }
-    return NULL;
-}
-
 static volatile long unmapped;
 
 static void count_unmapped(uint32_t type, memhook_event_t *e, void *arg) {
@@ -89,20 +75,7 @@ static void count_unmapped(uint32_t type, memhook_event_t *e, void *arg) {
 }
 
 int main(void) {
-    sigset_t alarm, old;
-    sigemptyset(&alarm);
-    sigaddset(&alarm, SIGALRM);
-    pthread_sigmask(SIG_BLOCK, &alarm, &old);
-    pthread_t w;
-    if (pthread_create(&w, NULL, watchdog, NULL) != 0) return 2;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_timer;
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGALRM, &sa, NULL);
-    struct itimerval every = {{0, 50}, {0, 50}};
-    setitimer(ITIMER_REAL, &every, NULL);
+    if (start_rounds("install_in_signal", on_timer) != 0) return 2;
     int failed = 0;
     for (long i = 0; i < ROUNDS; i++) {
         if (memhook_install(NULL) != MEMHOOK_OK || memhook_uninstall() != MEMHOOK_OK) {
@@ -112,8 +85,7 @@ int main(void) {
         }
         progress = i + 1;
     }
-    struct itimerval off = {{0, 0}, {0, 0}};
-    setitimer(ITIMER_REAL, &off, NULL);
+    stop_rounds();
     if (memhook_install(NULL) != MEMHOOK_OK) {
         fprintf(stderr, "memhook: %s\n", memhook_last_error());
         return 2;

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "memhook.h"
+#include "signal_rounds.h"
 
 #define ROUNDS 20000
 
@@ -33,8 +34,7 @@ static void signal_handlers_handler(uint32_t type, memhook_event_t *e, void *arg
     (void)arg;
 }
 
-static volatile sig_atomic_t signals, refused, registered, unexplained;
-static volatile long progress;
+static volatile sig_atomic_t refused, registered, unexplained;
 
 static void on_timer(int sig) {
     (void)sig;
@@ -50,39 +50,12 @@ static void on_timer(int sig) {
     }
 }
 
-static void *watchdog(void *arg) {
-    (void)arg;
-    long last = -1;
-    for (;;) {
-        sleep(10);
-        if (progress == last) {
-            fprintf(stderr, "register_in_signal: stuck after %ld rounds, %d signals\n", progress, (int)signals);
-            _exit(3);
-        }
-        last = progress;
-    }
-    return NULL;
-}
-
 int main(void) {
     if (memhook_install(NULL) != 0) {
         fprintf(stderr, "memhook: %s\n", memhook_last_error());
         return 2;
     }
-    sigset_t alarm, old;
-    sigemptyset(&alarm);
-    sigaddset(&alarm, SIGALRM);
-    pthread_sigmask(SIG_BLOCK, &alarm, &old);
-    pthread_t w;
-    if (pthread_create(&w, NULL, watchdog, NULL) != 0) return 2;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_timer;
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGALRM, &sa, NULL);
-    struct itimerval every = {{0, 50}, {0, 50}};
-    setitimer(ITIMER_REAL, &every, NULL);
+    if (start_rounds("register_in_signal", on_timer) != 0) return 2;
     int failed = 0;
     for (long i = 0; i < ROUNDS; i++) {
         if (memhook_set_event_handler(MEMHOOK_EVENT_VM_MAPPED, 0, main_handler, NULL) != 0) {
@@ -93,8 +66,7 @@ int main(void) {
         memhook_unset_event_handler(MEMHOOK_EVENT_VM_MAPPED, main_handler, NULL);
         progress = i + 1;
     }
-    struct itimerval off = {{0, 0}, {0, 0}};
-    setitimer(ITIMER_REAL, &off, NULL);
+    stop_rounds();
     printf("%ld rounds; %d signals: %d registered, %d refused inside the thread's own change, %d else\n", progress,
            (int)signals, (int)registered, (int)refused, (int)unexplained);
     return failed || unexplained || progress != ROUNDS ? 1 : 0;

@@ -640,10 +640,18 @@ fn a_thread_cancelled_in_a_handler_holds_up_no_registration() {
 /// writer's lock its own thread held, for good.
 #[test]
 fn a_signal_handler_that_registers_never_waits_for_its_own_thread() {
-    let out = out_dir().join("register_in_signal");
-    cc_with("register_in_signal.c", &out, true, &["-pthread"]);
+    runs_its_rounds("register_in_signal", "registration");
+}
+
+/// Builds and runs the example `name` (`ffi/examples/signal_rounds.h`'s
+/// rounds under a timer): it must finish within 120 s and exit 0 (it
+/// ends itself with 3 where a round is stuck). `what`: what a hang
+/// would say waited.
+fn runs_its_rounds(name: &str, what: &str) {
+    let out = out_dir().join(name);
+    cc_with(&format!("{name}.c"), &out, true, &["-pthread"]);
     let Some(o) = output_within(&mut memhook_tests::command(&out), std::time::Duration::from_secs(120)) else {
-        panic!("the program hung: a signal handler's registration waited for its own thread");
+        panic!("the program hung: a signal handler's {what} waited for its own thread");
     };
     assert!(
         o.status.success(),
@@ -665,18 +673,7 @@ fn a_signal_handler_that_registers_never_waits_for_its_own_thread() {
 /// thread held, for good (stuck in the first round).
 #[test]
 fn a_signal_handler_that_installs_never_waits_for_its_own_thread() {
-    let out = out_dir().join("install_in_signal");
-    cc_with("install_in_signal.c", &out, true, &["-pthread"]);
-    let Some(o) = output_within(&mut memhook_tests::command(&out), std::time::Duration::from_secs(120)) else {
-        panic!("the program hung: a signal handler's install waited for its own thread");
-    };
-    assert!(
-        o.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    eprintln!("{}", String::from_utf8_lossy(&o.stdout).trim());
+    runs_its_rounds("install_in_signal", "install");
 }
 
 /// `shmdt` in a process with no descriptor left under its limit (memhook
