@@ -592,7 +592,7 @@ impl Arch for Aarch64 {
     /// pad indirect calls need), `stp x29, x30, [sp, #-n]!` (the frame
     /// record; `add sp, sp, #n`) and `sub sp, sp, #imm` (`add sp, sp,
     /// #imm`); and with nothing to undo, a word that changes only the
-    /// flags or a register no argument is passed in ([`Self::harmless`]):
+    /// flags or a register no argument is passed in (`Self::harmless`):
     /// Debian 12's arm64 glibc begins `munmap` and `madvise` with a `nop`,
     /// `mmap` with `tst x5, #0xfff`, `shmdt` with `mov x8, #197`, `shmat`
     /// with `sxtw x0, w0`.
