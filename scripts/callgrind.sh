@@ -20,7 +20,7 @@ command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind is not installe
 cargo build --release -q -p memhook-ffi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-cc -shared -fPIC -O2 -Wall -Wl,-soname,libcuda.so.1 -o "$out/libcuda.so.1" tests/cuda/fakecuda.c -lpthread
+bash scripts/build-fake-driver.sh "$out"
 cc -O2 -Wall -I include tests/c/instr.c "$out/libcuda.so.1" -L target/release -lmemhook \
     -Wl,-rpath,"$PWD/target/release" -Wl,-rpath,"$out" -o "$out/instr"
 

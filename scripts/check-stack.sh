@@ -18,8 +18,7 @@ if [ "$(uname -m)" != x86_64 ]; then
 fi
 command -v cc >/dev/null || { apt-get update -qq && apt-get install -y -qq gcc; }
 cargo build --release -p memhook-ffi
-cc -shared -fPIC -O2 -Wall -Werror -Wl,-soname,libcuda.so.1 -o target/release/libcuda.so.1 \
-    tests/cuda/fakecuda.c -lpthread
+bash scripts/build-fake-driver.sh target/release
 cc -shared -fPIC -O2 -Wall -Werror -DCLIENT_CUDART -Wl,-soname,libcudart.so.13 -o target/release/libcudart.so.13 \
     tests/cuda/clients.c -ldl
 cc -O2 -Wall -Werror -I include tests/c/stack_use.c target/release/libcuda.so.1 target/release/libcudart.so.13 \

@@ -9,10 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$1
 out=$2
-command -v cc >/dev/null || { apt-get update -qq && apt-get install -y -qq gcc; }
+bash scripts/build-fake-driver.sh "$out"
 cargo build -p memhook-ffi
-mkdir -p "$out"
 prog=$(basename "$src" .c)
-cc -shared -fPIC -O2 -Wall -Werror -Wl,-soname,libcuda.so.1 -o "$out/libcuda.so.1" tests/cuda/fakecuda.c -lpthread
 cc -O2 -Wall -Werror -I include "$src" "$out/libcuda.so.1" -L target/debug -lmemhook \
     -Wl,-rpath,"$PWD/target/debug" -Wl,-rpath,"$PWD/$out" -o "$out/${prog//_/-}"
