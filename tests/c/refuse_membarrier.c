@@ -5,14 +5,11 @@
  *   ./refuse_membarrier python3 tests/gpu/install_in_torch.py
  * (linux/tests/no_membarrier.rs tests the same fallback in CI.) x86_64. */
 #include <errno.h>
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
-#include <stddef.h>
 #include <stdio.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "seccomp_x86_64.h"
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -20,16 +17,12 @@ int main(int argc, char **argv) {
         return 2;
     }
     struct sock_filter filter[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        SECCOMP_X86_64_NR,
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_membarrier, 0, 1),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
-    struct sock_fprog program = {sizeof filter / sizeof filter[0], filter};
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
+    if (install_seccomp_filter(filter, sizeof filter / sizeof filter[0]) != 0) {
         perror("refuse_membarrier: seccomp");
         return 1;
     }
