@@ -323,7 +323,7 @@ impl core::error::Error for InsideMemhook {}
 /// one of its locks: code that asks is a signal handler that interrupted
 /// that work (memhook runs no event handler under its locks). There
 /// [`try_install`] and [`try_uninstall`] return [`InsideMemhook`],
-/// [`install`] and [`uninstall`] do nothing, [`status`] and
+/// [`install`], [`uninstall`] and [`refresh`] do nothing, [`status`] and
 /// [`namespaces`] are empty and [`status_at`] finds no entry, at once:
 /// each would wait for the lock its own thread holds, for good.
 /// Registering a handler ([`crate::set_handler`]) does not wait on these
@@ -1221,7 +1221,13 @@ fn cuda_status_len() -> usize {
 /// `dlopen` made from memhook's own object (the program itself, when
 /// memhook is linked into it as a Rust crate, since reloc leaves that
 /// object alone). Loads through any other object are seen as they happen.
+/// Does nothing where asked for by a signal handler that interrupted
+/// memhook's own work on its thread ([`inside_memhook`]), whose lock the
+/// look would wait for.
 pub fn refresh() {
+    if inside_memhook() {
+        return;
+    }
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::reloc::refresh();
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]

@@ -2237,6 +2237,26 @@ mod tests {
 
     use super::*;
 
+    /// A look for unseen loads (`memhook::refresh`) asked for where this
+    /// thread holds reloc's state (as a signal handler that interrupted a
+    /// status or an uninstall finds it) returns at once. Before, it spun
+    /// on the state its own thread held, for good (here the check thread
+    /// would never answer).
+    #[test]
+    fn a_refresh_inside_memhooks_own_work_returns_at_once() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let held = STATE.lock();
+            crate::install::refresh();
+            drop(held);
+            tx.send(()).unwrap();
+        });
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_secs(60)).is_ok(),
+            "a refresh waited for the state its own thread holds"
+        );
+    }
+
     fn object(base: usize, loads: Option<(u64, u64)>) -> Object<'static> {
         Object {
             id: ObjectId { base, phdr: base + 64 },
