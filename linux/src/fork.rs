@@ -462,47 +462,22 @@ pub struct Mutex<T> {
 
 /// A held [`Mutex`]: the lock is let go before the section ends.
 pub struct Guard<'a, T> {
-    // Dropped in this order: the lock, then the mark, then the section.
     guard: spin::MutexGuard<'a, T>,
-    _mark: Taking,
     _section: Section,
 }
 
-thread_local! {
-    /// How many of memhook's locks ([`Mutex`]) this thread holds or is
-    /// taking. No destructor (see `dispatch::Local`).
-    static TAKING: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
-}
-
-/// Counts in [`TAKING`] one lock this thread holds or is taking, from
-/// before it asks for it until after it lets go: a signal handler that
-/// interrupts the thread anywhere in between sees it ([`inside_lock`]).
-/// A handler that takes a lock itself gives its count back before it
-/// returns, so the interrupted count stays right.
-struct Taking(core::marker::PhantomData<*const ()>);
-
-impl Taking {
-    fn new() -> Taking {
-        TAKING.with(|t| t.set(t.get() + 1));
-        Taking(core::marker::PhantomData)
-    }
-}
-
-impl Drop for Taking {
-    fn drop(&mut self) {
-        TAKING.with(|t| t.set(t.get() - 1));
-    }
-}
-
-/// Whether this thread holds one of memhook's locks or is taking one.
-/// Where code running on the thread asks for one then, it is a signal
-/// handler that interrupted memhook's own work (memhook runs no handler
-/// of its users under its locks), and a wait for the lock could be a
-/// wait for the interrupted work, which goes on only when the handler
-/// returns: an install, uninstall or status asked for there returns at
-/// once instead (`crate::install::inside_memhook`).
+/// Whether this thread is in a section: it holds one of memhook's locks
+/// or is taking one (a [`Mutex`] enters its section before it asks and
+/// leaves it after it lets go), or walks the loaded objects with the
+/// loader's lock held ([`iterate_phdr`], the loader's breakpoint). Where
+/// code running on the thread asks then, it is a signal handler that
+/// interrupted memhook's own work (memhook runs no handler of its users
+/// in a section), and a wait for a lock could be a wait for the
+/// interrupted work, which goes on only when the handler returns: an
+/// install, uninstall or status asked for there returns at once instead
+/// (`crate::install::inside_memhook`).
 pub(crate) fn inside_lock() -> bool {
-    TAKING.with(|t| t.get() != 0)
+    own() != 0
 }
 
 impl<T> Mutex<T> {
@@ -516,10 +491,8 @@ impl<T> Mutex<T> {
     /// Takes the lock (entering a section first).
     pub fn lock(&self) -> Guard<'_, T> {
         let section = section();
-        let mark = Taking::new();
         Guard {
             guard: self.inner.lock(),
-            _mark: mark,
             _section: section,
         }
     }
@@ -528,10 +501,8 @@ impl<T> Mutex<T> {
     /// wait for a fork being made).
     pub fn try_lock(&self) -> Option<Guard<'_, T>> {
         let section = section();
-        let mark = Taking::new();
         self.inner.try_lock().map(|guard| Guard {
             guard,
-            _mark: mark,
             _section: section,
         })
     }

@@ -320,7 +320,8 @@ impl fmt::Display for InsideMemhook {
 impl core::error::Error for InsideMemhook {}
 
 /// Whether this thread is inside memhook's own work, holding or taking
-/// one of its locks: code that asks is a signal handler that interrupted
+/// one of its locks or walking the loaded objects with the loader's lock
+/// held (`crate::fork::inside_lock`): code that asks is a signal handler that interrupted
 /// that work (memhook runs no event handler under its locks). There
 /// [`try_install`] and [`try_uninstall`] return [`InsideMemhook`],
 /// [`install`], [`uninstall`] and [`refresh`] do nothing, [`status`] and
