@@ -599,7 +599,6 @@ impl Arch for Aarch64 {
     fn keep_first(code: &[u8]) -> Option<(usize, PatchBytes)> {
         let pad = Self::pad(code);
         let w = Self::word(code, pad)?;
-        let mut u = PatchBytes::new();
         let undo = match w {
             PACIASP => AUTIASP,
             PACIBSP => AUTIBSP,
@@ -609,9 +608,10 @@ impl Arch for Aarch64 {
             }
             // sub sp, sp, #imm12 (lsl #12 or not)
             _ if w & 0xffc0_03ff == 0xd100_03ff || w & 0xffc0_03ff == 0xd140_03ff => ADD_SP | (w & 0x007f_fc00),
-            _ if Self::harmless(w) => return Some((pad + 4, u)),
+            _ if Self::harmless(w) => return Some((pad + 4, PatchBytes::new())),
             _ => return None,
         };
+        let mut u = PatchBytes::new();
         u.extend_from_slice(&undo.to_le_bytes()).ok()?;
         Some((pad + 4, u))
     }
