@@ -586,7 +586,12 @@ const char *memhook_last_error(void);
 
  `target` must be a function entry, `hook` a function with the same
  signature and calling convention, and `original`/`handle` valid for a
- write. The hook must call the original only through `*original`.
+ write. The hook must call the original only through `*original`. It
+ gets every argument the function reads as the caller passed it; where
+ the function's first instruction runs before it (kept at the entry,
+ so that a uprobe there leaves the hook whole), a parameter the
+ function never reads, whose register that instruction overwrites, may
+ hold something else.
  */
 int memhook_patch(void *target, void *hook, void **original, struct memhook_patch_t **handle);
 

@@ -294,17 +294,21 @@ impl Aarch64 {
     /// `adds`, `ands`, `bics` into the zero register: only the flags
     /// change, and no function's caller leaves anything in them for it);
     /// or a `movz`, `movn`, a register or bitmask `mov`, an `add` or `sub`
-    /// of an immediate, into x8 to x15. Those carry no argument (x8 only a
-    /// large result's address, which a function that overwrites it first
-    /// does not return; glibc's system calls load their number there), so
-    /// the hook, of the function's signature, reads nothing the caller
-    /// left there. Not x16 and x17, the trampoline's own scratch, nor a
+    /// of an immediate or a `sxtw`, into x9 to x15 (which carry no
+    /// argument), or into x0 to x8 where it does not read the register it
+    /// writes: a function whose first word overwrites what was passed
+    /// there never reads it, so it takes no argument there (x8: no large
+    /// result's address) and the hook, of its signature, reads none
+    /// either (glibc's system calls load their number into x8; its `brk`
+    /// begins `mov x1, x0`, `creat` `mov w2, w1`). Not x16 and x17, the
+    /// trampoline's own scratch, nor x18 or a callee-saved register, nor a
     /// PC-relative word (its copy would read elsewhere) or a load (its
     /// address may be a device's memory, where a second read is not the
     /// first). And a `sxtw` of a register into itself (glibc's `shmat`
-    /// and `ftruncate` begin `sxtw x0, w0`): it changes only the upper
-    /// half of a 32-bit argument, which the caller leaves undefined and
-    /// the hook, of the same signature, does not read.
+    /// and `ftruncate` begin `sxtw x0, w0`), or a `mov` of its 32 bits
+    /// into itself: it changes only the upper half of a 32-bit argument,
+    /// which the caller leaves undefined and the hook, of the same
+    /// signature, does not read.
     fn harmless(w: u32) -> bool {
         const NOP: u32 = 0xd503_201f;
         let (rd, rn) = (w & 31, (w >> 5) & 31);
@@ -317,15 +321,23 @@ impl Aarch64 {
                 || w & 0x7fe0_0000 == 0x2b20_0000 // adds, extended register
                 || w & 0x7f80_0000 == 0x7200_0000 // ands, immediate (tst)
                 || w & 0x7f00_0000 == 0x6a00_0000); // ands/bics, shifted register
-        let scratch = (8..=15).contains(&rd)
+        let (rm, shift) = ((w >> 16) & 31, (w >> 10) & 63);
+        // What the function was passed in rd is not read (x9 to x15
+        // carry nothing).
+        let unread = |read: u32| rd >= 9 || read != rd;
+        let sxtw = w & 0xffff_fc00 == 0x9340_7c00;
+        let moves = rd <= 15
             && (w & 0x7f80_0000 == 0x5280_0000 // movz
                 || w & 0x7f80_0000 == 0x1280_0000 // movn
-                || (w & 0x7f20_0000 == 0x2a00_0000 && rn == 31) // orr, shifted register, from zr: mov
+                // orr, shifted register, from zr: mov (of itself, no shift:
+                // only the upper half of a 32-bit argument)
+                || (w & 0x7f20_0000 == 0x2a00_0000 && rn == 31 && (unread(rm) || shift == 0))
                 || (w & 0x7f80_0000 == 0x3200_0000 && rn == 31) // orr, bitmask immediate, from zr: mov
-                || w & 0x7f80_0000 == 0x1100_0000 // add, immediate
-                || w & 0x7f80_0000 == 0x5100_0000); // sub, immediate
-        let widens_itself = w & 0xffff_fc00 == 0x9340_7c00 && rd == rn; // sxtw xn, wn
-        w == NOP || flags_only || scratch || widens_itself
+                || (w & 0x7f80_0000 == 0x1100_0000 && unread(rn)) // add, immediate
+                || (w & 0x7f80_0000 == 0x5100_0000 && unread(rn)) // sub, immediate
+                || sxtw);
+        let widens_itself = sxtw && rd == rn; // sxtw xn, wn
+        w == NOP || flags_only || moves || widens_itself
     }
 
     /// The word at byte `at` of `code`, if whole.

@@ -70,18 +70,20 @@ fn landing_pads_stay_at_the_entry() {
 /// and the trampoline signs again for the original; the plain relocation
 /// refuses it. A frame record's `stp x29, x30, [sp, #-n]!` and a `sub
 /// sp` are kept too (undone by `add sp`), and with nothing to undo a
-/// `nop`, a compare or test, and a move or immediate add into x8 to x15
-/// (Debian 12's glibc: `munmap`'s `nop`, `mmap`'s `tst x5, #0xfff`,
-/// `shmdt`'s `mov x8, #197`) and a `sxtw` of an argument into itself
-/// (`shmat`'s), so that a uprobe on the entry leaves the patch whole.
-/// Nothing else that writes an argument register, nor what writes x16/x17
-/// or memory, reads memory, or is PC-relative is kept.
+/// `nop`, a compare or test, a move or immediate add into x9 to x15, or
+/// into x0 to x8 where it does not read what was passed there (Debian
+/// 12's glibc: `munmap`'s `nop`, `mmap`'s `tst x5, #0xfff`, `shmdt`'s
+/// `mov x8, #197`, `creat`'s `mov w2, w1`), and a `sxtw` of an argument
+/// into itself (`shmat`'s), so that a uprobe on the entry leaves the
+/// patch whole. Nothing that changes an argument from what was passed,
+/// nor what writes x16 to x18, a callee-saved register or memory, reads
+/// memory, or is PC-relative is kept.
 #[test]
 fn pointer_authentication_and_frame_setup_are_kept_with_their_undo() {
     const ADD_SP_16: u32 = 0x910043ff; // add sp, sp, #16
     // (the words, what keep_first answers: the kept length and the undo)
     type Case<'a> = (&'a [u32], Option<(usize, &'a [u32])>);
-    let cases: [Case<'_>; 37] = [
+    let cases: [Case<'_>; 47] = [
         (&[PACIASP, 0xa9bf7bfd], Some((4, &[AUTIASP]))),
         (&[BTI_C, PACIASP, 0xa9bf7bfd], Some((8, &[AUTIASP]))),
         (&[PACIBSP, 0xa9bf7bfd], Some((4, &[AUTIBSP]))),
@@ -110,9 +112,19 @@ fn pointer_authentication_and_frame_setup_are_kept_with_their_undo() {
         (&[0x10000009], None),                    // adr x9, .
         (&[0x90000008], None),                    // adrp x8, .
         (&[0xd2800010], None),                    // mov x16, #0: the trampoline's
-        (&[0xaa0003e2], None),                    // mov x2, x0: an argument
+        (&[0xaa0003e2], Some((4, &[]))),          // mov x2, x0: x2 unread
+        (&[0x2a0103e2], Some((4, &[]))),          // mov w2, w1 (glibc's creat)
+        (&[0x52804822], Some((4, &[]))),          // mov w2, #0x241
+        (&[0x91002001], Some((4, &[]))),          // add x1, x0, #8
+        (&[0xaa0103e1], Some((4, &[]))),          // mov x1, x1
+        (&[0x2a0103e1], Some((4, &[]))),          // mov w1, w1: its upper half
+        (&[0x91002021], None),                    // add x1, x1, #8: changes x1
+        (&[0x91004108], None),                    // add x8, x8, #16: a result's address
+        (&[0xaa010be1], None),                    // orr x1, xzr, x1, lsl #2: changes x1
+        (&[0xaa0003f3], None),                    // mov x19, x0: callee-saved
+        (&[0xd2800012], None),                    // mov x18, #0: the platform's
         (&[0x93407c00], Some((4, &[]))),          // sxtw x0, w0: its upper half
-        (&[0x93407c02], None),                    // sxtw x2, w0: an argument
+        (&[0x93407c02], Some((4, &[]))),          // sxtw x2, w0: x2 unread
         (&[0xf1000400], None),                    // subs x0, x0, #1: an argument
         (&[0xf9400008], None),                    // ldr x8, [x0]: a load
         (&[0x58000008], None),                    // ldr x8, literal

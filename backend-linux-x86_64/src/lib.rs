@@ -186,6 +186,40 @@ fn direct_target(instr: &Instruction) -> Option<usize> {
 }
 
 impl X86_64 {
+    /// Whether `instr` (a `mov`, `movzx`, `movsx`, `movsxd`, `lea` or
+    /// `xor` into a register) writes a whole argument register (`rdi`,
+    /// `rsi`, `rdx`, `rcx`, `r8`, `r9`: its 32 or 64 bits) without reading
+    /// it: a function whose first instruction does so never reads the
+    /// value passed there, so it takes no argument there (a variadic one
+    /// would have saved it first), and a hook of its signature reads none
+    /// either (glibc's `mov edx, edi`: a function of one or two
+    /// arguments). `xor` only as the zeroing idiom (`xor edx, edx`). A
+    /// `mov` or `movsxd` of a register's low 32 bits into itself is
+    /// kept too: it changes only the upper half of an `int` argument,
+    /// which the caller leaves undefined.
+    fn argument_dead(instr: &Instruction) -> bool {
+        let dest = instr.op0_register();
+        let whole = matches!(dest.size(), 4 | 8);
+        let argument = matches!(
+            dest.full_register(),
+            Register::RDI | Register::RSI | Register::RDX | Register::RCX | Register::R8 | Register::R9
+        );
+        let reads = |r: Register| r != Register::None && r.full_register() == dest.full_register();
+        let source = (instr.op1_kind() == OpKind::Register).then(|| instr.op1_register());
+        let dead = match instr.mnemonic() {
+            Mnemonic::Xor => source == Some(dest),
+            Mnemonic::Lea => !reads(instr.memory_base()) && !reads(instr.memory_index()),
+            _ => match source {
+                Some(r) if reads(r) => {
+                    (matches!(instr.mnemonic(), Mnemonic::Mov | Mnemonic::Movsxd) && r.size() == 4) || r == dest
+                }
+                Some(_) => true,
+                None => !reads(instr.memory_base()) && !reads(instr.memory_index()),
+            },
+        };
+        whole && argument && dead
+    }
+
     /// [`Arch::relocate_empty`]'s case: after the landing pad, a lone
     /// `ret` (or `repz ret`), then padding (`nop` of any length, `int3`)
     /// over the rest of the `need` bytes, all inside the 16-byte block the
@@ -464,7 +498,9 @@ impl Arch for X86_64 {
     /// a `mov`, `movzx`, `movsx`, `movsxd`, `lea` or `xor` that writes only
     /// `rax`, `r10` or `r11` (no argument is passed in them; a variadic
     /// function's `al` is read by its own prologue, which the trampoline
-    /// runs after the kept instruction again), and a `cmp` or `test`
+    /// runs after the kept instruction again) or an argument register
+    /// whose value the function never reads (`X86_64::argument_dead`:
+    /// `mov edx, edi`), and a `cmp` or `test`
     /// (which change only the flags; no function's caller leaves anything
     /// in them for it). Memory is read only RIP-relative, from the
     /// library's own data (the trampoline's copy reads the same address):
@@ -483,15 +519,15 @@ impl Arch for X86_64 {
             return None;
         }
         let compares = matches!(instr.mnemonic(), Mnemonic::Cmp | Mnemonic::Test);
-        let loads_scratch = instr.op0_kind() == OpKind::Register
-            && matches!(
-                instr.op0_register().full_register(),
-                Register::RAX | Register::R10 | Register::R11
-            )
+        let loads = instr.op0_kind() == OpKind::Register
             && matches!(
                 instr.mnemonic(),
                 Mnemonic::Mov | Mnemonic::Movzx | Mnemonic::Movsx | Mnemonic::Movsxd | Mnemonic::Lea | Mnemonic::Xor
             );
+        let dest = instr.op0_register();
+        let loads_scratch = loads
+            && (matches!(dest.full_register(), Register::RAX | Register::R10 | Register::R11)
+                || Self::argument_dead(&instr));
         let memory_read =
             (compares || loads_scratch) && (instr.is_ip_rel_memory_operand() || instr.mnemonic() == Mnemonic::Lea);
         let operands_fit = (0..instr.op_count()).all(|i| {

@@ -247,7 +247,10 @@ pub trait Arch {
     /// The function's first instruction where it may stay at the entry,
     /// ahead of the patch: its length, and the code that undoes what it
     /// did before the hook runs (empty where it needs no undoing: it only
-    /// wrote a scratch register no argument is passed in). `None` where
+    /// set the flags, or wrote a scratch register no argument is passed
+    /// in, or an argument register whose value the function never reads,
+    /// since it overwrites it first: a hook of the function's signature
+    /// does not read it either). `None` where
     /// `code` begins with a landing pad (which stays anyway) or with an
     /// instruction that cannot run before the hook. The default: `None`.
     ///

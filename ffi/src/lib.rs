@@ -461,7 +461,12 @@ mod patching {
 ///
 /// `target` must be a function entry, `hook` a function with the same
 /// signature and calling convention, and `original`/`handle` valid for a
-/// write. The hook must call the original only through `*original`.
+/// write. The hook must call the original only through `*original`. It
+/// gets every argument the function reads as the caller passed it; where
+/// the function's first instruction runs before it (kept at the entry,
+/// so that a uprobe there leaves the hook whole), a parameter the
+/// function never reads, whose register that instruction overwrites, may
+/// hold something else.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn memhook_patch(
     target: *mut c_void,

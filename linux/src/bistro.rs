@@ -759,7 +759,11 @@ impl Hook {
     /// same signature and ABI, and the hook must call the original (if at
     /// all) only through `original`. Code that jumps into the middle of the
     /// patched bytes from outside the 64 bytes memhook can see is not
-    /// detected.
+    /// detected. The hook gets every argument the function reads as the
+    /// caller passed it; a parameter the function never reads, whose
+    /// register its first instruction overwrites, may hold something else
+    /// where that instruction is kept ahead of the patch
+    /// ([`memhook_core::patch::Arch::keep_first`]).
     ///
     /// # Errors
     ///

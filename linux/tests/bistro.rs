@@ -4,7 +4,7 @@
 //! threads call the function.
 #![cfg(all(feature = "bistro", target_arch = "x86_64"))]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex, OnceLock};
 
 use memhook::bistro::{BistroError, Hook, Request, can_patch};
@@ -34,9 +34,9 @@ struct Prologues {
     /// `mh_t_sys(a0, a1, a2, nr)`: a system call under the patch.
     sys: Sys,
     /// `mh_t_frame`, `mh_t_alloca`, `mh_t_getpid`, `mh_t_single`,
-    /// `mh_t_load`, `mh_t_test`: first instructions kept ahead of the
-    /// patch.
-    kept: [unsafe extern "C" fn(i32) -> i32; 6],
+    /// `mh_t_load`, `mh_t_test`, `mh_t_arg`: first instructions kept
+    /// ahead of the patch.
+    kept: [unsafe extern "C" fn(i32) -> i32; 7],
 }
 
 type Sys = unsafe extern "C" fn(usize, usize, usize, usize) -> isize;
@@ -91,6 +91,7 @@ fn lib() -> &'static Prologues {
                 f1(c"mh_t_single"),
                 f1(c"mh_t_load"),
                 f1(c"mh_t_test"),
+                f1(c"mh_t_arg"),
             ],
         }
     })
@@ -164,7 +165,19 @@ fn patch_call_unpatch(
     }
 }
 
-hook!(hook_kept, ORIG_KEPT, CALLS_KEPT);
+static ORIG_KEPT: AtomicUsize = AtomicUsize::new(0);
+static CALLS_KEPT: AtomicUsize = AtomicUsize::new(0);
+/// The argument `hook_kept` was last called with.
+static SEEN_KEPT: AtomicI32 = AtomicI32::new(i32::MIN);
+
+/// `hook!`'s hook that also keeps the argument it was called with.
+extern "C" fn hook_kept(a: i32) -> i32 {
+    CALLS_KEPT.fetch_add(1, Ordering::SeqCst);
+    SEEN_KEPT.store(a, Ordering::SeqCst);
+    // SAFETY: set to the trampoline (same signature) before the patch.
+    let original: Fn1 = unsafe { std::mem::transmute(ORIG_KEPT.load(Ordering::Acquire)) };
+    original(a) + 1000
+}
 
 /// Code that does what the kernel does while a uprobe is on a function's
 /// entry: runs the library's first instruction (`first`, as the file has
@@ -211,8 +224,8 @@ fn uprobe_on_a_kept_entry_keeps_the_hook() {
     // SAFETY: getpid cannot fail.
     let pid = unsafe { libc::getpid() };
     // What each returns of its argument: a + 7, a + 9, getpid() + a,
-    // a + 11, a + 13, a + 13.
-    for (f, add) in lib().kept.into_iter().zip([7, 9, pid, 11, 13, 13]) {
+    // a + 11, a + 13, a + 13, a + 17.
+    for (f, add) in lib().kept.into_iter().zip([7, 9, pid, 11, 13, 13, 17]) {
         let want = |a: i32| a + add;
         let entry = f as usize;
         let before = entry_bytes(entry);
@@ -239,8 +252,12 @@ fn uprobe_on_a_kept_entry_keeps_the_hook() {
         for a in [0, 5, -3] {
             // SAFETY: the test functions take an i32 and return one.
             assert_eq!(unsafe { f(a) }, want(a) + 1000, "hooked, {before:02x?}");
+            // The hook saw what was passed (the kept instruction wrote
+            // no argument of its signature).
+            assert_eq!(SEEN_KEPT.swap(i32::MIN, Ordering::SeqCst), a, "{before:02x?}");
             assert_eq!(original(a), want(a), "original, {before:02x?}");
             assert_eq!(probed(a), want(a) + 1000, "hooked under a uprobe, {before:02x?}");
+            assert_eq!(SEEN_KEPT.swap(i32::MIN, Ordering::SeqCst), a, "{before:02x?}");
         }
         assert_eq!(CALLS_KEPT.load(Ordering::SeqCst) - n, 6);
         h.unpatch().map_err(|(_, e)| e).unwrap();

@@ -78,6 +78,15 @@ core::arch::global_asm!(
     "sxtw x0, w0",
     "add x0, x0, #7",
     "ret",
+    // An argument register the function never reads, written (glibc's
+    // brk: `mov x1, x0`): the hook gets x0 as passed, the trampoline sets
+    // x1 again for the original (the caller's x1 is whatever it was).
+    ".globl mh_r_arg",
+    ".p2align 4",
+    "mh_r_arg:",
+    "mov x1, x0",
+    "add x0, x1, #8",
+    "ret",
     ".globl mh_r_adrp",
     ".p2align 4",
     "mh_r_adrp:",
@@ -222,6 +231,7 @@ unsafe extern "C" {
     fn mh_r_cmp(x: u64) -> u64;
     fn mh_r_scratch(x: u64) -> u64;
     fn mh_r_sxtw(x: u64) -> u64;
+    fn mh_r_arg(x: u64) -> u64;
     fn mh_r_adrp(x: u64) -> u64;
     fn mh_r_lit(x: u64) -> u64;
     fn mh_r_cbz(x: u64) -> u64;
@@ -326,7 +336,8 @@ fn out_of_line(first: u32, back: usize) -> F {
 }
 
 /// A first word that `keep_first` keeps (`paciasp`, the frame record's
-/// `stp`, a `nop`, a `cmp`, a `mov` into x9, a `sxtw` of x0) stays at
+/// `stp`, a `nop`, a `cmp`, a `mov` into x9, a `sxtw` of x0, a `mov`
+/// into x1 of a function of one argument) stays at
 /// the entry and the patch follows it: a uprobe on the entry, which runs
 /// that word out of line and goes on after it, goes into the patch, and
 /// the hook runs with x30 and SP as the caller left them (an `autiasp` or
@@ -342,6 +353,7 @@ fn uprobe_on_a_kept_entry_keeps_the_hook() {
         (mh_r_cmp as F, 5),
         (mh_r_scratch as F, 6),
         (mh_r_sxtw as F, 7),
+        (mh_r_arg as F, 8),
     ];
     for (f, add) in kept {
         let at = f as *const () as usize;

@@ -134,8 +134,9 @@ mh_t_sys:
  * `push rbp` (the patch's way to the hook undoes it), a stack allocation
  * (Debian glibc's mremap: `sub rsp, 0x58`), and a system-call wrapper's
  * `mov eax, n` (Debian glibc's munmap; here getpid, plus the argument);
- * mh_t_single, mh_t_load and mh_t_test below: a read of a global
- * compared, a global loaded, an argument tested. */
+ * mh_t_single, mh_t_load, mh_t_test and mh_t_arg below: a read of a
+ * global compared, a global loaded, an argument tested, an unread
+ * argument register written. */
         .globl mh_t_frame
         .type mh_t_frame, @function
         .p2align 4
@@ -215,6 +216,22 @@ mh_t_test:
         lea eax, [rdi + 13]
         ret
 6:      mov eax, 13
+        ret
+        int3
+
+/* A write of an argument register the function never reads (glibc's
+ * `mov edx, edi` entries, of one- or two-argument functions): kept, so
+ * the hook runs with edi (its one argument) as the caller passed it, and
+ * run again by the trampoline (the original returns a + 17 only from
+ * esi as the copy sets it: the caller's esi is whatever it was). */
+        .globl mh_t_arg
+        .type mh_t_arg, @function
+        .p2align 4
+mh_t_arg:
+        mov esi, edi
+        lea eax, [rsi + 17]
+        nop
+        nop
         ret
         int3
 

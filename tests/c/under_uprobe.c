@@ -7,7 +7,10 @@
  * program patches itself (memhook_patch) with a hook that counts its
  * calls (Debian 12's begins mov rax, [rip+d]: a load of a global, kept
  * and re-aimed in the trampoline; the kernel runs the file's copy out of
- * line with its own re-aim). A
+ * line with its own re-aim), and on libc's iswalpha, patched the same
+ * way by a hook that also keeps its argument (Debian 12's begins mov
+ * edx, edi: a write of an argument register the function never reads,
+ * kept; the hook must still get its one argument as passed). A
  * uprobe replaces the entry's first instruction with int3, runs the
  * file's copy of it out of line and goes on after it; taken out, it
  * writes the file's first bytes back. bistro keeps that instruction and
@@ -16,10 +19,11 @@
  * Prints, for each function, "probe NAME FILE OFFSET" (the uprobe's
  * place: its file and the entry's offset in it) and then "ready"; then,
  * for each line read on stdin, one phase: 5 allocations and frees and
- * 5 pages mapped and unmapped, 5 calls of getpagesize, and "phase N:
- * allocations A, frees F, munmaps M, getpagesize hooked G, failed E"
- * (E: calls that failed or gave a wrong page size; G counts glibc's own
- * calls too). Exits 0 when every phase saw every call and none failed,
+ * 5 pages mapped and unmapped, 5 calls of getpagesize and of iswalpha,
+ * and "phase N: allocations A, frees F, munmaps M, getpagesize hooked
+ * G, iswalpha hooked W, failed E" (E: calls that failed, gave a wrong
+ * page size or class, or whose hook saw another argument; G and W count
+ * glibc's own calls too). Exits 0 when every phase saw every call and none failed,
  * 1 otherwise, 2 where memhook's bistro hooks are not in. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -30,6 +34,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <wctype.h>
 
 #include "memhook.h"
 
@@ -40,13 +45,22 @@ int cuMemAlloc_v2(uint64_t *, size_t);
 int cuMemFree_v2(uint64_t);
 
 #define ROUNDS 5
-static volatile int allocs, frees, munmaps, pagesizes;
+static volatile int allocs, frees, munmaps, pagesizes, alphas;
+static volatile wint_t alpha_seen;
 
 static int (*original_getpagesize)(void);
 
 static int hook_getpagesize(void) {
     pagesizes++;
     return original_getpagesize();
+}
+
+static int (*original_iswalpha)(wint_t);
+
+static int hook_iswalpha(wint_t wc) {
+    alphas++;
+    alpha_seen = wc;
+    return original_iswalpha(wc);
 }
 
 static void count(uint32_t type, memhook_event_t *e, void *arg) {
@@ -112,8 +126,14 @@ int main(void) {
         fprintf(stderr, "under_uprobe: getpagesize: %s\n", memhook_last_error());
         return 2;
     }
+    void *alpha = dlsym(RTLD_DEFAULT, "iswalpha");
+    if (!alpha || memhook_patch(alpha, (void *)hook_iswalpha, (void **)&original_iswalpha, &handle) != 0) {
+        fprintf(stderr, "under_uprobe: iswalpha: %s\n", memhook_last_error());
+        return 2;
+    }
     if (probe_line("cuMemAlloc_v2", (void *)cuMemAlloc_v2) || probe_line("cuMemFree_v2", (void *)cuMemFree_v2) ||
-        probe_line("munmap", dlsym(RTLD_DEFAULT, "munmap")) || probe_line("getpagesize", gps))
+        probe_line("munmap", dlsym(RTLD_DEFAULT, "munmap")) || probe_line("getpagesize", gps) ||
+        probe_line("iswalpha", alpha))
         return 2;
     long page = sysconf(_SC_PAGESIZE);
     printf("ready\n");
@@ -121,19 +141,22 @@ int main(void) {
     int ok = 1;
     char line[64];
     for (int phase = 1; fgets(line, sizeof line, stdin); phase++) {
-        int a0 = allocs, f0 = frees, m0 = munmaps, g0 = pagesizes, failed = 0;
+        int a0 = allocs, f0 = frees, m0 = munmaps, g0 = pagesizes, w0 = alphas, failed = 0;
         for (int i = 0; i < ROUNDS; i++) {
             uint64_t d = 0;
             if (cuMemAlloc_v2(&d, 4096) != 0 || cuMemFree_v2(d) != 0) failed++;
             void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
             if (p == MAP_FAILED || munmap(p, 4096) != 0) failed++;
             if (getpagesize() != page) failed++;
+            /* A letter and a digit, each seen by the hook as passed. */
+            if (!iswalpha(L'a' + i) || alpha_seen != (wint_t)(L'a' + i)) failed++;
+            if (iswalpha(L'0' + i) || alpha_seen != (wint_t)(L'0' + i)) failed++;
         }
-        int a = allocs - a0, f = frees - f0, m = munmaps - m0, g = pagesizes - g0;
-        printf("phase %d: allocations %d, frees %d, munmaps %d, getpagesize hooked %d, failed %d\n", phase, a, f, m, g,
-               failed);
+        int a = allocs - a0, f = frees - f0, m = munmaps - m0, g = pagesizes - g0, w = alphas - w0;
+        printf("phase %d: allocations %d, frees %d, munmaps %d, getpagesize hooked %d, iswalpha hooked %d, failed %d\n",
+               phase, a, f, m, g, w, failed);
         fflush(stdout);
-        ok &= a == ROUNDS && f == ROUNDS && m == ROUNDS && g >= ROUNDS && failed == 0;
+        ok &= a == ROUNDS && f == ROUNDS && m == ROUNDS && g >= ROUNDS && w >= 2 * ROUNDS && failed == 0;
     }
     return ok ? 0 : 1;
 }

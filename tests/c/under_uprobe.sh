@@ -2,7 +2,8 @@
 # Runs PROGRAM (tests/c/under_uprobe.c, built against a CUDA driver: the
 # fake one in scripts/check-uprobe.sh, the real one on the GPU host) with
 # memhook's bistro hooks only, and puts uprobes through tracefs on the
-# functions it names (cuMemAlloc_v2, cuMemFree_v2, munmap, getpagesize) between its
+# functions it names (cuMemAlloc_v2, cuMemFree_v2, munmap, getpagesize,
+# iswalpha) between its
 # first and second phase, and takes them out before its third. Passes
 # when the program exits 0 (every allocation, free and unmap seen and
 # every call successful in each phase) and each probe was hit once a call
@@ -83,7 +84,7 @@ pid=
 cat "$log"
 echo "$hits"
 [ "$rc" = 0 ] || fail "the program exited $rc: an event was lost or a call failed under or after a uprobe"
-for f in cuMemAlloc_v2 cuMemFree_v2 munmap getpagesize; do
+for f in cuMemAlloc_v2 cuMemFree_v2 munmap getpagesize iswalpha; do
     n=$(awk -v e="$f" '$2 == e { print $3 }' <<<"$hits")
     [ "${n:-0}" -ge 5 ] || fail "the uprobe on $f was hit ${n:-0} times in phase 2, not once a call"
 done

@@ -6,7 +6,7 @@
 //! `RelocError`; nothing panics.
 
 use memhook_aarch64::{Aarch64, BTI_C, pc_relative_target};
-use memhook_core::patch::Arch;
+use memhook_core::patch::{Arch, RelocError, Relocation};
 
 const ENTRY: usize = 0x4000_0000;
 
@@ -33,11 +33,19 @@ pub fn fuzz_relocate_aarch64(data: &[u8]) {
         assert_eq!(r.skip, Aarch64::entry_skip(code), "past the landing pad alone");
         check(code, need, tramp, &r, 0);
     }
-    // The first instruction kept ahead of the patch, where it can be: the
-    // trampoline runs it first, after its landing pad.
-    if let Some((keep, _)) = Aarch64::keep_first(code)
-        && let Ok(r) = Aarch64::relocate_keeping(code, ENTRY, keep, need, tramp)
-    {
+    // The first instruction kept ahead of the patch, where it can be.
+    let _ = relocate_keeping_checked(code, need, tramp);
+}
+
+/// [`Arch::relocate_keeping`] of `code` (at a fixed entry) after the first
+/// word [`Arch::keep_first`] keeps, to a trampoline at `tramp`, checked as
+/// [`fuzz_relocate_aarch64`] checks a relocation, and the trampoline runs
+/// the kept word first, after its landing pad. `None` where no word is
+/// kept.
+pub fn relocate_keeping_checked(code: &[u8], need: usize, tramp: usize) -> Option<Result<Relocation, RelocError>> {
+    let (keep, _) = Aarch64::keep_first(code)?;
+    let r = Aarch64::relocate_keeping(code, ENTRY, keep, need, tramp);
+    if let Ok(r) = &r {
         let pad = Aarch64::entry_skip(code);
         assert_eq!(r.skip, keep);
         assert_eq!(
@@ -45,13 +53,14 @@ pub fn fuzz_relocate_aarch64(data: &[u8]) {
             words(&code[pad..keep])[..],
             "the kept word runs first"
         );
-        check(code, need, tramp, &r, (keep - pad) / 4);
+        check(code, need, tramp, r, (keep - pad) / 4);
     }
+    Some(r)
 }
 
 /// The checks of one relocation `r` of `code`, whose trampoline runs
 /// `kept` words kept at the entry before the moved ones.
-fn check(code: &[u8], need: usize, tramp: usize, r: &memhook_core::patch::Relocation, kept: usize) {
+fn check(code: &[u8], need: usize, tramp: usize, r: &Relocation, kept: usize) {
     assert!(r.taken >= need && r.taken.is_multiple_of(4) && r.code.len().is_multiple_of(4));
     let out = words(&r.code);
     assert_eq!(out[0], BTI_C, "trampolines start with bti c");

@@ -130,14 +130,18 @@ fn every_fixture_without_endbr64_keeps_its_first_instruction() {
 
 /// What may run before the hook, and what undoes it: a push or a stack
 /// allocation (the hook must find the stack as the caller left it), or
-/// a write of `rax`, `r10` or `r11` (no argument is passed in them).
-/// Nothing that writes another register, touches memory or branches.
+/// a write of `rax`, `r10` or `r11` (no argument is passed in them), or
+/// a whole write of an argument register that does not read it (the
+/// function never reads what was passed there: no hook of its signature
+/// does either). Nothing that writes a callee-saved register or part of
+/// an argument's, changes an argument from what was passed, touches
+/// memory through a register or branches.
 #[test]
 fn keep_first_takes_what_can_run_before_the_hook() {
     let lea8 = [0x48, 0x8d, 0x64, 0x24, 8]; // lea rsp, [rsp+8]
     // (code, what keep_first answers: the kept length and the undo)
     type Case<'a> = (&'a [u8], Option<(usize, &'a [u8])>);
-    let cases: [Case<'_>; 40] = [
+    let cases: [Case<'_>; 53] = [
         (&[0x55, 0x48, 0x89, 0xe5], Some((1, &lea8))), // push rbp
         (&[0x41, 0x54, 0x90], Some((2, &lea8))),       // push r12
         (
@@ -155,7 +159,7 @@ fn keep_first_takes_what_can_run_before_the_hook() {
         (&[0x31, 0xc0], Some((2, &[]))),               // xor eax, eax
         (&[0xf3, 0x0f, 0x1e, 0xfa, 0x55], None),       // endbr64 (a landing pad)
         (&[0x48, 0x89, 0xe5], None),                   // mov rbp, rsp
-        (&[0xbf, 5, 0, 0, 0], None),                   // mov edi, 5: an argument
+        (&[0xbf, 5, 0, 0, 0], Some((5, &[]))),         // mov edi, 5: rdi unread
         (&[0x48, 0x83, 0xef, 0x08], None),             // sub rdi, 8
         (&[0x48, 0x29, 0xc4], None),                   // sub rsp, rax
         (&[0x80, 0x3d, 0, 1, 0, 0, 0], Some((7, &[]))), // cmp byte [rip+0x100], 0
@@ -173,8 +177,21 @@ fn keep_first_takes_what_can_run_before_the_hook() {
         (&[0x48, 0x39, 0xca], Some((3, &[]))),         // cmp rdx, rcx
         (&[0xa8, 1], Some((2, &[]))),                  // test al, 1
         (&[0xf6, 0x05, 0, 1, 0, 0, 1], Some((7, &[]))), // test byte [rip+0x100], 1
-        (&[0x48, 0x8b, 0x0d, 0, 0, 0, 0], None),       // mov rcx, [rip]: an argument
-        (&[0x48, 0x8d, 0x35, 0, 0, 0, 0], None),       // lea rsi, [rip]: an argument
+        (&[0x48, 0x8b, 0x0d, 0, 0, 0, 0], Some((7, &[]))), // mov rcx, [rip]: rcx unread
+        (&[0x48, 0x8d, 0x35, 0, 0, 0, 0], Some((7, &[]))), // lea rsi, [rip]: rsi unread
+        (&[0x89, 0xfa], Some((2, &[]))),               // mov edx, edi (glibc's)
+        (&[0x49, 0x89, 0xf1], Some((3, &[]))),         // mov r9, rsi
+        (&[0x31, 0xd2], Some((2, &[]))),               // xor edx, edx
+        (&[0x48, 0x8d, 0x57, 0x08], Some((4, &[]))),   // lea rdx, [rdi+8]
+        (&[0x48, 0x63, 0xff], Some((3, &[]))),         // movsxd rdi, edi: an int's upper half
+        (&[0x89, 0xff], Some((2, &[]))),               // mov edi, edi: the same
+        (&[0x31, 0xfa], None),                         // xor edx, edi: reads rdx
+        (&[0x48, 0x8d, 0x7f, 0x08], None),             // lea rdi, [rdi+8]: changes rdi
+        (&[0x48, 0x8d, 0x14, 0x14], None),             // lea rdx, [rsp+rdx]: the same
+        (&[0x40, 0x0f, 0xb6, 0xff], None),             // movzx edi, dil: the same
+        (&[0xb2, 0x01], None),                         // mov dl, 1: part of rdx
+        (&[0x89, 0xfb], None),                         // mov ebx, edi: callee-saved
+        (&[0x48, 0x8b, 0x17], None),                   // mov rdx, [rdi]: maybe a device's
         (&[0x8b, 0x07], None),                         // mov eax, [rdi]: maybe a device's
         (&[0x48, 0x85, 0x07], None),                   // test [rdi], rax: the same
         (&[0x48, 0xa1, 0, 0, 0, 0, 0, 0, 0, 0], None), // mov rax, [abs 0]
