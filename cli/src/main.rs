@@ -19,7 +19,8 @@ usage:
   memhook scan [--json] [--list] LIB...
       whether bistro can relocate each exported function's prologue
       (an x86_64 or aarch64 library, on either; --list: also name every
-      function the near form refuses, and why)
+      function the near form refuses, and why, and every one it patches
+      at the entry, where a uprobe would turn the hook off)
   memhook demo
       a built-in workload: host mappings, and CUDA memory with a GPU
   memhook --version
@@ -148,6 +149,9 @@ fn main() {
                         if list {
                             for (name, why) in &s.refused_names {
                                 println!("    refused {name}: {why}");
+                            }
+                            for (name, why) in &s.unkept_names {
+                                println!("    entry not kept {name}: {why}");
                             }
                         }
                     }

@@ -971,6 +971,13 @@ fn scan_meets_the_coverage_bars_on_this_machine() {
                 "refusals are listed with reasons: {t}"
             );
         }
+        // Each function patched near at its entry is named, with why and
+        // its first bytes (where a uprobe would turn its hook off).
+        let unkept = t
+            .lines()
+            .filter(|l| l.starts_with("    entry not kept ") && l.contains("(first bytes: "))
+            .count() as u64;
+        assert_eq!(unkept, near - field(&json, "entry_kept").unwrap(), "{lib}: {json}\n{t}");
     }
 }
 
