@@ -540,12 +540,12 @@ proptest! {
     /// into the patch; nothing panics.
     #[test]
     fn arbitrary_code_after_a_kept_instruction_relocates_or_refuses(
-        first in 0usize..9,
+        first in 0usize..11,
         rest in proptest::collection::vec(any::<u8>(), 0..56),
         entry in 0u32..u32::MAX,
         delta in -0x7000_0000i64..0x7000_0000,
     ) {
-        let heads: [&[u8]; 9] = [
+        let heads: [&[u8]; 11] = [
             &[0x55],
             &[0x41, 0x54],
             &[0x48, 0x83, 0xec, 0x58],
@@ -555,6 +555,8 @@ proptest! {
             &[0x48, 0x8b, 0x05, 0x39, 0x8f, 0x1b, 0], // mov rax, [rip+0x1b8f39]
             &[0x48, 0x8d, 0x05, 0xf0, 0xff, 0xff, 0xff], // lea rax, [rip-0x10]
             &[0x48, 0x85, 0xff],                      // test rdi, rdi
+            &[0x89, 0xfa],                            // mov edx, edi
+            &[0x48, 0x8d, 0x57, 0x08],                // lea rdx, [rdi+8]
         ];
         let mut code = heads[first].to_vec();
         code.extend_from_slice(&rest);
