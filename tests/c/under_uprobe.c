@@ -19,8 +19,8 @@
  * Prints, for each function, "probe NAME FILE OFFSET" (the uprobe's
  * place: its file and the entry's offset in it) and then "ready"; then,
  * for each line read on stdin, one phase: 5 allocations and frees and
- * 5 pages mapped and unmapped, 5 calls of getpagesize and of iswalpha,
- * and "phase N: allocations A, frees F, munmaps M, getpagesize hooked
+ * 5 pages mapped and unmapped, 5 calls of getpagesize, 10 of iswalpha
+ * (a letter and a digit each round), and "phase N: allocations A, frees F, munmaps M, getpagesize hooked
  * G, iswalpha hooked W, failed E" (E: calls that failed, gave a wrong
  * page size or class, or whose hook saw another argument; G and W count
  * glibc's own calls too). Exits 0 when every phase saw every call and none failed,
