@@ -206,16 +206,15 @@ impl X86_64 {
         );
         let reads = |r: Register| r != Register::None && r.full_register() == dest.full_register();
         let source = (instr.op1_kind() == OpKind::Register).then(|| instr.op1_register());
-        let dead = match instr.mnemonic() {
-            Mnemonic::Xor => source == Some(dest),
-            Mnemonic::Lea => !reads(instr.memory_base()) && !reads(instr.memory_index()),
-            _ => match source {
-                Some(r) if reads(r) => {
-                    (matches!(instr.mnemonic(), Mnemonic::Mov | Mnemonic::Movsxd) && r.size() == 4) || r == dest
-                }
-                Some(_) => true,
-                None => !reads(instr.memory_base()) && !reads(instr.memory_index()),
-            },
+        // A `lea`'s source is its address, as a load's (or an immediate's,
+        // which has no base or index).
+        let dead = match (instr.mnemonic(), source) {
+            (Mnemonic::Xor, _) => source == Some(dest),
+            (mnemonic, Some(r)) if reads(r) => {
+                (matches!(mnemonic, Mnemonic::Mov | Mnemonic::Movsxd) && r.size() == 4) || r == dest
+            }
+            (_, Some(_)) => true,
+            (_, None) => !reads(instr.memory_base()) && !reads(instr.memory_index()),
         };
         whole && argument && dead
     }
