@@ -3,6 +3,7 @@
 pub mod cc;
 pub mod elf_fuzz;
 pub mod fakecuda;
+pub mod fixtures;
 pub mod libmemhook;
 pub mod maps_model;
 pub mod memtype_model;

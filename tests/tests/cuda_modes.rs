@@ -173,23 +173,22 @@ fn fake_driver_entries_are_the_real_prologue() {
         let _ = open(&fake().libcuda);
         libcuda()
     };
-    let fixtures = include_str!("../fixtures/prologues-h200-driver580-cuda13-glibc239.tsv");
     let mut checked = 0;
-    for line in fixtures.lines().filter(|l| l.starts_with("libcuda.so.1\t")) {
-        let cols: Vec<&str> = line.split('\t').collect();
-        let name = std::ffi::CString::new(cols[1]).unwrap();
+    for row in memhook_tests::fixtures::read("prologues-h200-driver580-cuda13-glibc239.tsv")
+        .into_iter()
+        .filter(|row| row.library == "libcuda.so.1")
+    {
+        let name = std::ffi::CString::new(row.symbol.as_str()).unwrap();
         // SAFETY: a live handle and a NUL-terminated name.
         let p = unsafe { libc::dlsym(h, name.as_ptr()) } as usize;
         if p == 0 {
             continue; // not a function the fake needs
         }
-        let want: Vec<u8> = (0..26)
-            .map(|i| u8::from_str_radix(&cols[3][2 * i..2 * i + 2], 16).unwrap())
-            .collect();
+        let want = &row.code[..26];
         // SAFETY: the function's code is mapped and at least 26 bytes long.
         let got = unsafe { std::slice::from_raw_parts(p as *const u8, 26) };
         for i in (0..26).filter(|i| !(12..16).contains(i) && !(22..26).contains(i)) {
-            assert_eq!(got[i], want[i], "{}: byte {i}", cols[1]);
+            assert_eq!(got[i], want[i], "{}: byte {i}", row.symbol);
         }
         checked += 1;
     }

@@ -5,27 +5,11 @@ use memhook_aarch64::Aarch64;
 use memhook_core::patch::Arch;
 use memhook_tests::reloc_check_aarch64::relocate_keeping_checked;
 
-fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
-
 /// (symbol, its first 64 bytes) from the fixture.
 fn fixtures() -> Vec<(String, Vec<u8>)> {
-    let path = format!(
-        "{}/fixtures/prologues-debian12-arm64-glibc236.tsv",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|line| {
-            let cols: Vec<&str> = line.split('\t').collect();
-            assert_eq!(cols.len(), 4, "{line}");
-            (cols[1].to_string(), hex(cols[3]))
-        })
+    memhook_tests::fixtures::read("prologues-debian12-arm64-glibc236.tsv")
+        .into_iter()
+        .map(|row| (row.symbol, row.code))
         .collect()
 }
 

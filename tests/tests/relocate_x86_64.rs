@@ -15,38 +15,20 @@ struct Fixture {
     code: Vec<u8>,
 }
 
-fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
-
 fn fixtures() -> Vec<Fixture> {
     let mut all = Vec::new();
     for file in [
         "prologues-debian12-glibc236.tsv",
         "prologues-h200-driver580-cuda13-glibc239.tsv",
     ] {
-        let path = format!("{}/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        for (i, line) in text
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-            .enumerate()
-        {
-            let cols: Vec<&str> = line.split('\t').collect();
-            assert_eq!(cols.len(), 4, "{file}: {line}");
-            let offset = match cols[2] {
-                "-" => 0x10_0000 + i * 0x1000,
-                o => usize::from_str_radix(o.trim_start_matches("0x"), 16).unwrap(),
-            };
+        for (i, row) in memhook_tests::fixtures::read(file).into_iter().enumerate() {
+            let offset = row.offset.unwrap_or(0x10_0000 + i * 0x1000);
             all.push(Fixture {
                 file,
-                library: cols[0].to_string(),
-                symbol: cols[1].to_string(),
+                library: row.library,
+                symbol: row.symbol,
                 entry: 0x7f3a_1200_0000 + offset,
-                code: hex(cols[3]),
+                code: row.code,
             });
         }
     }
