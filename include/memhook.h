@@ -219,7 +219,9 @@
  A record of `MEMHOOK_REPORT_FD`, one per process at its exit: the
  threads moved out of patched bytes and the patches written unchecked
  (`address`: [`memhook_threads_moved`], `size`:
- [`memhook_threads_unchecked`]).
+ [`memhook_threads_unchecked`]), and the looks at the mappings that
+ failed (`value`: [`memhook_mapping_looks_failed`], at most
+ `UINT32_MAX`).
  */
 #define MEMHOOK_RECORD_THREADS 4
 
@@ -778,6 +780,19 @@ uint64_t memhook_threads_moved(void);
  `fork` counts from 0.
  */
 uint64_t memhook_threads_unchecked(void);
+
+/*
+ How many looks at this process's mappings could not read them (no
+ descriptor left under the process's limit, no `/proc` mounted): where
+ this count grows, a file emptied meanwhile (`ftruncate`, `truncate`,
+ `fallocate`, a truncating `open`, `madvise(MADV_REMOVE)`) may have
+ taken pages of the file's other mappings with no `VM_UNMAPPED` for
+ them, and a hugetlb range may have been reported in base pages
+ (`shmdt` reports the attachment as `shmat` made it). A registration
+ cache that sees it grow should drop what it holds of files. A child of
+ `fork` counts from 0.
+ */
+uint64_t memhook_mapping_looks_failed(void);
 
 /*
  memhook's version, `"MAJOR.MINOR.PATCH"` (a static string).

@@ -139,8 +139,9 @@ struct Summary {
     /// reported (at exit): namespace -> (functions, hooked, reason).
     namespaces: BTreeMap<u64, (u64, u32, String)>,
     /// Per process, at its exit: threads moved out of bytes being patched,
-    /// and patches written with the other threads unchecked.
-    threads: BTreeMap<u32, (u64, u64)>,
+    /// patches written with the other threads unchecked, and looks at the
+    /// mappings that failed.
+    threads: BTreeMap<u32, (u64, u64, u64)>,
     total: u64,
     /// The processes that sent records (the command, and its descendants
     /// that load libmemhook).
@@ -191,18 +192,20 @@ impl Summary {
                 self.namespaces.insert(r.address, (r.size, r.value, r.reason));
             }
             KIND_THREADS => {
-                self.threads.insert(r.pid, (r.address, r.size));
+                self.threads.insert(r.pid, (r.address, r.size, u64::from(r.value)));
             }
             _ => {}
         }
     }
 
-    /// Threads moved out of patched bytes, and patches written unchecked,
-    /// summed over the processes.
-    fn threads(&self) -> (u64, u64) {
+    /// Threads moved out of patched bytes, patches written unchecked, and
+    /// looks at the mappings that failed, summed over the processes.
+    fn threads(&self) -> (u64, u64, u64) {
         self.threads
             .values()
-            .fold((0, 0), |(m, u), &(moved, unchecked)| (m + moved, u + unchecked))
+            .fold((0, 0, 0), |(m, u, l), &(moved, unchecked, looks)| {
+                (m + moved, u + unchecked, l + looks)
+            })
     }
 
     fn bytes(&self, t: &'static str) -> (u64, u64) {
@@ -256,9 +259,9 @@ impl Summary {
             })
             .collect::<Vec<_>>()
             .join(", ");
-        let (moved, unchecked) = self.threads();
+        let (moved, unchecked, looks) = self.threads();
         format!(
-            "{{\"exit_status\": {exit_status}, \"signal\": {signal}, \"processes\": {}, \"events\": {{{}}}, \"functions\": {{{}}}, \"bytes_alive\": {{{alive}}}, \"hooks\": [{hooks}], \"namespaces\": [{namespaces}], \"threads_moved\": {moved}, \"threads_unchecked\": {unchecked}}}",
+            "{{\"exit_status\": {exit_status}, \"signal\": {signal}, \"processes\": {}, \"events\": {{{}}}, \"functions\": {{{}}}, \"bytes_alive\": {{{alive}}}, \"hooks\": [{hooks}], \"namespaces\": [{namespaces}], \"threads_moved\": {moved}, \"threads_unchecked\": {unchecked}, \"mapping_looks_failed\": {looks}}}",
             self.processes.len(),
             map(&self.events),
             map(&self.functions)
@@ -324,7 +327,7 @@ impl Summary {
             };
             let _ = writeln!(o, "  namespace {n}: {hooked} of {functions} host functions hooked{why}");
         }
-        let (moved, unchecked) = self.threads();
+        let (moved, unchecked, looks) = self.threads();
         if moved > 0 {
             let _ = writeln!(
                 o,
@@ -335,6 +338,12 @@ impl Summary {
             let _ = writeln!(
                 o,
                 "patches written with other threads unchecked: {unchecked} (a thread stopped inside would crash; see `memhook doctor`)"
+            );
+        }
+        if looks > 0 {
+            let _ = writeln!(
+                o,
+                "looks at the mappings that could not read them: {looks} (no descriptor left, or no /proc: a file emptied then may have taken pages of its other mappings unreported)"
             );
         }
         o

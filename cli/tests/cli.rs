@@ -293,6 +293,57 @@ fn run_reports_the_threads_moved_out_of_patched_bytes() {
     assert!(!text(&o).contains("threads moved"), "{}", text(&o));
 }
 
+/// A shared mapping of a memfd, the file emptied by `ftruncate` with no
+/// descriptor left under the process's limit: memhook cannot open
+/// `/proc/self/maps` to find the file's mappings.
+const TRUNCATES_WITH_NO_DESCRIPTOR: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+int main(void) {
+    int fd = memfd_create("memhook-looks", 0);
+    if (fd < 0 || ftruncate(fd, 8192)) return 10;
+    char *a = mmap(0, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (a == MAP_FAILED) return 11;
+    a[0] = 1;
+    int lowest = dup(fd);
+    if (lowest < 0) return 12;
+    close(lowest);
+    struct rlimit old, none;
+    if (getrlimit(RLIMIT_NOFILE, &old)) return 13;
+    none = old;
+    none.rlim_cur = (rlim_t)lowest;
+    if (setrlimit(RLIMIT_NOFILE, &none)) return 14;
+    int refused = open("/proc/self/maps", O_RDONLY) < 0;
+    int cut = ftruncate(fd, 0) == 0;
+    setrlimit(RLIMIT_NOFILE, &old);
+    return refused && cut ? 0 : 15;
+}
+"#;
+
+/// `memhook run` says how many looks at a process's mappings could not
+/// read them (`mapping_looks_failed` in the JSON, a line of the text):
+/// the cue, for a user, that a file emptied then may have taken pages of
+/// its mappings unreported. 0, and no line, where every look was made.
+#[test]
+fn run_reports_the_looks_at_the_mappings_that_failed() {
+    with_library();
+    let prog = build_c("truncates_with_no_descriptor", TRUNCATES_WITH_NO_DESCRIPTOR);
+    let json = run_json(&prog);
+    assert!(field(&json, "mapping_looks_failed").is_some_and(|n| n >= 1), "{json}");
+    let o = memhook().args(["run", "--"]).arg(&prog).output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("looks at the mappings that could not read them: "), "{t}");
+    let o = memhook().args(["run", "--json", "--", "true"]).output().unwrap();
+    let json = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(field(&json, "mapping_looks_failed"), Some(0), "{json}");
+    let o = memhook().args(["run", "--", "true"]).output().unwrap();
+    assert!(!text(&o).contains("looks at the mappings"), "{}", text(&o));
+}
+
 /// Builds C `source` into the work folder as `name`.
 fn build_c(name: &str, source: &str) -> PathBuf {
     build_c_with(name, source, &[])

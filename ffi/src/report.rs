@@ -164,6 +164,20 @@ pub extern "C" fn memhook_threads_unchecked() -> u64 {
     threads().1
 }
 
+/// How many looks at this process's mappings could not read them (no
+/// descriptor left under the process's limit, no `/proc` mounted): where
+/// this count grows, a file emptied meanwhile (`ftruncate`, `truncate`,
+/// `fallocate`, a truncating `open`, `madvise(MADV_REMOVE)`) may have
+/// taken pages of the file's other mappings with no `VM_UNMAPPED` for
+/// them, and a hugetlb range may have been reported in base pages
+/// (`shmdt` reports the attachment as `shmat` made it). A registration
+/// cache that sees it grow should drop what it holds of files. A child of
+/// `fork` counts from 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn memhook_mapping_looks_failed() -> u64 {
+    memhook::maps::looks_failed()
+}
+
 /// (threads moved, writes unchecked), both 0 where bistro is not built.
 fn threads() -> (u64, u64) {
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -190,7 +204,9 @@ pub const MEMHOOK_RECORD_NAMESPACE: u32 = 3;
 /// A record of `MEMHOOK_REPORT_FD`, one per process at its exit: the
 /// threads moved out of patched bytes and the patches written unchecked
 /// (`address`: [`memhook_threads_moved`], `size`:
-/// [`memhook_threads_unchecked`]).
+/// [`memhook_threads_unchecked`]), and the looks at the mappings that
+/// failed (`value`: [`memhook_mapping_looks_failed`], at most
+/// `UINT32_MAX`).
 pub const MEMHOOK_RECORD_THREADS: u32 = 4;
 
 /// One fixed-size (256-byte) record written to the file descriptor named
@@ -211,7 +227,8 @@ pub struct memhook_record_t {
     pub pid: u32,
     /// The memory type (`MEM_TYPE_*` events); for status: 1 when the hook
     /// took, 2 when it waits for its library to load, 0 when it failed;
-    /// for a namespace, how many of its functions are hooked.
+    /// for a namespace, how many of its functions are hooked; for threads,
+    /// the looks at the mappings that failed.
     pub value: u32,
     /// The range's start (events); the namespace (namespaces); threads
     /// moved (threads).
@@ -399,6 +416,7 @@ fn write_status(fd: c_int) {
     }
     let mut r = empty_record(MEMHOOK_RECORD_THREADS);
     (r.address, r.size) = threads();
+    r.value = u32::try_from(memhook::maps::looks_failed()).unwrap_or(u32::MAX);
     write_record(fd, &r);
 }
 

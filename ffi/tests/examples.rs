@@ -680,7 +680,9 @@ fn a_signal_handler_that_installs_never_waits_for_its_own_thread() {
 /// cannot open `/proc/self/maps` to see what the detach unmaps) reports
 /// `VM_UNMAPPED` of the whole segment, in both host modes, from what the
 /// `shmat` hook remembered (`shm_no_descriptors.c`). Before, it reported
-/// nothing: a registration cache kept the detached range.
+/// nothing: a registration cache kept the detached range. The look that
+/// failed is counted (`memhook_mapping_looks_failed`), and none with
+/// descriptors to spare.
 #[test]
 fn shmdt_with_no_descriptor_left_reports_the_segment() {
     let out = out_dir().join("shm_no_descriptors");

@@ -11,7 +11,7 @@
 
 use core::ffi::c_int;
 use core::ops::ControlFlow;
-use core::sync::atomic::{AtomicU8, Ordering};
+use core::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 /// Longest path kept per mapping (longer ones are cut).
 pub const PATH_CAPACITY: usize = 256;
@@ -275,6 +275,39 @@ fn for_each_in(m: &mut Mapping, f: &mut dyn FnMut(&Mapping) -> ControlFlow<()>) 
     })
 }
 
+/// Looks at the process's mappings (or mounts) that could not read them:
+/// [`looks_failed`].
+static LOOKS_FAILED: AtomicU64 = AtomicU64::new(0);
+
+/// How many looks at this process's mappings (`/proc/self/maps`, or
+/// `/proc/self/mountinfo` for a hugetlb file's page size) could not read
+/// them: no descriptor left under the process's limit (`EMFILE`), none in
+/// the system, no `/proc` mounted, or a read that failed. A look that the
+/// kernel answers by `PROCMAP_QUERY` is made on the same file, so it
+/// fails the same way. What each hook does then:
+/// - a file emptied (`ftruncate`, `truncate`, `fallocate`, a truncating
+///   `open`, `madvise(MADV_REMOVE)`): the `VM_UNMAPPED` of the file's
+///   other mappings is **not reported** (the call's own range, where it
+///   has one, is);
+/// - `shmdt`: the attachment as `shmat` made it is reported (more than
+///   went where it was cut since, never less);
+/// - a hugetlb mapping's page size: base pages (a discard reported
+///   short of the huge page the kernel takes);
+/// - `brk`/`sbrk` shrinks: each reported.
+///
+/// So a registration cache that finds this count grown has perhaps missed
+/// an unmap of a file's pages, and should drop what it holds of files.
+/// `memhook run` reports it per command. In this process: a child of
+/// `fork` counts from 0.
+pub fn looks_failed() -> u64 {
+    LOOKS_FAILED.load(Ordering::Relaxed)
+}
+
+/// In the child of a `fork`: [`looks_failed`] counts from 0.
+pub(crate) fn after_fork_in_child() {
+    LOOKS_FAILED.store(0, Ordering::Relaxed);
+}
+
 /// The buffer [`for_each_line`] reads through: on the stack of a hooked
 /// call, so small (README, "Stack"). A line of the mappings holds its
 /// kept path ([`PATH_CAPACITY`]) and its fields (at most 90 bytes) in
@@ -296,6 +329,7 @@ const LINE_BUFFER: usize = 1024;
 pub(crate) fn for_each_line(path: &core::ffi::CStr, f: &mut dyn FnMut(&[u8]) -> ControlFlow<()>) -> Result<(), i32> {
     let fd = open_at(libc::AT_FDCWD, path, libc::O_RDONLY | libc::O_CLOEXEC);
     if fd < 0 {
+        LOOKS_FAILED.fetch_add(1, Ordering::Relaxed);
         return Err(errno());
     }
     let mut buf = [0u8; LINE_BUFFER];
@@ -340,6 +374,9 @@ pub(crate) fn for_each_line(path: &core::ffi::CStr, f: &mut dyn FnMut(&[u8]) -> 
         have -= used;
     };
     crate::sys::close(fd);
+    if result.is_err() {
+        LOOKS_FAILED.fetch_add(1, Ordering::Relaxed);
+    }
     result
 }
 

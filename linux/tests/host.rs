@@ -2448,8 +2448,10 @@ fn every_function_in_reloc_mode_with_aggregate_events_alone() {
 /// The look at `/proc/self/maps` some hooks make before their call
 /// (`shmdt`, `madvise(MADV_REMOVE)`) may be refused (`EMFILE`, in a
 /// process at its limit of descriptors): a call that succeeds still
-/// leaves errno as it found it. In a child, so that the limit binds no
-/// other test's thread.
+/// leaves errno as it found it, and each refused look is counted
+/// (`maps::looks_failed`: a file's other mappings may have gone
+/// unreported); with descriptors to spare, none is. In a child, so that
+/// the limit binds no other test's thread.
 #[test]
 fn a_refused_look_leaves_errno_alone() {
     let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -2480,11 +2482,16 @@ fn a_refused_look_leaves_errno_alone() {
             limit.rlim_cur = free as libc::rlim_t;
             let refused = libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0
                 && libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY) == -1;
+            let looks = memhook::maps::looks_failed();
             set_errno(77);
             let detached = (h.shmdt)(a) == 0 && errno() == 77;
             set_errno(77);
             let removed = (h.madvise)(m, page, libc::MADV_REMOVE) == 0 && errno() == 77;
-            let code = i32::from(!refused) | i32::from(!detached) << 1 | i32::from(!removed) << 2;
+            // Both looks failed, and are counted (the madvise's look for
+            // the memfd's other mappings is the one whose reports are lost).
+            let counted = memhook::maps::looks_failed() >= looks + 2;
+            let code =
+                i32::from(!refused) | i32::from(!detached) << 1 | i32::from(!removed) << 2 | i32::from(!counted) << 3;
             libc::_exit(code);
         }
         assert!(pid > 0);
@@ -2492,8 +2499,17 @@ fn a_refused_look_leaves_errno_alone() {
         libc::waitpid(pid, &mut status, 0);
         assert!(
             libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "child exit {} (1: opens not refused, 2: errno after shmdt, 4: errno after madvise)",
+            "child exit {} (1: opens not refused, 2: errno after shmdt, 4: errno after madvise, \
+             8: the failed looks not counted)",
             libc::WEXITSTATUS(status)
+        );
+        // With descriptors to spare, the same calls' looks are made.
+        let looks = memhook::maps::looks_failed();
+        assert_eq!((h.madvise)(m, page, libc::MADV_REMOVE), 0);
+        assert_eq!(
+            memhook::maps::looks_failed(),
+            looks,
+            "a look counted failed that was made"
         );
         assert_eq!((h.shmdt)(a), 0);
         libc::munmap(m as *mut libc::c_void, 2 * page);
