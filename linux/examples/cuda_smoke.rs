@@ -101,18 +101,27 @@ static BY_HAND: [std::sync::atomic::AtomicUsize; 2] = [const { std::sync::atomic
 /// besides calling it (the device query where `QUERY`, where the process
 /// sees more than one device; the map's insert where `MAP`). Called
 /// through [`sync_pair`], as the hooked pair is, so that the two differ
-/// only in what runs around the driver's calls.
-unsafe extern "C" fn by_hand_alloc<const QUERY: bool, const MAP: bool>(
+/// only in what runs around the driver's calls. With `BEFORE`, the
+/// device query comes before the original instead: the same answer for
+/// a driver allocation (which never changes the thread's context), asked
+/// while the lines it reads may still be warm, and warming them for the
+/// original's own look at the context, where after the driver's 60 us
+/// they are cold (a figure to compare with the query after).
+unsafe extern "C" fn by_hand_alloc<const QUERY: bool, const MAP: bool, const BEFORE: bool>(
     dptr: *mut sys::CUdeviceptr,
     size: usize,
 ) -> sys::CUresult {
     // SAFETY: BY_HAND holds the original of cuMemAlloc_v2 (main stores it
     // before any by-hand pair), of this signature.
     let orig = unsafe { std::mem::transmute::<usize, Alloc>(BY_HAND[0].load(Ordering::Relaxed)) };
+    let mut device = 0;
+    if QUERY && BEFORE {
+        // SAFETY: a valid out-parameter.
+        let _ = unsafe { sys::cuCtxGetDevice(&mut device) };
+    }
     // SAFETY: the caller's arguments.
     let r = unsafe { orig(dptr, size) };
-    let mut device = 0;
-    if QUERY {
+    if QUERY && !BEFORE {
         // SAFETY: a valid out-parameter.
         let _ = unsafe { sys::cuCtxGetDevice(&mut device) };
     }
@@ -235,9 +244,9 @@ fn main() {
         &format!("  the original + the hooks' work by hand ({devices} device(s))"),
         20_000,
         if devices > 1 {
-            || sync_pair(by_hand_alloc::<true, true>, by_hand_free::<true>)
+            || sync_pair(by_hand_alloc::<true, true, false>, by_hand_free::<true>)
         } else {
-            || sync_pair(by_hand_alloc::<false, true>, by_hand_free::<true>)
+            || sync_pair(by_hand_alloc::<false, true, false>, by_hand_free::<true>)
         },
         orig_pair,
         || {},
@@ -248,7 +257,14 @@ fn main() {
     added_latency(
         "  the original + cuCtxGetDevice",
         20_000,
-        || sync_pair(by_hand_alloc::<true, false>, by_hand_free::<false>),
+        || sync_pair(by_hand_alloc::<true, false, false>, by_hand_free::<false>),
+        orig_pair,
+        || {},
+    );
+    added_latency(
+        "  cuCtxGetDevice + the original",
+        20_000,
+        || sync_pair(by_hand_alloc::<true, false, true>, by_hand_free::<false>),
         orig_pair,
         || {},
     );
