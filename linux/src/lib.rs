@@ -15,6 +15,64 @@
 //!   locks free.
 //! - [`pin`]: the first install keeps memhook's own shared object from
 //!   being unloaded.
+//!
+//! # Use
+//!
+//! Install the hooks once ([`install()`], from the environment's
+//! `MEMHOOK_MMAP_HOOK_MODE` and `MEMHOOK_CUDA_HOOK_MODE`, or
+//! [`Config::parse`]), register handlers for the events you need
+//! ([`set_handler`]; a priority below 0 runs before the call, 0 and above
+//! after it), and ask what a pointer is ([`memtype::lookup`], which never
+//! calls the driver). A handler runs inside the hooked call, on the
+//! calling thread: it must not allocate, nor take a lock the program may
+//! hold around an `mmap` (an allocator's), nor wait for another thread.
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//!
+//! use memhook::event::{Event, bits};
+//! use memhook::memtype::{self, MemType};
+//! use memhook::{Config, HandlerFn};
+//!
+//! static MAPPING: AtomicUsize = AtomicUsize::new(0);
+//! static UNMAPPED: AtomicUsize = AtomicUsize::new(0);
+//!
+//! // Counts the bytes of our mapping reported unmapped (a registration
+//! // cache would drop what it holds there).
+//! fn on_unmapped(event: &mut Event) {
+//!     if let Event::VmUnmapped(vm) = event
+//!         && vm.address == MAPPING.load(Ordering::Relaxed)
+//!     {
+//!         UNMAPPED.fetch_add(vm.size, Ordering::Relaxed);
+//!     }
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! memhook::install(&Config::from_env()?);
+//! let id = memhook::set_handler(bits::VM_UNMAPPED, 0, HandlerFn::Rust(&on_unmapped))?;
+//!
+//! let len = 1 << 20;
+//! // SAFETY: a new private anonymous mapping, unmapped below.
+//! let p = unsafe {
+//!     libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE,
+//!                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+//! };
+//! assert_ne!(p, libc::MAP_FAILED);
+//! MAPPING.store(p as usize, Ordering::Relaxed);
+//! // Host memory: no CUDA allocation covers it.
+//! assert_eq!(memtype::lookup(p as usize, 4096).mem_type_or(MemType::Host), MemType::Host);
+//! // SAFETY: the mapping made above, not used after.
+//! unsafe { libc::munmap(p, len) };
+//! # // Reloc mode (the default where bistro is not built) does not see a
+//! # // call made from memhook's own object: this program, which links it.
+//! # if memhook::AVAILABLE_MODES.contains(memhook::config::HookMode::Bistro) {
+//! assert_eq!(UNMAPPED.load(Ordering::Relaxed), len);
+//! # }
+//!
+//! memhook::unset_handler(id)?;
+//! # Ok(())
+//! # }
+//! ```
 pub use memhook_core::{config, event, patch};
 
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
