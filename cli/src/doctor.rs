@@ -6,6 +6,29 @@ use cudarc::driver::sys;
 use memhook::code::{Serialization, serialization};
 
 /// Prints one check's line.
+/// How the hooks that look at the process's mappings (a truncated file's
+/// other mappings, a `shmdt`'s pieces, the mapping at an address) can
+/// read them here.
+fn mappings() -> String {
+    if memhook::maps::queries_answer() {
+        return "asked of the kernel (PROCMAP_QUERY): a truncated file's mappings, a shmdt's pieces, the mapping at an \
+                address"
+            .into();
+    }
+    match memhook::maps::for_each(|_| core::ops::ControlFlow::Break(())) {
+        Ok(()) => "read from the text of /proc/self/maps (no PROCMAP_QUERY before Linux 6.11): a truncation of a \
+                   mapped file or a shmdt takes time with the process's mappings"
+            .into(),
+        Err(e) => format!(
+            "CANNOT be read (/proc/self/maps: {}; is /proc mounted?): a file emptied (ftruncate, truncate, \
+             fallocate, a truncating open, MADV_REMOVE) reports nothing for its other mappings, a hugetlb range is \
+             reported in base pages, a shmdt reports the attachment as shmat made it; each such look is counted \
+             (memhook::maps::looks_failed, memhook_mapping_looks_failed, memhook run's \"mapping_looks_failed\")",
+            std::io::Error::from_raw_os_error(e)
+        ),
+    }
+}
+
 fn line(check: &str, verdict: &str) {
     println!("{check:<22} {verdict}");
 }
@@ -301,15 +324,7 @@ pub fn doctor() -> i32 {
     );
     line("memtype map:", &map_pages());
     line("hugetlb:", &hugetlb());
-    line(
-        "mappings:",
-        if memhook::maps::queries_answer() {
-            "asked of the kernel (PROCMAP_QUERY): a truncated file's mappings, a shmdt's pieces, the mapping at an address"
-        } else {
-            "read from the text of /proc/self/maps (no PROCMAP_QUERY before Linux 6.11): a truncation of a mapped \
-             file or a shmdt takes time with the process's mappings"
-        },
-    );
+    line("mappings:", &mappings());
     line(
         "loader:",
         if memhook::reloc::sees_relocation() {

@@ -932,6 +932,40 @@ fn doctor_says_whether_memory_can_change_past_the_hooks() {
     );
 }
 
+/// `memhook doctor` says where the process's mappings cannot be read at
+/// all (no `/proc` mounted: a chroot or sandbox without it), and what the
+/// hooks then miss, where it said they were read from the text; and says
+/// nothing of the kind where they can be. Run in a mount namespace of its
+/// own with an empty file system over `/proc`; skipped where one cannot
+/// be made (not root, no `unshare`).
+#[test]
+fn doctor_says_where_the_mappings_cannot_be_read() {
+    let here = doctor_line("mappings:");
+    assert!(!here.contains("CANNOT"), "{here}");
+    let o = memhook_tests::command("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs none /proc && exec "$0" doctor"#)
+        .arg(env!("CARGO_BIN_EXE_memhook"))
+        .output();
+    let o = match o {
+        Ok(o) if o.status.success() => o,
+        Ok(o) => {
+            eprintln!("skipped: no mount namespace here: {}", text(&o));
+            return;
+        }
+        Err(e) => {
+            eprintln!("skipped: unshare: {e}");
+            return;
+        }
+    };
+    let t = text(&o);
+    let line = t.lines().find(|l| l.starts_with("mappings:")).expect("a mappings line");
+    assert!(
+        line.contains("CANNOT be read") && line.contains("mapping_looks_failed"),
+        "{line}"
+    );
+}
+
 #[test]
 fn doctor_names_each_check() {
     let o = memhook().arg("doctor").output().unwrap();
