@@ -67,10 +67,9 @@ fn code_pages() -> Result<(), String> {
         ));
     }
     let code = page_of(libc::getpid as *const () as usize);
-    let Some(m) = memhook::maps::find(code) else {
-        return Err("libc's code is not in /proc/self/maps".into());
-    };
-    let prot = m.prot;
+    // As the mappings say, or a code segment's r-x where they cannot be
+    // read (no /proc mounted), as a bistro patch assumes there.
+    let prot = memhook::maps::find(code).map_or(libc::PROT_READ | libc::PROT_EXEC, |m| m.prot);
     // SAFETY: adds write permission to one page of libc's code and puts
     // the protection found back; nothing is written.
     let rwx = unsafe { libc::mprotect(code as *mut libc::c_void, ps, prot | libc::PROT_WRITE) };

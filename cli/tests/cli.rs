@@ -935,7 +935,9 @@ fn doctor_says_whether_memory_can_change_past_the_hooks() {
 /// `memhook doctor` says where the process's mappings cannot be read at
 /// all (no `/proc` mounted: a chroot or sandbox without it), and what the
 /// hooks then miss, where it said they were read from the text; and says
-/// nothing of the kind where they can be. Run in a mount namespace of its
+/// nothing of the kind where they can be. Its `code pages:` line says
+/// there what it says with `/proc` (it said "NOT writable: libc's code
+/// is not in /proc/self/maps", and bistro patched nothing). Run in a mount namespace of its
 /// own with an empty file system over `/proc`; skipped where one cannot
 /// be made (not root, no `unshare`).
 #[test]
@@ -963,6 +965,16 @@ fn doctor_says_where_the_mappings_cannot_be_read() {
     assert!(
         line.contains("CANNOT be read") && line.contains("mapping_looks_failed"),
         "{line}"
+    );
+    // Bistro patches there too (its trampolines placed without the map).
+    let code = t
+        .lines()
+        .find(|l| l.starts_with("code pages:"))
+        .expect("a code pages line");
+    assert_eq!(
+        code.contains("NOT writable"),
+        doctor_line("code pages:").contains("NOT writable"),
+        "{code}"
     );
 }
 

@@ -676,6 +676,41 @@ fn a_signal_handler_that_installs_never_waits_for_its_own_thread() {
     runs_its_rounds("install_in_signal", "install");
 }
 
+/// A process with no `/proc` mounted (`no_proc.c`, in a mount namespace
+/// whose `/proc` is an empty file system): the host hooks install in
+/// bistro mode and report a `munmap`, and the looks at the mappings that
+/// failed are counted. Before, every bistro patch was refused ("no
+/// trampoline page could be mapped": the free space near libc was read
+/// from `/proc/self/maps`), and with the default host mode no host event
+/// came at all. Skipped where no mount namespace can be made (not root,
+/// no `unshare`, a container without the capability).
+#[test]
+fn bistro_hooks_without_proc_mounted() {
+    let out = out_dir().join("no_proc");
+    cc("no_proc.c", &out, true);
+    let o = memhook_tests::command("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs none /proc || exit 100; exec "$0""#)
+        .arg(&out)
+        .output();
+    let o = match o {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipped: unshare: {e}");
+            return;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    // unshare's own refusal (1, before the program ran: the program's 1
+    // comes after its line) or the mount's (100).
+    if o.status.code() == Some(100) || o.status.code() == Some(1) && !stdout.starts_with("no /proc") {
+        eprintln!("skipped: no mount namespace with an empty /proc here: {stderr}");
+        return;
+    }
+    assert!(o.status.success(), "{:?}: {stdout}{stderr}", o.status);
+}
+
 /// `shmdt` in a process with no descriptor left under its limit (memhook
 /// cannot open `/proc/self/maps` to see what the detach unmaps) reports
 /// `VM_UNMAPPED` of the whole segment, in both host modes, from what the

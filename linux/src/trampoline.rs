@@ -5,8 +5,9 @@
 //! the entry's 5-byte jump. Both must sit within ±2 GiB (aarch64: ±128 MiB)
 //! of the patched code so that rel32 operands and the short entry jump
 //! reach, so memhook maps 64 KiB regions in the free gaps of the address
-//! space closest to the target (`/proc/self/maps`, `MAP_FIXED_NOREPLACE`)
-//! and hands out 256-byte slots from them. Slots are never unmapped: a
+//! space closest to the target (`/proc/self/maps`, `MAP_FIXED_NOREPLACE`;
+//! where the mappings cannot be read, by asking for addresses around the
+//! target in turn) and hands out 256-byte slots from them. Slots are never unmapped: a
 //! thread may still be running in one after its patch is undone. The
 //! regions are mapped with the system call itself: they are memhook's own
 //! and send no event (a handler must never run while memhook holds a
@@ -71,50 +72,84 @@ fn map_near(near: usize, reach: usize) -> Option<usize> {
             }
         }
     };
-    let _ = maps::for_each(|m| {
+    let read = maps::for_each(|m| {
         if m.start > prev_end {
             consider(prev_end, m.start);
         }
         prev_end = prev_end.max(m.end);
         ControlFlow::Continue(())
     });
+    if read.is_err() {
+        return probe_near(near, reach);
+    }
     if prev_end < HIGH {
         consider(prev_end, HIGH);
     }
     candidates.sort_unstable_by_key(|c| c.abs_diff(near));
-    for &at in &candidates {
-        // The system calls themselves, not libc's functions, which may be
-        // hooked: memhook's own regions are no event, since a handler run
-        // now would run under memhook's locks (this one, and the install's
-        // or the CUDA hooks' state), and one that asked `status()` would
-        // wait on itself.
-        // Every argument a full word: the kernel reads whole registers,
-        // and a narrower variadic argument leaves the rest undefined.
-        let word = |v: usize| v as libc::c_long;
-        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping;
-        // the result is checked, and a kernel that ignores the flag (before
-        // 4.17) treats the address as a hint, which is checked too.
-        let p = unsafe {
-            crate::sys::syscall!(
-                libc::SYS_mmap,
-                word(at),
-                word(REGION),
-                libc::c_long::from(libc::PROT_READ | libc::PROT_EXEC),
-                libc::c_long::from(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE),
-                -1 as libc::c_long,
-                0 as libc::c_long,
-            )
-        };
-        if p == -1 {
-            continue; // `syscall!` answers -1 for every error, as libc's `syscall`
-        }
-        if p as usize == at {
-            return Some(at);
-        }
-        // SAFETY: unmapping the region the kernel just gave us elsewhere.
-        unsafe { crate::sys::syscall!(libc::SYS_munmap, p, word(REGION)) };
+    candidates.iter().copied().find(|&at| map_at(at))
+}
+
+/// Region-aligned addresses probed on each side of the target, one region
+/// apart, where the mappings cannot be read ([`probe_near`]): 32 MiB.
+const PROBED_CLOSE: usize = 512;
+
+/// [`map_near`] where the process's mappings cannot be read (no `/proc`
+/// mounted, no descriptor left): every region-aligned address within
+/// [`PROBED_CLOSE`] regions of `near`, nearest first, then on each side
+/// further out, twice as far each time, while in `reach`; each one asked
+/// of the kernel with `MAP_FIXED_NOREPLACE`, which refuses an address
+/// that is taken (0.35 ms for the 1,031 refusals from the middle of a
+/// taken 1 GiB on the dev VM; once per region, which serves 256
+/// trampolines). Libraries lie packed, but the space past the last of
+/// them, and the holes their alignment leaves, are free.
+fn probe_near(near: usize, reach: usize) -> Option<usize> {
+    let base = near & !(REGION - 1);
+    let fits = |at: usize| {
+        (LOW..=HIGH - REGION).contains(&at) && within(at, near, reach) && within(at + REGION - SLOT, near, reach)
+    };
+    let close = (0..=PROBED_CLOSE).flat_map(|k| {
+        let above = if k == 0 { None } else { base.checked_add(k * REGION) };
+        [base.checked_sub(k * REGION), above]
+    });
+    let far = core::iter::successors(Some(PROBED_CLOSE * REGION * 2), |d: &usize| d.checked_mul(2))
+        .take_while(|&d| d < reach)
+        .flat_map(|d| [base.checked_sub(d), base.checked_add(d)]);
+    close.chain(far).flatten().filter(|&at| fits(at)).find(|&at| map_at(at))
+}
+
+/// Maps a region at exactly `at` if nothing is mapped there.
+fn map_at(at: usize) -> bool {
+    // The system calls themselves, not libc's functions, which may be
+    // hooked: memhook's own regions are no event, since a handler run
+    // now would run under memhook's locks (this one, and the install's
+    // or the CUDA hooks' state), and one that asked `status()` would
+    // wait on itself.
+    // Every argument a full word: the kernel reads whole registers,
+    // and a narrower variadic argument leaves the rest undefined.
+    let word = |v: usize| v as libc::c_long;
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping;
+    // the result is checked, and a kernel that ignores the flag (before
+    // 4.17) treats the address as a hint, which is checked too.
+    let p = unsafe {
+        crate::sys::syscall!(
+            libc::SYS_mmap,
+            word(at),
+            word(REGION),
+            libc::c_long::from(libc::PROT_READ | libc::PROT_EXEC),
+            libc::c_long::from(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE),
+            -1 as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
+    if p == -1 {
+        return false; // `syscall!` answers -1 for every error, as libc's `syscall`
     }
-    None
+    if p as usize == at {
+        return true;
+    }
+    // SAFETY: unmapping the region the kernel just gave us elsewhere.
+    unsafe { crate::sys::syscall!(libc::SYS_munmap, p, word(REGION)) };
+    false
 }
 
 /// A slot within `reach` of `near`, from an existing region or a new one.
@@ -200,4 +235,52 @@ pub fn write(slot: usize, code: &[u8]) -> Result<(), PatchError> {
 /// Regions mapped so far.
 pub fn regions() -> usize {
     REGIONS.lock().len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block of `len` bytes the kernel places, inaccessible: taken space.
+    fn taken(len: usize) -> usize {
+        // SAFETY: a new private anonymous mapping, unmapped by the caller.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p as usize
+    }
+
+    /// Without a map of the address space ([`probe_near`], where the
+    /// mappings cannot be read), a region is found past taken space: from
+    /// the middle of a 16 MiB block, outside the block, within reach,
+    /// mapped executable; and none where the reach ends inside the block.
+    #[test]
+    fn probing_finds_a_region_past_taken_space_within_reach() {
+        let len = 16 << 20;
+        let block = taken(len);
+        let near = block + len / 2;
+        assert_eq!(probe_near(near, 4 << 20), None, "nothing is free within 4 MiB");
+        let at = probe_near(near, 1 << 30).expect("a region within 1 GiB");
+        assert!(
+            at + REGION <= block || at >= block + len,
+            "{at:#x} inside the block at {block:#x}"
+        );
+        assert!(within(at, near, 1 << 30) && within(at + REGION - SLOT, near, 1 << 30));
+        let m = maps::find(at).expect("the region is mapped");
+        assert_eq!(m.prot, libc::PROT_READ | libc::PROT_EXEC);
+        // SAFETY: the region probe_near mapped (handed to no one) and the
+        // block mapped above.
+        unsafe {
+            libc::munmap(at as *mut libc::c_void, REGION);
+            libc::munmap(block as *mut libc::c_void, len);
+        }
+    }
 }
