@@ -361,7 +361,8 @@ fn library() -> Result<PathBuf, String> {
             Err(format!("MEMHOOK_LIB={} is not a file", p.display()))
         };
     }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find this executable: {e} (set MEMHOOK_LIB to the path of libmemhook.so)"))?;
     let dir = exe.parent().unwrap_or(std::path::Path::new("."));
     for candidate in [dir.join("libmemhook.so"), dir.join("../lib/libmemhook.so")] {
         if candidate.is_file() {

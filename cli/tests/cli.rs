@@ -932,35 +932,49 @@ fn doctor_says_whether_memory_can_change_past_the_hooks() {
     );
 }
 
+/// `memhook` with `args`, in a mount namespace of its own whose `/proc`
+/// is an empty file system (no `/proc` mounted, as in a chroot or a
+/// sandbox without it), and `env`; `None` (having said why) where no such
+/// namespace can be made (not root, no `unshare`, no capability).
+fn without_proc(args: &[&str], env: &[(&str, &Path)]) -> Option<Output> {
+    let mut c = memhook_tests::command("unshare");
+    c.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs none /proc || exit 100; exec "$@""#)
+        .arg("sh")
+        .arg(env!("CARGO_BIN_EXE_memhook"))
+        .args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    match c.output() {
+        // 100: the mount refused; unshare's own refusal says so on stderr.
+        Ok(o) if o.status.code() == Some(100) || text(&o).starts_with("unshare:") => {
+            eprintln!("skipped: no mount namespace with an empty /proc here: {}", text(&o));
+            None
+        }
+        Ok(o) => Some(o),
+        Err(e) => {
+            eprintln!("skipped: unshare: {e}");
+            None
+        }
+    }
+}
+
 /// `memhook doctor` says where the process's mappings cannot be read at
 /// all (no `/proc` mounted: a chroot or sandbox without it), and what the
 /// hooks then miss, where it said they were read from the text; and says
 /// nothing of the kind where they can be. Its `code pages:` line says
 /// there what it says with `/proc` (it said "NOT writable: libc's code
-/// is not in /proc/self/maps", and bistro patched nothing). Run in a mount namespace of its
-/// own with an empty file system over `/proc`; skipped where one cannot
-/// be made (not root, no `unshare`).
+/// is not in /proc/self/maps", and bistro patched nothing).
 #[test]
 fn doctor_says_where_the_mappings_cannot_be_read() {
     let here = doctor_line("mappings:");
     assert!(!here.contains("CANNOT"), "{here}");
-    let o = memhook_tests::command("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg(r#"mount -t tmpfs none /proc && exec "$0" doctor"#)
-        .arg(env!("CARGO_BIN_EXE_memhook"))
-        .output();
-    let o = match o {
-        Ok(o) if o.status.success() => o,
-        Ok(o) => {
-            eprintln!("skipped: no mount namespace here: {}", text(&o));
-            return;
-        }
-        Err(e) => {
-            eprintln!("skipped: unshare: {e}");
-            return;
-        }
+    let Some(o) = without_proc(&["doctor"], &[]) else {
+        return;
     };
     let t = text(&o);
+    assert!(o.status.success(), "{t}");
     let line = t.lines().find(|l| l.starts_with("mappings:")).expect("a mappings line");
     assert!(
         line.contains("CANNOT be read") && line.contains("mapping_looks_failed"),
@@ -975,6 +989,30 @@ fn doctor_says_where_the_mappings_cannot_be_read() {
         code.contains("NOT writable"),
         doctor_line("code pages:").contains("NOT writable"),
         "{code}"
+    );
+}
+
+/// `memhook run` with no `/proc` mounted: it cannot find itself, so not
+/// the library beside it either, and says to name the library with
+/// `MEMHOOK_LIB`; named so, the command runs with the host hooks in
+/// bistro mode installed (`munmap` among them: they were all refused
+/// there before the seventy-fourth session).
+#[test]
+fn run_without_proc_mounted() {
+    with_library();
+    let Some(o) = without_proc(&["run", "--", "true"], &[]) else {
+        return;
+    };
+    assert!(!o.status.success() && text(&o).contains("MEMHOOK_LIB"), "{}", text(&o));
+    let lib = Path::new(env!("CARGO_BIN_EXE_memhook")).with_file_name("libmemhook.so");
+    let Some(o) = without_proc(&["run", "--json", "--", "true"], &[("MEMHOOK_LIB", &lib)]) else {
+        return;
+    };
+    let json = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        json.contains(r#"{"function": "munmap", "library": "libc.so.6", "mode": "bistro", "installed": true"#),
+        "{json}"
     );
 }
 
