@@ -361,8 +361,7 @@ fn library() -> Result<PathBuf, String> {
             Err(format!("MEMHOOK_LIB={} is not a file", p.display()))
         };
     }
-    let exe = std::env::current_exe()
-        .map_err(|e| format!("cannot find this executable: {e} (set MEMHOOK_LIB to the path of libmemhook.so)"))?;
+    let exe = this_executable()?;
     let dir = exe.parent().unwrap_or(std::path::Path::new("."));
     for candidate in [dir.join("libmemhook.so"), dir.join("../lib/libmemhook.so")] {
         if candidate.is_file() {
@@ -373,6 +372,30 @@ fn library() -> Result<PathBuf, String> {
         "libmemhook.so not found next to {} (set MEMHOOK_LIB)",
         exe.display()
     ))
+}
+
+/// This executable's path: `/proc/self/exe`, or where `/proc` is not
+/// mounted, the command's name as the shell found it (a path, or the
+/// first executable of that name on `PATH`).
+fn this_executable() -> Result<PathBuf, String> {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => return Ok(exe),
+        Err(e) => e,
+    };
+    let not_found = || format!("cannot find this executable: {exe} (set MEMHOOK_LIB to the path of libmemhook.so)");
+    let name = PathBuf::from(std::env::args_os().next().ok_or_else(not_found)?);
+    let found = if name.as_os_str().as_encoded_bytes().contains(&b'/') {
+        Some(name)
+    } else {
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path).map(|d| d.join(&name)).find(|p| {
+                std::fs::metadata(p).is_ok_and(|m| {
+                    m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+                })
+            })
+        })
+    };
+    found.and_then(|p| p.canonicalize().ok()).ok_or_else(not_found)
 }
 
 /// A signal's name (`SIGSEGV`), or `signal N` for one without a common name.
