@@ -7,11 +7,11 @@
 //! reach, so memhook maps 64 KiB regions in the free gaps of the address
 //! space closest to the target (`/proc/self/maps`, `MAP_FIXED_NOREPLACE`;
 //! where the mappings cannot be read, by asking for addresses around the
-//! target in turn) and hands out 256-byte slots from them. Slots are never unmapped: a
-//! thread may still be running in one after its patch is undone. The
-//! regions are mapped with the system call itself: they are memhook's own
-//! and send no event (a handler must never run while memhook holds a
-//! lock of its own).
+//! target in turn) and hands out 256-byte slots from them. Slots are
+//! never unmapped: a thread may still be running in one after its patch
+//! is undone. The regions are mapped with the system call itself: they
+//! are memhook's own and send no event (a handler must never run while
+//! memhook holds a lock of its own).
 
 use core::ops::ControlFlow;
 
