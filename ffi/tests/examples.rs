@@ -676,6 +676,40 @@ fn a_signal_handler_that_installs_never_waits_for_its_own_thread() {
     runs_its_rounds("install_in_signal", "install");
 }
 
+/// A statically linked program with memhook in it (`static_program.c`,
+/// `-static` against `libmemhook.a`): every host function's status says
+/// it is not hooked because the program is statically linked, in bistro
+/// and in reloc mode. Before, bistro listed them as waiting for a library
+/// to load ("no such symbol in the loaded objects"), and reloc blamed
+/// dlopen ("dlopen/dlclose not found"). Skipped where the C library has
+/// no static archive to link with.
+#[test]
+fn a_static_program_is_told_its_host_functions_are_not_hooked() {
+    let out = out_dir().join("static_program");
+    let mut c = memhook_tests::cc::command();
+    c.args(["-O2", "-Wall", "-Werror", "-static", "-I"])
+        .arg(root().join("include"))
+        .arg(root().join("ffi/examples/static_program.c"))
+        .arg(lib_dir().join("libmemhook.a"))
+        .args(["-lpthread", "-ldl", "-lm", "-o"])
+        .arg(&out);
+    let built = c.output().unwrap();
+    if !built.status.success() {
+        eprintln!(
+            "skipped: no static link here: {}",
+            String::from_utf8_lossy(&built.stderr).lines().last().unwrap_or("")
+        );
+        return;
+    }
+    let o = memhook_tests::command(&out).output().unwrap();
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 /// A process with no `/proc` mounted (`no_proc.c`, in a mount namespace
 /// whose `/proc` is an empty file system): the host hooks install in
 /// bistro mode and report a `munmap`, and the looks at the mappings that

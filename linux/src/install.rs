@@ -237,6 +237,42 @@ fn note(
     note_in(status, function, "libc.so.6", mode, why);
 }
 
+/// Why the host functions are not hooked in a statically linked program.
+const STATIC_PROGRAM: &str = "this program is statically linked: its C library is part of the executable, \
+                              and memhook hooks the host functions of the shared C library (libc.so.6) only";
+
+/// Whether this program is statically linked (static-pie too): the
+/// program's own headers, the first object the loader lists, name no
+/// dynamic loader (`PT_INTERP`). Its C library is then part of the
+/// executable, which has no dynamic symbols to find the host functions
+/// by, and no GOT slots that calls to them go through.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub(crate) fn statically_linked() -> bool {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: `data` is the flag passed below; `info` and its program
+        // headers are valid for this callback (dl_iterate_phdr's
+        // contract).
+        let (found, info) = unsafe { (&mut *data.cast::<Option<bool>>(), &*info) };
+        let headers = if info.dlpi_phdr.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: `dlpi_phdr` points to `dlpi_phnum` headers.
+            unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) }
+        };
+        *found = Some(headers.iter().any(|h| h.p_type == libc::PT_INTERP));
+        1 // the program alone
+    }
+    let mut interpreted: Option<bool> = None;
+    // SAFETY: `first` matches the callback type and only reads what the
+    // loader hands it; `interpreted` outlives the call.
+    unsafe { crate::fork::iterate_phdr(first, (&raw mut interpreted).cast()) };
+    interpreted == Some(false)
+}
+
 /// [`note`], for the function's definition in `library`.
 fn note_in(
     status: &mut heapless::Vec<FunctionStatus, HOST_STATUS>,
@@ -425,6 +461,7 @@ fn install_as(config: &Config, unless_installed: bool) -> Result<(), InsideMemho
         crate::namespace::RELOC.store(true, core::sync::atomic::Ordering::Release);
         // SAFETY: as for bistro.
         let result = unsafe { crate::reloc::install(&hooks) };
+        let static_program = statically_linked();
         for (name, hook, _) in functions().into_iter().filter(|(name, _, _)| present(name)) {
             let function = name.to_str().unwrap_or("?");
             if kept_bistro(&state, hook) {
@@ -432,6 +469,7 @@ fn install_as(config: &Config, unless_installed: bool) -> Result<(), InsideMemho
                 continue;
             }
             match result {
+                _ if static_program => note(&mut state.status, function, HookMode::Reloc, Some(&STATIC_PROGRAM)),
                 Ok(()) => note(&mut state.status, function, HookMode::Reloc, None),
                 Err(e) => note(&mut state.status, function, HookMode::Reloc, Some(&e)),
             }
@@ -571,6 +609,7 @@ fn patch_host_functions(
         let why: Option<&dyn fmt::Display> = match step {
             Step::Absent => continue,
             Step::Kept => None,
+            Step::NoSymbol if statically_linked() => Some(&STATIC_PROGRAM),
             Step::NoSymbol => {
                 // Patched the moment a library brings it (`patch_late`).
                 LATE.fetch_or(1 << i, core::sync::atomic::Ordering::AcqRel);
@@ -1624,6 +1663,15 @@ mod warm_up {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// This test binary is dynamically linked (its headers name the
+    /// loader): not taken for a static program, whose host functions
+    /// memhook leaves alone (`static_program.c` checks the other side).
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[test]
+    fn a_dynamically_linked_program_is_not_taken_for_a_static_one() {
+        assert!(!statically_linked());
+    }
 
     /// Where memhook's own work on a thread is interrupted (here the
     /// install state held by the thread itself, as a signal handler that
