@@ -5,7 +5,6 @@ use std::ffi::CString;
 use cudarc::driver::sys;
 use memhook::code::{Serialization, serialization};
 
-/// Prints one check's line.
 /// How the hooks that look at the process's mappings (a truncated file's
 /// other mappings, a `shmdt`'s pieces, the mapping at an address) can
 /// read them here.
@@ -29,6 +28,7 @@ fn mappings() -> String {
     }
 }
 
+/// Prints one check's line.
 fn line(check: &str, verdict: &str) {
     println!("{check:<22} {verdict}");
 }

@@ -603,13 +603,16 @@ fn patch_host_functions(
     // loader's.
     let copy_results: heapless::Vec<_, COPIES> = (&mut done).take(copies.len()).zip(copy_names).collect();
     let mut host_results = (&mut done).take(host);
+    // Asked once, where a function was not found: a static program has
+    // none of them.
+    let static_program = steps.contains(&Step::NoSymbol) && statically_linked();
     for (i, (step, (name, _, _))) in steps.into_iter().zip(functions()).enumerate() {
         let function = name.to_str().unwrap_or("?");
         let library = host_library(name, in_libc[i]);
         let why: Option<&dyn fmt::Display> = match step {
             Step::Absent => continue,
             Step::Kept => None,
-            Step::NoSymbol if statically_linked() => Some(&STATIC_PROGRAM),
+            Step::NoSymbol if static_program => Some(&STATIC_PROGRAM),
             Step::NoSymbol => {
                 // Patched the moment a library brings it (`patch_late`).
                 LATE.fetch_or(1 << i, core::sync::atomic::Ordering::AcqRel);
