@@ -932,38 +932,17 @@ fn doctor_says_whether_memory_can_change_past_the_hooks() {
     );
 }
 
-/// `memhook` with `args`, in a mount namespace of its own whose `/proc`
-/// is an empty file system (no `/proc` mounted, as in a chroot or a
-/// sandbox without it), and `env`; `None` (having said why) where no such
-/// namespace can be made (not root, no `unshare`, no capability).
+/// `memhook` with `args` and `env` with no `/proc` mounted
+/// ([`memhook_tests::without_proc`]): started by its path, or by its name
+/// where `env` sets `PATH`.
 fn without_proc(args: &[&str], env: &[(&str, &Path)]) -> Option<Output> {
-    let mut c = memhook_tests::command("unshare");
-    // Started by its path, or by its name where `env` sets `PATH`.
     let by_name = env.iter().any(|&(k, _)| k == "PATH");
-    c.args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg(r#"mount -t tmpfs none /proc || exit 100; exec "$@""#)
-        .arg("sh")
-        .arg(if by_name {
-            "memhook"
-        } else {
-            env!("CARGO_BIN_EXE_memhook")
-        })
-        .args(args);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    match c.output() {
-        // 100: the mount refused; unshare's own refusal says so on stderr.
-        Ok(o) if o.status.code() == Some(100) || text(&o).starts_with("unshare:") => {
-            eprintln!("skipped: no mount namespace with an empty /proc here: {}", text(&o));
-            None
-        }
-        Ok(o) => Some(o),
-        Err(e) => {
-            eprintln!("skipped: unshare: {e}");
-            None
-        }
-    }
+    let program = if by_name {
+        "memhook"
+    } else {
+        env!("CARGO_BIN_EXE_memhook")
+    };
+    memhook_tests::without_proc(program, args, env)
 }
 
 /// `memhook doctor` says where the process's mappings cannot be read at

@@ -39,6 +39,42 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
     command
 }
 
+/// Runs `program` with `args` (and `env`) in a mount namespace of its own
+/// whose `/proc` is an empty file system: a process with no `/proc`
+/// mounted, as in a chroot or a sandbox without it. `None`, having said
+/// why on stderr, where no such namespace can be made (not root, no
+/// `unshare`, a container without the capability): unshare's refusal
+/// (its message first) or the mount's (exit 100).
+pub fn without_proc(
+    program: impl AsRef<std::ffi::OsStr>,
+    args: &[&str],
+    env: &[(&str, &std::path::Path)],
+) -> Option<std::process::Output> {
+    let mut c = command("unshare");
+    c.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs none /proc || exit 100; exec "$@""#)
+        .arg("sh")
+        .arg(program)
+        .args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    match c.output() {
+        Ok(o) if o.status.code() == Some(100) || o.stdout.is_empty() && o.stderr.starts_with(b"unshare:") => {
+            eprintln!(
+                "skipped: no mount namespace with an empty /proc here: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            None
+        }
+        Ok(o) => Some(o),
+        Err(e) => {
+            eprintln!("skipped: unshare: {e}");
+            None
+        }
+    }
+}
+
 /// Waits up to `limit` for `child` to end: true where it did. Past that,
 /// kills it (its whole process group where it leads one: a program that
 /// started others, as `memhook run` does) and returns false once it is
