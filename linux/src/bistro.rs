@@ -258,6 +258,20 @@ pub struct Hook {
     /// Protection of the patched pages, restored after each write.
     prot: i32,
     restore: RestorePoint,
+    /// The patched pages' record, which keeps a discarding `madvise` off
+    /// them (`crate::kept`) while this hook lives.
+    kept: Option<crate::kept::Kept>,
+}
+
+impl Drop for Hook {
+    /// The patch stays (see [`Hook`]), but memhook no longer looks after
+    /// it: its pages are no longer kept from a discarding `madvise`
+    /// (an unloaded library's address may be another mapping's next).
+    fn drop(&mut self) {
+        if let Some(k) = self.kept.take() {
+            crate::kept::release(k);
+        }
+    }
 }
 
 /// What a dry run found: whether and how a function can be patched.
@@ -529,6 +543,7 @@ fn patch_chunk<const N: usize>(
                         trampoline: p.trampoline,
                         taken: p.taken,
                         prot: p.prot,
+                        kept: crate::kept::keep(restore.at, restore.patched.len()),
                         restore,
                     })
                     .map_err(|error| BistroError::Patch {

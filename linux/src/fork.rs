@@ -223,6 +223,7 @@ extern "C" fn child() {
     let_loader_lock_go();
     crate::memtype::after_fork_in_child();
     crate::maps::after_fork_in_child();
+    crate::kept::after_fork_in_child();
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     crate::cuda::after_fork_in_child();
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]

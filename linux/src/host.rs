@@ -278,7 +278,9 @@ macro_rules! original {
 /// a process whose handlers want none of these events pays for the hook
 /// no stack traffic.
 macro_rules! entry {
-    ($(#[$doc:meta])* $hook:ident => $body:ident, $orig:ident as $ty:ty, $events:expr, ($($a:ident: $t:ty),*) -> $r:ty) => {
+    // `through`: how the original is called, given the original and the
+    // arguments (`madvise`'s around memhook's own pages, `crate::kept`).
+    ($(#[$doc:meta])* $hook:ident => $body:ident, $orig:ident as $ty:ty, through $via:expr, $events:expr, ($($a:ident: $t:ty),*) -> $r:ty) => {
         $(#[$doc])*
         pub(crate) unsafe extern "C" fn $hook<const NS: usize>($($a: $t),*) -> $r {
             /// The hook when a handler wants its events, for the main
@@ -288,10 +290,10 @@ macro_rules! entry {
             #[inline(never)]
             unsafe extern "C" fn dispatched($($a: $t),*) -> $r {
                 let orig = original!($orig[0], $ty);
-                // SAFETY: the original, which the body calls with the
-                // caller's arguments (or, for a second try, arguments of
-                // the same call derived from them).
-                let call = move |$($a: $t),*| unsafe { orig($($a),*) };
+                // The original, which the body calls with the caller's
+                // arguments (or, for a second try, arguments of the same
+                // call derived from them).
+                let call = move |$($a: $t),*| ($via)(orig, $($a),*);
                 // SAFETY: forwarded.
                 unsafe { $body(0, call, $($a),*) }
             }
@@ -300,15 +302,14 @@ macro_rules! entry {
             #[inline(never)]
             unsafe extern "C" fn dispatched_ns(ns: usize, $($a: $t),*) -> $r {
                 let orig = original!($orig[slot(ns)], $ty);
-                // SAFETY: as above.
-                let call = move |$($a: $t),*| unsafe { orig($($a),*) };
+                let call = move |$($a: $t),*| ($via)(orig, $($a),*);
                 // SAFETY: forwarded.
                 unsafe { $body(ns, call, $($a),*) }
             }
             if !wants($events) {
                 let orig = original!($orig[NS], $ty);
-                // SAFETY: the caller's arguments, forwarded to the original.
-                return unsafe { orig($($a),*) };
+                // The caller's arguments, forwarded to the original.
+                return ($via)(orig, $($a),*);
             }
             if NS == 0 {
                 // SAFETY: the same arguments, for the same call.
@@ -317,6 +318,16 @@ macro_rules! entry {
                 // SAFETY: as above.
                 unsafe { dispatched_ns(NS, $($a),*) }
             }
+        }
+    };
+    ($(#[$doc:meta])* $hook:ident => $body:ident, $orig:ident as $ty:ty, $events:expr, ($($a:ident: $t:ty),*) -> $r:ty) => {
+        entry! {
+            $(#[$doc])*
+            // SAFETY: `f` is the original (the slot's function: libc's,
+            // or a hooker's before memhook's), called with the caller's
+            // arguments or ones of the same call derived from them.
+            $hook => $body, $orig as $ty, through |f: $ty, $($a: $t),*| unsafe { f($($a),*) },
+            $events, ($($a: $t),*) -> $r
         }
     };
 }
@@ -1308,8 +1319,19 @@ fn discards(advice: c_int) -> bool {
 
 entry! {
     /// The `madvise` hook: events only for the discarding advices.
-    madvise_hook => madvise_body, ORIG_MADVISE as MadviseFn, bits::MADVISE | bits::VM_UNMAPPED,
+    /// A discard is made around memhook's own pages (`crate::kept`).
+    madvise_hook => madvise_body, ORIG_MADVISE as MadviseFn, through kept_madvise, bits::MADVISE | bits::VM_UNMAPPED,
     (addr: *mut c_void, len: usize, advice: c_int) -> c_int
+}
+
+/// The original `madvise` (`orig`: the hook's original slot, libc's
+/// function or a hooker's before memhook's), around memhook's own pages
+/// ([`crate::kept`]).
+#[inline(always)]
+fn kept_madvise(orig: MadviseFn, addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    // SAFETY: `orig` is `madvise`, called with the caller's advice on (parts
+    // of) the caller's range.
+    crate::kept::madvise(addr, len, advice, |p, l, a| unsafe { orig(p, l, a) })
 }
 
 /// [`madvise_hook`] when a handler wants its events, for namespace `ns`'s libc (only the discarding advices have events: the others just the call).
@@ -1788,6 +1810,14 @@ unsafe extern "C" fn memory_syscall<const NS: usize>(
 ) -> c_long {
     if !wants(syscall_events(n, b, d, e)) || crate::dispatch::is_own_call(syscall_own_call(n, a, b, c)) {
         let orig = original!(ORIG_SYSCALL[NS], SyscallFn);
+        if n == libc::SYS_madvise {
+            // Around memhook's own pages ([`crate::kept`]).
+            return crate::kept::madvise(a as *mut c_void, b as usize, c as c_int, |p, l, adv| {
+                // SAFETY: the caller's system call, on (parts of) its range.
+                unsafe { orig(n, p as c_long, l as c_long, adv.into(), d, e, f) as c_int }
+            })
+            .into();
+        }
         // SAFETY: the caller's arguments, forwarded to the original.
         return unsafe { orig(n, a, b, c, d, e, f) };
     }
@@ -1860,7 +1890,11 @@ unsafe fn syscall_body(ns: usize, n: c_long, args: [c_long; 6]) -> c_long {
             libc::SYS_shmdt => shmdt_body(ns, |at| int(sys([at as c_long, 0, 0, 0, 0, 0])), a as *const c_void).into(),
             libc::SYS_madvise => madvise_body(
                 ns,
-                |p, l, adv| int(sys([p as c_long, l as c_long, adv.into(), 0, 0, 0])),
+                |p, l, adv| {
+                    crate::kept::madvise(p, l, adv, |p, l, adv| {
+                        int(sys([p as c_long, l as c_long, adv.into(), 0, 0, 0]))
+                    })
+                },
                 a as *mut c_void,
                 b as usize,
                 c as c_int,

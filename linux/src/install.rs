@@ -1180,7 +1180,8 @@ pub fn status() -> Status {
 /// function after the install, whose `int3` the calls meet first and go
 /// on past the hook, or what a uprobe's removal put back there (the
 /// library file's first byte, over the jump's), which leaves no
-/// instruction of the function's (README, "Debuggers and probes").
+/// instruction of the function's (README, "Debuggers and probes"). So is
+/// one whose jump is gone, the function's own bytes back ([`undone`]).
 fn as_now(state: &Installed, s: &FunctionStatus) -> FunctionStatus {
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
     if s.installed && s.mode == HookMode::Bistro {
@@ -1189,19 +1190,42 @@ fn as_now(state: &Installed, s: &FunctionStatus) -> FunctionStatus {
         } else {
             &state.hooks[..]
         };
-        if let Some(h) = patches.iter().find(|h| hooked_by(h.hook()) == Some(s.function))
+        if let Some(h) = patches.iter().find(|h| hooked_by(h.hook()) == Some(s.function)) {
             // SAFETY: a patch of the install in force, in the main
             // namespace's libc (or libpthread), which is never unloaded.
-            && let Some(now) = unsafe { h.head_replaced() }
-        {
-            let mut s = s.clone();
-            head_replaced(&mut s, h.replaced().0, &now);
-            return s;
+            if let Some(now) = unsafe { h.head_replaced() } {
+                let mut s = s.clone();
+                head_replaced(&mut s, h.replaced().0, &now);
+                return s;
+            }
+            // SAFETY: as above.
+            if unsafe { h.undone() } {
+                let mut s = s.clone();
+                undone(&mut s, h.replaced().0);
+                return s;
+            }
         }
     }
     #[cfg(not(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64"))))]
     let _ = state;
     s.clone()
+}
+
+/// Marks `s`, a bistro entry, not installed: the bytes at `at`, where its
+/// jump was, are the function's own again (its page discarded by a call
+/// memhook did not see, a system call made by the instruction itself
+/// being one; or written back by another), so calls run the function
+/// unhooked (see [`as_now`]; the CUDA functions' status says the same).
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub(crate) fn undone(s: &mut FunctionStatus, at: usize) {
+    s.installed = false;
+    s.reason.clear();
+    let _ = fmt::Write::write_fmt(
+        &mut s.reason,
+        format_args!(
+            "its jump at {at:#x} is gone: the function's own bytes are back (its page discarded by a madvise memhook did not see, or written over)"
+        ),
+    );
 }
 
 /// Marks `s`, a bistro entry, not installed: its jump at `at` begins with

@@ -88,6 +88,7 @@ pub mod fork;
 pub mod host;
 pub mod hugetlb;
 mod install;
+pub mod kept;
 pub mod maps;
 mod membarrier;
 pub mod memtype;

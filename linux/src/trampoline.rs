@@ -166,8 +166,18 @@ pub fn alloc_near(near: usize, reach: usize) -> Option<usize> {
         return None;
     }
     let base = map_near(near, reach)?;
+    keep(base);
     let _ = regions.push(Region { base, next: SLOT });
     Some(base)
+}
+
+/// Records a new region's pages as memhook's for good (regions are never
+/// unmapped): a discarding `madvise` over them would leave zeros where
+/// the hooks' trampolines are (`crate::kept`).
+fn keep(base: usize) {
+    // The table has room for every region (`kept::SLOTS`); were it full,
+    // the region would only go unkept.
+    let _ = crate::kept::keep(base, REGION);
 }
 
 /// Makes sure `slots` slots within `reach` of `near` can be handed out
@@ -189,6 +199,7 @@ pub fn reserve_near(near: usize, reach: usize, slots: usize) -> bool {
     let Some(base) = map_near(near, reach) else {
         return false;
     };
+    keep(base);
     let _ = regions.push(Region { base, next: 0 });
     true
 }

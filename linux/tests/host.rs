@@ -2445,6 +2445,181 @@ fn every_function_in_reloc_mode_with_aggregate_events_alone() {
     check_mode(HookMode::Reloc, VM);
 }
 
+/// A discarding `madvise` over a page memhook wrote (a patched entry's,
+/// a trampoline's) leaves that page alone (`memhook::kept`): the entry
+/// keeps its jump and its events, the trampoline its code. Before, the
+/// entry's page read the library file's bytes again (the function
+/// unhooked, its calls unreported: as under cuda-gdb, whose
+/// `libcudadebugger` had the driver's entries back to their own bytes),
+/// and a hooked call through the trampoline's zeroed page crashed. Made
+/// by the program's `madvise` with no handler wanting its events, then
+/// with one (the hook's dispatch), and by `syscall(SYS_madvise)`; each
+/// call answers 0 and is counted.
+#[test]
+fn a_discard_of_memhooks_own_pages_leaves_them_alone() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let h = helper();
+    let mut session = Session::new(HookMode::Bistro);
+    let munmap_bistro = memhook::status()
+        .iter()
+        .any(|s| s.function == "munmap" && s.mode == HookMode::Bistro && s.installed);
+    if !munmap_bistro {
+        eprintln!("munmap not patched here (a debugger's breakpoint?): not checked");
+        return;
+    }
+    let page = page_size();
+    let down = |p: usize| p & !(page - 1);
+    // SAFETY: a symbol lookup by a NUL-terminated name.
+    let entry = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"munmap".as_ptr()) } as usize;
+    let original = memhook::host::original("munmap").expect("munmap's original");
+    // SAFETY: the entry's first bytes, mapped and readable code.
+    let bytes = || unsafe { std::ptr::read_volatile(entry as *const [u8; 16]) };
+    let patched = bytes();
+    assert!(memhook::kept::holds(entry, 1) && memhook::kept::holds(original, 1));
+    let before = memhook::kept::discards_kept();
+    let syscall_madvise = |at: usize, advice: i32| {
+        // SAFETY: the helper's `syscall`, with madvise's three arguments.
+        unsafe {
+            (h.syscall)(
+                libc::SYS_madvise,
+                at as libc::c_long,
+                page as libc::c_long,
+                advice.into(),
+                0,
+                0,
+                0,
+            )
+        }
+    };
+    // SAFETY: madvise of whole pages that memhook keeps (the calls are
+    // made on none of them); a page of the test's own otherwise.
+    unsafe {
+        // No handler wants the call's events: the hook's shortest path.
+        assert_eq!((h.madvise)(down(entry), page, libc::MADV_DONTNEED), 0);
+        assert_eq!((h.madvise)(down(original), page, libc::MADV_DONTNEED), 0);
+    }
+    session.handler(bits::VM_UNMAPPED | bits::MADVISE, 0, &record);
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!((h.madvise)(down(original), page, libc::MADV_FREE), 0);
+    }
+    assert_eq!(syscall_madvise(down(entry), libc::MADV_DONTNEED), 0);
+    assert_eq!(syscall_madvise(down(original), libc::MADV_DONTNEED), 0);
+    assert_eq!(bytes(), patched, "munmap's patch was taken away");
+    assert_eq!(memhook::kept::discards_kept() - before, 5);
+    // The hook reports, and goes on through the trampoline.
+    let mut p = 0;
+    let log = recorded(|| {
+        // SAFETY: a new page of the test's own, unmapped at once.
+        unsafe {
+            p = (h.mmap)(page);
+            assert_eq!((h.munmap)(p, page), 0);
+        }
+    });
+    assert!(
+        about(&log, p, page).contains(&(bits::VM_UNMAPPED, p, page, 0)),
+        "no VM_UNMAPPED of the page: {log:x?}"
+    );
+    // The original itself, unreported.
+    // SAFETY: munmap's original, called with munmap's signature on a new
+    // page of the test's own.
+    let log = recorded(|| unsafe {
+        let orig: unsafe extern "C" fn(usize, usize) -> i32 = cast(original);
+        p = (h.mmap)(page);
+        assert_eq!(orig(p, page), 0);
+    });
+    assert_eq!(only(bits::VM_UNMAPPED, about(&log, p, page)), []);
+    // A page of the test's own is discarded as asked.
+    // SAFETY: the test's own new page, written, discarded and unmapped.
+    unsafe {
+        let q = (h.mmap)(page);
+        *(q as *mut u8) = 7;
+        assert_eq!((h.madvise)(q, page, libc::MADV_DONTNEED), 0);
+        assert_eq!(*(q as *const u8), 0);
+        assert_eq!((h.munmap)(q, page), 0);
+    }
+    assert_eq!(memhook::kept::discards_kept() - before, 5);
+}
+
+/// `madvise` by the system call instruction itself, which no hook sees.
+///
+/// # Safety
+///
+/// As `madvise`'s: the advice may discard what the range holds.
+unsafe fn raw_madvise(at: usize, len: usize, advice: i32) -> isize {
+    let ret: isize;
+    // SAFETY: the madvise system call; the kernel clobbers only what is
+    // named (rcx and r11 on x86_64).
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::asm!("syscall", inlateout("rax") libc::SYS_madvise as isize => ret, in("rdi") at,
+            in("rsi") len, in("rdx") advice as isize, lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    // SAFETY: as above (x0 holds the result).
+    #[cfg(target_arch = "aarch64")]
+    unsafe {
+        std::arch::asm!("svc 0", in("x8") libc::SYS_madvise as isize, inlateout("x0") at as isize => ret,
+            in("x1") len, in("x2") advice as isize, options(nostack));
+    }
+    ret
+}
+
+/// Where a discard memhook cannot see takes a patch away (a system call
+/// made by the instruction itself, here), the function's status says so:
+/// not installed, its jump gone. Before, it said installed (as under
+/// cuda-gdb, whose calls reached the driver's own bytes while `memhook
+/// run` listed the bistro patches as made). In a child: the patch stays
+/// lost there.
+#[test]
+fn a_patch_taken_away_unseen_is_not_listed_as_installed() {
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let session = Session::new(HookMode::Bistro);
+    let is_munmap = |s: &memhook::FunctionStatus| s.function == "munmap" && s.mode == HookMode::Bistro;
+    if !memhook::status().iter().any(|s| is_munmap(s) && s.installed) {
+        eprintln!("munmap not patched here (a debugger's breakpoint?): not checked");
+        return;
+    }
+    let page = page_size();
+    // SAFETY: a symbol lookup by a NUL-terminated name.
+    let entry = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"munmap".as_ptr()) } as usize;
+    // SAFETY: the child discards a page of libc's code (read back from the
+    // file: munmap unpatched), reads memhook's status one entry at a time
+    // (no allocation) and leaves by `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: as above.
+        unsafe {
+            if raw_madvise(entry & !(page - 1), page, libc::MADV_DONTNEED) != 0 {
+                libc::_exit(3);
+            }
+            let mut i = 0;
+            let code = loop {
+                match memhook::status_at(i) {
+                    (Some(s), _) if is_munmap(&s) => {
+                        break if s.installed {
+                            1
+                        } else if s.reason.contains("is gone") {
+                            0
+                        } else {
+                            2
+                        };
+                    }
+                    (Some(_), _) => i += 1,
+                    (None, _) => break 4,
+                }
+            };
+            libc::_exit(code);
+        }
+    }
+    let status = wait_for_child(pid, std::time::Duration::from_secs(20)).expect("the child hung");
+    drop(session);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child exit {} (1: still listed installed, 2: another reason, 3: madvise failed, 4: no munmap entry)",
+        libc::WEXITSTATUS(status)
+    );
+}
+
 /// The look at `/proc/self/maps` some hooks make before their call
 /// (`shmdt`, `madvise(MADV_REMOVE)`) may be refused (`EMFILE`, in a
 /// process at its limit of descriptors): a call that succeeds still

@@ -352,7 +352,8 @@ pub(crate) fn status_at(index: usize) -> (Option<FunctionStatus>, usize) {
 /// first instruction something has replaced since (a uprobe or a
 /// debugger's breakpoint put on the instruction the patch starts at, or
 /// what a uprobe's removal put back there) is not installed, and the
-/// reason says what is there. The entry is read only inside its library's
+/// reason says what is there; so is one whose jump is gone, the
+/// function's own bytes back (`crate::install::undone`). The entry is read only inside its library's
 /// loaded segments, with a reference to the library held: one unloaded
 /// since (its sync not run yet) is not read. `found`: the libraries
 /// loaded now, looked for here where not yet.
@@ -379,6 +380,9 @@ fn as_now(state: &State, s: &mut FunctionStatus, found: &mut Option<[Option<Foun
         // `_held` keeps loaded.
         if let Some(now) = unsafe { h.head_replaced() } {
             crate::install::head_replaced(s, h.replaced().0, &now);
+        // SAFETY: as above.
+        } else if unsafe { h.undone() } {
+            crate::install::undone(s, h.replaced().0);
         }
     }
     #[cfg(not(feature = "bistro"))]

@@ -1,0 +1,328 @@
+//! Pages that hold memhook's code changes, kept from the advices that
+//! would discard them.
+//!
+//! A bistro patch is a private copy of a page of a library's code (the
+//! kernel copies the page at memhook's write), and the trampolines the
+//! patched entries call are memhook's own anonymous pages. A discarding
+//! `madvise` over either takes memhook's bytes away: `MADV_DONTNEED` of a
+//! patched code page drops the copy, and the page reads the library file's
+//! bytes again, the function unhooked with no word said (every later call
+//! of it unreported: a missed free); over a trampoline it leaves zeros,
+//! and the next hooked call that goes through one crashes
+//! (`MADV_FREE` does the same later, whenever the kernel wants the
+//! memory; `MADV_GUARD_INSTALL` at once; `MADV_WIPEONFORK` and
+//! `MADV_DONTFORK` in a child of `fork`). A debugger's support library, a
+//! checkpointing tool or an allocator's purge over a range it takes for
+//! its own can make such a call (under cuda-gdb 13.0 the driver's entries
+//! held their own bytes again when its breakpoints were hit).
+//!
+//! So the pages are recorded here as memhook writes them ([`keep`], each
+//! patch and each trampoline region), and the `madvise` hook (and the
+//! `syscall` hook's `SYS_madvise`) calls the original on the rest of the
+//! range only ([`madvise`]): the call leaves memhook's pages as they are
+//! and answers as the kernel would have for the rest. Each such call is
+//! counted ([`discards_kept`]). The record is a fixed table of single
+//! words (a range of pages each), read with no lock by any thread, a
+//! signal handler's included, and written with compare-and-swap by the
+//! patching paths; a hook reads it only for a discarding advice, and
+//! where nothing is recorded (no bistro patch) not at all.
+//!
+//! What is not covered: `process_madvise` (its ranges may be another
+//! process's), a system call made by the instruction itself, and a
+//! discard that races an install (its look at the table made before the
+//! patch is recorded, its call after the patch is written).
+
+use core::ffi::{c_int, c_void};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Most ranges recorded at once: every trampoline region (128 at most)
+/// and every live patch (256 at most), with room to spare.
+pub const SLOTS: usize = 512;
+
+/// The unit of a recorded range: 4 KiB, which every page size is a
+/// multiple of.
+const UNIT_SHIFT: u32 = 12;
+/// Bits of a slot that count the range's units (the rest hold its first
+/// unit: user addresses lie below 2^57, their units below 2^45).
+const COUNT_BITS: u32 = 19;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+
+/// The recorded ranges: `first unit << COUNT_BITS | units`; 0 where free.
+static SLOT: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+/// One past the highest slot ever used (readers look below it).
+static HIGH: AtomicUsize = AtomicUsize::new(0);
+/// Calls whose range was narrowed around recorded pages.
+static NARROWED: AtomicU64 = AtomicU64::new(0);
+
+/// A recorded range, for [`release`].
+#[derive(Debug, PartialEq, Eq)]
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub(crate) struct Kept {
+    slot: usize,
+    word: u64,
+}
+
+/// The page-aligned range `[start, end)` that holds `[at, at + len)`.
+fn pages(at: usize, len: usize) -> (usize, usize) {
+    let page = crate::maps::page_size();
+    let start = at & !(page - 1);
+    let end = at.saturating_add(len.max(1)).next_multiple_of(page);
+    (start, end)
+}
+
+/// Records the pages of `[at, at + len)` as memhook's. `None` where the
+/// table is full or the range too large for one slot (the pages are then
+/// not kept: as before this module).
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub(crate) fn keep(at: usize, len: usize) -> Option<Kept> {
+    let (start, end) = pages(at, len);
+    let units = ((end - start) >> UNIT_SHIFT) as u64;
+    if units == 0 || units > COUNT_MASK {
+        return None;
+    }
+    let word = ((start >> UNIT_SHIFT) as u64) << COUNT_BITS | units;
+    for (slot, s) in SLOT.iter().enumerate() {
+        if s.compare_exchange(0, word, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            HIGH.fetch_max(slot + 1, Ordering::AcqRel);
+            return Some(Kept { slot, word });
+        }
+    }
+    None
+}
+
+/// Forgets a range [`keep`] recorded (its patch undone, or no longer
+/// memhook's to look after).
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub(crate) fn release(kept: Kept) {
+    let _ = SLOT[kept.slot].compare_exchange(kept.word, 0, Ordering::AcqRel, Ordering::Relaxed);
+}
+
+/// The recorded range that overlaps `[lo, hi)` and starts first, as
+/// `(start, end)`.
+fn first_overlapping(lo: usize, hi: usize) -> Option<(usize, usize)> {
+    let mut first: Option<(usize, usize)> = None;
+    for s in &SLOT[..HIGH.load(Ordering::Acquire).min(SLOTS)] {
+        let word = s.load(Ordering::Acquire);
+        if word == 0 {
+            continue;
+        }
+        let start = ((word >> COUNT_BITS) as usize) << UNIT_SHIFT;
+        let end = start + (((word & COUNT_MASK) as usize) << UNIT_SHIFT);
+        if start < hi && end > lo && first.is_none_or(|(s, _)| start < s) {
+            first = Some((start, end));
+        }
+    }
+    first
+}
+
+/// Whether any page of `[at, at + len)` is recorded.
+pub fn holds(at: usize, len: usize) -> bool {
+    let (start, end) = pages(at, len);
+    first_overlapping(start, end).is_some()
+}
+
+/// How many `madvise` calls left memhook's pages out of their range (a
+/// child of `fork` counts from 0). Where it grows, something discards
+/// code or memory it does not own: the calls went on, around memhook's
+/// pages; `memhook run` reports it per command.
+pub fn discards_kept() -> u64 {
+    NARROWED.load(Ordering::Relaxed)
+}
+
+/// In the child of a `fork`: [`discards_kept`] counts from 0 (the pages
+/// recorded are the child's too).
+pub(crate) fn after_fork_in_child() {
+    NARROWED.store(0, Ordering::Relaxed);
+}
+
+/// `MADV_DONTNEED_LOCKED` (Linux 5.18) and `MADV_GUARD_INSTALL` (6.13),
+/// which the libc crate may not have.
+const MADV_DONTNEED_LOCKED: c_int = 24;
+const MADV_GUARD_INSTALL: c_int = 102;
+
+/// Whether `advice` takes a page's contents away, now, later or in a
+/// child of `fork`.
+fn takes_pages(advice: c_int) -> bool {
+    matches!(
+        advice,
+        libc::MADV_DONTNEED
+            | libc::MADV_FREE
+            | libc::MADV_REMOVE
+            | MADV_DONTNEED_LOCKED
+            | MADV_GUARD_INSTALL
+            | libc::MADV_WIPEONFORK
+            | libc::MADV_DONTFORK
+    )
+}
+
+/// `madvise(addr, len, advice)` by `orig`, but where the advice would take
+/// recorded pages away, on the parts of the range outside them only. The
+/// result is what the kernel answers for those parts: 0, or -1 and the
+/// first error that stopped it, or `ENOMEM` where some part held no
+/// mapping (the kernel's answer then, after it advised the rest).
+#[inline(always)]
+pub(crate) fn madvise(
+    addr: *mut c_void,
+    len: usize,
+    advice: c_int,
+    orig: impl Fn(*mut c_void, usize, c_int) -> c_int,
+) -> c_int {
+    if HIGH.load(Ordering::Relaxed) == 0 || !takes_pages(advice) {
+        return orig(addr, len, advice);
+    }
+    madvise_around(addr, len, advice, &orig)
+}
+
+/// [`madvise`] where pages are recorded and the advice takes pages.
+#[inline(never)]
+fn madvise_around(
+    addr: *mut c_void,
+    len: usize,
+    advice: c_int,
+    orig: &dyn Fn(*mut c_void, usize, c_int) -> c_int,
+) -> c_int {
+    let page = crate::maps::page_size();
+    let start = addr as usize;
+    // A call the kernel refuses whole (an unaligned start, a range that
+    // wraps) or that touches nothing (no length) goes as it came.
+    let end = match start.checked_add(len).and_then(|e| e.checked_next_multiple_of(page)) {
+        Some(end) if len != 0 && start.is_multiple_of(page) => end,
+        _ => return orig(addr, len, advice),
+    };
+    if first_overlapping(start, end).is_none() {
+        return orig(addr, len, advice);
+    }
+    NARROWED.fetch_add(1, Ordering::Relaxed);
+    let mut at = start;
+    let mut unmapped = false;
+    while at < end {
+        let (stop, next) = first_overlapping(at, end).map_or((end, end), |(s, e)| (s.max(at), e));
+        if stop > at {
+            let result = orig(at as *mut c_void, stop - at, advice);
+            if result != 0 {
+                if crate::maps::errno() != libc::ENOMEM {
+                    return result;
+                }
+                unmapped = true;
+            }
+        }
+        at = next;
+    }
+    if unmapped {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = libc::ENOMEM };
+        return -1;
+    }
+    0
+}
+
+#[cfg(test)]
+#[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
+mod tests {
+    use super::*;
+
+    /// A `madvise` that records the ranges it is given.
+    fn recording(calls: &core::cell::RefCell<Vec<(usize, usize)>>) -> impl Fn(*mut c_void, usize, c_int) -> c_int + '_ {
+        move |p, l, _| {
+            calls.borrow_mut().push((p as usize, l));
+            0
+        }
+    }
+
+    /// A discard over recorded pages is made on the pages around them
+    /// (before, between and after), and counted; one that misses them, or
+    /// an advice that keeps the contents, goes whole. A released range is
+    /// discarded again.
+    #[test]
+    fn a_discard_leaves_the_recorded_pages_out() {
+        let page = crate::maps::page_size();
+        // Addresses nothing maps: only the table is asked.
+        let base = 0x6000_0000_0000usize;
+        let a = keep(base + 2 * page + 5, 10).expect("room");
+        let b = keep(base + 5 * page, 2 * page).expect("room");
+        let calls = core::cell::RefCell::new(Vec::new());
+        let before = discards_kept();
+        assert_eq!(
+            madvise(
+                base as *mut c_void,
+                10 * page - 1,
+                libc::MADV_DONTNEED,
+                recording(&calls)
+            ),
+            0
+        );
+        assert_eq!(
+            *calls.borrow(),
+            [
+                (base, 2 * page),
+                (base + 3 * page, 2 * page),
+                (base + 7 * page, 3 * page)
+            ]
+        );
+        assert_eq!(discards_kept(), before + 1);
+        calls.borrow_mut().clear();
+        // Wholly inside a recorded range: no call at all, and success.
+        assert_eq!(
+            madvise(
+                (base + 5 * page) as *mut c_void,
+                page,
+                libc::MADV_FREE,
+                recording(&calls)
+            ),
+            0
+        );
+        assert!(calls.borrow().is_empty());
+        // Elsewhere, or an advice that keeps the pages: whole.
+        for (at, advice) in [(base + 20 * page, libc::MADV_DONTNEED), (base, libc::MADV_COLD)] {
+            madvise(at as *mut c_void, 10 * page, advice, recording(&calls));
+            assert_eq!(calls.borrow_mut().pop(), Some((at, 10 * page)));
+        }
+        release(a);
+        release(b);
+        assert!(!holds(base, 10 * page));
+        madvise(base as *mut c_void, 10 * page, libc::MADV_DONTNEED, recording(&calls));
+        assert_eq!(*calls.borrow(), [(base, 10 * page)]);
+    }
+
+    /// The narrowed call answers as the kernel does: the first error that
+    /// is not `ENOMEM` at once; `ENOMEM` (a part with no mapping) after
+    /// the other parts were advised.
+    #[test]
+    fn a_narrowed_call_answers_as_the_kernel() {
+        let page = crate::maps::page_size();
+        let base = 0x6100_0000_0000usize;
+        let k = keep(base + page, page).expect("room");
+        let calls = core::cell::RefCell::new(0);
+        let failing = |errno: c_int| {
+            let calls = &calls;
+            move |_: *mut c_void, _: usize, _: c_int| {
+                *calls.borrow_mut() += 1;
+                // SAFETY: this thread's errno.
+                unsafe { *libc::__errno_location() = errno };
+                -1
+            }
+        };
+        assert_eq!(
+            madvise(
+                base as *mut c_void,
+                3 * page,
+                libc::MADV_DONTNEED,
+                failing(libc::ENOMEM)
+            ),
+            -1
+        );
+        assert_eq!((crate::maps::errno(), *calls.borrow()), (libc::ENOMEM, 2));
+        *calls.borrow_mut() = 0;
+        assert_eq!(
+            madvise(
+                base as *mut c_void,
+                3 * page,
+                libc::MADV_DONTNEED,
+                failing(libc::EINVAL)
+            ),
+            -1
+        );
+        assert_eq!((crate::maps::errno(), *calls.borrow()), (libc::EINVAL, 1));
+        release(k);
+    }
+}
