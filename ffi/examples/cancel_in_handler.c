@@ -50,6 +50,22 @@ static void *cancelled_in_handler(void *arg) {
     return (void *)1;
 }
 
+/* The same in the handler of a discard's MADVISE event: madvise's hook
+ * frame holds no unwinding table of its own (one that did, without the
+ * call the unwinding comes through, would end the process: it did while
+ * the hook's look at memhook's own pages could unwind). */
+static void *cancelled_in_madvise_handler(void *arg) {
+    (void)arg;
+    void *p = mmap(0, 0x2000, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return 0;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, 0);
+    pthread_cancel(pthread_self());
+    pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, 0);
+    cancellable = 1;
+    madvise(p, 0x2000, MADV_DONTNEED); /* ends in the handler */
+    return (void *)1;
+}
+
 static void *maps(void *arg) {
     (void)arg;
     map_unmap();
@@ -86,6 +102,18 @@ int main(void) {
     }
     memhook_unset_event_handler(MEMHOOK_EVENT_VM_MAPPED, logs, 0);
     map_unmap();
+    if (memhook_set_event_handler(MEMHOOK_EVENT_MADVISE, 0, logs, 0) != 0) {
+        fprintf(stderr, "memhook: %s\n", memhook_last_error());
+        return 1;
+    }
+    pthread_t t;
+    void *r;
+    if (pthread_create(&t, 0, cancelled_in_madvise_handler, 0) != 0 || pthread_join(t, &r) != 0) return 2;
+    if (r != PTHREAD_CANCELED) {
+        fprintf(stderr, "the thread was not cancelled in its MADVISE handler\n");
+        return 1;
+    }
+    memhook_unset_event_handler(MEMHOOK_EVENT_MADVISE, logs, 0);
     printf("ok\n");
     return 0;
 }

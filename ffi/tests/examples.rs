@@ -609,7 +609,10 @@ fn a_pending_cancellation_waits_for_the_programs_own_cancellation_point() {
 /// after it return, the handlers left see every event, and new threads
 /// dispatch, three times over (`cancel_in_handler.c`). Before, the dead
 /// thread's mark on the handler table stayed, and the next registration
-/// waited for it forever. Where the reader slots are off (a kernel
+/// waited for it forever. A thread cancelled in a `MADVISE` handler
+/// unwinds out of `madvise`'s hook too (in a build of the seventy-fifth
+/// session's, whose hook could unwind from its look at memhook's own
+/// pages, the unwinding ended the process). Where the reader slots are off (a kernel
 /// without the expedited membarrier), readers count themselves in shared
 /// counters that name no thread, and registration still waits: skipped.
 #[test]

@@ -278,9 +278,19 @@ macro_rules! original {
 /// a process whose handlers want none of these events pays for the hook
 /// no stack traffic.
 macro_rules! entry {
-    // `through`: how the original is called, given the original and the
-    // arguments (`madvise`'s around memhook's own pages, `crate::kept`).
-    ($(#[$doc:meta])* $hook:ident => $body:ident, $orig:ident as $ty:ty, through $via:expr, $events:expr, ($($a:ident: $t:ty),*) -> $r:ty) => {
+    ($(#[$doc:meta])* $hook:ident => $body:ident, $orig:ident as $ty:ty, $events:expr, ($($a:ident: $t:ty),*) -> $r:ty) => {
+        entry! { @hook [] $(#[$doc])* $hook => $body, $orig as $ty, $events, ($($a: $t),*) -> $r }
+    };
+    // `through`: a function that makes the call, given the original and
+    // the arguments (`madvise`'s, around memhook's own pages:
+    // `crate::kept`).
+    ($(#[$doc:meta])* $hook:ident => $body:ident, $orig:ident as $ty:ty, through $via:path, $events:expr, ($($a:ident: $t:ty),*) -> $r:ty) => {
+        entry! { @hook [$via] $(#[$doc])* $hook => $body, $orig as $ty, $events, ($($a: $t),*) -> $r }
+    };
+    // The call of the original `$f`: itself, or through `$via`.
+    (@call [], $f:ident, $($a:ident),*) => { $f($($a),*) };
+    (@call [$via:path], $f:ident, $($a:ident),*) => { $via($f, $($a),*) };
+    (@hook [$($via:path)?] $(#[$doc:meta])* $hook:ident => $body:ident, $orig:ident as $ty:ty, $events:expr, ($($a:ident: $t:ty),*) -> $r:ty) => {
         $(#[$doc])*
         pub(crate) unsafe extern "C" fn $hook<const NS: usize>($($a: $t),*) -> $r {
             /// The hook when a handler wants its events, for the main
@@ -290,10 +300,10 @@ macro_rules! entry {
             #[inline(never)]
             unsafe extern "C" fn dispatched($($a: $t),*) -> $r {
                 let orig = original!($orig[0], $ty);
-                // The original, which the body calls with the caller's
-                // arguments (or, for a second try, arguments of the same
-                // call derived from them).
-                let call = move |$($a: $t),*| ($via)(orig, $($a),*);
+                // SAFETY: the original, which the body calls with the
+                // caller's arguments (or, for a second try, arguments of
+                // the same call derived from them).
+                let call = move |$($a: $t),*| unsafe { entry!(@call [$($via)?], orig, $($a),*) };
                 // SAFETY: forwarded.
                 unsafe { $body(0, call, $($a),*) }
             }
@@ -302,14 +312,15 @@ macro_rules! entry {
             #[inline(never)]
             unsafe extern "C" fn dispatched_ns(ns: usize, $($a: $t),*) -> $r {
                 let orig = original!($orig[slot(ns)], $ty);
-                let call = move |$($a: $t),*| ($via)(orig, $($a),*);
+                // SAFETY: as above.
+                let call = move |$($a: $t),*| unsafe { entry!(@call [$($via)?], orig, $($a),*) };
                 // SAFETY: forwarded.
                 unsafe { $body(ns, call, $($a),*) }
             }
             if !wants($events) {
                 let orig = original!($orig[NS], $ty);
-                // The caller's arguments, forwarded to the original.
-                return ($via)(orig, $($a),*);
+                // SAFETY: the caller's arguments, forwarded to the original.
+                return unsafe { entry!(@call [$($via)?], orig, $($a),*) };
             }
             if NS == 0 {
                 // SAFETY: the same arguments, for the same call.
@@ -318,16 +329,6 @@ macro_rules! entry {
                 // SAFETY: as above.
                 unsafe { dispatched_ns(NS, $($a),*) }
             }
-        }
-    };
-    ($(#[$doc:meta])* $hook:ident => $body:ident, $orig:ident as $ty:ty, $events:expr, ($($a:ident: $t:ty),*) -> $r:ty) => {
-        entry! {
-            $(#[$doc])*
-            // SAFETY: `f` is the original (the slot's function: libc's,
-            // or a hooker's before memhook's), called with the caller's
-            // arguments or ones of the same call derived from them.
-            $hook => $body, $orig as $ty, through |f: $ty, $($a: $t),*| unsafe { f($($a),*) },
-            $events, ($($a: $t),*) -> $r
         }
     };
 }
@@ -1324,14 +1325,16 @@ entry! {
     (addr: *mut c_void, len: usize, advice: c_int) -> c_int
 }
 
-/// The original `madvise` (`orig`: the hook's original slot, libc's
-/// function or a hooker's before memhook's), around memhook's own pages
-/// ([`crate::kept`]).
+/// The original `madvise`, around memhook's own pages ([`crate::kept`]).
+///
+/// # Safety
+///
+/// `orig` is `madvise` (the hook's original slot: libc's function, or a
+/// hooker's before memhook's).
 #[inline(always)]
-fn kept_madvise(orig: MadviseFn, addr: *mut c_void, len: usize, advice: c_int) -> c_int {
-    // SAFETY: `orig` is `madvise`, called with the caller's advice on (parts
-    // of) the caller's range.
-    crate::kept::madvise(addr, len, advice, |p, l, a| unsafe { orig(p, l, a) })
+unsafe fn kept_madvise(orig: MadviseFn, addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    // SAFETY: `madvise`, with the caller's advice on the caller's range.
+    unsafe { crate::kept::madvise(addr, len, advice, orig) }
 }
 
 /// [`madvise_hook`] when a handler wants its events, for namespace `ns`'s libc (only the discarding advices have events: the others just the call).
@@ -1810,13 +1813,15 @@ unsafe extern "C" fn memory_syscall<const NS: usize>(
 ) -> c_long {
     if !wants(syscall_events(n, b, d, e)) || crate::dispatch::is_own_call(syscall_own_call(n, a, b, c)) {
         let orig = original!(ORIG_SYSCALL[NS], SyscallFn);
-        if n == libc::SYS_madvise {
-            // Around memhook's own pages ([`crate::kept`]).
-            return crate::kept::madvise(a as *mut c_void, b as usize, c as c_int, |p, l, adv| {
-                // SAFETY: the caller's system call, on (parts of) its range.
-                unsafe { orig(n, p as c_long, l as c_long, adv.into(), d, e, f) as c_int }
-            })
-            .into();
+        if n == libc::SYS_madvise && crate::kept::may_take(c as c_int) {
+            // Around memhook's own pages ([`crate::kept`]), by the system
+            // call itself.
+            // SAFETY: the caller's call.
+            let narrowed =
+                unsafe { crate::kept::around(a as *mut c_void, b as usize, c as c_int, crate::kept::system_madvise) };
+            if narrowed != crate::kept::NOT_KEPT {
+                return narrowed as c_long;
+            }
         }
         // SAFETY: the caller's arguments, forwarded to the original.
         return unsafe { orig(n, a, b, c, d, e, f) };
@@ -1891,9 +1896,15 @@ unsafe fn syscall_body(ns: usize, n: c_long, args: [c_long; 6]) -> c_long {
             libc::SYS_madvise => madvise_body(
                 ns,
                 |p, l, adv| {
-                    crate::kept::madvise(p, l, adv, |p, l, adv| {
-                        int(sys([p as c_long, l as c_long, adv.into(), 0, 0, 0]))
-                    })
+                    if crate::kept::may_take(adv) {
+                        // Around memhook's own pages ([`crate::kept`]), by
+                        // the system call itself.
+                        let narrowed = crate::kept::around(p, l, adv, crate::kept::system_madvise);
+                        if narrowed != crate::kept::NOT_KEPT {
+                            return narrowed as c_int;
+                        }
+                    }
+                    int(sys([p as c_long, l as c_long, adv.into(), 0, 0, 0]))
                 },
                 a as *mut c_void,
                 b as usize,

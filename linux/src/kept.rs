@@ -155,42 +155,81 @@ fn takes_pages(advice: c_int) -> bool {
     )
 }
 
+/// A `madvise`: libc's (or a hooker's before memhook's), or the system
+/// call itself ([`system_madvise`]).
+pub(crate) type MadviseFn = unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int;
+
 /// `madvise(addr, len, advice)` by `orig`, but where the advice would take
-/// recorded pages away, on the parts of the range outside them only. The
-/// result is what the kernel answers for those parts: 0, or -1 and the
-/// first error that stopped it, or `ENOMEM` where some part held no
-/// mapping (the kernel's answer then, after it advised the rest).
+/// recorded pages away, on the parts of the range outside them only
+/// ([`around`]).
+///
+/// # Safety
+///
+/// `orig` makes the `madvise` call (the caller's, on the caller's range).
 #[inline(always)]
-pub(crate) fn madvise(
-    addr: *mut c_void,
-    len: usize,
-    advice: c_int,
-    orig: impl Fn(*mut c_void, usize, c_int) -> c_int,
-) -> c_int {
-    if HIGH.load(Ordering::Relaxed) == 0 || !takes_pages(advice) {
-        return orig(addr, len, advice);
+pub(crate) unsafe fn madvise(addr: *mut c_void, len: usize, advice: c_int, orig: MadviseFn) -> c_int {
+    if may_take(advice) {
+        // SAFETY: as this function's.
+        let narrowed = unsafe { around(addr, len, advice, orig) };
+        if narrowed != NOT_KEPT {
+            return narrowed as c_int;
+        }
     }
-    madvise_around(addr, len, advice, &orig)
+    // SAFETY: the caller's call.
+    unsafe { orig(addr, len, advice) }
 }
 
-/// [`madvise`] where pages are recorded and the advice takes pages.
+/// Whether a `madvise` with `advice` may take recorded pages away, so
+/// that [`around`] must look at its range: pages are recorded (a bistro
+/// patch is in place) and the advice takes pages.
+#[inline(always)]
+pub(crate) fn may_take(advice: c_int) -> bool {
+    HIGH.load(Ordering::Relaxed) != 0 && takes_pages(advice)
+}
+
+/// [`around`]'s answer where no recorded page lies in the range: the
+/// caller makes its call as it came.
+pub(crate) const NOT_KEPT: i64 = i64::MIN;
+
+/// `madvise` by the system call instruction itself.
+///
+/// # Safety
+///
+/// As `madvise`'s: the advice may discard what the range holds.
+pub(crate) unsafe extern "C" fn system_madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    // SAFETY: the caller's call; `syscall!` answers -1 with errno set.
+    unsafe { crate::sys::syscall!(libc::SYS_madvise, addr, len, libc::c_long::from(advice)) as c_int }
+}
+
+/// Where `[addr, addr + len)` holds recorded pages, makes the `madvise`
+/// by `orig` on the parts of the range outside them, and answers what the
+/// kernel answers for those parts: 0, or -1 and the first error that
+/// stopped it, or `ENOMEM` where some part held no mapping (the kernel's
+/// answer then, after it advised the rest). Elsewhere [`NOT_KEPT`], with
+/// no call made.
+///
+/// An `extern "C"` function (which cannot unwind) called from the hooks
+/// only after [`may_take`], which makes no call: a hook's frame then
+/// holds no landing pad (no unwinding table of its own), and a thread
+/// cancelled in a handler unwinds through it as before. A frame whose
+/// table does not list the call an unwinding comes through ends the
+/// process (`ffi/examples/cancel_in_handler.c`).
+///
+/// # Safety
+///
+/// `orig` makes the `madvise` call (the caller's, on the caller's range).
 #[inline(never)]
-fn madvise_around(
-    addr: *mut c_void,
-    len: usize,
-    advice: c_int,
-    orig: &dyn Fn(*mut c_void, usize, c_int) -> c_int,
-) -> c_int {
+pub(crate) unsafe extern "C" fn around(addr: *mut c_void, len: usize, advice: c_int, orig: MadviseFn) -> i64 {
     let page = crate::maps::page_size();
     let start = addr as usize;
     // A call the kernel refuses whole (an unaligned start, a range that
     // wraps) or that touches nothing (no length) goes as it came.
     let end = match start.checked_add(len).and_then(|e| e.checked_next_multiple_of(page)) {
         Some(end) if len != 0 && start.is_multiple_of(page) => end,
-        _ => return orig(addr, len, advice),
+        _ => return NOT_KEPT,
     };
     if first_overlapping(start, end).is_none() {
-        return orig(addr, len, advice);
+        return NOT_KEPT;
     }
     NARROWED.fetch_add(1, Ordering::Relaxed);
     let mut at = start;
@@ -198,10 +237,11 @@ fn madvise_around(
     while at < end {
         let (stop, next) = first_overlapping(at, end).map_or((end, end), |(s, e)| (s.max(at), e));
         if stop > at {
-            let result = orig(at as *mut c_void, stop - at, advice);
+            // SAFETY: the caller's advice, on a part of its range.
+            let result = unsafe { orig(at as *mut c_void, stop - at, advice) };
             if result != 0 {
                 if crate::maps::errno() != libc::ENOMEM {
-                    return result;
+                    return result.into();
                 }
                 unmapped = true;
             }
@@ -220,13 +260,39 @@ fn madvise_around(
 #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// The ranges [`recording`] was given, on this thread.
+        static CALLS: RefCell<Vec<(usize, usize)>> = const { RefCell::new(Vec::new()) };
+        /// What [`failing`] leaves in errno; how often it was called.
+        static FAILING: RefCell<(c_int, usize)> = const { RefCell::new((0, 0)) };
+    }
 
     /// A `madvise` that records the ranges it is given.
-    fn recording(calls: &core::cell::RefCell<Vec<(usize, usize)>>) -> impl Fn(*mut c_void, usize, c_int) -> c_int + '_ {
-        move |p, l, _| {
-            calls.borrow_mut().push((p as usize, l));
-            0
-        }
+    unsafe extern "C" fn recording(p: *mut c_void, l: usize, _: c_int) -> c_int {
+        CALLS.with(|c| c.borrow_mut().push((p as usize, l)));
+        0
+    }
+
+    /// A `madvise` that fails with the errno `FAILING` names.
+    unsafe extern "C" fn failing(_: *mut c_void, _: usize, _: c_int) -> c_int {
+        FAILING.with(|f| {
+            let mut f = f.borrow_mut();
+            f.1 += 1;
+            // SAFETY: this thread's errno.
+            unsafe { *libc::__errno_location() = f.0 };
+        });
+        -1
+    }
+
+    fn advise(at: usize, len: usize, advice: c_int, orig: MadviseFn) -> c_int {
+        // SAFETY: the test's `madvise`s touch no memory.
+        unsafe { madvise(at as *mut c_void, len, advice, orig) }
+    }
+
+    fn calls() -> Vec<(usize, usize)> {
+        CALLS.with(|c| std::mem::take(&mut *c.borrow_mut()))
     }
 
     /// A discard over recorded pages is made on the pages around them
@@ -240,19 +306,10 @@ mod tests {
         let base = 0x6000_0000_0000usize;
         let a = keep(base + 2 * page + 5, 10).expect("room");
         let b = keep(base + 5 * page, 2 * page).expect("room");
-        let calls = core::cell::RefCell::new(Vec::new());
         let before = discards_kept();
+        assert_eq!(advise(base, 10 * page - 1, libc::MADV_DONTNEED, recording), 0);
         assert_eq!(
-            madvise(
-                base as *mut c_void,
-                10 * page - 1,
-                libc::MADV_DONTNEED,
-                recording(&calls)
-            ),
-            0
-        );
-        assert_eq!(
-            *calls.borrow(),
+            calls(),
             [
                 (base, 2 * page),
                 (base + 3 * page, 2 * page),
@@ -260,28 +317,19 @@ mod tests {
             ]
         );
         assert_eq!(discards_kept(), before + 1);
-        calls.borrow_mut().clear();
         // Wholly inside a recorded range: no call at all, and success.
-        assert_eq!(
-            madvise(
-                (base + 5 * page) as *mut c_void,
-                page,
-                libc::MADV_FREE,
-                recording(&calls)
-            ),
-            0
-        );
-        assert!(calls.borrow().is_empty());
+        assert_eq!(advise(base + 5 * page, page, libc::MADV_FREE, recording), 0);
+        assert_eq!(calls(), []);
         // Elsewhere, or an advice that keeps the pages: whole.
         for (at, advice) in [(base + 20 * page, libc::MADV_DONTNEED), (base, libc::MADV_COLD)] {
-            madvise(at as *mut c_void, 10 * page, advice, recording(&calls));
-            assert_eq!(calls.borrow_mut().pop(), Some((at, 10 * page)));
+            advise(at, 10 * page, advice, recording);
+            assert_eq!(calls(), [(at, 10 * page)]);
         }
         release(a);
         release(b);
         assert!(!holds(base, 10 * page));
-        madvise(base as *mut c_void, 10 * page, libc::MADV_DONTNEED, recording(&calls));
-        assert_eq!(*calls.borrow(), [(base, 10 * page)]);
+        advise(base, 10 * page, libc::MADV_DONTNEED, recording);
+        assert_eq!(calls(), [(base, 10 * page)]);
     }
 
     /// The narrowed call answers as the kernel does: the first error that
@@ -292,37 +340,11 @@ mod tests {
         let page = crate::maps::page_size();
         let base = 0x6100_0000_0000usize;
         let k = keep(base + page, page).expect("room");
-        let calls = core::cell::RefCell::new(0);
-        let failing = |errno: c_int| {
-            let calls = &calls;
-            move |_: *mut c_void, _: usize, _: c_int| {
-                *calls.borrow_mut() += 1;
-                // SAFETY: this thread's errno.
-                unsafe { *libc::__errno_location() = errno };
-                -1
-            }
-        };
-        assert_eq!(
-            madvise(
-                base as *mut c_void,
-                3 * page,
-                libc::MADV_DONTNEED,
-                failing(libc::ENOMEM)
-            ),
-            -1
-        );
-        assert_eq!((crate::maps::errno(), *calls.borrow()), (libc::ENOMEM, 2));
-        *calls.borrow_mut() = 0;
-        assert_eq!(
-            madvise(
-                base as *mut c_void,
-                3 * page,
-                libc::MADV_DONTNEED,
-                failing(libc::EINVAL)
-            ),
-            -1
-        );
-        assert_eq!((crate::maps::errno(), *calls.borrow()), (libc::EINVAL, 1));
+        for (errno, calls) in [(libc::ENOMEM, 2), (libc::EINVAL, 1)] {
+            FAILING.with(|f| *f.borrow_mut() = (errno, 0));
+            assert_eq!(advise(base, 3 * page, libc::MADV_DONTNEED, failing), -1);
+            assert_eq!((crate::maps::errno(), FAILING.with(|f| f.borrow().1)), (errno, calls));
+        }
         release(k);
     }
 }
