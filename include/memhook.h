@@ -221,7 +221,8 @@
  (`address`: [`memhook_threads_moved`], `size`:
  [`memhook_threads_unchecked`]), and the looks at the mappings that
  failed (`value`: [`memhook_mapping_looks_failed`], at most
- `UINT32_MAX`).
+ `UINT32_MAX`), and the discards made around memhook's pages (`result`:
+ [`memhook_discards_kept`]).
  */
 #define MEMHOOK_RECORD_THREADS 4
 
@@ -793,6 +794,18 @@ uint64_t memhook_threads_unchecked(void);
  `fork` counts from 0.
  */
 uint64_t memhook_mapping_looks_failed(void);
+
+/*
+ How many `madvise` calls this process made over pages memhook wrote
+ (a patched function's entry, a trampoline) with an advice that would
+ have taken them away (`MADV_DONTNEED`, `MADV_FREE`, ...): each call was
+ made on the rest of its range only, and memhook's pages kept (the
+ function stays hooked, the trampoline intact). Where this count grows,
+ something discards code or memory it does not own (a debugger's
+ support library, a checkpointing tool, an allocator purging past its
+ own memory). A child of `fork` counts from 0.
+ */
+uint64_t memhook_discards_kept(void);
 
 /*
  memhook's version, `"MAJOR.MINOR.PATCH"` (a static string).

@@ -40,6 +40,7 @@ struct Record {
     value: u32,
     address: u64,
     size: u64,
+    result: i64,
     function: String,
     library: String,
     mode: String,
@@ -61,6 +62,7 @@ fn parse(b: &[u8; RECORD]) -> Record {
         value: u32_at(12),
         address: u64_at(16),
         size: u64_at(24),
+        result: i64::from_ne_bytes(b[32..40].try_into().unwrap()),
         function: cstr(&b[40..88]),
         library: cstr(&b[88..112]),
         mode: cstr(&b[112..128]),
@@ -139,9 +141,9 @@ struct Summary {
     /// reported (at exit): namespace -> (functions, hooked, reason).
     namespaces: BTreeMap<u64, (u64, u32, String)>,
     /// Per process, at its exit: threads moved out of bytes being patched,
-    /// patches written with the other threads unchecked, and looks at the
-    /// mappings that failed.
-    threads: BTreeMap<u32, (u64, u64, u64)>,
+    /// patches written with the other threads unchecked, looks at the
+    /// mappings that failed, and discards made around memhook's pages.
+    threads: BTreeMap<u32, (u64, u64, u64, u64)>,
     total: u64,
     /// The processes that sent records (the command, and its descendants
     /// that load libmemhook).
@@ -192,19 +194,22 @@ impl Summary {
                 self.namespaces.insert(r.address, (r.size, r.value, r.reason));
             }
             KIND_THREADS => {
-                self.threads.insert(r.pid, (r.address, r.size, u64::from(r.value)));
+                let kept = u64::try_from(r.result).unwrap_or(0);
+                self.threads
+                    .insert(r.pid, (r.address, r.size, u64::from(r.value), kept));
             }
             _ => {}
         }
     }
 
-    /// Threads moved out of patched bytes, patches written unchecked, and
-    /// looks at the mappings that failed, summed over the processes.
-    fn threads(&self) -> (u64, u64, u64) {
+    /// Threads moved out of patched bytes, patches written unchecked,
+    /// looks at the mappings that failed, and discards made around
+    /// memhook's pages, summed over the processes.
+    fn threads(&self) -> (u64, u64, u64, u64) {
         self.threads
             .values()
-            .fold((0, 0, 0), |(m, u, l), &(moved, unchecked, looks)| {
-                (m + moved, u + unchecked, l + looks)
+            .fold((0, 0, 0, 0), |(m, u, l, k), &(moved, unchecked, looks, kept)| {
+                (m + moved, u + unchecked, l + looks, k + kept)
             })
     }
 
@@ -259,9 +264,9 @@ impl Summary {
             })
             .collect::<Vec<_>>()
             .join(", ");
-        let (moved, unchecked, looks) = self.threads();
+        let (moved, unchecked, looks, kept) = self.threads();
         format!(
-            "{{\"exit_status\": {exit_status}, \"signal\": {signal}, \"processes\": {}, \"events\": {{{}}}, \"functions\": {{{}}}, \"bytes_alive\": {{{alive}}}, \"hooks\": [{hooks}], \"namespaces\": [{namespaces}], \"threads_moved\": {moved}, \"threads_unchecked\": {unchecked}, \"mapping_looks_failed\": {looks}}}",
+            "{{\"exit_status\": {exit_status}, \"signal\": {signal}, \"processes\": {}, \"events\": {{{}}}, \"functions\": {{{}}}, \"bytes_alive\": {{{alive}}}, \"hooks\": [{hooks}], \"namespaces\": [{namespaces}], \"threads_moved\": {moved}, \"threads_unchecked\": {unchecked}, \"mapping_looks_failed\": {looks}, \"discards_kept\": {kept}}}",
             self.processes.len(),
             map(&self.events),
             map(&self.functions)
@@ -327,7 +332,7 @@ impl Summary {
             };
             let _ = writeln!(o, "  namespace {n}: {hooked} of {functions} host functions hooked{why}");
         }
-        let (moved, unchecked, looks) = self.threads();
+        let (moved, unchecked, looks, kept) = self.threads();
         if moved > 0 {
             let _ = writeln!(
                 o,
@@ -344,6 +349,12 @@ impl Summary {
             let _ = writeln!(
                 o,
                 "looks at the mappings that could not read them: {looks} (no descriptor left, or no /proc: a file emptied then may have taken pages of its other mappings unreported)"
+            );
+        }
+        if kept > 0 {
+            let _ = writeln!(
+                o,
+                "discards made around memhook's pages: {kept} (a madvise over a patched function's code or a trampoline: those pages kept, the rest discarded)"
             );
         }
         o

@@ -344,6 +344,57 @@ fn run_reports_the_looks_at_the_mappings_that_failed() {
     assert!(!text(&o).contains("looks at the mappings"), "{}", text(&o));
 }
 
+/// Discards (`MADV_DONTNEED`) the page of libc's `munmap` and the page of
+/// its original (memhook's trampoline, found through the preloaded
+/// library), then unmaps a page of its own: 0 where memhook kept both
+/// pages (`memhook_discards_kept` counts the two calls) and the program
+/// lived through the unmap; 10 and up where a step failed.
+const DISCARDS_MEMHOOKS_PAGES: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
+int main(void) {
+    void *(*original)(const char *) = (void *(*)(const char *))dlsym(RTLD_DEFAULT, "memhook_original");
+    uint64_t (*kept)(void) = (uint64_t (*)(void))dlsym(RTLD_DEFAULT, "memhook_discards_kept");
+    if (!original || !kept) return 10;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t at[2] = {(uintptr_t)dlsym(RTLD_DEFAULT, "munmap"), (uintptr_t)original("munmap")};
+    if (!at[0] || !at[1]) return 11;
+    for (int i = 0; i < 2; i++)
+        if (madvise((void *)(at[i] & ~(page - 1)), page, MADV_DONTNEED)) return 12;
+    void *p = mmap(0, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED || munmap(p, page)) return 13;
+    return kept() == 2 ? 0 : 14;
+}
+"#;
+
+/// `memhook run` says how many `madvise` calls were made around memhook's
+/// own pages (`discards_kept` in the JSON, a line of the text), and the
+/// program that made them runs on: its unmap after the discards is
+/// reported (the patch still in place) and goes through the trampoline
+/// (still code). Before, the entry's page read libc's own bytes again and
+/// the trampoline's zeros crashed the program. 0, and no line, where no
+/// call touched them.
+#[test]
+fn run_reports_the_discards_made_around_memhooks_pages() {
+    with_library();
+    let prog = build_c("discards_memhooks_pages", DISCARDS_MEMHOOKS_PAGES);
+    let json = run_json(&prog);
+    assert_eq!(field(&json, "discards_kept"), Some(2), "{json}");
+    assert_eq!(field(&json, "exit_status"), Some(0), "{json}");
+    let o = memhook().args(["run", "--"]).arg(&prog).output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("discards made around memhook's pages: 2"), "{t}");
+    let o = memhook().args(["run", "--json", "--", "true"]).output().unwrap();
+    let json = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(field(&json, "discards_kept"), Some(0), "{json}");
+    let o = memhook().args(["run", "--", "true"]).output().unwrap();
+    assert!(!text(&o).contains("discards made"), "{}", text(&o));
+}
+
 /// Builds C `source` into the work folder as `name`.
 fn build_c(name: &str, source: &str) -> PathBuf {
     build_c_with(name, source, &[])

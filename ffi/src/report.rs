@@ -178,6 +178,19 @@ pub extern "C" fn memhook_mapping_looks_failed() -> u64 {
     memhook::maps::looks_failed()
 }
 
+/// How many `madvise` calls this process made over pages memhook wrote
+/// (a patched function's entry, a trampoline) with an advice that would
+/// have taken them away (`MADV_DONTNEED`, `MADV_FREE`, ...): each call was
+/// made on the rest of its range only, and memhook's pages kept (the
+/// function stays hooked, the trampoline intact). Where this count grows,
+/// something discards code or memory it does not own (a debugger's
+/// support library, a checkpointing tool, an allocator purging past its
+/// own memory). A child of `fork` counts from 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn memhook_discards_kept() -> u64 {
+    memhook::kept::discards_kept()
+}
+
 /// (threads moved, writes unchecked), both 0 where bistro is not built.
 fn threads() -> (u64, u64) {
     #[cfg(all(feature = "bistro", any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -206,7 +219,8 @@ pub const MEMHOOK_RECORD_NAMESPACE: u32 = 3;
 /// (`address`: [`memhook_threads_moved`], `size`:
 /// [`memhook_threads_unchecked`]), and the looks at the mappings that
 /// failed (`value`: [`memhook_mapping_looks_failed`], at most
-/// `UINT32_MAX`).
+/// `UINT32_MAX`), and the discards made around memhook's pages (`result`:
+/// [`memhook_discards_kept`]).
 pub const MEMHOOK_RECORD_THREADS: u32 = 4;
 
 /// One fixed-size (256-byte) record written to the file descriptor named
@@ -237,7 +251,8 @@ pub struct memhook_record_t {
     /// the namespace's libc defines (namespaces); patches written
     /// unchecked (threads).
     pub size: u64,
-    /// The call's result (events that have one).
+    /// The call's result (events that have one); for threads, the
+    /// discards made around memhook's pages.
     pub result: i64,
     /// The function that raised the event (empty for `VM_*`), or the hooked
     /// function (status).
@@ -417,6 +432,7 @@ fn write_status(fd: c_int) {
     let mut r = empty_record(MEMHOOK_RECORD_THREADS);
     (r.address, r.size) = threads();
     r.value = u32::try_from(memhook::maps::looks_failed()).unwrap_or(u32::MAX);
+    r.result = i64::try_from(memhook::kept::discards_kept()).unwrap_or(i64::MAX);
     write_record(fd, &r);
 }
 
