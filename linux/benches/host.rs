@@ -14,6 +14,12 @@
 //! - `ioctl/original` vs `ioctl/hooked`: `ioctl(FIONREAD)` of a pipe, a
 //!   request the `ioctl` hook passes on (as it does a driver's: all but
 //!   userfaultfd's `UFFDIO_MOVE`), the same way.
+//! - `madvise/original` vs `madvise/hooked`: `madvise(MADV_DONTNEED)` of
+//!   a page of the bench's own (untouched, so the kernel's work is
+//!   least), with every host hook installed and no handler: the hook's
+//!   look at memhook's own pages (`memhook::kept`: a scan of the table of
+//!   patched pages and trampoline regions, which the range misses) is
+//!   what the hook adds.
 //! - `open_truncate/unhooked` vs `open_truncate/hooked`: `open(O_TRUNC)`
 //!   of a file of one byte (written again before each, untimed), then
 //!   `close`: hooked with one empty `VM_UNMAPPED` handler, the hook looks
@@ -99,6 +105,49 @@ fn pass_through(c: &mut Criterion, name: &str, original: impl Fn(usize), hooked:
         b.iter_custom(|iters| medians::timed(&as_hooked, iters, &hooked))
     });
     memhook::unset_handler(id).unwrap();
+    memhook::uninstall();
+    g.finish();
+}
+
+fn madvise_pass(c: &mut Criterion) {
+    type Madvise = unsafe extern "C" fn(*mut libc::c_void, usize, libc::c_int) -> libc::c_int;
+    let mut g = c.benchmark_group("madvise");
+    memhook::install(&config());
+    let address = memhook::host::original("madvise").expect("hooked");
+    // SAFETY: a new anonymous page of the bench's own, unmapped below.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(page, libc::MAP_FAILED);
+    g.bench_function("original", |b| {
+        b.iter_custom(|iters| {
+            medians::timed("madvise original", iters, || {
+                // SAFETY: madvise's original, with its signature, on the
+                // bench's own page.
+                let r = unsafe {
+                    std::mem::transmute::<usize, Madvise>(address)(black_box(page), 4096, libc::MADV_DONTNEED)
+                };
+                black_box(r);
+            })
+        })
+    });
+    g.bench_function("hooked", |b| {
+        b.iter_custom(|iters| {
+            medians::timed("madvise hooked", iters, || {
+                // SAFETY: as above, through the hook.
+                black_box(unsafe { libc::madvise(black_box(page), 4096, libc::MADV_DONTNEED) });
+            })
+        })
+    });
+    // SAFETY: the page mapped above.
+    unsafe { libc::munmap(page, 4096) };
     memhook::uninstall();
     g.finish();
 }
@@ -210,7 +259,7 @@ fn install(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = mmap_munmap, syscall_pass, ioctl_pass, open_truncate, install
+    targets = mmap_munmap, madvise_pass, syscall_pass, ioctl_pass, open_truncate, install
 }
 
 fn main() {
@@ -223,6 +272,7 @@ fn main() {
         medians::against(hooked, "unhooked", plain)
     );
     for (name, what) in [
+        ("madvise", "madvise(MADV_DONTNEED) of an untouched page, no handler"),
         ("syscall", "syscall(SYS_getppid), another call than memory's"),
         ("ioctl", "ioctl(FIONREAD) of a pipe, another request than UFFDIO_MOVE"),
     ] {

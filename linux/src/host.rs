@@ -1813,7 +1813,7 @@ unsafe extern "C" fn memory_syscall<const NS: usize>(
 ) -> c_long {
     if !wants(syscall_events(n, b, d, e)) || crate::dispatch::is_own_call(syscall_own_call(n, a, b, c)) {
         let orig = original!(ORIG_SYSCALL[NS], SyscallFn);
-        if n == libc::SYS_madvise && crate::kept::may_take(c as c_int) {
+        if n == libc::SYS_madvise && crate::kept::may_take(a as *mut c_void, b as usize, c as c_int) {
             // Around memhook's own pages ([`crate::kept`]), by the system
             // call itself.
             // SAFETY: the caller's call.
@@ -1896,7 +1896,7 @@ unsafe fn syscall_body(ns: usize, n: c_long, args: [c_long; 6]) -> c_long {
             libc::SYS_madvise => madvise_body(
                 ns,
                 |p, l, adv| {
-                    if crate::kept::may_take(adv) {
+                    if crate::kept::may_take(p, l, adv) {
                         // Around memhook's own pages ([`crate::kept`]), by
                         // the system call itself.
                         let narrowed = crate::kept::around(p, l, adv, crate::kept::system_madvise);

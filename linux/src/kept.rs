@@ -51,6 +51,11 @@ const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 static SLOT: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 /// One past the highest slot ever used (readers look below it).
 static HIGH: AtomicUsize = AtomicUsize::new(0);
+/// The lowest start and highest end ever recorded (a range outside them
+/// holds no recorded page: most discards, an allocator's of its heap,
+/// are answered by these two loads). `LOW` is `usize::MAX` before any.
+static LOW: AtomicUsize = AtomicUsize::new(usize::MAX);
+static TOP: AtomicUsize = AtomicUsize::new(0);
 /// Calls whose range was narrowed around recorded pages.
 static NARROWED: AtomicU64 = AtomicU64::new(0);
 
@@ -81,6 +86,9 @@ pub(crate) fn keep(at: usize, len: usize) -> Option<Kept> {
         return None;
     }
     let word = ((start >> UNIT_SHIFT) as u64) << COUNT_BITS | units;
+    // The bounds first: a reader that finds the slot finds them too.
+    LOW.fetch_min(start, Ordering::AcqRel);
+    TOP.fetch_max(end, Ordering::AcqRel);
     for (slot, s) in SLOT.iter().enumerate() {
         if s.compare_exchange(0, word, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             HIGH.fetch_max(slot + 1, Ordering::AcqRel);
@@ -97,28 +105,36 @@ pub(crate) fn release(kept: Kept) {
     let _ = SLOT[kept.slot].compare_exchange(kept.word, 0, Ordering::AcqRel, Ordering::Relaxed);
 }
 
-/// The recorded range that overlaps `[lo, hi)` and starts first, as
-/// `(start, end)`.
+/// The recorded ranges, each as `(first unit, units)`.
+fn recorded() -> impl Iterator<Item = (u64, u64)> {
+    SLOT[..HIGH.load(Ordering::Acquire).min(SLOTS)]
+        .iter()
+        .map(|s| s.load(Ordering::Acquire))
+        .filter(|&w| w != 0)
+        .map(|w| (w >> COUNT_BITS, w & COUNT_MASK))
+}
+
+/// Whether a recorded range overlaps the page-aligned `[lo, hi)`: one
+/// pass, in units, with no search for the first.
+fn any_overlapping(lo: usize, hi: usize) -> bool {
+    let (lo, hi) = ((lo >> UNIT_SHIFT) as u64, (hi >> UNIT_SHIFT) as u64);
+    recorded().any(|(first, units)| first < hi && first + units > lo)
+}
+
+/// The recorded range that overlaps the page-aligned `[lo, hi)` and
+/// starts first, as `(start, end)`.
 fn first_overlapping(lo: usize, hi: usize) -> Option<(usize, usize)> {
-    let mut first: Option<(usize, usize)> = None;
-    for s in &SLOT[..HIGH.load(Ordering::Acquire).min(SLOTS)] {
-        let word = s.load(Ordering::Acquire);
-        if word == 0 {
-            continue;
-        }
-        let start = ((word >> COUNT_BITS) as usize) << UNIT_SHIFT;
-        let end = start + (((word & COUNT_MASK) as usize) << UNIT_SHIFT);
-        if start < hi && end > lo && first.is_none_or(|(s, _)| start < s) {
-            first = Some((start, end));
-        }
-    }
-    first
+    let (lo, hi) = ((lo >> UNIT_SHIFT) as u64, (hi >> UNIT_SHIFT) as u64);
+    recorded()
+        .filter(|&(first, units)| first < hi && first + units > lo)
+        .min_by_key(|&(first, _)| first)
+        .map(|(first, units)| ((first as usize) << UNIT_SHIFT, ((first + units) as usize) << UNIT_SHIFT))
 }
 
 /// Whether any page of `[at, at + len)` is recorded.
 pub fn holds(at: usize, len: usize) -> bool {
     let (start, end) = pages(at, len);
-    first_overlapping(start, end).is_some()
+    any_overlapping(start, end)
 }
 
 /// How many `madvise` calls left memhook's pages out of their range (a
@@ -168,7 +184,7 @@ pub(crate) type MadviseFn = unsafe extern "C" fn(*mut c_void, usize, c_int) -> c
 /// `orig` makes the `madvise` call (the caller's, on the caller's range).
 #[inline(always)]
 pub(crate) unsafe fn madvise(addr: *mut c_void, len: usize, advice: c_int, orig: MadviseFn) -> c_int {
-    if may_take(advice) {
+    if may_take(addr, len, advice) {
         // SAFETY: as this function's.
         let narrowed = unsafe { around(addr, len, advice, orig) };
         if narrowed != NOT_KEPT {
@@ -179,12 +195,16 @@ pub(crate) unsafe fn madvise(addr: *mut c_void, len: usize, advice: c_int, orig:
     unsafe { orig(addr, len, advice) }
 }
 
-/// Whether a `madvise` with `advice` may take recorded pages away, so
-/// that [`around`] must look at its range: pages are recorded (a bistro
-/// patch is in place) and the advice takes pages.
+/// Whether `madvise(addr, len, advice)` may take recorded pages away, so
+/// that [`around`] must look at its range: the advice takes pages, and
+/// the range meets the span of the pages ever recorded (none recorded: an
+/// empty span).
 #[inline(always)]
-pub(crate) fn may_take(advice: c_int) -> bool {
-    HIGH.load(Ordering::Relaxed) != 0 && takes_pages(advice)
+pub(crate) fn may_take(addr: *mut c_void, len: usize, advice: c_int) -> bool {
+    let start = addr as usize;
+    takes_pages(advice)
+        && start < TOP.load(Ordering::Acquire)
+        && start.saturating_add(len) > LOW.load(Ordering::Acquire)
 }
 
 /// [`around`]'s answer where no recorded page lies in the range: the
@@ -228,7 +248,7 @@ pub(crate) unsafe extern "C" fn around(addr: *mut c_void, len: usize, advice: c_
         Some(end) if len != 0 && start.is_multiple_of(page) => end,
         _ => return NOT_KEPT,
     };
-    if first_overlapping(start, end).is_none() {
+    if !any_overlapping(start, end) {
         return NOT_KEPT;
     }
     NARROWED.fetch_add(1, Ordering::Relaxed);
