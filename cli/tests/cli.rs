@@ -333,15 +333,21 @@ fn run_reports_the_looks_at_the_mappings_that_failed() {
     let prog = build_c("truncates_with_no_descriptor", TRUNCATES_WITH_NO_DESCRIPTOR);
     let json = run_json(&prog);
     assert!(field(&json, "mapping_looks_failed").is_some_and(|n| n >= 1), "{json}");
-    let o = memhook().args(["run", "--"]).arg(&prog).output().unwrap();
+    said_only_where_counted(&prog, "mapping_looks_failed", "looks at the mappings that could not read them: ");
+}
+
+/// `prog`'s text summary under `memhook run` has the line that starts
+/// with `line`; a run of `true` has none, and 0 for `key` in its JSON.
+fn said_only_where_counted(prog: &Path, key: &str, line: &str) {
+    let o = memhook().args(["run", "--"]).arg(prog).output().unwrap();
     let t = text(&o);
     assert!(o.status.success(), "{t}");
-    assert!(t.contains("looks at the mappings that could not read them: "), "{t}");
+    assert!(t.contains(line), "{t}");
     let o = memhook().args(["run", "--json", "--", "true"]).output().unwrap();
     let json = String::from_utf8_lossy(&o.stdout).to_string();
-    assert_eq!(field(&json, "mapping_looks_failed"), Some(0), "{json}");
+    assert_eq!(field(&json, key), Some(0), "{json}");
     let o = memhook().args(["run", "--", "true"]).output().unwrap();
-    assert!(!text(&o).contains("looks at the mappings"), "{}", text(&o));
+    assert!(!text(&o).contains(line), "{}", text(&o));
 }
 
 /// Discards (`MADV_DONTNEED`) the page of libc's `munmap` and the page of
@@ -384,15 +390,7 @@ fn run_reports_the_discards_made_around_memhooks_pages() {
     let json = run_json(&prog);
     assert_eq!(field(&json, "discards_kept"), Some(2), "{json}");
     assert_eq!(field(&json, "exit_status"), Some(0), "{json}");
-    let o = memhook().args(["run", "--"]).arg(&prog).output().unwrap();
-    let t = text(&o);
-    assert!(o.status.success(), "{t}");
-    assert!(t.contains("discards made around memhook's pages: 2"), "{t}");
-    let o = memhook().args(["run", "--json", "--", "true"]).output().unwrap();
-    let json = String::from_utf8_lossy(&o.stdout).to_string();
-    assert_eq!(field(&json, "discards_kept"), Some(0), "{json}");
-    let o = memhook().args(["run", "--", "true"]).output().unwrap();
-    assert!(!text(&o).contains("discards made"), "{}", text(&o));
+    said_only_where_counted(&prog, "discards_kept", "discards made around memhook's pages: ");
 }
 
 /// Builds C `source` into the work folder as `name`.
