@@ -333,7 +333,11 @@ fn run_reports_the_looks_at_the_mappings_that_failed() {
     let prog = build_c("truncates_with_no_descriptor", TRUNCATES_WITH_NO_DESCRIPTOR);
     let json = run_json(&prog);
     assert!(field(&json, "mapping_looks_failed").is_some_and(|n| n >= 1), "{json}");
-    said_only_where_counted(&prog, "mapping_looks_failed", "looks at the mappings that could not read them: ");
+    said_only_where_counted(
+        &prog,
+        "mapping_looks_failed",
+        "looks at the mappings that could not read them: ",
+    );
 }
 
 /// `prog`'s text summary under `memhook run` has the line that starts

@@ -16,10 +16,10 @@
 //! its own can make such a call (under cuda-gdb 13.0 the driver's entries
 //! held their own bytes again when its breakpoints were hit).
 //!
-//! So the pages are recorded here as memhook writes them ([`keep`], each
+//! So the pages are recorded here as memhook writes them (`keep`, each
 //! patch and each trampoline region), and the `madvise` hook (and the
 //! `syscall` hook's `SYS_madvise`) calls the original on the rest of the
-//! range only ([`madvise`]): the call leaves memhook's pages as they are
+//! range only (`madvise`): the call leaves memhook's pages as they are
 //! and answers as the kernel would have for the rest. Each such call is
 //! counted ([`discards_kept`]). The record is a fixed table of single
 //! words (a range of pages each), read with no lock by any thread, a
