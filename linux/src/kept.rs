@@ -13,8 +13,9 @@
 //! memory; `MADV_GUARD_INSTALL` at once; `MADV_WIPEONFORK` and
 //! `MADV_DONTFORK` in a child of `fork`). A debugger's support library, a
 //! checkpointing tool or an allocator's purge over a range it takes for
-//! its own can make such a call (under cuda-gdb 13.0 the driver's entries
-//! held their own bytes again when its breakpoints were hit).
+//! its own can make such a call (under cuda-gdb 13.0, whose process made
+//! eight `madvise` calls, the driver's entries held their own bytes again
+//! when its breakpoints were hit).
 //!
 //! So the pages are recorded here as memhook writes them (`keep`, each
 //! patch and each trampoline region), and the `madvise` hook (and the
@@ -24,8 +25,10 @@
 //! counted ([`discards_kept`]). The record is a fixed table of single
 //! words (a range of pages each), read with no lock by any thread, a
 //! signal handler's included, and written with compare-and-swap by the
-//! patching paths; a hook reads it only for a discarding advice, and
-//! where nothing is recorded (no bistro patch) not at all.
+//! patching paths; a hook reads it only for an advice that takes pages
+//! and a range that meets the span of the pages ever recorded (two
+//! loads answer the rest, and every call where no bistro patch was
+//! made).
 //!
 //! What is not covered: `process_madvise` (its ranges may be another
 //! process's), a system call made by the instruction itself, and a
