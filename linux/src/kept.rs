@@ -314,6 +314,9 @@ mod tests {
         unsafe { madvise(at as *mut c_void, len, advice, orig) }
     }
 
+    /// The tests here one at a time: each counts the narrowed calls.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     fn calls() -> Vec<(usize, usize)> {
         CALLS.with(|c| std::mem::take(&mut *c.borrow_mut()))
     }
@@ -324,6 +327,7 @@ mod tests {
     /// discarded again.
     #[test]
     fn a_discard_leaves_the_recorded_pages_out() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let page = crate::maps::page_size();
         // Addresses nothing maps: only the table is asked.
         let base = 0x6000_0000_0000usize;
@@ -360,6 +364,7 @@ mod tests {
     /// the other parts were advised.
     #[test]
     fn a_narrowed_call_answers_as_the_kernel() {
+        let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let page = crate::maps::page_size();
         let base = 0x6100_0000_0000usize;
         let k = keep(base + page, page).expect("room");
