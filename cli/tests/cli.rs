@@ -390,7 +390,8 @@ int main(void) {
 #[test]
 fn run_reports_the_discards_made_around_memhooks_pages() {
     with_library();
-    let prog = build_c("discards_memhooks_pages", DISCARDS_MEMHOOKS_PAGES);
+    // dlsym: in libdl before glibc 2.34.
+    let prog = build_c_with("discards_memhooks_pages", DISCARDS_MEMHOOKS_PAGES, &["-ldl"]);
     let json = run_json(&prog);
     assert_eq!(field(&json, "discards_kept"), Some(2), "{json}");
     assert_eq!(field(&json, "exit_status"), Some(0), "{json}");
