@@ -2469,8 +2469,9 @@ fn a_discard_of_memhooks_own_pages_leaves_them_alone() {
     }
     let page = page_size();
     let down = |p: usize| p & !(page - 1);
-    // SAFETY: a symbol lookup by a NUL-terminated name.
-    let entry = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"munmap".as_ptr()) } as usize;
+    // libc's own entry (a program built with AddressSanitizer has its own
+    // `munmap` first in the global scope).
+    let entry = libc_function(c"munmap");
     let original = memhook::host::original("munmap").expect("munmap's original");
     // SAFETY: the entry's first bytes, mapped and readable code.
     let bytes = || unsafe { std::ptr::read_volatile(entry as *const [u8; 16]) };
@@ -2580,8 +2581,9 @@ fn a_patch_taken_away_unseen_is_not_listed_as_installed() {
         return;
     }
     let page = page_size();
-    // SAFETY: a symbol lookup by a NUL-terminated name.
-    let entry = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"munmap".as_ptr()) } as usize;
+    // libc's own entry (a program built with AddressSanitizer has its own
+    // `munmap` first in the global scope).
+    let entry = libc_function(c"munmap");
     // SAFETY: the child discards a page of libc's code (read back from the
     // file: munmap unpatched), reads memhook's status one entry at a time
     // (no allocation) and leaves by `_exit`.
